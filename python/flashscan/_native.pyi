@@ -1,0 +1,114 @@
+"""Type stubs for `flashscan._native`, the Rust core (PyO3).
+
+The Rust core knows nothing of torch/cupy/jax: tensors reach it either as an object that
+speaks DLPack (`__dlpack__` / `__dlpack_device__`), as a DLPack capsule, or as a plain
+descriptor tuple (the fast path the Python layer builds for torch tensors, where calling
+`__dlpack__` would cost microseconds per tensor):
+
+    (data_ptr: int, shape: tuple[int, ...], strides: tuple[int, ...] (in elements),
+     dtype: str, device_type: int (1 = CPU, 2 = CUDA), device_id: int)
+
+dtype strings: "float16", "bfloat16", "float32", "float64".
+
+`stream` is the raw CUstream handle of the caller's current stream (torch / cupy), launched
+on with no host synchronisation. `stream=None` means: use flashscan's own non-blocking stream
+for that device and synchronise it before returning (for frameworks with no stream notion,
+such as jax).
+"""
+
+from typing import Any, Callable, Optional, Union
+
+TensorArg = Union[object, tuple[int, tuple[int, ...], tuple[int, ...], str, int, int]]
+
+class FlashscanError(Exception):
+    """Base class of every flashscan error."""
+
+class UnsupportedError(FlashscanError):
+    """A valid request this build or GPU cannot serve (head dim > 256, GPU below sm_80...)."""
+
+class CompileError(FlashscanError):
+    """NVRTC rejected a kernel; `args[1]` (and the message) holds the NVRTC log."""
+
+class CudaError(FlashscanError):
+    """A CUDA driver call failed (message names the call and the CUresult)."""
+
+def version() -> str: ...
+def backend_status() -> dict[str, Any]:
+    """Lazily initialises the CUDA backend (driver + NVRTC) and reports:
+    {"available": bool, "reason": str | None,
+     "driver_version": int | None, "driver_path": str | None,
+     "nvrtc_version": tuple[int, int] | None, "nvrtc_path": str | None,
+     "devices": [{"index": int, "name": str, "compute_capability": (int, int),
+                  "arch": str, "supported": bool, "sm_count": int}],
+     "cache_dir": str}
+    Never raises for a missing GPU/driver/NVRTC: available is False and reason says why."""
+
+def describe(x: TensorArg) -> dict[str, Any]:
+    """Imports `x` through DLPack (or the descriptor tuple) and returns
+    {"device_type": int, "device_id": int, "dtype": str, "shape": tuple, "strides": tuple,
+     "data_ptr": int, "readonly": bool, "byte_offset": int, "versioned": bool}."""
+
+def empty(shape: tuple[int, ...], dtype: str, device_id: int, stream: Optional[int]) -> object:
+    """A new CUDA buffer owned by flashscan, returned as an object with `__dlpack__` and
+    `__dlpack_device__` (for frameworks, like jax, that have no `empty` we can call)."""
+
+def flash_attn_fwd(
+    q: TensorArg,
+    k: TensorArg,
+    v: TensorArg,
+    out: TensorArg,
+    lse: Optional[TensorArg],
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    stream: Optional[int],
+) -> None:
+    """q (b, sq, h, d), k/v (b, sk, hk, d), out like q, lse (b, h, sq) float32 or None.
+    window_left/right: -1 = unbounded; causal is window_right = 0 (bottom-right aligned)."""
+
+def selective_scan_fwd(
+    u: TensorArg,
+    delta: TensorArg,
+    A: TensorArg,
+    B: TensorArg,
+    C: TensorArg,
+    D: Optional[TensorArg],
+    z: Optional[TensorArg],
+    delta_bias: Optional[TensorArg],
+    initial_state: Optional[TensorArg],
+    out: TensorArg,
+    last_state: Optional[TensorArg],
+    delta_softplus: bool,
+    stream: Optional[int],
+) -> None: ...
+def selective_state_update(
+    state: TensorArg,
+    x: TensorArg,
+    dt: TensorArg,
+    A: TensorArg,
+    B: TensorArg,
+    C: TensorArg,
+    D: Optional[TensorArg],
+    z: Optional[TensorArg],
+    dt_bias: Optional[TensorArg],
+    out: TensorArg,
+    dt_softplus: bool,
+    stream: Optional[int],
+) -> None: ...
+def kernel_variants() -> list[dict[str, Any]]:
+    """Every kernel variant the package can emit: {"family": str, "name": str,
+    "defines": dict[str, int], "entry": str, "main": bool} ("main" marks the variants that
+    must show no local-memory spills)."""
+
+def compile_variant(name: str, arch: str) -> bytes:
+    """Compiles one variant (by name, from kernel_variants()) to a CUBIN for `arch`
+    ("sm_80", "sm_90a", ...) with NVRTC alone: no GPU needed."""
+
+def precompile(
+    device_id: int, progress: Optional[Callable[[int, int, str], None]] = None
+) -> int:
+    """Compiles every variant for the device's arch into the disk cache; returns how many
+    were compiled (not already cached). progress(done, total, name) is called per variant."""
+
+def cache_dir() -> str: ...

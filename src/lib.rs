@@ -1,0 +1,378 @@
+//! The `flashscan._native` Python module: bindings only. Each function converts its Python
+//! arguments (DLPack import), calls into `ops`, and maps `Error` to a Python exception.
+
+pub mod dlpack;
+pub mod error;
+pub mod ops;
+pub mod runtime;
+pub mod tensor;
+
+use std::path::PathBuf;
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+
+use crate::dlpack::Imported;
+use crate::error::Error;
+use crate::runtime::{runtime, StreamChoice};
+use crate::tensor::DType;
+
+create_exception!(
+    _native,
+    FlashscanError,
+    PyException,
+    "Base class of every flashscan error."
+);
+create_exception!(
+    _native,
+    UnsupportedError,
+    FlashscanError,
+    "A valid request this build or GPU cannot serve."
+);
+create_exception!(
+    _native,
+    CompileError,
+    FlashscanError,
+    "NVRTC rejected a kernel; the message holds its log."
+);
+create_exception!(
+    _native,
+    CudaError,
+    FlashscanError,
+    "A CUDA driver call failed."
+);
+
+impl From<Error> for PyErr {
+    fn from(e: Error) -> PyErr {
+        let msg = e.to_string();
+        match e {
+            Error::Type(_) => PyTypeError::new_err(msg),
+            Error::Value(_) => PyValueError::new_err(msg),
+            Error::Unsupported(_) => UnsupportedError::new_err(msg),
+            Error::Unavailable(_) => FlashscanError::new_err(msg),
+            Error::Compile { log, .. } => CompileError::new_err((msg, log)),
+            Error::Cuda { .. } => CudaError::new_err(msg),
+            Error::Internal(_) => PyRuntimeError::new_err(msg),
+        }
+    }
+}
+
+fn stream_choice(stream: Option<u64>) -> StreamChoice {
+    match stream {
+        Some(h) => StreamChoice::Caller(h),
+        None => StreamChoice::OwnThenSync,
+    }
+}
+
+/// The stream a CUDA tensor's producer must order its work before (DLPack `stream=`).
+fn stream_handle(choice: StreamChoice, device_id: i32) -> error::Result<u64> {
+    match choice {
+        StreamChoice::Caller(h) => Ok(h),
+        StreamChoice::OwnThenSync => {
+            let rt = runtime().map_err(Error::Unavailable)?;
+            Ok(rt.device(device_id)?.stream(choice)?.0 as usize as u64)
+        }
+    }
+}
+
+fn import<'py>(
+    obj: &Bound<'py, PyAny>,
+    arg: &str,
+    choice: StreamChoice,
+) -> PyResult<Imported<'py>> {
+    Ok(dlpack::import(obj, arg, &|d| stream_handle(choice, d))?)
+}
+
+fn import_opt<'py>(
+    obj: Option<&Bound<'py, PyAny>>,
+    arg: &str,
+    choice: StreamChoice,
+) -> PyResult<Option<Imported<'py>>> {
+    obj.filter(|o| !o.is_none())
+        .map(|o| import(o, arg, choice))
+        .transpose()
+}
+
+#[pyfunction]
+fn version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}
+
+#[pyfunction]
+fn cache_dir() -> String {
+    runtime::cache::default_dir().display().to_string()
+}
+
+#[pyfunction]
+fn backend_status(py: Python<'_>) -> PyResult<PyObject> {
+    let d = PyDict::new(py);
+    d.set_item("cache_dir", cache_dir())?;
+    let nv = runtime::nvrtc();
+    d.set_item("nvrtc_version", nv.as_ref().ok().map(|n| n.version))?;
+    d.set_item(
+        "nvrtc_path",
+        nv.as_ref().ok().map(|n| n.path.display().to_string()),
+    )?;
+    match py.allow_threads(runtime) {
+        Ok(rt) => {
+            d.set_item("available", true)?;
+            d.set_item("reason", py.None())?;
+            d.set_item("driver_version", rt.driver_version)?;
+            let devs = PyList::empty(py);
+            for p in &rt.devices {
+                let e = PyDict::new(py);
+                e.set_item("index", p.ordinal)?;
+                e.set_item("name", &p.name)?;
+                e.set_item("compute_capability", p.cc)?;
+                let arch = runtime::arch_for(p.cc);
+                e.set_item("supported", arch.is_ok())?;
+                e.set_item("arch", arch.ok())?;
+                e.set_item("sm_count", p.sm_count)?;
+                devs.append(e)?;
+            }
+            d.set_item("devices", devs)?;
+        }
+        Err(reason) => {
+            d.set_item("available", false)?;
+            d.set_item("reason", reason)?;
+            d.set_item("driver_version", py.None())?;
+            d.set_item("devices", PyList::empty(py))?;
+        }
+    }
+    Ok(d.into_any().unbind())
+}
+
+#[pyfunction]
+fn describe(py: Python<'_>, x: &Bound<'_, PyAny>) -> PyResult<PyObject> {
+    let t = import(x, "x", StreamChoice::Caller(0))?;
+    let v = &t.view;
+    let d = PyDict::new(py);
+    let (kind, id) = match v.device {
+        tensor::DeviceKind::Cpu => (dlpack::DL_CPU, v.device_id),
+        tensor::DeviceKind::Cuda => (dlpack::DL_CUDA, v.device_id),
+        tensor::DeviceKind::Other(k) => (k, v.device_id),
+    };
+    d.set_item("device_type", kind)?;
+    d.set_item("device_id", id)?;
+    d.set_item("dtype", v.dtype.name())?;
+    d.set_item("shape", pyo3::types::PyTuple::new(py, &v.shape)?)?;
+    d.set_item("strides", pyo3::types::PyTuple::new(py, &v.strides)?)?;
+    d.set_item("data_ptr", v.ptr)?;
+    d.set_item("readonly", v.readonly)?;
+    Ok(d.into_any().unbind())
+}
+
+/// A CUDA buffer owned by flashscan until a framework adopts it through DLPack.
+/// (pointer, shape, dtype, device) of a buffer not yet handed to a framework.
+type Unexported = Option<(u64, Vec<i64>, DType, i32)>;
+
+#[pyclass(module = "flashscan._native")]
+struct DeviceBuffer {
+    state: std::sync::Mutex<Unexported>,
+    device_id: i32,
+}
+
+#[pymethods]
+impl DeviceBuffer {
+    #[pyo3(signature = (stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__(
+        &self,
+        py: Python<'_>,
+        stream: Option<&Bound<'_, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<&Bound<'_, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<PyObject> {
+        let _ = (stream, dl_device);
+        if copy == Some(true) {
+            return Err(PyValueError::new_err(
+                "DeviceBuffer cannot be exported as a copy",
+            ));
+        }
+        let taken = self
+            .state
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("buffer lock poisoned"))?
+            .take();
+        let Some((ptr, shape, dtype, dev)) = taken else {
+            return Err(PyValueError::new_err("this buffer was already exported"));
+        };
+        let versioned = max_version.is_some_and(|(major, _)| major >= 1);
+        dlpack::export_capsule(py, ptr, shape, dtype, dev, versioned)
+    }
+
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        (dlpack::DL_CUDA, self.device_id)
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.state.lock() {
+            if let Some((ptr, _, _, dev)) = s.take() {
+                dlpack::free_device(dev, ptr);
+            }
+        }
+    }
+}
+
+#[pyfunction]
+#[pyo3(signature = (shape, dtype, device_id, stream=None))]
+fn empty(
+    shape: Vec<i64>,
+    dtype: &str,
+    device_id: i32,
+    stream: Option<u64>,
+) -> PyResult<DeviceBuffer> {
+    let _ = stream;
+    let dt = DType::from_name(dtype)
+        .ok_or_else(|| PyTypeError::new_err(format!("dtype {dtype:?} is not supported")))?;
+    if shape.iter().any(|&d| d < 0) {
+        return Err(PyValueError::new_err(format!(
+            "shape {shape:?} has a negative dimension"
+        )));
+    }
+    let bytes = shape.iter().product::<i64>() as usize * dt.size();
+    let rt = runtime().map_err(Error::Unavailable)?;
+    let dev = rt.device(device_id)?;
+    dev.make_current()?;
+    let ptr = runtime::driver::alloc(bytes)?;
+    Ok(DeviceBuffer {
+        state: std::sync::Mutex::new(Some((ptr, shape, dt, device_id))),
+        device_id,
+    })
+}
+
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (q, k, v, out, lse, softmax_scale, window_left, window_right, softcap, stream))]
+fn flash_attn_fwd(
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    v: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    lse: Option<&Bound<'_, PyAny>>,
+    softmax_scale: f32,
+    window_left: i64,
+    window_right: i64,
+    softcap: f32,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let choice = stream_choice(stream);
+    let q = import(q, "q", choice)?;
+    let k = import(k, "k", choice)?;
+    let v = import(v, "v", choice)?;
+    let out = import(out, "out", choice)?;
+    let lse = import_opt(lse, "lse", choice)?;
+    let args = ops::attention::FlashFwdArgs {
+        q: &q.view,
+        k: &k.view,
+        v: &v.view,
+        out: &out.view,
+        lse: lse.as_ref().map(|l| &l.view),
+        softmax_scale,
+        window_left,
+        window_right,
+        softcap,
+    };
+    Ok(ops::attention::forward(&args, choice)?)
+}
+
+fn arch_num(arch: &str) -> PyResult<i64> {
+    arch.trim_start_matches("sm_")
+        .trim_end_matches('a')
+        .parse()
+        .map_err(|_| PyValueError::new_err(format!("arch {arch:?} must look like sm_80 or sm_90a")))
+}
+
+#[pyfunction]
+#[pyo3(signature = (arch="sm_90a"))]
+fn kernel_variants(py: Python<'_>, arch: &str) -> PyResult<PyObject> {
+    let list = PyList::empty(py);
+    for (spec, main) in ops::all_variants(arch_num(arch)?) {
+        let d = PyDict::new(py);
+        d.set_item("family", spec.family)?;
+        d.set_item("name", spec.name())?;
+        d.set_item("entry", spec.entry)?;
+        let defs = PyDict::new(py);
+        for (k, v) in &spec.defines {
+            defs.set_item(k, v)?;
+        }
+        d.set_item("defines", defs)?;
+        d.set_item("main", main)?;
+        list.append(d)?;
+    }
+    Ok(list.into_any().unbind())
+}
+
+#[pyfunction]
+fn compile_variant(py: Python<'_>, name: &str, arch: &str) -> PyResult<PyObject> {
+    let num = arch_num(arch)?;
+    let spec = ops::all_variants(num)
+        .into_iter()
+        .map(|(s, _)| s)
+        .find(|s| s.name() == name)
+        .ok_or_else(|| PyValueError::new_err(format!("no kernel variant named {name:?}")))?;
+    let arch = arch.to_string();
+    let cubin = py.allow_threads(move || runtime::compile(&spec, &arch))?;
+    Ok(PyBytes::new(py, &cubin).into_any().unbind())
+}
+
+#[pyfunction]
+#[pyo3(signature = (device_id, progress=None))]
+fn precompile(
+    py: Python<'_>,
+    device_id: i32,
+    progress: Option<&Bound<'_, PyAny>>,
+) -> PyResult<usize> {
+    let rt = runtime().map_err(Error::Unavailable)?;
+    let dev = rt.device(device_id)?;
+    let num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
+    let specs = ops::all_variants(num);
+    let total = specs.len();
+    let mut compiled = 0;
+    for (i, (spec, _)) in specs.iter().enumerate() {
+        let (_, fresh) = py.allow_threads(|| dev.kernel_with_origin(spec))?;
+        compiled += fresh as usize;
+        if let Some(cb) = progress {
+            cb.call1((i + 1, total, spec.name()))?;
+        }
+    }
+    Ok(compiled)
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    // Let NVRTC be found in pip wheels (nvidia-cuda-nvrtc) under any sys.path entry.
+    if let Ok(paths) = py
+        .import("sys")
+        .and_then(|s| s.getattr("path"))
+        .and_then(|p| p.extract::<Vec<String>>())
+    {
+        runtime::set_python_paths(
+            paths
+                .into_iter()
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from)
+                .collect(),
+        );
+    }
+    m.add("FlashscanError", py.get_type::<FlashscanError>())?;
+    m.add("UnsupportedError", py.get_type::<UnsupportedError>())?;
+    m.add("CompileError", py.get_type::<CompileError>())?;
+    m.add("CudaError", py.get_type::<CudaError>())?;
+    m.add_class::<DeviceBuffer>()?;
+    m.add_function(wrap_pyfunction!(version, m)?)?;
+    m.add_function(wrap_pyfunction!(cache_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(backend_status, m)?)?;
+    m.add_function(wrap_pyfunction!(describe, m)?)?;
+    m.add_function(wrap_pyfunction!(empty, m)?)?;
+    m.add_function(wrap_pyfunction!(flash_attn_fwd, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel_variants, m)?)?;
+    m.add_function(wrap_pyfunction!(compile_variant, m)?)?;
+    m.add_function(wrap_pyfunction!(precompile, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,291 @@
+//! FlashAttention forward: argument checks, variant choice, launch of `cuda/flash_fwd.cu`.
+
+use crate::error::{unsupported, value_err, Error, Result};
+use crate::ops::flash_tiles::{flash_fwd_tile, HEAD_DIM_TILES};
+use crate::runtime::{runtime, KernelSpec, StreamChoice};
+use crate::tensor::{common_cuda_device, DType, TensorView};
+
+pub const SOURCE: &str = include_str!("../../cuda/flash_fwd.cu");
+pub const FAMILY: &str = "flash_fwd";
+pub const ENTRY: &str = "flash_fwd_kernel";
+
+/// Mirrors `struct FlashFwdParams` in cuda/flash_fwd.cu field for field. Strides in elements.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FlashFwdParams {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub q_batch_stride: i64,
+    pub q_row_stride: i64,
+    pub q_head_stride: i64,
+    pub k_batch_stride: i64,
+    pub k_row_stride: i64,
+    pub k_head_stride: i64,
+    pub v_batch_stride: i64,
+    pub v_row_stride: i64,
+    pub v_head_stride: i64,
+    pub o_batch_stride: i64,
+    pub o_row_stride: i64,
+    pub o_head_stride: i64,
+    pub batch: i32,
+    pub nheads: i32,
+    pub nheads_k: i32,
+    pub seqlen_q: i32,
+    pub seqlen_k: i32,
+    pub head_dim: i32,
+    pub softmax_scale: f32,
+    pub softcap: f32,
+    pub window_left: i32,
+    pub window_right: i32,
+}
+
+pub struct FlashFwdArgs<'a> {
+    pub q: &'a TensorView,
+    pub k: &'a TensorView,
+    pub v: &'a TensorView,
+    pub out: &'a TensorView,
+    pub lse: Option<&'a TensorView>,
+    pub softmax_scale: f32,
+    pub window_left: i64,
+    pub window_right: i64,
+    pub softcap: f32,
+}
+
+/// What the checks resolve: sizes, the normalised window, and the variant to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Problem {
+    pub batch: i64,
+    pub seqlen_q: i64,
+    pub seqlen_k: i64,
+    pub nheads: i64,
+    pub nheads_k: i64,
+    pub head_dim: i64,
+    pub window_left: i64,
+    pub window_right: i64,
+}
+
+fn fits_i32(name: &str, v: i64) -> Result<i32> {
+    i32::try_from(v).map_err(|_| unsupported(format!("{name} = {v} exceeds 2^31 - 1")))
+}
+
+/// Every check of the forward; pure (no GPU), so it is unit-tested on the CPU.
+pub fn check(a: &FlashFwdArgs) -> Result<Problem> {
+    let qs = a.q.expect_rank("q", "batch, seqlen_q, nheads, headdim")?;
+    let ks = a.k.expect_rank("k", "batch, seqlen_k, nheads_k, headdim")?;
+    a.v.expect_rank("v", "batch, seqlen_k, nheads_k, headdim")?;
+    let (batch, seqlen_q, nheads, head_dim) = (qs[0], qs[1], qs[2], qs[3]);
+    let (seqlen_k, nheads_k) = (ks[1], ks[2]);
+    a.q.expect_dtype("q", &[DType::F16, DType::BF16, DType::F32])?;
+    a.k.expect_same_dtype("k", a.q, "q")?;
+    a.v.expect_same_dtype("v", a.q, "q")?;
+    a.out.expect_same_dtype("out", a.q, "q")?;
+    if ks[0] != batch || ks[3] != head_dim {
+        return Err(value_err(format!(
+            "k has shape {:?}, expected (batch={batch}, seqlen_k, nheads_k, headdim={head_dim}) to match q {:?}",
+            a.k.shape, a.q.shape
+        )));
+    }
+    a.v.expect_shape("v", &a.k.shape)?;
+    a.out.expect_shape("out", &a.q.shape)?;
+    if head_dim % 8 != 0 || head_dim > 256 || head_dim == 0 {
+        return Err(unsupported(format!(
+            "headdim = {head_dim} is not supported: it must be a multiple of 8 between 8 and 256"
+        )));
+    }
+    if nheads_k == 0 || nheads % nheads_k != 0 {
+        return Err(value_err(format!(
+            "nheads = {nheads} must be a multiple of nheads_k = {nheads_k} (GQA/MQA)"
+        )));
+    }
+    for (name, t) in [("q", a.q), ("k", a.k), ("v", a.v), ("out", a.out)] {
+        t.expect_unit_stride(name, 3, "headdim")?;
+    }
+    a.out.expect_writable("out")?;
+    for (name, t) in [("q", a.q), ("k", a.k), ("v", a.v)] {
+        if a.out.overlaps(t) {
+            return Err(value_err(format!("out overlaps {name} in memory")));
+        }
+    }
+    if let Some(lse) = a.lse {
+        lse.expect_dtype("lse", &[DType::F32])?;
+        lse.expect_shape("lse", &[batch, nheads, seqlen_q])?;
+        lse.expect_contiguous("lse")?;
+        lse.expect_writable("lse")?;
+    }
+    if seqlen_k == 0 && seqlen_q > 0 && batch > 0 {
+        return Err(value_err("seqlen_k must be >= 1 (k and v are empty)"));
+    }
+    for (name, w) in [
+        ("window_size[0]", a.window_left),
+        ("window_size[1]", a.window_right),
+    ] {
+        if w < -1 {
+            return Err(value_err(format!(
+                "{name} = {w}: must be >= 0, or -1 for unbounded"
+            )));
+        }
+    }
+    if a.softcap.is_nan() || a.softcap < 0.0 || !a.softcap.is_finite() {
+        return Err(value_err(format!(
+            "softcap = {} must be finite and >= 0",
+            a.softcap
+        )));
+    }
+    if !a.softmax_scale.is_finite() {
+        return Err(value_err(format!(
+            "softmax_scale = {} must be finite",
+            a.softmax_scale
+        )));
+    }
+    if batch > 65535 {
+        return Err(unsupported(format!(
+            "batch = {batch} > 65535 is not supported"
+        )));
+    }
+    // A window reaching past either end of the keys bounds nothing (flash-attn does the same).
+    let norm = |w: i64| if w >= seqlen_k { -1 } else { w };
+    Ok(Problem {
+        batch,
+        seqlen_q,
+        seqlen_k,
+        nheads,
+        nheads_k,
+        head_dim,
+        window_left: norm(a.window_left),
+        window_right: norm(a.window_right),
+    })
+}
+
+/// Smallest head-dim tile that holds `head_dim`.
+pub fn head_dim_tile(head_dim: i64) -> i64 {
+    HEAD_DIM_TILES
+        .iter()
+        .copied()
+        .find(|&t| t >= head_dim)
+        .unwrap_or(256)
+}
+
+pub fn spec(
+    head_dim: i64,
+    dtype: DType,
+    has_mask: bool,
+    softcap: bool,
+    arch_num: i64,
+) -> Result<(KernelSpec, crate::ops::flash_tiles::FlashTile)> {
+    let tile_dim = head_dim_tile(head_dim);
+    let code = dtype.kernel_code()?;
+    let t = flash_fwd_tile(tile_dim as u32, code as u32, arch_num as u32);
+    let defines = vec![
+        ("FS_HEAD_DIM", tile_dim),
+        ("FS_DTYPE", code),
+        ("FS_BLOCK_M", t.block_m as i64),
+        ("FS_BLOCK_N", t.block_n as i64),
+        ("FS_NWARPS", t.warps as i64),
+        ("FS_HAS_MASK", has_mask as i64),
+        ("FS_HAS_SOFTCAP", softcap as i64),
+        ("FS_PAD_HEADDIM", (tile_dim != head_dim) as i64),
+        ("FS_ARCH", arch_num),
+    ];
+    Ok((
+        KernelSpec {
+            family: FAMILY,
+            source: SOURCE,
+            entry: ENTRY,
+            defines,
+        },
+        t,
+    ))
+}
+
+/// Every variant the forward can emit for one arch (for tests and precompile).
+pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
+    let mut out = Vec::new();
+    for &tile in HEAD_DIM_TILES {
+        for padded in [false, true] {
+            // The smallest real head dim needing this tile with or without padding.
+            let hd = if padded { tile - 8 } else { tile };
+            for dtype in [DType::F16, DType::BF16, DType::F32] {
+                for mask in [false, true] {
+                    for cap in [false, true] {
+                        if let Ok((s, _)) = spec(hd, dtype, mask, cap, arch_num) {
+                            out.push(s);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Checks, picks the variant, launches. Returns without work for empty problems.
+pub fn forward(a: &FlashFwdArgs, stream: StreamChoice) -> Result<()> {
+    let p = check(a)?;
+    if p.batch == 0 || p.seqlen_q == 0 || p.nheads == 0 {
+        return Ok(());
+    }
+    let device = common_cuda_device(&[("q", a.q), ("k", a.k), ("v", a.v), ("out", a.out)])?;
+    if let Some(lse) = a.lse {
+        if common_cuda_device(&[("q", a.q), ("lse", lse)])? != device {
+            return Err(value_err("lse must be on q's device"));
+        }
+    }
+    let rt = runtime().map_err(Error::Unavailable)?;
+    let dev = rt.device(device)?;
+    let arch_num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
+    let has_mask = p.window_left >= 0 || p.window_right >= 0;
+    let (spec, tile) = spec(p.head_dim, a.q.dtype, has_mask, a.softcap > 0.0, arch_num)?;
+    let kernel = dev.kernel(&spec)?;
+    let params = FlashFwdParams {
+        q: a.q.ptr,
+        k: a.k.ptr,
+        v: a.v.ptr,
+        o: a.out.ptr,
+        lse: a.lse.map_or(0, |l| l.ptr),
+        q_batch_stride: a.q.strides[0],
+        q_row_stride: a.q.strides[1],
+        q_head_stride: a.q.strides[2],
+        k_batch_stride: a.k.strides[0],
+        k_row_stride: a.k.strides[1],
+        k_head_stride: a.k.strides[2],
+        v_batch_stride: a.v.strides[0],
+        v_row_stride: a.v.strides[1],
+        v_head_stride: a.v.strides[2],
+        o_batch_stride: a.out.strides[0],
+        o_row_stride: a.out.strides[1],
+        o_head_stride: a.out.strides[2],
+        batch: fits_i32("batch", p.batch)?,
+        nheads: fits_i32("nheads", p.nheads)?,
+        nheads_k: fits_i32("nheads_k", p.nheads_k)?,
+        seqlen_q: fits_i32("seqlen_q", p.seqlen_q)?,
+        seqlen_k: fits_i32("seqlen_k", p.seqlen_k)?,
+        head_dim: fits_i32("headdim", p.head_dim)?,
+        softmax_scale: a.softmax_scale,
+        softcap: a.softcap,
+        window_left: p.window_left as i32,
+        window_right: p.window_right as i32,
+    };
+    let grid = (
+        u32::try_from((p.seqlen_q + tile.block_m as i64 - 1) / tile.block_m as i64)
+            .map_err(|_| unsupported("seqlen_q too large"))?,
+        p.nheads as u32,
+        p.batch as u32,
+    );
+    let s = dev.stream(stream)?;
+    // SAFETY: params mirrors the kernel's struct; every pointer was checked above to be a
+    // CUDA tensor on this device with the shapes and strides the kernel indexes by.
+    unsafe {
+        dev.launch(
+            &kernel,
+            grid,
+            (tile.warps * 32, 1, 1),
+            tile.smem_bytes,
+            s,
+            &params,
+        )?
+    };
+    dev.finish(stream)
+}

@@ -1,0 +1,22 @@
+//! One module per operation: argument checks, variant choice, launch. Ops see `TensorView`s
+//! only (never Python objects or DLPack capsules).
+
+pub mod attention;
+pub mod flash_tiles;
+
+use crate::runtime::KernelSpec;
+
+/// Every kernel variant the package can emit for `arch_num` (compute capability * 10), with
+/// whether it is a "main" variant (one that must show no local-memory spills).
+pub fn all_variants(arch_num: i64) -> Vec<(KernelSpec, bool)> {
+    let mut out = Vec::new();
+    for s in attention::all_specs(arch_num) {
+        let main = s
+            .defines
+            .iter()
+            .any(|&(k, v)| k == "FS_HEAD_DIM" && (v == 64 || v == 128))
+            && s.defines.iter().any(|&(k, v)| k == "FS_DTYPE" && v != 2);
+        out.push((s, main));
+    }
+    out
+}

@@ -1,0 +1,235 @@
+//! The CUDA driver, through cudarc's dynamically loaded bindings. This is the only module
+//! that touches raw driver handles; everything above it uses the safe types here.
+
+use std::ffi::{c_void, CString};
+
+use cudarc::driver::result::{self, DriverError};
+use cudarc::driver::sys;
+
+use crate::error::{Error, Result};
+
+fn cuda_err(call: &'static str) -> impl FnOnce(DriverError) -> Error {
+    move |e| {
+        let name = e.error_name().map(|s| s.to_string_lossy().into_owned());
+        let text = e.error_string().map(|s| s.to_string_lossy().into_owned());
+        Error::Cuda {
+            call,
+            detail: format!(
+                "{} ({})",
+                name.unwrap_or_else(|_| format!("{:?}", e.0)),
+                text.unwrap_or_default()
+            ),
+        }
+    }
+}
+
+/// Loads libcuda and initialises it; returns the driver version (e.g. 13000).
+/// cudarc panics when the library or a symbol is missing, so that is caught here and turned
+/// into the reason `available()` reports.
+pub fn init() -> std::result::Result<i32, String> {
+    let attempt = std::panic::catch_unwind(|| {
+        // SAFETY: probing for the library only dlopens it.
+        if !unsafe { sys::is_culib_present() } {
+            return Err("the CUDA driver library (libcuda.so.1) was not found: no NVIDIA driver is installed or visible".to_string());
+        }
+        result::init().map_err(|e| format!("cuInit failed: {}", describe(&e)))?;
+        let mut v = 0;
+        // SAFETY: out-pointer to a local.
+        unsafe { sys::cuDriverGetVersion(&mut v) }
+            .result()
+            .map_err(|e| format!("cuDriverGetVersion failed: {}", describe(&e)))?;
+        Ok(v)
+    });
+    attempt
+        .unwrap_or_else(|_| Err("loading the CUDA driver library failed (missing symbol)".into()))
+}
+
+fn describe(e: &DriverError) -> String {
+    e.error_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("{:?}", e.0))
+}
+
+pub fn device_count() -> Result<i32> {
+    result::device::get_count().map_err(cuda_err("cuDeviceGetCount"))
+}
+
+/// What we read off a device once.
+#[derive(Clone, Debug)]
+pub struct DeviceProps {
+    pub ordinal: i32,
+    pub name: String,
+    pub cc: (i32, i32),
+    pub sm_count: i32,
+    pub max_smem_optin: i32,
+}
+
+pub fn device_props(ordinal: i32) -> Result<DeviceProps> {
+    let dev = result::device::get(ordinal).map_err(cuda_err("cuDeviceGet"))?;
+    let attr = |a: sys::CUdevice_attribute| -> Result<i32> {
+        // SAFETY: dev is a valid device handle from cuDeviceGet.
+        unsafe { result::device::get_attribute(dev, a) }.map_err(cuda_err("cuDeviceGetAttribute"))
+    };
+    use sys::CUdevice_attribute::*;
+    Ok(DeviceProps {
+        ordinal,
+        name: result::device::get_name(dev).map_err(cuda_err("cuDeviceGetName"))?,
+        cc: (
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        ),
+        sm_count: attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+        max_smem_optin: attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+    })
+}
+
+/// The device's primary context: the one torch, cupy and jax use, so their pointers are valid
+/// in it. Retained once per process and never released (it lives as long as the process).
+pub struct Context {
+    raw: sys::CUcontext,
+}
+
+// SAFETY: a CUcontext handle may be used from any thread (cuCtxSetCurrent binds it per thread).
+unsafe impl Send for Context {}
+unsafe impl Sync for Context {}
+
+impl Context {
+    pub fn primary(ordinal: i32) -> Result<Context> {
+        let dev = result::device::get(ordinal).map_err(cuda_err("cuDeviceGet"))?;
+        // SAFETY: dev is valid; the retained context is never released (process lifetime).
+        let raw = unsafe { result::primary_ctx::retain(dev) }
+            .map_err(cuda_err("cuDevicePrimaryCtxRetain"))?;
+        Ok(Context { raw })
+    }
+
+    /// Binds this context to the calling thread if another (or none) is bound.
+    pub fn make_current(&self) -> Result<()> {
+        let mut cur: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        let rc = unsafe { sys::cuCtxGetCurrent(&mut cur) };
+        if rc == sys::CUresult::CUDA_SUCCESS && cur == self.raw {
+            return Ok(());
+        }
+        // SAFETY: raw is a retained primary context.
+        unsafe { result::ctx::set_current(self.raw) }.map_err(cuda_err("cuCtxSetCurrent"))
+    }
+}
+
+/// A loaded CUBIN and one kernel entry in it. The module stays loaded for the process.
+pub struct Kernel {
+    module: sys::CUmodule,
+    func: sys::CUfunction,
+}
+
+// SAFETY: module and function handles are context-wide, usable from any thread that has the
+// context current (every launch path calls `Context::make_current` first).
+unsafe impl Send for Kernel {}
+unsafe impl Sync for Kernel {}
+
+impl Kernel {
+    /// Loads a CUBIN (context must be current) and looks up `entry`.
+    pub fn load(cubin: &[u8], entry: &str) -> Result<Kernel> {
+        // The driver reads the image through a pointer; give it an 8-byte aligned copy.
+        let mut image: Vec<u64> = vec![0; cubin.len().div_ceil(8)];
+        // SAFETY: image has at least cubin.len() bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                cubin.as_ptr(),
+                image.as_mut_ptr().cast::<u8>(),
+                cubin.len(),
+            )
+        };
+        // SAFETY: image is a complete CUBIN (checked by the driver) alive during the call.
+        let module = unsafe { result::module::load_data(image.as_ptr().cast()) }
+            .map_err(cuda_err("cuModuleLoadData"))?;
+        let name = CString::new(entry).map_err(|_| Error::Internal("entry name has NUL".into()))?;
+        // SAFETY: module was just loaded; name is a valid C string.
+        let func = match unsafe { result::module::get_function(module, name) } {
+            Ok(f) => f,
+            Err(e) => {
+                // SAFETY: unloading the module we just loaded and own.
+                unsafe {
+                    let _ = result::module::unload(module);
+                }
+                return Err(cuda_err("cuModuleGetFunction")(e));
+            }
+        };
+        Ok(Kernel { module, func })
+    }
+
+    /// Allows `bytes` of dynamic shared memory (needed above 48 KB).
+    pub fn set_max_dynamic_smem(&self, bytes: u32) -> Result<()> {
+        // SAFETY: func is a valid function handle.
+        unsafe {
+            result::function::set_function_attribute(
+                self.func,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+        }
+        .map_err(cuda_err("cuFuncSetAttribute"))
+    }
+
+    /// Launches with ONE by-value parameter (every flashscan kernel takes one params struct).
+    ///
+    /// # Safety
+    /// `P` must be `#[repr(C)]` with exactly the layout of the kernel's parameter, every
+    /// pointer in it must be valid for what the kernel reads and writes, and the stream must
+    /// belong to the current context.
+    pub unsafe fn launch<P: Copy>(
+        &self,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        stream: Stream,
+        params: &P,
+    ) -> Result<()> {
+        let mut args: [*mut c_void; 1] = [params as *const P as *mut c_void];
+        result::launch_kernel(self.func, grid, block, smem, stream.0, &mut args)
+            .map_err(cuda_err("cuLaunchKernel"))
+    }
+
+    pub fn module_handle(&self) -> usize {
+        self.module as usize
+    }
+}
+
+/// A raw stream handle: the caller's (torch/cupy current stream) or one of ours.
+#[derive(Clone, Copy, Debug)]
+pub struct Stream(pub sys::CUstream);
+
+// SAFETY: a stream handle is an opaque token usable from any thread of its context.
+unsafe impl Send for Stream {}
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    pub fn from_raw(handle: u64) -> Stream {
+        Stream(handle as usize as sys::CUstream)
+    }
+
+    /// A new non-blocking stream in the current context (never synchronises with stream 0).
+    pub fn create_non_blocking() -> Result<Stream> {
+        result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map(Stream)
+            .map_err(cuda_err("cuStreamCreate"))
+    }
+
+    pub fn synchronize(self) -> Result<()> {
+        // SAFETY: the handle came from the caller or from create_non_blocking.
+        unsafe { result::stream::synchronize(self.0) }.map_err(cuda_err("cuStreamSynchronize"))
+    }
+}
+
+/// Plain device allocation (context must be current).
+pub fn alloc(bytes: usize) -> Result<u64> {
+    // SAFETY: returns a fresh device allocation or an error.
+    unsafe { result::malloc_sync(bytes.max(1)) }.map_err(cuda_err("cuMemAlloc"))
+}
+
+/// Frees an allocation made by `alloc` (context must be current).
+///
+/// # Safety
+/// `ptr` must come from `alloc` and not be freed twice, and no queued work may still use it.
+pub unsafe fn free(ptr: u64) -> Result<()> {
+    result::free_sync(ptr).map_err(cuda_err("cuMemFree"))
+}

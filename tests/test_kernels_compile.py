@@ -1,0 +1,105 @@
+"""Every kernel variant the package can emit compiles to CUBIN with NVRTC alone (no GPU), for
+Ampere (sm_80) and Hopper (sm_90a); the main variants show no local-memory spills."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from flashscan import _native
+
+ARCHS = ["sm_80", "sm_90a"]
+
+
+def _nvrtc_present() -> bool:
+    return _native.backend_status()["nvrtc_version"] is not None
+
+
+def _cuobjdump() -> str | None:
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    for entry in sys.path:
+        for sub in ("nvidia/cu13/bin/cuobjdump", "nvidia/cuda_cuobjdump/bin/cuobjdump"):
+            p = Path(entry) / sub
+            if p.is_file():
+                return str(p)
+    return None
+
+
+pytestmark = pytest.mark.skipif(
+    not _nvrtc_present(), reason="NVRTC not installed (pip install nvidia-cuda-nvrtc)"
+)
+
+
+def _compile_all(arch: str) -> dict[str, bytes]:
+    variants = _native.kernel_variants(arch)
+    workers = max(1, min(8, os.cpu_count() or 1))
+    with ThreadPoolExecutor(workers) as pool:  # compile_variant releases the GIL
+        cubins = list(pool.map(lambda v: _native.compile_variant(v["name"], arch), variants))
+    return {v["name"]: c for v, c in zip(variants, cubins)}
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def compiled(request: pytest.FixtureRequest) -> tuple[str, dict[str, bytes]]:
+    return request.param, _compile_all(request.param)
+
+
+def test_every_variant_compiles_to_cubin(compiled: tuple[str, dict[str, bytes]]) -> None:
+    arch, cubins = compiled
+    assert cubins, "no kernel variants listed"
+    for name, cubin in cubins.items():
+        assert cubin[:4] == b"\x7fELF", f"{name} for {arch} is not an ELF CUBIN"
+
+
+def _resource_usage(cuobjdump: str, cubin: bytes) -> list[tuple[str, int, int, int]]:
+    """(function, registers, stack bytes, spill bytes) per kernel in the CUBIN."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run(
+            [cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    rows = []
+    func = ""
+    for line in out.splitlines():
+        m = re.search(r"Function (\S+):", line)
+        if m:
+            func = m.group(1)
+            continue
+        m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", line)
+        if m and func:
+            rows.append((func, int(m.group(1)), int(m.group(2)), int(m.group(3))))
+    return rows
+
+
+def test_main_variants_do_not_spill(compiled: tuple[str, dict[str, bytes]]) -> None:
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+    arch, cubins = compiled
+    main = {v["name"] for v in _native.kernel_variants(arch) if v["main"]}
+    assert main, "no main variants listed"
+    for name in sorted(main):
+        usage = _resource_usage(tool, cubins[name])
+        assert usage, f"cuobjdump reported nothing for {name}"
+        for func, regs, stack, local in usage:
+            assert stack == 0 and local == 0, (
+                f"{name} ({arch}) {func}: stack frame {stack} B, local {local} B (spills)"
+            )
+            assert regs <= 255, f"{name} ({arch}) {func}: {regs} registers"
+
+
+def test_unknown_variant_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="no kernel variant named"):
+        _native.compile_variant("nope[]", "sm_90a")
+    with pytest.raises(ValueError, match="arch"):
+        _native.kernel_variants("hopper")
