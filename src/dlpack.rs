@@ -108,7 +108,7 @@ fn device_of(device_type: i32) -> DeviceKind {
 ///
 /// # Safety
 /// `t` must point to a valid DLTensor whose shape/strides arrays hold `ndim` entries.
-unsafe fn view_of(t: &DLTensor, readonly: bool, arg: &str) -> Result<TensorView> {
+pub unsafe fn view_of(t: &DLTensor, readonly: bool, arg: &str) -> Result<TensorView> {
     if t.ndim < 0 || t.ndim > 16 {
         return Err(value_err(format!("{arg} has an invalid rank {}", t.ndim)));
     }
