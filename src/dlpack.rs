@@ -307,12 +307,25 @@ pub fn import<'py>(
     from_capsule(cap, arg)
 }
 
-/// Owns a CUDA allocation until a framework adopts it through `__dlpack__`.
+/// A CUDA allocation made by flashscan for a framework that has no allocator we can call
+/// (jax). Shared: the Python buffer object and every capsule exported from it hold one
+/// reference; the memory is freed when the last goes.
+pub struct DeviceAllocation {
+    pub ptr: u64,
+    pub device_id: i32,
+}
+
+impl Drop for DeviceAllocation {
+    fn drop(&mut self) {
+        free_device(self.device_id, self.ptr);
+    }
+}
+
+/// What an exported capsule owns: its shape/strides arrays and a reference to the memory.
 struct ExportCtx {
     shape: Vec<i64>,
     strides: Vec<i64>,
-    ptr: u64,
-    device_id: i32,
+    _alloc: std::sync::Arc<DeviceAllocation>,
 }
 
 unsafe extern "C" fn delete_legacy(m: *mut DLManagedTensor) {
@@ -320,7 +333,7 @@ unsafe extern "C" fn delete_legacy(m: *mut DLManagedTensor) {
         return;
     }
     let m = Box::from_raw(m);
-    release_ctx(m.manager_ctx as *mut ExportCtx);
+    drop(Box::from_raw(m.manager_ctx as *mut ExportCtx));
 }
 
 unsafe extern "C" fn delete_versioned(m: *mut DLManagedTensorVersioned) {
@@ -328,24 +341,16 @@ unsafe extern "C" fn delete_versioned(m: *mut DLManagedTensorVersioned) {
         return;
     }
     let m = Box::from_raw(m);
-    release_ctx(m.manager_ctx as *mut ExportCtx);
+    drop(Box::from_raw(m.manager_ctx as *mut ExportCtx));
 }
 
-unsafe fn release_ctx(ctx: *mut ExportCtx) {
-    if ctx.is_null() {
-        return;
-    }
-    let ctx = Box::from_raw(ctx);
-    free_device(ctx.device_id, ctx.ptr);
-}
-
-/// Frees an exported buffer; errors at this point have nowhere to go and are dropped.
-pub fn free_device(device_id: i32, ptr: u64) {
+/// Frees a flashscan allocation; errors at this point have nowhere to go and are dropped.
+fn free_device(device_id: i32, ptr: u64) {
     if let Ok(rt) = crate::runtime::runtime() {
         if let Ok(dev) = rt.device(device_id) {
             if dev.make_current().is_ok() {
-                // SAFETY: ptr came from runtime::driver::alloc and is freed exactly once (the
-                // deleter or the buffer's Drop, never both).
+                // SAFETY: ptr came from runtime::driver::alloc and is freed exactly once, when
+                // the last reference to its DeviceAllocation drops.
                 unsafe {
                     let _ = crate::runtime::driver::free(ptr);
                 }
@@ -370,21 +375,20 @@ unsafe extern "C" fn capsule_destructor(cap: *mut ffi::PyObject) {
     }
 }
 
-/// Builds a capsule handing `ctx`'s allocation to the consumer.
+/// Builds a capsule sharing `alloc` (viewed as a compact tensor) with the consumer.
 pub fn export_capsule(
     py: Python<'_>,
-    ptr: u64,
+    alloc: std::sync::Arc<DeviceAllocation>,
     shape: Vec<i64>,
     dtype: DType,
-    device_id: i32,
     versioned: bool,
 ) -> PyResult<PyObject> {
     let strides = compact_strides(&shape);
+    let (ptr, device_id) = (alloc.ptr, alloc.device_id);
     let ctx = Box::into_raw(Box::new(ExportCtx {
         shape,
         strides,
-        ptr,
-        device_id,
+        _alloc: alloc,
     }));
     // SAFETY: ctx lives until the deleter; its shape/strides vectors are never resized, so
     // the pointers stored in the DLTensor stay valid for the tensor's whole life.

@@ -165,13 +165,13 @@ fn describe(py: Python<'_>, x: &Bound<'_, PyAny>) -> PyResult<PyObject> {
 }
 
 /// A CUDA buffer owned by flashscan until a framework adopts it through DLPack.
-/// (pointer, shape, dtype, device) of a buffer not yet handed to a framework.
-type Unexported = Option<(u64, Vec<i64>, DType, i32)>;
-
-#[pyclass(module = "flashscan._native")]
+/// A CUDA buffer owned by flashscan, shared with any framework through DLPack (each export
+/// holds a reference; the memory is freed when the buffer and every capsule are gone).
+#[pyclass(module = "flashscan._native", frozen)]
 struct DeviceBuffer {
-    state: std::sync::Mutex<Unexported>,
-    device_id: i32,
+    alloc: std::sync::Arc<dlpack::DeviceAllocation>,
+    shape: Vec<i64>,
+    dtype: DType,
 }
 
 #[pymethods]
@@ -185,36 +185,26 @@ impl DeviceBuffer {
         dl_device: Option<&Bound<'_, PyAny>>,
         copy: Option<bool>,
     ) -> PyResult<PyObject> {
+        // Our work on this buffer is finished before `empty` returns to Python (own stream,
+        // synchronised), so there is nothing for the consumer's stream to wait on.
         let _ = (stream, dl_device);
         if copy == Some(true) {
             return Err(PyValueError::new_err(
                 "DeviceBuffer cannot be exported as a copy",
             ));
         }
-        let taken = self
-            .state
-            .lock()
-            .map_err(|_| PyRuntimeError::new_err("buffer lock poisoned"))?
-            .take();
-        let Some((ptr, shape, dtype, dev)) = taken else {
-            return Err(PyValueError::new_err("this buffer was already exported"));
-        };
         let versioned = max_version.is_some_and(|(major, _)| major >= 1);
-        dlpack::export_capsule(py, ptr, shape, dtype, dev, versioned)
+        dlpack::export_capsule(
+            py,
+            self.alloc.clone(),
+            self.shape.clone(),
+            self.dtype,
+            versioned,
+        )
     }
 
     fn __dlpack_device__(&self) -> (i32, i32) {
-        (dlpack::DL_CUDA, self.device_id)
-    }
-}
-
-impl Drop for DeviceBuffer {
-    fn drop(&mut self) {
-        if let Ok(mut s) = self.state.lock() {
-            if let Some((ptr, _, _, dev)) = s.take() {
-                dlpack::free_device(dev, ptr);
-            }
-        }
+        (dlpack::DL_CUDA, self.alloc.device_id)
     }
 }
 
@@ -239,9 +229,11 @@ fn empty(
     let dev = rt.device(device_id)?;
     dev.make_current()?;
     let ptr = runtime::driver::alloc(bytes)?;
+    let alloc = std::sync::Arc::new(dlpack::DeviceAllocation { ptr, device_id });
     Ok(DeviceBuffer {
-        state: std::sync::Mutex::new(Some((ptr, shape, dt, device_id))),
-        device_id,
+        alloc,
+        shape,
+        dtype: dt,
     })
 }
 
@@ -278,6 +270,99 @@ fn flash_attn_fwd(
         softcap,
     };
     Ok(ops::attention::forward(&args, choice)?)
+}
+
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (u, delta, A, B, C, D, z, delta_bias, initial_state, out, last_state, delta_softplus, stream))]
+#[allow(non_snake_case)]
+fn selective_scan_fwd(
+    u: &Bound<'_, PyAny>,
+    delta: &Bound<'_, PyAny>,
+    A: &Bound<'_, PyAny>,
+    B: &Bound<'_, PyAny>,
+    C: &Bound<'_, PyAny>,
+    D: Option<&Bound<'_, PyAny>>,
+    z: Option<&Bound<'_, PyAny>>,
+    delta_bias: Option<&Bound<'_, PyAny>>,
+    initial_state: Option<&Bound<'_, PyAny>>,
+    out: &Bound<'_, PyAny>,
+    last_state: Option<&Bound<'_, PyAny>>,
+    delta_softplus: bool,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let ch = stream_choice(stream);
+    let u = import(u, "u", ch)?;
+    let delta = import(delta, "delta", ch)?;
+    let a = import(A, "A", ch)?;
+    let b = import(B, "B", ch)?;
+    let c = import(C, "C", ch)?;
+    let d = import_opt(D, "D", ch)?;
+    let z = import_opt(z, "z", ch)?;
+    let delta_bias = import_opt(delta_bias, "delta_bias", ch)?;
+    let initial_state = import_opt(initial_state, "initial_state", ch)?;
+    let out = import(out, "out", ch)?;
+    let last_state = import_opt(last_state, "last_state", ch)?;
+    let args = ops::scan::ScanArgs {
+        u: &u.view,
+        delta: &delta.view,
+        a: &a.view,
+        b: &b.view,
+        c: &c.view,
+        d: d.as_ref().map(|t| &t.view),
+        z: z.as_ref().map(|t| &t.view),
+        delta_bias: delta_bias.as_ref().map(|t| &t.view),
+        initial_state: initial_state.as_ref().map(|t| &t.view),
+        out: &out.view,
+        last_state: last_state.as_ref().map(|t| &t.view),
+        delta_softplus,
+    };
+    Ok(ops::scan::forward(&args, ch)?)
+}
+
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (state, x, dt, A, B, C, D, z, dt_bias, out, dt_softplus, stream))]
+#[allow(non_snake_case)]
+fn selective_state_update(
+    state: &Bound<'_, PyAny>,
+    x: &Bound<'_, PyAny>,
+    dt: &Bound<'_, PyAny>,
+    A: &Bound<'_, PyAny>,
+    B: &Bound<'_, PyAny>,
+    C: &Bound<'_, PyAny>,
+    D: Option<&Bound<'_, PyAny>>,
+    z: Option<&Bound<'_, PyAny>>,
+    dt_bias: Option<&Bound<'_, PyAny>>,
+    out: &Bound<'_, PyAny>,
+    dt_softplus: bool,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let ch = stream_choice(stream);
+    let state = import(state, "state", ch)?;
+    let x = import(x, "x", ch)?;
+    let dt = import(dt, "dt", ch)?;
+    let a = import(A, "A", ch)?;
+    let b = import(B, "B", ch)?;
+    let c = import(C, "C", ch)?;
+    let d = import_opt(D, "D", ch)?;
+    let z = import_opt(z, "z", ch)?;
+    let dt_bias = import_opt(dt_bias, "dt_bias", ch)?;
+    let out = import(out, "out", ch)?;
+    let args = ops::state_update::StateUpdateArgs {
+        state: &state.view,
+        x: &x.view,
+        dt: &dt.view,
+        a: &a.view,
+        b: &b.view,
+        c: &c.view,
+        d: d.as_ref().map(|t| &t.view),
+        z: z.as_ref().map(|t| &t.view),
+        dt_bias: dt_bias.as_ref().map(|t| &t.view),
+        out: &out.view,
+        dt_softplus,
+    };
+    Ok(ops::state_update::update(&args, ch)?)
 }
 
 fn arch_num(arch: &str) -> PyResult<i64> {
@@ -371,6 +456,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(describe, m)?)?;
     m.add_function(wrap_pyfunction!(empty, m)?)?;
     m.add_function(wrap_pyfunction!(flash_attn_fwd, m)?)?;
+    m.add_function(wrap_pyfunction!(selective_scan_fwd, m)?)?;
+    m.add_function(wrap_pyfunction!(selective_state_update, m)?)?;
     m.add_function(wrap_pyfunction!(kernel_variants, m)?)?;
     m.add_function(wrap_pyfunction!(compile_variant, m)?)?;
     m.add_function(wrap_pyfunction!(precompile, m)?)?;

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from flashscan import _native
+_native = pytest.importorskip("flashscan._native")
+
 
 ARCHS = ["sm_80", "sm_90a"]
 

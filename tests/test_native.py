@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flashscan import _native
+_native = pytest.importorskip("flashscan._native")
 
 
 def test_describe_numpy_view_keeps_strides_and_pointer() -> None:

@@ -16,9 +16,9 @@ for that device and synchronise it before returning (for frameworks with no stre
 such as jax).
 """
 
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable
 
-TensorArg = Union[object, tuple[int, tuple[int, ...], tuple[int, ...], str, int, int]]
+TensorArg = object | tuple[int, tuple[int, ...], tuple[int, ...], str, int, int]
 
 class FlashscanError(Exception):
     """Base class of every flashscan error."""
@@ -48,7 +48,7 @@ def describe(x: TensorArg) -> dict[str, Any]:
     {"device_type": int, "device_id": int, "dtype": str, "shape": tuple, "strides": tuple,
      "data_ptr": int, "readonly": bool, "byte_offset": int, "versioned": bool}."""
 
-def empty(shape: tuple[int, ...], dtype: str, device_id: int, stream: Optional[int]) -> object:
+def empty(shape: tuple[int, ...], dtype: str, device_id: int, stream: int | None) -> object:
     """A new CUDA buffer owned by flashscan, returned as an object with `__dlpack__` and
     `__dlpack_device__` (for frameworks, like jax, that have no `empty` we can call)."""
 
@@ -57,12 +57,12 @@ def flash_attn_fwd(
     k: TensorArg,
     v: TensorArg,
     out: TensorArg,
-    lse: Optional[TensorArg],
+    lse: TensorArg | None,
     softmax_scale: float,
     window_left: int,
     window_right: int,
     softcap: float,
-    stream: Optional[int],
+    stream: int | None,
 ) -> None:
     """q (b, sq, h, d), k/v (b, sk, hk, d), out like q, lse (b, h, sq) float32 or None.
     window_left/right: -1 = unbounded; causal is window_right = 0 (bottom-right aligned)."""
@@ -73,14 +73,14 @@ def selective_scan_fwd(
     A: TensorArg,
     B: TensorArg,
     C: TensorArg,
-    D: Optional[TensorArg],
-    z: Optional[TensorArg],
-    delta_bias: Optional[TensorArg],
-    initial_state: Optional[TensorArg],
+    D: TensorArg | None,
+    z: TensorArg | None,
+    delta_bias: TensorArg | None,
+    initial_state: TensorArg | None,
     out: TensorArg,
-    last_state: Optional[TensorArg],
+    last_state: TensorArg | None,
     delta_softplus: bool,
-    stream: Optional[int],
+    stream: int | None,
 ) -> None: ...
 def selective_state_update(
     state: TensorArg,
@@ -89,12 +89,12 @@ def selective_state_update(
     A: TensorArg,
     B: TensorArg,
     C: TensorArg,
-    D: Optional[TensorArg],
-    z: Optional[TensorArg],
-    dt_bias: Optional[TensorArg],
+    D: TensorArg | None,
+    z: TensorArg | None,
+    dt_bias: TensorArg | None,
     out: TensorArg,
     dt_softplus: bool,
-    stream: Optional[int],
+    stream: int | None,
 ) -> None: ...
 def kernel_variants() -> list[dict[str, Any]]:
     """Every kernel variant the package can emit: {"family": str, "name": str,
@@ -105,9 +105,7 @@ def compile_variant(name: str, arch: str) -> bytes:
     """Compiles one variant (by name, from kernel_variants()) to a CUBIN for `arch`
     ("sm_80", "sm_90a", ...) with NVRTC alone: no GPU needed."""
 
-def precompile(
-    device_id: int, progress: Optional[Callable[[int, int, str], None]] = None
-) -> int:
+def precompile(device_id: int, progress: Callable[[int, int, str], None] | None = None) -> int:
     """Compiles every variant for the device's arch into the disk cache; returns how many
     were compiled (not already cached). progress(done, total, name) is called per variant."""
 

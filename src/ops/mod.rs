@@ -3,6 +3,8 @@
 
 pub mod attention;
 pub mod flash_tiles;
+pub mod scan;
+pub mod state_update;
 
 use crate::runtime::KernelSpec;
 
@@ -16,6 +18,14 @@ pub fn all_variants(arch_num: i64) -> Vec<(KernelSpec, bool)> {
             .iter()
             .any(|&(k, v)| k == "FS_HEAD_DIM" && (v == 64 || v == 128))
             && s.defines.iter().any(|&(k, v)| k == "FS_DTYPE" && v != 2);
+        out.push((s, main));
+    }
+    for s in scan::all_specs(arch_num) {
+        let main = s.defines.iter().any(|&(k, v)| k == "FS_DSTATE" && v == 16);
+        out.push((s, main));
+    }
+    for s in state_update::all_specs(arch_num) {
+        let main = s.defines.iter().any(|&(k, v)| k == "FS_DSTATE" && v == 16);
         out.push((s, main));
     }
     out

@@ -220,6 +220,21 @@ impl Stream {
     }
 }
 
+/// Stream-ordered allocation (graph-capturable): usable by work queued on `stream` after this.
+pub fn alloc_async(bytes: usize, stream: Stream) -> Result<u64> {
+    // SAFETY: returns a fresh allocation ordered on a stream of the current context, or an error.
+    unsafe { result::malloc_async(stream.0, bytes.max(1)) }.map_err(cuda_err("cuMemAllocAsync"))
+}
+
+/// Stream-ordered free: the memory is released once the work queued before it on `stream` ends.
+///
+/// # Safety
+/// `ptr` must come from `alloc_async` and not be freed twice; only work on `stream` (or ordered
+/// before this point) may use it.
+pub unsafe fn free_async(ptr: u64, stream: Stream) -> Result<()> {
+    result::free_async(ptr, stream.0).map_err(cuda_err("cuMemFreeAsync"))
+}
+
 /// Plain device allocation (context must be current).
 pub fn alloc(bytes: usize) -> Result<u64> {
     // SAFETY: returns a fresh device allocation or an error.

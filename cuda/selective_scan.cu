@@ -1,0 +1,641 @@
+// Mamba selective scan, forward (mamba_ssm `selective_scan_fn` semantics), plus `initial_state`.
+//
+// Per batch row b, channel d, state n, timestep t:
+//   dt     = delta[b,d,t] + delta_bias[d];  dt = softplus(dt) if asked (mamba: dt <= 20 ? log1p(e^dt) : dt)
+//   x[n]   = exp(dt * A[d,n]) * x[n] + dt * B[n,t] * u[b,d,t]          (x starts at initial_state or 0)
+//   y      = sum_n C[n,t] * x[n] + D[d] * u[b,d,t]
+//   out    = y * silu(z[b,d,t])  (if z given)
+// State and accumulation in fp32; u/delta/z/out in FS_IN_DTYPE; B/C in FS_BC_DTYPE.
+//
+// Cost model (H100): one exp per (b, d, t, n) on MUFU (16/clk/SM) is the floor; the inner loop is 5
+// instructions per state (FMUL dt*A, MUFU.EX2, FMUL dtu*B, 2 FFMA). The second limit is shared memory ->
+// register bandwidth (128 B/clk/SM, broadcasts included): per step a lane reads B and C of its kNS
+// states and (dt, dt*u) of its kCPT channels, 8*kNS + 8*kCPT bytes for kNS*kCPT state updates, so each
+// lane works on kCPT channels at once (register blocking: one B/C read serves kCPT channels).
+//
+// Work split.
+//   block  = kSlots * kCPT channels of one batch row b (channels d0 .. d0 + chans_per_block - 1,
+//            all in one B/C group) and one sequence chunk [c * chunk_len, min((c + 1) * chunk_len, seqlen)).
+//   slot   = kSplit consecutive lanes of a warp; it owns the kCPT channels slot*kCPT + q (q < kCPT);
+//            lane s of the slot owns kNS states of each of them (in registers, for the whole chunk),
+//            laid out in float4 groups interleaved across the lanes:
+//            state n(s, j) = (j / kVG) * kSplit * kVG + s * kVG + j % kVG, j < kNS.
+//   time   = tiles of kT timesteps; lane s of a channel also owns the tile's timestep slice
+//            s*kTS .. s*kTS + kTS - 1 (kTS = kT / kSplit) for everything done once per (channel, t).
+//   Per tile:
+//     1. the block stages the B/C tile in shared memory as fp32 sB/sC[kT][kRow] (all its channels share it);
+//     2. each lane computes dt (bias, softplus) and dt*u for its slice and its kCPT channels and stores
+//        them, zero past the sequence end, as float2 in sDT[slot][t][q];
+//     3. __syncthreads, then the loads of tile k+1 (delta, u, z slices; B/C) are issued (register prefetch);
+//     4. the recurrence: per t a lane reads (dt, dt*u) of its kCPT channels and its states' B, C, updates
+//        its kCPT*kNS states and writes its partial y to sY[lane][q][t] (a float4 per 4 steps);
+//     5. __syncwarp, lane s sums the kSplit partials of its slice, adds D*u, multiplies by silu(z), stores.
+//   sB, sC and sDT are double-buffered (tile k+1 writes the other buffer; its last readers finished
+//   before tile k's barrier); sY is single: its next writes follow the next tile's barrier.
+//   exp(dt*A) = exp2(dt * A*log2(e)); A is pre-scaled once. FS_POLY_NUM of every 8 (t, state) exps are
+//   evaluated by an FMA-pipe polynomial instead of MUFU.EX2 (MUFU does 16/clk/SM, FMA 128/clk/SM).
+//
+// Long sequences with few channels (chunked path, nchunks > 1, exact: the recurrence is linear):
+//   1. selective_scan_chunk_state, grid.y = chunks 0..nchunks-2: scans its chunk from x = 0 and writes
+//      the chunk's end state (chunk_state) and sum of dt (chunk_dtsum); the chunk's decay is
+//      prod_t exp2(dt_t*A2[n]) = exp2(A2[n] * sum_t dt_t).
+//   2. selective_scan_fwd, grid.y = chunks 0..nchunks-1: the block of chunk c starts from initial_state
+//      (or 0), folds chunks 0..c-1: x = exp2(A2 * dtsum[cc]) * x + chunk_state[cc], then scans its chunk
+//      writing out. The last chunk writes last_state.
+//
+// Compile-time constants (emitted by the host prelude; defaults below are for standalone compiles):
+//   FS_IN_DTYPE   u/delta/z/out dtype: 0 = fp16, 1 = bf16, 2 = fp32
+//   FS_BC_DTYPE   B/C dtype, same coding
+//   FS_DSTATE     padded state count (power of two, >= real dstate); padded states have A = B = C = 0
+//   FS_NSPLIT     lanes per channel (power of two <= 32; divides FS_TILE_T and FS_DSTATE)
+//   FS_TILE_T     timesteps per tile (multiple of 8 and of FS_NSPLIT; 32 at dstate <= 64)
+//   FS_THREADS    threads per block; a block has FS_THREADS / FS_NSPLIT slots
+//   FS_CPT        channels per slot (1, 2 or 4): register blocking over channels. Measured on the H100
+//                 (2026-11-22, b8 d2048 L2048 bf16): 1 -> 294 us, 2 -> 341 us (half the warps; the kernel is
+//                 latency-bound: MUFU pipe 49% busy, 7.8 warps/SM at FS_CPT 2). The host plan uses 1.
+//   FS_MIN_BLOCKS __launch_bounds__ min blocks per SM
+//   FS_B_VARYING, FS_C_VARYING  1: (batch, ngroups, dstate, seqlen); 0: (dim, dstate)
+//   FS_POLY_NUM   0..8: exps per 8 done by polynomial
+//   FS_ARCH       e.g. 90 (informational)
+// Everything else (D, z, delta_bias, softplus, initial/last state, chunking) is a runtime field of
+// ScanParams: a uniform branch costs nothing measurable here.
+// Dynamic shared memory (bytes) = 4 * (nB + nC + nDT + nY), nB = FS_B_VARYING*2*kT*kRow,
+// nC = FS_C_VARYING*2*kT*kRow (0 for selective_scan_chunk_state), nDT = 4*kSlots*(kT+1)*FS_CPT,
+// nY = FS_THREADS*FS_CPT*(kT+4) (0 for selective_scan_chunk_state),
+// kRow = FS_DSTATE >= 4 ? FS_DSTATE + 4 : FS_DSTATE, kSlots = FS_THREADS/FS_NSPLIT.
+
+#ifndef FS_IN_DTYPE
+#define FS_IN_DTYPE 1
+#endif
+#ifndef FS_BC_DTYPE
+#define FS_BC_DTYPE FS_IN_DTYPE
+#endif
+#ifndef FS_DSTATE
+#define FS_DSTATE 16
+#endif
+#ifndef FS_NSPLIT
+#define FS_NSPLIT 4
+#endif
+#ifndef FS_TILE_T
+#define FS_TILE_T 32
+#endif
+#ifndef FS_THREADS
+#define FS_THREADS 128
+#endif
+#ifndef FS_MIN_BLOCKS
+#define FS_MIN_BLOCKS 4
+#endif
+#ifndef FS_B_VARYING
+#define FS_B_VARYING 1
+#endif
+#ifndef FS_C_VARYING
+#define FS_C_VARYING 1
+#endif
+#ifndef FS_CPT
+#define FS_CPT 1
+#endif
+#ifndef FS_POLY_NUM
+#define FS_POLY_NUM 0
+#endif
+
+typedef long long fs_i64;
+typedef unsigned int fs_u32;
+typedef unsigned short fs_u16;
+
+// One by-value parameter block for both entries. Layout: 13 pointers, then int64s, then int32s
+// (no implicit padding; sizeof = 13*8 + 32*8 + 10*4 = 400). Strides are in elements.
+struct ScanParams {
+  const void* u;              // (batch, dim, seqlen)  FS_IN_DTYPE, seqlen stride 1
+  const void* delta;          // (batch, dim, seqlen)  FS_IN_DTYPE, seqlen stride 1
+  const float* A;             // (dim, dstate)
+  const void* B;              // varying (batch, ngroups, dstate, seqlen) [seqlen stride 1] or fixed (dim, dstate)
+  const void* C;              // same forms as B
+  const float* D;             // (dim,) or null when !has_D
+  const float* delta_bias;    // (dim,) or null when !has_delta_bias
+  const void* z;              // (batch, dim, seqlen) FS_IN_DTYPE or null when !has_z
+  void* out;                  // (batch, dim, seqlen) FS_IN_DTYPE
+  const float* initial_state; // (batch, dim, dstate) or null
+  float* last_state;          // (batch, dim, dstate) or null
+  float* chunk_state;         // scratch (batch*dim, nchunks-1, FS_DSTATE) fp32, contiguous; null if nchunks == 1
+  float* chunk_dtsum;         // scratch (batch*dim, nchunks-1) fp32, contiguous; null if nchunks == 1
+  fs_i64 batch, dim, seqlen, dstate, ngroups, chunk_len;
+  fs_i64 u_batch, u_dim, delta_batch, delta_dim, z_batch, z_dim, out_batch, out_dim;
+  fs_i64 A_dim, A_dstate;
+  fs_i64 B_batch, B_group, B_dstate, B_dim;   // varying: batch/group/dstate; fixed: dim/dstate
+  fs_i64 C_batch, C_group, C_dstate, C_dim;
+  fs_i64 D_dim, delta_bias_dim;
+  fs_i64 init_batch, init_dim, init_dstate;
+  fs_i64 last_batch, last_dim, last_dstate;
+  int nchunks;                // >= 1; grid.y of selective_scan_fwd
+  int chans_per_block;        // channels per block (<= FS_THREADS / FS_NSPLIT; divides dim/ngroups when B or C varies and ngroups > 1)
+  int has_D, has_z, has_delta_bias, softplus, has_initial_state, has_last_state;
+  int io_align;               // bytes (2, 4, 8 or 16): alignment every u/delta/z/out row start shares
+  int pad_;
+};
+static_assert(sizeof(ScanParams) == 400, "ScanParams layout changed: update the host mirror");
+
+constexpr int kDState = FS_DSTATE;
+constexpr int kSplit = FS_NSPLIT;
+constexpr int kNS = kDState / kSplit;                 // states per lane
+constexpr int kVG = kNS < 4 ? kNS : 4;                // states per shared-memory vector read
+constexpr int kNGrp = kNS / kVG;                      // vector groups per lane
+constexpr int kT = FS_TILE_T;
+constexpr int kThreads = FS_THREADS;
+constexpr int kTS = kT / kSplit;                      // timesteps per lane in its slice
+constexpr int kSlots = kThreads / kSplit;             // lane groups per block
+constexpr int kCPT = FS_CPT;                          // channels per slot
+constexpr int kDTRow = kT + 1;                        // sDT row stride in units of kCPT float2 (odd)
+constexpr int kYRow = kT + 4;                         // float row stride of sY (16 B aligned rows)
+constexpr int kRow = kDState >= 4 ? kDState + 4 : kDState;   // fp32 row stride of a staged B/C tile
+constexpr int kInBytes = FS_IN_DTYPE == 2 ? 4 : 2;
+constexpr int kBCBytes = FS_BC_DTYPE == 2 ? 4 : 2;
+constexpr int kStage = (kDState * kT + kThreads - 1) / kThreads;   // B (or C) tile elements per thread
+constexpr int kNStep = kThreads / kT;                 // B/C tile rows staged per pass of the block
+constexpr bool kBVar = FS_B_VARYING != 0;
+constexpr bool kCVar = FS_C_VARYING != 0;
+
+static_assert(kSplit >= 1 && kSplit <= 32 && (kSplit & (kSplit - 1)) == 0, "FS_NSPLIT: power of two <= 32");
+static_assert(kDState % kSplit == 0 && kNS % kVG == 0, "FS_DSTATE must be a multiple of FS_NSPLIT");
+static_assert(kT % kSplit == 0 && kT % 8 == 0, "FS_TILE_T must be a multiple of 8 and of FS_NSPLIT");
+static_assert(kThreads % 32 == 0 && kThreads % kT == 0, "FS_THREADS: whole warps, a multiple of FS_TILE_T");
+static_assert(kCPT == 1 || kCPT == 2 || kCPT == 4, "FS_CPT: 1, 2 or 4");
+
+#define FS_LOG2E 1.4426950408889634f
+#define FS_LN2 0.6931471805599453f
+
+// ---------------------------------------------------------------- small hardware helpers
+__device__ __forceinline__ float fs_ex2(float x) {   // MUFU.EX2
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float fs_lg2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float fs_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// 2^x on the FMA pipe: x = j + f, j = rint(x), |f| <= 1/2, 2^f by a degree-5 minimax polynomial
+// (relative error 1.8e-7 in fp32, like MUFU.EX2), exponent added as integer. x clamped to [-125, 125].
+__device__ __forceinline__ float fs_ex2_poly(float x) {
+  x = fminf(fmaxf(x, -125.f), 125.f);
+  const float r = x + 12582912.f;           // 1.5 * 2^23: rint(x) lands in the low mantissa bits
+  const float f = x - (r - 12582912.f);
+  float p = 1.3276709e-3f;
+  p = fmaf(p, f, 9.6715093e-3f);
+  p = fmaf(p, f, 5.5506926e-2f);
+  p = fmaf(p, f, 2.4022242e-1f);
+  p = fmaf(p, f, 6.9314700e-1f);
+  p = fmaf(p, f, 1.0f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(r) << 23));
+}
+__device__ __forceinline__ float fs_softplus(float v) {   // mamba: v <= 20 ? log1p(exp(v)) : v
+  const float e = fs_ex2(v * FS_LOG2E);
+  const float r = e < 0.015625f ? e * (1.f - e * (0.5f - e * 0.33333334f)) : FS_LN2 * fs_lg2(1.f + e);
+  return v <= 20.f ? r : v;
+}
+__device__ __forceinline__ float fs_silu(float z) { return z * fs_rcp(1.f + fs_ex2(-z * FS_LOG2E)); }
+
+// Packed raw storage: N elements of ES bytes in ceil(N*ES/4) 32-bit words, element i of 16-bit data
+// in the low (even i) / high (odd i) half of word i/2.
+template <int N, int ES> struct Raw { fs_u32 w[(N * ES + 3) / 4]; };
+
+template <int DT> __device__ __forceinline__ float fs_half_to_f32(fs_u32 h16) {
+  if constexpr (DT == 1) {
+    return __uint_as_float(h16 << 16);
+  } else {
+    float f;
+    const fs_u16 h = (fs_u16)h16;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+  }
+}
+template <int DT, int N, int ES> __device__ __forceinline__ float fs_elem(const Raw<N, ES>& r, int i) {
+  if constexpr (DT == 2) {
+    return __uint_as_float(r.w[i]);
+  } else if constexpr (DT == 1) {
+    return (i & 1) ? __uint_as_float(r.w[i >> 1] & 0xffff0000u) : __uint_as_float(r.w[i >> 1] << 16);
+  } else {
+    return fs_half_to_f32<0>((i & 1) ? (r.w[i >> 1] >> 16) : (r.w[i >> 1] & 0xffffu));
+  }
+}
+template <int DT> __device__ __forceinline__ fs_u32 fs_pack2(float lo, float hi) {
+  fs_u32 w;
+  if constexpr (DT == 1) {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+  }
+  return w;
+}
+
+// Load N elements starting at byte address p (read-only path). Full rows use the widest vector the
+// row alignment allows; a partial row (valid < N) loads element by element and zero-fills.
+template <int N, int ES>
+__device__ __forceinline__ void fs_load(Raw<N, ES>& r, const char* p, int valid, int align) {
+  constexpr int kBytes = N * ES;
+  if (valid >= N && kBytes % 16 == 0 && align >= 16) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 16; ++i)
+      asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(r.w[4 * i]), "=r"(r.w[4 * i + 1]), "=r"(r.w[4 * i + 2]), "=r"(r.w[4 * i + 3])
+                   : "l"(p + 16 * i));
+  } else if (valid >= N && kBytes % 8 == 0 && align >= 8) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 8; ++i)
+      asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(r.w[2 * i]), "=r"(r.w[2 * i + 1]) : "l"(p + 8 * i));
+  } else if (valid >= N && kBytes % 4 == 0 && align >= 4) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 4; ++i) asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(r.w[i]) : "l"(p + 4 * i));
+  } else if constexpr (ES == 4) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      fs_u32 v = 0;
+      if (i < valid) asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p + 4 * i));
+      r.w[i] = v;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < (N + 1) / 2; ++i) r.w[i] = 0;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      fs_u16 h = 0;
+      if (i < valid) asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(h) : "l"(p + 2 * i));
+      r.w[i >> 1] |= (fs_u32)h << (16 * (i & 1));
+    }
+  }
+}
+template <int N, int ES>
+__device__ __forceinline__ void fs_store(char* p, const Raw<N, ES>& r, int valid, int align) {
+  constexpr int kBytes = N * ES;
+  if (valid >= N && kBytes % 16 == 0 && align >= 16) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 16; ++i)
+      asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p + 16 * i), "r"(r.w[4 * i]),
+                   "r"(r.w[4 * i + 1]), "r"(r.w[4 * i + 2]), "r"(r.w[4 * i + 3]) : "memory");
+  } else if (valid >= N && kBytes % 8 == 0 && align >= 8) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 8; ++i)
+      asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p + 8 * i), "r"(r.w[2 * i]), "r"(r.w[2 * i + 1]) : "memory");
+  } else if (valid >= N && kBytes % 4 == 0 && align >= 4) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 4; ++i) asm volatile("st.global.u32 [%0], %1;" ::"l"(p + 4 * i), "r"(r.w[i]) : "memory");
+  } else if constexpr (ES == 4) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      if (i < valid) asm volatile("st.global.u32 [%0], %1;" ::"l"(p + 4 * i), "r"(r.w[i]) : "memory");
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const fs_u16 h = (fs_u16)(r.w[i >> 1] >> (16 * (i & 1)));
+      if (i < valid) asm volatile("st.global.u16 [%0], %1;" ::"l"(p + 2 * i), "h"(h) : "memory");
+    }
+  }
+}
+
+template <int DT> __device__ __forceinline__ float fs_ld_scalar(const void* base, fs_i64 idx) {
+  if constexpr (DT == 2) {
+    return __ldg((const float*)base + idx);
+  } else {
+    return fs_half_to_f32<DT>(__ldg((const fs_u16*)base + idx));
+  }
+}
+
+
+// ---------------------------------------------------------------- the scan
+// Registers a lane carries from one tile to the next (the prefetch of tile k+1).
+struct Prefetch {
+  Raw<kTS, kInBytes> delta_s[kCPT];   // this lane's slice of delta, per channel
+  Raw<kTS, kInBytes> u_s[kCPT];       // this lane's slice of u
+  Raw<kTS, kInBytes> z_s[kCPT];       // this lane's slice of z
+  fs_u32 b[kBVar ? kStage : 1];       // B tile elements this thread stages (raw bits)
+  fs_u32 c[kCVar ? kStage : 1];
+};
+
+// Shared-memory layout (floats) of one block.
+template <bool kStateOnly> struct SmemLayout {
+  static constexpr int kB = kBVar ? 2 * kT * kRow : 0;                   // sB[2][kT][kRow]
+  static constexpr int kC = (kCVar && !kStateOnly) ? 2 * kT * kRow : 0;  // sC[2][kT][kRow]
+  static constexpr int kDT = 2 * kSlots * kDTRow * kCPT * 2;             // sDT[2][kSlots][kDTRow][kCPT] float2
+  static constexpr int kY = kStateOnly ? 0 : kThreads * kCPT * kYRow;    // sY[kThreads][kCPT][kYRow]
+  static constexpr int kTotal = kB + kC + kDT + kY;
+};
+
+template <int DT> __device__ __forceinline__ fs_u32 fs_ld_raw(const char* q) {
+  fs_u32 v;
+  if constexpr (DT == 2) {
+    asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(q));
+  } else {
+    fs_u16 h;
+    asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(h) : "l"(q));
+    v = h;
+  }
+  return v;
+}
+template <int DT> __device__ __forceinline__ float fs_raw_to_f32(fs_u32 v) {
+  if constexpr (DT == 2) return __uint_as_float(v);
+  else return fs_half_to_f32<DT>(v);
+}
+
+template <bool kStateOnly>
+__device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
+  using L = SmemLayout<kStateOnly>;
+  const int tid = threadIdx.x;
+  const int s = tid & (kSplit - 1);      // this lane's index within its slot
+  const int slot = tid / kSplit;         // lane group in the block; owns channels slot*kCPT + q
+  const fs_i64 nblk_d = (p.dim + p.chans_per_block - 1) / p.chans_per_block;
+  const fs_i64 b = blockIdx.x / nblk_d;
+  const fs_i64 d0 = (blockIdx.x - b * nblk_d) * p.chans_per_block;
+  bool active[kCPT];
+  fs_i64 d[kCPT];
+#pragma unroll
+  for (int q = 0; q < kCPT; ++q) {
+    const int ch = slot * kCPT + q;
+    active[q] = ch < p.chans_per_block && d0 + ch < p.dim;
+    d[q] = active[q] ? d0 + ch : d0;     // idle channels shadow channel d0 and store nothing
+  }
+  const fs_i64 group = d0 / (p.dim / p.ngroups);
+  const int c = blockIdx.y;
+  const fs_i64 t_begin = (fs_i64)c * p.chunk_len;
+  const fs_i64 t_end = t_begin + p.chunk_len < p.seqlen ? t_begin + p.chunk_len : p.seqlen;
+  const int len = (int)(t_end - t_begin);
+  const int ntiles = (len + kT - 1) / kT;
+  const int align = p.io_align;
+  const int asl = kTS * kInBytes < align ? kTS * kInBytes : align;   // alignment of a slice start
+
+  // ---- per-lane constants: A * log2(e), fixed B / C, D, delta_bias; initial state
+  float A2[kCPT][kNS], x[kCPT][kNS], Bf[kCPT][kBVar ? 1 : kNS], Cf[kCPT][(kCVar || kStateOnly) ? 1 : kNS];
+  float Dv[kCPT], bias[kCPT];
+#pragma unroll
+  for (int q = 0; q < kCPT; ++q) {
+#pragma unroll
+    for (int j = 0; j < kNS; ++j) {
+      const int n = (j / kVG) * kSplit * kVG + s * kVG + j % kVG;
+      const bool real = n < p.dstate;
+      A2[q][j] = real ? __ldg(p.A + d[q] * p.A_dim + n * p.A_dstate) * FS_LOG2E : 0.f;
+      if constexpr (!kBVar) Bf[q][j] = real ? fs_ld_scalar<FS_BC_DTYPE>(p.B, d[q] * p.B_dim + n * p.B_dstate) : 0.f;
+      if constexpr (!kCVar && !kStateOnly) Cf[q][j] = real ? fs_ld_scalar<FS_BC_DTYPE>(p.C, d[q] * p.C_dim + n * p.C_dstate) : 0.f;
+      x[q][j] = 0.f;
+      if (!kStateOnly && p.has_initial_state && real)
+        x[q][j] = __ldg(p.initial_state + b * p.init_batch + d[q] * p.init_dim + n * p.init_dstate);
+    }
+    Dv[q] = (!kStateOnly && p.has_D) ? __ldg(p.D + d[q] * p.D_dim) : 0.f;
+    bias[q] = p.has_delta_bias ? __ldg(p.delta_bias + d[q] * p.delta_bias_dim) : 0.f;
+  }
+
+  // ---- chunked path: fold the end states of the chunks before this one
+  if (!kStateOnly && c > 0) {
+#pragma unroll
+    for (int q = 0; q < kCPT; ++q) {
+      const fs_i64 cb = (b * p.dim + d[q]) * (p.nchunks - 1);
+      for (int cc = 0; cc < c; ++cc) {
+        const float S = p.chunk_dtsum[cb + cc];
+        const float* cs = p.chunk_state + (cb + cc) * kDState;
+#pragma unroll
+        for (int j = 0; j < kNS; ++j) {
+          const int n = (j / kVG) * kSplit * kVG + s * kVG + j % kVG;
+          x[q][j] = fmaf(fs_ex2(A2[q][j] * S), x[q][j], cs[n]);
+        }
+      }
+    }
+  }
+
+  // ---- global pointers (bytes) at the chunk start; slices already offset by this lane's s*kTS
+  const fs_i64 soff = t_begin + s * kTS;
+  const char* delta_sl[kCPT];
+  const char* u_sl[kCPT];
+  const char* z_sl[kCPT];
+  char* out_sl[kCPT];
+#pragma unroll
+  for (int q = 0; q < kCPT; ++q) {
+    delta_sl[q] = (const char*)p.delta + (b * p.delta_batch + d[q] * p.delta_dim + soff) * kInBytes;
+    u_sl[q] = (const char*)p.u + (b * p.u_batch + d[q] * p.u_dim + soff) * kInBytes;
+    z_sl[q] = p.has_z ? (const char*)p.z + (b * p.z_batch + d[q] * p.z_dim + soff) * kInBytes : nullptr;
+    out_sl[q] = (char*)p.out + (b * p.out_batch + d[q] * p.out_dim + soff) * kInBytes;
+  }
+  // B / C staging: tile element (n, t) with n = st_n0 + it * kNStep, t = st_t (it < kStage); consecutive
+  // threads walk t (coalesced); rows n >= dstate load nothing (zero).
+  const int st_t = tid % kT, st_n0 = tid / kT;
+  const char* bq = kBVar ? (const char*)p.B + (b * p.B_batch + group * p.B_group + st_n0 * p.B_dstate + t_begin + st_t) * kBCBytes : nullptr;
+  const char* cq = (kCVar && !kStateOnly) ? (const char*)p.C + (b * p.C_batch + group * p.C_group + st_n0 * p.C_dstate + t_begin + st_t) * kBCBytes : nullptr;
+  const fs_i64 bstep = (fs_i64)kNStep * p.B_dstate * kBCBytes, cstep = (fs_i64)kNStep * p.C_dstate * kBCBytes;
+
+  float* sB = smem;
+  float* sC = smem + L::kB;
+  float2* sDT = (float2*)(smem + L::kB + L::kC);
+  float* sY = smem + L::kB + L::kC + L::kDT;
+
+  // Issue the global loads of tile k into pf.
+  auto prefetch = [&](Prefetch& pf, int k) {
+    const int t0 = k * kT;
+    const int valid = len - t0 < kT ? len - t0 : kT;
+    const int vsl = valid - s * kTS;              // may be <= 0: slice past the end, zero-filled
+#pragma unroll
+    for (int q = 0; q < kCPT; ++q) {
+      fs_load(pf.delta_s[q], delta_sl[q] + (fs_i64)t0 * kInBytes, vsl, asl);
+      fs_load(pf.u_s[q], u_sl[q] + (fs_i64)t0 * kInBytes, vsl, asl);
+      if constexpr (!kStateOnly) {
+        if (p.has_z) fs_load(pf.z_s[q], z_sl[q] + (fs_i64)t0 * kInBytes, vsl, asl);
+      }
+    }
+#pragma unroll
+    for (int it = 0; it < kStage; ++it) {
+      const int n = st_n0 + it * kNStep;
+      const bool ok = n < kDState && n < p.dstate && st_t < valid;
+      if constexpr (kBVar) pf.b[it] = ok ? fs_ld_raw<FS_BC_DTYPE>(bq + it * bstep + (fs_i64)t0 * kBCBytes) : 0u;
+      if constexpr (kCVar && !kStateOnly) pf.c[it] = ok ? fs_ld_raw<FS_BC_DTYPE>(cq + it * cstep + (fs_i64)t0 * kBCBytes) : 0u;
+    }
+  };
+
+  Prefetch pf;
+  prefetch(pf, 0);
+  float dtsum[kCPT];
+#pragma unroll
+  for (int q = 0; q < kCPT; ++q) dtsum[q] = 0.f;
+
+  for (int k = 0; k < ntiles; ++k) {
+    const int t0 = k * kT;
+    const int valid = len - t0 < kT ? len - t0 : kT;
+    const int buf = k & 1;
+    // -- 1. stage this tile's B/C into shared memory
+#pragma unroll
+    for (int it = 0; it < kStage; ++it) {
+      const int n = st_n0 + it * kNStep;
+      if (n < kDState) {
+        if constexpr (kBVar) sB[buf * kT * kRow + st_t * kRow + n] = fs_raw_to_f32<FS_BC_DTYPE>(pf.b[it]);
+        if constexpr (kCVar && !kStateOnly) sC[buf * kT * kRow + st_t * kRow + n] = fs_raw_to_f32<FS_BC_DTYPE>(pf.c[it]);
+      }
+    }
+    // -- 2. dt and dt*u of this lane's slice (zero past the end: the state then stays put)
+    float2* dtrow = sDT + (buf * kSlots + slot) * kDTRow * kCPT;   // [kDTRow][kCPT] float2
+#pragma unroll
+    for (int i = 0; i < kTS; ++i) {
+#pragma unroll
+      for (int q = 0; q < kCPT; ++q) {
+        float v = fs_elem<FS_IN_DTYPE>(pf.delta_s[q], i) + bias[q];
+        if (p.softplus) v = fs_softplus(v);
+        const float dt = s * kTS + i < valid ? v : 0.f;
+        dtsum[q] += dt;
+        dtrow[(s * kTS + i) * kCPT + q] = make_float2(dt, dt * fs_elem<FS_IN_DTYPE>(pf.u_s[q], i));
+      }
+    }
+    Raw<kTS, kInBytes> u_s[kCPT], z_s[kCPT];    // the epilogue's, before the prefetch lands
+#pragma unroll
+    for (int q = 0; q < kCPT; ++q) {
+      u_s[q] = pf.u_s[q];
+      z_s[q] = pf.z_s[q];
+    }
+    __syncthreads();
+    if (k + 1 < ntiles) prefetch(pf, k + 1);
+
+    // -- 4. the recurrence over the tile: x = exp2(dt*A2) * x + dt*u*B ; y partial = sum over own states C*x
+    const float* sBt = sB + buf * kT * kRow + s * kVG;
+    const float* sCt = sC + buf * kT * kRow + s * kVG;
+    float* yrow = sY + tid * kCPT * kYRow;
+    float yq[kCPT][4];
+#pragma unroll
+    for (int t = 0; t < kT; ++t) {
+      float2 dd[kCPT];                  // (dt, dt*u) per channel; same address for the slot's lanes
+      if constexpr (kCPT == 1) {
+        dd[0] = dtrow[t];
+      } else {
+#pragma unroll
+        for (int q2 = 0; q2 < kCPT / 2; ++q2) {
+          const float4 v = *(const float4*)(dtrow + t * kCPT + 2 * q2);
+          dd[2 * q2] = make_float2(v.x, v.y);
+          dd[2 * q2 + 1] = make_float2(v.z, v.w);
+        }
+      }
+      float Bv[kNS], Cv[kStateOnly ? 1 : kNS];
+#pragma unroll
+      for (int g = 0; g < kNGrp; ++g) {
+        const int off = t * kRow + g * kSplit * kVG;
+        if constexpr (kBVar) {
+          if constexpr (kVG == 4) {
+            const float4 v = *(const float4*)(sBt + off);
+            Bv[4 * g] = v.x; Bv[4 * g + 1] = v.y; Bv[4 * g + 2] = v.z; Bv[4 * g + 3] = v.w;
+          } else if constexpr (kVG == 2) {
+            const float2 v = *(const float2*)(sBt + off);
+            Bv[2 * g] = v.x; Bv[2 * g + 1] = v.y;
+          } else {
+            Bv[g] = sBt[off];
+          }
+        }
+        if constexpr (kCVar && !kStateOnly) {
+          if constexpr (kVG == 4) {
+            const float4 v = *(const float4*)(sCt + off);
+            Cv[4 * g] = v.x; Cv[4 * g + 1] = v.y; Cv[4 * g + 2] = v.z; Cv[4 * g + 3] = v.w;
+          } else if constexpr (kVG == 2) {
+            const float2 v = *(const float2*)(sCt + off);
+            Cv[2 * g] = v.x; Cv[2 * g + 1] = v.y;
+          } else {
+            Cv[g] = sCt[off];
+          }
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < kCPT; ++q) {
+        float y = 0.f;
+#pragma unroll
+        for (int j = 0; j < kNS; ++j) {
+          const float arg = dd[q].x * A2[q][j];
+          const float a = (((t * kCPT + q) * kNS + j) % 8) < FS_POLY_NUM ? fs_ex2_poly(arg) : fs_ex2(arg);
+          x[q][j] = fmaf(a, x[q][j], dd[q].y * (kBVar ? Bv[j] : Bf[q][j]));
+          if constexpr (!kStateOnly) y = fmaf(kCVar ? Cv[j] : Cf[q][j], x[q][j], y);
+        }
+        if constexpr (!kStateOnly) {
+          yq[q][t % 4] = y;
+          if (t % 4 == 3) *(float4*)(yrow + q * kYRow + t - 3) = make_float4(yq[q][0], yq[q][1], yq[q][2], yq[q][3]);
+        }
+      }
+    }
+
+    if constexpr (!kStateOnly) {
+      // -- 5. y of this lane's slice = sum of the slot's kSplit partials; + D*u, * silu(z); store
+      __syncwarp();
+#pragma unroll
+      for (int q = 0; q < kCPT; ++q) {
+        float o[kTS];
+#pragma unroll
+        for (int i = 0; i < kTS; ++i) o[i] = 0.f;
+        const float* ysl = sY + ((tid - s) * kCPT + q) * kYRow + s * kTS;   // lane 0 of the slot, channel q, my slice
+#pragma unroll
+        for (int r = 0; r < kSplit; ++r) {
+          const float* yr = ysl + r * kCPT * kYRow;
+          if constexpr (kTS % 4 == 0) {
+#pragma unroll
+            for (int v4 = 0; v4 < kTS / 4; ++v4) {
+              const float4 v = *(const float4*)(yr + 4 * v4);
+              o[4 * v4] += v.x; o[4 * v4 + 1] += v.y; o[4 * v4 + 2] += v.z; o[4 * v4 + 3] += v.w;
+            }
+          } else if constexpr (kTS % 2 == 0) {
+#pragma unroll
+            for (int v2 = 0; v2 < kTS / 2; ++v2) {
+              const float2 v = *(const float2*)(yr + 2 * v2);
+              o[2 * v2] += v.x; o[2 * v2 + 1] += v.y;
+            }
+          } else {
+#pragma unroll
+            for (int i = 0; i < kTS; ++i) o[i] += yr[i];
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kTS; ++i) {
+          o[i] = fmaf(Dv[q], fs_elem<FS_IN_DTYPE>(u_s[q], i), o[i]);
+          if (p.has_z) o[i] *= fs_silu(fs_elem<FS_IN_DTYPE>(z_s[q], i));
+        }
+        Raw<kTS, kInBytes> ro;
+        if constexpr (kInBytes == 4) {
+#pragma unroll
+          for (int i = 0; i < kTS; ++i) ro.w[i] = __float_as_uint(o[i]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kTS / 2; ++i) ro.w[i] = fs_pack2<FS_IN_DTYPE>(o[2 * i], o[2 * i + 1]);
+          if constexpr (kTS & 1) ro.w[kTS / 2] = fs_pack2<FS_IN_DTYPE>(o[kTS - 1], 0.f);
+        }
+        if (active[q]) fs_store(out_sl[q] + (fs_i64)t0 * kInBytes, ro, valid - s * kTS, asl);
+      }
+    }
+  }
+
+  // ---- results carried past the chunk
+#pragma unroll
+  for (int q = 0; q < kCPT; ++q) {
+    if constexpr (kStateOnly) {
+#pragma unroll
+      for (int m = kSplit / 2; m >= 1; m /= 2) dtsum[q] += __shfl_xor_sync(0xffffffffu, dtsum[q], m);
+      if (active[q]) {
+        const fs_i64 ci = (b * p.dim + d[q]) * (p.nchunks - 1) + c;
+        float* cs = p.chunk_state + ci * kDState;
+#pragma unroll
+        for (int j = 0; j < kNS; ++j) cs[(j / kVG) * kSplit * kVG + s * kVG + j % kVG] = x[q][j];
+        if (s == 0) p.chunk_dtsum[ci] = dtsum[q];
+      }
+    } else {
+      if (active[q] && p.has_last_state && c == p.nchunks - 1) {
+#pragma unroll
+        for (int j = 0; j < kNS; ++j) {
+          const int n = (j / kVG) * kSplit * kVG + s * kVG + j % kVG;
+          if (n < p.dstate) p.last_state[b * p.last_batch + d[q] * p.last_dim + n * p.last_dstate] = x[q][j];
+        }
+      }
+    }
+  }
+}
+
+// grid (ceil(dim / chans_per_block) * batch, nchunks), block FS_THREADS, dynamic smem: see the header.
+extern "C" __global__ void __launch_bounds__(FS_THREADS, FS_MIN_BLOCKS) selective_scan_fwd(const ScanParams p) {
+  extern __shared__ float4 fs_smem4[];
+  fs_scan<false>(p, (float*)fs_smem4);
+}
+
+// Chunked path, first launch: grid (ceil(dim / chans_per_block) * batch, nchunks - 1), block FS_THREADS,
+// dynamic smem: see the header.
+extern "C" __global__ void __launch_bounds__(FS_THREADS, FS_MIN_BLOCKS) selective_scan_chunk_state(const ScanParams p) {
+  extern __shared__ float4 fs_smem4[];
+  fs_scan<true>(p, (float*)fs_smem4);
+}

@@ -1,0 +1,219 @@
+// Mamba single-step decode: selective_state_update (mamba_ssm semantics), state updated in place.
+//
+// Per batch row b, head h, channel d, state n (no-head form: nheads = 1):
+//   dt       = dt[b,h,d] + dt_bias[h,d];  dt = softplus(dt) if asked (mamba: dt <= 20 ? log1p(e^dt) : dt)
+//   s        = state[b,h,d,n] * exp(dt * A[h,d,n]) + dt * B[b,g,n] * x[b,h,d]     (g = h / (nheads/ngroups))
+//   state[b,h,d,n] = s
+//   out[b,h,d] = (sum_n s * C[b,g,n] + D[h,d] * x[b,h,d]) * silu(z[b,h,d])        (silu only if z given)
+//
+// Work split: block = kChans channels d of one (b = blockIdx.z, h = blockIdx.y); kLanes consecutive lanes
+//   own one channel; lane l owns states
+//   n = (g * kLanes + l) * 4 + i, g < kGroups, i < 4, moved as one float4 (16 B) of state when the rows
+//   allow it (vec4), element by element otherwise. The channel's kLanes partial sums meet by xor
+//   shuffles; lane 0 of the channel writes out. A block holds kChans = FS_THREADS / kLanes channels.
+// The kernel is bound by the state's bytes (read once, written once).
+//
+// Compile-time constants (host prelude):
+//   FS_IN_DTYPE  x/dt/z/out dtype: 0 = fp16, 1 = bf16, 2 = fp32
+//   FS_BC_DTYPE  B/C dtype, same coding
+//   FS_DSTATE    padded state count: power of two >= max(dstate, 4)
+//   FS_THREADS   threads per block (128)
+// Lanes per channel are derived: kLanes = min(FS_DSTATE / 4, 32).
+
+#ifndef FS_IN_DTYPE
+#define FS_IN_DTYPE 1
+#endif
+#ifndef FS_BC_DTYPE
+#define FS_BC_DTYPE FS_IN_DTYPE
+#endif
+#ifndef FS_DSTATE
+#define FS_DSTATE 16
+#endif
+#ifndef FS_THREADS
+#define FS_THREADS 128
+#endif
+
+typedef long long fs_i64;
+typedef unsigned int fs_u32;
+typedef unsigned short fs_u16;
+
+// One by-value parameter block: 10 pointers, 34 int64s, 6 int32s (sizeof = 80 + 272 + 24 = 376).
+// Strides in elements; the no-head form passes nheads = 1 and head strides 0.
+struct StateUpdateParams {
+  float* state;          // (batch, nheads, dim, dstate) fp32, in place
+  const void* x;         // (batch, nheads, dim) FS_IN_DTYPE
+  const void* dt;        // (batch, nheads, dim) FS_IN_DTYPE
+  const float* A;        // (nheads, dim, dstate)
+  const void* B;         // (batch, ngroups, dstate) FS_BC_DTYPE
+  const void* C;         // (batch, ngroups, dstate) FS_BC_DTYPE
+  const float* D;        // (nheads, dim) or null when !has_D
+  const void* z;         // (batch, nheads, dim) FS_IN_DTYPE or null when !has_z
+  const float* dt_bias;  // (nheads, dim) or null when !has_dt_bias
+  void* out;             // (batch, nheads, dim) FS_IN_DTYPE
+  fs_i64 batch, nheads, dim, dstate, ngroups;
+  fs_i64 state_batch, state_head, state_dim, state_dstate;
+  fs_i64 x_batch, x_head, x_dim;
+  fs_i64 dt_batch, dt_head, dt_dim;
+  fs_i64 z_batch, z_head, z_dim;
+  fs_i64 out_batch, out_head, out_dim;
+  fs_i64 A_head, A_dim, A_dstate;
+  fs_i64 B_batch, B_group, B_dstate;
+  fs_i64 C_batch, C_group, C_dstate;
+  fs_i64 D_head, D_dim;
+  fs_i64 dt_bias_head, dt_bias_dim;
+  int has_D, has_z, has_dt_bias, softplus;
+  int vec4;              // 1: dstate % 4 == 0, state/A/B/C dstate strides 1, rows of state/A 16 B aligned, of B/C 4*elem aligned
+  int pad_;
+};
+static_assert(sizeof(StateUpdateParams) == 376, "StateUpdateParams layout changed: update the host mirror");
+
+constexpr int kDState = FS_DSTATE;
+constexpr int kLanes = kDState / 4 < 32 ? kDState / 4 : 32;
+constexpr int kGroups = kDState / (4 * kLanes);
+constexpr int kThreads = FS_THREADS;
+constexpr int kChans = kThreads / kLanes;
+static_assert(kDState >= 4 && (kDState & (kDState - 1)) == 0, "FS_DSTATE: power of two >= 4");
+
+#define FS_LOG2E 1.4426950408889634f
+#define FS_LN2 0.6931471805599453f
+
+__device__ __forceinline__ float su_ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float su_lg2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float su_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+template <int DT> __device__ __forceinline__ float su_load(const void* base, fs_i64 idx) {
+  if constexpr (DT == 2) {
+    return __ldg((const float*)base + idx);
+  } else if constexpr (DT == 1) {
+    return __uint_as_float((fs_u32)__ldg((const fs_u16*)base + idx) << 16);
+  } else {
+    float f;
+    const fs_u16 h = __ldg((const fs_u16*)base + idx);
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+  }
+}
+// 4 consecutive elements at base + idx (aligned to 4 elements), as floats.
+template <int DT> __device__ __forceinline__ float4 su_load4(const void* base, fs_i64 idx) {
+  if constexpr (DT == 2) {
+    return __ldg((const float4*)((const float*)base + idx));
+  } else {
+    const uint2 w = __ldg((const uint2*)((const fs_u16*)base + idx));
+    if constexpr (DT == 1) {
+      return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
+                         __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
+    } else {
+      float a, b, c, d;
+      const fs_u16 h0 = (fs_u16)w.x, h1 = (fs_u16)(w.x >> 16), h2 = (fs_u16)w.y, h3 = (fs_u16)(w.y >> 16);
+      asm("cvt.f32.f16 %0, %1;" : "=f"(a) : "h"(h0));
+      asm("cvt.f32.f16 %0, %1;" : "=f"(b) : "h"(h1));
+      asm("cvt.f32.f16 %0, %1;" : "=f"(c) : "h"(h2));
+      asm("cvt.f32.f16 %0, %1;" : "=f"(d) : "h"(h3));
+      return make_float4(a, b, c, d);
+    }
+  }
+}
+template <int DT> __device__ __forceinline__ void su_store(void* base, fs_i64 idx, float v) {
+  if constexpr (DT == 2) {
+    ((float*)base)[idx] = v;
+  } else {
+    fs_u16 h;
+    if constexpr (DT == 1) asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    else asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    ((fs_u16*)base)[idx] = h;
+  }
+}
+
+// grid (ceil(dim / kChans), nheads, batch), block FS_THREADS, no dynamic smem.
+extern "C" __global__ void __launch_bounds__(FS_THREADS) selective_state_update(const StateUpdateParams p) {
+  const int tid = threadIdx.x;
+  const int l = tid % kLanes;
+  fs_i64 d = (fs_i64)blockIdx.x * kChans + tid / kLanes;
+  const bool active = d < p.dim;
+  if (!active) d = p.dim - 1;            // idle lanes shadow the last channel and store nothing
+  const fs_i64 h = blockIdx.y;
+  const fs_i64 b = blockIdx.z;
+  const fs_i64 g = (int)blockIdx.y / (int)(p.nheads / p.ngroups);
+
+  const float xv = su_load<FS_IN_DTYPE>(p.x, b * p.x_batch + h * p.x_head + d * p.x_dim);
+  float dtv = su_load<FS_IN_DTYPE>(p.dt, b * p.dt_batch + h * p.dt_head + d * p.dt_dim);
+  if (p.has_dt_bias) dtv += __ldg(p.dt_bias + h * p.dt_bias_head + d * p.dt_bias_dim);
+  if (p.softplus) {
+    const float e = su_ex2(dtv * FS_LOG2E);
+    const float r = e < 0.015625f ? e * (1.f - e * (0.5f - e * 0.33333334f)) : FS_LN2 * su_lg2(1.f + e);
+    dtv = dtv <= 20.f ? r : dtv;
+  }
+  const float dtx = dtv * xv;
+  const fs_i64 st0 = b * p.state_batch + h * p.state_head + d * p.state_dim;
+  const fs_i64 a0 = h * p.A_head + d * p.A_dim;
+  const fs_i64 b0 = b * p.B_batch + g * p.B_group;
+  const fs_i64 c0 = b * p.C_batch + g * p.C_group;
+
+  float y = 0.f;
+#pragma unroll
+  for (int gi = 0; gi < kGroups; ++gi) {
+    const int n0 = (gi * kLanes + l) * 4;
+    float sv[4], av[4], bv[4], cv[4];
+    if (p.vec4) {
+      if (n0 < p.dstate) {      // dstate % 4 == 0: the whole group is real
+        const float4 s4 = *(const float4*)(p.state + st0 + n0);
+        const float4 a4 = __ldg((const float4*)(p.A + a0 + n0));
+        const float4 b4 = su_load4<FS_BC_DTYPE>(p.B, b0 + n0);
+        const float4 c4 = su_load4<FS_BC_DTYPE>(p.C, c0 + n0);
+        sv[0] = s4.x; sv[1] = s4.y; sv[2] = s4.z; sv[3] = s4.w;
+        av[0] = a4.x; av[1] = a4.y; av[2] = a4.z; av[3] = a4.w;
+        bv[0] = b4.x; bv[1] = b4.y; bv[2] = b4.z; bv[3] = b4.w;
+        cv[0] = c4.x; cv[1] = c4.y; cv[2] = c4.z; cv[3] = c4.w;
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sv[i] = av[i] = bv[i] = cv[i] = 0.f;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const fs_i64 n = n0 + i;
+        const bool real = n < p.dstate;
+        sv[i] = real ? p.state[st0 + n * p.state_dstate] : 0.f;
+        av[i] = real ? __ldg(p.A + a0 + n * p.A_dstate) : 0.f;
+        bv[i] = real ? su_load<FS_BC_DTYPE>(p.B, b0 + n * p.B_dstate) : 0.f;
+        cv[i] = real ? su_load<FS_BC_DTYPE>(p.C, c0 + n * p.C_dstate) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      sv[i] = fmaf(sv[i], su_ex2(dtv * av[i] * FS_LOG2E), dtx * bv[i]);
+      y = fmaf(sv[i], cv[i], y);
+    }
+    if (active) {
+      if (p.vec4) {
+        if (n0 < p.dstate) *(float4*)(p.state + st0 + n0) = make_float4(sv[0], sv[1], sv[2], sv[3]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (n0 + i < p.dstate) p.state[st0 + (n0 + i) * p.state_dstate] = sv[i];
+      }
+    }
+  }
+#pragma unroll
+  for (int m = kLanes / 2; m >= 1; m /= 2) y += __shfl_xor_sync(0xffffffffu, y, m);
+  if (active && l == 0) {
+    float o = y;
+    if (p.has_D) o = fmaf(__ldg(p.D + h * p.D_head + d * p.D_dim), xv, o);
+    if (p.has_z) {
+      const float zv = su_load<FS_IN_DTYPE>(p.z, b * p.z_batch + h * p.z_head + d * p.z_dim);
+      o *= zv * su_rcp(1.f + su_ex2(-zv * FS_LOG2E));
+    }
+    su_store<FS_IN_DTYPE>(p.out, b * p.out_batch + h * p.out_head + d * p.out_dim, o);
+  }
+}

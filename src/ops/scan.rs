@@ -1,0 +1,635 @@
+//! Mamba selective scan forward: argument checks, launch plan, launches of
+//! `cuda/selective_scan.cu` (one pass, or chunk-state pass + scan pass for long sequences
+//! with few channels).
+
+use crate::error::{unsupported, value_err, Error, Result};
+use crate::runtime::{driver, runtime, KernelSpec, StreamChoice};
+use crate::tensor::{common_cuda_device, DType, TensorView};
+
+pub const SOURCE: &str = include_str!("../../cuda/selective_scan.cu");
+pub const FAMILY: &str = "selective_scan";
+pub const ENTRY_FWD: &str = "selective_scan_fwd";
+pub const ENTRY_CHUNK_STATE: &str = "selective_scan_chunk_state";
+
+/// Threads per block below dstate 128 (the kernel's `FS_THREADS`; doubled above).
+const SCAN_THREADS: i64 = 128;
+/// Never cut the sequence into chunks shorter than this.
+const CHUNK_MIN_LEN: i64 = 512;
+/// Chunk only when fewer busy lanes per SM than this (one warp per scheduler) remain.
+const CHUNK_LANES_LOW: i64 = 128;
+pub const MAX_DSTATE: i64 = 256;
+
+/// Mirrors `struct ScanParams` in cuda/selective_scan.cu (400 bytes). Strides in elements.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ScanParams {
+    pub u: u64,
+    pub delta: u64,
+    pub a: u64,
+    pub b: u64,
+    pub c: u64,
+    pub d: u64,
+    pub delta_bias: u64,
+    pub z: u64,
+    pub out: u64,
+    pub initial_state: u64,
+    pub last_state: u64,
+    pub chunk_state: u64,
+    pub chunk_dtsum: u64,
+    pub batch: i64,
+    pub dim: i64,
+    pub seqlen: i64,
+    pub dstate: i64,
+    pub ngroups: i64,
+    pub chunk_len: i64,
+    pub u_batch: i64,
+    pub u_dim: i64,
+    pub delta_batch: i64,
+    pub delta_dim: i64,
+    pub z_batch: i64,
+    pub z_dim: i64,
+    pub out_batch: i64,
+    pub out_dim: i64,
+    pub a_dim: i64,
+    pub a_dstate: i64,
+    pub b_batch: i64,
+    pub b_group: i64,
+    pub b_dstate: i64,
+    pub b_dim: i64,
+    pub c_batch: i64,
+    pub c_group: i64,
+    pub c_dstate: i64,
+    pub c_dim: i64,
+    pub d_dim: i64,
+    pub delta_bias_dim: i64,
+    pub init_batch: i64,
+    pub init_dim: i64,
+    pub init_dstate: i64,
+    pub last_batch: i64,
+    pub last_dim: i64,
+    pub last_dstate: i64,
+    pub nchunks: i32,
+    pub chans_per_block: i32,
+    pub has_d: i32,
+    pub has_z: i32,
+    pub has_delta_bias: i32,
+    pub softplus: i32,
+    pub has_initial_state: i32,
+    pub has_last_state: i32,
+    pub io_align: i32,
+    pub pad_: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<ScanParams>() == 400);
+
+pub struct ScanArgs<'a> {
+    pub u: &'a TensorView,
+    pub delta: &'a TensorView,
+    pub a: &'a TensorView,
+    pub b: &'a TensorView,
+    pub c: &'a TensorView,
+    pub d: Option<&'a TensorView>,
+    pub z: Option<&'a TensorView>,
+    pub delta_bias: Option<&'a TensorView>,
+    pub initial_state: Option<&'a TensorView>,
+    pub out: &'a TensorView,
+    pub last_state: Option<&'a TensorView>,
+    pub delta_softplus: bool,
+}
+
+/// B or C: fixed (dim, dstate) or varying (batch, [ngroups,] dstate, seqlen).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BcForm {
+    pub varying: bool,
+    pub ngroups: i64,
+    /// (batch, group, dstate) strides when varying; (dim, dstate) in the last two when fixed.
+    pub strides: [i64; 4],
+}
+
+fn bc_form(
+    t: &TensorView,
+    arg: &str,
+    batch: i64,
+    dim: i64,
+    dstate: i64,
+    seqlen: i64,
+) -> Result<BcForm> {
+    let s = &t.strides;
+    match t.rank() {
+        2 => {
+            t.expect_shape(arg, &[dim, dstate])?;
+            Ok(BcForm { varying: false, ngroups: 1, strides: [0, 0, s[1], s[0]] })
+        }
+        3 => {
+            t.expect_shape(arg, &[batch, dstate, seqlen])?;
+            t.expect_unit_stride(arg, 2, "seqlen")?;
+            Ok(BcForm { varying: true, ngroups: 1, strides: [s[0], 0, s[1], 0] })
+        }
+        4 => {
+            let g = t.shape[1];
+            t.expect_shape(arg, &[batch, g, dstate, seqlen])?;
+            t.expect_unit_stride(arg, 3, "seqlen")?;
+            if g == 0 || dim % g != 0 {
+                return Err(value_err(format!(
+                    "{arg} has ngroups = {g}, which must divide dim = {dim}"
+                )));
+            }
+            Ok(BcForm { varying: true, ngroups: g, strides: [s[0], s[1], s[2], 0] })
+        }
+        r => Err(value_err(format!(
+            "{arg} must have shape (dim, dstate), (batch, dstate, seqlen) or (batch, ngroups, dstate, seqlen); got {r} dims {:?}",
+            t.shape
+        ))),
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Problem {
+    pub batch: i64,
+    pub dim: i64,
+    pub seqlen: i64,
+    pub dstate: i64,
+    pub b: BcForm,
+    pub c: BcForm,
+    pub ngroups: i64,
+}
+
+/// Every check of the forward; pure (no GPU).
+pub fn check(a: &ScanArgs) -> Result<Problem> {
+    let us = a.u.expect_rank("u", "batch, dim, seqlen")?;
+    let (batch, dim, seqlen) = (us[0], us[1], us[2]);
+    a.u.expect_dtype("u", &[DType::F16, DType::BF16, DType::F32])?;
+    a.u.expect_unit_stride("u", 2, "seqlen")?;
+    for (name, t) in [("delta", Some(a.delta)), ("z", a.z), ("out", Some(a.out))] {
+        if let Some(t) = t {
+            t.expect_same_dtype(name, a.u, "u")?;
+            t.expect_shape(name, &a.u.shape)?;
+            t.expect_unit_stride(name, 2, "seqlen")?;
+        }
+    }
+    let as_ = a.a.expect_rank("A", "dim, dstate")?;
+    let dstate = as_[1];
+    a.a.expect_dtype("A", &[DType::F32])?;
+    a.a.expect_shape("A", &[dim, dstate])?;
+    if !(1..=MAX_DSTATE).contains(&dstate) {
+        return Err(unsupported(format!(
+            "dstate = {dstate} is not supported: 1..={MAX_DSTATE}"
+        )));
+    }
+    let bf = bc_form(a.b, "B", batch, dim, dstate, seqlen)?;
+    let cf = bc_form(a.c, "C", batch, dim, dstate, seqlen)?;
+    a.b.expect_dtype("B", &[a.u.dtype, DType::F32])?;
+    a.c.expect_same_dtype("C", a.b, "B")?;
+    if bf.varying && cf.varying && bf.ngroups != cf.ngroups {
+        return Err(value_err(format!(
+            "B has {} groups but C has {}: they must match",
+            bf.ngroups, cf.ngroups
+        )));
+    }
+    let ngroups = if bf.varying { bf.ngroups } else { cf.ngroups };
+    for (name, t) in [("D", a.d), ("delta_bias", a.delta_bias)] {
+        if let Some(t) = t {
+            t.expect_dtype(name, &[DType::F32])?;
+            t.expect_shape(name, &[dim])?;
+        }
+    }
+    for (name, t) in [
+        ("initial_state", a.initial_state),
+        ("last_state", a.last_state),
+    ] {
+        if let Some(t) = t {
+            t.expect_dtype(name, &[DType::F32])?;
+            t.expect_shape(name, &[batch, dim, dstate])?;
+        }
+    }
+    a.out.expect_writable("out")?;
+    if let Some(l) = a.last_state {
+        l.expect_writable("last_state")?;
+        if seqlen == 0 {
+            return Err(value_err("seqlen = 0 with last_state: nothing to scan"));
+        }
+    }
+    let inputs = [
+        ("u", Some(a.u)),
+        ("delta", Some(a.delta)),
+        ("A", Some(a.a)),
+        ("B", Some(a.b)),
+        ("C", Some(a.c)),
+        ("D", a.d),
+        ("z", a.z),
+        ("delta_bias", a.delta_bias),
+        ("initial_state", a.initial_state),
+    ];
+    for (oname, o) in [("out", Some(a.out)), ("last_state", a.last_state)] {
+        let Some(o) = o else { continue };
+        for (name, t) in inputs {
+            if t.is_some_and(|t| o.overlaps(t)) {
+                return Err(value_err(format!("{oname} overlaps {name} in memory")));
+            }
+        }
+    }
+    if let (Some(o), Some(l)) = (Some(a.out), a.last_state) {
+        if o.overlaps(l) {
+            return Err(value_err("out overlaps last_state in memory"));
+        }
+    }
+    Ok(Problem {
+        batch,
+        dim,
+        seqlen,
+        dstate,
+        b: bf,
+        c: cf,
+        ngroups,
+    })
+}
+
+fn cdiv(a: i64, b: i64) -> i64 {
+    (a + b - 1) / b
+}
+
+fn next_pow2(n: i64) -> i64 {
+    let mut p = 1;
+    while p < n {
+        p *= 2;
+    }
+    p
+}
+
+/// Tile constants for a padded dstate (see the kernel's header for their meaning).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tiles {
+    pub dpad: i64,
+    pub nsplit: i64,
+    pub threads: i64,
+    pub min_blocks: i64,
+    pub tile: i64,
+}
+
+pub fn tiles(dstate: i64) -> Tiles {
+    let dpad = next_pow2(dstate);
+    let nsplit = (dpad / 4).clamp(1, 16);
+    let ns = dpad / nsplit;
+    let min_blocks = if ns <= 4 {
+        4
+    } else if ns <= 8 {
+        2
+    } else {
+        1
+    };
+    let threads = if ns <= 8 {
+        SCAN_THREADS
+    } else {
+        2 * SCAN_THREADS
+    };
+    let tile = if nsplit >= 4 && dpad <= 64 {
+        32
+    } else if nsplit >= 2 {
+        16
+    } else {
+        8
+    };
+    Tiles {
+        dpad,
+        nsplit,
+        threads,
+        min_blocks,
+        tile,
+    }
+}
+
+/// The launch plan: how many chunks, channels per block, shared memory per entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub tiles: Tiles,
+    pub chans_per_block: i64,
+    pub blocks_per_row: i64,
+    pub nchunks: i64,
+    pub chunk_len: i64,
+    pub smem_fwd: i64,
+    pub smem_state: i64,
+}
+
+pub fn plan(p: &Problem, sm_count: i64) -> Plan {
+    let t = tiles(p.dstate);
+    let chans = t.threads / t.nsplit; // one channel per lane group (channels per thread = 1)
+    let dpg = p.dim / p.ngroups;
+    let cpb = if (p.b.varying || p.c.varying) && p.ngroups > 1 {
+        // A block's channels must share one B/C group.
+        (1..=chans.min(dpg))
+            .rev()
+            .find(|c| dpg % c == 0)
+            .unwrap_or(1)
+    } else {
+        chans
+    };
+    let nblk_d = cdiv(p.dim, cpb);
+    let mut nchunks = 1;
+    let lanes_per_sm = p.batch * p.dim * t.nsplit / sm_count.max(1);
+    if lanes_per_sm < CHUNK_LANES_LOW && p.seqlen >= 2 * CHUNK_MIN_LEN {
+        let resident = sm_count * t.min_blocks;
+        nchunks = (resident / (nblk_d * p.batch).max(1))
+            .min(p.seqlen / CHUNK_MIN_LEN)
+            .max(1);
+    }
+    nchunks = nchunks.min(cdiv(p.seqlen, t.tile)).max(1);
+    let chunk_len = cdiv(cdiv(p.seqlen, nchunks), t.tile) * t.tile;
+    let nchunks = cdiv(p.seqlen, chunk_len);
+    let row = if t.dpad >= 4 { t.dpad + 4 } else { t.dpad };
+    let bc_floats = 2 * t.tile * row;
+    let dt_floats = 4 * (t.threads / t.nsplit) * (t.tile + 1);
+    let y_floats = t.threads * (t.tile + 4);
+    let nvar = p.b.varying as i64 + p.c.varying as i64;
+    Plan {
+        tiles: t,
+        chans_per_block: cpb,
+        blocks_per_row: nblk_d,
+        nchunks,
+        chunk_len,
+        smem_fwd: 4 * (nvar * bc_floats + dt_floats + y_floats),
+        smem_state: 4 * (p.b.varying as i64 * bc_floats + dt_floats),
+    }
+}
+
+pub fn spec(
+    t: &Tiles,
+    in_dtype: DType,
+    bc_dtype: DType,
+    bv: bool,
+    cv: bool,
+    arch: i64,
+    entry: &'static str,
+) -> Result<KernelSpec> {
+    let defines = vec![
+        ("FS_IN_DTYPE", in_dtype.kernel_code()?),
+        ("FS_BC_DTYPE", bc_dtype.kernel_code()?),
+        ("FS_DSTATE", t.dpad),
+        ("FS_NSPLIT", t.nsplit),
+        ("FS_TILE_T", t.tile),
+        ("FS_THREADS", t.threads),
+        ("FS_MIN_BLOCKS", t.min_blocks),
+        ("FS_CPT", 1),
+        ("FS_B_VARYING", bv as i64),
+        ("FS_C_VARYING", cv as i64),
+        ("FS_POLY_NUM", 0),
+        ("FS_ARCH", arch),
+    ];
+    Ok(KernelSpec {
+        family: FAMILY,
+        source: SOURCE,
+        entry,
+        defines,
+    })
+}
+
+/// Every variant (one per translation unit; both entries live in it).
+pub fn all_specs(arch: i64) -> Vec<KernelSpec> {
+    let mut out = Vec::new();
+    for dstate in [1, 2, 4, 8, 16, 32, 64, 128, 256] {
+        let t = tiles(dstate);
+        for in_dt in [DType::F16, DType::BF16, DType::F32] {
+            let bcs: &[DType] = if in_dt == DType::F32 {
+                &[DType::F32]
+            } else {
+                &[in_dt, DType::F32]
+            };
+            for &bc in bcs {
+                for (bv, cv) in [(false, false), (false, true), (true, false), (true, true)] {
+                    if let Ok(s) = spec(&t, in_dt, bc, bv, cv, arch, ENTRY_FWD) {
+                        out.push(s);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Largest power of two (<= 16 bytes) dividing every row start of u, delta, z and out.
+fn io_align(ts: &[&TensorView]) -> i32 {
+    let mut g: u64 = 16;
+    for t in ts {
+        let es = t.dtype.size() as u64;
+        for v in [
+            t.ptr,
+            (t.strides[0] as u64).wrapping_mul(es),
+            (t.strides[1] as u64).wrapping_mul(es),
+        ] {
+            while g > 1 && v % g != 0 {
+                g /= 2;
+            }
+        }
+    }
+    g as i32
+}
+
+pub fn forward(a: &ScanArgs, stream: StreamChoice) -> Result<()> {
+    let p = check(a)?;
+    if p.batch == 0 || p.dim == 0 || p.seqlen == 0 {
+        return Ok(());
+    }
+    let mut named: Vec<(&str, &TensorView)> = vec![
+        ("u", a.u),
+        ("delta", a.delta),
+        ("A", a.a),
+        ("B", a.b),
+        ("C", a.c),
+        ("out", a.out),
+    ];
+    for (n, t) in [
+        ("D", a.d),
+        ("z", a.z),
+        ("delta_bias", a.delta_bias),
+        ("initial_state", a.initial_state),
+        ("last_state", a.last_state),
+    ] {
+        if let Some(t) = t {
+            named.push((n, t));
+        }
+    }
+    let device = common_cuda_device(&named)?;
+    if p.batch > 65535 * 8 {
+        return Err(unsupported("batch too large"));
+    }
+    let rt = runtime().map_err(Error::Unavailable)?;
+    let dev = rt.device(device)?;
+    let arch = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
+    let pl = plan(&p, dev.props.sm_count as i64);
+    let grid_x = u32::try_from(pl.blocks_per_row * p.batch)
+        .map_err(|_| unsupported("batch * dim too large for one launch"))?;
+    if pl.nchunks > 65535 {
+        return Err(unsupported("sequence too long for one launch"));
+    }
+    let block = (pl.tiles.threads as u32, 1, 1);
+    let fwd = dev.kernel(&spec(
+        &pl.tiles,
+        a.u.dtype,
+        a.b.dtype,
+        p.b.varying,
+        p.c.varying,
+        arch,
+        ENTRY_FWD,
+    )?)?;
+    let s = dev.stream(stream)?;
+    let mut params = ScanParams {
+        u: a.u.ptr,
+        delta: a.delta.ptr,
+        a: a.a.ptr,
+        b: a.b.ptr,
+        c: a.c.ptr,
+        d: a.d.map_or(0, |t| t.ptr),
+        delta_bias: a.delta_bias.map_or(0, |t| t.ptr),
+        z: a.z.map_or(0, |t| t.ptr),
+        out: a.out.ptr,
+        initial_state: a.initial_state.map_or(0, |t| t.ptr),
+        last_state: a.last_state.map_or(0, |t| t.ptr),
+        batch: p.batch,
+        dim: p.dim,
+        seqlen: p.seqlen,
+        dstate: p.dstate,
+        ngroups: p.ngroups,
+        chunk_len: pl.chunk_len,
+        u_batch: a.u.strides[0],
+        u_dim: a.u.strides[1],
+        delta_batch: a.delta.strides[0],
+        delta_dim: a.delta.strides[1],
+        z_batch: a.z.map_or(0, |t| t.strides[0]),
+        z_dim: a.z.map_or(0, |t| t.strides[1]),
+        out_batch: a.out.strides[0],
+        out_dim: a.out.strides[1],
+        a_dim: a.a.strides[0],
+        a_dstate: a.a.strides[1],
+        b_batch: p.b.strides[0],
+        b_group: p.b.strides[1],
+        b_dstate: p.b.strides[2],
+        b_dim: p.b.strides[3],
+        c_batch: p.c.strides[0],
+        c_group: p.c.strides[1],
+        c_dstate: p.c.strides[2],
+        c_dim: p.c.strides[3],
+        d_dim: a.d.map_or(0, |t| t.strides[0]),
+        delta_bias_dim: a.delta_bias.map_or(0, |t| t.strides[0]),
+        init_batch: a.initial_state.map_or(0, |t| t.strides[0]),
+        init_dim: a.initial_state.map_or(0, |t| t.strides[1]),
+        init_dstate: a.initial_state.map_or(0, |t| t.strides[2]),
+        last_batch: a.last_state.map_or(0, |t| t.strides[0]),
+        last_dim: a.last_state.map_or(0, |t| t.strides[1]),
+        last_dstate: a.last_state.map_or(0, |t| t.strides[2]),
+        nchunks: pl.nchunks as i32,
+        chans_per_block: pl.chans_per_block as i32,
+        has_d: a.d.is_some() as i32,
+        has_z: a.z.is_some() as i32,
+        has_delta_bias: a.delta_bias.is_some() as i32,
+        softplus: a.delta_softplus as i32,
+        has_initial_state: a.initial_state.is_some() as i32,
+        has_last_state: a.last_state.is_some() as i32,
+        io_align: io_align(
+            &[a.u, a.delta, a.out]
+                .into_iter()
+                .chain(a.z)
+                .collect::<Vec<_>>(),
+        ),
+        ..Default::default()
+    };
+    if pl.nchunks == 1 {
+        // SAFETY: params mirrors ScanParams; every pointer was checked above (shape, dtype,
+        // device, strides) for what the kernel indexes.
+        unsafe {
+            dev.launch(&fwd, (grid_x, 1, 1), block, pl.smem_fwd as u32, s, &params)?;
+        }
+        return dev.finish(stream);
+    }
+    // Chunked: scratch for each chunk's end state and dt sum, stream-ordered so it is safe
+    // under graph capture and freed once the two launches have run.
+    let rows = p.batch * p.dim * (pl.nchunks - 1);
+    dev.make_current()?;
+    let chunk_state = driver::alloc_async((rows * pl.tiles.dpad * 4) as usize, s)?;
+    let chunk_dtsum = match driver::alloc_async((rows * 4) as usize, s) {
+        Ok(p) => p,
+        Err(e) => {
+            // SAFETY: allocated just above on s, unused.
+            unsafe { driver::free_async(chunk_state, s)? };
+            return Err(e);
+        }
+    };
+    params.chunk_state = chunk_state;
+    params.chunk_dtsum = chunk_dtsum;
+    let state_k = dev.kernel(&spec(
+        &pl.tiles,
+        a.u.dtype,
+        a.b.dtype,
+        p.b.varying,
+        p.c.varying,
+        arch,
+        ENTRY_CHUNK_STATE,
+    )?);
+    // SAFETY: as above; the scratch buffers hold rows * dpad and rows floats as the kernel expects.
+    let launched = state_k.and_then(|k| unsafe {
+        dev.launch(
+            &k,
+            (grid_x, (pl.nchunks - 1) as u32, 1),
+            block,
+            pl.smem_state as u32,
+            s,
+            &params,
+        )?;
+        dev.launch(
+            &fwd,
+            (grid_x, pl.nchunks as u32, 1),
+            block,
+            pl.smem_fwd as u32,
+            s,
+            &params,
+        )
+    });
+    // SAFETY: freed once, ordered after the launches on the same stream.
+    unsafe {
+        driver::free_async(chunk_state, s)?;
+        driver::free_async(chunk_dtsum, s)?;
+    }
+    launched?;
+    dev.finish(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem(batch: i64, dim: i64, seqlen: i64, dstate: i64) -> Problem {
+        let f = BcForm {
+            varying: true,
+            ngroups: 1,
+            strides: [0; 4],
+        };
+        Problem {
+            batch,
+            dim,
+            seqlen,
+            dstate,
+            b: f,
+            c: f,
+            ngroups: 1,
+        }
+    }
+
+    #[test]
+    fn plan_matches_the_kernel_notes() {
+        // game shape: one pass, 32 channels per block of 128 threads, 45.6 KB of smem at dstate 16
+        let pl = plan(&problem(32, 512, 60, 16), 132);
+        assert_eq!(pl.nchunks, 1);
+        assert_eq!(pl.chans_per_block, 32);
+        assert_eq!(pl.smem_fwd, 4 * (2 * 2 * 32 * 20 + 4 * 32 * 33 + 128 * 36));
+        // long sequence, few channels: chunked into a multiple of the tile
+        let pl = plan(&problem(1, 1024, 65536, 16), 132);
+        assert!(pl.nchunks > 1 && pl.chunk_len % pl.tiles.tile == 0);
+        assert!(pl.nchunks * pl.chunk_len >= 65536 && (pl.nchunks - 1) * pl.chunk_len < 65536);
+    }
+
+    #[test]
+    fn tiles_cover_every_dstate() {
+        for d in 1..=256 {
+            let t = tiles(d);
+            assert!(t.dpad >= d && t.dpad % t.nsplit == 0 && t.tile % t.nsplit == 0);
+        }
+    }
+}
