@@ -26,15 +26,18 @@
 // Precision: fp16 / bf16 inputs use m16n8k16 with f32 accumulate; P is rounded to the input type
 // for P.V (as FlashAttention does). fp32 inputs use 3xTF32 (m16n8k8: a_hi*b_hi + a_hi*b_lo +
 // a_lo*b_hi, every split rounded with cvt.rna.tf32), which keeps about 21 bits of every product:
-// results stay within ~1e-6 relative of float64.
+// results stay within ~1e-6 relative of float64. Softcap tanh: tanh.approx for 16-bit inputs, an
+// exp2-based tanh (~1e-7) for fp32.
 //
 // Requirements the launcher checks: q/k/v/o base pointers 16-byte aligned, every batch/row/head
 // stride a multiple of 16 bytes / element size, head dim stride 1, params.head_dim a multiple of 8
-// and <= FS_HEAD_DIM, nheads % nheads_k == 0, softmax_scale > 0.
+// and <= FS_HEAD_DIM, nheads % nheads_k == 0, softmax_scale > 0, softcap >= 0,
+// seqlen_q + seqlen_k < 2^31 (mask arithmetic is 32-bit; memory offsets are 64-bit).
 //
 // The prelude defines FS_HEAD_DIM, FS_DTYPE, FS_BLOCK_M, FS_BLOCK_N, FS_NWARPS, FS_HAS_MASK,
-// FS_HAS_SOFTCAP, FS_PAD_HEADDIM, FS_ARCH and optionally FS_KV_STAGES (default 2) and
-// FS_MIN_BLOCKS (default 1; __launch_bounds__ min blocks per SM, caps registers for 8-warp tiles).
+// FS_HAS_SOFTCAP, FS_PAD_HEADDIM, FS_ARCH and optionally FS_KV_STAGES (default 2),
+// FS_MIN_BLOCKS (default 1; __launch_bounds__ min blocks per SM) and FS_QK_UNROLL (default 16;
+// unroll of the QK^T k loop, 1 keeps the 255-register 128-row tiles spill-free).
 
 #ifndef FS_HEAD_DIM
 #error "FS_HEAD_DIM must be defined by the prelude"
@@ -94,30 +97,30 @@ namespace fs {
 typedef unsigned int u32;
 
 // ---- compile-time tile shape -------------------------------------------------------------------
-constexpr int kHeadDim = FS_HEAD_DIM;
-constexpr int kBlockM = FS_BLOCK_M;
-constexpr int kBlockN = FS_BLOCK_N;
-constexpr int kNWarps = FS_NWARPS;
-constexpr int kNThreads = kNWarps * 32;
-constexpr int kStages = FS_KV_STAGES;
-constexpr int kWarpM = kBlockM / kNWarps;       // query rows owned by one warp
-constexpr int kMTiles = kWarpM / 16;            // 16-row mma slabs per warp
-constexpr int kNTiles = kBlockN / 8;            // 8-column slabs of S per warp
-constexpr int kDTiles = kHeadDim / 8;           // 8-column slabs of O per warp
-constexpr bool kF32 = (FS_DTYPE == 2);
-constexpr int kElemBytes = kF32 ? 4 : 2;
-constexpr int kElemsPerChunk = 16 / kElemBytes;  // elements per 16-byte cp.async chunk
-constexpr int kChunksPerRow = kHeadDim * kElemBytes / 16;
-constexpr int kKSteps = kChunksPerRow / 2;      // QK^T k-steps: 2 chunks = k16 (16-bit) or k8 (fp32)
-constexpr int kRowBytes = kHeadDim * kElemBytes + 16;  // padded shared-memory row
-constexpr int kQBytes = kBlockM * kRowBytes;
-constexpr int kKVBytes = kBlockN * kRowBytes;
-constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes;
+static constexpr int kHeadDim = FS_HEAD_DIM;
+static constexpr int kBlockM = FS_BLOCK_M;
+static constexpr int kBlockN = FS_BLOCK_N;
+static constexpr int kNWarps = FS_NWARPS;
+static constexpr int kNThreads = kNWarps * 32;
+static constexpr int kStages = FS_KV_STAGES;
+static constexpr int kWarpM = kBlockM / kNWarps;       // query rows owned by one warp
+static constexpr int kMTiles = kWarpM / 16;            // 16-row mma slabs per warp
+static constexpr int kNTiles = kBlockN / 8;            // 8-column slabs of S per warp
+static constexpr int kDTiles = kHeadDim / 8;           // 8-column slabs of O per warp
+static constexpr bool kF32 = (FS_DTYPE == 2);
+static constexpr int kElemBytes = kF32 ? 4 : 2;
+static constexpr int kElemsPerChunk = 16 / kElemBytes;  // elements per 16-byte cp.async chunk
+static constexpr int kChunksPerRow = kHeadDim * kElemBytes / 16;
+static constexpr int kKSteps = kChunksPerRow / 2;      // QK^T k-steps: 2 chunks = k16 (16-bit) or k8 (fp32)
+static constexpr int kRowBytes = kHeadDim * kElemBytes + 16;  // padded shared-memory row
+static constexpr int kQBytes = kBlockM * kRowBytes;
+static constexpr int kKVBytes = kBlockN * kRowBytes;
+static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes;
 #ifdef FS_Q_IN_REGS
-constexpr bool kQInRegs = FS_Q_IN_REGS;
+static constexpr bool kQInRegs = FS_Q_IN_REGS;
 #else
 // Q fragments stay in registers when they fit beside the S and O accumulators.
-constexpr bool kQInRegs = !kF32 && kMTiles * kHeadDim <= 128 &&
+static constexpr bool kQInRegs = !kF32 && kMTiles * kHeadDim <= 128 &&
                           kMTiles * (kNTiles + kDTiles) * 4 + kMTiles * kHeadDim / 4 <= 176;
 #endif
 
@@ -127,8 +130,8 @@ static_assert(kBlockN % 16 == 0, "BLOCK_N must be a multiple of 16");
 static_assert(kStages == 1 || kStages == 2, "FS_KV_STAGES is 1 or 2");
 static_assert(FS_DTYPE >= 0 && FS_DTYPE <= 2, "FS_DTYPE is 0 (fp16), 1 (bf16) or 2 (fp32)");
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
+static constexpr float kLog2e = 1.4426950408889634f;
+static constexpr float kLn2 = 0.6931471805599453f;
 
 // ---- hardware primitives -----------------------------------------------------------------------
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
@@ -261,8 +264,8 @@ __device__ __forceinline__ float quad_sum(float x) {
 // A tile row is kChunksPerRow 16-byte chunks. Thread tid always moves chunk column
 // tid % kChunksPerRow of rows tid / kChunksPerRow + i * kRowsPerPass (threads >= kActiveThreads idle
 // when the row does not divide the CTA evenly), so each thread keeps one pointer per tile.
-constexpr int kRowsPerPass = kNThreads / kChunksPerRow;
-constexpr int kActiveThreads = kRowsPerPass * kChunksPerRow;
+static constexpr int kRowsPerPass = kNThreads / kChunksPerRow;
+static constexpr int kActiveThreads = kRowsPerPass * kChunksPerRow;
 static_assert(kRowsPerPass >= 1, "a tile row must not need more chunks than the CTA has threads");
 
 struct ThreadChunk {
@@ -382,8 +385,8 @@ flash_fwd_kernel(const FlashFwdParams p) {
         const int hk = opaque((int)blockIdx.y, salt) / (p.nheads / p.nheads_k);
         return static_cast<const char*>(base) + ((long long)b * batch_stride + (long long)hk * head_stride) * kElemBytes;
     };
-#define FS_K_BASE kv_head_base(p.k, p.k_batch_stride, p.k_head_stride, n)
-#define FS_V_BASE kv_head_base(p.v, p.v_batch_stride, p.v_head_stride, n)
+    auto k_base = [&](int salt) { return kv_head_base(p.k, p.k_batch_stride, p.k_head_stride, salt); };
+    auto v_base = [&](int salt) { return kv_head_base(p.v, p.v_batch_stride, p.v_head_stride, salt); };
     // Output and LSE addresses are recomputed from the parameters where they are used (the
     // parameters live in constant memory), so they hold no registers across the main loop.
     auto out_tile = [&]() -> char* {
@@ -455,11 +458,11 @@ flash_fwd_kernel(const FlashFwdParams p) {
     // ---- prologue: Q and the first (last-in-sequence) K tile, then its V tile ----
     int n = n_end - 1;
     load_tile<kBlockM, true>(sQ, q_ptr, p.q_row_stride, 0, rows_q, tc);
-    load_tile<kBlockN, true>(s_base + kQBytes, FS_K_BASE, p.k_row_stride, n * kBlockN, seqlen_k - n * kBlockN,
+    load_tile<kBlockN, true>(s_base + kQBytes, k_base(n), p.k_row_stride, n * kBlockN, seqlen_k - n * kBlockN,
                              tc);
     cp_async_commit();
     if (kStages == 2) {
-        load_tile<kBlockN, true>(s_base + kQBytes + kKVBytes, FS_V_BASE, p.v_row_stride, n * kBlockN,
+        load_tile<kBlockN, true>(s_base + kQBytes + kKVBytes, v_base(n), p.v_row_stride, n * kBlockN,
                                  seqlen_k - n * kBlockN, tc);
         cp_async_commit();
     }
@@ -500,10 +503,10 @@ flash_fwd_kernel(const FlashFwdParams p) {
             __syncthreads();     // ...for every thread; all warps are done with tile n+1's buffers
             if (n > n_begin) {
                 const u32 sK_next = s_base + kQBytes + (stage ^ 1) * 2 * kKVBytes;
-                load_tile<kBlockN, false>(sK_next, FS_K_BASE, p.k_row_stride, n0 - kBlockN, kBlockN,
+                load_tile<kBlockN, false>(sK_next, k_base(n), p.k_row_stride, n0 - kBlockN, kBlockN,
                                           thread_chunk(head_dim, n));
                 cp_async_commit();
-                load_tile<kBlockN, false>(sK_next + kKVBytes, FS_V_BASE, p.v_row_stride, n0 - kBlockN, kBlockN,
+                load_tile<kBlockN, false>(sK_next + kKVBytes, v_base(n), p.v_row_stride, n0 - kBlockN, kBlockN,
                                           thread_chunk(head_dim, n));
                 cp_async_commit();
             } else {
@@ -513,7 +516,7 @@ flash_fwd_kernel(const FlashFwdParams p) {
         } else {
             cp_async_wait<0>();  // K(n) landed
             __syncthreads();     // all warps are done with V(n+1)
-            load_tile<kBlockN, true>(sV, FS_V_BASE, p.v_row_stride, n0, seqlen_k - n0, thread_chunk(head_dim, n));
+            load_tile<kBlockN, true>(sV, v_base(n), p.v_row_stride, n0, seqlen_k - n0, thread_chunk(head_dim, n));
             cp_async_commit();
         }
 
@@ -644,7 +647,7 @@ flash_fwd_kernel(const FlashFwdParams p) {
             cp_async_wait<0>();  // V(n) landed
             __syncthreads();     // all warps are done with K(n)
             if (n > n_begin) {
-                load_tile<kBlockN, false>(sK, FS_K_BASE, p.k_row_stride, n0 - kBlockN, kBlockN,
+                load_tile<kBlockN, false>(sK, k_base(n), p.k_row_stride, n0 - kBlockN, kBlockN,
                                           thread_chunk(head_dim, n));
                 cp_async_commit();
             }
@@ -728,6 +731,4 @@ flash_fwd_kernel(const FlashFwdParams p) {
     }
     __syncthreads();
     store_tile(out_tile(), p.o_row_stride * kElemBytes, smem_raw, rows_q, thread_chunk(head_dim, n));
-#undef FS_K_BASE
-#undef FS_V_BASE
 }

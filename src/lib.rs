@@ -406,26 +406,70 @@ fn compile_variant(py: Python<'_>, name: &str, arch: &str) -> PyResult<PyObject>
 }
 
 #[pyfunction]
-#[pyo3(signature = (device_id, progress=None))]
+#[pyo3(signature = (device_id, progress=None, all=false, workers=None))]
 fn precompile(
     py: Python<'_>,
     device_id: i32,
     progress: Option<&Bound<'_, PyAny>>,
+    all: bool,
+    workers: Option<usize>,
 ) -> PyResult<usize> {
     let rt = runtime().map_err(Error::Unavailable)?;
     let dev = rt.device(device_id)?;
     let num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
-    let specs = ops::all_variants(num);
+    // The common variants (the "main" ones) unless every variant is asked for.
+    let specs: Vec<_> = ops::all_variants(num)
+        .into_iter()
+        .filter(|(_, main)| all || *main)
+        .map(|(s, _)| s)
+        .collect();
     let total = specs.len();
-    let mut compiled = 0;
-    for (i, (spec, _)) in specs.iter().enumerate() {
-        let (_, fresh) = py.allow_threads(|| dev.kernel_with_origin(spec))?;
-        compiled += fresh as usize;
-        if let Some(cb) = progress {
-            cb.call1((i + 1, total, spec.name()))?;
-        }
-    }
-    Ok(compiled)
+    let workers = workers
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .clamp(1, 64);
+    // NVRTC is thread-safe: compile on `workers` threads without the GIL; this thread reports
+    // progress (with the GIL) as results arrive.
+    let progress: Option<Py<PyAny>> = progress.map(|p| p.clone().unbind());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, error::Result<bool>)>();
+    let outcome: PyResult<usize> = py.allow_threads(|| {
+        std::thread::scope(|scope| {
+            for _ in 0..workers.min(total.max(1)) {
+                let tx = tx.clone();
+                let (next, specs, dev) = (&next, &specs, dev);
+                scope.spawn(move || loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= specs.len() {
+                        break;
+                    }
+                    let r = dev.kernel_with_origin(&specs[i]).map(|(_, fresh)| fresh);
+                    if tx.send((i, r)).is_err() {
+                        break;
+                    }
+                });
+            }
+            drop(tx);
+            let (mut done, mut compiled) = (0usize, 0usize);
+            for (i, r) in rx {
+                done += 1;
+                match r {
+                    Ok(fresh) => compiled += fresh as usize,
+                    Err(e) => {
+                        // Stop handing out work; the threads finish their current variant.
+                        next.store(usize::MAX / 2, std::sync::atomic::Ordering::Relaxed);
+                        return Err(PyErr::from(e));
+                    }
+                }
+                if let Some(cb) = &progress {
+                    Python::with_gil(|py| {
+                        cb.bind(py).call1((done, total, specs[i].name())).map(drop)
+                    })?;
+                }
+            }
+            Ok(compiled)
+        })
+    });
+    outcome
 }
 
 #[pymodule]

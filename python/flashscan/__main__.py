@@ -275,7 +275,7 @@ def cmd_precompile(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         progress = _Progress(dev, tty)
         try:
-            n = int(native.precompile(dev, progress))
+            n = int(native.precompile(dev, progress, all=args.all, workers=args.workers))
         except flashscan.FlashscanError as exc:
             if tty:
                 print()
@@ -312,7 +312,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_demo.add_argument("--seed", type=int, default=0)
     p_demo.set_defaults(func=cmd_demo)
     p_pre = sub.add_parser(
-        "precompile", help="compile every kernel variant for this GPU into the disk cache"
+        "precompile",
+        help="compile the common kernel variants (or --all) for this GPU into the disk cache",
+    )
+    p_pre.add_argument("--all", action="store_true", help="every variant, not only the common ones")
+    p_pre.add_argument(
+        "--workers", type=int, default=None, help="parallel NVRTC compiles (default: CPU count)"
     )
     p_pre.add_argument("--device", type=int, default=None, help="CUDA device (default: all)")
     p_pre.set_defaults(func=cmd_precompile)

@@ -105,8 +105,14 @@ def compile_variant(name: str, arch: str) -> bytes:
     """Compiles one variant (by name, from kernel_variants()) to a CUBIN for `arch`
     ("sm_80", "sm_90a", ...) with NVRTC alone: no GPU needed."""
 
-def precompile(device_id: int, progress: Callable[[int, int, str], None] | None = None) -> int:
-    """Compiles every variant for the device's arch into the disk cache; returns how many
-    were compiled (not already cached). progress(done, total, name) is called per variant."""
+def precompile(
+    device_id: int,
+    progress: Callable[[int, int, str], None] | None = None,
+    all: bool = False,
+    workers: int | None = None,
+) -> int:
+    """Compiles the common kernel variants (every variant with all=True) for the device's arch
+    into the disk cache on `workers` threads (default: CPU count); returns how many were
+    compiled (not already cached). progress(done, total, name) is called per variant."""
 
 def cache_dir() -> str: ...

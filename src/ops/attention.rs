@@ -1,7 +1,7 @@
 //! FlashAttention forward: argument checks, variant choice, launch of `cuda/flash_fwd.cu`.
 
 use crate::error::{unsupported, value_err, Error, Result};
-use crate::ops::flash_tiles::{flash_fwd_tile, HEAD_DIM_TILES};
+use crate::ops::flash_tiles::{flash_fwd_tile, FlashTile, HEAD_DIM_TILES, SHORT_SEQLEN_Q};
 use crate::runtime::{runtime, KernelSpec, StreamChoice};
 use crate::tensor::{common_cuda_device, DType, TensorView};
 
@@ -140,6 +140,31 @@ pub fn check(a: &FlashFwdArgs) -> Result<Problem> {
             a.softmax_scale
         )));
     }
+    if a.softmax_scale <= 0.0 {
+        return Err(unsupported(format!(
+            "softmax_scale = {} is not supported: it must be > 0",
+            a.softmax_scale
+        )));
+    }
+    if seqlen_q + seqlen_k >= (1i64 << 31) {
+        return Err(unsupported("seqlen_q + seqlen_k must be < 2^31"));
+    }
+    // The kernel moves rows in 16-byte vectors: every row start must be 16-byte aligned.
+    for (name, t) in [("q", a.q), ("k", a.k), ("v", a.v), ("out", a.out)] {
+        let es = t.dtype.size() as i64;
+        let misaligned = t.ptr % 16 != 0
+            || t.strides[..3]
+                .iter()
+                .zip(&t.shape[..3])
+                .any(|(&s, &n)| n > 1 && (s * es) % 16 != 0);
+        if misaligned {
+            return Err(value_err(format!(
+                "{name} must have 16-byte aligned rows (data pointer and batch/seqlen/head strides \
+                 multiples of 16 bytes), got pointer {:#x} and strides {:?}; call .contiguous() first",
+                t.ptr, t.strides
+            )));
+        }
+    }
     if batch > 65535 {
         return Err(unsupported(format!(
             "batch = {batch} > 65535 is not supported"
@@ -168,22 +193,28 @@ pub fn head_dim_tile(head_dim: i64) -> i64 {
         .unwrap_or(256)
 }
 
+/// The variant for a problem, with its dynamic shared memory in bytes.
 pub fn spec(
     head_dim: i64,
     dtype: DType,
     has_mask: bool,
     softcap: bool,
     arch_num: i64,
-) -> Result<(KernelSpec, crate::ops::flash_tiles::FlashTile)> {
+    seqlen_q: i64,
+) -> Result<(KernelSpec, FlashTile, u32)> {
     let tile_dim = head_dim_tile(head_dim);
     let code = dtype.kernel_code()?;
-    let t = flash_fwd_tile(tile_dim as u32, code as u32, arch_num as u32);
+    let t = flash_fwd_tile(tile_dim as u32, code as u32, arch_num as u32, seqlen_q);
+    let smem = t.smem_bytes(tile_dim as u32, dtype.size() as u32);
     let defines = vec![
         ("FS_HEAD_DIM", tile_dim),
         ("FS_DTYPE", code),
         ("FS_BLOCK_M", t.block_m as i64),
         ("FS_BLOCK_N", t.block_n as i64),
         ("FS_NWARPS", t.warps as i64),
+        ("FS_KV_STAGES", t.stages as i64),
+        ("FS_MIN_BLOCKS", t.min_blocks as i64),
+        ("FS_QK_UNROLL", t.qk_unroll as i64),
         ("FS_HAS_MASK", has_mask as i64),
         ("FS_HAS_SOFTCAP", softcap as i64),
         ("FS_PAD_HEADDIM", (tile_dim != head_dim) as i64),
@@ -197,6 +228,7 @@ pub fn spec(
             defines,
         },
         t,
+        smem,
     ))
 }
 
@@ -208,10 +240,15 @@ pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
             // The smallest real head dim needing this tile with or without padding.
             let hd = if padded { tile - 8 } else { tile };
             for dtype in [DType::F16, DType::BF16, DType::F32] {
-                for mask in [false, true] {
-                    for cap in [false, true] {
-                        if let Ok((s, _)) = spec(hd, dtype, mask, cap, arch_num) {
-                            out.push(s);
+                // Long queries, and the short-query tile where it differs.
+                for seqlen_q in [SHORT_SEQLEN_Q + 1, 1] {
+                    for mask in [false, true] {
+                        for cap in [false, true] {
+                            if let Ok((s, _, _)) = spec(hd, dtype, mask, cap, arch_num, seqlen_q) {
+                                if !out.contains(&s) {
+                                    out.push(s);
+                                }
+                            }
                         }
                     }
                 }
@@ -237,7 +274,14 @@ pub fn forward(a: &FlashFwdArgs, stream: StreamChoice) -> Result<()> {
     let dev = rt.device(device)?;
     let arch_num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
     let has_mask = p.window_left >= 0 || p.window_right >= 0;
-    let (spec, tile) = spec(p.head_dim, a.q.dtype, has_mask, a.softcap > 0.0, arch_num)?;
+    let (spec, tile, smem) = spec(
+        p.head_dim,
+        a.q.dtype,
+        has_mask,
+        a.softcap > 0.0,
+        arch_num,
+        p.seqlen_q,
+    )?;
     let kernel = dev.kernel(&spec)?;
     let params = FlashFwdParams {
         q: a.q.ptr,
@@ -277,15 +321,6 @@ pub fn forward(a: &FlashFwdArgs, stream: StreamChoice) -> Result<()> {
     let s = dev.stream(stream)?;
     // SAFETY: params mirrors the kernel's struct; every pointer was checked above to be a
     // CUDA tensor on this device with the shapes and strides the kernel indexes by.
-    unsafe {
-        dev.launch(
-            &kernel,
-            grid,
-            (tile.warps * 32, 1, 1),
-            tile.smem_bytes,
-            s,
-            &params,
-        )?
-    };
+    unsafe { dev.launch(&kernel, grid, (tile.warps * 32, 1, 1), smem, s, &params)? };
     dev.finish(stream)
 }
