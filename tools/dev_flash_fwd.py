@@ -903,7 +903,7 @@ def bench(
                 flops = 4 * b * h * sl * sl * hd / (2 if causal else 1)
                 res = {"hd": hd, "seqlen": sl, "batch": b, "nheads": h, "causal": causal}
                 for t in tiles:
-                    ms = time_gpu(lambda: flash_fwd(q, k, v, causal=causal, out=out, tile=t))
+                    ms = time_gpu(lambda: flash_fwd(q, k, v, causal=causal, out=out, tile=t))  # noqa: F821 (called before the del below)
                     res[t.name] = flops / ms / 1e9
                 for name, be in (
                     ("FA2", SDPBackend.FLASH_ATTENTION),
