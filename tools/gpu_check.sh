@@ -24,8 +24,13 @@ for stage in "${stages[@]}"; do
       nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
       python3 -m flashscan info 2>&1 | tee "$OUT/info.log"
       ;;
+    precompile)
+      t0=$SECONDS
+      python3 -m flashscan precompile --all 2>&1 | tr '\r' '\n' | tail -3 | tee "$OUT/precompile.log"
+      echo "precompile --all: $((SECONDS - t0)) s wall" | tee -a "$OUT/precompile.log"
+      ;;
     tests)
-      python3 -m pytest "$repo/tests" -m gpu -q -p no:cacheprovider -x --durations=15 2>&1 \
+      python3 -m pytest "$repo/tests" -m gpu -q -p no:cacheprovider --maxfail=25 --durations=15 2>&1 \
         | tee "$OUT/gpu_tests.log" | tail -60
       ;;
     tests-all)

@@ -170,8 +170,21 @@ pub fn check(a: &FlashFwdArgs) -> Result<Problem> {
             "batch = {batch} > 65535 is not supported"
         )));
     }
-    // A window reaching past either end of the keys bounds nothing (flash-attn does the same).
-    let norm = |w: i64| if w >= seqlen_k { -1 } else { w };
+    // Drop bounds that exclude nothing, so the mask-free variant runs where it can. With
+    // bottom-right alignment, query i sees keys [i + sk - sq - left, i + sk - sq + right]: the
+    // left bound excludes no key of any row iff left >= sk - 1, the right one iff
+    // right >= sq - 1 (causal decode with seqlen_q = 1 needs no mask). Note the right bound is
+    // about seqlen_q: with seqlen_q > seqlen_k a right window >= seqlen_k can still hide keys.
+    let left = if a.window_left >= seqlen_k - 1 {
+        -1
+    } else {
+        a.window_left
+    };
+    let right = if a.window_right >= seqlen_q - 1 {
+        -1
+    } else {
+        a.window_right
+    };
     Ok(Problem {
         batch,
         seqlen_q,
@@ -179,8 +192,8 @@ pub fn check(a: &FlashFwdArgs) -> Result<Problem> {
         nheads,
         nheads_k,
         head_dim,
-        window_left: norm(a.window_left),
-        window_right: norm(a.window_right),
+        window_left: left,
+        window_right: right,
     })
 }
 
@@ -323,4 +336,55 @@ pub fn forward(a: &FlashFwdArgs, stream: StreamChoice) -> Result<()> {
     // CUDA tensor on this device with the shapes and strides the kernel indexes by.
     unsafe { dev.launch(&kernel, grid, (tile.warps * 32, 1, 1), smem, s, &params)? };
     dev.finish(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::DeviceKind;
+
+    fn view(shape: &[i64], ptr: u64) -> TensorView {
+        TensorView {
+            ptr,
+            shape: shape.to_vec(),
+            strides: crate::dlpack::compact_strides(shape),
+            dtype: DType::BF16,
+            device: DeviceKind::Cuda,
+            device_id: 0,
+            readonly: false,
+        }
+    }
+
+    fn problem(sq: i64, sk: i64, left: i64, right: i64) -> Problem {
+        let q = view(&[1, sq, 2, 64], 0x10_0000);
+        let k = view(&[1, sk, 2, 64], 0x20_0000);
+        let v = view(&[1, sk, 2, 64], 0x30_0000);
+        let o = view(&[1, sq, 2, 64], 0x40_0000);
+        let a = FlashFwdArgs {
+            q: &q,
+            k: &k,
+            v: &v,
+            out: &o,
+            lse: None,
+            softmax_scale: 0.125,
+            window_left: left,
+            window_right: right,
+            softcap: 0.0,
+        };
+        check(&a).expect("valid")
+    }
+
+    #[test]
+    fn windows_that_hide_nothing_are_dropped_and_others_kept() {
+        // causal decode: one query sees every key
+        let p = problem(1, 100, -1, 0);
+        assert_eq!((p.window_left, p.window_right), (-1, -1));
+        // causal with seqlen_q > 1 keeps its bound
+        assert_eq!(problem(60, 60, -1, 0).window_right, 0);
+        // seqlen_q > seqlen_k: a right window >= seqlen_k still hides keys from early rows
+        assert_eq!(problem(63, 7, 48, 16).window_right, 16);
+        assert_eq!(problem(63, 7, 48, 16).window_left, -1);
+        assert_eq!(problem(63, 7, 5, 62).window_right, -1);
+        assert_eq!(problem(63, 7, 5, 62).window_left, 5);
+    }
 }
