@@ -208,10 +208,12 @@ def fallback_policy() -> str:
     return p
 
 
-def on_fallback(op: str, reason: str, policy: str | None = None) -> None:
+def on_fallback(op: str, reason: str, policy: str | None = None, depth: int = 1) -> None:
     """Called before GPU arrays are sent through the host reference because the CUDA backend
     cannot serve them. `policy` overrides FLASHSCAN_FALLBACK (tests). Raises FlashscanError
-    under `error`, warns once per process under `warn`, returns quietly under `silent`."""
+    under `error`, warns once per process under `warn`, returns quietly under `silent`.
+    `depth`: how many flashscan frames stand between this function and the user's call (the
+    warning points at the user's line)."""
     global _warned
     p = fallback_policy() if policy is None else policy
     if p not in POLICIES:
@@ -230,5 +232,5 @@ def on_fallback(op: str, reason: str, policy: str | None = None) -> None:
             f"and back). This warning is shown once; set FLASHSCAN_FALLBACK=silent to hide it "
             f"or FLASHSCAN_FALLBACK=error to make it an error.",
             FallbackWarning,
-            stacklevel=3,
+            stacklevel=2 + depth,
         )

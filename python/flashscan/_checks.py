@@ -430,7 +430,8 @@ _memo_scan: dict[Any, tuple[int, int, int, int]] = {}
 _memo_state: dict[Any, tuple[int, int, int, int, int]] = {}
 
 
-def _remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
+def remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
+    """memo[key] = value, the memo emptied first when it holds _MEMO_SIZE entries."""
     if len(memo) >= _MEMO_SIZE:
         memo.clear()
     memo[key] = value
@@ -442,7 +443,7 @@ def attention_memo(dq: Desc, dk: Desc, dv: Desc) -> tuple[int, int, int, int, in
     r = _memo_attention.get(key)
     if r is None:
         r = attention(dq, dk, dv)
-        _remember(_memo_attention, key, r)
+        remember(_memo_attention, key, r)
     return r
 
 
@@ -472,7 +473,7 @@ def selective_scan_memo(
     r = _memo_scan.get(key)
     if r is None:
         r = selective_scan(du, ddelta, dA, dB, dC, dD, dz, dbias, dinit)
-        _remember(_memo_scan, key, r)
+        remember(_memo_scan, key, r)
     return r
 
 
@@ -502,5 +503,5 @@ def state_update_memo(
     r = _memo_state.get(key)
     if r is None:
         r = state_update(dstate_, dx, ddt, dA, dB, dC, dD, dz, dbias)
-        _remember(_memo_state, key, r)
+        remember(_memo_state, key, r)
     return r

@@ -173,8 +173,11 @@ class TorchHandler(Handler):
             torch.float64: "float64",
         }
         self.from_name = {v: k for k, v in self.to_name.items()}
+        # What the API's torch fast path (its per-signature plans) calls directly:
+        #: device index -> the caller's current raw CUstream (torch's C function where it has one)
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        self._raw_stream: Callable[[int], int] | None = raw
+        self.current_stream: Callable[[int], int] = raw if raw is not None else self._stream_slow
+        self.float32 = torch.float32
 
     def describe(self, t: Any, arg: str) -> Desc:
         dt = self.to_name.get(t.dtype)
@@ -196,9 +199,9 @@ class TorchHandler(Handler):
         return (t.data_ptr(), shape, t.stride(), dtype, desc[4], desc[5])
 
     def stream(self, device_id: int) -> int:
-        raw = self._raw_stream
-        if raw is not None:
-            return raw(device_id)
+        return self.current_stream(device_id)
+
+    def _stream_slow(self, device_id: int) -> int:
         return self.torch.cuda.current_stream(device_id).cuda_stream
 
     def empty(self, shape: tuple[int, ...], dtype: str, like: Any, desc: Desc) -> Any:
@@ -408,6 +411,9 @@ _DLPACK = DlpackHandler()
 
 # type -> handler; numpy's ndarray is known up front, the rest are added on first sight.
 _HANDLERS: dict[type, Handler] = {np.ndarray: NUMPY}
+#: the types `_HANDLERS` maps to the torch handler (torch.Tensor, nn.Parameter...): the API's
+#: torch fast path tests membership here before it calls any torch method on an argument.
+TORCH_TYPES: set[type] = set()
 _SINGLETONS: dict[str, Handler] = {}
 
 
@@ -444,6 +450,8 @@ def _resolve(x: Any, arg: str) -> Handler:
             f"supporting DLPack), got {tp.__qualname__}"
         )
     _HANDLERS[tp] = h
+    if isinstance(h, TorchHandler):
+        TORCH_TYPES.add(tp)
     return h
 
 

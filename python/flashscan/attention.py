@@ -6,9 +6,15 @@ Dispatch: checks (`_checks.attention`), then
 - CPU arrays -> `reference.flash_attn_func`;
 - CUDA arrays the backend cannot serve -> the fallback policy, then the reference on the host.
 
-The CUDA path is the hot one (real-time callers make thousands of calls a second): it looks
-handlers up in a per-type dict, takes fast paths for default options and does no imports,
-no environment reads and no exception handling.
+The CUDA path is the hot one (real-time callers make thousands of calls a second). For torch
+tensors it is a plan lookup: the call's signature (each tensor's shape, strides, dtype and
+device, as torch hands them out, plus out='s) keys a dict of plans that the general path
+(`_flash_attn_any`) records after it has checked a call and sent it to the GPU, so a repeated
+signature skips every check, handler and descriptor function: it reads each tensor once,
+allocates with `Tensor.new_empty_strided` and calls `_native`. The plan holds no tensor and no
+option: options are checked on every call, and the device must still be usable. Every other
+call (other frameworks, CPU tensors, empty problems, the fallback, the first call of a
+signature, bad input) takes the general path, which checks and raises as it always has.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import _backend, _checks, reference
-from ._frameworks import _HANDLERS, CPU, CUDA, Desc, Handler, _resolve
+from ._frameworks import _HANDLERS, CPU, CUDA, TORCH_TYPES, Desc, Handler, _resolve
 
 __all__ = ["flash_attn_func"]
 
@@ -27,6 +33,13 @@ _native = _backend.native
 _usable_devices = _backend.usable_devices
 _INF = math.inf
 _NO_WINDOW = (-1, -1)
+_NO_DEVICES: frozenset[int] = frozenset()
+
+# signature -> plan (see `_plan`); bounded like the check memos. `_LAST` is the last (signature,
+# plan) pair found there: comparing with it first skips hashing the signature (~0.4 us) in
+# the usual run of same-signature calls. Both are replaced whole, never mutated: thread-safe.
+_PLANS: dict[Any, tuple[Any, ...]] = {}
+_LAST: tuple[Any, Any] = (None, None)
 
 
 def flash_attn_func(
@@ -56,6 +69,123 @@ def flash_attn_func(
     (out, lse) where lse is (batch, nheads, seqlen_q) float32. Arrays come back in q's
     framework on q's device; CUDA work runs on the caller's current stream.
     """
+    global _LAST
+    key = None
+    if (
+        type(q) in TORCH_TYPES
+        and type(k) in TORCH_TYPES
+        and type(v) in TORCH_TYPES
+        and (out is None or type(out) in TORCH_TYPES)
+    ):
+        try:
+            key = (
+                q.shape,
+                q.stride(),
+                q.dtype,
+                q.device,
+                k.shape,
+                k.stride(),
+                k.dtype,
+                k.device,
+                v.shape,
+                v.stride(),
+                v.dtype,
+                v.device,
+                None if out is None else (out.shape, out.stride(), out.dtype, out.device),
+            )
+        except Exception:  # no strides (sparse, nested...): the general path says what is wrong
+            key = None
+        seen = _LAST
+        if key == seen[0]:
+            plan = seen[1]
+        else:
+            plan = _PLANS.get(key)
+            if plan is not None:
+                _LAST = (key, plan)
+        if plan is not None and plan[0] in (_backend._usable or _NO_DEVICES):
+            # --- the hot path: a signature already checked and served -------------------------
+            dev, dts, d_scale, o_shape, o_strides, l_shape, l_strides, stream, f32 = plan
+            if causal is not False and causal is not True:
+                causal = _checks.flag("causal", causal)
+            if return_lse is not False and return_lse is not True:
+                return_lse = _checks.flag("return_lse", return_lse)
+            if window_size is _NO_WINDOW or (
+                type(window_size) is tuple and window_size == _NO_WINDOW
+            ):
+                wl, wr = -1, (0 if causal else -1)
+            else:
+                wl, wr = _checks.window(window_size, causal)
+            if softmax_scale is None:
+                scale = d_scale
+            elif type(softmax_scale) is float and -_INF < softmax_scale < _INF:
+                scale = softmax_scale
+            else:
+                scale = _checks.real("softmax_scale", softmax_scale)
+            if type(softcap) is float and 0.0 <= softcap < _INF:
+                cap = softcap
+            else:
+                cap = _checks.real("softcap", softcap, minimum=0.0)
+            if out is None:
+                out = q.new_empty_strided(o_shape, o_strides)
+                oa = (out.data_ptr(), o_shape, o_strides, dts, CUDA, dev)
+            else:
+                mo = key[12]
+                oa = (out.data_ptr(), mo[0], mo[1], dts, CUDA, dev)
+            if return_lse:
+                lse = q.new_empty_strided(l_shape, l_strides, dtype=f32)
+                la = (lse.data_ptr(), l_shape, l_strides, "float32", CUDA, dev)
+            else:
+                lse = la = None
+            _native.flash_attn_fwd(  # type: ignore[union-attr]
+                (q.data_ptr(), key[0], key[1], dts, CUDA, dev),
+                (k.data_ptr(), key[4], key[5], dts, CUDA, dev),
+                (v.data_ptr(), key[8], key[9], dts, CUDA, dev),
+                oa,
+                la,
+                scale,
+                wl,
+                wr,
+                cap,
+                stream(dev),
+            )
+            return (out, lse) if return_lse else out
+    return _flash_attn_any(
+        q, k, v, softmax_scale, causal, window_size, softcap, return_lse, out, key
+    )
+
+
+def _plan(h: Any, dq: Desc, b: int, sq: int, nheads: int, d: int) -> tuple[Any, ...]:
+    """What the hot path needs for a checked torch signature: the device, q's dtype name, the
+    default scale, out's and lse's shapes and contiguous strides (what `new_empty` would give;
+    every size is >= 1 here), the stream lookup and torch.float32. Cheap: a signature that
+    never repeats (a growing seqlen_k) pays for it on every call."""
+    return (
+        dq[5],
+        dq[3],
+        1.0 / math.sqrt(d),
+        (b, sq, nheads, d),
+        (sq * nheads * d, nheads * d, d, 1),
+        (b, nheads, sq),
+        (nheads * sq, sq, 1),
+        h.current_stream,
+        h.float32,
+    )
+
+
+def _flash_attn_any(
+    q: Any,
+    k: Any,
+    v: Any,
+    softmax_scale: float | None,
+    causal: bool,
+    window_size: tuple[int, int],
+    softcap: float,
+    return_lse: bool,
+    out: Any,
+    key: Any,
+) -> Any | tuple[Any, Any]:
+    """The general path: any framework, every check; records the plan of a torch signature
+    (`key`, not None when every array is a torch tensor) it sends to the GPU."""
     tq = type(q)
     hq = _HANDLERS.get(tq) or _resolve(q, "q")
     dq = hq.describe(q, "q")
@@ -63,7 +193,9 @@ def flash_attn_func(
     dk = hk.describe(k, "k")
     hv = hq if type(v) is tq else (_HANDLERS.get(type(v)) or _resolve(v, "v"))
     dv = hv.describe(v, "v")
-    b, sq, h, d, sk, _ = _checks.attention_memo(dq, dk, dv)
+    # a torch signature served once goes to a plan: the check memo would only duplicate it
+    check = _checks.attention if key is not None else _checks.attention_memo
+    b, sq, h, d, sk, _ = check(dq, dk, dv)
 
     if causal is not False and causal is not True:
         causal = _checks.flag("causal", causal)
@@ -94,7 +226,9 @@ def flash_attn_func(
 
     if dq[4] == CUDA and b and sq and h and sk:
         if dq[5] in _usable_devices():
-            # --- the hot path -------------------------------------------------------------
+            # --- the GPU, general path ------------------------------------------------------
+            if key is not None:
+                _checks.remember(_PLANS, key, _plan(hq, dq, b, sq, h, d))
             stream = hq.stream(dq[5])
             if out is None:
                 out = hq.empty(dq[1], dq[3], q, dq)
@@ -123,7 +257,7 @@ def flash_attn_func(
                 if lse is not None:
                     lse = hq.finish(lse)
             return (out, lse) if return_lse else out
-        _backend.on_fallback("flash_attn_func", _backend.device_reason(dq[5]))
+        _backend.on_fallback("flash_attn_func", _backend.device_reason(dq[5]), depth=2)
     elif dq[4] != CPU and dq[4] != CUDA:  # pragma: no cover - rejected by the checks
         raise ValueError(f"q: unsupported device type {dq[4]}")
 

@@ -3,7 +3,11 @@
 
 Dispatch as in `attention`: checks, then CUDA arrays on a served device -> `_native` on the
 caller's current stream; CPU arrays -> the reference; CUDA arrays the backend cannot serve ->
-the fallback policy, then the reference on the host.
+the fallback policy, then the reference on the host. As there, a torch call whose signature
+(every tensor's shape, strides, dtype and device; None for an absent optional) was checked and
+served before takes the hot path: one read of each tensor, one allocation, the `_native` call.
+Everything else goes through the general functions (`_scan_any`, `_state_update_any`), which
+check, raise and fall back as they always have and record the plans.
 """
 
 from __future__ import annotations
@@ -11,12 +15,21 @@ from __future__ import annotations
 from typing import Any
 
 from . import _backend, _checks, reference
-from ._frameworks import _HANDLERS, CUDA, Desc, Handler, _resolve
+from ._frameworks import _HANDLERS, CUDA, TORCH_TYPES, Desc, Handler, _resolve
 
 __all__ = ["selective_scan_fn", "selective_state_update"]
 
 _native = _backend.native
 _usable_devices = _backend.usable_devices
+_NO_DEVICES: frozenset[int] = frozenset()
+
+# signature -> plan (see `_plan`), one dict per operation, bounded like the check memos, and
+# the last (signature, plan) pair found there (compared first: no hashing in a run of
+# same-signature calls). Replaced whole, never mutated: thread-safe.
+_SCAN_PLANS: dict[Any, tuple[Any, ...]] = {}
+_SSU_PLANS: dict[Any, tuple[Any, ...]] = {}
+_SCAN_LAST: tuple[Any, Any] = (None, None)
+_SSU_LAST: tuple[Any, Any] = (None, None)
 
 _SCAN_ARGS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state")
 _SSU_ARGS = ("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias")
@@ -80,6 +93,165 @@ def selective_scan_fn(
     Returns out (batch, dim, seqlen) in u's dtype, or (out, last_state) with
     return_last_state=True (last_state (batch, dim, dstate) float32), in u's framework.
     """
+    global _SCAN_LAST
+    key = None
+    if (
+        type(u) in TORCH_TYPES
+        and type(delta) in TORCH_TYPES
+        and type(A) in TORCH_TYPES
+        and type(B) in TORCH_TYPES
+        and type(C) in TORCH_TYPES
+        and (D is None or type(D) in TORCH_TYPES)
+        and (z is None or type(z) in TORCH_TYPES)
+        and (delta_bias is None or type(delta_bias) in TORCH_TYPES)
+        and (initial_state is None or type(initial_state) in TORCH_TYPES)
+    ):
+        try:
+            key = (
+                u.shape,
+                u.stride(),
+                u.dtype,
+                u.device,
+                delta.shape,
+                delta.stride(),
+                delta.dtype,
+                delta.device,
+                A.shape,
+                A.stride(),
+                A.dtype,
+                A.device,
+                B.shape,
+                B.stride(),
+                B.dtype,
+                B.device,
+                C.shape,
+                C.stride(),
+                C.dtype,
+                C.device,
+                None if D is None else (D.shape, D.stride(), D.dtype, D.device),
+                None if z is None else (z.shape, z.stride(), z.dtype, z.device),
+                None
+                if delta_bias is None
+                else (delta_bias.shape, delta_bias.stride(), delta_bias.dtype, delta_bias.device),
+                None
+                if initial_state is None
+                else (
+                    initial_state.shape,
+                    initial_state.stride(),
+                    initial_state.dtype,
+                    initial_state.device,
+                ),
+            )
+        except Exception:  # no strides (sparse, nested...): the general path says what is wrong
+            key = None
+        seen = _SCAN_LAST
+        if key == seen[0]:
+            plan = seen[1]
+        else:
+            plan = _SCAN_PLANS.get(key)
+            if plan is not None:
+                _SCAN_LAST = (key, plan)
+        if plan is not None and plan[0] in (_backend._usable or _NO_DEVICES):
+            # --- the hot path: a signature already checked and served -------------------------
+            dev, dts, dtb, dtc, o_shape, o_strides, l_shape, l_strides, stream, f32 = plan
+            if delta_softplus is not True and delta_softplus is not False:
+                delta_softplus = _checks.flag("delta_softplus", delta_softplus)
+            if return_last_state is not True and return_last_state is not False:
+                return_last_state = _checks.flag("return_last_state", return_last_state)
+            out = u.new_empty_strided(o_shape, o_strides)
+            if return_last_state:
+                last = u.new_empty_strided(l_shape, l_strides, dtype=f32)
+                la = (last.data_ptr(), l_shape, l_strides, "float32", CUDA, dev)
+            else:
+                last = la = None
+            m = key[20]
+            dD = None if m is None else (D.data_ptr(), m[0], m[1], "float32", CUDA, dev)
+            m = key[21]
+            dz = None if m is None else (z.data_ptr(), m[0], m[1], dts, CUDA, dev)
+            m = key[22]
+            db = None if m is None else (delta_bias.data_ptr(), m[0], m[1], "float32", CUDA, dev)
+            m = key[23]
+            di = None if m is None else (initial_state.data_ptr(), m[0], m[1], "float32", CUDA, dev)
+            _native.selective_scan_fwd(  # type: ignore[union-attr]
+                (u.data_ptr(), key[0], key[1], dts, CUDA, dev),
+                (delta.data_ptr(), key[4], key[5], dts, CUDA, dev),
+                (A.data_ptr(), key[8], key[9], "float32", CUDA, dev),
+                (B.data_ptr(), key[12], key[13], dtb, CUDA, dev),
+                (C.data_ptr(), key[16], key[17], dtc, CUDA, dev),
+                dD,
+                dz,
+                db,
+                di,
+                (out.data_ptr(), o_shape, o_strides, dts, CUDA, dev),
+                la,
+                delta_softplus,
+                stream(dev),
+            )
+            return (out, last) if return_last_state else out
+    return _scan_any(
+        u,
+        delta,
+        A,
+        B,
+        C,
+        D,
+        z,
+        delta_bias,
+        delta_softplus,
+        return_last_state,
+        initial_state,
+        key,
+    )
+
+
+def _plan(
+    h: Any,
+    dx: Desc,
+    dtb: str,
+    dtc: str,
+    o_shape: tuple[int, ...],
+    l_shape: tuple[int, int, int] | None,
+) -> tuple[Any, ...]:
+    """What a hot path needs for a checked torch signature: the device, the dtype names of the
+    sequence arrays (u / x), B and C, the output's shape (like u / x; 2-D or 3-D, every size
+    >= 1) and contiguous strides (what `new_empty` would give), the last state's (3-D, or
+    None), the stream lookup and torch.float32. Cheap: a signature that never repeats pays
+    for it on every call."""
+    if len(o_shape) == 3:
+        o_strides: tuple[int, ...] = (o_shape[1] * o_shape[2], o_shape[2], 1)
+    else:
+        o_strides = (o_shape[1], 1)
+    return (
+        dx[5],
+        dx[3],
+        dtb,
+        dtc,
+        o_shape,
+        o_strides,
+        l_shape,
+        None if l_shape is None else (l_shape[1] * l_shape[2], l_shape[2], 1),
+        h.current_stream,
+        h.float32,
+    )
+
+
+def _scan_any(
+    u: Any,
+    delta: Any,
+    A: Any,
+    B: Any,
+    C: Any,
+    D: Any,
+    z: Any,
+    delta_bias: Any,
+    delta_softplus: Any,
+    return_last_state: Any,
+    initial_state: Any,
+    key: Any,
+) -> Any | tuple[Any, Any]:
+    """The general path of `selective_scan_fn`: any framework, every check; records the plan
+    of a torch signature (`key`, not None when every array is a torch tensor) it sends to the
+    GPU."""
     tu = type(u)
     hu = _HANDLERS.get(tu) or _resolve(u, "u")
     objs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
@@ -111,13 +283,28 @@ def selective_scan_fn(
         hands, descs, nargs = _mixed(objs, _SCAN_ARGS)
     du = descs[0]
     assert du is not None
-    batch, dim, seqlen, dstate = _checks.selective_scan_memo(*descs)  # type: ignore[arg-type]
+    # a torch signature served once goes to a plan: the check memo would only duplicate it
+    check = _checks.selective_scan if key is not None else _checks.selective_scan_memo
+    batch, dim, seqlen, dstate = check(*descs)  # type: ignore[arg-type]
     delta_softplus = _flag("delta_softplus", delta_softplus)
     return_last_state = _flag("return_last_state", return_last_state)
 
     if du[4] == CUDA and batch and dim and seqlen:
         if du[5] in _usable_devices():
-            # --- the hot path -------------------------------------------------------------
+            # --- the GPU, general path ------------------------------------------------------
+            if key is not None:
+                _checks.remember(
+                    _SCAN_PLANS,
+                    key,
+                    _plan(
+                        hu,
+                        du,
+                        descs[3][3],  # type: ignore[index]
+                        descs[4][3],  # type: ignore[index]
+                        (batch, dim, seqlen),
+                        (batch, dim, dstate),
+                    ),
+                )
             out = hu.empty(du[1], du[3], u, du)
             last = None
             if return_last_state:
@@ -137,7 +324,7 @@ def selective_scan_fn(
                 if last is not None:
                     last = hu.finish(last)
             return (out, last) if return_last_state else out
-        _backend.on_fallback("selective_scan_fn", _backend.device_reason(du[5]))
+        _backend.on_fallback("selective_scan_fn", _backend.device_reason(du[5]), depth=2)
 
     # CPU arrays, empty problems, or the fallback: the reference on host copies.
     host = [None if o is None else h.to_host(o) for o, h in zip(objs, hands)]  # type: ignore[union-attr]
@@ -177,6 +364,107 @@ def selective_state_update(
     out = sum_n state * C + D * x, times silu(z) when z is given.
     Returns out (like x) in x's framework.
     """
+    global _SSU_LAST
+    key = None
+    if (
+        type(state) in TORCH_TYPES
+        and type(x) in TORCH_TYPES
+        and type(dt) in TORCH_TYPES
+        and type(A) in TORCH_TYPES
+        and type(B) in TORCH_TYPES
+        and type(C) in TORCH_TYPES
+        and (D is None or type(D) in TORCH_TYPES)
+        and (z is None or type(z) in TORCH_TYPES)
+        and (dt_bias is None or type(dt_bias) in TORCH_TYPES)
+    ):
+        try:
+            key = (
+                state.shape,
+                state.stride(),
+                state.dtype,
+                state.device,
+                x.shape,
+                x.stride(),
+                x.dtype,
+                x.device,
+                dt.shape,
+                dt.stride(),
+                dt.dtype,
+                dt.device,
+                A.shape,
+                A.stride(),
+                A.dtype,
+                A.device,
+                B.shape,
+                B.stride(),
+                B.dtype,
+                B.device,
+                C.shape,
+                C.stride(),
+                C.dtype,
+                C.device,
+                None if D is None else (D.shape, D.stride(), D.dtype, D.device),
+                None if z is None else (z.shape, z.stride(), z.dtype, z.device),
+                None
+                if dt_bias is None
+                else (dt_bias.shape, dt_bias.stride(), dt_bias.dtype, dt_bias.device),
+            )
+        except Exception:  # no strides (sparse, nested...): the general path says what is wrong
+            key = None
+        seen = _SSU_LAST
+        if key == seen[0]:
+            plan = seen[1]
+        else:
+            plan = _SSU_PLANS.get(key)
+            if plan is not None:
+                _SSU_LAST = (key, plan)
+        if plan is not None and plan[0] in (_backend._usable or _NO_DEVICES):
+            # --- the hot path: a signature already checked and served -------------------------
+            # (torch tensors are always writable: the state needs no per-call check)
+            dev, dts, dtb, dtc, o_shape, o_strides, _, _, stream, _ = plan
+            if dt_softplus is not True and dt_softplus is not False:
+                dt_softplus = _checks.flag("dt_softplus", dt_softplus)
+            out = x.new_empty_strided(o_shape, o_strides)
+            m = key[24]
+            dD = None if m is None else (D.data_ptr(), m[0], m[1], "float32", CUDA, dev)
+            m = key[25]
+            dz = None if m is None else (z.data_ptr(), m[0], m[1], dts, CUDA, dev)
+            m = key[26]
+            db = None if m is None else (dt_bias.data_ptr(), m[0], m[1], "float32", CUDA, dev)
+            _native.selective_state_update(  # type: ignore[union-attr]
+                (state.data_ptr(), key[0], key[1], "float32", CUDA, dev),
+                (x.data_ptr(), key[4], key[5], dts, CUDA, dev),
+                (dt.data_ptr(), key[8], key[9], dts, CUDA, dev),
+                (A.data_ptr(), key[12], key[13], "float32", CUDA, dev),
+                (B.data_ptr(), key[16], key[17], dtb, CUDA, dev),
+                (C.data_ptr(), key[20], key[21], dtc, CUDA, dev),
+                dD,
+                dz,
+                db,
+                (out.data_ptr(), o_shape, o_strides, dts, CUDA, dev),
+                dt_softplus,
+                stream(dev),
+            )
+            return out
+    return _state_update_any(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, key)
+
+
+def _state_update_any(
+    state: Any,
+    x: Any,
+    dt: Any,
+    A: Any,
+    B: Any,
+    C: Any,
+    D: Any,
+    z: Any,
+    dt_bias: Any,
+    dt_softplus: Any,
+    key: Any,
+) -> Any:
+    """The general path of `selective_state_update`: any framework, every check; records the
+    plan of a torch signature (`key`, not None when every array is a torch tensor) it sends to
+    the GPU."""
     tx = type(x)
     hx = _HANDLERS.get(tx) or _resolve(x, "x")
     objs = (state, x, dt, A, B, C, D, z, dt_bias)
@@ -208,7 +496,8 @@ def selective_state_update(
         hands, descs, nargs = _mixed(objs, _SSU_ARGS)
     dx = descs[1]
     assert dx is not None
-    batch, nheads, dim, _, _ = _checks.state_update_memo(*descs)  # type: ignore[arg-type]
+    check = _checks.state_update if key is not None else _checks.state_update_memo
+    batch, nheads, dim, _, _ = check(*descs)  # type: ignore[arg-type]
     hs = hands[0]
     assert hs is not None
     if not hs.always_writable:
@@ -217,7 +506,20 @@ def selective_state_update(
 
     if dx[4] == CUDA and batch and nheads and dim:
         if dx[5] in _usable_devices():
-            # --- the hot path -------------------------------------------------------------
+            # --- the GPU, general path ------------------------------------------------------
+            if key is not None:
+                _checks.remember(
+                    _SSU_PLANS,
+                    key,
+                    _plan(
+                        hx,
+                        dx,
+                        descs[4][3],  # type: ignore[index]
+                        descs[5][3],  # type: ignore[index]
+                        (batch, nheads, dim) if len(dx[1]) == 3 else (batch, dim),
+                        None,
+                    ),
+                )
             out = hx.empty(dx[1], dx[3], x, dx)
             _native.selective_state_update(  # type: ignore[union-attr]
                 *nargs,
@@ -226,7 +528,7 @@ def selective_state_update(
                 hx.stream(dx[5]),
             )
             return hx.finish(out) if hx.needs_finish else out
-        _backend.on_fallback("selective_state_update", _backend.device_reason(dx[5]))
+        _backend.on_fallback("selective_state_update", _backend.device_reason(dx[5]), depth=2)
 
     # CPU arrays, empty problems, or the fallback: the reference on host copies; the new
     # state is written back into the caller's array (a no-op where the host copy is a view).

@@ -1,0 +1,361 @@
+"""The torch plan fast path (pytest; torch installed, no GPU needed; skipped without torch).
+
+CPU torch tensors are made to look like cuda:0 tensors (tools/bench_python_layer.fake_cuda)
+and `_native` records its arguments. Every call is made twice: the first goes through the
+general path (which records the plan), the second through the plan; the native arguments and
+the returned tensors must be the same, and bad input must raise the same exception with the
+same message either way.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+
+import flashscan
+from flashscan import _backend, _checks, _frameworks, attention, scan
+
+torch = pytest.importorskip("torch")
+
+
+def fake_cuda() -> Any:
+    """CPU tensors look like cuda:0 tensors to the general path (as in
+    tools/bench_python_layer.py); returns an undo."""
+    saved = {k: torch.Tensor.__dict__.get(k) for k in ("is_cuda", "get_device")}
+    torch.Tensor.is_cuda = True
+    torch.Tensor.get_device = int  # int() == 0
+    h = _frameworks.handler_of(torch.empty(1), "t")
+    saved_stream = h.__dict__.get("current_stream")
+    h.current_stream = int
+    saved_usable = _backend._usable
+    _backend._usable = frozenset({0})
+
+    def undo() -> None:
+        for k, v in saved.items():
+            if v is None:
+                if k in torch.Tensor.__dict__:
+                    delattr(torch.Tensor, k)
+            else:
+                setattr(torch.Tensor, k, v)
+        h.current_stream = saved_stream
+        _backend._usable = saved_usable
+
+    return undo
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        def f(*args: Any) -> None:
+            self.calls.append((name, args))
+
+        return f
+
+
+def norm(a: Any) -> Any:
+    if isinstance(a, tuple) and len(a) == 6 and isinstance(a[1], tuple):
+        return (a[0], tuple(a[1]), tuple(a[2]), a[3], a[4], a[5])
+    return a
+
+
+def forget_plans() -> None:
+    for d in (attention._PLANS, scan._SCAN_PLANS, scan._SSU_PLANS):
+        d.clear()
+    attention._LAST = scan._SCAN_LAST = scan._SSU_LAST = (None, None)
+
+
+@pytest.fixture
+def fake() -> Any:
+    undo = fake_cuda()
+    rec = Recorder()
+    saved = (attention._native, scan._native)
+    attention._native = scan._native = rec
+    forget_plans()
+    yield rec
+    # the fake's plans are keyed on CPU devices: never leave them for later tests
+    forget_plans()
+    attention._native, scan._native = saved
+    undo()
+
+
+def general_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    seen: list[str] = []
+    for mod, name in (
+        (attention, "_flash_attn_any"),
+        (scan, "_scan_any"),
+        (scan, "_state_update_any"),
+    ):
+        real = getattr(mod, name)
+
+        def wrap(*a: Any, _real: Any = real, _name: str = name) -> Any:
+            seen.append(_name)
+            return _real(*a)
+
+        monkeypatch.setattr(mod, name, wrap)
+    return seen
+
+
+def outs(r: Any) -> list[Any]:
+    rs = r if isinstance(r, tuple) else (r,)
+    return [
+        (type(t), tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad, t.is_contiguous())
+        for t in rs
+    ]
+
+
+def twice(rec: Recorder, seen: list[str], fn: Any, n_out: int) -> None:
+    """fn() twice: general path then plan; native args (outputs' pointers aside) must match."""
+    _frameworks.handler_of(torch.nn.Parameter(torch.zeros(1)), "p")  # knows the type
+    forget_plans()
+    seen.clear()
+    r1 = fn()
+    assert seen, "first call must take the general path"
+    seen.clear()
+    r2 = fn()
+    assert not seen, "second call must take the plan"
+    (n1, a1), (n2, a2) = rec.calls[-2], rec.calls[-1]
+    assert n1 == n2
+    a1 = [norm(x) for x in a1]
+    a2 = [norm(x) for x in a2]
+    assert len(a1) == len(a2)
+    # outputs are newly allocated (their pointers differ) unless out= was given
+    r1s = r1 if isinstance(r1, tuple) else (r1,)
+    new_ptrs = {t.data_ptr() for t in r1s}
+    for x, y in zip(a1, a2):
+        if isinstance(x, tuple) and x[0] in new_ptrs:
+            assert x[1:] == y[1:]
+        else:
+            assert x == y, (x, y)
+            assert type(x) is type(y)
+    assert outs(r1) == outs(r2)
+    assert len(outs(r1)) == n_out
+
+
+bf, f16, f32 = torch.bfloat16, torch.float16, torch.float32
+
+
+def rnd(*shape: int, dtype: Any = bf) -> Any:
+    return torch.randn(*shape).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [bf, f16, f32])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},
+        {"causal": True},
+        {"causal": True, "return_lse": True},
+        {"window_size": (3, 1), "softcap": 2.0, "softmax_scale": 0.3},
+        {"window_size": [4, 0], "causal": __import__("numpy").bool_(True)},
+        {"softmax_scale": 1, "softcap": 0},
+    ],
+)
+def test_attention_plan(fake: Recorder, monkeypatch: Any, dtype: Any, opts: dict) -> None:
+    seen = general_calls(monkeypatch)
+    q, k, v = (
+        rnd(2, 7, 4, 16, dtype=dtype),
+        rnd(2, 9, 2, 16, dtype=dtype),
+        rnd(2, 9, 2, 16, dtype=dtype),
+    )
+    n = 2 if opts.get("return_lse") else 1
+    twice(fake, seen, lambda: flashscan.flash_attn_func(q, k, v, **opts), n)
+    out = torch.empty_like(q)
+    twice(fake, seen, lambda: flashscan.flash_attn_func(q, k, v, out=out, **opts), n)
+    # non-contiguous (but headdim-contiguous) q and parameters
+    qt = rnd(2, 4, 7, 16, dtype=dtype).transpose(1, 2)
+    kp = torch.nn.Parameter(k.clone(), requires_grad=False)
+    twice(fake, seen, lambda: flashscan.flash_attn_func(qt, kp, v, **opts), n)
+
+
+def test_attention_bad_options_same_errors(fake: Recorder, monkeypatch: Any) -> None:
+    q, k, v = rnd(1, 5, 2, 8), rnd(1, 5, 2, 8), rnd(1, 5, 2, 8)
+    bad = [
+        {"causal": "yes"},
+        {"return_lse": "no"},
+        {"window_size": (-2, 0)},
+        {"window_size": "ab"},
+        {"window_size": (1.5, 0)},
+        {"softcap": -1.0},
+        {"softcap": float("nan")},
+        {"softmax_scale": "x"},
+        {"softmax_scale": float("inf")},
+    ]
+    msgs = []
+    for b in bad:  # general path (no plan yet for this signature... recorded after the 1st)
+        with pytest.raises(Exception) as e:
+            flashscan.flash_attn_func(q, k, v, **b)
+        msgs.append((type(e.value), str(e.value)))
+    assert not attention._PLANS
+    flashscan.flash_attn_func(q, k, v)  # records the plan
+    assert attention._PLANS
+    for b, (t, m) in zip(bad, msgs):
+        with pytest.raises(t) as e:
+            flashscan.flash_attn_func(q, k, v, **b)
+        assert str(e.value) == m
+
+
+def test_attention_metadata_change_misses(fake: Recorder, monkeypatch: Any) -> None:
+    seen = general_calls(monkeypatch)
+    q, k, v = rnd(1, 5, 2, 8), rnd(1, 5, 2, 8), rnd(1, 5, 2, 8)
+    flashscan.flash_attn_func(q, k, v)
+    flashscan.flash_attn_func(q, k, v)
+    seen.clear()
+    q.resize_(1, 5, 2, 16)  # same object, new shape: headdim mismatch now
+    with pytest.raises(ValueError, match="headdim"):
+        flashscan.flash_attn_func(q, k, v)
+    assert seen
+    k2 = k.to(f16)
+    with pytest.raises(TypeError, match="k: dtype float16"):
+        flashscan.flash_attn_func(rnd(1, 5, 2, 8), k2, v)
+    vv = rnd(1, 5, 2, 16)[..., ::2]
+    with pytest.raises(ValueError, match="v: its last dimension"):
+        flashscan.flash_attn_func(rnd(1, 5, 2, 8), k, vv)
+    with pytest.raises(ValueError, match="out: expected shape"):
+        flashscan.flash_attn_func(k, k, v, out=rnd(1, 5, 2, 16))
+
+
+def test_unusable_device_falls_back(fake: Recorder, monkeypatch: Any) -> None:
+    q, k, v = rnd(1, 5, 2, 8, dtype=f32), rnd(1, 5, 2, 8, dtype=f32), rnd(1, 5, 2, 8, dtype=f32)
+    flashscan.flash_attn_func(q, k, v)
+    flashscan.flash_attn_func(q, k, v)
+    n = len(fake.calls)
+    monkeypatch.setattr(_backend, "_usable", frozenset())
+    monkeypatch.setattr(_backend, "_policy", "warn")
+    monkeypatch.setattr(_backend, "_warned", False)
+    # the fake's tensors are really CPU tensors: to_host works; from_host gives CPU tensors
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        flashscan.flash_attn_func(q, k, v)
+    assert len(fake.calls) == n  # no native call
+    fw = [w for w in caught if issubclass(w.category, flashscan.FallbackWarning)]
+    assert len(fw) == 1 and fw[0].filename == __file__
+    monkeypatch.setattr(_backend, "_usable", None)  # status not computed: general path
+    monkeypatch.setattr(_backend, "_status", None)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        flashscan.flash_attn_func(q, k, v)
+    assert len(fake.calls) == n
+
+
+def scan_args(
+    b: int, dim: int, L: int, n: int, bc: str, g: int, dtype: Any, bcdt: Any
+) -> list[Any]:
+    u = rnd(b, dim, L, dtype=dtype)
+    if bc == "fixed":
+        B, C = rnd(dim, n, dtype=f32), rnd(dim, n, dtype=f32)
+    elif bc == "varying":
+        B, C = rnd(b, n, L, dtype=bcdt), rnd(b, n, L, dtype=bcdt)
+    else:
+        B, C = rnd(b, g, n, L, dtype=bcdt), rnd(b, g, n, L, dtype=dtype)
+    return [u, rnd(b, dim, L, dtype=dtype), -torch.rand(dim, n), B, C]
+
+
+@pytest.mark.parametrize("bc,g", [("fixed", 1), ("varying", 1), ("grouped", 2)])
+@pytest.mark.parametrize("dtype,bcdt", [(bf, bf), (bf, f32), (f32, f32), (f16, f16)])
+@pytest.mark.parametrize("extras", [0, 1, 2])
+def test_scan_plan(
+    fake: Recorder, monkeypatch: Any, bc: str, g: int, dtype: Any, bcdt: Any, extras: int
+) -> None:
+    seen = general_calls(monkeypatch)
+    b, dim, L, n = 2, 8, 13, 4
+    a = scan_args(b, dim, L, n, bc, g, dtype, bcdt)
+    kw: dict[str, Any] = {}
+    if extras >= 1:
+        kw.update(D=torch.nn.Parameter(torch.randn(dim)), z=rnd(b, dim, L, dtype=dtype))
+    if extras >= 2:
+        kw.update(delta_bias=torch.rand(dim), initial_state=torch.randn(b, dim, n))
+    for sp in (False, True):
+        twice(fake, seen, lambda sp=sp: flashscan.selective_scan_fn(*a, **kw, delta_softplus=sp), 1)
+        twice(
+            fake,
+            seen,
+            lambda sp=sp: flashscan.selective_scan_fn(
+                *a, **kw, delta_softplus=sp, return_last_state=True
+            ),
+            2,
+        )
+    for bad in ({"delta_softplus": "x"}, {"return_last_state": 2}):
+        msgs = []
+        for _ in range(2):
+            with pytest.raises(TypeError) as e:
+                flashscan.selective_scan_fn(*a, **kw, **bad)
+            msgs.append(str(e.value))
+        assert msgs[0] == msgs[1]
+
+
+@pytest.mark.parametrize("heads,g", [(None, 1), (4, 1), (4, 2)])
+@pytest.mark.parametrize("dtype,bcdt", [(bf, bf), (bf, f32), (f32, f32)])
+@pytest.mark.parametrize("extras", [False, True])
+def test_state_update_plan(
+    fake: Recorder, monkeypatch: Any, heads: Any, g: int, dtype: Any, bcdt: Any, extras: bool
+) -> None:
+    seen = general_calls(monkeypatch)
+    b, dim, n = 3, 8, 4
+    lead = (b,) if heads is None else (b, heads)
+    hd = () if heads is None else (heads,)
+    bcs = (b, n) if heads is None else (b, g, n)
+    state = torch.randn(*lead, dim, n)
+    x = rnd(*lead, dim, dtype=dtype)
+    a = [
+        state,
+        x,
+        rnd(*lead, dim, dtype=dtype),
+        -torch.rand(*hd, dim, n),
+        rnd(*bcs, dtype=bcdt),
+        rnd(*bcs, dtype=dtype),
+    ]
+    kw: dict[str, Any] = {}
+    if extras:
+        kw = {
+            "D": torch.randn(*hd, dim),
+            "z": rnd(*lead, dim, dtype=dtype),
+            "dt_bias": torch.nn.Parameter(torch.rand(*hd, dim)),
+        }
+    for sp in (False, True, 1):
+        twice(
+            fake, seen, lambda sp=sp: flashscan.selective_state_update(*a, **kw, dt_softplus=sp), 1
+        )
+    msgs = []
+    for _ in range(2):
+        with pytest.raises(TypeError) as e:
+            flashscan.selective_state_update(*a, **kw, dt_softplus="x")
+        msgs.append(str(e.value))
+    assert msgs[0] == msgs[1]
+
+
+def test_cpu_torch_records_no_plan() -> None:
+    """Without the fake: CPU torch tensors go to the reference and never get a plan."""
+    for d in (attention._PLANS, scan._SCAN_PLANS, scan._SSU_PLANS):
+        d.clear()
+    q = torch.randn(1, 4, 2, 8)
+    for _ in range(3):
+        flashscan.flash_attn_func(q, q, q)
+        flashscan.selective_scan_fn(
+            torch.randn(1, 4, 5),
+            torch.rand(1, 4, 5),
+            -torch.rand(4, 2),
+            torch.randn(1, 2, 5),
+            torch.randn(1, 2, 5),
+        )
+    assert not attention._PLANS and not scan._SCAN_PLANS
+
+
+def test_sparse_and_odd_tensors_keep_their_errors() -> None:
+    q = torch.randn(1, 4, 2, 8)
+    sp = q.to_sparse()
+    with pytest.raises(TypeError, match="q: torch tensors with layout"):
+        flashscan.flash_attn_func(sp, q, q)
+    meta = torch.empty(1, 4, 2, 8, device="meta")
+    with pytest.raises(ValueError, match="k: torch tensors on device meta"):
+        flashscan.flash_attn_func(q, meta, q)
+
+
+def test_plans_are_bounded(fake: Recorder) -> None:
+    for i in range(1, _checks._MEMO_SIZE + 20):
+        q = rnd(1, i, 1, 8)
+        flashscan.flash_attn_func(q, q, q)
+    assert 0 < len(attention._PLANS) <= _checks._MEMO_SIZE

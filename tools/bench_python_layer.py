@@ -1,0 +1,202 @@
+"""Time flashscan's Python layer alone (the native entry replaced by a no-op) at the real-time
+shapes, on a machine with or without a GPU. Prints microseconds per call (best of `--repeat`
+runs of `--calls` back-to-back calls).
+
+With a GPU (`--device cuda`), tensors are real CUDA tensors and the numbers are the "python
+layer only" column of tools/profile_overhead.py. Without one (`--device fake`, the default when
+torch sees no GPU), CPU torch tensors are made to look like cuda:0 tensors to the Python layer:
+`torch.Tensor.is_cuda` and `.get_device()` are shadowed by class attributes (True, and the C
+builtin `int` for get_device: each costs about what torch's own getter costs), the backend
+reports device 0 usable and the handler's stream lookup is `int` (returns 0). Everything else
+(shape/stride/dtype/device/data_ptr reads, the checks, the plans, output allocation, on the
+CPU) is the real code, so the numbers track the GPU host's Python layer, less the difference
+between a CPU and a CUDA-caching-allocator allocation (`empty_like` alone is printed for
+that) and the real stream lookup (torch._C._cuda_getCurrentRawStream).
+
+    PYTHONPATH=python python tools/bench_python_layer.py [--device fake|cuda] [--calls N]
+
+To compare two versions of the package, point PYTHONPATH at each in turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import types
+from typing import Any, Callable
+
+import torch
+
+
+def per_call_us(
+    fn: Callable[[], Any],
+    calls: int,
+    repeat: int,
+    sync: Callable[[], None],
+    clock: Callable[[], float],
+) -> float:
+    for _ in range(min(calls, 500)):
+        fn()
+    sync()
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = clock()
+        for _ in range(calls):
+            fn()
+        sync()
+        best = min(best, (clock() - t0) / calls * 1e6)
+    return best
+
+
+def fake_cuda() -> Callable[[], None]:
+    """Make CPU tensors look like cuda:0 tensors to the Python layer; returns an undo."""
+    from flashscan import _backend, _frameworks
+
+    saved = {k: torch.Tensor.__dict__.get(k) for k in ("is_cuda", "get_device")}
+    torch.Tensor.is_cuda = True  # type: ignore[misc, assignment]
+    torch.Tensor.get_device = int  # type: ignore[assignment]  # int() == 0, a C call
+    h = _frameworks.handler_of(torch.empty(1), "t")
+    # the stream lookup (`current_stream`; `_raw_stream` in older versions of the handler)
+    stream_attrs = ("current_stream", "_raw_stream")
+    saved_stream = {k: h.__dict__[k] for k in stream_attrs if k in h.__dict__}
+    for k in stream_attrs:
+        setattr(h, k, int)  # int(device) == device: a C call
+    saved_usable = _backend._usable
+    _backend._usable = frozenset({0})
+
+    def undo() -> None:
+        for k, v in saved.items():
+            if v is None:
+                if k in torch.Tensor.__dict__:
+                    delattr(torch.Tensor, k)
+            else:
+                setattr(torch.Tensor, k, v)
+        for k in stream_attrs:
+            h.__dict__.pop(k, None)
+        h.__dict__.update(saved_stream)
+        _backend._usable = saved_usable
+
+    return undo
+
+
+def stub_native(*modules: types.ModuleType) -> Callable[[], None]:
+    noop = types.SimpleNamespace(
+        flash_attn_fwd=lambda *a: None,
+        selective_scan_fwd=lambda *a: None,
+        selective_state_update=lambda *a: None,
+    )
+    saved = [(m, m._native) for m in modules]  # type: ignore[attr-defined]
+    for m in modules:
+        m._native = noop  # type: ignore[attr-defined]
+
+    def undo() -> None:
+        for m, n in saved:
+            m._native = n  # type: ignore[attr-defined]
+
+    return undo
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--device", choices=("fake", "cuda"), default=None)
+    # many short runs, best kept: steady even on a busy 2-core machine
+    ap.add_argument("--calls", type=int, default=400)
+    ap.add_argument("--repeat", type=int, default=80)
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default=None,
+        help="wall: time.perf_counter (default with a GPU); cpu: this thread's CPU time, "
+        "steadier on a shared machine (default without one)",
+    )
+    args = ap.parse_args()
+    device = args.device or ("cuda" if torch.cuda.is_available() else "fake")
+    clock_name = args.clock or ("wall" if device == "cuda" else "cpu")
+    clock = time.perf_counter if clock_name == "wall" else time.thread_time
+
+    import flashscan
+    from flashscan import attention, scan
+
+    if device == "cuda" and not flashscan.available():
+        raise SystemExit(
+            f"--device cuda needs the CUDA backend (the calls would take the NumPy fallback): "
+            f"{flashscan.info()['reason']}"
+        )
+    dev = "cuda" if device == "cuda" else "cpu"
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    undo_fake = fake_cuda() if device == "fake" else (lambda: None)
+    undo_native = stub_native(attention, scan)
+    bf = torch.bfloat16
+    cases: list[tuple[str, Callable[[], Any]]] = []
+    try:
+        for b in (1, 32):
+            q = torch.randn(b, 60, 8, 64, device=dev).to(bf)
+            k, v = torch.randn_like(q), torch.randn_like(q)
+            out = torch.empty_like(q)
+            cases.append(
+                (
+                    f"attention b{b} s60 h8 d64 causal",
+                    lambda q=q, k=k, v=v: flashscan.flash_attn_func(q, k, v, causal=True),
+                )
+            )
+            cases.append(
+                (
+                    f"attention b{b} s60 h8 d64 causal, out=",
+                    lambda q=q, k=k, v=v, o=out: flashscan.flash_attn_func(
+                        q, k, v, causal=True, out=o
+                    ),
+                )
+            )
+        for b in (1, 32):
+            u = torch.randn(b, 512, 60, device=dev).to(bf)
+            delta = torch.rand_like(u)
+            A = -torch.rand(512, 16, device=dev)
+            B = torch.randn(b, 16, 60, device=dev).to(bf)
+            C = torch.randn_like(B)
+            D = torch.randn(512, device=dev)
+            z = torch.randn_like(u)
+            cases.append(
+                (
+                    f"scan b{b} d512 L60 n16 (D, z, softplus)",
+                    lambda a=(u, delta, A, B, C, D, z): flashscan.selective_scan_fn(
+                        *a, delta_softplus=True
+                    ),
+                )
+            )
+        state = torch.randn(32, 512, 16, device=dev)
+        x = torch.randn(32, 512, device=dev).to(bf)
+        dt = torch.rand_like(x)
+        A = -torch.rand(512, 16, device=dev)
+        Bs = torch.randn(32, 16, device=dev).to(bf)
+        Cs = torch.randn_like(Bs)
+        D = torch.randn(512, device=dev)
+        cases.append(
+            (
+                "state_update b32 d512 n16 (D, z, dt_bias, softplus)",
+                lambda: flashscan.selective_state_update(
+                    state, x, dt, A, Bs, Cs, D, z=x, dt_bias=D, dt_softplus=True
+                ),
+            )
+        )
+        cases.append(("torch.empty_like(x) alone", lambda: torch.empty_like(x)))
+        xs, xst = tuple(x.shape), x.stride()
+        cases.append(
+            ("x.new_empty_strided(shape, strides) alone", lambda: x.new_empty_strided(xs, xst))
+        )
+
+        print(
+            f"python layer only (native = no-op), device={device}, clock={clock_name}, "
+            f"torch {torch.__version__}"
+        )
+        print("| case | us/call |")
+        print("|---|---|")
+        for name, fn in cases:
+            us = per_call_us(fn, args.calls, args.repeat, sync, clock)
+            print(f"| {name} | {us:.2f} |", flush=True)
+    finally:
+        undo_native()
+        undo_fake()
+
+
+if __name__ == "__main__":
+    main()
