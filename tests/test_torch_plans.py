@@ -233,6 +233,8 @@ def test_unusable_device_falls_back(fake: Recorder, monkeypatch: Any) -> None:
     assert len(fake.calls) == n  # no native call
     fw = [w for w in caught if issubclass(w.category, flashscan.FallbackWarning)]
     assert len(fw) == 1 and fw[0].filename == __file__
+    if _backend.native is not None and _backend.native.backend_status()["available"]:
+        return  # a real GPU here: recomputing the status finds it usable, as it should
     monkeypatch.setattr(_backend, "_usable", None)  # status not computed: general path
     monkeypatch.setattr(_backend, "_status", None)
     with warnings.catch_warnings(record=True):
