@@ -321,6 +321,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p_pre.add_argument("--device", type=int, default=None, help="CUDA device (default: all)")
     p_pre.set_defaults(func=cmd_precompile)
+    sub.add_parser(
+        "bench",
+        help="time flashscan against the peers present here (benches/compare.py); "
+        "`bench --help` for options",
+        add_help=False,
+    )
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        from . import bench  # imports torch/triton lazily, only for this command
+
+        return int(bench.main(argv[1:]))
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
