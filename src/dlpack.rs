@@ -218,21 +218,58 @@ fn from_capsule<'py>(cap: Bound<'py, PyAny>, arg: &str) -> Result<Imported<'py>>
     })
 }
 
+/// Ints of a shape or strides sequence. torch.Size and stride() are tuples: read them
+/// item by item (no intermediate list); anything else goes through generic extraction.
+fn int_seq(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    match obj.downcast::<PyTuple>() {
+        Ok(t) => t.iter().map(|x| x.extract::<i64>()).collect(),
+        Err(_) => obj.extract(),
+    }
+}
+
+/// dtype names as the Python layer sends them; compared by identity first (the layer passes
+/// the same interned strings every call), by value otherwise.
+fn dtype_of_name(obj: &Bound<'_, PyAny>) -> Option<DType> {
+    let py = obj.py();
+    for (name, dt) in [
+        (intern!(py, "bfloat16"), DType::BF16),
+        (intern!(py, "float16"), DType::F16),
+        (intern!(py, "float32"), DType::F32),
+        (intern!(py, "float64"), DType::F64),
+    ] {
+        if obj.is(name) {
+            return Some(dt);
+        }
+    }
+    obj.extract::<String>()
+        .ok()
+        .and_then(|s| DType::from_name(&s))
+}
+
 /// The descriptor-tuple fast path: (ptr, shape, strides, dtype, device_type, device_id).
 fn from_descriptor(t: &Bound<'_, PyTuple>, arg: &str) -> Result<TensorView> {
-    type Desc = (u64, Vec<i64>, Vec<i64>, String, i32, i32);
-    let (ptr, shape, strides, dtype, device_type, device_id): Desc = t.extract().map_err(|_| {
+    let bad = || {
         type_err(format!(
             "{arg}: a descriptor tuple must be (data_ptr, shape, strides, dtype, device_type, device_id)"
         ))
-    })?;
+    };
+    if t.len() != 6 {
+        return Err(bad());
+    }
+    let item = |i: usize| t.get_item(i).map_err(|_| bad());
+    let ptr: u64 = item(0)?.extract().map_err(|_| bad())?;
+    let shape = int_seq(&item(1)?).map_err(|_| bad())?;
+    let strides = int_seq(&item(2)?).map_err(|_| bad())?;
+    let dtype_obj = item(3)?;
+    let device_type: i32 = item(4)?.extract().map_err(|_| bad())?;
+    let device_id: i32 = item(5)?.extract().map_err(|_| bad())?;
     if shape.len() != strides.len() {
         return Err(value_err(format!(
             "{arg}: shape and strides differ in length"
         )));
     }
-    let dtype = DType::from_name(&dtype)
-        .ok_or_else(|| type_err(format!("{arg} has unsupported dtype {dtype:?}")))?;
+    let dtype = dtype_of_name(&dtype_obj)
+        .ok_or_else(|| type_err(format!("{arg} has unsupported dtype {dtype_obj}")))?;
     Ok(TensorView {
         ptr,
         shape,
