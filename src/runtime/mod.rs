@@ -181,12 +181,37 @@ impl Runtime {
     }
 }
 
+/// FNV-1a: the kernel map is looked up on every call with small keys (a family name, an entry
+/// name and about ten integers); SipHash's DoS resistance buys nothing here and costs time.
+#[derive(Default)]
+pub struct Fnv64(u64);
+
+impl std::hash::Hasher for Fnv64 {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
+        for b in bytes {
+            h ^= *b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
+
+type KernelMap = HashMap<KernelSpec, Arc<LoadedKernel>, std::hash::BuildHasherDefault<Fnv64>>;
+
 /// Per-device state: its primary context, arch, kernel modules and a stream of our own.
 pub struct DeviceCtx {
     pub props: driver::DeviceProps,
     pub arch: String,
     ctx: driver::Context,
-    kernels: Mutex<HashMap<KernelSpec, Arc<LoadedKernel>>>,
+    kernels: Mutex<KernelMap>,
     own_stream: OnceLock<std::result::Result<Stream, Error>>,
 }
 
@@ -211,7 +236,7 @@ impl DeviceCtx {
             props: props.clone(),
             arch,
             ctx,
-            kernels: Mutex::new(HashMap::new()),
+            kernels: Mutex::new(KernelMap::default()),
             own_stream: OnceLock::new(),
         })
     }
@@ -283,9 +308,7 @@ impl DeviceCtx {
         Ok((entry.clone(), compiled))
     }
 
-    fn lock_kernels(
-        &self,
-    ) -> Result<std::sync::MutexGuard<'_, HashMap<KernelSpec, Arc<LoadedKernel>>>> {
+    fn lock_kernels(&self) -> Result<std::sync::MutexGuard<'_, KernelMap>> {
         self.kernels
             .lock()
             .map_err(|_| Error::Internal("kernel cache lock poisoned".into()))
