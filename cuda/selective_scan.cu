@@ -55,12 +55,14 @@
 //                 latency-bound: MUFU pipe 49% busy, 7.8 warps/SM at FS_CPT 2). The host plan uses 1.
 //   FS_MIN_BLOCKS __launch_bounds__ min blocks per SM
 //   FS_B_VARYING, FS_C_VARYING  1: (batch, ngroups, dstate, seqlen); 0: (dim, dstate)
-//   FS_POLY_NUM   0..8: exps per 8 done by polynomial
+//   FS_POLY_NUM   0..8: exps per 8 done by polynomial (0: measured slower at 1 and 2, 2026-11-22)
+//   FS_PACK_BC    1 (default, not emitted by the host): packed 16-bit B/C staging, see kPackBCOk
 //   FS_ARCH       e.g. 90 (informational)
 // Everything else (D, z, delta_bias, softplus, initial/last state, chunking) is a runtime field of
 // ScanParams: a uniform branch costs nothing measurable here.
 // Dynamic shared memory (bytes) = 4 * (nB + nC + nDT + nY), nB = FS_B_VARYING*2*kT*kRow,
-// nC = FS_C_VARYING*2*kT*kRow (0 for selective_scan_chunk_state), nDT = 4*kSlots*(kT+1)*FS_CPT,
+// nC = FS_C_VARYING*2*kT*kRow (0 for selective_scan_chunk_state; allocated but unused by the packed
+// B/C path, see kPackBCOk), nDT = 4*kSlots*(kT+1)*FS_CPT,
 // nY = FS_THREADS*FS_CPT*(kT+4) (0 for selective_scan_chunk_state),
 // kRow = FS_DSTATE >= 4 ? FS_DSTATE + 4 : FS_DSTATE, kSlots = FS_THREADS/FS_NSPLIT.
 
@@ -96,6 +98,9 @@
 #endif
 #ifndef FS_POLY_NUM
 #define FS_POLY_NUM 0
+#endif
+#ifndef FS_PACK_BC
+#define FS_PACK_BC 1
 #endif
 
 typedef long long fs_i64;
@@ -153,6 +158,12 @@ constexpr int kStage = (kDState * kT + kThreads - 1) / kThreads;   // B (or C) t
 constexpr int kNStep = kThreads / kT;                 // B/C tile rows staged per pass of the block
 constexpr bool kBVar = FS_B_VARYING != 0;
 constexpr bool kCVar = FS_C_VARYING != 0;
+// Packed B/C staging (selective_scan_fwd, both varying, 16-bit B/C): the tile is one 32-bit word per (t, n)
+// holding B's raw 16 bits (low half) and C's (high half), so a lane's B and C of kVG states come in ONE
+// shared-memory vector read instead of two fp32 ones. The recurrence is bound by the shared-memory pipe
+// (a 128-bit LDS costs 4 wavefronts a warp, whatever the broadcast), not only by MUFU; this halves its B/C
+// wavefronts for 2 integer ops per state. Exact: the words hold the input bits.
+constexpr bool kPackBCOk = FS_PACK_BC != 0 && kBVar && kCVar && FS_BC_DTYPE != 2;
 
 static_assert(kSplit >= 1 && kSplit <= 32 && (kSplit & (kSplit - 1)) == 0, "FS_NSPLIT: power of two <= 32");
 static_assert(kDState % kSplit == 0 && kNS % kVG == 0, "FS_DSTATE must be a multiple of FS_NSPLIT");
@@ -318,8 +329,9 @@ struct Prefetch {
 
 // Shared-memory layout (floats) of one block.
 template <bool kStateOnly> struct SmemLayout {
+  static constexpr bool kPack = kPackBCOk && !kStateOnly;                // sB holds packed (B, C) words
   static constexpr int kB = kBVar ? 2 * kT * kRow : 0;                   // sB[2][kT][kRow]
-  static constexpr int kC = (kCVar && !kStateOnly) ? 2 * kT * kRow : 0;  // sC[2][kT][kRow]
+  static constexpr int kC = (kCVar && !kStateOnly && !kPack) ? 2 * kT * kRow : 0;  // sC[2][kT][kRow]
   static constexpr int kDT = 2 * kSlots * kDTRow * kCPT * 2;             // sDT[2][kSlots][kDTRow][kCPT] float2
   static constexpr int kY = kStateOnly ? 0 : kThreads * kCPT * kYRow;    // sY[kThreads][kCPT][kYRow]
   static constexpr int kTotal = kB + kC + kDT + kY;
@@ -466,8 +478,12 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
     for (int it = 0; it < kStage; ++it) {
       const int n = st_n0 + it * kNStep;
       if (n < kDState) {
-        if constexpr (kBVar) sB[buf * kT * kRow + st_t * kRow + n] = fs_raw_to_f32<FS_BC_DTYPE>(pf.b[it]);
-        if constexpr (kCVar && !kStateOnly) sC[buf * kT * kRow + st_t * kRow + n] = fs_raw_to_f32<FS_BC_DTYPE>(pf.c[it]);
+        if constexpr (L::kPack) {
+          ((fs_u32*)sB)[buf * kT * kRow + st_t * kRow + n] = (pf.b[it] & 0xffffu) | (pf.c[it] << 16);
+        } else {
+          if constexpr (kBVar) sB[buf * kT * kRow + st_t * kRow + n] = fs_raw_to_f32<FS_BC_DTYPE>(pf.b[it]);
+          if constexpr (kCVar && !kStateOnly) sC[buf * kT * kRow + st_t * kRow + n] = fs_raw_to_f32<FS_BC_DTYPE>(pf.c[it]);
+        }
       }
     }
     // -- 2. dt and dt*u of this lane's slice (zero past the end: the state then stays put)
@@ -514,6 +530,28 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
 #pragma unroll
       for (int g = 0; g < kNGrp; ++g) {
         const int off = t * kRow + g * kSplit * kVG;
+        if constexpr (L::kPack) {
+          fs_u32 w[kVG];
+          if constexpr (kVG == 4) {
+            const uint4 v = *(const uint4*)(sBt + off);
+            w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+          } else if constexpr (kVG == 2) {
+            const uint2 v = *(const uint2*)(sBt + off);
+            w[0] = v.x; w[1] = v.y;
+          } else {
+            w[0] = *(const fs_u32*)(sBt + off);
+          }
+#pragma unroll
+          for (int i = 0; i < kVG; ++i) {
+            if constexpr (FS_BC_DTYPE == 1) {
+              Bv[kVG * g + i] = __uint_as_float(w[i] << 16);
+              Cv[kVG * g + i] = __uint_as_float(w[i] & 0xffff0000u);
+            } else {
+              Bv[kVG * g + i] = fs_half_to_f32<0>(w[i] & 0xffffu);
+              Cv[kVG * g + i] = fs_half_to_f32<0>(w[i] >> 16);
+            }
+          }
+        } else {
         if constexpr (kBVar) {
           if constexpr (kVG == 4) {
             const float4 v = *(const float4*)(sBt + off);
@@ -535,6 +573,7 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
           } else {
             Cv[g] = sCt[off];
           }
+        }
         }
       }
 #pragma unroll

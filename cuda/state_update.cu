@@ -6,11 +6,12 @@
 //   state[b,h,d,n] = s
 //   out[b,h,d] = (sum_n s * C[b,g,n] + D[h,d] * x[b,h,d]) * silu(z[b,h,d])        (silu only if z given)
 //
-// Work split: block = kChans channels d of one (b = blockIdx.z, h = blockIdx.y); kLanes consecutive lanes
-//   own one channel; lane l owns states
-//   n = (g * kLanes + l) * 4 + i, g < kGroups, i < 4, moved as one float4 (16 B) of state when the rows
-//   allow it (vec4), element by element otherwise. The channel's kLanes partial sums meet by xor
-//   shuffles; lane 0 of the channel writes out. A block holds kChans = FS_THREADS / kLanes channels.
+// Work split: block = kChans channels d of one head h = blockIdx.y and kBPT batch rows
+//   b = blockIdx.z * kBPT + r (r < kBPT); kLanes consecutive lanes own one channel; lane l owns states
+//   n = (g * kLanes + l) * 4 + i, g < kGroups, i < 4, of the channel in each of the kBPT rows, moved as one
+//   float4 (16 B) of state when the rows allow it (vec4), element by element otherwise. The channel's
+//   kLanes partial sums meet by xor shuffles; lane 0 of the channel writes out. A block holds
+//   kChans = FS_THREADS / kLanes channels.
 // The kernel is bound by the state's bytes (read once, written once).
 //
 // Compile-time constants (host prelude):
@@ -18,6 +19,8 @@
 //   FS_BC_DTYPE  B/C dtype, same coding
 //   FS_DSTATE    padded state count: power of two >= max(dstate, 4)
 //   FS_THREADS   threads per block (128)
+//   FS_BPT       batch rows per thread, >= 1 (grid.z = ceil(batch / FS_BPT)); the host takes 2 when that
+//                leaves >= 3 blocks per SM, else 1 (4 was slower everywhere measured: 76 registers)
 // Lanes per channel are derived: kLanes = min(FS_DSTATE / 4, 32).
 
 #ifndef FS_IN_DTYPE
@@ -31,6 +34,9 @@
 #endif
 #ifndef FS_THREADS
 #define FS_THREADS 128
+#endif
+#ifndef FS_BPT
+#define FS_BPT 1
 #endif
 
 typedef long long fs_i64;
@@ -72,6 +78,7 @@ constexpr int kLanes = kDState / 4 < 32 ? kDState / 4 : 32;
 constexpr int kGroups = kDState / (4 * kLanes);
 constexpr int kThreads = FS_THREADS;
 constexpr int kChans = kThreads / kLanes;
+constexpr int kBPT = FS_BPT;
 static_assert(kDState >= 4 && (kDState & (kDState - 1)) == 0, "FS_DSTATE: power of two >= 4");
 
 #define FS_LOG2E 1.4426950408889634f
@@ -135,85 +142,139 @@ template <int DT> __device__ __forceinline__ void su_store(void* base, fs_i64 id
   }
 }
 
-// grid (ceil(dim / kChans), nheads, batch), block FS_THREADS, no dynamic smem.
+// grid (ceil(dim / kChans), nheads, ceil(batch / FS_BPT)), block FS_THREADS, no dynamic smem.
+// A thread serves its channel's lanes' states in kBPT batch rows b = blockIdx.z * kBPT + r: every global
+// load of all its rows is issued before the first use (kBPT * 16 B of state in flight per thread), and A,
+// D, dt_bias (per channel, the same for every batch row) are loaded once.
 extern "C" __global__ void __launch_bounds__(FS_THREADS) selective_state_update(const StateUpdateParams p) {
   const int tid = threadIdx.x;
   const int l = tid % kLanes;
   fs_i64 d = (fs_i64)blockIdx.x * kChans + tid / kLanes;
-  const bool active = d < p.dim;
-  if (!active) d = p.dim - 1;            // idle lanes shadow the last channel and store nothing
+  const bool dact = d < p.dim;
+  if (!dact) d = p.dim - 1;              // idle lanes shadow the last channel and store nothing
   const fs_i64 h = blockIdx.y;
-  const fs_i64 b = blockIdx.z;
   const fs_i64 g = (int)blockIdx.y / (int)(p.nheads / p.ngroups);
-
-  const float xv = su_load<FS_IN_DTYPE>(p.x, b * p.x_batch + h * p.x_head + d * p.x_dim);
-  float dtv = su_load<FS_IN_DTYPE>(p.dt, b * p.dt_batch + h * p.dt_head + d * p.dt_dim);
-  if (p.has_dt_bias) dtv += __ldg(p.dt_bias + h * p.dt_bias_head + d * p.dt_bias_dim);
-  if (p.softplus) {
-    const float e = su_ex2(dtv * FS_LOG2E);
-    const float r = e < 0.015625f ? e * (1.f - e * (0.5f - e * 0.33333334f)) : FS_LN2 * su_lg2(1.f + e);
-    dtv = dtv <= 20.f ? r : dtv;
+  fs_i64 b[kBPT];
+  bool active[kBPT];
+#pragma unroll
+  for (int r = 0; r < kBPT; ++r) {
+    b[r] = (fs_i64)blockIdx.z * kBPT + r;
+    active[r] = dact && b[r] < p.batch;
+    if (b[r] >= p.batch) b[r] = p.batch - 1;   // idle rows shadow the last batch row and store nothing
   }
-  const float dtx = dtv * xv;
-  const fs_i64 st0 = b * p.state_batch + h * p.state_head + d * p.state_dim;
   const fs_i64 a0 = h * p.A_head + d * p.A_dim;
-  const fs_i64 b0 = b * p.B_batch + g * p.B_group;
-  const fs_i64 c0 = b * p.C_batch + g * p.C_group;
 
-  float y = 0.f;
+  // ---- phase 1: issue the loads of every row's state (HBM), x, dt, z; A, D, dt_bias once
+  float xv[kBPT], dtv[kBPT], zv[kBPT];
+  float sv[kBPT][kGroups][4], av[kGroups][4];
+  const float bias = p.has_dt_bias ? __ldg(p.dt_bias + h * p.dt_bias_head + d * p.dt_bias_dim) : 0.f;
+  const float Dv = p.has_D ? __ldg(p.D + h * p.D_head + d * p.D_dim) : 0.f;
 #pragma unroll
   for (int gi = 0; gi < kGroups; ++gi) {
     const int n0 = (gi * kLanes + l) * 4;
-    float sv[4], av[4], bv[4], cv[4];
-    if (p.vec4) {
-      if (n0 < p.dstate) {      // dstate % 4 == 0: the whole group is real
-        const float4 s4 = *(const float4*)(p.state + st0 + n0);
-        const float4 a4 = __ldg((const float4*)(p.A + a0 + n0));
-        const float4 b4 = su_load4<FS_BC_DTYPE>(p.B, b0 + n0);
-        const float4 c4 = su_load4<FS_BC_DTYPE>(p.C, c0 + n0);
-        sv[0] = s4.x; sv[1] = s4.y; sv[2] = s4.z; sv[3] = s4.w;
-        av[0] = a4.x; av[1] = a4.y; av[2] = a4.z; av[3] = a4.w;
-        bv[0] = b4.x; bv[1] = b4.y; bv[2] = b4.z; bv[3] = b4.w;
-        cv[0] = c4.x; cv[1] = c4.y; cv[2] = c4.z; cv[3] = c4.w;
-      } else {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) sv[i] = av[i] = bv[i] = cv[i] = 0.f;
+    for (int i = 0; i < 4; ++i) av[gi][i] = 0.f;
+    if (p.vec4) {
+      if (n0 < p.dstate) {
+        const float4 a4 = __ldg((const float4*)(p.A + a0 + n0));
+        av[gi][0] = a4.x; av[gi][1] = a4.y; av[gi][2] = a4.z; av[gi][3] = a4.w;
       }
     } else {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const fs_i64 n = n0 + i;
-        const bool real = n < p.dstate;
-        sv[i] = real ? p.state[st0 + n * p.state_dstate] : 0.f;
-        av[i] = real ? __ldg(p.A + a0 + n * p.A_dstate) : 0.f;
-        bv[i] = real ? su_load<FS_BC_DTYPE>(p.B, b0 + n * p.B_dstate) : 0.f;
-        cv[i] = real ? su_load<FS_BC_DTYPE>(p.C, c0 + n * p.C_dstate) : 0.f;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      sv[i] = fmaf(sv[i], su_ex2(dtv * av[i] * FS_LOG2E), dtx * bv[i]);
-      y = fmaf(sv[i], cv[i], y);
-    }
-    if (active) {
-      if (p.vec4) {
-        if (n0 < p.dstate) *(float4*)(p.state + st0 + n0) = make_float4(sv[0], sv[1], sv[2], sv[3]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          if (n0 + i < p.dstate) p.state[st0 + (n0 + i) * p.state_dstate] = sv[i];
-      }
+      for (int i = 0; i < 4; ++i)
+        if (n0 + i < p.dstate) av[gi][i] = __ldg(p.A + a0 + (n0 + i) * p.A_dstate);
     }
   }
 #pragma unroll
-  for (int m = kLanes / 2; m >= 1; m /= 2) y += __shfl_xor_sync(0xffffffffu, y, m);
-  if (active && l == 0) {
-    float o = y;
-    if (p.has_D) o = fmaf(__ldg(p.D + h * p.D_head + d * p.D_dim), xv, o);
-    if (p.has_z) {
-      const float zv = su_load<FS_IN_DTYPE>(p.z, b * p.z_batch + h * p.z_head + d * p.z_dim);
-      o *= zv * su_rcp(1.f + su_ex2(-zv * FS_LOG2E));
+  for (int r = 0; r < kBPT; ++r) {
+    xv[r] = su_load<FS_IN_DTYPE>(p.x, b[r] * p.x_batch + h * p.x_head + d * p.x_dim);
+    dtv[r] = su_load<FS_IN_DTYPE>(p.dt, b[r] * p.dt_batch + h * p.dt_head + d * p.dt_dim);
+    zv[r] = p.has_z ? su_load<FS_IN_DTYPE>(p.z, b[r] * p.z_batch + h * p.z_head + d * p.z_dim) : 0.f;
+    const fs_i64 st0 = b[r] * p.state_batch + h * p.state_head + d * p.state_dim;
+#pragma unroll
+    for (int gi = 0; gi < kGroups; ++gi) {
+      const int n0 = (gi * kLanes + l) * 4;
+      if (p.vec4) {
+        if (n0 < p.dstate) {      // dstate % 4 == 0: the whole group is real
+          const float4 s4 = *(const float4*)(p.state + st0 + n0);
+          sv[r][gi][0] = s4.x; sv[r][gi][1] = s4.y; sv[r][gi][2] = s4.z; sv[r][gi][3] = s4.w;
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) sv[r][gi][i] = 0.f;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const fs_i64 n = n0 + i;
+          sv[r][gi][i] = n < p.dstate ? p.state[st0 + n * p.state_dstate] : 0.f;
+        }
+      }
     }
-    su_store<FS_IN_DTYPE>(p.out, b * p.out_batch + h * p.out_head + d * p.out_dim, o);
+  }
+
+  // ---- phase 2, per row: B and C (a few bytes per (row, group), cache hits), update, store the state,
+  //      reduce y, store out
+#pragma unroll
+  for (int r = 0; r < kBPT; ++r) {
+    const fs_i64 b0 = b[r] * p.B_batch + g * p.B_group;
+    const fs_i64 c0 = b[r] * p.C_batch + g * p.C_group;
+    float bv[kGroups][4], cv[kGroups][4];
+#pragma unroll
+    for (int gi = 0; gi < kGroups; ++gi) {
+      const int n0 = (gi * kLanes + l) * 4;
+      if (p.vec4) {
+        float4 b4 = make_float4(0.f, 0.f, 0.f, 0.f), c4 = b4;
+        if (n0 < p.dstate) {
+          b4 = su_load4<FS_BC_DTYPE>(p.B, b0 + n0);
+          c4 = su_load4<FS_BC_DTYPE>(p.C, c0 + n0);
+        }
+        bv[gi][0] = b4.x; bv[gi][1] = b4.y; bv[gi][2] = b4.z; bv[gi][3] = b4.w;
+        cv[gi][0] = c4.x; cv[gi][1] = c4.y; cv[gi][2] = c4.z; cv[gi][3] = c4.w;
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const fs_i64 n = n0 + i;
+          const bool real = n < p.dstate;
+          bv[gi][i] = real ? su_load<FS_BC_DTYPE>(p.B, b0 + n * p.B_dstate) : 0.f;
+          cv[gi][i] = real ? su_load<FS_BC_DTYPE>(p.C, c0 + n * p.C_dstate) : 0.f;
+        }
+      }
+    }
+    float dt = dtv[r] + bias;
+    if (p.softplus) {
+      const float e = su_ex2(dt * FS_LOG2E);
+      const float q = e < 0.015625f ? e * (1.f - e * (0.5f - e * 0.33333334f)) : FS_LN2 * su_lg2(1.f + e);
+      dt = dt <= 20.f ? q : dt;
+    }
+    const float dtx = dt * xv[r];
+    const fs_i64 st0 = b[r] * p.state_batch + h * p.state_head + d * p.state_dim;
+    float y = 0.f;
+#pragma unroll
+    for (int gi = 0; gi < kGroups; ++gi) {
+      const int n0 = (gi * kLanes + l) * 4;
+      float* s = sv[r][gi];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        s[i] = fmaf(s[i], su_ex2(dt * av[gi][i] * FS_LOG2E), dtx * bv[gi][i]);
+        y = fmaf(s[i], cv[gi][i], y);
+      }
+      if (active[r]) {
+        if (p.vec4) {
+          if (n0 < p.dstate) *(float4*)(p.state + st0 + n0) = make_float4(s[0], s[1], s[2], s[3]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            if (n0 + i < p.dstate) p.state[st0 + (n0 + i) * p.state_dstate] = s[i];
+        }
+      }
+    }
+#pragma unroll
+    for (int m = kLanes / 2; m >= 1; m /= 2) y += __shfl_xor_sync(0xffffffffu, y, m);
+    if (active[r] && l == 0) {
+      float o = y;
+      if (p.has_D) o = fmaf(Dv, xv[r], o);
+      if (p.has_z) o *= zv[r] * su_rcp(1.f + su_ex2(-zv[r] * FS_LOG2E));
+      su_store<FS_IN_DTYPE>(p.out, b[r] * p.out_batch + h * p.out_head + d * p.out_dim, o);
+    }
   }
 }

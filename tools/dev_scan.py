@@ -89,6 +89,15 @@ def plan_scan(
     cpt = 1
     # timesteps per tile: a lane's slice (tile / nsplit) stays <= 8 steps; B/C tiles stay small at big dstate
     tile = 32 if (nsplit >= 4 and dpad <= 64) else (16 if nsplit >= 2 else 8)
+    if (
+        dpad == 16
+        and seqlen < 2 * CHUNK_MIN_LEN
+        and batch * _cdiv(dim, threads // nsplit) < sm_count
+    ):
+        # Small grid (fewer blocks than SMs), sequence too short to chunk: twice the lanes per channel
+        # (2 states a lane), 64 registers, 8 blocks/SM. Measured on the H100 (2026-11-22, b1 d512 L60 bf16):
+        # 6.2 us vs 8.0 us; at b32 (512 blocks) it was slower (16.6 vs 15.4 us), hence only small grids.
+        nsplit, tile, min_blocks = 8, 16, 8
     tune = tune or {}
     nsplit, cpt, tile = tune.get("nsplit", nsplit), tune.get("cpt", cpt), tune.get("tile", tile)
     min_blocks = tune.get("min_blocks", min_blocks)
@@ -134,6 +143,8 @@ def plan_scan(
         FS_POLY_NUM=SCAN_POLY_NUM if poly_num is None else poly_num,
         FS_ARCH=90,
     )
+    if "pack_bc" in tune:  # dev sweeps: the kernel's default (FS_PACK_BC 1) is not emitted
+        defines["FS_PACK_BC"] = tune["pack_bc"]
     block = (threads, 1, 1)
     launches = []
     if nchunks > 1:
@@ -155,17 +166,29 @@ def plan_scan(
 SU_THREADS = 128
 
 
-def plan_state_update(batch, nheads, dim, dstate, in_dtype, bc_dtype):
-    """Launch plan for selective_state_update: one entry, no scratch."""
+SU_BPT_BLOCKS = (
+    3  # 2 batch rows per thread when that still gives >= SU_BPT_BLOCKS blocks per SM, else 1
+)
+
+
+def plan_state_update(batch, nheads, dim, dstate, in_dtype, bc_dtype, sm_count=132, bpt=None):
+    """Launch plan for selective_state_update: one entry, no scratch. bpt: forced (dev sweeps)."""
     dpad = max(4, _next_pow2(dstate))
     lanes = min(dpad // 4, 32)
     chans = SU_THREADS // lanes
-    grid = (_cdiv(dim, chans), nheads, batch)  # nheads, batch <= 65535
+    if bpt is None:
+        # A thread updates its channel in bpt batch rows, all their state loads in flight at once (HBM
+        # latency hiding); but keep enough blocks to fill the SMs. Measured on the H100 (2026-11-22), bpt
+        # 1/2/4: b64 d5120 n16 bf16 23.9/22.6/26.9 us, fp32 21.7/20.8/23.9; b64 h80 d64 n128 166/150/181;
+        # b8 d5120 4.8/4.1/5.5; b16 d2048 3.8/3.6/4.9; b32 d512 2.9/3.4/4.6 (256 blocks at bpt 2).
+        bpt = 2 if _cdiv(dim, chans) * nheads * _cdiv(batch, 2) >= SU_BPT_BLOCKS * sm_count else 1
+    grid = (_cdiv(dim, chans), nheads, _cdiv(batch, bpt))  # nheads, ceil(batch / bpt) <= 65535
     defines = dict(
         FS_IN_DTYPE=in_dtype,
         FS_BC_DTYPE=bc_dtype,
         FS_DSTATE=dpad,
         FS_THREADS=SU_THREADS,
+        FS_BPT=bpt,
         FS_ARCH=90,
     )
     return dict(defines=defines, launches=[("selective_state_update", grid, (SU_THREADS, 1, 1), 0)])
@@ -343,7 +366,7 @@ def compile_cubin(src_name, defines, arch=ARCH):
     """NVRTC -> CUBIN bytes, cached under CUBIN_DIR by hash of (source, defines, arch)."""
     src = prelude(defines) + open(os.path.join(CUDA_DIR, src_name)).read()
     key = hashlib.sha1((src + arch).encode()).hexdigest()[:16]
-    path = os.path.join(CUBIN_DIR, f"{os.path.splitext(src_name)[0]}-{key}.cubin")
+    path = os.path.join(CUBIN_DIR, f"{os.path.splitext(os.path.basename(src_name))[0]}-{key}.cubin")
     if os.path.exists(path):
         return open(path, "rb").read(), path
     lib = nvrtc()
@@ -506,6 +529,7 @@ def selective_scan(
     poly_num=None,
     tune=None,
     _cache=None,
+    src="selective_scan.cu",
 ):
     """mamba_ssm selective_scan_fn on torch CUDA tensors through the kernels. Returns out (, last_state)."""
     torch = _torch()
@@ -611,7 +635,7 @@ def selective_scan(
     )
     stream = torch.cuda.current_stream().cuda_stream
     for entry, grid, block, smem in plan["launches"]:
-        f = get_function("selective_scan.cu", plan["defines"], entry, smem)
+        f = get_function(src, plan["defines"], entry, smem)
         launch(f, grid, block, smem, p, stream)
     if _cache is not None:  # keep scratch alive for graph capture
         _cache.append((scratch_cs, scratch_ds, p))
@@ -619,7 +643,19 @@ def selective_scan(
 
 
 def selective_state_update(
-    state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, out=None
+    state,
+    x,
+    dt,
+    A,
+    B,
+    C,
+    D=None,
+    z=None,
+    dt_bias=None,
+    dt_softplus=False,
+    out=None,
+    bpt=None,
+    src="state_update.cu",
 ):
     torch = _torch()
     has_heads = state.dim() == 4
@@ -636,7 +672,7 @@ def selective_state_update(
     batch, nheads, dim, dstate = state4.shape
     ngroups = B3.shape[1]
     in_dt, bc_dt = _dt_code(x), _dt_code(B)
-    plan = plan_state_update(batch, nheads, dim, dstate, in_dt, bc_dt)
+    plan = plan_state_update(batch, nheads, dim, dstate, in_dt, bc_dt, bpt=bpt)
     if out is None:
         out = torch.empty_like(x)
     out3 = out.unsqueeze(1) if not has_heads else out
@@ -685,7 +721,7 @@ def selective_state_update(
     p.vec4 = int(vec)
     stream = torch.cuda.current_stream().cuda_stream
     for entry, grid, block, smem in plan["launches"]:
-        f = get_function("state_update.cu", plan["defines"], entry, smem)
+        f = get_function(src, plan["defines"], entry, smem)
         launch(f, grid, block, smem, p, stream)
     return out
 
@@ -1048,6 +1084,7 @@ def run_su_case(
     has_bias=True,
     strided=False,
     seed=0,
+    bpt=None,
 ):
     torch = _torch()
     g = torch.Generator().manual_seed(seed)
@@ -1085,7 +1122,7 @@ def run_su_case(
     ]
     full_before = state_full.clone() if strided else None
     out = torch.full_like(x, float("nan"))
-    selective_state_update(state, x, dt, A, B, C, D, z, bias, softplus, out=out)
+    selective_state_update(state, x, dt, A, B, C, D, z, bias, softplus, out=out, bpt=bpt)
     torch.cuda.synchronize()
     h4 = lambda a: None if a is None else (a if heads else a[:, None])
     hp = lambda a: None if a is None else (a if heads else a[None])
@@ -1156,6 +1193,10 @@ def test_matrix(quick=False):
         "ngroups3-odd", 2, 21, 50, 16, BF, BF, "var4", "fixed", ngroups=3
     )  # dim/ngroups = 7 -> 7 channels a block
     S("odd-dim", 2, 37, 33, 16, F, F, "var4", "var4")  # tail block
+    # grids of >= 132 blocks: the default tiles (the small-grid plan covers most cases above)
+    S("default-plan-bf16", 5, 860, 61, 16, BF, BF, "var4", "var4")
+    S("default-plan-fp16", 5, 860, 45, 16, H, H, "var3", "var3", has_init=True)
+    S("default-plan-fp32", 5, 860, 33, 16, F, F, "var4", "var4")
     # options on/off
     S(
         "noopts",
@@ -1243,6 +1284,11 @@ def test_matrix(quick=False):
     )
     U("strided", 2, 2, 33, 16, F, F, strided=True)
     U("strided-noheads", 2, 1, 33, 16, BF, BF, heads=False, strided=True)
+    for bpt in (1, 2, 4):  # batch rows per thread, tails (batch % bpt != 0) included
+        U(f"bpt{bpt}", 5, 1, 96, 16, BF, BF, heads=False, bpt=bpt)
+        U(f"bpt{bpt}-heads", 7, 3, 40, 64, F, F, ngroups=3, bpt=bpt)
+        U(f"bpt{bpt}-strided", 6, 2, 33, 16, H, F, strided=True, bpt=bpt)
+        U(f"bpt{bpt}-n256", 3, 1, 20, 256, BF, F, heads=False, bpt=bpt)
     if quick:
         cases = [c for c in cases if "100000" not in c[1]]
     return cases
@@ -1342,6 +1388,7 @@ def bench_scan(
     rotate=True,
     n_inner=20,
     tune=None,
+    src="selective_scan.cu",
 ):
     torch = _torch()
     bc_code = code if bc_code is None else bc_code
@@ -1375,6 +1422,7 @@ def bench_scan(
                 poly_num=poly,
                 tune=tune,
                 _cache=keep,
+                src=src,
             )
         )
 
@@ -1400,7 +1448,9 @@ def bench_scan(
     return row
 
 
-def bench_su(name, batch, nheads, dim, dstate, code, anchor_us=None):
+def bench_su(
+    name, batch, nheads, dim, dstate, code, anchor_us=None, bpt=None, src="state_update.cu"
+):
     torch = _torch()
     heads = nheads > 1
     H = nheads
@@ -1442,7 +1492,7 @@ def bench_su(name, batch, nheads, dim, dstate, code, anchor_us=None):
 
     def fn():
         s_ = sets[it[0] % nsets]
-        selective_state_update(*s_[:9], dt_softplus=True, out=s_[9])
+        selective_state_update(*s_[:9], dt_softplus=True, out=s_[9], bpt=bpt, src=src)
         it[0] += 1
 
     t = gpu_time_us(fn, n_inner=max(20, nsets), reps=5)
@@ -1556,6 +1606,47 @@ def run_bench():
 
 def compile_all():
     """Compile every variant the tests and benches use (no GPU); print registers / spills per entry."""
+    variants = all_variants()
+    t0 = time.time()
+    for (src, _), d in sorted(variants.items(), key=lambda kv: str(kv[0])):
+        t1 = time.time()
+        _, path = compile_cubin(src, d)
+        ru = resource_usage(path)
+        short = {
+            k.replace("FS_", ""): v
+            for k, v in d.items()
+            if k not in ("FS_ARCH", "FS_THREADS", "FS_TILE_T")
+        }
+        for fn, kv in ru.items():
+            print(
+                f"{src:18s} {fn:28s} REG {kv.get('REG', '?'):>3s} STACK {kv.get('STACK', '?'):>4s} "
+                f"SHARED {kv.get('SHARED', '?'):>5s} LOCAL {kv.get('LOCAL', '?'):>3s}  {short}  ({time.time() - t1:.1f}s)"
+            )
+    print(f"{len(variants)} variants in {time.time() - t0:.1f} s; cubins in {CUBIN_DIR}")
+
+
+def _compile_one(item):
+    try:
+        compile_cubin(item[0], item[1])
+    except Exception as e:  # reported by the caller
+        return f"{item}: {e}"
+    return None
+
+
+def precompile(jobs=16):
+    """Compile every variant of all_variants() in parallel processes (fills the cubin cache)."""
+    from multiprocessing import Pool
+
+    items = [(src, d) for (src, _), d in all_variants().items()]
+    with Pool(jobs) as pool:
+        errs = [e for e in pool.map(_compile_one, items) if e]
+    print(f"precompiled {len(items)} variants, {len(errs)} errors", flush=True)
+    for e in errs[:5]:
+        print(e, flush=True)
+
+
+def all_variants():
+    """{(source, defines key): defines} of every kernel variant the tests and benches use."""
     variants = {}
     for kind, name, a, k in test_matrix():
         if kind == "scan":
@@ -1583,7 +1674,7 @@ def compile_all():
             ]
         else:
             batch, nheads, dim, dstate, code, bc = a[:6]
-            plan = plan_state_update(batch, nheads, dim, dstate, code, bc)
+            plan = plan_state_update(batch, nheads, dim, dstate, code, bc, bpt=k.get("bpt"))
             variants[("state_update.cu", tuple(sorted(plan["defines"].items())))] = plan["defines"]
     for code in (DT_FP32, DT_BF16):
         for poly in (0, 1):
@@ -1604,22 +1695,14 @@ def compile_all():
         variants[("state_update.cu", tuple(sorted(plan["defines"].items())))] = plan["defines"]
         plan = plan_state_update(64, 80, 64, 128, code, code)
         variants[("state_update.cu", tuple(sorted(plan["defines"].items())))] = plan["defines"]
-    t0 = time.time()
-    for (src, _), d in sorted(variants.items(), key=lambda kv: str(kv[0])):
-        t1 = time.time()
-        _, path = compile_cubin(src, d)
-        ru = resource_usage(path)
-        short = {
-            k.replace("FS_", ""): v
-            for k, v in d.items()
-            if k not in ("FS_ARCH", "FS_THREADS", "FS_TILE_T")
-        }
-        for fn, kv in ru.items():
-            print(
-                f"{src:18s} {fn:28s} REG {kv.get('REG', '?'):>3s} STACK {kv.get('STACK', '?'):>4s} "
-                f"SHARED {kv.get('SHARED', '?'):>5s} LOCAL {kv.get('LOCAL', '?'):>3s}  {short}  ({time.time() - t1:.1f}s)"
-            )
-    print(f"{len(variants)} variants in {time.time() - t0:.1f} s; cubins in {CUBIN_DIR}")
+    for code in (DT_FP32, DT_BF16):
+        for bpt in (1, 2, 4):
+            for n in (16, 128):
+                plan = plan_state_update(64, 1, 5120, n, code, code, bpt=bpt)
+                variants[("state_update.cu", tuple(sorted(plan["defines"].items())))] = plan[
+                    "defines"
+                ]
+    return variants
 
 
 def run_sanitize_cases():
@@ -1635,6 +1718,10 @@ def run_sanitize_cases():
     run_scan_case(res, "san-n64", 1, 20, 70, 64, BF, BF, "var4", "var4", nchunks=2)
     run_su_case(res, "san", 2, 2, 40, 16, BF, F)
     run_su_case(res, "san-strided", 2, 1, 33, 16, F, F, heads=False, strided=True)
+    run_scan_case(res, "san-packed-bf16", 2, 24, 45, 16, BF, BF, "var4", "var4", pad_rows=1)
+    run_scan_case(res, "san-packed-fp16-n64", 1, 20, 37, 64, H, H, "var3", "var3", has_init=True)
+    run_su_case(res, "san-bpt2", 5, 1, 40, 16, BF, BF, heads=False, bpt=2)
+    run_su_case(res, "san-bpt4", 6, 2, 33, 16, F, F, strided=True, bpt=4)
     print(f"{len(res.rows) - res.fails} passed, {res.fails} failed", flush=True)
     return res
 
@@ -1644,6 +1731,9 @@ def main():
     args = sys.argv[1:] or ["all"]
     if args[0] == "compile":
         compile_all()
+        return
+    if args[0] == "precompile":
+        precompile()
         return
     torch = _torch()
     torch.cuda.init()
