@@ -8,6 +8,15 @@ pub mod state_update;
 
 use crate::runtime::KernelSpec;
 
+/// Smallest power of two >= n (1 for n <= 1).
+pub(crate) fn next_pow2(n: i64) -> i64 {
+    let mut p = 1;
+    while p < n {
+        p *= 2;
+    }
+    p
+}
+
 /// Every kernel variant the package can emit for `arch_num` (compute capability * 10), with
 /// whether it is a "main" variant (one that must show no local-memory spills).
 pub fn all_variants(arch_num: i64) -> Vec<(KernelSpec, bool)> {

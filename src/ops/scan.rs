@@ -3,6 +3,7 @@
 //! with few channels).
 
 use crate::error::{unsupported, value_err, Error, Result};
+use crate::ops::next_pow2;
 use crate::runtime::{driver, runtime, KernelSpec, StreamChoice};
 use crate::tensor::{common_cuda_device, DType, TensorView};
 
@@ -246,14 +247,6 @@ pub fn check(a: &ScanArgs) -> Result<Problem> {
 
 fn cdiv(a: i64, b: i64) -> i64 {
     (a + b - 1) / b
-}
-
-fn next_pow2(n: i64) -> i64 {
-    let mut p = 1;
-    while p < n {
-        p *= 2;
-    }
-    p
 }
 
 /// Tile constants for a padded dstate (see the kernel's header for their meaning).

@@ -3,6 +3,7 @@
 //! viewed as (batch, nheads, dim, dstate), the no-head one with nheads = 1 and head strides 0.
 
 use crate::error::{unsupported, value_err, Error, Result};
+use crate::ops::next_pow2;
 use crate::runtime::{runtime, KernelSpec, StreamChoice};
 use crate::tensor::{common_cuda_device, DType, TensorView};
 
@@ -254,14 +255,6 @@ pub fn check(a: &StateUpdateArgs) -> Result<Problem> {
         ngroups,
         params: st,
     })
-}
-
-fn next_pow2(n: i64) -> i64 {
-    let mut p = 1;
-    while p < n {
-        p *= 2;
-    }
-    p
 }
 
 /// Batch rows per thread (the kernel's FS_BPT): 2 when that still leaves >= BPT_BLOCKS_PER_SM blocks
