@@ -57,6 +57,18 @@ def _mixed(
     return tuple(hs), tuple(ds), tuple(na)
 
 
+def _describe_all(
+    objs: tuple[Any, ...], names: tuple[str, ...], h: Handler, t: type
+) -> tuple[tuple[Handler | None, ...], tuple[Desc | None, ...], tuple[Any, ...]]:
+    """Handlers, descriptors and native arguments of a call's arrays: the usual call has one
+    framework (every array of type `t`, described by `h`); several frameworks go to `_mixed`."""
+    if all(o is None or type(o) is t for o in objs):
+        f = h.describe
+        descs = tuple(None if o is None else f(o, n) for o, n in zip(objs, names))
+        return (h,) * len(objs), descs, descs if h.fast else objs
+    return _mixed(objs, names)
+
+
 def _flag(arg: str, value: Any) -> bool:
     if value is True or value is False:
         return value
@@ -252,35 +264,9 @@ def _scan_any(
     """The general path of `selective_scan_fn`: any framework, every check; records the plan
     of a torch signature (`key`, not None when every array is a torch tensor) it sends to the
     GPU."""
-    tu = type(u)
-    hu = _HANDLERS.get(tu) or _resolve(u, "u")
+    hu = _HANDLERS.get(type(u)) or _resolve(u, "u")
     objs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
-    if (
-        type(delta) is tu
-        and type(A) is tu
-        and type(B) is tu
-        and type(C) is tu
-        and (D is None or type(D) is tu)
-        and (z is None or type(z) is tu)
-        and (delta_bias is None or type(delta_bias) is tu)
-        and (initial_state is None or type(initial_state) is tu)
-    ):
-        f = hu.describe
-        descs = (
-            f(u, "u"),
-            f(delta, "delta"),
-            f(A, "A"),
-            f(B, "B"),
-            f(C, "C"),
-            None if D is None else f(D, "D"),
-            None if z is None else f(z, "z"),
-            None if delta_bias is None else f(delta_bias, "delta_bias"),
-            None if initial_state is None else f(initial_state, "initial_state"),
-        )
-        hands: tuple[Handler | None, ...] = (hu,) * 9
-        nargs = descs if hu.fast else objs
-    else:
-        hands, descs, nargs = _mixed(objs, _SCAN_ARGS)
+    hands, descs, nargs = _describe_all(objs, _SCAN_ARGS, hu, type(u))
     du = descs[0]
     assert du is not None
     # a torch signature served once goes to a plan: the check memo would only duplicate it
@@ -465,35 +451,9 @@ def _state_update_any(
     """The general path of `selective_state_update`: any framework, every check; records the
     plan of a torch signature (`key`, not None when every array is a torch tensor) it sends to
     the GPU."""
-    tx = type(x)
-    hx = _HANDLERS.get(tx) or _resolve(x, "x")
+    hx = _HANDLERS.get(type(x)) or _resolve(x, "x")
     objs = (state, x, dt, A, B, C, D, z, dt_bias)
-    if (
-        type(state) is tx
-        and type(dt) is tx
-        and type(A) is tx
-        and type(B) is tx
-        and type(C) is tx
-        and (D is None or type(D) is tx)
-        and (z is None or type(z) is tx)
-        and (dt_bias is None or type(dt_bias) is tx)
-    ):
-        f = hx.describe
-        descs = (
-            f(state, "state"),
-            f(x, "x"),
-            f(dt, "dt"),
-            f(A, "A"),
-            f(B, "B"),
-            f(C, "C"),
-            None if D is None else f(D, "D"),
-            None if z is None else f(z, "z"),
-            None if dt_bias is None else f(dt_bias, "dt_bias"),
-        )
-        hands: tuple[Handler | None, ...] = (hx,) * 9
-        nargs = descs if hx.fast else objs
-    else:
-        hands, descs, nargs = _mixed(objs, _SSU_ARGS)
+    hands, descs, nargs = _describe_all(objs, _SSU_ARGS, hx, type(x))
     dx = descs[1]
     assert dx is not None
     check = _checks.state_update if key is not None else _checks.state_update_memo
