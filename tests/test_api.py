@@ -1091,3 +1091,34 @@ def test_torch_descriptor_tuple() -> None:
     assert h.name == "torch" and h.fast
     assert h.describe(t, "t") == (t.data_ptr(), (2, 2, 4), (12, 4, 1), "bfloat16", 1, 0)
     assert _frameworks.handler_of(torch.nn.Parameter(torch.zeros(2)), "p") is h
+
+
+@pytest.mark.parametrize("missing", ["delta", "A", "B", "C"])
+def test_scan_none_for_a_required_array_names_it(missing: str) -> None:
+    rng = np.random.default_rng()
+    args = {
+        "u": rng.standard_normal((1, 4, 5)).astype(np.float32),
+        "delta": rng.random((1, 4, 5)).astype(np.float32),
+        "A": -rng.random((4, 3)).astype(np.float32),
+        "B": rng.standard_normal((4, 3)).astype(np.float32),
+        "C": rng.standard_normal((4, 3)).astype(np.float32),
+    }
+    args[missing] = None
+    with pytest.raises(TypeError, match=f"^{missing}: expected an array"):
+        flashscan.selective_scan_fn(**args)
+
+
+@pytest.mark.parametrize("missing", ["state", "dt", "A", "B", "C"])
+def test_state_update_none_for_a_required_array_names_it(missing: str) -> None:
+    rng = np.random.default_rng()
+    args = {
+        "state": rng.standard_normal((2, 4, 3)).astype(np.float32),
+        "x": rng.standard_normal((2, 4)).astype(np.float32),
+        "dt": rng.random((2, 4)).astype(np.float32),
+        "A": -rng.random((4, 3)).astype(np.float32),
+        "B": rng.standard_normal((2, 3)).astype(np.float32),
+        "C": rng.standard_normal((2, 3)).astype(np.float32),
+    }
+    args[missing] = None
+    with pytest.raises(TypeError, match=f"^{missing}: expected an array"):
+        flashscan.selective_state_update(**args)

@@ -58,10 +58,14 @@ def _mixed(
 
 
 def _describe_all(
-    objs: tuple[Any, ...], names: tuple[str, ...], h: Handler, t: type
+    objs: tuple[Any, ...], names: tuple[str, ...], required: int, h: Handler, t: type
 ) -> tuple[tuple[Handler | None, ...], tuple[Desc | None, ...], tuple[Any, ...]]:
     """Handlers, descriptors and native arguments of a call's arrays: the usual call has one
-    framework (every array of type `t`, described by `h`); several frameworks go to `_mixed`."""
+    framework (every array of type `t`, described by `h`); several frameworks go to `_mixed`.
+    The first `required` arrays may not be None."""
+    for o, name in zip(objs[:required], names):
+        if o is None:
+            _resolve(o, name)  # raises the TypeError naming the argument
     if all(o is None or type(o) is t for o in objs):
         f = h.describe
         descs = tuple(None if o is None else f(o, n) for o, n in zip(objs, names))
@@ -266,7 +270,7 @@ def _scan_any(
     GPU."""
     hu = _HANDLERS.get(type(u)) or _resolve(u, "u")
     objs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
-    hands, descs, nargs = _describe_all(objs, _SCAN_ARGS, hu, type(u))
+    hands, descs, nargs = _describe_all(objs, _SCAN_ARGS, 5, hu, type(u))
     du = descs[0]
     assert du is not None
     # a torch signature served once goes to a plan: the check memo would only duplicate it
@@ -453,7 +457,7 @@ def _state_update_any(
     the GPU."""
     hx = _HANDLERS.get(type(x)) or _resolve(x, "x")
     objs = (state, x, dt, A, B, C, D, z, dt_bias)
-    hands, descs, nargs = _describe_all(objs, _SSU_ARGS, hx, type(x))
+    hands, descs, nargs = _describe_all(objs, _SSU_ARGS, 6, hx, type(x))
     dx = descs[1]
     assert dx is not None
     check = _checks.state_update if key is not None else _checks.state_update_memo
