@@ -195,10 +195,11 @@ impl TensorView {
     }
 }
 
-/// All CUDA tensors of one call must live on one device; returns it.
-pub fn common_cuda_device(args: &[(&str, &TensorView)]) -> Result<i32> {
+/// All CUDA tensors of one call (absent optional ones are None) must live on one device;
+/// returns it.
+pub fn common_cuda_device(args: &[(&str, Option<&TensorView>)]) -> Result<i32> {
     let mut dev: Option<(&str, i32)> = None;
-    for (name, t) in args {
+    for (name, t) in args.iter().filter_map(|(n, t)| t.map(|t| (n, t))) {
         if t.device != DeviceKind::Cuda {
             return Err(value_err(format!(
                 "{name} is not a CUDA tensor (device {:?}); all tensors of a call must be on one CUDA device",
@@ -218,6 +219,23 @@ pub fn common_cuda_device(args: &[(&str, &TensorView)]) -> Result<i32> {
     }
     dev.map(|(_, id)| id)
         .ok_or_else(|| value_err("no tensor given"))
+}
+
+/// Outputs may share memory with no input and with no other output (absent ones are None).
+pub fn expect_no_overlap(
+    outputs: &[(&str, Option<&TensorView>)],
+    inputs: &[(&str, Option<&TensorView>)],
+) -> Result<()> {
+    for (i, (oname, o)) in outputs.iter().enumerate() {
+        let Some(o) = o else { continue };
+        let others = inputs.iter().chain(&outputs[i + 1..]);
+        for (name, t) in others {
+            if t.is_some_and(|t| o.overlaps(t)) {
+                return Err(value_err(format!("{oname} overlaps {name} in memory")));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -259,11 +277,29 @@ mod tests {
     }
 
     #[test]
+    fn overlap_between_outputs_and_inputs_is_named() {
+        let x = view(&[4], &[1]);
+        let mut out = view(&[4], &[1]);
+        out.ptr = x.ptr + 64;
+        let mut last = view(&[4], &[1]);
+        last.ptr = out.ptr + 4;
+        let ok = expect_no_overlap(&[("out", Some(&out))], &[("x", Some(&x)), ("D", None)]);
+        assert!(ok.is_ok());
+        let err = expect_no_overlap(
+            &[("out", Some(&out)), ("last", Some(&last))],
+            &[("x", Some(&x))],
+        );
+        assert_eq!(err.unwrap_err().to_string(), "out overlaps last in memory");
+        let err = expect_no_overlap(&[("out", Some(&x))], &[("x", Some(&x))]);
+        assert_eq!(err.unwrap_err().to_string(), "out overlaps x in memory");
+    }
+
+    #[test]
     fn device_mismatch_is_named() {
         let a = view(&[1], &[1]);
         let mut b = view(&[1], &[1]);
         b.device_id = 1;
-        let err = common_cuda_device(&[("q", &a), ("k", &b)]).unwrap_err();
+        let err = common_cuda_device(&[("q", Some(&a)), ("k", Some(&b))]).unwrap_err();
         assert!(err.to_string().contains("k is on cuda:1"));
     }
 }

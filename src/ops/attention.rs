@@ -3,7 +3,7 @@
 use crate::error::{unsupported, value_err, Error, Result};
 use crate::ops::flash_tiles::{flash_fwd_tile, FlashTile, HEAD_DIM_TILES, SHORT_SEQLEN_Q};
 use crate::runtime::{runtime, KernelSpec, StreamChoice};
-use crate::tensor::{common_cuda_device, DType, TensorView};
+use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
 
 pub const SOURCE: &str = include_str!("../../cuda/flash_fwd.cu");
 pub const FAMILY: &str = "flash_fwd";
@@ -104,11 +104,10 @@ pub fn check(a: &FlashFwdArgs) -> Result<Problem> {
         t.expect_unit_stride(name, 3, "headdim")?;
     }
     a.out.expect_writable("out")?;
-    for (name, t) in [("q", a.q), ("k", a.k), ("v", a.v)] {
-        if a.out.overlaps(t) {
-            return Err(value_err(format!("out overlaps {name} in memory")));
-        }
-    }
+    expect_no_overlap(
+        &[("out", Some(a.out))],
+        &[("q", Some(a.q)), ("k", Some(a.k)), ("v", Some(a.v))],
+    )?;
     if let Some(lse) = a.lse {
         lse.expect_dtype("lse", &[DType::F32])?;
         lse.expect_shape("lse", &[batch, nheads, seqlen_q])?;
@@ -277,12 +276,13 @@ pub fn forward(a: &FlashFwdArgs, stream: StreamChoice) -> Result<()> {
     if p.batch == 0 || p.seqlen_q == 0 || p.nheads == 0 {
         return Ok(());
     }
-    let device = common_cuda_device(&[("q", a.q), ("k", a.k), ("v", a.v), ("out", a.out)])?;
-    if let Some(lse) = a.lse {
-        if common_cuda_device(&[("q", a.q), ("lse", lse)])? != device {
-            return Err(value_err("lse must be on q's device"));
-        }
-    }
+    let device = common_cuda_device(&[
+        ("q", Some(a.q)),
+        ("k", Some(a.k)),
+        ("v", Some(a.v)),
+        ("out", Some(a.out)),
+        ("lse", a.lse),
+    ])?;
     let rt = runtime().map_err(Error::Unavailable)?;
     let dev = rt.device(device)?;
     let arch_num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;

@@ -5,7 +5,7 @@
 use crate::error::{unsupported, value_err, Error, Result};
 use crate::ops::next_pow2;
 use crate::runtime::{driver, runtime, KernelSpec, StreamChoice};
-use crate::tensor::{common_cuda_device, DType, TensorView};
+use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
 
 pub const SOURCE: &str = include_str!("../../cuda/selective_scan.cu");
 pub const FAMILY: &str = "selective_scan";
@@ -96,6 +96,23 @@ pub struct ScanArgs<'a> {
     pub out: &'a TensorView,
     pub last_state: Option<&'a TensorView>,
     pub delta_softplus: bool,
+}
+
+impl ScanArgs<'_> {
+    /// Every input by name (absent optional ones are None).
+    fn inputs(&self) -> [(&'static str, Option<&TensorView>); 9] {
+        [
+            ("u", Some(self.u)),
+            ("delta", Some(self.delta)),
+            ("A", Some(self.a)),
+            ("B", Some(self.b)),
+            ("C", Some(self.c)),
+            ("D", self.d),
+            ("z", self.z),
+            ("delta_bias", self.delta_bias),
+            ("initial_state", self.initial_state),
+        ]
+    }
 }
 
 /// B or C: fixed (dim, dstate) or varying (batch, [ngroups,] dstate, seqlen).
@@ -210,30 +227,10 @@ pub fn check(a: &ScanArgs) -> Result<Problem> {
             return Err(value_err("seqlen = 0 with last_state: nothing to scan"));
         }
     }
-    let inputs = [
-        ("u", Some(a.u)),
-        ("delta", Some(a.delta)),
-        ("A", Some(a.a)),
-        ("B", Some(a.b)),
-        ("C", Some(a.c)),
-        ("D", a.d),
-        ("z", a.z),
-        ("delta_bias", a.delta_bias),
-        ("initial_state", a.initial_state),
-    ];
-    for (oname, o) in [("out", Some(a.out)), ("last_state", a.last_state)] {
-        let Some(o) = o else { continue };
-        for (name, t) in inputs {
-            if t.is_some_and(|t| o.overlaps(t)) {
-                return Err(value_err(format!("{oname} overlaps {name} in memory")));
-            }
-        }
-    }
-    if let (Some(o), Some(l)) = (Some(a.out), a.last_state) {
-        if o.overlaps(l) {
-            return Err(value_err("out overlaps last_state in memory"));
-        }
-    }
+    expect_no_overlap(
+        &[("out", Some(a.out)), ("last_state", a.last_state)],
+        &a.inputs(),
+    )?;
     Ok(Problem {
         batch,
         dim,
@@ -443,25 +440,8 @@ pub fn forward(a: &ScanArgs, stream: StreamChoice) -> Result<()> {
     if p.batch == 0 || p.dim == 0 || p.seqlen == 0 {
         return Ok(());
     }
-    let mut named: Vec<(&str, &TensorView)> = vec![
-        ("u", a.u),
-        ("delta", a.delta),
-        ("A", a.a),
-        ("B", a.b),
-        ("C", a.c),
-        ("out", a.out),
-    ];
-    for (n, t) in [
-        ("D", a.d),
-        ("z", a.z),
-        ("delta_bias", a.delta_bias),
-        ("initial_state", a.initial_state),
-        ("last_state", a.last_state),
-    ] {
-        if let Some(t) = t {
-            named.push((n, t));
-        }
-    }
+    let mut named = a.inputs().to_vec();
+    named.extend([("out", Some(a.out)), ("last_state", a.last_state)]);
     let device = common_cuda_device(&named)?;
     if p.batch > 65535 * 8 {
         return Err(unsupported("batch too large"));

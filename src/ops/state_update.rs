@@ -5,7 +5,7 @@
 use crate::error::{unsupported, value_err, Error, Result};
 use crate::ops::next_pow2;
 use crate::runtime::{runtime, KernelSpec, StreamChoice};
-use crate::tensor::{common_cuda_device, DType, TensorView};
+use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
 
 pub const SOURCE: &str = include_str!("../../cuda/state_update.cu");
 pub const FAMILY: &str = "state_update";
@@ -64,6 +64,22 @@ pub struct StateUpdateArgs<'a> {
     pub dt_bias: Option<&'a TensorView>,
     pub out: &'a TensorView,
     pub dt_softplus: bool,
+}
+
+impl StateUpdateArgs<'_> {
+    /// Every input by name (absent optional ones are None); `state` is in/out, not listed.
+    fn inputs(&self) -> [(&'static str, Option<&TensorView>); 8] {
+        [
+            ("x", Some(self.x)),
+            ("dt", Some(self.dt)),
+            ("A", Some(self.a)),
+            ("B", Some(self.b)),
+            ("C", Some(self.c)),
+            ("D", self.d),
+            ("z", self.z),
+            ("dt_bias", self.dt_bias),
+        ]
+    }
 }
 
 /// Sizes and every tensor's strides in the (batch, nheads, dim, dstate) view.
@@ -224,26 +240,10 @@ pub fn check(a: &StateUpdateArgs) -> Result<Problem> {
             }
         }
     }
-    let inputs = [
-        ("x", Some(a.x)),
-        ("dt", Some(a.dt)),
-        ("A", Some(a.a)),
-        ("B", Some(a.b)),
-        ("C", Some(a.c)),
-        ("D", a.d),
-        ("z", a.z),
-        ("dt_bias", a.dt_bias),
-    ];
-    for (oname, o) in [("state", a.state), ("out", a.out)] {
-        for (name, t) in inputs {
-            if t.is_some_and(|t| o.overlaps(t)) {
-                return Err(value_err(format!("{oname} overlaps {name} in memory")));
-            }
-        }
-    }
-    if a.out.overlaps(a.state) {
-        return Err(value_err("out overlaps state in memory"));
-    }
+    expect_no_overlap(
+        &[("out", Some(a.out)), ("state", Some(a.state))],
+        &a.inputs(),
+    )?;
     if batch > 65535 || nheads > 65535 {
         return Err(unsupported("batch and nheads must each be <= 65535"));
     }
@@ -337,20 +337,8 @@ pub fn update(a: &StateUpdateArgs, stream: StreamChoice) -> Result<()> {
     if p.batch == 0 || p.nheads == 0 || p.dim == 0 {
         return Ok(());
     }
-    let mut named: Vec<(&str, &TensorView)> = vec![
-        ("state", a.state),
-        ("x", a.x),
-        ("dt", a.dt),
-        ("A", a.a),
-        ("B", a.b),
-        ("C", a.c),
-        ("out", a.out),
-    ];
-    for (n, t) in [("D", a.d), ("z", a.z), ("dt_bias", a.dt_bias)] {
-        if let Some(t) = t {
-            named.push((n, t));
-        }
-    }
+    let mut named = a.inputs().to_vec();
+    named.extend([("state", Some(a.state)), ("out", Some(a.out))]);
     let device = common_cuda_device(&named)?;
     let rt = runtime().map_err(Error::Unavailable)?;
     let dev = rt.device(device)?;
