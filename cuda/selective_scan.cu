@@ -58,6 +58,9 @@
 //   FS_POLY_NUM   0..8: exps per 8 done by polynomial (0: measured slower at 1 and 2, 2026-11-22)
 //   FS_PACK_BC    1 (default, not emitted by the host): packed 16-bit B/C staging, see kPackBCOk
 //   FS_ARCH       e.g. 90 (informational)
+//   FS_SAVE_STATES 1: also write the state at the end of every FS_SAVE_LEN-step chunk but the last into
+//                 ScanParams::saved (extra trailing fields, this variant only) for the backward; 0 (default,
+//                 not emitted): the struct and code are those of the plain forward
 // Everything else (D, z, delta_bias, softplus, initial/last state, chunking) is a runtime field of
 // ScanParams: a uniform branch costs nothing measurable here.
 // Dynamic shared memory (bytes) = 4 * (nB + nC + nDT + nY), nB = FS_B_VARYING*2*kT*kRow,
@@ -102,6 +105,12 @@
 #ifndef FS_PACK_BC
 #define FS_PACK_BC 1
 #endif
+#ifndef FS_SAVE_STATES
+#define FS_SAVE_STATES 0
+#endif
+#ifndef FS_SAVE_LEN
+#define FS_SAVE_LEN 256
+#endif
 
 typedef long long fs_i64;
 typedef unsigned int fs_u32;
@@ -136,8 +145,20 @@ struct ScanParams {
   int has_D, has_z, has_delta_bias, softplus, has_initial_state, has_last_state;
   int io_align;               // bytes (2, 4, 8 or 16): alignment every u/delta/z/out row start shares
   int pad_;
+#if FS_SAVE_STATES
+  // Saving variant only (the struct, and so every other variant, is unchanged without it): the state at
+  // the end of every FS_SAVE_LEN-step chunk but the last, for the backward. f32 (batch, dim, nsaved, dstate).
+  float* saved;
+  fs_i64 saved_batch, saved_dim, saved_chunk, saved_dstate;
+#endif
 };
+#if FS_SAVE_STATES
+static_assert(sizeof(ScanParams) == 440, "ScanParams layout changed: update the host mirror");
+static_assert(FS_SAVE_LEN % FS_TILE_T == 0 && (FS_SAVE_LEN & (FS_SAVE_LEN - 1)) == 0,
+              "FS_SAVE_LEN: a power of two, multiple of FS_TILE_T");
+#else
 static_assert(sizeof(ScanParams) == 400, "ScanParams layout changed: update the host mirror");
+#endif
 
 constexpr int kDState = FS_DSTATE;
 constexpr int kSplit = FS_NSPLIT;
@@ -639,6 +660,26 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
         if (active[q]) fs_store(out_sl[q] + (fs_i64)t0 * kInBytes, ro, valid - s * kTS, asl);
       }
     }
+
+#if FS_SAVE_STATES
+    // -- saving variant: the state at every interior FS_SAVE_LEN boundary (tiles never straddle one: the
+    //    chunk start and FS_SAVE_LEN are multiples of kT; steps past the end left x unchanged)
+    if constexpr (!kStateOnly) {
+      // (placed after the epilogue: fewer live registers; the low bits of t_begin + t0 + valid suffice)
+      if ((((int)t_begin + t0 + valid) & (FS_SAVE_LEN - 1)) == 0 && t_begin + t0 + valid < p.seqlen) {
+        const fs_i64 ci = (t_begin + t0 + valid) / FS_SAVE_LEN - 1;
+#pragma unroll
+        for (int q = 0; q < kCPT; ++q) {
+#pragma unroll
+          for (int j = 0; j < kNS; ++j) {
+            const int n = (j / kVG) * kSplit * kVG + s * kVG + j % kVG;
+            if (active[q] && n < p.dstate)
+              p.saved[b * p.saved_batch + d[q] * p.saved_dim + ci * p.saved_chunk + n * p.saved_dstate] = x[q][j];
+          }
+        }
+      }
+    }
+#endif
   }
 
   // ---- results carried past the chunk

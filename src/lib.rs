@@ -95,6 +95,10 @@ fn import_opt<'py>(
         .transpose()
 }
 
+fn view_of<'a>(t: &'a Option<Imported<'_>>) -> Option<&'a tensor::TensorView> {
+    t.as_ref().map(|t| &t.view)
+}
+
 #[pyfunction]
 fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
@@ -274,7 +278,7 @@ fn flash_attn_fwd(
 
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (u, delta, A, B, C, D, z, delta_bias, initial_state, out, last_state, delta_softplus, stream))]
+#[pyo3(signature = (u, delta, A, B, C, D, z, delta_bias, initial_state, out, last_state, delta_softplus, stream, saved_states=None))]
 #[allow(non_snake_case)]
 fn selective_scan_fwd(
     u: &Bound<'_, PyAny>,
@@ -290,6 +294,7 @@ fn selective_scan_fwd(
     last_state: Option<&Bound<'_, PyAny>>,
     delta_softplus: bool,
     stream: Option<u64>,
+    saved_states: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     let ch = stream_choice(stream);
     let u = import(u, "u", ch)?;
@@ -303,6 +308,7 @@ fn selective_scan_fwd(
     let initial_state = import_opt(initial_state, "initial_state", ch)?;
     let out = import(out, "out", ch)?;
     let last_state = import_opt(last_state, "last_state", ch)?;
+    let saved_states = import_opt(saved_states, "saved_states", ch)?;
     let args = ops::scan::ScanArgs {
         u: &u.view,
         delta: &delta.view,
@@ -315,9 +321,143 @@ fn selective_scan_fwd(
         initial_state: initial_state.as_ref().map(|t| &t.view),
         out: &out.view,
         last_state: last_state.as_ref().map(|t| &t.view),
+        saved_states: saved_states.as_ref().map(|t| &t.view),
         delta_softplus,
     };
     Ok(ops::scan::forward(&args, ch)?)
+}
+
+/// How many chunk-boundary states `selective_scan_fwd(saved_states=...)` keeps for seqlen.
+#[pyfunction]
+fn scan_saved_state_count(seqlen: i64) -> i64 {
+    ops::scan::saved_state_count(seqlen)
+}
+
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, window_left, window_right, softcap, deterministic, stream))]
+fn flash_attn_bwd(
+    dout: &Bound<'_, PyAny>,
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    v: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    lse: &Bound<'_, PyAny>,
+    dq: &Bound<'_, PyAny>,
+    dk: &Bound<'_, PyAny>,
+    dv: &Bound<'_, PyAny>,
+    softmax_scale: f32,
+    window_left: i64,
+    window_right: i64,
+    softcap: f32,
+    deterministic: bool,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let ch = stream_choice(stream);
+    let dout = import(dout, "dout", ch)?;
+    let q = import(q, "q", ch)?;
+    let k = import(k, "k", ch)?;
+    let v = import(v, "v", ch)?;
+    let out = import(out, "out", ch)?;
+    let lse = import(lse, "lse", ch)?;
+    let dq = import(dq, "dq", ch)?;
+    let dk = import(dk, "dk", ch)?;
+    let dv = import(dv, "dv", ch)?;
+    let args = ops::attention_bwd::FlashBwdArgs {
+        dout: &dout.view,
+        q: &q.view,
+        k: &k.view,
+        v: &v.view,
+        out: &out.view,
+        lse: &lse.view,
+        dq: &dq.view,
+        dk: &dk.view,
+        dv: &dv.view,
+        softmax_scale,
+        window_left,
+        window_right,
+        softcap,
+        deterministic,
+    };
+    Ok(ops::attention_bwd::backward(&args, ch)?)
+}
+
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (u, delta, A, B, C, D, z, delta_bias, initial_state, dout, saved_states, dlast_state, du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, dinitial_state, delta_softplus, stream))]
+#[allow(non_snake_case)]
+fn selective_scan_bwd(
+    u: &Bound<'_, PyAny>,
+    delta: &Bound<'_, PyAny>,
+    A: &Bound<'_, PyAny>,
+    B: &Bound<'_, PyAny>,
+    C: &Bound<'_, PyAny>,
+    D: Option<&Bound<'_, PyAny>>,
+    z: Option<&Bound<'_, PyAny>>,
+    delta_bias: Option<&Bound<'_, PyAny>>,
+    initial_state: Option<&Bound<'_, PyAny>>,
+    dout: &Bound<'_, PyAny>,
+    saved_states: Option<&Bound<'_, PyAny>>,
+    dlast_state: Option<&Bound<'_, PyAny>>,
+    du: &Bound<'_, PyAny>,
+    ddelta: &Bound<'_, PyAny>,
+    dA: &Bound<'_, PyAny>,
+    dB: &Bound<'_, PyAny>,
+    dC: &Bound<'_, PyAny>,
+    dD: Option<&Bound<'_, PyAny>>,
+    dz: Option<&Bound<'_, PyAny>>,
+    ddelta_bias: Option<&Bound<'_, PyAny>>,
+    dinitial_state: Option<&Bound<'_, PyAny>>,
+    delta_softplus: bool,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let ch = stream_choice(stream);
+    let u = import(u, "u", ch)?;
+    let delta = import(delta, "delta", ch)?;
+    let a = import(A, "A", ch)?;
+    let b = import(B, "B", ch)?;
+    let c = import(C, "C", ch)?;
+    let d = import_opt(D, "D", ch)?;
+    let z = import_opt(z, "z", ch)?;
+    let delta_bias = import_opt(delta_bias, "delta_bias", ch)?;
+    let initial_state = import_opt(initial_state, "initial_state", ch)?;
+    let dout = import(dout, "dout", ch)?;
+    let saved_states = import_opt(saved_states, "saved_states", ch)?;
+    let dlast_state = import_opt(dlast_state, "dlast_state", ch)?;
+    let du = import(du, "du", ch)?;
+    let ddelta = import(ddelta, "ddelta", ch)?;
+    let da = import(dA, "dA", ch)?;
+    let db = import(dB, "dB", ch)?;
+    let dc = import(dC, "dC", ch)?;
+    let dd = import_opt(dD, "dD", ch)?;
+    let dz = import_opt(dz, "dz", ch)?;
+    let ddelta_bias = import_opt(ddelta_bias, "ddelta_bias", ch)?;
+    let dinitial_state = import_opt(dinitial_state, "dinitial_state", ch)?;
+    let args = ops::scan_bwd::ScanBwdArgs {
+        u: &u.view,
+        delta: &delta.view,
+        a: &a.view,
+        b: &b.view,
+        c: &c.view,
+        d: view_of(&d),
+        z: view_of(&z),
+        delta_bias: view_of(&delta_bias),
+        initial_state: view_of(&initial_state),
+        dout: &dout.view,
+        saved_states: view_of(&saved_states),
+        dlast_state: view_of(&dlast_state),
+        du: &du.view,
+        ddelta: &ddelta.view,
+        da: &da.view,
+        db: &db.view,
+        dc: &dc.view,
+        dd: view_of(&dd),
+        dz: view_of(&dz),
+        ddelta_bias: view_of(&ddelta_bias),
+        dinitial_state: view_of(&dinitial_state),
+        delta_softplus,
+    };
+    Ok(ops::scan_bwd::backward(&args, ch)?)
 }
 
 #[pyfunction]
@@ -501,6 +641,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(empty, m)?)?;
     m.add_function(wrap_pyfunction!(flash_attn_fwd, m)?)?;
     m.add_function(wrap_pyfunction!(selective_scan_fwd, m)?)?;
+    m.add_function(wrap_pyfunction!(scan_saved_state_count, m)?)?;
+    m.add_function(wrap_pyfunction!(flash_attn_bwd, m)?)?;
+    m.add_function(wrap_pyfunction!(selective_scan_bwd, m)?)?;
     m.add_function(wrap_pyfunction!(selective_state_update, m)?)?;
     m.add_function(wrap_pyfunction!(kernel_variants, m)?)?;
     m.add_function(wrap_pyfunction!(compile_variant, m)?)?;

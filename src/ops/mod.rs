@@ -2,8 +2,10 @@
 //! only (never Python objects or DLPack capsules).
 
 pub mod attention;
+pub mod attention_bwd;
 pub mod flash_tiles;
 pub mod scan;
+pub mod scan_bwd;
 pub mod state_update;
 
 use crate::runtime::KernelSpec;
@@ -29,13 +31,40 @@ pub fn all_variants(arch_num: i64) -> Vec<(KernelSpec, bool)> {
             && s.defines.iter().any(|&(k, v)| k == "FS_DTYPE" && v != 2);
         out.push((s, main));
     }
+    // Backward kernels: none is "main" (the 16-bit hd64/hd128 attention variants sit at 255
+    // registers with a few spilled bytes; test_kernels_compile bounds those separately).
+    for s in attention_bwd::all_specs(arch_num) {
+        out.push((s, false));
+    }
     for s in scan::all_specs(arch_num) {
         let main = s.defines.iter().any(|&(k, v)| k == "FS_DSTATE" && v == 16);
         out.push((s, main));
+    }
+    for s in scan_bwd::all_specs(arch_num) {
+        out.push((s, false));
     }
     for s in state_update::all_specs(arch_num) {
         let main = s.defines.iter().any(|&(k, v)| k == "FS_DSTATE" && v == 16);
         out.push((s, main));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variant_names_are_unique() {
+        for arch in [80, 90] {
+            let v = all_variants(arch);
+            let names: std::collections::HashSet<String> =
+                v.iter().map(|(s, _)| s.name()).collect();
+            assert_eq!(
+                names.len(),
+                v.len(),
+                "duplicate variant names for sm_{arch}"
+            );
+        }
+    }
 }

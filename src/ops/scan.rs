@@ -19,6 +19,19 @@ const CHUNK_MIN_LEN: i64 = 512;
 /// Chunk only when fewer busy lanes per SM than this (one warp per scheduler) remain.
 const CHUNK_LANES_LOW: i64 = 128;
 pub const MAX_DSTATE: i64 = 256;
+/// Saved-state spacing for the backward (steps): the forward, given `saved_states`, writes the
+/// state at the end of every SAVE_CHUNK-step chunk but the last. A multiple of every tile (8..32).
+pub const SAVE_CHUNK: i64 = 256;
+
+/// Number of saved states (the `nsaved` axis of `saved_states`) for a sequence length: one per
+/// chunk boundary inside the sequence; 0 when the sequence is one chunk.
+pub fn saved_state_count(seqlen: i64) -> i64 {
+    if seqlen <= 0 {
+        0
+    } else {
+        (seqlen + SAVE_CHUNK - 1) / SAVE_CHUNK - 1
+    }
+}
 
 /// Mirrors `struct ScanParams` in cuda/selective_scan.cu (400 bytes). Strides in elements.
 #[repr(C)]
@@ -83,6 +96,21 @@ pub struct ScanParams {
 
 const _: () = assert!(std::mem::size_of::<ScanParams>() == 400);
 
+/// Mirrors `struct ScanParams` of the saving variant (`FS_SAVE_STATES 1`): the plain struct,
+/// then the saved-state pointer and strides (440 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ScanParamsSave {
+    pub base: ScanParams,
+    pub saved: u64,
+    pub saved_batch: i64,
+    pub saved_dim: i64,
+    pub saved_chunk: i64,
+    pub saved_dstate: i64,
+}
+
+const _: () = assert!(std::mem::size_of::<ScanParamsSave>() == 440);
+
 pub struct ScanArgs<'a> {
     pub u: &'a TensorView,
     pub delta: &'a TensorView,
@@ -95,6 +123,9 @@ pub struct ScanArgs<'a> {
     pub initial_state: Option<&'a TensorView>,
     pub out: &'a TensorView,
     pub last_state: Option<&'a TensorView>,
+    /// f32 (batch, dim, saved_state_count(seqlen), dstate): the state at the end of each saved
+    /// chunk boundary, written when present (for the backward).
+    pub saved_states: Option<&'a TensorView>,
     pub delta_softplus: bool,
 }
 
@@ -124,7 +155,7 @@ pub struct BcForm {
     pub strides: [i64; 4],
 }
 
-fn bc_form(
+pub(crate) fn bc_form(
     t: &TensorView,
     arg: &str,
     batch: i64,
@@ -174,6 +205,13 @@ pub struct Problem {
 
 /// Every check of the forward; pure (no GPU).
 pub fn check(a: &ScanArgs) -> Result<Problem> {
+    check_core(a, true)
+}
+
+/// The forward's checks. `outputs = false` (the backward, which passes `dout` as `out`) checks
+/// `out` like an input of u's dtype and shape, and skips the writability / overlap checks of
+/// `out`, `last_state` and `saved_states` (the backward checks its own).
+pub(crate) fn check_core(a: &ScanArgs, outputs: bool) -> Result<Problem> {
     let us = a.u.expect_rank("u", "batch, dim, seqlen")?;
     let (batch, dim, seqlen) = (us[0], us[1], us[2]);
     a.u.expect_dtype("u", &[DType::F16, DType::BF16, DType::F32])?;
@@ -220,17 +258,33 @@ pub fn check(a: &ScanArgs) -> Result<Problem> {
             t.expect_shape(name, &[batch, dim, dstate])?;
         }
     }
-    a.out.expect_writable("out")?;
-    if let Some(l) = a.last_state {
-        l.expect_writable("last_state")?;
-        if seqlen == 0 {
-            return Err(value_err("seqlen = 0 with last_state: nothing to scan"));
-        }
+    if let Some(t) = a.saved_states {
+        t.expect_dtype("saved_states", &[DType::F32])?;
+        t.expect_shape(
+            "saved_states",
+            &[batch, dim, saved_state_count(seqlen), dstate],
+        )?;
     }
-    expect_no_overlap(
-        &[("out", Some(a.out)), ("last_state", a.last_state)],
-        &a.inputs(),
-    )?;
+    if outputs {
+        a.out.expect_writable("out")?;
+        if let Some(l) = a.last_state {
+            l.expect_writable("last_state")?;
+            if seqlen == 0 {
+                return Err(value_err("seqlen = 0 with last_state: nothing to scan"));
+            }
+        }
+        if let Some(t) = a.saved_states {
+            t.expect_writable("saved_states")?;
+        }
+        expect_no_overlap(
+            &[
+                ("out", Some(a.out)),
+                ("last_state", a.last_state),
+                ("saved_states", a.saved_states),
+            ],
+            &a.inputs(),
+        )?;
+    }
     Ok(Problem {
         batch,
         dim,
@@ -359,16 +413,18 @@ pub fn plan(p: &Problem, sm_count: i64) -> Plan {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub fn spec(
     t: &Tiles,
     in_dtype: DType,
     bc_dtype: DType,
     bv: bool,
     cv: bool,
+    save: bool,
     arch: i64,
     entry: &'static str,
 ) -> Result<KernelSpec> {
-    let defines = vec![
+    let mut defines = vec![
         ("FS_IN_DTYPE", in_dtype.kernel_code()?),
         ("FS_BC_DTYPE", bc_dtype.kernel_code()?),
         ("FS_DSTATE", t.dpad),
@@ -382,6 +438,11 @@ pub fn spec(
         ("FS_POLY_NUM", 0),
         ("FS_ARCH", arch),
     ];
+    if save {
+        // Only the saving variants carry these: the plain ones stay byte-identical.
+        defines.push(("FS_SAVE_STATES", 1));
+        defines.push(("FS_SAVE_LEN", SAVE_CHUNK));
+    }
     Ok(KernelSpec {
         family: FAMILY,
         source: SOURCE,
@@ -407,8 +468,10 @@ pub fn all_specs(arch: i64) -> Vec<KernelSpec> {
             };
             for &bc in bcs {
                 for (bv, cv) in [(false, false), (false, true), (true, false), (true, true)] {
-                    if let Ok(s) = spec(&t, in_dt, bc, bv, cv, arch, ENTRY_FWD) {
-                        out.push(s);
+                    for save in [false, true] {
+                        if let Ok(s) = spec(&t, in_dt, bc, bv, cv, save, arch, ENTRY_FWD) {
+                            out.push(s);
+                        }
                     }
                 }
             }
@@ -418,7 +481,7 @@ pub fn all_specs(arch: i64) -> Vec<KernelSpec> {
 }
 
 /// Largest power of two (<= 16 bytes) dividing every row start of u, delta, z and out.
-fn io_align(ts: &[&TensorView]) -> i32 {
+pub(crate) fn io_align(ts: &[&TensorView]) -> i32 {
     let mut g: u64 = 16;
     for t in ts {
         let es = t.dtype.size() as u64;
@@ -441,7 +504,11 @@ pub fn forward(a: &ScanArgs, stream: StreamChoice) -> Result<()> {
         return Ok(());
     }
     let mut named = a.inputs().to_vec();
-    named.extend([("out", Some(a.out)), ("last_state", a.last_state)]);
+    named.extend([
+        ("out", Some(a.out)),
+        ("last_state", a.last_state),
+        ("saved_states", a.saved_states),
+    ]);
     let device = common_cuda_device(&named)?;
     if p.batch > 65535 * 8 {
         return Err(unsupported("batch too large"));
@@ -456,17 +523,19 @@ pub fn forward(a: &ScanArgs, stream: StreamChoice) -> Result<()> {
         return Err(unsupported("sequence too long for one launch"));
     }
     let block = (pl.tiles.threads as u32, 1, 1);
+    let save = a.saved_states.is_some() && saved_state_count(p.seqlen) > 0;
     let fwd = dev.kernel(&spec(
         &pl.tiles,
         a.u.dtype,
         a.b.dtype,
         p.b.varying,
         p.c.varying,
+        save,
         arch,
         ENTRY_FWD,
     )?)?;
     let s = dev.stream(stream)?;
-    let mut params = ScanParams {
+    let base = ScanParams {
         u: a.u.ptr,
         delta: a.delta.ptr,
         a: a.a.ptr,
@@ -526,12 +595,34 @@ pub fn forward(a: &ScanArgs, stream: StreamChoice) -> Result<()> {
         ),
         ..Default::default()
     };
-    if pl.nchunks == 1 {
-        // SAFETY: params mirrors ScanParams; every pointer was checked above (shape, dtype,
-        // device, strides) for what the kernel indexes.
+    let sv = a.saved_states.filter(|_| save);
+    let mut params = ScanParamsSave {
+        saved: sv.map_or(0, |t| t.ptr),
+        saved_batch: sv.map_or(0, |t| t.strides[0]),
+        saved_dim: sv.map_or(0, |t| t.strides[1]),
+        saved_chunk: sv.map_or(0, |t| t.strides[2]),
+        saved_dstate: sv.map_or(0, |t| t.strides[3]),
+        base,
+    };
+    // SAFETY (both launchers): P is the struct of the variant's TU (ScanParamsSave when `save`,
+    // else ScanParams, its prefix); every pointer was checked above (shape, dtype, device,
+    // strides) for what the kernel indexes.
+    let launch = |k: &crate::runtime::LoadedKernel,
+                  grid: (u32, u32, u32),
+                  smem: i64,
+                  params: &ScanParamsSave|
+     -> Result<()> {
+        // SAFETY: see above.
         unsafe {
-            dev.launch(&fwd, (grid_x, 1, 1), block, pl.smem_fwd as u32, s, &params)?;
+            if save {
+                dev.launch(k, grid, block, smem as u32, s, params)
+            } else {
+                dev.launch(k, grid, block, smem as u32, s, &params.base)
+            }
         }
+    };
+    if pl.nchunks == 1 {
+        launch(&fwd, (grid_x, 1, 1), pl.smem_fwd, &params)?;
         return dev.finish(stream);
     }
     // Chunked: scratch for each chunk's end state and dt sum, stream-ordered so it is safe
@@ -547,35 +638,27 @@ pub fn forward(a: &ScanArgs, stream: StreamChoice) -> Result<()> {
             return Err(e);
         }
     };
-    params.chunk_state = chunk_state;
-    params.chunk_dtsum = chunk_dtsum;
+    params.base.chunk_state = chunk_state;
+    params.base.chunk_dtsum = chunk_dtsum;
     let state_k = dev.kernel(&spec(
         &pl.tiles,
         a.u.dtype,
         a.b.dtype,
         p.b.varying,
         p.c.varying,
+        save,
         arch,
         ENTRY_CHUNK_STATE,
     )?);
-    // SAFETY: as above; the scratch buffers hold rows * dpad and rows floats as the kernel expects.
-    let launched = state_k.and_then(|k| unsafe {
-        dev.launch(
+    // The scratch buffers hold rows * dpad and rows floats as the kernel expects.
+    let launched = state_k.and_then(|k| {
+        launch(
             &k,
             (grid_x, (pl.nchunks - 1) as u32, 1),
-            block,
-            pl.smem_state as u32,
-            s,
+            pl.smem_state,
             &params,
         )?;
-        dev.launch(
-            &fwd,
-            (grid_x, pl.nchunks as u32, 1),
-            block,
-            pl.smem_fwd as u32,
-            s,
-            &params,
-        )
+        launch(&fwd, (grid_x, pl.nchunks as u32, 1), pl.smem_fwd, &params)
     });
     // SAFETY: freed once, ordered after the launches on the same stream.
     unsafe {

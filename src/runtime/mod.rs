@@ -52,14 +52,16 @@ impl KernelSpec {
         tu
     }
 
-    /// A readable variant name, e.g. `flash_fwd[FS_HEAD_DIM=128,FS_DTYPE=1]`.
+    /// A readable, unique variant name: `family.entry[defines]`, e.g.
+    /// `flash_fwd.flash_fwd_kernel[FS_HEAD_DIM=128,FS_DTYPE=1]` (one family's entries can share
+    /// their defines, so the entry is part of the name).
     pub fn name(&self) -> String {
         let d: Vec<String> = self
             .defines
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
-        format!("{}[{}]", self.family, d.join(","))
+        format!("{}.{}[{}]", self.family, self.entry, d.join(","))
     }
 }
 

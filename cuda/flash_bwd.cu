@@ -1,0 +1,766 @@
+// flash_bwd.cu: FlashAttention-2-class backward (dQ, dK, dV) on tensor cores (mma.sync).
+//
+// Three entries share this source and one by-value FlashBwdParams:
+//
+//   flash_bwd_preprocess  (FS_AUX_ONLY=1 build)  D = rowsum(dO * O) in fp32, lse_log2 = lse * log2(e)
+//                         (+inf for rows the forward marked -inf, i.e. no visible key, and for the
+//                         padded rows >= seqlen_q), and zeroes the fp32 dQ accumulator.
+//   flash_bwd_kernel      one CTA owns one BLOCK_N-key block of one kv head (and one 1/DSPLIT slice
+//                         of the head dim for dK / dV / dQ) and loops over every q head of its GQA group
+//                         and every q block that sees one of its keys:
+//       S^T = K Q^T, P^T = exp2(S^T * scale*log2e - lse_log2)     (softcap: S = cap * tanh(.))
+//       dP^T = V dO^T,  dS^T = P^T * (dP^T - D)                    (softcap: * (1 - tanh^2))
+//       dV += P^T dO,   dK += dS^T Q                                (P^T / dS^T straight from registers)
+//       dS^T -> shared memory;  dQ_partial = dS K  -> fp32 red.add into the accumulator
+//     and writes dK (times softmax_scale) and dV once, summed over the group: no dK/dV reduction pass.
+//   flash_bwd_dq_convert  (FS_AUX_ONLY=1 build)  dq = softmax_scale * sum_split(dq_accum), cast.
+//
+// Warp ownership in flash_bwd_kernel: warp w owns keys [16 w, 16 w + 16) of the block for S^T,
+// dP^T, dS^T and the dK / dV accumulators (kDOut columns each, in registers). For dQ the warps
+// tile the BLOCK_M x kDOut output as kDqWM x kDqWD warps. mma fragment layout as usual: lane
+// = 4 g + t owns rows g, g + 8 and columns 2t, 2t + 1 of each 16 x 8 tile.
+//
+// Shared memory (dynamic): K, V tiles (BLOCK_N rows), FS_STAGES x (Q, dO tiles of BLOCK_M rows),
+// dS^T (BLOCK_N rows of BLOCK_M elements), FS_STAGES x (lse_log2, D: BLOCK_M floats each). Rows are
+// padded by 16 bytes (conflict-free ldmatrix). With FS_STAGES == 2 the next (head, q block)'s
+// Q / dO land while this one is computed; with 1 they land during the dQ product.
+//
+// Deterministic mode (params.nsplit > 1 or deterministic != 0): the grid's x dimension is nsplit;
+// CTA x handles kv blocks x, x + nsplit, ... in order and owns slice x of the accumulator
+// (nsplit copies), which it updates with plain loads/stores; the convert pass sums the slices in
+// a fixed order. Otherwise one slice, red.global.add (v2 on sm_90).
+//
+// Precision: fp16 / bf16 use m16n8k16 with f32 accumulate, P and dS rounded to the input type
+// as operands (as FlashAttention does); fp32 uses 3xTF32 (~fp32 accuracy), P and dS stay fp32.
+//
+// Requirements the launcher checks: every tensor row 16-byte aligned, head dim stride 1,
+// params.head_dim a multiple of 8 and <= FS_HEAD_DIM, nheads % nheads_k == 0,
+// seqlen_q_pad a multiple of FS_BLOCK_M and >= seqlen_q, seqlen_q + seqlen_k < 2^31.
+//
+// Prelude defines: FS_HEAD_DIM (tile), FS_DTYPE (0 fp16, 1 bf16, 2 fp32), FS_ARCH, and for the main
+// kernel FS_BLOCK_M, FS_BLOCK_N (= 16 * FS_NWARPS), FS_NWARPS, FS_STAGES (1/2), FS_DSPLIT (1/2/4),
+// FS_HAS_MASK, FS_HAS_SOFTCAP, FS_PAD_HEADDIM, FS_MIN_BLOCKS; FS_AUX_ONLY=1 builds only the two
+// small passes (their variant depends on FS_DTYPE and FS_HEAD_DIM only).
+
+#ifndef FS_HEAD_DIM
+#error "FS_HEAD_DIM must be defined by the prelude"
+#endif
+#ifndef FS_DTYPE
+#error "FS_DTYPE must be defined by the prelude"
+#endif
+#ifndef FS_AUX_ONLY
+#define FS_AUX_ONLY 0
+#endif
+#ifndef FS_ARCH
+#define FS_ARCH 80
+#endif
+#ifndef FS_HAS_MASK
+#define FS_HAS_MASK 0
+#endif
+#ifndef FS_HAS_SOFTCAP
+#define FS_HAS_SOFTCAP 0
+#endif
+#ifndef FS_PAD_HEADDIM
+#define FS_PAD_HEADDIM 0
+#endif
+#ifndef FS_STAGES
+#define FS_STAGES 2
+#endif
+#ifndef FS_DSPLIT
+#define FS_DSPLIT 1
+#endif
+#ifndef FS_MIN_BLOCKS
+#define FS_MIN_BLOCKS 1
+#endif
+
+struct FlashBwdParams {
+    const void* q;
+    const void* k;
+    const void* v;
+    const void* o;
+    const void* dout;
+    const float* lse;  // (batch, nheads, seqlen_q) contiguous, natural log, from the forward
+    void* dq;
+    void* dk;
+    void* dv;
+    float* dq_accum;   // scratch [nsplit][batch][nheads][seqlen_q_pad][FS_HEAD_DIM]
+    float* dpsum;      // scratch [batch][nheads][seqlen_q_pad]: D = rowsum(dO * O)
+    float* lse_log2;   // scratch [batch][nheads][seqlen_q_pad]
+    long long q_batch_stride, q_row_stride, q_head_stride;
+    long long k_batch_stride, k_row_stride, k_head_stride;
+    long long v_batch_stride, v_row_stride, v_head_stride;
+    long long o_batch_stride, o_row_stride, o_head_stride;
+    long long do_batch_stride, do_row_stride, do_head_stride;
+    long long dq_batch_stride, dq_row_stride, dq_head_stride;
+    long long dk_batch_stride, dk_row_stride, dk_head_stride;
+    long long dv_batch_stride, dv_row_stride, dv_head_stride;
+    int batch, nheads, nheads_k, seqlen_q, seqlen_k, head_dim;
+    int seqlen_q_pad;  // multiple of FS_BLOCK_M
+    int nsplit;        // accumulator slices (1 unless deterministic)
+    int deterministic;
+    float softmax_scale;
+    float softcap;
+    int window_left, window_right;  // normalised: -1 = unbounded
+};
+
+namespace fb {
+
+typedef unsigned int u32;
+
+static constexpr int kHeadDim = FS_HEAD_DIM;
+static constexpr bool kF32 = (FS_DTYPE == 2);
+static constexpr int kElemBytes = kF32 ? 4 : 2;
+static constexpr int kElemsPerChunk = 16 / kElemBytes;
+static constexpr int kChunksPerRow = kHeadDim * kElemBytes / 16;
+static constexpr float kLog2e = 1.4426950408889634f;
+static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head dim tile must be 32..256, step 32");
+static_assert(FS_DTYPE >= 0 && FS_DTYPE <= 2, "FS_DTYPE is 0 (fp16), 1 (bf16) or 2 (fp32)");
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
+__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000u); }
+
+__device__ __forceinline__ u32 smem_u32(const void* ptr) {
+    u32 r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(ptr));
+    return r;
+}
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float rcp(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+// Same tanh as the forward (so P matches the saved LSE): exp2-based for fp32, tanh.approx else.
+__device__ __forceinline__ float tanh_softcap(float x) {
+#if FS_DTYPE == 2
+    const float e = ex2(fabsf(x) * (2.0f * kLog2e));
+    const float r = 1.0f - 2.0f * rcp(e + 1.0f);
+    return copysignf(r, x);
+#else
+    float y;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#endif
+}
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+    u32 r;
+#if FS_DTYPE == 1
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+// The two 16-bit elements of a packed pair as floats.
+__device__ __forceinline__ float2 unpack2(u32 x) {
+#if FS_DTYPE == 1
+    return make_float2(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u));
+#else
+    float lo, hi;
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }"
+        : "=f"(lo), "=f"(hi)
+        : "r"(x));
+    return make_float2(lo, hi);
+#endif
+}
+__device__ __forceinline__ void mma16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+#if FS_DTYPE == 1
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ u32 to_tf32(float x) {
+    u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ void split_tf32(float x, u32& hi, u32& lo) {
+    hi = to_tf32(x);
+    lo = to_tf32(x - __uint_as_float(hi));
+}
+// D += A * B in ~fp32 precision (3xTF32; lo*lo dropped), A already split.
+__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const u32 (&a_hi)[4], const u32 (&a_lo)[4],
+                                           float b0, float b1) {
+    u32 b0h, b0l, b1h, b1l;
+    split_tf32(b0, b0h, b0l);
+    split_tf32(b1, b1h, b1l);
+    mma_tf32(d, a_lo, b0h, b1h);
+    mma_tf32(d, a_hi, b0l, b1l);
+    mma_tf32(d, a_hi, b0h, b1h);
+}
+__device__ __forceinline__ void split4(const float (&x)[4], u32 (&hi)[4], u32 (&lo)[4]) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) split_tf32(x[e], hi[e], lo[e]);
+}
+
+// dot product of two 16-byte chunks (8 16-bit or 4 fp32 elements), fp32
+__device__ __forceinline__ float dot_chunk(uint4 x, uint4 y) {
+#if FS_DTYPE == 2
+    return __uint_as_float(x.x) * __uint_as_float(y.x) + __uint_as_float(x.y) * __uint_as_float(y.y) +
+           __uint_as_float(x.z) * __uint_as_float(y.z) + __uint_as_float(x.w) * __uint_as_float(y.w);
+#else
+    const u32 xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 a = unpack2(xs[i]), b = unpack2(ys[i]);
+        s = fmaf(a.x, b.x, s);
+        s = fmaf(a.y, b.y, s);
+    }
+    return s;
+#endif
+}
+
+}  // namespace fb
+
+// ---- preprocess: D, lse_log2, zeroed accumulator -------------------------------------------------
+// grid = (seqlen_q_pad / 32, nheads, batch), block = 256: 8 threads per row, 32 rows per block.
+extern "C" __global__ void __launch_bounds__(256) flash_bwd_preprocess(const FlashBwdParams p) {
+    using namespace fb;
+    const int row = blockIdx.x * 32 + (threadIdx.x >> 3);
+    const int l8 = threadIdx.x & 7;
+    const int h = blockIdx.y, b = blockIdx.z;
+    float acc = 0.0f;
+    if (row < p.seqlen_q) {
+        const char* o = static_cast<const char*>(p.o) +
+                        ((long long)b * p.o_batch_stride + (long long)row * p.o_row_stride +
+                         (long long)h * p.o_head_stride) * kElemBytes;
+        const char* d = static_cast<const char*>(p.dout) +
+                        ((long long)b * p.do_batch_stride + (long long)row * p.do_row_stride +
+                         (long long)h * p.do_head_stride) * kElemBytes;
+        for (int c = l8; c * kElemsPerChunk < p.head_dim; c += 8)
+            acc += dot_chunk(*reinterpret_cast<const uint4*>(o + c * 16),
+                             *reinterpret_cast<const uint4*>(d + c * 16));
+    }
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+    const long long bh = (long long)b * p.nheads + h;
+    if (l8 == 0 && row < p.seqlen_q_pad) {
+        p.dpsum[bh * p.seqlen_q_pad + row] = acc;
+        const float l = row < p.seqlen_q ? p.lse[bh * p.seqlen_q + row] : neg_inf();
+        // -inf (no visible key) -> +inf, so every P of the row is exp2(-inf) = 0.
+        p.lse_log2[bh * p.seqlen_q_pad + row] = (l == neg_inf()) ? pos_inf() : l * kLog2e;
+    }
+    const int r0 = blockIdx.x * 32;
+    const int rows = min(32, p.seqlen_q_pad - r0);
+    const int n4 = rows * kHeadDim / 4;
+    for (int s = 0; s < p.nsplit; ++s) {
+        float4* base = reinterpret_cast<float4*>(
+            p.dq_accum + ((((long long)s * p.batch + b) * p.nheads + h) * p.seqlen_q_pad + r0) * kHeadDim);
+        for (int i = threadIdx.x; i < n4; i += 256) base[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+
+// ---- dq = softmax_scale * sum over slices of dq_accum, cast ---------------------------------------
+// grid = (ceil(seqlen_q / 32), nheads, batch), block = 256: 8 threads per row, 4 columns per step.
+extern "C" __global__ void __launch_bounds__(256) flash_bwd_dq_convert(const FlashBwdParams p) {
+    using namespace fb;
+    const int row = blockIdx.x * 32 + (threadIdx.x >> 3);
+    const int l8 = threadIdx.x & 7;
+    const int h = blockIdx.y, b = blockIdx.z;
+    if (row >= p.seqlen_q) return;
+    const long long slice = (long long)p.batch * p.nheads * p.seqlen_q_pad * kHeadDim;
+    const float* acc = p.dq_accum + (((long long)b * p.nheads + h) * p.seqlen_q_pad + row) * kHeadDim;
+    char* out = static_cast<char*>(p.dq) + ((long long)b * p.dq_batch_stride +
+                                            (long long)row * p.dq_row_stride +
+                                            (long long)h * p.dq_head_stride) * kElemBytes;
+    for (int c = l8 * 4; c < p.head_dim; c += 32) {
+        float4 s = *reinterpret_cast<const float4*>(acc + c);
+        for (int k = 1; k < p.nsplit; ++k) {
+            const float4 x = *reinterpret_cast<const float4*>(acc + k * slice + c);
+            s.x += x.x;
+            s.y += x.y;
+            s.z += x.z;
+            s.w += x.w;
+        }
+        const float sc = p.softmax_scale;
+#if FS_DTYPE == 2
+        *reinterpret_cast<float4*>(out + c * 4) = make_float4(s.x * sc, s.y * sc, s.z * sc, s.w * sc);
+#else
+        *reinterpret_cast<uint2*>(out + c * 2) = make_uint2(pack2(s.x * sc, s.y * sc), pack2(s.z * sc, s.w * sc));
+#endif
+    }
+}
+
+#if !FS_AUX_ONLY
+#ifndef FS_BLOCK_M
+#error "FS_BLOCK_M must be defined by the prelude"
+#endif
+#ifndef FS_BLOCK_N
+#error "FS_BLOCK_N must be defined by the prelude"
+#endif
+#ifndef FS_NWARPS
+#error "FS_NWARPS must be defined by the prelude"
+#endif
+
+namespace fb {
+
+static constexpr int kBlockM = FS_BLOCK_M;
+static constexpr int kBlockN = FS_BLOCK_N;
+static constexpr int kNWarps = FS_NWARPS;
+static constexpr int kNThreads = 32 * kNWarps;
+static constexpr int kStages = FS_STAGES;
+static constexpr int kDSplit = FS_DSPLIT;
+static constexpr int kDOut = kHeadDim / kDSplit;   // dK / dV / dQ columns this CTA owns
+static constexpr int kMT = kBlockM / 8;            // 8-query slabs of S^T per warp
+static constexpr int kKSteps = kChunksPerRow / 2;  // k16 (16-bit) / k8 (fp32) steps over the head dim
+static constexpr int kOT = kDOut / 8;              // 8-column slabs of dK / dV per warp
+static constexpr int kRowBytes = kHeadDim * kElemBytes + 16;
+static constexpr int kSRowBytes = kBlockM * kElemBytes + 16;  // a dS^T row (BLOCK_M queries)
+static constexpr int kDqWM = (kBlockM / 16 < kNWarps) ? kBlockM / 16 : kNWarps;
+static constexpr int kDqWD = kNWarps / kDqWM;
+static constexpr int kDqRows = kBlockM / kDqWM;
+static constexpr int kDqMT = kDqRows / 16;
+static constexpr int kDqCols = kDOut / kDqWD;
+static constexpr int kDqNT = kDqCols / 8;
+static constexpr int kQBytes = kBlockM * kRowBytes;
+static constexpr int kKOff = 0;
+static constexpr int kVOff = kBlockN * kRowBytes;
+static constexpr int kQOff = 2 * kBlockN * kRowBytes;               // stage s: Q at +2s*kQBytes, dO after
+static constexpr int kSOff = kQOff + kStages * 2 * kQBytes;          // dS^T
+static constexpr int kLOff = kSOff + kBlockN * kSRowBytes;           // stage s: lse_log2, then D
+static constexpr int kSmemBytes = kLOff + kStages * 2 * kBlockM * 4;
+
+static_assert(kBlockN == 16 * kNWarps, "each warp owns 16 keys");
+static_assert(kBlockM % 16 == 0, "BLOCK_M must be a multiple of 16");
+static_assert(kHeadDim % kDSplit == 0 && kDOut % 16 == 0, "DSPLIT slices must be multiples of 16");
+static_assert(kDqWM * kDqWD == kNWarps && kDqRows % 16 == 0 && kDqCols % (kF32 ? 8 : 16) == 0,
+              "dQ warp tiling");
+static_assert(kStages == 1 || kStages == 2, "FS_STAGES is 1 or 2");
+
+// cp.async ROWS x head-dim rows into padded shared memory; rows >= rows_valid and chunks beyond
+// head_dim are zero-filled without reading.
+template <int ROWS>
+__device__ __forceinline__ void load_rows(u32 dst, const char* src, long long row_stride, int rows_valid,
+                                          int head_dim) {
+#pragma unroll 2
+    for (int i = threadIdx.x; i < ROWS * kChunksPerRow; i += kNThreads) {
+        const int r = i / kChunksPerRow, c = i % kChunksPerRow;
+        const bool ok = r < rows_valid && (!FS_PAD_HEADDIM || c * kElemsPerChunk < head_dim);
+        const char* s = src + (long long)r * row_stride * kElemBytes + c * 16;
+        cp_async16(dst + r * kRowBytes + c * 16, ok ? s : src, ok);
+    }
+}
+
+}  // namespace fb
+
+// grid = (n_kv_blocks, or nsplit when deterministic; nheads_k * DSPLIT; batch),
+// block = NWARPS * 32, dynamic smem = kSmemBytes.
+extern "C" __global__ void __launch_bounds__(fb::kNThreads, FS_MIN_BLOCKS)
+flash_bwd_kernel(const FlashBwdParams p) {
+    using namespace fb;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const u32 s_base = smem_u32(smem_raw);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int hk = blockIdx.y / kDSplit, ds = blockIdx.y % kDSplit;
+    const int b = blockIdx.z;
+    const int group = p.nheads / p.nheads_k;
+    const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
+    const int diag = seqlen_k - seqlen_q;  // bottom-right alignment: query i sits at key i + diag
+    const int n_tiles = (seqlen_k + kBlockN - 1) / kBlockN;
+    const int col0 = ds * kDOut;            // first head-dim column this CTA writes
+
+#if FS_HAS_SOFTCAP
+    const float pre_scale = p.softmax_scale * rcp(p.softcap);
+    const float scale_log2 = p.softcap * kLog2e;
+#else
+    const float scale_log2 = p.softmax_scale * kLog2e;
+#endif
+
+    // ldmatrix lane offsets (bytes)
+    // A, row-major [r][k] (K / V rows):  rows ln&15, chunk ln>>4
+    const u32 a_lane = (lane & 15) * kRowBytes + (lane >> 4) * 16;
+    // B from [n][k] (Q / dO for S^T, dP^T): rows (ln&7) + 8(ln>>4), chunk (ln>>3)&1
+    const u32 b_lane = ((lane & 7) + ((lane >> 4) << 3)) * kRowBytes + ((lane >> 3) & 1) * 16;
+    // B from [k][n], transposed (dO / Q for dV, dK; K for dQ): rows (ln&7) + 8((ln>>3)&1), chunk ln>>4
+    const u32 bt_lane = ((lane & 7) + (((lane >> 3) & 1) << 3)) * kRowBytes + (lane >> 4) * 16;
+
+    const u32 sK = s_base + kKOff, sV = s_base + kVOff, sS = s_base + kSOff;
+    (void)bt_lane;
+    (void)sS;
+
+    for (int n = blockIdx.x; n < n_tiles; n += gridDim.x) {
+        const int n0 = n * kBlockN;
+        const int keys = min(kBlockN, seqlen_k - n0);
+        int m_begin = 0, m_end = (seqlen_q + kBlockM - 1) / kBlockM;
+#if FS_HAS_MASK
+        if (p.window_right >= 0) {  // query i sees key j only if j <= i + diag + right
+            const long long lo = (long long)n0 - diag - p.window_right;
+            if (lo > 0) m_begin = (int)min(lo / kBlockM, (long long)m_end);
+        }
+        if (p.window_left >= 0) {  // ... and j >= i + diag - left
+            const long long hi = (long long)n0 + keys - 1 - diag + p.window_left;
+            m_end = hi < 0 ? 0 : (int)min(hi / kBlockM + 1, (long long)m_end);
+        }
+#endif
+        const int nm = max(0, m_end - m_begin);
+        const int n_iters = nm * group;
+
+        float acc_dk[kOT][4], acc_dv[kOT][4];
+#pragma unroll
+        for (int o = 0; o < kOT; ++o)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_dk[o][e] = acc_dv[o][e] = 0.0f;
+
+        // Q / dO / lse_log2 / D of iteration `it` into stage `st`.
+        auto load_q = [&](int it, int st) {
+            const int hq = hk * group + it / nm;
+            const int m0 = (m_begin + it % nm) * kBlockM;
+            const long long qoff = (long long)b * p.q_batch_stride + (long long)m0 * p.q_row_stride +
+                                   (long long)hq * p.q_head_stride;
+            const long long dooff = (long long)b * p.do_batch_stride + (long long)m0 * p.do_row_stride +
+                                    (long long)hq * p.do_head_stride;
+            const u32 sQ = s_base + kQOff + st * 2 * kQBytes;
+            load_rows<kBlockM>(sQ, static_cast<const char*>(p.q) + qoff * kElemBytes, p.q_row_stride,
+                               seqlen_q - m0, p.head_dim);
+            load_rows<kBlockM>(sQ + kQBytes, static_cast<const char*>(p.dout) + dooff * kElemBytes,
+                               p.do_row_stride, seqlen_q - m0, p.head_dim);
+            const long long roff = ((long long)b * p.nheads + hq) * p.seqlen_q_pad + m0;
+            const u32 sL = s_base + kLOff + st * 2 * kBlockM * 4;
+            if (tid < kBlockM / 4) cp_async16(sL + tid * 16, p.lse_log2 + roff + tid * 4, true);
+            else if (tid < kBlockM / 2)
+                cp_async16(sL + kBlockM * 4 + (tid - kBlockM / 4) * 16, p.dpsum + roff + (tid - kBlockM / 4) * 4,
+                           true);
+        };
+
+        if (n_iters > 0) {
+            const long long koff = (long long)b * p.k_batch_stride + (long long)n0 * p.k_row_stride +
+                                   (long long)hk * p.k_head_stride;
+            const long long voff = (long long)b * p.v_batch_stride + (long long)n0 * p.v_row_stride +
+                                   (long long)hk * p.v_head_stride;
+            load_rows<kBlockN>(sK, static_cast<const char*>(p.k) + koff * kElemBytes, p.k_row_stride, keys,
+                               p.head_dim);
+            load_rows<kBlockN>(sV, static_cast<const char*>(p.v) + voff * kElemBytes, p.v_row_stride, keys,
+                               p.head_dim);
+            load_q(0, 0);
+            cp_async_commit();
+        }
+
+        for (int it = 0; it < n_iters; ++it) {
+            const int st = kStages == 2 ? (it & 1) : 0;
+            const int hq = hk * group + it / nm;
+            const int m0 = (m_begin + it % nm) * kBlockM;
+            const u32 sQ = s_base + kQOff + st * 2 * kQBytes;
+            const u32 sdO = sQ + kQBytes;
+            const float* sL = reinterpret_cast<const float*>(smem_raw + kLOff + st * 2 * kBlockM * 4);
+            const float* sD = sL + kBlockM;
+
+            cp_async_wait_all();
+            __syncthreads();  // this stage landed; every warp is done with the other stage and dS^T
+            if (kStages == 2 && it + 1 < n_iters) {
+                load_q(it + 1, st ^ 1);
+                cp_async_commit();
+            }
+
+            // ---- S^T = K Q^T and dP^T = V dO^T (warp: 16 keys x BLOCK_M queries) ----
+            float acc_s[kMT][4], acc_dp[kMT][4];
+#pragma unroll
+            for (int j = 0; j < kMT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc_s[j][e] = acc_dp[j][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < kKSteps; ++kk) {
+                u32 a[4], a2[4];
+                ldsm_x4(a, sK + warp * 16 * kRowBytes + a_lane + kk * 32);
+                ldsm_x4(a2, sV + warp * 16 * kRowBytes + a_lane + kk * 32);
+#if FS_DTYPE == 2
+                u32 ah[4], al[4], a2h[4], a2l[4];
+                split4(reinterpret_cast<const float(&)[4]>(a), ah, al);
+                split4(reinterpret_cast<const float(&)[4]>(a2), a2h, a2l);
+#endif
+#pragma unroll
+                for (int np = 0; np < kMT / 2; ++np) {
+                    u32 bq[4], bo[4];
+                    ldsm_x4(bq, sQ + b_lane + np * 16 * kRowBytes + kk * 32);
+                    ldsm_x4(bo, sdO + b_lane + np * 16 * kRowBytes + kk * 32);
+#if FS_DTYPE == 2
+                    mma_3xtf32(acc_s[2 * np], ah, al, __uint_as_float(bq[0]), __uint_as_float(bq[1]));
+                    mma_3xtf32(acc_s[2 * np + 1], ah, al, __uint_as_float(bq[2]), __uint_as_float(bq[3]));
+                    mma_3xtf32(acc_dp[2 * np], a2h, a2l, __uint_as_float(bo[0]), __uint_as_float(bo[1]));
+                    mma_3xtf32(acc_dp[2 * np + 1], a2h, a2l, __uint_as_float(bo[2]), __uint_as_float(bo[3]));
+#else
+                    mma16(acc_s[2 * np], a, bq[0], bq[1]);
+                    mma16(acc_s[2 * np + 1], a, bq[2], bq[3]);
+                    mma16(acc_dp[2 * np], a2, bo[0], bo[1]);
+                    mma16(acc_dp[2 * np + 1], a2, bo[2], bo[3]);
+#endif
+                }
+            }
+
+            // ---- P^T and dS^T (raw; softmax_scale is applied to dK at the end and dQ in convert) ----
+#pragma unroll
+            for (int j = 0; j < kMT; ++j) {
+                const float2 l2 = *reinterpret_cast<const float2*>(sL + 8 * j + 2 * t);
+                const float2 dd = *reinterpret_cast<const float2*>(sD + 8 * j + 2 * t);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float lse2 = (e & 1) ? l2.y : l2.x;
+                    const float dsum = (e & 1) ? dd.y : dd.x;
+#if FS_HAS_SOFTCAP
+                    const float th = tanh_softcap(acc_s[j][e] * pre_scale);
+                    const float pr = ex2(fmaf(th, scale_log2, -lse2));
+                    acc_dp[j][e] = pr * (acc_dp[j][e] - dsum) * (1.0f - th * th);
+#else
+                    const float pr = ex2(fmaf(acc_s[j][e], scale_log2, -lse2));
+                    acc_dp[j][e] = pr * (acc_dp[j][e] - dsum);
+#endif
+                    acc_s[j][e] = pr;
+                }
+            }
+
+            // ---- mask: only blocks crossing seqlen_k or a window edge ----
+            bool need_mask = n0 + kBlockN > seqlen_k;
+#if FS_HAS_MASK
+            if (p.window_right >= 0 && n0 + kBlockN - 1 - (m0 + diag) > p.window_right) need_mask = true;
+            if (p.window_left >= 0 && n0 - (m0 + kBlockM - 1 + diag) < -p.window_left) need_mask = true;
+#endif
+            if (need_mask) {
+                const int rel_lo = (FS_HAS_MASK && p.window_left >= 0) ? -p.window_left : -0x7fffffff;
+                const int rel_hi = (FS_HAS_MASK && p.window_right >= 0) ? p.window_right : 0x7fffffff;
+                const int key0 = n0 + warp * 16 + g;
+                const int qd0 = m0 + 2 * t + diag;
+#pragma unroll
+                for (int j = 0; j < kMT; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = key0 + 8 * (e >> 1);
+                        const int rel = key - (qd0 + 8 * j + (e & 1));
+                        if (key >= seqlen_k || rel < rel_lo || rel > rel_hi) {
+                            acc_s[j][e] = 0.0f;
+                            acc_dp[j][e] = 0.0f;
+                        }
+                    }
+            }
+
+            // ---- dV += P^T dO, dK += dS^T Q (A operands from registers) ----
+#if FS_DTYPE == 2
+            {
+                const float* sQf = reinterpret_cast<const float*>(smem_raw + (sQ - s_base));
+                const float* sdOf = reinterpret_cast<const float*>(smem_raw + (sdO - s_base));
+                constexpr int kRowF = kRowBytes / 4;
+#pragma unroll
+                for (int j = 0; j < kMT; ++j) {
+                    u32 ph[4], pl[4], sh[4], sl[4];
+                    const float pa[4] = {acc_s[j][0], acc_s[j][2], acc_s[j][1], acc_s[j][3]};
+                    const float sa[4] = {acc_dp[j][0], acc_dp[j][2], acc_dp[j][1], acc_dp[j][3]};
+                    split4(pa, ph, pl);
+                    split4(sa, sh, sl);
+                    const int r = (8 * j + 2 * t) * kRowF + col0 + g;
+#pragma unroll
+                    for (int o = 0; o < kOT; ++o) {
+                        mma_3xtf32(acc_dv[o], ph, pl, sdOf[r + o * 8], sdOf[r + kRowF + o * 8]);
+                        mma_3xtf32(acc_dk[o], sh, sl, sQf[r + o * 8], sQf[r + kRowF + o * 8]);
+                    }
+                }
+            }
+#else
+#pragma unroll
+            for (int kk = 0; kk < kBlockM / 16; ++kk) {
+                u32 pa[4], sa[4];
+                pa[0] = pack2(acc_s[2 * kk][0], acc_s[2 * kk][1]);
+                pa[1] = pack2(acc_s[2 * kk][2], acc_s[2 * kk][3]);
+                pa[2] = pack2(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
+                pa[3] = pack2(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
+                sa[0] = pack2(acc_dp[2 * kk][0], acc_dp[2 * kk][1]);
+                sa[1] = pack2(acc_dp[2 * kk][2], acc_dp[2 * kk][3]);
+                sa[2] = pack2(acc_dp[2 * kk + 1][0], acc_dp[2 * kk + 1][1]);
+                sa[3] = pack2(acc_dp[2 * kk + 1][2], acc_dp[2 * kk + 1][3]);
+#pragma unroll
+                for (int op = 0; op < kOT / 2; ++op) {
+                    u32 bo[4], bq[4];
+                    const u32 off = bt_lane + kk * 16 * kRowBytes + col0 * kElemBytes + op * 32;
+                    ldsm_x4_trans(bo, sdO + off);
+                    ldsm_x4_trans(bq, sQ + off);
+                    mma16(acc_dv[2 * op], pa, bo[0], bo[1]);
+                    mma16(acc_dv[2 * op + 1], pa, bo[2], bo[3]);
+                    mma16(acc_dk[2 * op], sa, bq[0], bq[1]);
+                    mma16(acc_dk[2 * op + 1], sa, bq[2], bq[3]);
+                }
+            }
+#endif
+
+            // ---- dS^T -> shared memory (rows = keys, BLOCK_M query columns) ----
+            {
+                unsigned char* srow = smem_raw + kSOff + (warp * 16 + g) * kSRowBytes;
+#pragma unroll
+                for (int j = 0; j < kMT; ++j)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+#if FS_DTYPE == 2
+                        *reinterpret_cast<float2*>(srow + h * 8 * kSRowBytes + (8 * j + 2 * t) * 4) =
+                            make_float2(acc_dp[j][2 * h], acc_dp[j][2 * h + 1]);
+#else
+                        *reinterpret_cast<u32*>(srow + h * 8 * kSRowBytes + (8 * j + 2 * t) * 2) =
+                            pack2(acc_dp[j][2 * h], acc_dp[j][2 * h + 1]);
+#endif
+                    }
+            }
+            __syncthreads();  // dS^T complete; every warp is done with this stage's Q / dO
+            if (kStages == 1 && it + 1 < n_iters) {
+                load_q(it + 1, 0);
+                cp_async_commit();
+            }
+
+            // ---- dQ_partial = dS K (BLOCK_M x kDOut; warp tile kDqRows x kDqCols) ----
+            {
+                const int wm = warp / kDqWD, wd = warp % kDqWD;
+                const int qrow0 = wm * kDqRows;
+                const int dcol0 = col0 + wd * kDqCols;
+                float acc_dq[kDqMT][kDqNT][4];
+#pragma unroll
+                for (int mt = 0; mt < kDqMT; ++mt)
+#pragma unroll
+                    for (int o = 0; o < kDqNT; ++o)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) acc_dq[mt][o][e] = 0.0f;
+#if FS_DTYPE == 2
+                const float* sSf = reinterpret_cast<const float*>(smem_raw + kSOff);
+                const float* sKf = reinterpret_cast<const float*>(smem_raw + kKOff);
+                constexpr int kSRowF = kSRowBytes / 4, kRowF = kRowBytes / 4;
+#pragma unroll 2
+                for (int kk = 0; kk < kBlockN / 8; ++kk) {
+                    u32 ah[kDqMT][4], al[kDqMT][4];
+#pragma unroll
+                    for (int mt = 0; mt < kDqMT; ++mt) {
+                        const float* s0 = sSf + (8 * kk + t) * kSRowF + qrow0 + 16 * mt + g;
+                        const float x[4] = {s0[0], s0[8], s0[4 * kSRowF], s0[4 * kSRowF + 8]};
+                        split4(x, ah[mt], al[mt]);
+                    }
+                    const float* k0 = sKf + (8 * kk + t) * kRowF + dcol0 + g;
+#pragma unroll
+                    for (int o = 0; o < kDqNT; ++o) {
+                        const float b0 = k0[o * 8], b1 = k0[4 * kRowF + o * 8];
+#pragma unroll
+                        for (int mt = 0; mt < kDqMT; ++mt) mma_3xtf32(acc_dq[mt][o], ah[mt], al[mt], b0, b1);
+                    }
+                }
+#else
+                // A = dS (queries x keys) read transposed from dS^T: rows (ln&7) + 8(ln>>4), chunk (ln>>3)&1
+                const u32 at_lane = ((lane & 7) + ((lane >> 4) << 3)) * kSRowBytes + ((lane >> 3) & 1) * 16;
+#pragma unroll
+                for (int kk = 0; kk < kBlockN / 16; ++kk) {
+                    u32 a[kDqMT][4];
+#pragma unroll
+                    for (int mt = 0; mt < kDqMT; ++mt)
+                        ldsm_x4_trans(a[mt], sS + at_lane + kk * 16 * kSRowBytes + (qrow0 + 16 * mt) * kElemBytes);
+#pragma unroll
+                    for (int op = 0; op < kDqNT / 2; ++op) {
+                        u32 bk[4];
+                        ldsm_x4_trans(bk, sK + bt_lane + kk * 16 * kRowBytes + dcol0 * kElemBytes + op * 32);
+#pragma unroll
+                        for (int mt = 0; mt < kDqMT; ++mt) {
+                            mma16(acc_dq[mt][2 * op], a[mt], bk[0], bk[1]);
+                            mma16(acc_dq[mt][2 * op + 1], a[mt], bk[2], bk[3]);
+                        }
+                    }
+                }
+#endif
+                const int split = p.deterministic ? (int)blockIdx.x : 0;
+                float* accum = p.dq_accum +
+                               ((((long long)split * p.batch + b) * p.nheads + hq) * p.seqlen_q_pad + m0 + qrow0 + g) *
+                                   kHeadDim +
+                               dcol0 + 2 * t;
+#pragma unroll
+                for (int mt = 0; mt < kDqMT; ++mt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+#pragma unroll
+                        for (int o = 0; o < kDqNT; ++o) {
+                            float* ptr = accum + (16 * mt + 8 * h) * kHeadDim + 8 * o;
+                            const float x = acc_dq[mt][o][2 * h], y = acc_dq[mt][o][2 * h + 1];
+                            if (p.deterministic) {
+                                float2 v = *reinterpret_cast<float2*>(ptr);
+                                v.x += x;
+                                v.y += y;
+                                *reinterpret_cast<float2*>(ptr) = v;
+                            } else {
+#if FS_ARCH >= 90
+                                asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(ptr), "f"(x), "f"(y)
+                                             : "memory");
+#else
+                                asm volatile("red.global.add.f32 [%0], %1;" ::"l"(ptr), "f"(x) : "memory");
+                                asm volatile("red.global.add.f32 [%0], %1;" ::"l"(ptr + 1), "f"(y) : "memory");
+#endif
+                            }
+                        }
+            }
+        }
+
+        // ---- epilogue: dK * scale and dV staged in the K / V tiles, 16-byte stores ----
+        __syncthreads();  // every warp is done reading K / V (and dS^T)
+        {
+            const float sc = p.softmax_scale;
+            unsigned char* kr = smem_raw + kKOff + (warp * 16 + g) * kRowBytes;
+            unsigned char* vr = smem_raw + kVOff + (warp * 16 + g) * kRowBytes;
+#pragma unroll
+            for (int o = 0; o < kOT; ++o)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int off = h * 8 * kRowBytes + (8 * o + 2 * t) * kElemBytes;
+#if FS_DTYPE == 2
+                    *reinterpret_cast<float2*>(kr + off) = make_float2(acc_dk[o][2 * h] * sc, acc_dk[o][2 * h + 1] * sc);
+                    *reinterpret_cast<float2*>(vr + off) = make_float2(acc_dv[o][2 * h], acc_dv[o][2 * h + 1]);
+#else
+                    *reinterpret_cast<u32*>(kr + off) = pack2(acc_dk[o][2 * h] * sc, acc_dk[o][2 * h + 1] * sc);
+                    *reinterpret_cast<u32*>(vr + off) = pack2(acc_dv[o][2 * h], acc_dv[o][2 * h + 1]);
+#endif
+                }
+        }
+        __syncthreads();
+        {
+            constexpr int kCpr = kDOut * kElemBytes / 16;  // chunks per output row slice
+            char* dk = static_cast<char*>(p.dk) + ((long long)b * p.dk_batch_stride + (long long)n0 * p.dk_row_stride +
+                                                  (long long)hk * p.dk_head_stride + col0) * kElemBytes;
+            char* dv = static_cast<char*>(p.dv) + ((long long)b * p.dv_batch_stride + (long long)n0 * p.dv_row_stride +
+                                                  (long long)hk * p.dv_head_stride + col0) * kElemBytes;
+            for (int i = tid; i < kBlockN * kCpr; i += kNThreads) {
+                const int r = i / kCpr, c = i % kCpr;
+                if (r < keys && col0 + c * kElemsPerChunk < p.head_dim) {
+                    *reinterpret_cast<uint4*>(dk + (long long)r * p.dk_row_stride * kElemBytes + c * 16) =
+                        *reinterpret_cast<const uint4*>(smem_raw + kKOff + r * kRowBytes + c * 16);
+                    *reinterpret_cast<uint4*>(dv + (long long)r * p.dv_row_stride * kElemBytes + c * 16) =
+                        *reinterpret_cast<const uint4*>(smem_raw + kVOff + r * kRowBytes + c * 16);
+                }
+            }
+        }
+        __syncthreads();  // the staging tiles are free before the next kv block loads into them
+    }
+}
+#endif  // !FS_AUX_ONLY

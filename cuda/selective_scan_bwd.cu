@@ -1,0 +1,829 @@
+// Mamba selective scan, backward: du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, d initial_state of
+// `selective_scan_fn` (see cuda/selective_scan.cu for the forward math and names).
+//
+// Math, per batch row b, channel d, state n (a_t = exp(dt_t * A), x_t = a_t x_{t-1} + dt_t u_t B_t,
+// y_t = sum_n C_t x_t + D u_t, out_t = y_t * silu(z_t)):
+//   dy_t   = dout_t * silu(z_t)                      (dout_t without z)
+//   dz_t   = dout_t * y_t * silu'(z_t)               (y_t recomputed)
+//   g_t    = dL/dx_t = a_{t+1} g_{t+1} + C_t dy_t    (g_T = C_T dy_T + dlast_state); carry_t := a_t g_t
+//   h_t    = a_t x_{t-1},  w_t = g_t h_t
+//   S1_t   = sum_n g_t B_t,  S2_t = sum_n A w_t
+//   du_t   = dt_t S1_t + D dy_t;  ddt_t = u_t S1_t + S2_t;  ddelta_t = ddt_t * softplus'(v_t) (v = delta + bias)
+//   dA     = sum_t dt_t w_t;  dB_t = g_t dt_t u_t;  dC_t = dy_t x_t  (summed over the channels of a group
+//            when B / C vary, over t when fixed);  dD = sum_t dy_t u_t;  ddelta_bias = sum_t ddelta_t
+//   d initial_state = carry_0 = a_0 g_0.
+//
+// Work split. A work item = kSlots channels of one batch row (all in one B/C group) over the whole
+// sequence; a block (persistent grid) loops over items. A slot = kSplit consecutive lanes owning one
+// channel; lane s of a slot owns the kNS states n = s*kNS + j (j < kNS).
+// The sequence is cut into chunks of FS_CHUNK steps (the forward's saved-state spacing); chunks are
+// processed last to first, the carry (dL/dx) flowing backwards in registers. Inside a chunk:
+//   pass 1: from the chunk's start state (initial_state / 0 for chunk 0, saved_states[c-1] else) scan
+//           forward tile by tile (kT steps), storing each tile's start state in the per-block
+//           checkpoint scratch `ck` (global, L2-resident: each thread reads back only what it wrote);
+//   pass 2: tiles last to first: reload the tile's start state, recompute its kT forward steps keeping
+//           a_t and h_t in registers (history: 2*kT*kNS floats), then walk them backwards.
+// So each (t, n) costs two exp2 (passes 1 and 2) and nothing is stored per step in memory.
+// Per-(channel, t) scalars (dt, dt*u) and dy are staged per tile in shared memory sDT / sDY[slot][t] by the slot's
+// lanes (lane s stages the slice s*kTS ..); per-step sums over a channel's states (S1, S2, y) are written
+// per lane to sP and summed by slice after the tile (as the forward does with y). Varying dB/dC: per step
+// the per-lane values are summed over the slots of the warp by a shuffle reduce-scatter and stored (one
+// writer each) in the warp's slice of sRed[kWarps][2][kDState][kT+1]; after the tile the block sums the
+// warps' slices and issues one red.global.add per (t, n) per block (shared-memory fp32 atomicAdd is a CAS
+// loop on sm_90: avoided). Global loads of the next tile are issued right after a tile is staged
+// (register prefetch, Pf).
+//
+// Cost (H100, 2026-11-23, Mamba-1 config bf16 dstate 16, b8 d2048 L2048): 1.49 ms at 256 threads / 2 blocks
+// (mamba_ssm 2.41 ms). Floors: HBM 158 us, two exp2 per (t, n) 290 us; the kernel issues ~54 instructions
+// per (t, n) (ncu: 910 M warp instructions, IPC 2.2, shared-memory pipe ~80% busy), so it is bound by
+// instruction issue and shared-memory wavefronts (broadcast reads of B/C and dt, the per-step partials),
+// not by exp or memory. Pass 1's per-tile address arithmetic (64-bit, recomputed per tile) is ~2/3 of
+// its instructions: the next thing to hoist.
+//
+// Compile-time constants (the host prelude emits them):
+//   FS_IN_DTYPE, FS_BC_DTYPE  0 = fp16, 1 = bf16, 2 = fp32 (u/delta/z/dout/du/ddelta/dz; B/C)
+//   FS_DSTATE   padded state count (power of two);  FS_NSPLIT lanes per channel (power of two <= 32)
+//   FS_TILE_T   steps per tile (history length; FS_CHUNK % FS_TILE_T == 0, multiple of 4)
+//   FS_THREADS  threads per block;  FS_MIN_BLOCKS __launch_bounds__ min blocks
+//   FS_B_VARYING, FS_C_VARYING;  FS_CHUNK saved-state spacing (steps)
+// Dynamic shared memory (bytes) = 4 * (nB + nC + nDT + nP + nR): nB = FS_B_VARYING*kT*kRow,
+// nC = FS_C_VARYING*kT*kRow, nDT = 4*kSlots*kT, nP = FS_THREADS*3*kPRow,
+// nR = (B or C varying)*(FS_THREADS/32)*2*FS_DSTATE*(kT+1),
+// kRow = FS_DSTATE >= 4 ? FS_DSTATE + 4 : FS_DSTATE, kPRow = kT + 2.
+
+#ifndef FS_IN_DTYPE
+#define FS_IN_DTYPE 1
+#endif
+#ifndef FS_BC_DTYPE
+#define FS_BC_DTYPE FS_IN_DTYPE
+#endif
+#ifndef FS_DSTATE
+#define FS_DSTATE 16
+#endif
+#ifndef FS_NSPLIT
+#define FS_NSPLIT 8
+#endif
+#ifndef FS_TILE_T
+#define FS_TILE_T 16
+#endif
+#ifndef FS_THREADS
+#define FS_THREADS 128
+#endif
+#ifndef FS_MIN_BLOCKS
+#define FS_MIN_BLOCKS 4
+#endif
+#ifndef FS_B_VARYING
+#define FS_B_VARYING 1
+#endif
+#ifndef FS_C_VARYING
+#define FS_C_VARYING 1
+#endif
+#ifndef FS_CHUNK
+#define FS_CHUNK 256
+#endif
+
+typedef long long fs_i64;
+typedef unsigned int fs_u32;
+typedef unsigned short fs_u16;
+
+// One by-value parameter block for every entry. Layout: 22 pointers, 62 int64s, 10 int32s
+// (no implicit padding; sizeof = 22*8 + 62*8 + 10*4 = 712). Strides are in elements.
+struct ScanBwdParams {
+  const void* u;              // (batch, dim, seqlen) FS_IN_DTYPE, seqlen stride 1
+  const void* delta;          // same
+  const float* A;             // (dim, dstate)
+  const void* B;              // varying (batch, ngroups, dstate, seqlen) [seqlen stride 1] or fixed (dim, dstate)
+  const void* C;
+  const float* D;             // (dim,) or null
+  const float* delta_bias;    // (dim,) or null
+  const void* z;              // (batch, dim, seqlen) or null
+  const float* initial_state; // (batch, dim, dstate) or null
+  const void* dout;           // (batch, dim, seqlen) FS_IN_DTYPE, seqlen stride 1
+  const float* saved;         // (batch, dim, nsaved, dstate): state at the end of chunk c (c < nsaved)
+  const float* dlast;         // (batch, dim, dstate) or null
+  void* du;                   // (batch, dim, seqlen) FS_IN_DTYPE, seqlen stride 1, fully written
+  void* ddelta;               // same
+  float* dA;                  // (dim, dstate) contiguous, accumulated (zeroed by selective_scan_bwd_zero)
+  float* dB;                  // shape of B, contiguous, accumulated
+  float* dC;
+  float* dD;                  // (dim,) or null, accumulated
+  void* dz;                   // (batch, dim, seqlen) or null, fully written
+  float* ddelta_bias;         // (dim,) or null, accumulated
+  float* dinit;               // (batch, dim, dstate) or null, fully written
+  float* ck;                  // scratch: gridDim.x * (FS_CHUNK / kT) * FS_THREADS * kNS floats
+  fs_i64 batch, dim, seqlen, dstate, ngroups, nsaved;
+  fs_i64 u_batch, u_dim, delta_batch, delta_dim, z_batch, z_dim, dout_batch, dout_dim;
+  fs_i64 du_batch, du_dim, ddelta_batch, ddelta_dim, dz_batch, dz_dim;
+  fs_i64 A_dim, A_dstate;
+  fs_i64 B_batch, B_group, B_dstate, B_dim;   // varying: batch/group/dstate; fixed: dim/dstate
+  fs_i64 C_batch, C_group, C_dstate, C_dim;
+  fs_i64 D_dim, delta_bias_dim, init_batch, init_dim, init_dstate;
+  fs_i64 saved_batch, saved_dim, saved_chunk, saved_dstate;
+  fs_i64 dlast_batch, dlast_dim, dlast_dstate;
+  fs_i64 dA_dim, dA_dstate;
+  fs_i64 dB_batch, dB_group, dB_dstate, dB_dim;
+  fs_i64 dC_batch, dC_group, dC_dstate, dC_dim;
+  fs_i64 dD_dim, ddelta_bias_dim, dinit_batch, dinit_dim, dinit_dstate;
+  fs_i64 zero_n[5];           // element counts of dA, dB, dC, dD, ddelta_bias (0 when absent)
+  int chans_per_block;        // channels per item (<= kSlots; divides dim/ngroups when B or C varies and ngroups > 1)
+  int nitems;                 // batch * ceil(dim / chans_per_block)
+  int has_D, has_z, has_delta_bias, softplus, has_initial_state, has_saved, has_dlast;
+  int io_align;               // alignment (bytes, <= 16) shared by every u/delta/z/dout/du/ddelta/dz row start
+};
+static_assert(sizeof(ScanBwdParams) == 712, "ScanBwdParams layout changed: update the host mirror");
+
+constexpr int kDState = FS_DSTATE;
+constexpr int kSplit = FS_NSPLIT;
+constexpr int kNS = kDState / kSplit;                 // states per lane
+constexpr int kT = FS_TILE_T;
+constexpr int kThreads = FS_THREADS;
+constexpr int kSlots = kThreads / kSplit;             // channels per block
+constexpr int kTS = kT >= kSplit ? kT / kSplit : 1;   // steps a lane stages (lanes s*kTS >= kT stage none)
+constexpr int kChunk = FS_CHUNK;
+constexpr int kNCk = kChunk / kT;                     // checkpoints per chunk
+constexpr int kRow = kDState >= 4 ? kDState + 4 : kDState;
+// sP row stride: even (float2 writes every 2 steps); 3*kPRow = 2 mod 4 so that, at FS_NSPLIT 8, the four
+// slots of a warp read their partial rows in the epilogue from opposite bank halves (2 wavefronts, the minimum).
+constexpr int kPRow = kT + 2;
+constexpr int kRRow = kT + 1;
+constexpr int kInBytes = FS_IN_DTYPE == 2 ? 4 : 2;
+constexpr bool kBVar = FS_B_VARYING != 0;
+constexpr bool kCVar = FS_C_VARYING != 0;
+constexpr int kNRed = (kBVar ? kNS : 0) + (kCVar ? kNS : 0);   // per-lane values summed across channels per step
+constexpr int kWSlots = 32 / kSplit;                  // slots per warp
+constexpr int kWarps = kThreads / 32;
+constexpr int kRWarp = 2 * kDState * kRRow;           // one warp's slice of sRed (floats)
+constexpr int fs_log2(int v) { return v > 1 ? 1 + fs_log2(v / 2) : 0; }
+constexpr int kLevels = fs_log2(kWSlots);             // shuffle levels of the cross-channel sum
+
+static_assert(kSplit >= 1 && kSplit <= 32 && (kSplit & (kSplit - 1)) == 0, "FS_NSPLIT: power of two <= 32");
+static_assert(kNS >= 1 && kDState % kSplit == 0, "FS_DSTATE must be a multiple of FS_NSPLIT");
+static_assert(kT % 4 == 0 && kChunk % kT == 0, "FS_TILE_T: multiple of 4 dividing FS_CHUNK");
+static_assert(kThreads % 32 == 0, "FS_THREADS: whole warps");
+
+#define FS_LOG2E 1.4426950408889634f
+#define FS_LN2 0.6931471805599453f
+
+// ---------------------------------------------------------------- small hardware helpers
+__device__ __forceinline__ float fs_ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float fs_lg2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float fs_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float fs_softplus(float v) {   // as the forward: v <= 20 ? log1p(exp(v)) : v
+  const float e = fs_ex2(v * FS_LOG2E);
+  const float r = e < 0.015625f ? e * (1.f - e * (0.5f - e * 0.33333334f)) : FS_LN2 * fs_lg2(1.f + e);
+  return v <= 20.f ? r : v;
+}
+__device__ __forceinline__ float fs_sigmoid(float v) { return fs_rcp(1.f + fs_ex2(-v * FS_LOG2E)); }
+__device__ __forceinline__ void fs_red_add(float* p, float v) {
+  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
+}
+
+template <int N, int ES> struct Raw { fs_u32 w[(N * ES + 3) / 4]; };
+
+template <int DT> __device__ __forceinline__ float fs_half_to_f32(fs_u32 h16) {
+  if constexpr (DT == 1) {
+    return __uint_as_float(h16 << 16);
+  } else {
+    float f;
+    const fs_u16 h = (fs_u16)h16;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+  }
+}
+template <int DT, int N, int ES> __device__ __forceinline__ float fs_elem(const Raw<N, ES>& r, int i) {
+  if constexpr (DT == 2) {
+    return __uint_as_float(r.w[i]);
+  } else if constexpr (DT == 1) {
+    return (i & 1) ? __uint_as_float(r.w[i >> 1] & 0xffff0000u) : __uint_as_float(r.w[i >> 1] << 16);
+  } else {
+    return fs_half_to_f32<0>((i & 1) ? (r.w[i >> 1] >> 16) : (r.w[i >> 1] & 0xffffu));
+  }
+}
+template <int DT> __device__ __forceinline__ fs_u32 fs_pack2(float lo, float hi) {
+  fs_u32 w;
+  if constexpr (DT == 1) {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+  }
+  return w;
+}
+template <int N> __device__ __forceinline__ void fs_pack(Raw<N, kInBytes>& r, const float (&o)[N]) {
+  if constexpr (kInBytes == 4) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) r.w[i] = __float_as_uint(o[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) r.w[i] = fs_pack2<FS_IN_DTYPE>(o[2 * i], o[2 * i + 1]);
+    if constexpr (N & 1) r.w[N / 2] = fs_pack2<FS_IN_DTYPE>(o[N - 1], 0.f);
+  }
+}
+
+// N elements at byte address p; a full row uses the widest vector the alignment allows, a partial one
+// (valid < N) goes element by element and zero-fills.
+template <int N, int ES>
+__device__ __forceinline__ void fs_load(Raw<N, ES>& r, const char* p, int valid, int align) {
+  constexpr int kBytes = N * ES;
+  if (valid >= N && kBytes % 16 == 0 && align >= 16) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 16; ++i)
+      asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(r.w[4 * i]), "=r"(r.w[4 * i + 1]), "=r"(r.w[4 * i + 2]), "=r"(r.w[4 * i + 3])
+                   : "l"(p + 16 * i));
+  } else if (valid >= N && kBytes % 8 == 0 && align >= 8) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 8; ++i)
+      asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(r.w[2 * i]), "=r"(r.w[2 * i + 1]) : "l"(p + 8 * i));
+  } else if (valid >= N && kBytes % 4 == 0 && align >= 4) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 4; ++i) asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(r.w[i]) : "l"(p + 4 * i));
+  } else if constexpr (ES == 4) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      fs_u32 v = 0;
+      if (i < valid) asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p + 4 * i));
+      r.w[i] = v;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < (N + 1) / 2; ++i) r.w[i] = 0;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      fs_u16 h = 0;
+      if (i < valid) asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(h) : "l"(p + 2 * i));
+      r.w[i >> 1] |= (fs_u32)h << (16 * (i & 1));
+    }
+  }
+}
+template <int N, int ES>
+__device__ __forceinline__ void fs_store(char* p, const Raw<N, ES>& r, int valid, int align) {
+  constexpr int kBytes = N * ES;
+  if (valid >= N && kBytes % 16 == 0 && align >= 16) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 16; ++i)
+      asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p + 16 * i), "r"(r.w[4 * i]),
+                   "r"(r.w[4 * i + 1]), "r"(r.w[4 * i + 2]), "r"(r.w[4 * i + 3]) : "memory");
+  } else if (valid >= N && kBytes % 8 == 0 && align >= 8) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 8; ++i)
+      asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p + 8 * i), "r"(r.w[2 * i]), "r"(r.w[2 * i + 1]) : "memory");
+  } else if (valid >= N && kBytes % 4 == 0 && align >= 4) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 4; ++i) asm volatile("st.global.u32 [%0], %1;" ::"l"(p + 4 * i), "r"(r.w[i]) : "memory");
+  } else if constexpr (ES == 4) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      if (i < valid) asm volatile("st.global.u32 [%0], %1;" ::"l"(p + 4 * i), "r"(r.w[i]) : "memory");
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const fs_u16 h = (fs_u16)(r.w[i >> 1] >> (16 * (i & 1)));
+      if (i < valid) asm volatile("st.global.u16 [%0], %1;" ::"l"(p + 2 * i), "h"(h) : "memory");
+    }
+  }
+}
+template <int DT> __device__ __forceinline__ float fs_ld_scalar(const void* base, fs_i64 idx) {
+  if constexpr (DT == 2) {
+    return __ldg((const float*)base + idx);
+  } else {
+    return fs_half_to_f32<DT>(__ldg((const fs_u16*)base + idx));
+  }
+}
+
+// Shared-memory layout (floats).
+struct Smem {
+  static constexpr int kB = kBVar ? kT * kRow : 0;          // sB[kT][kRow] fp32
+  static constexpr int kC = kCVar ? kT * kRow : 0;          // sC[kT][kRow]
+  static constexpr int kDT = 4 * kSlots * kT;               // sDT[kSlots][kT] float2 (dt, dt*u), then sDY[kSlots][kT], 1 pad
+  static constexpr int kP = kThreads * 3 * kPRow;           // sP[kThreads][3][kPRow]: S1, S2, y partials
+  static constexpr int kR = (kBVar || kCVar) ? kWarps * kRWarp : 0;   // sRed[kWarps][2][kDState][kRRow]
+  static constexpr int kTotal = kB + kC + kDT + kP + kR;
+};
+
+// ---------------------------------------------------------------- one work item
+struct Item {
+  fs_i64 b, d, group;
+  bool active;
+  int slot, s;
+};
+
+__device__ __forceinline__ Item fs_item(const ScanBwdParams& p, int item) {
+  Item it;
+  const int tid = threadIdx.x;
+  it.s = tid & (kSplit - 1);
+  it.slot = tid / kSplit;
+  const fs_i64 nblk_d = (p.dim + p.chans_per_block - 1) / p.chans_per_block;
+  it.b = item / nblk_d;
+  const fs_i64 d0 = (item - it.b * nblk_d) * p.chans_per_block;
+  it.active = it.slot < p.chans_per_block && d0 + it.slot < p.dim;
+  it.d = it.active ? d0 + it.slot : d0;   // idle slots shadow channel d0 and write nothing
+  it.group = d0 / (p.dim / p.ngroups);
+  return it;
+}
+
+// Registers a lane carries from the prefetch of a tile to its commit (and, for the slices, to the
+// tile's epilogue): its slice of delta, u, dout, z and its elements of the B / C tiles (raw bits).
+constexpr int kStBC = (kT * kDState + kThreads - 1) / kThreads;   // B (or C) tile elements per thread
+struct Pf {
+  Raw<kTS, kInBytes> delta, u, dout, z;
+  fs_u32 b[kBVar ? kStBC : 1];
+  fs_u32 c[kCVar ? kStBC : 1];
+};
+
+template <int DT> __device__ __forceinline__ fs_u32 fs_ld_raw(const void* base, fs_i64 idx) {
+  if constexpr (DT == 2) {
+    return __float_as_uint(__ldg((const float*)base + idx));
+  } else {
+    return (fs_u32)__ldg((const fs_u16*)base + idx);
+  }
+}
+template <int DT> __device__ __forceinline__ float fs_raw_to_f32(fs_u32 v) {
+  if constexpr (DT == 2) return __uint_as_float(v);
+  else return fs_half_to_f32<DT>(v);
+}
+
+// Issue the global loads of the tile starting at absolute step tt (valid steps): slices (dout, z only
+// when kFull), B tile (and C when kFull). Steps past the end and rows past dstate load zeros.
+template <bool kFull>
+__device__ __forceinline__ void fs_prefetch(const ScanBwdParams& p, const Item& it, fs_i64 tt, int valid, Pf& pf) {
+  const int tid = threadIdx.x;
+  const int align = p.io_align;
+  const int asl = kTS * kInBytes < align ? kTS * kInBytes : align;
+  const int ts0 = it.s * kTS;
+  if (ts0 < kT) {
+    const int vsl = valid - ts0;
+    const fs_i64 off = tt + ts0;
+    fs_load(pf.delta, (const char*)p.delta + (it.b * p.delta_batch + it.d * p.delta_dim + off) * kInBytes, vsl, asl);
+    fs_load(pf.u, (const char*)p.u + (it.b * p.u_batch + it.d * p.u_dim + off) * kInBytes, vsl, asl);
+    if constexpr (kFull) {
+      fs_load(pf.dout, (const char*)p.dout + (it.b * p.dout_batch + it.d * p.dout_dim + off) * kInBytes, vsl, asl);
+      if (p.has_z) fs_load(pf.z, (const char*)p.z + (it.b * p.z_batch + it.d * p.z_dim + off) * kInBytes, vsl, asl);
+    }
+  }
+  // B / C tile element e = n * kT + t (t fastest: coalesced)
+#pragma unroll
+  for (int i = 0; i < kStBC; ++i) {
+    const int e = tid + i * kThreads;
+    const int t = e % kT, n = e / kT;
+    const bool ok = e < kT * kDState && n < p.dstate && t < valid;
+    if constexpr (kBVar) pf.b[i] = ok ? fs_ld_raw<FS_BC_DTYPE>(p.B, it.b * p.B_batch + it.group * p.B_group + n * p.B_dstate + tt + t) : 0u;
+    if constexpr (kFull && kCVar) pf.c[i] = ok ? fs_ld_raw<FS_BC_DTYPE>(p.C, it.b * p.C_batch + it.group * p.C_group + n * p.C_dstate + tt + t) : 0u;
+  }
+}
+
+template <int N> __device__ __forceinline__ void fs_lds_vec(float (&v)[N], const float* q) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const float4 w = *(const float4*)(q + 4 * i);
+      v[4 * i] = w.x; v[4 * i + 1] = w.y; v[4 * i + 2] = w.z; v[4 * i + 3] = w.w;
+    }
+  } else if constexpr (N == 2) {
+    const float2 w = *(const float2*)q;
+    v[0] = w.x; v[1] = w.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = q[i];
+  }
+}
+
+// Pass 2's B / C staging when both vary in 16 bits: one 32-bit word per (t, n) holding B's raw bits (low
+// half) and C's (high half), so a lane reads B and C of its states in one shared-memory access (as the forward).
+constexpr bool kPack = kBVar && kCVar && FS_BC_DTYPE != 2;
+
+// B (and C) of this lane's states at tile row `row` (kPacked: the packed pass-2 words).
+template <bool kPacked>
+__device__ __forceinline__ void fs_lds_bc(float (&Bv)[kNS], float (&Cv)[kNS], const float* row) {
+  if constexpr (kPacked) {
+    float w[kNS];
+    fs_lds_vec(w, row);
+#pragma unroll
+    for (int j = 0; j < kNS; ++j) {
+      const fs_u32 bits = __float_as_uint(w[j]);
+      if constexpr (FS_BC_DTYPE == 1) {
+        Bv[j] = __uint_as_float(bits << 16);
+        Cv[j] = __uint_as_float(bits & 0xffff0000u);
+      } else {
+        Bv[j] = fs_half_to_f32<0>(bits & 0xffffu);
+        Cv[j] = fs_half_to_f32<0>(bits >> 16);
+      }
+    }
+  } else {
+    fs_lds_vec(Bv, row);
+  }
+}
+
+// Stage a prefetched tile in shared memory: (dt, dt*u) and dy per (slot, t) into sDT / sDY (zero past the end
+// and for idle slots: the state then stays put and nothing flows back), B (and C) as fp32.
+template <bool kFull>
+__device__ __forceinline__ void fs_commit(const ScanBwdParams& p, const Item& it, int valid, float bias, const Pf& pf,
+                                          float* sB, float* sC, float* sDT) {
+  const int tid = threadIdx.x;
+  const int ts0 = it.s * kTS;
+  if (ts0 < kT) {
+#pragma unroll
+    for (int i = 0; i < kTS; ++i) {
+      float v = fs_elem<FS_IN_DTYPE>(pf.delta, i) + bias;
+      if (p.softplus) v = fs_softplus(v);
+      const bool ok = ts0 + i < valid && it.active;
+      const float dt = ok ? v : 0.f;
+      const float uu = fs_elem<FS_IN_DTYPE>(pf.u, i);
+      float dy = 0.f;
+      if constexpr (kFull) {
+        dy = fs_elem<FS_IN_DTYPE>(pf.dout, i);
+        if (p.has_z) {
+          const float zz = fs_elem<FS_IN_DTYPE>(pf.z, i);
+          dy *= zz * fs_sigmoid(zz);
+        }
+        dy = ok ? dy : 0.f;
+      }
+      ((float2*)sDT)[it.slot * kT + ts0 + i] = make_float2(dt, dt * uu);
+      if constexpr (kFull) sDT[2 * kSlots * kT + it.slot * kT + ts0 + i] = dy;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kStBC; ++i) {
+    const int e = tid + i * kThreads;
+    const int t = e % kT, n = e / kT;
+    if (e < kT * kDState) {
+      if constexpr (kFull && kPack) {
+        ((fs_u32*)sB)[t * kRow + n] = (pf.b[i] & 0xffffu) | (pf.c[i] << 16);
+      } else {
+        if constexpr (kBVar) sB[t * kRow + n] = fs_raw_to_f32<FS_BC_DTYPE>(pf.b[i]);
+        if constexpr (kFull && kCVar) sC[t * kRow + n] = fs_raw_to_f32<FS_BC_DTYPE>(pf.c[i]);
+      }
+    }
+  }
+}
+
+// Forward over a chunk from x. kStore: tile k's start state goes to ck[k] and the last tile is not
+// scanned (its end state is never needed); else every tile is scanned. Leaves x at the state reached.
+template <bool kStore>
+__device__ __forceinline__ void fs_forward_chunk(const ScanBwdParams& p, const Item& it, fs_i64 t_begin, int len,
+                                                 float (&x)[kNS], const float (&A2)[kNS], const float (&Bf)[kNS],
+                                                 float bias, float* smem, float* ck) {
+  float* sB = smem;
+  float* sDT = smem + Smem::kB + Smem::kC;
+  const int ntiles = (len + kT - 1) / kT;
+  const int nscan = kStore ? ntiles - 1 : ntiles;
+  Pf pf;
+  if (nscan > 0) fs_prefetch<false>(p, it, t_begin, len < kT ? len : kT, pf);
+  for (int k = 0; k < ntiles; ++k) {
+    if constexpr (kStore) {
+#pragma unroll
+      for (int j = 0; j < kNS; ++j) ck[((fs_i64)k * kThreads) * kNS + j] = x[j];
+    }
+    if (k >= nscan) break;
+    const int t0 = k * kT;
+    const int valid = len - t0 < kT ? len - t0 : kT;
+    __syncthreads();                    // previous readers of sB / sDT are done
+    fs_commit<false>(p, it, valid, bias, pf, sB, nullptr, sDT);
+    __syncthreads();
+    if (k + 1 < nscan) {
+      const int v1 = len - t0 - kT < kT ? len - t0 - kT : kT;
+      fs_prefetch<false>(p, it, t_begin + t0 + kT, v1, pf);
+    }
+    const float* sBt = sB + it.s * kNS;
+#pragma unroll 4
+    for (int t = 0; t < kT; ++t) {
+      const float2 dd = ((const float2*)sDT)[it.slot * kT + t];
+      float Bv[kNS];
+      if constexpr (kBVar) fs_lds_vec(Bv, sBt + t * kRow);
+#pragma unroll
+      for (int j = 0; j < kNS; ++j) {
+        const float a = fs_ex2(dd.x * A2[j]);
+        x[j] = fmaf(a, x[j], dd.y * (kBVar ? Bv[j] : Bf[j]));
+      }
+    }
+  }
+}
+
+// The backward of one item (kSlots channels of one batch row, whole sequence).
+__device__ __forceinline__ void fs_bwd_item(const ScanBwdParams& p, int item, float* smem, float* ck) {
+  const Item it = fs_item(p, item);
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  float* sB = smem;
+  float* sC = smem + Smem::kB;
+  float* sDT = smem + Smem::kB + Smem::kC;
+  const float2* sDT2 = (const float2*)sDT;          // (dt, dt*u) [kSlots][kT]
+  const float* sDY = sDT + 2 * kSlots * kT;          // dy [kSlots][kT]
+  float* sP = smem + Smem::kB + Smem::kC + Smem::kDT;
+  float* sRed = sP + Smem::kP;
+
+  // ---- per-lane constants
+  float A2[kNS], Av[kNS], Bf[kNS], Cf[kNS], carry[kNS], dAacc[kNS], dBacc[kNS], dCacc[kNS];
+#pragma unroll
+  for (int j = 0; j < kNS; ++j) {
+    const int n = it.s * kNS + j;
+    const bool real = n < p.dstate;
+    Av[j] = real ? __ldg(p.A + it.d * p.A_dim + n * p.A_dstate) : 0.f;
+    A2[j] = Av[j] * FS_LOG2E;
+    Bf[j] = (!kBVar && real) ? fs_ld_scalar<FS_BC_DTYPE>(p.B, it.d * p.B_dim + n * p.B_dstate) : 0.f;
+    Cf[j] = (!kCVar && real) ? fs_ld_scalar<FS_BC_DTYPE>(p.C, it.d * p.C_dim + n * p.C_dstate) : 0.f;
+    carry[j] = (p.has_dlast && real && it.active) ? __ldg(p.dlast + it.b * p.dlast_batch + it.d * p.dlast_dim + n * p.dlast_dstate) : 0.f;
+    dAacc[j] = dBacc[j] = dCacc[j] = 0.f;
+  }
+  const float Dv = p.has_D ? __ldg(p.D + it.d * p.D_dim) : 0.f;
+  const float bias = p.has_delta_bias ? __ldg(p.delta_bias + it.d * p.delta_bias_dim) : 0.f;
+  float dDacc = 0.f, dbacc = 0.f;
+
+  const int align = p.io_align;
+  const int asl = kTS * kInBytes < align ? kTS * kInBytes : align;
+  const int ts0 = it.s * kTS;
+  const int nchunks = (int)((p.seqlen + kChunk - 1) / kChunk);
+  float* myck = ck + (fs_i64)tid * kNS;
+
+  for (int c = nchunks - 1; c >= 0; --c) {
+    const fs_i64 t_begin = (fs_i64)c * kChunk;
+    const int len = (int)(p.seqlen - t_begin < kChunk ? p.seqlen - t_begin : kChunk);
+    const int ntiles = (len + kT - 1) / kT;
+    // ---- chunk start state
+    float x[kNS];
+#pragma unroll
+    for (int j = 0; j < kNS; ++j) {
+      const int n = it.s * kNS + j;
+      x[j] = 0.f;
+      if (n < p.dstate) {
+        if (c == 0) {
+          if (p.has_initial_state) x[j] = __ldg(p.initial_state + it.b * p.init_batch + it.d * p.init_dim + n * p.init_dstate);
+        } else {
+          x[j] = __ldg(p.saved + it.b * p.saved_batch + it.d * p.saved_dim + (c - 1) * p.saved_chunk + n * p.saved_dstate);
+        }
+      }
+    }
+    // ---- pass 1: tile start states -> ck
+    fs_forward_chunk<true>(p, it, t_begin, len, x, A2, Bf, bias, smem, myck);
+
+    // ---- pass 2: tiles last to first
+    Pf pf;
+    fs_prefetch<true>(p, it, t_begin + (ntiles - 1) * kT, len - (ntiles - 1) * kT, pf);
+    for (int k = ntiles - 1; k >= 0; --k) {
+      const int t0 = k * kT;
+      const int valid = len - t0 < kT ? len - t0 : kT;
+      __syncthreads();                  // previous readers of sB / sC / sDT / sP / sRed are done
+      fs_commit<true>(p, it, valid, bias, pf, sB, sC, sDT);
+      const Raw<kTS, kInBytes> rdelta = pf.delta, ru = pf.u, rdout = pf.dout, rz = pf.z;   // the epilogue's
+      __syncthreads();
+      if (k > 0) fs_prefetch<true>(p, it, t_begin + t0 - kT, kT, pf);
+
+      // -- forward recompute of the tile from its start state: history a_t, h_t = a_t x_{t-1}
+      float ha[kT][kNS], hh[kT][kNS];
+#pragma unroll
+      for (int j = 0; j < kNS; ++j) x[j] = myck[((fs_i64)k * kThreads) * kNS + j];
+#pragma unroll
+      for (int t = 0; t < kT; ++t) {
+        const float2 dd = sDT2[it.slot * kT + t];
+        float Bv[kNS], Cv[kNS];
+        if constexpr (kBVar) fs_lds_bc<kPack>(Bv, Cv, sB + t * kRow + it.s * kNS);
+#pragma unroll
+        for (int j = 0; j < kNS; ++j) {
+          ha[t][j] = fs_ex2(dd.x * A2[j]);
+          hh[t][j] = ha[t][j] * x[j];
+          x[j] = fmaf(dd.y, kBVar ? Bv[j] : Bf[j], hh[t][j]);
+        }
+      }
+
+      // -- reverse over the tile
+      float* prow = sP + tid * 3 * kPRow;
+      float q1[2], q2[2], q3[2];
+#pragma unroll
+      for (int t = kT - 1; t >= 0; --t) {
+        const float2 dd2 = sDT2[it.slot * kT + t];
+        const float3 dd = make_float3(dd2.x, dd2.y, sDY[it.slot * kT + t]);   // dt, dt*u, dy
+        float Bv[kNS], Cv[kNS];
+        if constexpr (kPack) {
+          fs_lds_bc<true>(Bv, Cv, sB + t * kRow + it.s * kNS);
+        } else {
+          if constexpr (kBVar) fs_lds_vec(Bv, sB + t * kRow + it.s * kNS);
+          if constexpr (kCVar) fs_lds_vec(Cv, sC + t * kRow + it.s * kNS);
+        }
+        float s1 = 0.f, s2 = 0.f, yp = 0.f;
+        float red[kNRed > 0 ? kNRed : 1];
+#pragma unroll
+        for (int j = 0; j < kNS; ++j) {
+          const float bj = kBVar ? Bv[j] : Bf[j];
+          const float cj = kCVar ? Cv[j] : Cf[j];
+          const float xt = fmaf(dd.y, bj, hh[t][j]);
+          yp = fmaf(cj, xt, yp);
+          const float g = fmaf(dd.z, cj, carry[j]);
+          const float w = g * hh[t][j];
+          s2 = fmaf(Av[j], w, s2);
+          dAacc[j] = fmaf(dd.x, w, dAacc[j]);
+          s1 = fmaf(g, bj, s1);
+          if constexpr (kBVar) red[j] = g * dd.y;
+          else dBacc[j] = fmaf(g, dd.y, dBacc[j]);
+          if constexpr (kCVar) red[(kBVar ? kNS : 0) + j] = dd.z * xt;
+          else dCacc[j] = fmaf(dd.z, xt, dCacc[j]);
+          carry[j] = ha[t][j] * g;
+        }
+        q1[t % 2] = s1; q2[t % 2] = s2; q3[t % 2] = yp;
+        if (t % 2 == 0) {
+          *(float2*)(prow + t) = make_float2(q1[0], q1[1]);
+          *(float2*)(prow + kPRow + t) = make_float2(q2[0], q2[1]);
+          *(float2*)(prow + 2 * kPRow + t) = make_float2(q3[0], q3[1]);
+        }
+        if constexpr (kNRed > 0) {
+          // Sum over the warp's slots: reduce-scatter while more than one value is left, then all-reduce.
+          int off = 0;
+          bool dup = false;
+#pragma unroll
+          for (int lvl = 0, mask = kSplit; mask < 32; ++lvl, mask <<= 1) {
+            const int m = (kNRed >> lvl) > 1 ? (kNRed >> lvl) : 1;
+            const bool up = (lane & mask) != 0;
+            if (m > 1) {
+              const int h = m / 2;
+#pragma unroll
+              for (int i = 0; i < h; ++i) {
+                const float send = up ? red[i] : red[i + h];
+                const float keep = up ? red[i + h] : red[i];
+                red[i] = keep + __shfl_xor_sync(0xffffffffu, send, mask);
+              }
+              off += up ? h : 0;
+            } else {
+              red[0] += __shfl_xor_sync(0xffffffffu, red[0], mask);
+              dup = dup || up;
+            }
+          }
+          constexpr int kLeft = (kNRed >> kLevels) > 1 ? (kNRed >> kLevels) : 1;
+          if (!dup) {   // one writer per (warp, B/C, n, t): the warp's slice of sRed
+            float* sRedW = sRed + (tid / 32) * kRWarp;
+#pragma unroll
+            for (int i = 0; i < kLeft; ++i) {
+              const int idx = off + i;
+              const bool isC = !kBVar || idx >= kNS;
+              const int n = it.s * kNS + (isC && kBVar ? idx - kNS : idx);
+              sRedW[((isC ? 1 : 0) * kDState + n) * kRRow + t] = red[i];
+            }
+          }
+        }
+      }
+      __syncwarp();
+
+      // -- epilogue of this lane's slice: sums over the slot's lanes; du, ddelta, dz
+      if (ts0 < kT && it.active) {
+        float o1[kTS], o2[kTS], o3[kTS];
+#pragma unroll
+        for (int i = 0; i < kTS; ++i) o1[i] = o2[i] = o3[i] = 0.f;
+        const float* base = sP + (tid - it.s) * 3 * kPRow + ts0;
+#pragma unroll
+        for (int r = 0; r < kSplit; ++r) {
+          if constexpr (kTS % 2 == 0) {
+#pragma unroll
+            for (int i = 0; i < kTS; i += 2) {
+              const float2 v1 = *(const float2*)(base + r * 3 * kPRow + i);
+              const float2 v2 = *(const float2*)(base + r * 3 * kPRow + kPRow + i);
+              const float2 v3 = *(const float2*)(base + r * 3 * kPRow + 2 * kPRow + i);
+              o1[i] += v1.x; o1[i + 1] += v1.y;
+              o2[i] += v2.x; o2[i + 1] += v2.y;
+              o3[i] += v3.x; o3[i + 1] += v3.y;
+            }
+          } else {
+#pragma unroll
+            for (int i = 0; i < kTS; ++i) {
+              o1[i] += base[r * 3 * kPRow + i];
+              o2[i] += base[r * 3 * kPRow + kPRow + i];
+              o3[i] += base[r * 3 * kPRow + 2 * kPRow + i];
+            }
+          }
+        }
+        float vdu[kTS], vdd[kTS], vdz[kTS];
+#pragma unroll
+        for (int i = 0; i < kTS; ++i) {
+          const float uu = fs_elem<FS_IN_DTYPE>(ru, i);
+          const float v = fs_elem<FS_IN_DTYPE>(rdelta, i) + bias;
+          const float dt = p.softplus ? fs_softplus(v) : v;
+          const float dout = fs_elem<FS_IN_DTYPE>(rdout, i);
+          float dy = dout;
+          if (p.has_z) {
+            const float zz = fs_elem<FS_IN_DTYPE>(rz, i);
+            const float sg = fs_sigmoid(zz);
+            dy = dout * zz * sg;
+            const float y = fmaf(Dv, uu, o3[i]);
+            vdz[i] = dout * y * sg * (1.f + zz * (1.f - sg));
+          } else {
+            vdz[i] = 0.f;
+          }
+          vdu[i] = fmaf(dt, o1[i], Dv * dy);
+          float ddt = fmaf(uu, o1[i], o2[i]);
+          if (p.softplus && v <= 20.f) ddt *= fs_sigmoid(v);
+          vdd[i] = ddt;
+          if (ts0 + i < valid) {
+            dDacc = fmaf(dy, uu, dDacc);
+            dbacc += ddt;
+          }
+        }
+        const fs_i64 off = t_begin + t0 + ts0;
+        const int vsl = valid - ts0;
+        Raw<kTS, kInBytes> w;
+        fs_pack(w, vdu);
+        fs_store((char*)p.du + (it.b * p.du_batch + it.d * p.du_dim + off) * kInBytes, w, vsl, asl);
+        fs_pack(w, vdd);
+        fs_store((char*)p.ddelta + (it.b * p.ddelta_batch + it.d * p.ddelta_dim + off) * kInBytes, w, vsl, asl);
+        if (p.has_z) {
+          fs_pack(w, vdz);
+          fs_store((char*)p.dz + (it.b * p.dz_batch + it.d * p.dz_dim + off) * kInBytes, w, vsl, asl);
+        }
+      }
+
+      // -- varying dB / dC: the block's sums of this tile -> global
+      if constexpr (kBVar || kCVar) {
+        __syncthreads();
+        for (int e = tid; e < 2 * kDState * kT; e += kThreads) {
+          const int t = e % kT, rest = e / kT;
+          const int which = rest / kDState, n = rest % kDState;
+          if (n < p.dstate && t < valid && (which == 0 ? kBVar : kCVar)) {
+            float v = 0.f;
+#pragma unroll
+            for (int w = 0; w < kWarps; ++w) v += sRed[w * kRWarp + rest * kRRow + t];
+            const fs_i64 tg = t_begin + t0 + t;
+            if (which == 0 && kBVar) fs_red_add(p.dB + it.b * p.dB_batch + it.group * p.dB_group + n * p.dB_dstate + tg, v);
+            if (which == 1 && kCVar) fs_red_add(p.dC + it.b * p.dC_batch + it.group * p.dC_group + n * p.dC_dstate + tg, v);
+          }
+        }
+      }
+    }
+  }
+
+  // ---- item results
+#pragma unroll
+  for (int j = 0; j < kNS; ++j) {
+    const int n = it.s * kNS + j;
+    if (!it.active || n >= p.dstate) continue;
+    if (p.has_initial_state) p.dinit[it.b * p.dinit_batch + it.d * p.dinit_dim + n * p.dinit_dstate] = carry[j];
+    fs_red_add(p.dA + it.d * p.dA_dim + n * p.dA_dstate, dAacc[j]);
+    if constexpr (!kBVar) fs_red_add(p.dB + it.d * p.dB_dim + n * p.dB_dstate, dBacc[j]);
+    if constexpr (!kCVar) fs_red_add(p.dC + it.d * p.dC_dim + n * p.dC_dstate, dCacc[j]);
+  }
+#pragma unroll
+  for (int m = kSplit / 2; m >= 1; m /= 2) {
+    dDacc += __shfl_xor_sync(0xffffffffu, dDacc, m);
+    dbacc += __shfl_xor_sync(0xffffffffu, dbacc, m);
+  }
+  if (it.active && it.s == 0) {
+    if (p.has_D) fs_red_add(p.dD + it.d * p.dD_dim, dDacc);
+    if (p.has_delta_bias) fs_red_add(p.ddelta_bias + it.d * p.ddelta_bias_dim, dbacc);
+  }
+}
+
+// Main backward: persistent grid (gridDim.x <= nitems blocks loop over items), block FS_THREADS,
+// dynamic smem 4 * Smem::kTotal. Needs the accumulated outputs zeroed (selective_scan_bwd_zero) and,
+// when seqlen > FS_CHUNK, the chunk states (saved by the forward or by selective_scan_bwd_states).
+extern "C" __global__ void __launch_bounds__(FS_THREADS, FS_MIN_BLOCKS) selective_scan_bwd(const ScanBwdParams p) {
+  extern __shared__ float4 fs_smem4[];
+  float* smem = (float*)fs_smem4;
+  float* ck = p.ck + (fs_i64)blockIdx.x * kNCk * kThreads * kNS;
+  for (int item = blockIdx.x; item < p.nitems; item += gridDim.x) fs_bwd_item(p, item, smem, ck);
+}
+
+// Chunk states when the forward saved none: grid (nitems), block FS_THREADS, same dynamic smem. Scans each
+// item forward and writes the state at the end of every chunk but the last into p.saved (written through
+// a cast: the buffer is scratch owned by the launcher) with the saved_* strides.
+extern "C" __global__ void __launch_bounds__(FS_THREADS, FS_MIN_BLOCKS) selective_scan_bwd_states(const ScanBwdParams p) {
+  extern __shared__ float4 fs_smem4[];
+  float* smem = (float*)fs_smem4;
+  const Item it = fs_item(p, blockIdx.x);
+  float A2[kNS], Bf[kNS], x[kNS];
+#pragma unroll
+  for (int j = 0; j < kNS; ++j) {
+    const int n = it.s * kNS + j;
+    const bool real = n < p.dstate;
+    A2[j] = real ? __ldg(p.A + it.d * p.A_dim + n * p.A_dstate) * FS_LOG2E : 0.f;
+    Bf[j] = (!kBVar && real) ? fs_ld_scalar<FS_BC_DTYPE>(p.B, it.d * p.B_dim + n * p.B_dstate) : 0.f;
+    x[j] = (p.has_initial_state && real) ? __ldg(p.initial_state + it.b * p.init_batch + it.d * p.init_dim + n * p.init_dstate) : 0.f;
+  }
+  const float bias = p.has_delta_bias ? __ldg(p.delta_bias + it.d * p.delta_bias_dim) : 0.f;
+  float* saved = (float*)p.saved;
+  for (fs_i64 c = 0; c < p.nsaved; ++c) {
+    fs_forward_chunk<false>(p, it, c * kChunk, kChunk, x, A2, Bf, bias, smem, nullptr);
+#pragma unroll
+    for (int j = 0; j < kNS; ++j) {
+      const int n = it.s * kNS + j;
+      if (it.active && n < p.dstate) saved[it.b * p.saved_batch + it.d * p.saved_dim + c * p.saved_chunk + n * p.saved_dstate] = x[j];
+    }
+  }
+}
+
+// Zero the accumulated outputs (contiguous f32): grid-stride over zero_n[0..4] elements of dA, dB, dC, dD,
+// ddelta_bias. Any grid, any block size.
+extern "C" __global__ void selective_scan_bwd_zero(const ScanBwdParams p) {
+  float* ptrs[5] = {p.dA, p.dB, p.dC, p.dD, p.ddelta_bias};
+  const fs_i64 stride = (fs_i64)gridDim.x * blockDim.x;
+#pragma unroll
+  for (int k = 0; k < 5; ++k) {
+    if (ptrs[k] == nullptr) continue;
+    for (fs_i64 i = (fs_i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.zero_n[k]; i += stride) ptrs[k][i] = 0.f;
+  }
+}

@@ -1,0 +1,680 @@
+//! FlashAttention backward: argument checks, launch plan, the three launches of
+//! `cuda/flash_bwd.cu` (preprocess: D = rowsum(dO * O), lse in log2, zeroed dq accumulator;
+//! main: dK, dV per kv block and fp32 dq partials; convert: dq = scale * accumulator, cast).
+
+use crate::error::{unsupported, value_err, Error, Result};
+use crate::ops::attention::{self, head_dim_tile, FlashFwdArgs, Problem};
+use crate::ops::flash_tiles::HEAD_DIM_TILES;
+use crate::runtime::{driver, runtime, KernelSpec, StreamChoice};
+use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
+
+pub const SOURCE: &str = include_str!("../../cuda/flash_bwd.cu");
+pub const FAMILY: &str = "flash_bwd";
+pub const ENTRY_PRE: &str = "flash_bwd_preprocess";
+pub const ENTRY_MAIN: &str = "flash_bwd_kernel";
+pub const ENTRY_CONVERT: &str = "flash_bwd_dq_convert";
+
+/// Rows per block of the preprocess and convert passes (256 threads, 8 per row).
+const AUX_ROWS: i64 = 32;
+const AUX_THREADS: u32 = 256;
+
+/// Mirrors `struct FlashBwdParams` in cuda/flash_bwd.cu field for field (344 bytes).
+/// Strides in elements.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FlashBwdParams {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub dout: u64,
+    pub lse: u64,
+    pub dq: u64,
+    pub dk: u64,
+    pub dv: u64,
+    pub dq_accum: u64,
+    pub dpsum: u64,
+    pub lse_log2: u64,
+    pub strides: [i64; 24],
+    pub batch: i32,
+    pub nheads: i32,
+    pub nheads_k: i32,
+    pub seqlen_q: i32,
+    pub seqlen_k: i32,
+    pub head_dim: i32,
+    pub seqlen_q_pad: i32,
+    pub nsplit: i32,
+    pub deterministic: i32,
+    pub softmax_scale: f32,
+    pub softcap: f32,
+    pub window_left: i32,
+    pub window_right: i32,
+    pub pad_: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<FlashBwdParams>() == 344);
+
+pub struct FlashBwdArgs<'a> {
+    pub dout: &'a TensorView,
+    pub q: &'a TensorView,
+    pub k: &'a TensorView,
+    pub v: &'a TensorView,
+    /// The forward's output.
+    pub out: &'a TensorView,
+    /// (batch, nheads, seqlen_q) f32 as the forward writes it (natural-log LSE of the scaled,
+    /// softcapped scores; -inf for rows that see no key).
+    pub lse: &'a TensorView,
+    pub dq: &'a TensorView,
+    pub dk: &'a TensorView,
+    pub dv: &'a TensorView,
+    pub softmax_scale: f32,
+    pub window_left: i64,
+    pub window_right: i64,
+    pub softcap: f32,
+    pub deterministic: bool,
+}
+
+/// Tile of the main kernel: `FS_BLOCK_M` queries per step, `FS_BLOCK_N` = 16 * warps keys per
+/// CTA, `FS_STAGES` Q/dO buffers, `FS_DSPLIT` head-dim slices (CTAs) for dK / dV / dQ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BwdTile {
+    pub block_m: u32,
+    pub block_n: u32,
+    pub warps: u32,
+    pub stages: u32,
+    pub dsplit: u32,
+    pub min_blocks: u32,
+}
+
+const fn t(block_m: u32, block_n: u32, stages: u32, dsplit: u32) -> BwdTile {
+    BwdTile {
+        block_m,
+        block_n,
+        warps: block_n / 16,
+        stages,
+        dsplit,
+        min_blocks: 1,
+    }
+}
+
+impl BwdTile {
+    /// Dynamic shared memory: K, V, `stages` x (Q, dO), dS^T, `stages` x (lse, D) rows.
+    pub fn smem_bytes(&self, head_dim_tile: u32, elem_bytes: u32) -> u32 {
+        let row = head_dim_tile * elem_bytes + 16;
+        let srow = self.block_m * elem_bytes + 16;
+        (2 * self.block_n + 2 * self.stages * self.block_m) * row
+            + self.block_n * srow
+            + self.stages * 2 * self.block_m * 4
+    }
+}
+
+/// The tile per head-dim tile, dtype code (0 fp16, 1 bf16, 2 fp32) and arch (cc * 10).
+/// sm_90 rows measured on the H100 (2026-11-23: 64 x 128, 8 warps, beat 64 x 64 with two CTAs
+/// per SM at hd64 and hd128); the others are shared-memory-checked only.
+pub fn flash_bwd_tile(head_dim_tile: u32, dtype_code: u32, arch: u32) -> BwdTile {
+    let idx = match head_dim_tile {
+        0..=32 => 0,
+        33..=64 => 1,
+        65..=96 => 2,
+        97..=128 => 3,
+        129..=192 => 4,
+        _ => 5,
+    };
+    let hopper = matches!(arch, 90 | 100 | 101 | 103);
+    let a100 = matches!(arch, 80 | 87);
+    if dtype_code == 2 {
+        // 3xTF32: fp32 tiles are twice the bytes; the head dim is split so that the dK / dV
+        // accumulators stay at <= 64 columns per CTA.
+        if !hopper && !a100 {
+            return [
+                t(32, 64, 1, 1),
+                t(32, 64, 1, 1),
+                t(32, 32, 1, 2),
+                t(32, 32, 1, 2),
+                t(16, 16, 1, 4),
+                t(16, 16, 1, 4),
+            ][idx];
+        }
+        if a100 && idx == 5 {
+            return t(32, 32, 1, 4);
+        }
+        return [
+            t(64, 64, 2, 1),
+            t(64, 64, 2, 1),
+            t(64, 64, 1, 2),
+            t(64, 64, 1, 2),
+            t(32, 64, 1, 4),
+            t(32, 64, 1, 4),
+        ][idx];
+    }
+    if hopper {
+        [
+            t(64, 128, 2, 1),
+            t(64, 128, 2, 1),
+            t(64, 128, 2, 1),
+            t(64, 128, 2, 1),
+            t(64, 128, 1, 2),
+            t(64, 128, 1, 2),
+        ][idx]
+    } else if a100 {
+        [
+            t(64, 128, 2, 1),
+            t(64, 128, 2, 1),
+            t(64, 128, 2, 1),
+            t(64, 128, 2, 1),
+            t(64, 64, 1, 2),
+            t(64, 64, 1, 2),
+        ][idx]
+    } else {
+        [
+            t(64, 128, 2, 1),
+            t(64, 128, 2, 1),
+            t(64, 64, 1, 1),
+            t(64, 64, 1, 1),
+            t(32, 32, 1, 2),
+            t(32, 32, 1, 2),
+        ][idx]
+    }
+}
+
+/// The forward's validation with the backward's view of `out` and `lse` (inputs here, so they
+/// need not be writable).
+fn forward_problem(a: &FlashBwdArgs) -> Result<Problem> {
+    let mut out = a.out.clone();
+    out.readonly = false;
+    let mut lse = a.lse.clone();
+    lse.readonly = false;
+    attention::check(&FlashFwdArgs {
+        q: a.q,
+        k: a.k,
+        v: a.v,
+        out: &out,
+        lse: Some(&lse),
+        softmax_scale: a.softmax_scale,
+        window_left: a.window_left,
+        window_right: a.window_right,
+        softcap: a.softcap,
+    })
+}
+
+/// Every row start 16-byte aligned (the kernels move rows in 16-byte vectors).
+fn expect_aligned_rows(name: &str, t: &TensorView) -> Result<()> {
+    let es = t.dtype.size() as i64;
+    let misaligned = t.ptr % 16 != 0
+        || t.strides[..3]
+            .iter()
+            .zip(&t.shape[..3])
+            .any(|(&s, &n)| n > 1 && (s * es) % 16 != 0);
+    if misaligned {
+        return Err(value_err(format!(
+            "{name} must have 16-byte aligned rows (data pointer and batch/seqlen/head strides \
+             multiples of 16 bytes), got pointer {:#x} and strides {:?}; call .contiguous() first",
+            t.ptr, t.strides
+        )));
+    }
+    Ok(())
+}
+
+/// Every check of the backward; pure (no GPU), so it is unit-tested on the CPU.
+pub fn check(a: &FlashBwdArgs) -> Result<Problem> {
+    let p = forward_problem(a)?;
+    a.dout
+        .expect_rank("dout", "batch, seqlen_q, nheads, headdim")?;
+    a.dq.expect_rank("dq", "batch, seqlen_q, nheads, headdim")?;
+    a.dk.expect_rank("dk", "batch, seqlen_k, nheads_k, headdim")?;
+    a.dv.expect_rank("dv", "batch, seqlen_k, nheads_k, headdim")?;
+    for (name, t) in [("dout", a.dout), ("dq", a.dq), ("dk", a.dk), ("dv", a.dv)] {
+        t.expect_same_dtype(name, a.q, "q")?;
+    }
+    a.dout.expect_shape("dout", &a.q.shape)?;
+    a.dq.expect_shape("dq", &a.q.shape)?;
+    a.dk.expect_shape("dk", &a.k.shape)?;
+    a.dv.expect_shape("dv", &a.v.shape)?;
+    for (name, t) in [("dout", a.dout), ("dq", a.dq), ("dk", a.dk), ("dv", a.dv)] {
+        t.expect_unit_stride(name, 3, "headdim")?;
+        expect_aligned_rows(name, t)?;
+    }
+    for (name, t) in [("dq", a.dq), ("dk", a.dk), ("dv", a.dv)] {
+        t.expect_writable(name)?;
+    }
+    expect_no_overlap(
+        &[("dq", Some(a.dq)), ("dk", Some(a.dk)), ("dv", Some(a.dv))],
+        &[
+            ("dout", Some(a.dout)),
+            ("q", Some(a.q)),
+            ("k", Some(a.k)),
+            ("v", Some(a.v)),
+            ("out", Some(a.out)),
+            ("lse", Some(a.lse)),
+        ],
+    )?;
+    if p.nheads > 65535 || p.nheads_k * 4 > 65535 {
+        return Err(unsupported(format!(
+            "nheads = {} is not supported by the backward (at most 65535 q heads, 16383 kv heads)",
+            p.nheads
+        )));
+    }
+    Ok(p)
+}
+
+fn cdiv(a: i64, b: i64) -> i64 {
+    (a + b - 1) / b
+}
+
+fn round256(bytes: i64) -> i64 {
+    cdiv(bytes, 256) * 256
+}
+
+/// Launch plan: tile, padded query length, grid of the main kernel, scratch layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub tile: BwdTile,
+    pub head_dim_tile: i64,
+    pub seqlen_q_pad: i64,
+    pub n_kv_blocks: i64,
+    /// fp32 accumulator slices: 1, or the deterministic split count.
+    pub nsplit: i64,
+    pub grid_main: (u32, u32, u32),
+    /// Scratch: dq_accum at 0, dpsum at `dpsum_off`, lse_log2 at `lse_off`; `scratch_bytes` in all.
+    pub dpsum_off: i64,
+    pub lse_off: i64,
+    pub scratch_bytes: i64,
+}
+
+/// The plan for a checked problem. Deterministic mode: `nsplit` CTAs per (batch, kv head, head-dim
+/// slice), each taking kv blocks x, x + nsplit, ... in order into its own accumulator slice, with
+/// nsplit = ceil(sm_count / (batch * nheads_k * dsplit)) capped at the kv block count, so the
+/// scratch grows to nsplit fp32 copies of dq (summed in fixed order by the convert pass).
+pub fn plan(
+    p: &Problem,
+    dtype_code: u32,
+    arch: u32,
+    sm_count: i64,
+    deterministic: bool,
+) -> Result<Plan> {
+    let hdt = head_dim_tile(p.head_dim);
+    let tile = flash_bwd_tile(hdt as u32, dtype_code, arch);
+    let bm = tile.block_m as i64;
+    let seqlen_q_pad = cdiv(p.seqlen_q, bm) * bm;
+    let n_kv_blocks = cdiv(p.seqlen_k, tile.block_n as i64);
+    let ctas_per_split = p.batch * p.nheads_k * tile.dsplit as i64;
+    let nsplit = if deterministic {
+        cdiv(sm_count.max(1), ctas_per_split.max(1)).clamp(1, n_kv_blocks.max(1))
+    } else {
+        1
+    };
+    let gx = if deterministic { nsplit } else { n_kv_blocks };
+    let too_big = |_| unsupported("problem too large for one launch of the attention backward");
+    let grid_main = (
+        u32::try_from(gx).map_err(too_big)?,
+        u32::try_from(p.nheads_k * tile.dsplit as i64).map_err(too_big)?,
+        u32::try_from(p.batch).map_err(too_big)?,
+    );
+    if seqlen_q_pad >= (1i64 << 31) {
+        return Err(unsupported("seqlen_q too large for the attention backward"));
+    }
+    let rows = p.batch * p.nheads * seqlen_q_pad;
+    let acc_bytes = nsplit * rows * hdt * 4;
+    let dpsum_off = round256(acc_bytes);
+    let lse_off = dpsum_off + round256(rows * 4);
+    Ok(Plan {
+        tile,
+        head_dim_tile: hdt,
+        seqlen_q_pad,
+        n_kv_blocks,
+        nsplit,
+        grid_main,
+        dpsum_off,
+        lse_off,
+        scratch_bytes: lse_off + round256(rows * 4),
+    })
+}
+
+/// The main kernel's variant, its tile and dynamic shared memory.
+pub fn main_spec(
+    head_dim: i64,
+    dtype: DType,
+    has_mask: bool,
+    softcap: bool,
+    arch_num: i64,
+) -> Result<(KernelSpec, BwdTile, u32)> {
+    let hdt = head_dim_tile(head_dim);
+    let code = dtype.kernel_code()?;
+    let tile = flash_bwd_tile(hdt as u32, code as u32, arch_num as u32);
+    let smem = tile.smem_bytes(hdt as u32, dtype.size() as u32);
+    let defines = vec![
+        ("FS_HEAD_DIM", hdt),
+        ("FS_DTYPE", code),
+        ("FS_BLOCK_M", tile.block_m as i64),
+        ("FS_BLOCK_N", tile.block_n as i64),
+        ("FS_NWARPS", tile.warps as i64),
+        ("FS_STAGES", tile.stages as i64),
+        ("FS_DSPLIT", tile.dsplit as i64),
+        ("FS_MIN_BLOCKS", tile.min_blocks as i64),
+        ("FS_HAS_MASK", has_mask as i64),
+        ("FS_HAS_SOFTCAP", softcap as i64),
+        ("FS_PAD_HEADDIM", (hdt != head_dim) as i64),
+        ("FS_ARCH", arch_num),
+    ];
+    Ok((
+        KernelSpec {
+            family: FAMILY,
+            source: SOURCE,
+            entry: ENTRY_MAIN,
+            defines,
+        },
+        tile,
+        smem,
+    ))
+}
+
+/// The preprocess / convert variant (depends on dtype and head-dim tile only).
+pub fn aux_spec(
+    head_dim: i64,
+    dtype: DType,
+    arch_num: i64,
+    entry: &'static str,
+) -> Result<KernelSpec> {
+    Ok(KernelSpec {
+        family: FAMILY,
+        source: SOURCE,
+        entry,
+        defines: vec![
+            ("FS_HEAD_DIM", head_dim_tile(head_dim)),
+            ("FS_DTYPE", dtype.kernel_code()?),
+            ("FS_AUX_ONLY", 1),
+            ("FS_ARCH", arch_num),
+        ],
+    })
+}
+
+/// Every variant the backward can emit for one arch (for tests and precompile).
+pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
+    let mut out = Vec::new();
+    for &tile in HEAD_DIM_TILES {
+        for dtype in [DType::F16, DType::BF16, DType::F32] {
+            for entry in [ENTRY_PRE, ENTRY_CONVERT] {
+                if let Ok(s) = aux_spec(tile, dtype, arch_num, entry) {
+                    out.push(s);
+                }
+            }
+            for padded in [false, true] {
+                let hd = if padded { tile - 8 } else { tile };
+                for mask in [false, true] {
+                    for cap in [false, true] {
+                        if let Ok((s, _, _)) = main_spec(hd, dtype, mask, cap, arch_num) {
+                            if !out.contains(&s) {
+                                out.push(s);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Checks, plans, launches (preprocess, main, convert on one stream, scratch stream-ordered so
+/// the call is graph-capturable). dq, dk, dv are written in full.
+pub fn backward(a: &FlashBwdArgs, stream: StreamChoice) -> Result<()> {
+    let p = check(a)?;
+    if p.batch == 0 || p.nheads == 0 || p.seqlen_k == 0 {
+        return Ok(());
+    }
+    let device = common_cuda_device(&[
+        ("dout", Some(a.dout)),
+        ("q", Some(a.q)),
+        ("k", Some(a.k)),
+        ("v", Some(a.v)),
+        ("out", Some(a.out)),
+        ("lse", Some(a.lse)),
+        ("dq", Some(a.dq)),
+        ("dk", Some(a.dk)),
+        ("dv", Some(a.dv)),
+    ])?;
+    let rt = runtime().map_err(Error::Unavailable)?;
+    let dev = rt.device(device)?;
+    let arch_num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
+    let code = a.q.dtype.kernel_code()?;
+    let pl = plan(
+        &p,
+        code as u32,
+        arch_num as u32,
+        dev.props.sm_count as i64,
+        a.deterministic,
+    )?;
+    let has_mask = p.window_left >= 0 || p.window_right >= 0;
+    let (mspec, tile, smem) =
+        main_spec(p.head_dim, a.q.dtype, has_mask, a.softcap > 0.0, arch_num)?;
+    let main_k = dev.kernel(&mspec)?;
+    let pre_k = dev.kernel(&aux_spec(p.head_dim, a.q.dtype, arch_num, ENTRY_PRE)?)?;
+    let conv_k = dev.kernel(&aux_spec(p.head_dim, a.q.dtype, arch_num, ENTRY_CONVERT)?)?;
+    let mut strides = [0i64; 24];
+    for (i, t) in [a.q, a.k, a.v, a.out, a.dout, a.dq, a.dk, a.dv]
+        .iter()
+        .enumerate()
+    {
+        strides[3 * i..3 * i + 3].copy_from_slice(&t.strides[..3]);
+    }
+    let i32_of = |name: &str, v: i64| {
+        i32::try_from(v).map_err(|_| unsupported(format!("{name} = {v} exceeds 2^31 - 1")))
+    };
+    let mut params = FlashBwdParams {
+        q: a.q.ptr,
+        k: a.k.ptr,
+        v: a.v.ptr,
+        o: a.out.ptr,
+        dout: a.dout.ptr,
+        lse: a.lse.ptr,
+        dq: a.dq.ptr,
+        dk: a.dk.ptr,
+        dv: a.dv.ptr,
+        strides,
+        batch: i32_of("batch", p.batch)?,
+        nheads: i32_of("nheads", p.nheads)?,
+        nheads_k: i32_of("nheads_k", p.nheads_k)?,
+        seqlen_q: i32_of("seqlen_q", p.seqlen_q)?,
+        seqlen_k: i32_of("seqlen_k", p.seqlen_k)?,
+        head_dim: i32_of("headdim", p.head_dim)?,
+        seqlen_q_pad: i32_of("seqlen_q", pl.seqlen_q_pad)?,
+        nsplit: pl.nsplit as i32,
+        deterministic: a.deterministic as i32,
+        softmax_scale: a.softmax_scale,
+        softcap: a.softcap,
+        window_left: p.window_left as i32,
+        window_right: p.window_right as i32,
+        ..Default::default()
+    };
+    let nh = p.nheads as u32;
+    let nb = p.batch as u32;
+    let aux_grid = |rows: i64| -> Result<(u32, u32, u32)> {
+        let x =
+            u32::try_from(cdiv(rows, AUX_ROWS)).map_err(|_| unsupported("seqlen_q too large"))?;
+        Ok((x, nh, nb))
+    };
+    let pre_grid = aux_grid(pl.seqlen_q_pad)?;
+    let conv_grid = aux_grid(p.seqlen_q)?;
+    let s = dev.stream(stream)?;
+    dev.make_current()?;
+    let scratch = driver::alloc_async(pl.scratch_bytes as usize, s)?;
+    params.dq_accum = scratch;
+    params.dpsum = scratch + pl.dpsum_off as u64;
+    params.lse_log2 = scratch + pl.lse_off as u64;
+    // SAFETY: params mirrors the kernel's struct; every tensor pointer was checked above (shape,
+    // dtype, strides, alignment, device); the scratch holds the plan's three regions.
+    let launched = (|| unsafe {
+        if p.seqlen_q > 0 {
+            dev.launch(&pre_k, pre_grid, (AUX_THREADS, 1, 1), 0, s, &params)?;
+        }
+        // With seqlen_q == 0 the main kernel only writes dK = dV = 0.
+        dev.launch(
+            &main_k,
+            pl.grid_main,
+            (tile.warps * 32, 1, 1),
+            smem,
+            s,
+            &params,
+        )?;
+        if p.seqlen_q > 0 {
+            dev.launch(&conv_k, conv_grid, (AUX_THREADS, 1, 1), 0, s, &params)?;
+        }
+        Ok(())
+    })();
+    // SAFETY: allocated above on s; freed once, ordered after the launches on the same stream.
+    unsafe { driver::free_async(scratch, s)? };
+    launched?;
+    dev.finish(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::DeviceKind;
+
+    fn view(shape: &[i64], ptr: u64, dtype: DType) -> TensorView {
+        TensorView {
+            ptr,
+            shape: shape.to_vec(),
+            strides: crate::dlpack::compact_strides(shape),
+            dtype,
+            device: DeviceKind::Cuda,
+            device_id: 0,
+            readonly: false,
+        }
+    }
+
+    struct Views {
+        t: Vec<TensorView>,
+    }
+
+    /// q, k, v, out, lse, dout, dq, dk, dv at disjoint addresses.
+    fn views(sq: i64, sk: i64, h: i64, hk: i64, d: i64) -> Views {
+        let mut t = Vec::new();
+        let shapes: [(&[i64], DType); 9] = [
+            (&[2, sq, h, d], DType::BF16),
+            (&[2, sk, hk, d], DType::BF16),
+            (&[2, sk, hk, d], DType::BF16),
+            (&[2, sq, h, d], DType::BF16),
+            (&[2, h, sq], DType::F32),
+            (&[2, sq, h, d], DType::BF16),
+            (&[2, sq, h, d], DType::BF16),
+            (&[2, sk, hk, d], DType::BF16),
+            (&[2, sk, hk, d], DType::BF16),
+        ];
+        for (i, (s, dt)) in shapes.iter().enumerate() {
+            t.push(view(s, 0x1000_0000 * (i as u64 + 1), *dt));
+        }
+        Views { t }
+    }
+
+    fn args(v: &Views, left: i64, right: i64, det: bool) -> FlashBwdArgs<'_> {
+        FlashBwdArgs {
+            q: &v.t[0],
+            k: &v.t[1],
+            v: &v.t[2],
+            out: &v.t[3],
+            lse: &v.t[4],
+            dout: &v.t[5],
+            dq: &v.t[6],
+            dk: &v.t[7],
+            dv: &v.t[8],
+            softmax_scale: 0.125,
+            window_left: left,
+            window_right: right,
+            softcap: 0.0,
+            deterministic: det,
+        }
+    }
+
+    #[test]
+    fn checks_accept_valid_and_normalise_the_window() {
+        let v = views(100, 300, 8, 2, 64);
+        let p = check(&args(&v, -1, 0, false)).expect("valid");
+        assert_eq!((p.window_left, p.window_right, p.nheads_k), (-1, 0, 2));
+        // a causal decode query sees every key: no mask
+        let v = views(1, 300, 8, 2, 64);
+        assert_eq!(
+            check(&args(&v, -1, 0, false)).expect("valid").window_right,
+            -1
+        );
+    }
+
+    #[test]
+    fn checks_reject_bad_outputs() {
+        let mut v = views(100, 300, 8, 2, 64);
+        v.t[7].shape = vec![2, 300, 8, 64]; // dk with q's head count
+        v.t[7].strides = crate::dlpack::compact_strides(&v.t[7].shape);
+        assert!(check(&args(&v, -1, -1, false)).is_err());
+        let mut v = views(100, 300, 8, 2, 64);
+        v.t[6].ptr = v.t[5].ptr; // dq aliases dout
+        assert!(check(&args(&v, -1, -1, false)).is_err());
+        let mut v = views(100, 300, 8, 2, 64);
+        v.t[8].dtype = DType::F16;
+        assert!(check(&args(&v, -1, -1, false)).is_err());
+        let mut v = views(100, 300, 8, 2, 64);
+        v.t[6].readonly = true;
+        assert!(check(&args(&v, -1, -1, false)).is_err());
+        let mut v = views(100, 300, 8, 2, 64);
+        v.t[5].ptr += 8; // dout rows not 16-byte aligned
+        assert!(check(&args(&v, -1, -1, false)).is_err());
+        // read-only forward outputs are fine (they are inputs here)
+        let mut v = views(100, 300, 8, 2, 64);
+        v.t[3].readonly = true;
+        v.t[4].readonly = true;
+        assert!(check(&args(&v, -1, -1, false)).is_ok());
+    }
+
+    #[test]
+    fn plan_grid_and_scratch() {
+        let v = views(1000, 1000, 8, 2, 128);
+        let p = check(&args(&v, -1, 0, false)).expect("valid");
+        let pl = plan(&p, 1, 90, 132, false).expect("plan");
+        assert_eq!(pl.tile, t(64, 128, 2, 1));
+        assert_eq!(pl.seqlen_q_pad, 1024);
+        assert_eq!(pl.grid_main, (8, 2, 2));
+        assert_eq!(pl.nsplit, 1);
+        assert_eq!(pl.dpsum_off, 2 * 8 * 1024 * 128 * 4);
+        assert_eq!(pl.scratch_bytes, pl.dpsum_off + 2 * 2 * 8 * 1024 * 4);
+        // deterministic: ceil(132 / (2 * 2)) = 33 slices, capped at the 8 kv blocks
+        let pl = plan(&p, 1, 90, 132, true).expect("plan");
+        assert_eq!((pl.nsplit, pl.grid_main.0), (8, 8));
+        assert_eq!(pl.dpsum_off, 8 * 2 * 8 * 1024 * 128 * 4);
+        // hd256 splits the head dim over two CTAs
+        let v = views(1000, 1000, 8, 2, 256);
+        let p = check(&args(&v, -1, -1, false)).expect("valid");
+        assert_eq!(
+            plan(&p, 0, 90, 132, false).expect("plan").grid_main,
+            (8, 4, 2)
+        );
+    }
+
+    #[test]
+    fn every_tile_fits_the_arch_shared_memory_and_the_kernel_asserts() {
+        for (arch, limit) in [(90, 232_448), (80, 166_912), (86, 101_376), (89, 101_376)] {
+            for &hd in HEAD_DIM_TILES {
+                for dtype in 0..3 {
+                    let tile = flash_bwd_tile(hd as u32, dtype, arch);
+                    let elem = if dtype == 2 { 4 } else { 2 };
+                    let smem = tile.smem_bytes(hd as u32, elem);
+                    assert!(
+                        smem <= limit,
+                        "sm_{arch} hd{hd} dtype{dtype}: {smem} > {limit}"
+                    );
+                    assert_eq!(tile.block_n, 16 * tile.warps);
+                    assert_eq!(tile.block_m % 16, 0);
+                    assert_eq!((hd as u32 / tile.dsplit) % 16, 0);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn all_specs_cover_both_aux_entries() {
+        let specs = all_specs(90);
+        assert!(specs.iter().any(|s| s.entry == ENTRY_PRE));
+        assert!(specs.iter().any(|s| s.entry == ENTRY_CONVERT));
+        // 6 tiles x 3 dtypes x (2 aux + 2 pads x 2 masks x 2 caps)
+        assert_eq!(specs.len(), 6 * 3 * (2 + 8));
+    }
+}

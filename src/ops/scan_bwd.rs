@@ -1,0 +1,834 @@
+//! Mamba selective scan backward: argument checks, launch plan, launches of
+//! `cuda/selective_scan_bwd.cu` (zero the accumulated gradients, chunk states when the forward
+//! saved none, then the backward proper).
+
+use crate::error::{unsupported, value_err, Error, Result};
+use crate::ops::next_pow2;
+use crate::ops::scan::{self, Problem, ScanArgs, SAVE_CHUNK};
+use crate::runtime::{driver, runtime, KernelSpec, StreamChoice};
+use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
+
+pub const SOURCE: &str = include_str!("../../cuda/selective_scan_bwd.cu");
+pub const FAMILY: &str = "selective_scan_bwd";
+pub const ENTRY_BWD: &str = "selective_scan_bwd";
+pub const ENTRY_STATES: &str = "selective_scan_bwd_states";
+pub const ENTRY_ZERO: &str = "selective_scan_bwd_zero";
+
+/// Threads per block and `__launch_bounds__` min blocks. Up to dstate 32 (two states a lane, at
+/// most 16 lanes a channel): 256 threads, 2 blocks (128 registers, 8 B of spills at dstate 16).
+/// Measured on the H100 (2026-11-23, Mamba-1 config, bf16, dstate 16, CUDA-graph medians):
+/// b8 d2048 L2048 256/2: 1494 us, 128/3 (167 registers, no spills): 1909 us, 128/4: 1601 us;
+/// L8192: 5933 / 7615 / 6390 us; b32 d512 L60: 52 / 66 / 55 us. Above dstate 32: 128 threads,
+/// 3 blocks (fewer spills with more states a lane).
+const BWD_THREADS_SMALL_STATE: i64 = 256;
+const BWD_MIN_BLOCKS_SMALL_STATE: i64 = 2;
+const BWD_THREADS: i64 = 128;
+const BWD_MIN_BLOCKS: i64 = 3;
+/// The zero-fill launch: blocks of 256 threads, at most this many blocks (grid-stride loop).
+const ZERO_THREADS: u32 = 256;
+const ZERO_MAX_BLOCKS: i64 = 1024;
+
+/// Mirrors `struct ScanBwdParams` in cuda/selective_scan_bwd.cu (712 bytes). Strides in elements.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ScanBwdParams {
+    pub u: u64,
+    pub delta: u64,
+    pub a: u64,
+    pub b: u64,
+    pub c: u64,
+    pub d: u64,
+    pub delta_bias: u64,
+    pub z: u64,
+    pub initial_state: u64,
+    pub dout: u64,
+    pub saved: u64,
+    pub dlast: u64,
+    pub du: u64,
+    pub ddelta: u64,
+    pub da: u64,
+    pub db: u64,
+    pub dc: u64,
+    pub dd: u64,
+    pub dz: u64,
+    pub ddelta_bias: u64,
+    pub dinit: u64,
+    pub ck: u64,
+    pub batch: i64,
+    pub dim: i64,
+    pub seqlen: i64,
+    pub dstate: i64,
+    pub ngroups: i64,
+    pub nsaved: i64,
+    pub u_batch: i64,
+    pub u_dim: i64,
+    pub delta_batch: i64,
+    pub delta_dim: i64,
+    pub z_batch: i64,
+    pub z_dim: i64,
+    pub dout_batch: i64,
+    pub dout_dim: i64,
+    pub du_batch: i64,
+    pub du_dim: i64,
+    pub ddelta_batch: i64,
+    pub ddelta_dim: i64,
+    pub dz_batch: i64,
+    pub dz_dim: i64,
+    pub a_dim: i64,
+    pub a_dstate: i64,
+    pub b_batch: i64,
+    pub b_group: i64,
+    pub b_dstate: i64,
+    pub b_dim: i64,
+    pub c_batch: i64,
+    pub c_group: i64,
+    pub c_dstate: i64,
+    pub c_dim: i64,
+    pub d_dim: i64,
+    pub delta_bias_dim: i64,
+    pub init_batch: i64,
+    pub init_dim: i64,
+    pub init_dstate: i64,
+    pub saved_batch: i64,
+    pub saved_dim: i64,
+    pub saved_chunk: i64,
+    pub saved_dstate: i64,
+    pub dlast_batch: i64,
+    pub dlast_dim: i64,
+    pub dlast_dstate: i64,
+    pub da_dim: i64,
+    pub da_dstate: i64,
+    pub db_batch: i64,
+    pub db_group: i64,
+    pub db_dstate: i64,
+    pub db_dim: i64,
+    pub dc_batch: i64,
+    pub dc_group: i64,
+    pub dc_dstate: i64,
+    pub dc_dim: i64,
+    pub dd_dim: i64,
+    pub ddelta_bias_dim: i64,
+    pub dinit_batch: i64,
+    pub dinit_dim: i64,
+    pub dinit_dstate: i64,
+    /// Element counts of dA, dB, dC, dD, ddelta_bias (0 when absent) for the zero-fill.
+    pub zero_n: [i64; 5],
+    pub chans_per_block: i32,
+    pub nitems: i32,
+    pub has_d: i32,
+    pub has_z: i32,
+    pub has_delta_bias: i32,
+    pub softplus: i32,
+    pub has_initial_state: i32,
+    pub has_saved: i32,
+    pub has_dlast: i32,
+    pub io_align: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<ScanBwdParams>() == 712);
+
+pub struct ScanBwdArgs<'a> {
+    pub u: &'a TensorView,
+    pub delta: &'a TensorView,
+    pub a: &'a TensorView,
+    pub b: &'a TensorView,
+    pub c: &'a TensorView,
+    pub d: Option<&'a TensorView>,
+    pub z: Option<&'a TensorView>,
+    pub delta_bias: Option<&'a TensorView>,
+    pub initial_state: Option<&'a TensorView>,
+    /// (batch, dim, seqlen), dtype of u.
+    pub dout: &'a TensorView,
+    /// From the forward; None -> recomputed here.
+    pub saved_states: Option<&'a TensorView>,
+    /// f32 (batch, dim, dstate): gradient reaching the returned last state, or None (= 0).
+    pub dlast_state: Option<&'a TensorView>,
+    pub du: &'a TensorView,
+    pub ddelta: &'a TensorView,
+    /// f32 (dim, dstate), contiguous.
+    pub da: &'a TensorView,
+    /// f32, shape of B / C, contiguous.
+    pub db: &'a TensorView,
+    pub dc: &'a TensorView,
+    /// f32 (dim,), iff D.
+    pub dd: Option<&'a TensorView>,
+    /// Shape / dtype of z, iff z.
+    pub dz: Option<&'a TensorView>,
+    /// f32 (dim,), iff delta_bias.
+    pub ddelta_bias: Option<&'a TensorView>,
+    /// f32 (batch, dim, dstate), iff initial_state.
+    pub dinitial_state: Option<&'a TensorView>,
+    pub delta_softplus: bool,
+}
+
+impl<'a> ScanBwdArgs<'a> {
+    /// The forward's view of the inputs (dout in the place of out), for `scan::check_core`.
+    fn forward_args(&self) -> ScanArgs<'a> {
+        ScanArgs {
+            u: self.u,
+            delta: self.delta,
+            a: self.a,
+            b: self.b,
+            c: self.c,
+            d: self.d,
+            z: self.z,
+            delta_bias: self.delta_bias,
+            initial_state: self.initial_state,
+            out: self.dout,
+            last_state: self.dlast_state,
+            saved_states: self.saved_states,
+            delta_softplus: self.delta_softplus,
+        }
+    }
+
+    fn inputs(&self) -> [(&'static str, Option<&TensorView>); 12] {
+        [
+            ("u", Some(self.u)),
+            ("delta", Some(self.delta)),
+            ("A", Some(self.a)),
+            ("B", Some(self.b)),
+            ("C", Some(self.c)),
+            ("D", self.d),
+            ("z", self.z),
+            ("delta_bias", self.delta_bias),
+            ("initial_state", self.initial_state),
+            ("dout", Some(self.dout)),
+            ("saved_states", self.saved_states),
+            ("dlast_state", self.dlast_state),
+        ]
+    }
+
+    fn outputs(&self) -> [(&'static str, Option<&TensorView>); 9] {
+        [
+            ("du", Some(self.du)),
+            ("ddelta", Some(self.ddelta)),
+            ("dA", Some(self.da)),
+            ("dB", Some(self.db)),
+            ("dC", Some(self.dc)),
+            ("dD", self.dd),
+            ("dz", self.dz),
+            ("ddelta_bias", self.ddelta_bias),
+            ("dinitial_state", self.dinitial_state),
+        ]
+    }
+}
+
+/// A gradient is given exactly when its input is.
+fn expect_paired(
+    grad: &str,
+    g: Option<&TensorView>,
+    input: &str,
+    i: Option<&TensorView>,
+) -> Result<()> {
+    match (g.is_some(), i.is_some()) {
+        (true, false) => Err(value_err(format!("{grad} is given but {input} is not"))),
+        (false, true) => Err(value_err(format!(
+            "{input} is given, so {grad} is required"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Every check of the backward; pure (no GPU). Returns the problem and the dB / dC forms.
+pub fn check(a: &ScanBwdArgs) -> Result<(Problem, scan::BcForm, scan::BcForm)> {
+    // The forward's checks of the inputs, dout standing where out is (dtype and shape of u) and
+    // dlast_state where last_state is (f32 (batch, dim, dstate)).
+    let p = scan::check_core(&a.forward_args(), false)?;
+    expect_paired("dD", a.dd, "D", a.d)?;
+    expect_paired("dz", a.dz, "z", a.z)?;
+    expect_paired("ddelta_bias", a.ddelta_bias, "delta_bias", a.delta_bias)?;
+    expect_paired(
+        "dinitial_state",
+        a.dinitial_state,
+        "initial_state",
+        a.initial_state,
+    )?;
+    for (name, t) in [("du", Some(a.du)), ("ddelta", Some(a.ddelta)), ("dz", a.dz)] {
+        if let Some(t) = t {
+            t.expect_same_dtype(name, a.u, "u")?;
+            t.expect_shape(name, &a.u.shape)?;
+            t.expect_unit_stride(name, 2, "seqlen")?;
+        }
+    }
+    // Accumulated gradients: f32, contiguous (zero-filled as flat arrays).
+    a.da.expect_dtype("dA", &[DType::F32])?;
+    a.da.expect_shape("dA", &a.a.shape)?;
+    let dbf = scan::bc_form(a.db, "dB", p.batch, p.dim, p.dstate, p.seqlen)?;
+    let dcf = scan::bc_form(a.dc, "dC", p.batch, p.dim, p.dstate, p.seqlen)?;
+    for (name, g, t) in [("dB", a.db, a.b), ("dC", a.dc, a.c)] {
+        g.expect_dtype(name, &[DType::F32])?;
+        if g.shape != t.shape {
+            return Err(value_err(format!(
+                "{name} must have the shape of {} {:?}; got {:?}",
+                &name[1..],
+                t.shape,
+                g.shape
+            )));
+        }
+    }
+    for (name, t) in [("dD", a.dd), ("ddelta_bias", a.ddelta_bias)] {
+        if let Some(t) = t {
+            t.expect_dtype(name, &[DType::F32])?;
+            t.expect_shape(name, &[p.dim])?;
+        }
+    }
+    for (name, t) in [
+        ("dA", Some(a.da)),
+        ("dB", Some(a.db)),
+        ("dC", Some(a.dc)),
+        ("dD", a.dd),
+        ("ddelta_bias", a.ddelta_bias),
+    ] {
+        if let Some(t) = t {
+            t.expect_contiguous(name)?;
+        }
+    }
+    if let Some(t) = a.dinitial_state {
+        t.expect_dtype("dinitial_state", &[DType::F32])?;
+        t.expect_shape("dinitial_state", &[p.batch, p.dim, p.dstate])?;
+    }
+    for (name, t) in a.outputs() {
+        if let Some(t) = t {
+            t.expect_writable(name)?;
+        }
+    }
+    expect_no_overlap(&a.outputs(), &a.inputs())?;
+    Ok((p, dbf, dcf))
+}
+
+fn cdiv(a: i64, b: i64) -> i64 {
+    (a + b - 1) / b
+}
+
+/// Tile constants for a dstate (see the kernel's header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BwdTiles {
+    pub dpad: i64,
+    pub nsplit: i64,
+    pub tile: i64,
+    pub threads: i64,
+    pub min_blocks: i64,
+}
+
+impl BwdTiles {
+    /// States per lane.
+    pub fn ns(&self) -> i64 {
+        self.dpad / self.nsplit
+    }
+}
+
+/// Two states a lane up to dstate 64 (32 lanes a channel), more above; the register history of a
+/// tile (2 * tile * states-per-lane floats) stays at <= 64 registers.
+pub fn tiles(dstate: i64) -> BwdTiles {
+    let dpad = next_pow2(dstate);
+    let nsplit = (dpad / 2).clamp(1, 32);
+    let ns = dpad / nsplit;
+    let tile = if ns >= 8 {
+        4
+    } else if ns == 4 || nsplit <= 2 {
+        8
+    } else {
+        16
+    };
+    let small = dpad <= 32;
+    BwdTiles {
+        dpad,
+        nsplit,
+        tile,
+        threads: if small {
+            BWD_THREADS_SMALL_STATE
+        } else {
+            BWD_THREADS
+        },
+        min_blocks: if small {
+            BWD_MIN_BLOCKS_SMALL_STATE
+        } else {
+            BWD_MIN_BLOCKS
+        },
+    }
+}
+
+/// The launch plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BwdPlan {
+    pub tiles: BwdTiles,
+    pub chans_per_block: i64,
+    pub nitems: i64,
+    /// Blocks of the persistent backward launch (<= nitems).
+    pub grid: i64,
+    pub smem: i64,
+    pub nsaved: i64,
+    /// Checkpoint scratch (floats): grid * (SAVE_CHUNK / tile) * threads * states-per-lane.
+    pub ck_floats: i64,
+}
+
+pub fn plan(p: &Problem, sm_count: i64) -> BwdPlan {
+    let t = tiles(p.dstate);
+    let chans = t.threads / t.nsplit;
+    let dpg = p.dim / p.ngroups;
+    let cpb = if (p.b.varying || p.c.varying) && p.ngroups > 1 {
+        (1..=chans.min(dpg))
+            .rev()
+            .find(|c| dpg % c == 0)
+            .unwrap_or(1)
+    } else {
+        chans
+    };
+    let nitems = p.batch * cdiv(p.dim, cpb);
+    let grid = nitems.min(sm_count.max(1) * t.min_blocks).max(1);
+    let row = if t.dpad >= 4 { t.dpad + 4 } else { t.dpad };
+    let nvar = p.b.varying as i64 + p.c.varying as i64;
+    let floats = nvar * t.tile * row
+        + 4 * chans * t.tile
+        + t.threads * 3 * (t.tile + 2)
+        + if nvar > 0 {
+            t.threads / 32 * 2 * t.dpad * (t.tile + 1)
+        } else {
+            0
+        };
+    BwdPlan {
+        tiles: t,
+        chans_per_block: cpb,
+        nitems,
+        grid,
+        smem: 4 * floats,
+        nsaved: scan::saved_state_count(p.seqlen),
+        ck_floats: grid * (SAVE_CHUNK / t.tile) * t.threads * t.ns(),
+    }
+}
+
+pub fn spec(
+    t: &BwdTiles,
+    in_dtype: DType,
+    bc_dtype: DType,
+    bv: bool,
+    cv: bool,
+    arch: i64,
+    entry: &'static str,
+) -> Result<KernelSpec> {
+    let defines = vec![
+        ("FS_IN_DTYPE", in_dtype.kernel_code()?),
+        ("FS_BC_DTYPE", bc_dtype.kernel_code()?),
+        ("FS_DSTATE", t.dpad),
+        ("FS_NSPLIT", t.nsplit),
+        ("FS_TILE_T", t.tile),
+        ("FS_THREADS", t.threads),
+        ("FS_MIN_BLOCKS", t.min_blocks),
+        ("FS_B_VARYING", bv as i64),
+        ("FS_C_VARYING", cv as i64),
+        ("FS_CHUNK", SAVE_CHUNK),
+        ("FS_ARCH", arch),
+    ];
+    Ok(KernelSpec {
+        family: FAMILY,
+        source: SOURCE,
+        entry,
+        defines,
+    })
+}
+
+/// Every variant (one translation unit per define set; its three entries live in it).
+pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
+    let mut out = Vec::new();
+    for d in [1, 2, 4, 8, 16, 32, 64, 128, 256] {
+        let t = tiles(d);
+        for in_dt in [DType::F16, DType::BF16, DType::F32] {
+            let bcs: &[DType] = if in_dt == DType::F32 {
+                &[DType::F32]
+            } else {
+                &[in_dt, DType::F32]
+            };
+            for &bc in bcs {
+                for (bv, cv) in [(false, false), (false, true), (true, false), (true, true)] {
+                    if let Ok(s) = spec(&t, in_dt, bc, bv, cv, arch_num, ENTRY_BWD) {
+                        out.push(s);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Frees stream-ordered scratch on drop (error paths included).
+struct Scratch {
+    ptrs: Vec<u64>,
+    stream: driver::Stream,
+}
+
+impl Scratch {
+    fn alloc(&mut self, bytes: i64) -> Result<u64> {
+        let p = driver::alloc_async(bytes.max(1) as usize, self.stream)?;
+        self.ptrs.push(p);
+        Ok(p)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        for &p in &self.ptrs {
+            // SAFETY: each pointer came from alloc_async on this stream and is freed once here,
+            // ordered after every launch queued on the stream that uses it.
+            let _ = unsafe { driver::free_async(p, self.stream) };
+        }
+    }
+}
+
+fn ptr(t: Option<&TensorView>) -> u64 {
+    t.map_or(0, |t| t.ptr)
+}
+
+fn stride(t: Option<&TensorView>, i: usize) -> i64 {
+    t.map_or(0, |t| t.strides[i])
+}
+
+pub fn backward(a: &ScanBwdArgs, stream: StreamChoice) -> Result<()> {
+    let (p, dbf, dcf) = check(a)?;
+    let mut named = a.inputs().to_vec();
+    named.extend(a.outputs());
+    let device = common_cuda_device(&named)?;
+    if p.seqlen == 0 && a.dinitial_state.is_some() && p.batch * p.dim > 0 {
+        return Err(unsupported(
+            "seqlen = 0 with initial_state: nothing to differentiate",
+        ));
+    }
+    let rt = runtime().map_err(Error::Unavailable)?;
+    let dev = rt.device(device)?;
+    let arch = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
+    let pl = plan(&p, dev.props.sm_count as i64);
+    let nitems = i32::try_from(pl.nitems)
+        .map_err(|_| unsupported("batch * dim too large for one launch"))?;
+    let in_dt = a.u.dtype;
+    let (bv, cv) = (p.b.varying, p.c.varying);
+    let kspec = |entry| spec(&pl.tiles, in_dt, a.b.dtype, bv, cv, arch, entry);
+    let zero_k = dev.kernel(&kspec(ENTRY_ZERO)?)?;
+    let s = dev.stream(stream)?;
+    let mut params = ScanBwdParams {
+        u: a.u.ptr,
+        delta: a.delta.ptr,
+        a: a.a.ptr,
+        b: a.b.ptr,
+        c: a.c.ptr,
+        d: ptr(a.d),
+        delta_bias: ptr(a.delta_bias),
+        z: ptr(a.z),
+        initial_state: ptr(a.initial_state),
+        dout: a.dout.ptr,
+        saved: ptr(a.saved_states),
+        dlast: ptr(a.dlast_state),
+        du: a.du.ptr,
+        ddelta: a.ddelta.ptr,
+        da: a.da.ptr,
+        db: a.db.ptr,
+        dc: a.dc.ptr,
+        dd: ptr(a.dd),
+        dz: ptr(a.dz),
+        ddelta_bias: ptr(a.ddelta_bias),
+        dinit: ptr(a.dinitial_state),
+        ck: 0,
+        batch: p.batch,
+        dim: p.dim,
+        seqlen: p.seqlen,
+        dstate: p.dstate,
+        ngroups: p.ngroups,
+        nsaved: pl.nsaved,
+        u_batch: a.u.strides[0],
+        u_dim: a.u.strides[1],
+        delta_batch: a.delta.strides[0],
+        delta_dim: a.delta.strides[1],
+        z_batch: stride(a.z, 0),
+        z_dim: stride(a.z, 1),
+        dout_batch: a.dout.strides[0],
+        dout_dim: a.dout.strides[1],
+        du_batch: a.du.strides[0],
+        du_dim: a.du.strides[1],
+        ddelta_batch: a.ddelta.strides[0],
+        ddelta_dim: a.ddelta.strides[1],
+        dz_batch: stride(a.dz, 0),
+        dz_dim: stride(a.dz, 1),
+        a_dim: a.a.strides[0],
+        a_dstate: a.a.strides[1],
+        b_batch: p.b.strides[0],
+        b_group: p.b.strides[1],
+        b_dstate: p.b.strides[2],
+        b_dim: p.b.strides[3],
+        c_batch: p.c.strides[0],
+        c_group: p.c.strides[1],
+        c_dstate: p.c.strides[2],
+        c_dim: p.c.strides[3],
+        d_dim: stride(a.d, 0),
+        delta_bias_dim: stride(a.delta_bias, 0),
+        init_batch: stride(a.initial_state, 0),
+        init_dim: stride(a.initial_state, 1),
+        init_dstate: stride(a.initial_state, 2),
+        saved_batch: stride(a.saved_states, 0),
+        saved_dim: stride(a.saved_states, 1),
+        saved_chunk: stride(a.saved_states, 2),
+        saved_dstate: stride(a.saved_states, 3),
+        dlast_batch: stride(a.dlast_state, 0),
+        dlast_dim: stride(a.dlast_state, 1),
+        dlast_dstate: stride(a.dlast_state, 2),
+        da_dim: a.da.strides[0],
+        da_dstate: a.da.strides[1],
+        db_batch: dbf.strides[0],
+        db_group: dbf.strides[1],
+        db_dstate: dbf.strides[2],
+        db_dim: dbf.strides[3],
+        dc_batch: dcf.strides[0],
+        dc_group: dcf.strides[1],
+        dc_dstate: dcf.strides[2],
+        dc_dim: dcf.strides[3],
+        dd_dim: stride(a.dd, 0),
+        ddelta_bias_dim: stride(a.ddelta_bias, 0),
+        dinit_batch: stride(a.dinitial_state, 0),
+        dinit_dim: stride(a.dinitial_state, 1),
+        dinit_dstate: stride(a.dinitial_state, 2),
+        zero_n: [
+            a.da.numel(),
+            a.db.numel(),
+            a.dc.numel(),
+            a.dd.map_or(0, |t| t.numel()),
+            a.ddelta_bias.map_or(0, |t| t.numel()),
+        ],
+        chans_per_block: pl.chans_per_block as i32,
+        nitems,
+        has_d: a.d.is_some() as i32,
+        has_z: a.z.is_some() as i32,
+        has_delta_bias: a.delta_bias.is_some() as i32,
+        softplus: a.delta_softplus as i32,
+        has_initial_state: a.initial_state.is_some() as i32,
+        has_saved: 0,
+        has_dlast: a.dlast_state.is_some() as i32,
+        io_align: scan::io_align(
+            &[a.u, a.delta, a.dout, a.du, a.ddelta]
+                .into_iter()
+                .chain(a.z)
+                .chain(a.dz)
+                .collect::<Vec<_>>(),
+        ),
+    };
+    // 1. zero the accumulated gradients (flat, contiguous: checked).
+    let zero_blocks = (params.zero_n.iter().max().copied().unwrap_or(0) / ZERO_THREADS as i64 + 1)
+        .min(ZERO_MAX_BLOCKS) as u32;
+    // SAFETY: params mirrors ScanBwdParams; the zero kernel writes zero_n[i] f32 elements of the
+    // contiguous dA, dB, dC, dD, ddelta_bias (checked shapes, dtypes, device).
+    unsafe {
+        dev.launch(
+            &zero_k,
+            (zero_blocks, 1, 1),
+            (ZERO_THREADS, 1, 1),
+            0,
+            s,
+            &params,
+        )?;
+    }
+    if p.batch == 0 || p.dim == 0 || p.seqlen == 0 {
+        return dev.finish(stream);
+    }
+    let bwd_k = dev.kernel(&kspec(ENTRY_BWD)?)?;
+    let block = (pl.tiles.threads as u32, 1, 1);
+    dev.make_current()?;
+    let mut scratch = Scratch {
+        ptrs: Vec::new(),
+        stream: s,
+    };
+    params.ck = scratch.alloc(4 * pl.ck_floats)?;
+    // 2. chunk states, when the sequence has several chunks and the forward saved none.
+    if pl.nsaved > 0 && a.saved_states.is_none() {
+        let states_k = dev.kernel(&kspec(ENTRY_STATES)?)?;
+        let n = p.batch * p.dim * pl.nsaved * p.dstate;
+        params.saved = scratch.alloc(4 * n)?;
+        params.saved_dstate = 1;
+        params.saved_chunk = p.dstate;
+        params.saved_dim = pl.nsaved * p.dstate;
+        params.saved_batch = p.dim * pl.nsaved * p.dstate;
+        // SAFETY: as above; the states kernel writes batch*dim*nsaved*dstate floats of the
+        // scratch just allocated, with the strides set here.
+        unsafe {
+            dev.launch(
+                &states_k,
+                (nitems as u32, 1, 1),
+                block,
+                pl.smem as u32,
+                s,
+                &params,
+            )?;
+        }
+    }
+    params.has_saved = (params.saved != 0) as i32;
+    // 3. the backward: persistent grid over the items.
+    // SAFETY: as above; ck holds grid * (SAVE_CHUNK / tile) * threads * ns floats as indexed by
+    // blockIdx.x; saved holds every chunk state the kernel reads (nsaved > 0 implies it is set).
+    unsafe {
+        dev.launch(
+            &bwd_k,
+            (pl.grid as u32, 1, 1),
+            block,
+            pl.smem as u32,
+            s,
+            &params,
+        )?;
+    }
+    drop(scratch);
+    dev.finish(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::DeviceKind;
+
+    fn view(shape: &[i64], dtype: DType, ptr: u64) -> TensorView {
+        let mut strides = vec![1; shape.len()];
+        for i in (0..shape.len().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * shape[i + 1];
+        }
+        TensorView {
+            ptr,
+            shape: shape.to_vec(),
+            strides,
+            dtype,
+            device: DeviceKind::Cuda,
+            device_id: 0,
+            readonly: false,
+        }
+    }
+
+    struct Set {
+        t: Vec<TensorView>,
+    }
+
+    /// u, delta, A, B, C, D, dout, du, ddelta, dA, dB, dC, dD (varying B/C, one group), at
+    /// disjoint addresses.
+    fn set(batch: i64, dim: i64, seqlen: i64, dstate: i64) -> Set {
+        let shapes: Vec<(Vec<i64>, DType)> = vec![
+            (vec![batch, dim, seqlen], DType::BF16),
+            (vec![batch, dim, seqlen], DType::BF16),
+            (vec![dim, dstate], DType::F32),
+            (vec![batch, 1, dstate, seqlen], DType::BF16),
+            (vec![batch, 1, dstate, seqlen], DType::BF16),
+            (vec![dim], DType::F32),
+            (vec![batch, dim, seqlen], DType::BF16),
+            (vec![batch, dim, seqlen], DType::BF16),
+            (vec![batch, dim, seqlen], DType::BF16),
+            (vec![dim, dstate], DType::F32),
+            (vec![batch, 1, dstate, seqlen], DType::F32),
+            (vec![batch, 1, dstate, seqlen], DType::F32),
+            (vec![dim], DType::F32),
+        ];
+        let t = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, (s, d))| view(s, *d, 0x1000_0000 * (i as u64 + 1)))
+            .collect();
+        Set { t }
+    }
+
+    fn args(s: &Set) -> ScanBwdArgs<'_> {
+        let t = &s.t;
+        ScanBwdArgs {
+            u: &t[0],
+            delta: &t[1],
+            a: &t[2],
+            b: &t[3],
+            c: &t[4],
+            d: Some(&t[5]),
+            z: None,
+            delta_bias: None,
+            initial_state: None,
+            dout: &t[6],
+            saved_states: None,
+            dlast_state: None,
+            du: &t[7],
+            ddelta: &t[8],
+            da: &t[9],
+            db: &t[10],
+            dc: &t[11],
+            dd: Some(&t[12]),
+            dz: None,
+            ddelta_bias: None,
+            dinitial_state: None,
+            delta_softplus: true,
+        }
+    }
+
+    #[test]
+    fn checks_accept_a_consistent_set_and_name_bad_gradients() {
+        let s = set(2, 64, 300, 16);
+        let a = args(&s);
+        let (p, dbf, _) = check(&a).unwrap();
+        assert_eq!((p.batch, p.dim, p.seqlen, p.dstate), (2, 64, 300, 16));
+        assert!(dbf.varying);
+        // dD required with D
+        let mut a2 = args(&s);
+        a2.dd = None;
+        assert!(check(&a2).unwrap_err().to_string().contains("dD"));
+        // dz without z
+        let dz = view(&[2, 64, 300], DType::BF16, 0x9_0000_0000);
+        let mut a3 = args(&s);
+        a3.dz = Some(&dz);
+        assert!(check(&a3).unwrap_err().to_string().contains("dz"));
+        // dA in the wrong dtype
+        let bad = view(&[64, 16], DType::BF16, 0x9_1000_0000);
+        let mut a4 = args(&s);
+        a4.da = &bad;
+        assert!(check(&a4).unwrap_err().to_string().contains("dA"));
+        // an output aliasing an input
+        let mut a5 = args(&s);
+        a5.du = s.t.first().unwrap();
+        assert!(check(&a5).unwrap_err().to_string().contains("overlaps"));
+        // saved states of the wrong chunk count
+        let sv = view(&[2, 64, 5, 16], DType::F32, 0x9_2000_0000);
+        let mut a6 = args(&s);
+        a6.saved_states = Some(&sv);
+        assert!(check(&a6).unwrap_err().to_string().contains("saved_states"));
+        let sv = view(
+            &[2, 64, scan::saved_state_count(300), 16],
+            DType::F32,
+            0x9_2000_0000,
+        );
+        let mut a7 = args(&s);
+        a7.saved_states = Some(&sv);
+        assert!(check(&a7).is_ok());
+    }
+
+    #[test]
+    fn saved_state_count_matches_the_chunking() {
+        assert_eq!(scan::saved_state_count(0), 0);
+        assert_eq!(scan::saved_state_count(1), 0);
+        assert_eq!(scan::saved_state_count(SAVE_CHUNK), 0);
+        assert_eq!(scan::saved_state_count(SAVE_CHUNK + 1), 1);
+        assert_eq!(scan::saved_state_count(100_000), 390);
+    }
+
+    #[test]
+    fn plan_matches_the_kernel_notes() {
+        let s = set(8, 2048, 2048, 16);
+        let (p, _, _) = check(&args(&s)).unwrap();
+        let pl = plan(&p, 132);
+        assert_eq!(pl.tiles, tiles(16));
+        assert_eq!((pl.tiles.nsplit, pl.tiles.tile), (8, 16));
+        assert_eq!((pl.tiles.threads, pl.tiles.min_blocks), (256, 2));
+        assert_eq!(pl.chans_per_block, 32);
+        assert_eq!(pl.nitems, 8 * 64);
+        assert_eq!(pl.grid, 132 * 2);
+        // sB + sC + sDT + sP + sRed (floats), as the kernel's Smem
+        assert_eq!(
+            pl.smem,
+            4 * (2 * 16 * 20 + 4 * 32 * 16 + 256 * 3 * 18 + 8 * 2 * 16 * 17)
+        );
+        assert_eq!(pl.ck_floats, pl.grid * (256 / 16) * 256 * 2);
+        assert_eq!(pl.nsaved, 7);
+    }
+
+    #[test]
+    fn tiles_cover_every_dstate() {
+        for d in 1..=256 {
+            let t = tiles(d);
+            assert!(t.dpad >= d && t.dpad % t.nsplit == 0);
+            assert!(SAVE_CHUNK % t.tile == 0 && t.tile % 4 == 0);
+            assert!(2 * t.tile * t.ns() <= 64);
+            assert!(t.threads % t.nsplit == 0 && t.nsplit <= 32);
+        }
+    }
+}
