@@ -270,16 +270,24 @@ def test_scan_plan(
         kw.update(D=torch.nn.Parameter(torch.randn(dim)), z=rnd(b, dim, L, dtype=dtype))
     if extras >= 2:
         kw.update(delta_bias=torch.rand(dim), initial_state=torch.randn(b, dim, n))
-    for sp in (False, True):
-        twice(fake, seen, lambda sp=sp: flashscan.selective_scan_fn(*a, **kw, delta_softplus=sp), 1)
-        twice(
-            fake,
-            seen,
-            lambda sp=sp: flashscan.selective_scan_fn(
-                *a, **kw, delta_softplus=sp, return_last_state=True
-            ),
-            2,
-        )
+    # D is a parameter that requires grad: calls under no_grad (inference) take the plan; with
+    # grad mode on they would go to flashscan.torch (tested in test_torch_autograd)
+    with torch.no_grad():
+        for sp in (False, True):
+            twice(
+                fake,
+                seen,
+                lambda sp=sp: flashscan.selective_scan_fn(*a, **kw, delta_softplus=sp),
+                1,
+            )
+            twice(
+                fake,
+                seen,
+                lambda sp=sp: flashscan.selective_scan_fn(
+                    *a, **kw, delta_softplus=sp, return_last_state=True
+                ),
+                2,
+            )
     for bad in ({"delta_softplus": "x"}, {"return_last_state": 2}):
         msgs = []
         for _ in range(2):

@@ -50,6 +50,10 @@ for stage in "${stages[@]}"; do
     bench)
       python3 "$repo/benches/compare.py" --out "$OUT/bench" 2>"$OUT/bench_progress.log" | tail -120
       ;;
+    bench-backward)
+      python3 "$repo/benches/backward.py" --out "$OUT/bench_backward" 2>&1 \
+        | tee "$OUT/bench_backward.log" | tail -50
+      ;;
     *)
       # anything else: a python script path relative to the repo, with its output logged
       python3 "$repo/$stage" 2>&1 | tee "$OUT/$(basename "$stage").log" | tail -80

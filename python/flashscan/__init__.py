@@ -20,7 +20,7 @@ import platform
 import sys
 from typing import Any
 
-from . import reference
+from . import reference, reference_bwd
 from ._backend import (
     CompileError,
     CudaError,
@@ -44,6 +44,7 @@ __all__ = [
     "flash_attn_func",
     "info",
     "reference",
+    "reference_bwd",
     "selective_scan_fn",
     "selective_state_update",
 ]

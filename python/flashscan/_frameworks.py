@@ -455,6 +455,21 @@ def _resolve(x: Any, arg: str) -> Handler:
     return h
 
 
+def grad_enabled() -> bool:
+    """torch's grad mode (only asked once a torch input requires grad)."""
+    return bool(sys.modules["torch"].is_grad_enabled())
+
+
+def needs_autograd(h: Handler, objs: tuple[Any, ...]) -> bool:
+    """True for torch arrays of which one requires grad, with grad mode on: such calls go to
+    the differentiable ops of `flashscan.torch`."""
+    return (
+        isinstance(h, TorchHandler)
+        and any(o is not None and getattr(o, "requires_grad", False) for o in objs)
+        and bool(h.torch.is_grad_enabled())
+    )
+
+
 def handler_of(x: Any, arg: str) -> Handler:
     """The handler for `x`'s framework (cached per type)."""
     h = _HANDLERS.get(type(x))

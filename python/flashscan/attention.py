@@ -25,7 +25,17 @@ from typing import Any
 import numpy as np
 
 from . import _backend, _checks, reference
-from ._frameworks import _HANDLERS, CPU, CUDA, TORCH_TYPES, Desc, Handler, _resolve
+from ._frameworks import (
+    _HANDLERS,
+    CPU,
+    CUDA,
+    TORCH_TYPES,
+    Desc,
+    Handler,
+    _resolve,
+    grad_enabled,
+    needs_autograd,
+)
 
 __all__ = ["flash_attn_func"]
 
@@ -102,7 +112,11 @@ def flash_attn_func(
             plan = _PLANS.get(key)
             if plan is not None:
                 _LAST = (key, plan)
-        if plan is not None and plan[0] in (_backend._usable or _NO_DEVICES):
+        if (
+            plan is not None
+            and plan[0] in (_backend._usable or _NO_DEVICES)
+            and not ((q.requires_grad or k.requires_grad or v.requires_grad) and grad_enabled())
+        ):
             # --- the hot path: a signature already checked and served -------------------------
             dev, dts, d_scale, o_shape, o_strides, l_shape, l_strides, stream, f32 = plan
             if causal is not False and causal is not True:
@@ -183,11 +197,18 @@ def _flash_attn_any(
     return_lse: bool,
     out: Any,
     key: Any,
+    route: bool = True,
 ) -> Any | tuple[Any, Any]:
     """The general path: any framework, every check; records the plan of a torch signature
-    (`key`, not None when every array is a torch tensor) it sends to the GPU."""
+    (`key`, not None when every array is a torch tensor) it sends to the GPU. With `route`,
+    torch calls that need gradients go to `flashscan.torch` (whose op comes back here with
+    route=False)."""
     tq = type(q)
     hq = _HANDLERS.get(tq) or _resolve(q, "q")
+    if route and needs_autograd(hq, (q, k, v)):
+        return _differentiable(
+            q, k, v, softmax_scale, causal, window_size, softcap, return_lse, out
+        )
     dq = hq.describe(q, "q")
     hk = hq if type(k) is tq else (_HANDLERS.get(type(k)) or _resolve(k, "k"))
     dk = hk.describe(k, "k")
@@ -262,6 +283,30 @@ def _flash_attn_any(
         raise ValueError(f"q: unsupported device type {dq[4]}")
 
     return _on_host(q, k, v, hq, hk, hv, dq, scale, causal, (wl, wr), cap, return_lse, out, ho)
+
+
+def _differentiable(
+    q: Any,
+    k: Any,
+    v: Any,
+    softmax_scale: float | None,
+    causal: bool,
+    window_size: tuple[int, int],
+    softcap: float,
+    return_lse: bool,
+    out: Any,
+) -> Any | tuple[Any, Any]:
+    """A torch call that needs gradients: `flashscan.torch.flash_attn_func`."""
+    if out is not None:
+        raise ValueError(
+            "out: an out= array cannot take part in autograd (q, k or v requires grad); "
+            "drop out=, or call under torch.no_grad()"
+        )
+    from . import torch as fst
+
+    return fst.flash_attn_func(
+        q, k, v, softmax_scale, causal, window_size, softcap, return_lse=return_lse
+    )
 
 
 def _on_host(

@@ -15,7 +15,16 @@ from __future__ import annotations
 from typing import Any
 
 from . import _backend, _checks, reference
-from ._frameworks import _HANDLERS, CUDA, TORCH_TYPES, Desc, Handler, _resolve
+from ._frameworks import (
+    _HANDLERS,
+    CUDA,
+    TORCH_TYPES,
+    Desc,
+    Handler,
+    _resolve,
+    grad_enabled,
+    needs_autograd,
+)
 
 __all__ = ["selective_scan_fn", "selective_state_update"]
 
@@ -167,7 +176,24 @@ def selective_scan_fn(
             plan = _SCAN_PLANS.get(key)
             if plan is not None:
                 _SCAN_LAST = (key, plan)
-        if plan is not None and plan[0] in (_backend._usable or _NO_DEVICES):
+        if (
+            plan is not None
+            and plan[0] in (_backend._usable or _NO_DEVICES)
+            and not (
+                (
+                    u.requires_grad
+                    or delta.requires_grad
+                    or A.requires_grad
+                    or B.requires_grad
+                    or C.requires_grad
+                    or (D is not None and D.requires_grad)
+                    or (z is not None and z.requires_grad)
+                    or (delta_bias is not None and delta_bias.requires_grad)
+                    or (initial_state is not None and initial_state.requires_grad)
+                )
+                and grad_enabled()
+            )
+        ):
             # --- the hot path: a signature already checked and served -------------------------
             dev, dts, dtb, dtc, o_shape, o_strides, l_shape, l_strides, stream, f32 = plan
             if delta_softplus is not True and delta_softplus is not False:
@@ -264,12 +290,20 @@ def _scan_any(
     return_last_state: Any,
     initial_state: Any,
     key: Any,
+    route: bool = True,
 ) -> Any | tuple[Any, Any]:
     """The general path of `selective_scan_fn`: any framework, every check; records the plan
     of a torch signature (`key`, not None when every array is a torch tensor) it sends to the
-    GPU."""
+    GPU. With `route`, torch calls that need gradients go to `flashscan.torch` (whose op comes
+    back here with route=False)."""
     hu = _HANDLERS.get(type(u)) or _resolve(u, "u")
     objs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
+    if route and needs_autograd(hu, objs):
+        from . import torch as fst
+
+        return fst.selective_scan_fn(
+            u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state, initial_state
+        )
     hands, descs, nargs = _describe_all(objs, _SCAN_ARGS, 5, hu, type(u))
     du = descs[0]
     assert du is not None
@@ -328,6 +362,51 @@ def _scan_any(
     if not return_last_state:
         return out
     return out, hu.from_host(x_last, "float32", u, du)
+
+
+def selective_scan_saving(
+    u: Any,
+    delta: Any,
+    A: Any,
+    B: Any,
+    C: Any,
+    D: Any,
+    z: Any,
+    delta_bias: Any,
+    delta_softplus: bool,
+    initial_state: Any,
+) -> tuple[Any, Any, Any]:
+    """The forward for a backward to come (`flashscan.torch`; CUDA arrays on a served
+    device): (out, last_state, saved_states), where saved_states (batch, dim, nsaved, dstate)
+    float32 holds the state after every chunk of `_native.scan_saved_state_count` steps."""
+    hu = _HANDLERS.get(type(u)) or _resolve(u, "u")
+    objs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
+    _, descs, nargs = _describe_all(objs, _SCAN_ARGS, 5, hu, type(u))
+    du = descs[0]
+    assert du is not None
+    batch, dim, seqlen, dstate = _checks.selective_scan(*descs)  # type: ignore[arg-type]
+    nsaved = _native.scan_saved_state_count(seqlen)  # type: ignore[union-attr]
+    out = hu.empty(du[1], du[3], u, du)
+    last = hu.empty((batch, dim, dstate), "float32", u, du)
+    saved = hu.empty((batch, dim, nsaved, dstate), "float32", u, du)
+    if batch and dim and seqlen:
+        fast = hu.fast
+        _native.selective_scan_fwd(  # type: ignore[union-attr]
+            *nargs,
+            hu.describe_new(out, du[1], du[3], du) if fast else out,
+            hu.describe_new(last, (batch, dim, dstate), "float32", du) if fast else last,
+            delta_softplus,
+            hu.stream(du[5]),
+            saved_states=hu.describe_new(saved, (batch, dim, nsaved, dstate), "float32", du)
+            if fast and nsaved
+            else (saved if nsaved else None),
+        )
+    else:  # nothing to scan: the reference's zeros / initial state
+        host_out, host_last = _scan_any(
+            u, delta, A, B, C, D, z, delta_bias, delta_softplus, True, initial_state, None, False
+        )
+        return host_out, host_last, saved
+    return out, last, saved
 
 
 def selective_state_update(

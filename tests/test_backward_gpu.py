@@ -1,0 +1,346 @@
+"""GPU tests of the backward kernels through `flashscan.torch` (issue 6).
+
+Attention: dq, dk, dv against torch float64 autograd of math attention, by the correctness rule
+(baseline: autograd of the same math attention in the inputs' dtype); float32 to 1e-4
+relative. Matrix: head dims 32..256 incl. padded ones, odd seqlens with seqlen_q != seqlen_k
+both ways, causal, sliding windows, softcap, GQA and MQA, fp16/bf16/fp32; deterministic mode
+bit-reproducible; poisoned gradient buffers; a non-default stream; CUDA graph capture of a
+forward + backward step.
+
+Selective scan: every gradient against torch float64 autograd of the float64 reference scan of
+test_scan_gpu (baseline for 16-bit results: the float64 gradient rounded to that dtype;
+float32 results relative to their largest reference value: elementwise ones 1e-4, sums over
+batch and time or channels (dA, dB, dC, dD, ddelta_bias) 1e-3). Matrix: fixed / varying / grouped
+B and C, D, z, delta_bias, softplus, initial and last state, dstate 1..256, seqlens 1..100000.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+import flashscan
+
+torch = pytest.importorskip("torch")
+
+from test_attention_gpu import attention_torch, make_qkv  # noqa: E402
+from test_scan_gpu import _size, scan_inputs, scan_ref  # noqa: E402
+
+import flashscan.torch as fst  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention
+# ---------------------------------------------------------------------------------------------
+
+
+def _attn_cases() -> list[tuple]:
+    r = random.Random(606)
+    cases = []
+    seqs = [(1, 1), (7, 7), (63, 65), (65, 63), (128, 128), (1, 300), (300, 40), (1000, 1000)]
+    hds = [32, 64, 96, 128, 256, 40, 72, 8]
+    masks = [
+        (False, (-1, -1), 0.0),
+        (True, (-1, -1), 0.0),
+        (False, (32, 8), 0.0),
+        (True, (-1, -1), 20.0),
+        (False, (-1, -1), 5.0),
+        (True, (48, -1), 0.0),
+    ]
+    heads = [(4, 4), (4, 1), (8, 2)]
+    for i, (sq, sk) in enumerate(seqs):
+        for dt in DTYPES:
+            d = hds[(i + len(cases)) % len(hds)]
+            causal, window, cap = r.choice(masks)
+            h, hk = r.choice(heads)
+            cases.append((2 if sq * sk < 100_000 else 1, sq, sk, h, hk, d, dt, causal, window, cap))
+    for d in hds:  # every head dim, bf16 and fp16, causal GQA at an odd length
+        for dt in ("bfloat16", "float16"):
+            cases.append((1, 97, 130, 4, 2, d, dt, True, (-1, -1), 0.0))
+    cases.append((1, 4097, 4097, 2, 1, 128, "bfloat16", True, (-1, -1), 0.0))
+    cases.append((1, 2048, 2048, 2, 2, 64, "float16", False, (-1, -1), 0.0))
+    return cases
+
+
+ATTN_CASES = _attn_cases()
+
+
+def _attn_id(c: tuple) -> str:
+    b, sq, sk, h, hk, d, dt, causal, window, cap = c
+    return f"b{b}-q{sq}-k{sk}-h{h}/{hk}-d{d}-{dt}-c{int(causal)}-w{window[0]}_{window[1]}-cap{cap}"
+
+
+def attention_grads(
+    q: Any, k: Any, v: Any, dout: Any, causal: bool, window: Any, cap: float, upcast: bool
+) -> tuple[Any, ...]:
+    """Gradients of torch math attention (float64 with upcast, else in the inputs' dtype)."""
+    dt = torch.float64 if upcast else q.dtype
+    leaves = [t.detach().to(dt).requires_grad_() for t in (q, k, v)]
+    out, _ = attention_torch(*leaves, None, causal, window, cap, upcast=upcast)
+    return torch.autograd.grad(out, leaves, dout.to(dt))
+
+
+def check_attention_grads(rule: Any, case: tuple, deterministic: bool = False) -> None:
+    b, sq, sk, h, hk, d, dt, causal, window, cap = case
+    dtype = DTYPES[dt]
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype)
+    dout = torch.randn(b, sq, h, d, device="cuda").to(dtype)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = fst.flash_attn_func(
+        *leaves, causal=causal, window_size=window, softcap=cap, deterministic=deterministic
+    )
+    got = torch.autograd.grad(out, leaves, dout)
+    ref = attention_grads(q, k, v, dout, causal, window, cap, upcast=True)
+    for name, g, like in zip(("dq", "dk", "dv"), got, (q, k, v)):
+        assert g.dtype == dtype and g.shape == like.shape, name
+    if dtype == torch.float32:
+        for name, g, r in zip(("dq", "dk", "dv"), got, ref):
+            rule.rel(g, r, 1e-4, atol=1e-6, name=f"{name} (float32)")
+        return
+    base = attention_grads(q, k, v, dout, causal, window, cap, upcast=False)
+    for name, g, r, bs in zip(("dq", "dk", "dv"), got, ref, base):
+        slack = 1e-4 * max(1.0, float(r.abs().max()))
+        rule.check(g, r, bs, atol=slack, name=f"{name} ({dt})")
+
+
+@pytest.mark.parametrize("case", ATTN_CASES, ids=[_attn_id(c) for c in ATTN_CASES])
+def test_attention_backward_matrix(case: tuple, rule: Any) -> None:
+    check_attention_grads(rule, case)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        (2, 200, 333, 4, 1, 64, "bfloat16", True, (-1, -1), 0.0),
+        (1, 129, 129, 2, 2, 128, "float16", False, (16, 16), 0.0),
+    ],
+    ids=["gqa-causal", "window"],
+)
+def test_attention_backward_deterministic(case: tuple, rule: Any) -> None:
+    check_attention_grads(rule, case, deterministic=True)
+    b, sq, sk, h, hk, d, dt, causal, window, cap = case
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, DTYPES[dt])
+    dout = torch.randn_like(q)
+    runs = []
+    for _ in range(3):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = fst.flash_attn_func(*leaves, causal=causal, window_size=window, deterministic=True)
+        runs.append(torch.autograd.grad(out, leaves, dout))
+    for other in runs[1:]:
+        for g0, g1 in zip(runs[0], other):
+            assert torch.equal(g0, g1), "deterministic=True gave different bits"
+
+
+def test_attention_backward_writes_every_element() -> None:
+    """Gradient buffers poisoned with NaN: the native backward must overwrite all of them."""
+    q, k, v = make_qkv(2, 77, 91, 4, 2, 64, torch.bfloat16)
+    out, lse = flashscan.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    dout = torch.randn_like(out)
+    grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    stream = torch.cuda.current_stream().cuda_stream
+    scale = 64**-0.5
+    flashscan._native.flash_attn_bwd(
+        dout, q, k, v, out, lse, *grads, scale, -1, 0, 0.0, False, stream
+    )
+    for g in grads:
+        assert not torch.isnan(g).any()
+
+
+def test_attention_backward_errors() -> None:
+    q, k, v = make_qkv(1, 16, 16, 2, 2, 64, torch.float16)
+    out, lse = flashscan.flash_attn_func(q, k, v, return_lse=True)
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    stream = torch.cuda.current_stream().cuda_stream
+    with pytest.raises((ValueError, TypeError), match="dq"):
+        flashscan._native.flash_attn_bwd(
+            out, q, k, v, out, lse, dq[:, :8], dk, dv, 0.125, -1, -1, 0.0, False, stream
+        )
+    with pytest.raises((ValueError, TypeError), match="dout"):
+        flashscan._native.flash_attn_bwd(
+            out.float(), q, k, v, out, lse, dq, dk, dv, 0.125, -1, -1, 0.0, False, stream
+        )
+    with pytest.raises(ValueError):  # an output overlapping an input
+        flashscan._native.flash_attn_bwd(
+            out, q, k, v, out, lse, q, dk, dv, 0.125, -1, -1, 0.0, False, stream
+        )
+
+
+def test_attention_backward_nondefault_stream(rule: Any) -> None:
+    s = torch.cuda.Stream()
+    q, k, v = make_qkv(2, 300, 300, 4, 4, 64, torch.bfloat16)
+    dout = torch.randn_like(q)
+    ref = attention_grads(q, k, v, dout, True, (-1, -1), 0.0, upcast=True)
+    base = attention_grads(q, k, v, dout, True, (-1, -1), 0.0, upcast=False)
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        got = torch.autograd.grad(fst.flash_attn_func(*leaves, causal=True), leaves, dout)
+    torch.cuda.current_stream().wait_stream(s)
+    for g, r, b in zip(got, ref, base):
+        rule.check(g, r, b, atol=1e-4)
+
+
+def test_attention_forward_backward_in_a_cuda_graph(rule: Any) -> None:
+    q, k, v = make_qkv(2, 128, 128, 4, 2, 64, torch.float16)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    dout = torch.randn_like(q)
+
+    def step() -> tuple[Any, ...]:
+        out = fst.flash_attn_func(*leaves, causal=True)
+        return torch.autograd.grad(out, leaves, dout)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()  # warm-up: compile and cache outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        captured = step()
+    with torch.no_grad():
+        for t, src in zip(leaves, make_qkv(2, 128, 128, 4, 2, 64, torch.float16)):
+            t.copy_(src)
+    g.replay()
+    torch.cuda.synchronize()
+    ref = attention_grads(*leaves, dout, True, (-1, -1), 0.0, upcast=True)
+    base = attention_grads(*leaves, dout, True, (-1, -1), 0.0, upcast=False)
+    for c, r, b in zip(captured, ref, base):
+        rule.check(c, r, b, atol=1e-4)
+
+
+def test_attention_compiled_training_step_matches_eager() -> None:
+    torch._dynamo.reset()
+    q, k, v = make_qkv(2, 256, 256, 4, 4, 64, torch.bfloat16)
+
+    def loss(q: Any, k: Any, v: Any) -> Any:
+        return fst.flash_attn_func(q, k, v, causal=True).float().square().mean()
+
+    le = [t.clone().requires_grad_() for t in (q, k, v)]
+    lc = [t.clone().requires_grad_() for t in (q, k, v)]
+    eager = torch.autograd.grad(loss(*le), le)
+    compiled = torch.compile(loss, fullgraph=True)
+    got = torch.autograd.grad(compiled(*lc), lc)
+    for g, e in zip(got, eager):
+        torch.testing.assert_close(g, e, atol=0, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Selective scan
+# ---------------------------------------------------------------------------------------------
+
+SEQLENS = [1, 2, 7, 60, 64, 2047, 4096, 100000]
+DSTATES = [1, 4, 16, 64, 256]
+# gradients that sum over batch and time (or over channels): float32 relative tolerance
+SUM_RTOL = 1e-3
+ELEM_RTOL = 1e-4
+
+
+def _scan_cases() -> list[tuple]:
+    r = random.Random(6061)
+    forms = [("fixed", 1), ("varying", 1), ("grouped", 2), ("grouped", 4)]
+    cases = []
+    for L in SEQLENS:
+        for dt in DTYPES:
+            bc, g = r.choice(forms)
+            n = r.choice([4, 16, 16, 64]) if L < 100000 else 16
+            cases.append((L, dt, n, bc, g, r.random() < 0.7, r.random() < 0.6, r.random() < 0.5))
+    for n in DSTATES:
+        for dt in DTYPES:
+            bc, g = r.choice(forms)
+            cases.append((r.choice([63, 200]), dt, n, bc, g, True, True, r.random() < 0.5))
+    return cases
+
+
+SCAN_CASES = _scan_cases()
+
+
+def _scan_id(c: tuple) -> str:
+    L, dt, n, bc, g, extras, softplus, init = c
+    return f"L{L}-{dt}-n{n}-{bc}{g}-x{int(extras)}-sp{int(softplus)}-init{int(init)}"
+
+
+def check_grad(rule: Any, got: Any, ref: Any, name: str, summed: bool) -> None:
+    if got.dtype == torch.float32:
+        rule.rel(got, ref, SUM_RTOL if summed else ELEM_RTOL, atol=1e-6, name=f"{name} (f32)")
+    else:
+        scale = float(ref.abs().max())
+        rule.check(got, ref, ref.to(got.dtype), atol=1e-5 * max(scale, 1.0), name=name)
+
+
+@pytest.mark.parametrize("case", SCAN_CASES, ids=[_scan_id(c) for c in SCAN_CASES])
+def test_scan_backward_matrix(case: tuple, rule: Any) -> None:
+    L, dt, n, bc, g, extras, softplus, init = case
+    dtype = DTYPES[dt]
+    batch, dim = _size(L, n)
+    x = scan_inputs(batch, dim, L, n, dtype, bc, g)
+    args = {
+        "u": x["u"],
+        "delta": x["delta"] if softplus else x["delta"].float().clamp(0.01, 0.5).to(dtype),
+        "A": x["A"],
+        "B": x["B"],
+        "C": x["C"],
+        "D": x["D"] if extras else None,
+        "z": x["z"] if extras else None,
+        "delta_bias": x["delta_bias"] if extras and softplus else None,
+        "initial_state": torch.randn(batch, dim, n, device="cuda") if init else None,
+    }
+    names = [k for k, t in args.items() if t is not None]
+    leaves = {k: t.clone().requires_grad_() for k, t in args.items() if t is not None}
+    y, last = fst.selective_scan_fn(
+        **{k: leaves.get(k) for k in args}, delta_softplus=softplus, return_last_state=True
+    )
+    dout = torch.randn_like(y)
+    dlast = torch.randn_like(last)
+    got = torch.autograd.grad((y, last), [leaves[k] for k in names], (dout, dlast))
+
+    leaves64 = {k: t.detach().double().requires_grad_() for k, t in args.items() if t is not None}
+    y64, last64 = scan_ref(**{k: leaves64.get(k) for k in args}, delta_softplus=softplus)
+    ref = torch.autograd.grad(
+        (y64, last64), [leaves64[k] for k in names], (dout.double(), dlast.double())
+    )
+    summed = {"A", "B", "C", "D", "delta_bias"}  # dB/dC: over time (fixed) or channels
+    for k, gk, rk in zip(names, got, ref):
+        assert gk.dtype == args[k].dtype and gk.shape == args[k].shape, k
+        check_grad(rule, gk, rk, f"d{k}", k in summed)
+
+
+def test_scan_backward_without_saved_states_matches(rule: Any) -> None:
+    """The backward recomputes chunk states itself when the forward saved none."""
+    x = scan_inputs(2, 64, 5000, 16, torch.bfloat16)
+    args = [x[k] for k in ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")]
+    leaves = [t.clone().requires_grad_() for t in args]
+    y = fst.selective_scan_fn(*leaves, delta_softplus=True)
+    dout = torch.randn_like(y)
+    with_saved = torch.autograd.grad(y, leaves, dout)
+    out, last, saved = torch.ops.flashscan.selective_scan_fwd(*args, None, True, True)
+    assert saved.shape[2] == fst._saved_count(5000)
+    recomputed = torch.ops.flashscan.selective_scan_bwd(
+        dout, None, *args, None, saved.new_empty((0,)), True
+    )
+    for a, b in zip(with_saved, recomputed):
+        torch.testing.assert_close(a.float(), b.float(), atol=1e-3, rtol=1e-3)
+
+
+def test_scan_forward_saving_keeps_outputs(rule: Any) -> None:
+    x = scan_inputs(2, 32, 4500, 16, torch.float32)
+    args = [x[k] for k in ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")]
+    plain, plain_last = flashscan.selective_scan_fn(
+        *args, delta_softplus=True, return_last_state=True
+    )
+    out, last, saved = torch.ops.flashscan.selective_scan_fwd(*args, None, True, True)
+    assert torch.equal(out, plain) and torch.equal(last, plain_last)
+    # the saved states are the states after each chunk of _SAVE_CHUNK steps
+    assert saved.shape == (2, 32, fst._saved_count(4500), 16)
+    for c in (0, saved.shape[2] - 1):
+        _, mid = flashscan.selective_scan_fn(
+            *(t[..., : (c + 1) * fst._SAVE_CHUNK] if t.dim() == 3 else t for t in args),
+            delta_softplus=True,
+            return_last_state=True,
+        )
+        torch.testing.assert_close(saved[:, :, c], mid, atol=1e-5, rtol=1e-5)
