@@ -100,8 +100,11 @@ def check_attention_grads(rule: Any, case: tuple, deterministic: bool = False) -
     for name, g, like in zip(("dq", "dk", "dv"), got, (q, k, v)):
         assert g.dtype == dtype and g.shape == like.shape, name
     if dtype == torch.float32:
+        # relative to the largest of the three gradients: one of them can be exactly 0 (a
+        # single visible key makes dq vanish) while the others set the scale of the rounding
+        scale = max(float(r.abs().max()) for r in ref)
         for name, g, r in zip(("dq", "dk", "dv"), got, ref):
-            rule.rel(g, r, 1e-4, atol=1e-6, name=f"{name} (float32)")
+            rule.rel(g, r, 0.0, atol=1e-4 * scale + 1e-6, name=f"{name} (float32)")
         return
     base = attention_grads(q, k, v, dout, causal, window, cap, upcast=False)
     for name, g, r, bs in zip(("dq", "dk", "dv"), got, ref, base):

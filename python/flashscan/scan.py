@@ -384,7 +384,7 @@ def selective_scan_saving(
     _, descs, nargs = _describe_all(objs, _SCAN_ARGS, 5, hu, type(u))
     du = descs[0]
     assert du is not None
-    batch, dim, seqlen, dstate = _checks.selective_scan(*descs)  # type: ignore[arg-type]
+    batch, dim, seqlen, dstate = _checks.selective_scan_memo(*descs)  # type: ignore[arg-type]
     nsaved = _native.scan_saved_state_count(seqlen)  # type: ignore[union-attr]
     out = hu.empty(du[1], du[3], u, du)
     last = hu.empty((batch, dim, dstate), "float32", u, du)

@@ -7,7 +7,9 @@
 
 Each operation is a `torch.library` custom op (`torch.ops.flashscan.*`) with a fake (meta)
 implementation and a registered autograd formula, so `torch.compile(fullgraph=True)` traces
-through it without a graph break and `torch.autograd.gradcheck` can check it. The top-level
+through it without a graph break and `torch.autograd.gradcheck` can check it. In eager mode the
+same functions run through a plain `torch.autograd.Function` instead: the custom-op dispatch
+costs more host time than the kernels take at real-time shapes. The top-level
 `flashscan.flash_attn_func` / `flashscan.selective_scan_fn` come here by themselves when a torch
 input requires grad and grad mode is on.
 
@@ -92,8 +94,15 @@ def _dense(t: Tensor) -> Tensor:
     return t.contiguous()
 
 
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _stream(t: Tensor) -> int:
-    return int(torch.cuda.current_stream(t.device).cuda_stream)
+    """The caller's current CUDA stream on t's device (torch's C function where it has one)."""
+    dev = t.get_device()
+    if _RAW_STREAM is not None:
+        return int(_RAW_STREAM(dev))
+    return int(torch.cuda.current_stream(dev).cuda_stream)
 
 
 def _none_if_empty(t: Tensor) -> Tensor | None:
@@ -110,8 +119,7 @@ def _absent(like: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("flashscan::flash_attn_fwd", mutates_args=())
-def _attn_fwd(
+def _attn_fwd_impl(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -142,6 +150,9 @@ def _attn_fwd(
     )
 
 
+_attn_fwd = torch.library.custom_op("flashscan::flash_attn_fwd", _attn_fwd_impl, mutates_args=())
+
+
 @_attn_fwd.register_fake
 def _attn_fwd_fake(
     q: Tensor,
@@ -158,8 +169,7 @@ def _attn_fwd_fake(
     return q.new_empty(q.shape), q.new_empty((b, h, sq), dtype=lse_dtype)
 
 
-@torch.library.custom_op("flashscan::flash_attn_bwd", mutates_args=())
-def _attn_bwd(
+def _attn_bwd_impl(
     dout: Tensor,
     q: Tensor,
     k: Tensor,
@@ -210,6 +220,9 @@ def _attn_bwd(
     return _from_host(gq, q), _from_host(gk, k), _from_host(gv, v)
 
 
+_attn_bwd = torch.library.custom_op("flashscan::flash_attn_bwd", _attn_bwd_impl, mutates_args=())
+
+
 @_attn_bwd.register_fake
 def _attn_bwd_fake(
     dout: Tensor,
@@ -242,6 +255,23 @@ def _attn_grad(ctx: Any, dout: Tensor, _dlse: Tensor) -> tuple[Any, ...]:
 
 
 _attn_fwd.register_autograd(_attn_grad, setup_context=_attn_setup)
+
+
+class _FlashAttn(torch.autograd.Function):
+    """The eager path: the same impl functions without the custom-op dispatch, which costs
+    ~70 us of host time per op call on the lent H100's host (torch 2.11), more than the
+    kernels at real-time shapes. torch.compile traces the custom ops instead."""
+
+    @staticmethod
+    def forward(ctx: Any, *inputs: Any) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        out = _attn_fwd_impl(*inputs)
+        _attn_setup(ctx, inputs, out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, dout: Tensor, _dlse: Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        q, k, v, out, lse = ctx.saved_tensors
+        return (*_attn_bwd_impl(dout, q, k, v, out, lse, *ctx.args), None, None, None, None, None)
 
 
 def flash_attn_func(
@@ -277,7 +307,10 @@ def flash_attn_func(
         else _checks.real("softmax_scale", softmax_scale)
     )
     cap = _checks.real("softcap", softcap, minimum=0.0)
-    out, lse = torch.ops.flashscan.flash_attn_fwd(q, k, v, scale, wl, wr, cap, deterministic)
+    if torch.compiler.is_compiling():
+        out, lse = torch.ops.flashscan.flash_attn_fwd(q, k, v, scale, wl, wr, cap, deterministic)
+    else:
+        out, lse = _FlashAttn.apply(q, k, v, scale, wl, wr, cap, deterministic)
     return (out, lse) if return_lse else out
 
 
@@ -298,8 +331,7 @@ def _saved_count(seqlen: Any) -> Any:
     return max(n, 0) if isinstance(n, int) else n
 
 
-@torch.library.custom_op("flashscan::selective_scan_fwd", mutates_args=())
-def _scan_fwd(
+def _scan_fwd_impl(
     u: Tensor,
     delta: Tensor,
     A: Tensor,
@@ -345,6 +377,11 @@ def _scan_fwd(
     return out, last, _absent(u)
 
 
+_scan_fwd = torch.library.custom_op(
+    "flashscan::selective_scan_fwd", _scan_fwd_impl, mutates_args=()
+)
+
+
 @_scan_fwd.register_fake
 def _scan_fwd_fake(
     u: Tensor,
@@ -370,8 +407,7 @@ def _scan_fwd_fake(
     return u.new_empty(u.shape), last, saved
 
 
-@torch.library.custom_op("flashscan::selective_scan_bwd", mutates_args=())
-def _scan_bwd(
+def _scan_bwd_impl(
     dout: Tensor,
     dlast_state: Optional[Tensor],  # noqa: UP045
     u: Tensor,
@@ -457,6 +493,11 @@ def _scan_bwd(
     )
 
 
+_scan_bwd = torch.library.custom_op(
+    "flashscan::selective_scan_bwd", _scan_bwd_impl, mutates_args=()
+)
+
+
 @_scan_bwd.register_fake
 def _scan_bwd_fake(
     dout: Tensor,
@@ -488,8 +529,12 @@ def _scan_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -
 
 
 def _scan_grad(ctx: Any, dout: Tensor, dlast: Tensor, _dsaved: Tensor) -> tuple[Any, ...]:
+    return _scan_grads(ctx, torch.ops.flashscan.selective_scan_bwd, dout, dlast)
+
+
+def _scan_grads(ctx: Any, bwd: Any, dout: Tensor, dlast: Tensor) -> tuple[Any, ...]:
     u, delta, A, B, C, D, z, delta_bias, initial_state, saved = ctx.saved_tensors
-    grads = torch.ops.flashscan.selective_scan_bwd(
+    grads = bwd(
         dout, dlast, u, delta, A, B, C, D, z, delta_bias, initial_state, saved, ctx.delta_softplus
     )
     present = (True, True, True, True, True, D is not None, z is not None)
@@ -498,6 +543,20 @@ def _scan_grad(ctx: Any, dout: Tensor, dlast: Tensor, _dsaved: Tensor) -> tuple[
 
 
 _scan_fwd.register_autograd(_scan_grad, setup_context=_scan_setup)
+
+
+class _SelectiveScan(torch.autograd.Function):
+    """The eager path of the scan (see `_FlashAttn`)."""
+
+    @staticmethod
+    def forward(ctx: Any, *inputs: Any) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
+        out = _scan_fwd_impl(*inputs)
+        _scan_setup(ctx, inputs, out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, dout: Tensor, dlast: Tensor, _ds: Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        return _scan_grads(ctx, _scan_bwd_impl, dout, dlast)
 
 
 def selective_scan_fn(
@@ -528,7 +587,9 @@ def selective_scan_fn(
         t is not None and t.requires_grad
         for t in (u, delta, A, B, C, D, z, delta_bias, initial_state)
     )
-    out, last, _saved = torch.ops.flashscan.selective_scan_fwd(
-        u, delta, A, B, C, D, z, delta_bias, initial_state, delta_softplus, save
-    )
+    args = (u, delta, A, B, C, D, z, delta_bias, initial_state, delta_softplus, save)
+    if torch.compiler.is_compiling():
+        out, last, _saved = torch.ops.flashscan.selective_scan_fwd(*args)
+    else:
+        out, last, _saved = _SelectiveScan.apply(*args)
     return (out, last) if return_last_state else out
