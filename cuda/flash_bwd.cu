@@ -15,8 +15,10 @@
 //     and writes dK (times softmax_scale) and dV once, summed over the group: no dK/dV reduction pass.
 //   flash_bwd_dq_convert  (FS_AUX_ONLY=1 build)  dq = softmax_scale * sum_split(dq_accum), cast.
 //
-// Warp ownership in flash_bwd_kernel: warp w owns keys [16 w, 16 w + 16) of the block for S^T,
-// dP^T, dS^T and the dK / dV accumulators (kDOut columns each, in registers). For dQ the warps
+// Warp ownership in flash_bwd_kernel: warp w owns keys [WK w, WK (w + 1)) of the block, WK =
+// BLOCK_N / NWARPS = 16 or 32 (kWK), for S^T, dP^T, dS^T and the dK / dV accumulators (kDOut
+// columns each, in registers); with 32 keys per warp every Q / dO fragment read from shared
+// memory feeds twice the mma of the 16-key layout (hd64's tile). For dQ the warps
 // tile the BLOCK_M x kDOut output as kDqWM x kDqWD warps. mma fragment layout as usual: lane
 // = 4 g + t owns rows g, g + 8 and columns 2t, 2t + 1 of each 16 x 8 tile.
 //
@@ -38,7 +40,7 @@
 // seqlen_q_pad a multiple of FS_BLOCK_M and >= seqlen_q, seqlen_q + seqlen_k < 2^31.
 //
 // Prelude defines: FS_HEAD_DIM (tile), FS_DTYPE (0 fp16, 1 bf16, 2 fp32), FS_ARCH, and for the main
-// kernel FS_BLOCK_M, FS_BLOCK_N (= 16 * FS_NWARPS), FS_NWARPS, FS_STAGES (1/2), FS_DSPLIT (1/2/4),
+// kernel FS_BLOCK_M, FS_BLOCK_N (= 16 or 32 * FS_NWARPS), FS_NWARPS, FS_STAGES (1/2), FS_DSPLIT (1/2/4),
 // FS_HAS_MASK, FS_HAS_SOFTCAP, FS_PAD_HEADDIM, FS_MIN_BLOCKS; FS_AUX_ONLY=1 builds only the two
 // small passes (their variant depends on FS_DTYPE and FS_HEAD_DIM only).
 
@@ -338,6 +340,8 @@ static constexpr int kNThreads = 32 * kNWarps;
 static constexpr int kStages = FS_STAGES;
 static constexpr int kDSplit = FS_DSPLIT;
 static constexpr int kDOut = kHeadDim / kDSplit;   // dK / dV / dQ columns this CTA owns
+static constexpr int kWK = kBlockN / kNWarps;       // keys per warp (16 or 32)
+static constexpr int kWMT = kWK / 16;              // 16-key slabs per warp
 static constexpr int kMT = kBlockM / 8;            // 8-query slabs of S^T per warp
 static constexpr int kKSteps = kChunksPerRow / 2;  // k16 (16-bit) / k8 (fp32) steps over the head dim
 static constexpr int kOT = kDOut / 8;              // 8-column slabs of dK / dV per warp
@@ -357,7 +361,7 @@ static constexpr int kSOff = kQOff + kStages * 2 * kQBytes;          // dS^T
 static constexpr int kLOff = kSOff + kBlockN * kSRowBytes;           // stage s: lse_log2, then D
 static constexpr int kSmemBytes = kLOff + kStages * 2 * kBlockM * 4;
 
-static_assert(kBlockN == 16 * kNWarps, "each warp owns 16 keys");
+static_assert(kBlockN == kWK * kNWarps && (kWK == 16 || kWK == 32), "each warp owns 16 or 32 keys");
 static_assert(kBlockM % 16 == 0, "BLOCK_M must be a multiple of 16");
 static_assert(kHeadDim % kDSplit == 0 && kDOut % 16 == 0, "DSPLIT slices must be multiples of 16");
 static_assert(kDqWM * kDqWD == kNWarps && kDqRows % 16 == 0 && kDqCols % (kF32 ? 8 : 16) == 0,
@@ -433,11 +437,13 @@ flash_bwd_kernel(const FlashBwdParams p) {
         const int nm = max(0, m_end - m_begin);
         const int n_iters = nm * group;
 
-        float acc_dk[kOT][4], acc_dv[kOT][4];
+        float acc_dk[kWMT][kOT][4], acc_dv[kWMT][kOT][4];
 #pragma unroll
-        for (int o = 0; o < kOT; ++o)
+        for (int km = 0; km < kWMT; ++km)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc_dk[o][e] = acc_dv[o][e] = 0.0f;
+            for (int o = 0; o < kOT; ++o)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc_dk[km][o][e] = acc_dv[km][o][e] = 0.0f;
 
         // Q / dO / lse_log2 / D of iteration `it` into stage `st`.
         auto load_q = [&](int it, int st) {
@@ -490,37 +496,51 @@ flash_bwd_kernel(const FlashBwdParams p) {
             }
 
             // ---- S^T = K Q^T and dP^T = V dO^T (warp: 16 keys x BLOCK_M queries) ----
-            float acc_s[kMT][4], acc_dp[kMT][4];
+            float acc_s[kWMT][kMT][4], acc_dp[kWMT][kMT][4];
 #pragma unroll
-            for (int j = 0; j < kMT; ++j)
+            for (int km = 0; km < kWMT; ++km)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) acc_s[j][e] = acc_dp[j][e] = 0.0f;
+                for (int j = 0; j < kMT; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc_s[km][j][e] = acc_dp[km][j][e] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < kKSteps; ++kk) {
-                u32 a[4], a2[4];
-                ldsm_x4(a, sK + warp * 16 * kRowBytes + a_lane + kk * 32);
-                ldsm_x4(a2, sV + warp * 16 * kRowBytes + a_lane + kk * 32);
+                u32 a[kWMT][4], a2[kWMT][4];
+#pragma unroll
+                for (int km = 0; km < kWMT; ++km) {
+                    ldsm_x4(a[km], sK + (warp * kWK + 16 * km) * kRowBytes + a_lane + kk * 32);
+                    ldsm_x4(a2[km], sV + (warp * kWK + 16 * km) * kRowBytes + a_lane + kk * 32);
+                }
 #if FS_DTYPE == 2
-                u32 ah[4], al[4], a2h[4], a2l[4];
-                split4(reinterpret_cast<const float(&)[4]>(a), ah, al);
-                split4(reinterpret_cast<const float(&)[4]>(a2), a2h, a2l);
+                u32 ah[kWMT][4], al[kWMT][4], a2h[kWMT][4], a2l[kWMT][4];
+#pragma unroll
+                for (int km = 0; km < kWMT; ++km) {
+                    split4(reinterpret_cast<const float(&)[4]>(a[km]), ah[km], al[km]);
+                    split4(reinterpret_cast<const float(&)[4]>(a2[km]), a2h[km], a2l[km]);
+                }
 #endif
 #pragma unroll
                 for (int np = 0; np < kMT / 2; ++np) {
                     u32 bq[4], bo[4];
                     ldsm_x4(bq, sQ + b_lane + np * 16 * kRowBytes + kk * 32);
                     ldsm_x4(bo, sdO + b_lane + np * 16 * kRowBytes + kk * 32);
+#pragma unroll
+                    for (int km = 0; km < kWMT; ++km) {
 #if FS_DTYPE == 2
-                    mma_3xtf32(acc_s[2 * np], ah, al, __uint_as_float(bq[0]), __uint_as_float(bq[1]));
-                    mma_3xtf32(acc_s[2 * np + 1], ah, al, __uint_as_float(bq[2]), __uint_as_float(bq[3]));
-                    mma_3xtf32(acc_dp[2 * np], a2h, a2l, __uint_as_float(bo[0]), __uint_as_float(bo[1]));
-                    mma_3xtf32(acc_dp[2 * np + 1], a2h, a2l, __uint_as_float(bo[2]), __uint_as_float(bo[3]));
+                        mma_3xtf32(acc_s[km][2 * np], ah[km], al[km], __uint_as_float(bq[0]), __uint_as_float(bq[1]));
+                        mma_3xtf32(acc_s[km][2 * np + 1], ah[km], al[km], __uint_as_float(bq[2]),
+                                   __uint_as_float(bq[3]));
+                        mma_3xtf32(acc_dp[km][2 * np], a2h[km], a2l[km], __uint_as_float(bo[0]),
+                                   __uint_as_float(bo[1]));
+                        mma_3xtf32(acc_dp[km][2 * np + 1], a2h[km], a2l[km], __uint_as_float(bo[2]),
+                                   __uint_as_float(bo[3]));
 #else
-                    mma16(acc_s[2 * np], a, bq[0], bq[1]);
-                    mma16(acc_s[2 * np + 1], a, bq[2], bq[3]);
-                    mma16(acc_dp[2 * np], a2, bo[0], bo[1]);
-                    mma16(acc_dp[2 * np + 1], a2, bo[2], bo[3]);
+                        mma16(acc_s[km][2 * np], a[km], bq[0], bq[1]);
+                        mma16(acc_s[km][2 * np + 1], a[km], bq[2], bq[3]);
+                        mma16(acc_dp[km][2 * np], a2[km], bo[0], bo[1]);
+                        mma16(acc_dp[km][2 * np + 1], a2[km], bo[2], bo[3]);
 #endif
+                    }
                 }
             }
 
@@ -530,18 +550,19 @@ flash_bwd_kernel(const FlashBwdParams p) {
                 const float2 l2 = *reinterpret_cast<const float2*>(sL + 8 * j + 2 * t);
                 const float2 dd = *reinterpret_cast<const float2*>(sD + 8 * j + 2 * t);
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
+                for (int x = 0; x < 4 * kWMT; ++x) {
+                    const int km = x >> 2, e = x & 3;
                     const float lse2 = (e & 1) ? l2.y : l2.x;
                     const float dsum = (e & 1) ? dd.y : dd.x;
 #if FS_HAS_SOFTCAP
-                    const float th = tanh_softcap(acc_s[j][e] * pre_scale);
+                    const float th = tanh_softcap(acc_s[km][j][e] * pre_scale);
                     const float pr = ex2(fmaf(th, scale_log2, -lse2));
-                    acc_dp[j][e] = pr * (acc_dp[j][e] - dsum) * (1.0f - th * th);
+                    acc_dp[km][j][e] = pr * (acc_dp[km][j][e] - dsum) * (1.0f - th * th);
 #else
-                    const float pr = ex2(fmaf(acc_s[j][e], scale_log2, -lse2));
-                    acc_dp[j][e] = pr * (acc_dp[j][e] - dsum);
+                    const float pr = ex2(fmaf(acc_s[km][j][e], scale_log2, -lse2));
+                    acc_dp[km][j][e] = pr * (acc_dp[km][j][e] - dsum);
 #endif
-                    acc_s[j][e] = pr;
+                    acc_s[km][j][e] = pr;
                 }
             }
 
@@ -554,19 +575,21 @@ flash_bwd_kernel(const FlashBwdParams p) {
             if (need_mask) {
                 const int rel_lo = (FS_HAS_MASK && p.window_left >= 0) ? -p.window_left : -0x7fffffff;
                 const int rel_hi = (FS_HAS_MASK && p.window_right >= 0) ? p.window_right : 0x7fffffff;
-                const int key0 = n0 + warp * 16 + g;
+                const int key0 = n0 + warp * kWK + g;
                 const int qd0 = m0 + 2 * t + diag;
 #pragma unroll
-                for (int j = 0; j < kMT; ++j)
+                for (int km = 0; km < kWMT; ++km)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int key = key0 + 8 * (e >> 1);
-                        const int rel = key - (qd0 + 8 * j + (e & 1));
-                        if (key >= seqlen_k || rel < rel_lo || rel > rel_hi) {
-                            acc_s[j][e] = 0.0f;
-                            acc_dp[j][e] = 0.0f;
+                    for (int j = 0; j < kMT; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const int key = key0 + 16 * km + 8 * (e >> 1);
+                            const int rel = key - (qd0 + 8 * j + (e & 1));
+                            if (key >= seqlen_k || rel < rel_lo || rel > rel_hi) {
+                                acc_s[km][j][e] = 0.0f;
+                                acc_dp[km][j][e] = 0.0f;
+                            }
                         }
-                    }
             }
 
             // ---- dV += P^T dO, dK += dS^T Q (A operands from registers) ----
@@ -576,61 +599,73 @@ flash_bwd_kernel(const FlashBwdParams p) {
                 const float* sdOf = reinterpret_cast<const float*>(smem_raw + (sdO - s_base));
                 constexpr int kRowF = kRowBytes / 4;
 #pragma unroll
-                for (int j = 0; j < kMT; ++j) {
-                    u32 ph[4], pl[4], sh[4], sl[4];
-                    const float pa[4] = {acc_s[j][0], acc_s[j][2], acc_s[j][1], acc_s[j][3]};
-                    const float sa[4] = {acc_dp[j][0], acc_dp[j][2], acc_dp[j][1], acc_dp[j][3]};
-                    split4(pa, ph, pl);
-                    split4(sa, sh, sl);
-                    const int r = (8 * j + 2 * t) * kRowF + col0 + g;
+                for (int j = 0; j < kMT; ++j)
 #pragma unroll
-                    for (int o = 0; o < kOT; ++o) {
-                        mma_3xtf32(acc_dv[o], ph, pl, sdOf[r + o * 8], sdOf[r + kRowF + o * 8]);
-                        mma_3xtf32(acc_dk[o], sh, sl, sQf[r + o * 8], sQf[r + kRowF + o * 8]);
+                    for (int km = 0; km < kWMT; ++km) {
+                        u32 ph[4], pl[4], sh[4], sl[4];
+                        const float pa[4] = {acc_s[km][j][0], acc_s[km][j][2], acc_s[km][j][1], acc_s[km][j][3]};
+                        const float sa[4] = {acc_dp[km][j][0], acc_dp[km][j][2], acc_dp[km][j][1],
+                                             acc_dp[km][j][3]};
+                        split4(pa, ph, pl);
+                        split4(sa, sh, sl);
+                        const int r = (8 * j + 2 * t) * kRowF + col0 + g;
+#pragma unroll
+                        for (int o = 0; o < kOT; ++o) {
+                            mma_3xtf32(acc_dv[km][o], ph, pl, sdOf[r + o * 8], sdOf[r + kRowF + o * 8]);
+                            mma_3xtf32(acc_dk[km][o], sh, sl, sQf[r + o * 8], sQf[r + kRowF + o * 8]);
+                        }
                     }
-                }
             }
 #else
 #pragma unroll
             for (int kk = 0; kk < kBlockM / 16; ++kk) {
-                u32 pa[4], sa[4];
-                pa[0] = pack2(acc_s[2 * kk][0], acc_s[2 * kk][1]);
-                pa[1] = pack2(acc_s[2 * kk][2], acc_s[2 * kk][3]);
-                pa[2] = pack2(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
-                pa[3] = pack2(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
-                sa[0] = pack2(acc_dp[2 * kk][0], acc_dp[2 * kk][1]);
-                sa[1] = pack2(acc_dp[2 * kk][2], acc_dp[2 * kk][3]);
-                sa[2] = pack2(acc_dp[2 * kk + 1][0], acc_dp[2 * kk + 1][1]);
-                sa[3] = pack2(acc_dp[2 * kk + 1][2], acc_dp[2 * kk + 1][3]);
+                u32 pa[kWMT][4], sa[kWMT][4];
+#pragma unroll
+                for (int km = 0; km < kWMT; ++km) {
+                    pa[km][0] = pack2(acc_s[km][2 * kk][0], acc_s[km][2 * kk][1]);
+                    pa[km][1] = pack2(acc_s[km][2 * kk][2], acc_s[km][2 * kk][3]);
+                    pa[km][2] = pack2(acc_s[km][2 * kk + 1][0], acc_s[km][2 * kk + 1][1]);
+                    pa[km][3] = pack2(acc_s[km][2 * kk + 1][2], acc_s[km][2 * kk + 1][3]);
+                    sa[km][0] = pack2(acc_dp[km][2 * kk][0], acc_dp[km][2 * kk][1]);
+                    sa[km][1] = pack2(acc_dp[km][2 * kk][2], acc_dp[km][2 * kk][3]);
+                    sa[km][2] = pack2(acc_dp[km][2 * kk + 1][0], acc_dp[km][2 * kk + 1][1]);
+                    sa[km][3] = pack2(acc_dp[km][2 * kk + 1][2], acc_dp[km][2 * kk + 1][3]);
+                }
 #pragma unroll
                 for (int op = 0; op < kOT / 2; ++op) {
                     u32 bo[4], bq[4];
                     const u32 off = bt_lane + kk * 16 * kRowBytes + col0 * kElemBytes + op * 32;
                     ldsm_x4_trans(bo, sdO + off);
                     ldsm_x4_trans(bq, sQ + off);
-                    mma16(acc_dv[2 * op], pa, bo[0], bo[1]);
-                    mma16(acc_dv[2 * op + 1], pa, bo[2], bo[3]);
-                    mma16(acc_dk[2 * op], sa, bq[0], bq[1]);
-                    mma16(acc_dk[2 * op + 1], sa, bq[2], bq[3]);
+#pragma unroll
+                    for (int km = 0; km < kWMT; ++km) {
+                        mma16(acc_dv[km][2 * op], pa[km], bo[0], bo[1]);
+                        mma16(acc_dv[km][2 * op + 1], pa[km], bo[2], bo[3]);
+                        mma16(acc_dk[km][2 * op], sa[km], bq[0], bq[1]);
+                        mma16(acc_dk[km][2 * op + 1], sa[km], bq[2], bq[3]);
+                    }
                 }
             }
 #endif
 
             // ---- dS^T -> shared memory (rows = keys, BLOCK_M query columns) ----
             {
-                unsigned char* srow = smem_raw + kSOff + (warp * 16 + g) * kSRowBytes;
 #pragma unroll
-                for (int j = 0; j < kMT; ++j)
+                for (int km = 0; km < kWMT; ++km) {
+                    unsigned char* srow = smem_raw + kSOff + (warp * kWK + 16 * km + g) * kSRowBytes;
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
+                    for (int j = 0; j < kMT; ++j)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
 #if FS_DTYPE == 2
-                        *reinterpret_cast<float2*>(srow + h * 8 * kSRowBytes + (8 * j + 2 * t) * 4) =
-                            make_float2(acc_dp[j][2 * h], acc_dp[j][2 * h + 1]);
+                            *reinterpret_cast<float2*>(srow + h * 8 * kSRowBytes + (8 * j + 2 * t) * 4) =
+                                make_float2(acc_dp[km][j][2 * h], acc_dp[km][j][2 * h + 1]);
 #else
-                        *reinterpret_cast<u32*>(srow + h * 8 * kSRowBytes + (8 * j + 2 * t) * 2) =
-                            pack2(acc_dp[j][2 * h], acc_dp[j][2 * h + 1]);
+                            *reinterpret_cast<u32*>(srow + h * 8 * kSRowBytes + (8 * j + 2 * t) * 2) =
+                                pack2(acc_dp[km][j][2 * h], acc_dp[km][j][2 * h + 1]);
 #endif
-                    }
+                        }
+                }
             }
             __syncthreads();  // dS^T complete; every warp is done with this stage's Q / dO
             if (kStages == 1 && it + 1 < n_iters) {
@@ -727,21 +762,26 @@ flash_bwd_kernel(const FlashBwdParams p) {
         __syncthreads();  // every warp is done reading K / V (and dS^T)
         {
             const float sc = p.softmax_scale;
-            unsigned char* kr = smem_raw + kKOff + (warp * 16 + g) * kRowBytes;
-            unsigned char* vr = smem_raw + kVOff + (warp * 16 + g) * kRowBytes;
 #pragma unroll
-            for (int o = 0; o < kOT; ++o)
+            for (int km = 0; km < kWMT; ++km) {
+                unsigned char* kr = smem_raw + kKOff + (warp * kWK + 16 * km + g) * kRowBytes;
+                unsigned char* vr = smem_raw + kVOff + (warp * kWK + 16 * km + g) * kRowBytes;
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int off = h * 8 * kRowBytes + (8 * o + 2 * t) * kElemBytes;
+                for (int o = 0; o < kOT; ++o)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int off = h * 8 * kRowBytes + (8 * o + 2 * t) * kElemBytes;
+                        const float* dk2 = acc_dk[km][o];
+                        const float* dv2 = acc_dv[km][o];
 #if FS_DTYPE == 2
-                    *reinterpret_cast<float2*>(kr + off) = make_float2(acc_dk[o][2 * h] * sc, acc_dk[o][2 * h + 1] * sc);
-                    *reinterpret_cast<float2*>(vr + off) = make_float2(acc_dv[o][2 * h], acc_dv[o][2 * h + 1]);
+                        *reinterpret_cast<float2*>(kr + off) = make_float2(dk2[2 * h] * sc, dk2[2 * h + 1] * sc);
+                        *reinterpret_cast<float2*>(vr + off) = make_float2(dv2[2 * h], dv2[2 * h + 1]);
 #else
-                    *reinterpret_cast<u32*>(kr + off) = pack2(acc_dk[o][2 * h] * sc, acc_dk[o][2 * h + 1] * sc);
-                    *reinterpret_cast<u32*>(vr + off) = pack2(acc_dv[o][2 * h], acc_dv[o][2 * h + 1]);
+                        *reinterpret_cast<u32*>(kr + off) = pack2(dk2[2 * h] * sc, dk2[2 * h + 1] * sc);
+                        *reinterpret_cast<u32*>(vr + off) = pack2(dv2[2 * h], dv2[2 * h + 1]);
 #endif
-                }
+                    }
+            }
         }
         __syncthreads();
         {

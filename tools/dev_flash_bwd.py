@@ -31,7 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dev_flash_fwd as ff  # noqa: E402
 
 REPO = ff.REPO
-KERNEL_PATH = os.path.join(REPO, "cuda", "flash_bwd.cu")
+# FS_BWD_SRC: another kernel source (A/B timing of an edit against a saved copy)
+KERNEL_PATH = os.environ.get("FS_BWD_SRC") or os.path.join(REPO, "cuda", "flash_bwd.cu")
 CACHE_DIR = os.environ.get("FS_DEV_CACHE_BWD", os.path.join(REPO, ".dev", "flash_bwd", "cache"))
 DT_F16, DT_BF16, DT_F32 = 0, 1, 2
 HEAD_DIM_TILES = (32, 64, 96, 128, 192, 256)
@@ -61,8 +62,9 @@ class BTile:
         )
 
 
-def T(bm, bn, st, ds=1, mb=1):
-    return BTile(bm, bn, bn // 16, st, ds, mb)
+def T(bm, bn, st, ds=1, mb=1, w=None):
+    """A tile; each warp owns 16 keys unless `w` (warps) says otherwise (block_n / w = 16 or 32)."""
+    return BTile(bm, bn, w or bn // 16, st, ds, mb)
 
 
 def pick_tile(arch: int, dtype: int, hdt: int) -> BTile:
@@ -92,7 +94,7 @@ def pick_tile(arch: int, dtype: int, hdt: int) -> BTile:
     if cls == "hopper":
         return [
             T(64, 128, 2),
-            T(64, 128, 2),
+            T(32, 128, 1, 1, 2, w=4),
             T(64, 128, 2),
             T(64, 128, 2),
             T(64, 128, 1, 2),
@@ -726,9 +728,10 @@ def resources(archs):
                 vs.append(BVariant(hdt, dt, None, 0, 0, 0, arch))
     extra = os.environ.get("FS_BWD_EXTRA", "")
     for item in filter(None, extra.split(";")):
-        hd, dt, bm, bn, st, ds, mb = map(int, item.split(","))
+        hd, dt, bm, bn, st, ds, mb, *w = map(int, item.split(","))
         for arch in archs:
-            vs.append(BVariant(hd, dt, BTile(bm, bn, bn // 16, st, ds, mb), 1, 0, 0, arch))
+            for m in (0, 1):
+                vs.append(BVariant(hd, dt, T(bm, bn, st, ds, mb, *w), m, 0, 0, arch))
     compile_many(vs)
     for v in vs:
         cub, log = get_cubin(v)
@@ -745,7 +748,9 @@ def main():
     ap.add_argument("mode")
     ap.add_argument("--arch", default="90")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--tiles", default="", help="hd:bm,bn,st,ds,mb;... extra tiles to bench")
+    ap.add_argument(
+        "--tiles", default="", help="hd:bm,bn,st,ds,mb[,warps];... extra tiles to bench"
+    )
     a = ap.parse_args()
     if a.mode == "resources":
         resources([int(x) for x in a.arch.split(",")])
@@ -753,8 +758,8 @@ def main():
     tiles = {}
     for item in filter(None, a.tiles.split(";")):
         hd, spec = item.split(":")
-        bm, bn, st, ds, mb = map(int, spec.split(","))
-        tiles.setdefault(int(hd), [None]).append(BTile(bm, bn, bn // 16, st, ds, mb))
+        bm, bn, st, ds, mb, *w = map(int, spec.split(","))
+        tiles.setdefault(int(hd), [None]).append(T(bm, bn, st, ds, mb, *w))
     ok = True
     if a.mode in ("check", "all"):
         ok = check(a.quick)
