@@ -31,13 +31,18 @@ pub fn all_variants(arch_num: i64) -> Vec<(KernelSpec, bool)> {
             && s.defines.iter().any(|&(k, v)| k == "FS_DTYPE" && v != 2);
         out.push((s, main));
     }
-    // Backward kernels: none is "main" (the 16-bit hd64/hd128 attention variants sit at 255
-    // registers with a few spilled bytes; test_kernels_compile bounds those separately).
+    // Backward kernels: none is "main" (some 16-bit attention variants sit at 255 registers
+    // with a few spilled bytes); test_kernels_compile bounds their spills separately.
     for s in attention_bwd::all_specs(arch_num) {
         out.push((s, false));
     }
     for s in scan::all_specs(arch_num) {
-        let main = s.defines.iter().any(|&(k, v)| k == "FS_DSTATE" && v == 16);
+        // the state-saving forward (training only) is bounded with the backward kernels
+        let saving = s
+            .defines
+            .iter()
+            .any(|&(k, v)| k == "FS_SAVE_STATES" && v == 1);
+        let main = !saving && s.defines.iter().any(|&(k, v)| k == "FS_DSTATE" && v == 16);
         out.push((s, main));
     }
     for s in scan_bwd::all_specs(arch_num) {
