@@ -19,9 +19,8 @@
 // The sequence is cut into chunks of FS_CHUNK steps (the forward's saved-state spacing); chunks are
 // processed last to first, the carry (dL/dx) flowing backwards in registers. Inside a chunk:
 //   pass 1: from the chunk's start state (initial_state / 0 for chunk 0, saved_states[c-1] else) scan
-//           forward, staged kT1 steps at a time (kT1 = 64 at dstate 16 in 16 bits: fewer per-tile costs; its
-//           staging aliases sP, unused in pass 1), storing the state at every kT-step tile start in the
-//           per-block checkpoint scratch `ck` (global, L2-resident: each thread reads back only what it wrote);
+//           forward tile by tile (kT steps), storing each tile's start state in the per-block
+//           checkpoint scratch `ck` (global, L2-resident: each thread reads back only what it wrote);
 //   pass 2: tiles last to first: reload the tile's start state, recompute its kT forward steps keeping
 //           a_t and h_t in registers (history: 2*kT*kNS floats), then walk them backwards.
 // So each (t, n) costs two exp2 (passes 1 and 2) and nothing is stored per step in memory.
@@ -34,16 +33,12 @@
 // loop on sm_90: avoided). Global loads of the next tile are issued right after a tile is staged
 // (register prefetch, Pf).
 //
-// Cost (H100, 2026-11-23, Mamba-1 config bf16 dstate 16, b8 d2048 L2048): 1.47-1.50 ms at 256 threads /
-// 2 blocks, 0 spills (mamba_ssm 2.41 ms; 1.53 ms before the kT1 pass-1 staging). FS_NSPLIT 4 / FS_TILE_T 8
-// (4 states a lane, the same 64 registers of history, half the B/C reads and partial sums per state):
-// 1.39 ms with 48 B of spills, not adopted yet (not run through the test matrix at dstate 16).
-// Floors: HBM 158 us, two exp2 per (t, n) 290 us; before the pass-1 staging the kernel issued ~54 instructions
+// Cost (H100, 2026-11-23, Mamba-1 config bf16 dstate 16, b8 d2048 L2048): 1.49 ms at 256 threads / 2 blocks
+// (mamba_ssm 2.41 ms). Floors: HBM 158 us, two exp2 per (t, n) 290 us; the kernel issues ~54 instructions
 // per (t, n) (ncu: 910 M warp instructions, IPC 2.2, shared-memory pipe ~80% busy), so it is bound by
 // instruction issue and shared-memory wavefronts (broadcast reads of B/C and dt, the per-step partials),
-// not by exp or memory. Per-tile costs dominate what is left beyond the per-(t, n) math: measured at
-// FS_NSPLIT 8, FS_TILE_T 8 vs 16 costs +0.3 ms; pass 2's prefetch / epilogue 64-bit address arithmetic
-// (recomputed per tile) and the per-step cross-channel shuffles are the next things to cut.
+// not by exp or memory. Pass 1's per-tile address arithmetic (64-bit, recomputed per tile) is ~2/3 of
+// its instructions: the next thing to hoist.
 //
 // Compile-time constants (the host prelude emits them):
 //   FS_IN_DTYPE, FS_BC_DTYPE  0 = fp16, 1 = bf16, 2 = fp32 (u/delta/z/dout/du/ddelta/dz; B/C)
@@ -340,15 +335,12 @@ __device__ __forceinline__ Item fs_item(const ScanBwdParams& p, int item) {
 
 // Registers a lane carries from the prefetch of a tile to its commit (and, for the slices, to the
 // tile's epilogue): its slice of delta, u, dout, z and its elements of the B / C tiles (raw bits).
-// TT = steps of the tile (kT in pass 2, kT1 in pass 1).
-constexpr int fs_ts(int tt) { return tt >= kSplit ? tt / kSplit : 1; }              // slice steps a lane stages
-constexpr int fs_stbc(int tt) { return (tt * kDState + kThreads - 1) / kThreads; }  // B (or C) tile elements per thread
-template <int TT> struct PfT {
-  Raw<fs_ts(TT), kInBytes> delta, u, dout, z;
-  fs_u32 b[kBVar ? fs_stbc(TT) : 1];
-  fs_u32 c[kCVar ? fs_stbc(TT) : 1];
+constexpr int kStBC = (kT * kDState + kThreads - 1) / kThreads;   // B (or C) tile elements per thread
+struct Pf {
+  Raw<kTS, kInBytes> delta, u, dout, z;
+  fs_u32 b[kBVar ? kStBC : 1];
+  fs_u32 c[kCVar ? kStBC : 1];
 };
-using Pf = PfT<kT>;
 
 template <int DT> __device__ __forceinline__ fs_u32 fs_ld_raw(const void* base, fs_i64 idx) {
   if constexpr (DT == 2) {
@@ -364,9 +356,8 @@ template <int DT> __device__ __forceinline__ float fs_raw_to_f32(fs_u32 v) {
 
 // Issue the global loads of the tile starting at absolute step tt (valid steps): slices (dout, z only
 // when kFull), B tile (and C when kFull). Steps past the end and rows past dstate load zeros.
-template <bool kFull, int TT = kT>
-__device__ __forceinline__ void fs_prefetch(const ScanBwdParams& p, const Item& it, fs_i64 tt, int valid, PfT<TT>& pf) {
-  constexpr int kTS = fs_ts(TT), kStBC = fs_stbc(TT), kT = TT;
+template <bool kFull>
+__device__ __forceinline__ void fs_prefetch(const ScanBwdParams& p, const Item& it, fs_i64 tt, int valid, Pf& pf) {
   const int tid = threadIdx.x;
   const int align = p.io_align;
   const int asl = kTS * kInBytes < align ? kTS * kInBytes : align;
@@ -436,10 +427,9 @@ __device__ __forceinline__ void fs_lds_bc(float (&Bv)[kNS], float (&Cv)[kNS], co
 
 // Stage a prefetched tile in shared memory: (dt, dt*u) and dy per (slot, t) into sDT / sDY (zero past the end
 // and for idle slots: the state then stays put and nothing flows back), B (and C) as fp32.
-template <bool kFull, int TT = kT>
-__device__ __forceinline__ void fs_commit(const ScanBwdParams& p, const Item& it, int valid, float bias, const PfT<TT>& pf,
+template <bool kFull>
+__device__ __forceinline__ void fs_commit(const ScanBwdParams& p, const Item& it, int valid, float bias, const Pf& pf,
                                           float* sB, float* sC, float* sDT) {
-  constexpr int kTS = fs_ts(TT), kStBC = fs_stbc(TT), kT = TT;
   const int tid = threadIdx.x;
   const int ts0 = it.s * kTS;
   if (ts0 < kT) {
@@ -478,64 +468,45 @@ __device__ __forceinline__ void fs_commit(const ScanBwdParams& p, const Item& it
   }
 }
 
-// Pass-1 staging tile (steps): the largest of 64 / 32 / ... (>= kT, a multiple of it) whose sB1 / sDT1 fit in
-// the sP region (unused in pass 1) and whose prefetch stays small (<= 4 B/C words, one 16-byte slice a lane per tensor).
-constexpr int fs_t1_fits(int tt) {
-  return (kBVar ? tt * kRow : 0) + 2 * kSlots * tt <= kThreads * 3 * (kT + 2) && tt * kDState <= 4 * kThreads &&
-         fs_ts(tt) * kInBytes <= 16;
-}
-constexpr int fs_pick_t1(int tt) { return tt <= kT ? kT : (fs_t1_fits(tt) ? tt : fs_pick_t1(tt / 2)); }
-constexpr int kT1 = fs_pick_t1(kT >= 64 ? kT : 64);
-static_assert(kT1 % kT == 0, "pass-1 tile: a multiple of kT");
-static_assert((kBVar ? kT1 * kRow : 0) + 2 * kSlots * kT1 <= kThreads * 3 * kPRow, "pass-1 staging must fit in sP");
-
-// Forward over a chunk from x, staged kT1 steps at a time in the sP region: sB1[kT1][kRow] (varying B, fp32)
-// then sDT1[kSlots][kT1] float2 (dt, dt*u). kStore: the state at every step k*kT of the chunk
-// (k < ceil(len / kT)) goes to ck[k] and the scan stops at the last of them (the later end state is never
-// needed); else all len steps are scanned. Leaves x at the state reached.
+// Forward over a chunk from x. kStore: tile k's start state goes to ck[k] and the last tile is not
+// scanned (its end state is never needed); else every tile is scanned. Leaves x at the state reached.
 template <bool kStore>
 __device__ __forceinline__ void fs_forward_chunk(const ScanBwdParams& p, const Item& it, fs_i64 t_begin, int len,
                                                  float (&x)[kNS], const float (&A2)[kNS], const float (&Bf)[kNS],
                                                  float bias, float* smem, float* ck) {
-  float* sB1 = smem + Smem::kB + Smem::kC + Smem::kDT;
-  float* sDT1 = sB1 + (kBVar ? kT1 * kRow : 0);
+  float* sB = smem;
+  float* sDT = smem + Smem::kB + Smem::kC;
   const int ntiles = (len + kT - 1) / kT;
-  const int nsteps = kStore ? (ntiles - 1) * kT : len;
-  PfT<kT1> pf;
-  if (nsteps > 0) fs_prefetch<false, kT1>(p, it, t_begin, nsteps < kT1 ? nsteps : kT1, pf);
-  for (int T0 = 0; T0 < nsteps; T0 += kT1) {
-    const int valid = nsteps - T0 < kT1 ? nsteps - T0 : kT1;
-    __syncthreads();                    // previous readers of sB1 / sDT1 (and of sP / sRed) are done
-    fs_commit<false, kT1>(p, it, valid, bias, pf, sB1, nullptr, sDT1);
+  const int nscan = kStore ? ntiles - 1 : ntiles;
+  Pf pf;
+  if (nscan > 0) fs_prefetch<false>(p, it, t_begin, len < kT ? len : kT, pf);
+  for (int k = 0; k < ntiles; ++k) {
+    if constexpr (kStore) {
+#pragma unroll
+      for (int j = 0; j < kNS; ++j) ck[((fs_i64)k * kThreads) * kNS + j] = x[j];
+    }
+    if (k >= nscan) break;
+    const int t0 = k * kT;
+    const int valid = len - t0 < kT ? len - t0 : kT;
+    __syncthreads();                    // previous readers of sB / sDT are done
+    fs_commit<false>(p, it, valid, bias, pf, sB, nullptr, sDT);
     __syncthreads();
-    if (T0 + kT1 < nsteps) {
-      const int v1 = nsteps - T0 - kT1 < kT1 ? nsteps - T0 - kT1 : kT1;
-      fs_prefetch<false, kT1>(p, it, t_begin + T0 + kT1, v1, pf);
+    if (k + 1 < nscan) {
+      const int v1 = len - t0 - kT < kT ? len - t0 - kT : kT;
+      fs_prefetch<false>(p, it, t_begin + t0 + kT, v1, pf);
     }
-    for (int kk = 0; kk < kT1 / kT; ++kk) {
-      if (kk * kT >= valid) break;
-      if constexpr (kStore) {
-#pragma unroll
-        for (int j = 0; j < kNS; ++j) ck[((fs_i64)(T0 / kT + kk) * kThreads) * kNS + j] = x[j];
-      }
-      const float2* sDT2 = (const float2*)sDT1 + it.slot * kT1 + kk * kT;
-      const float* sBt = sB1 + kk * kT * kRow + it.s * kNS;
+    const float* sBt = sB + it.s * kNS;
 #pragma unroll 4
-      for (int t = 0; t < kT; ++t) {
-        const float2 dd = sDT2[t];
-        float Bv[kNS];
-        if constexpr (kBVar) fs_lds_vec(Bv, sBt + t * kRow);
+    for (int t = 0; t < kT; ++t) {
+      const float2 dd = ((const float2*)sDT)[it.slot * kT + t];
+      float Bv[kNS];
+      if constexpr (kBVar) fs_lds_vec(Bv, sBt + t * kRow);
 #pragma unroll
-        for (int j = 0; j < kNS; ++j) {
-          const float a = fs_ex2(dd.x * A2[j]);
-          x[j] = fmaf(a, x[j], dd.y * (kBVar ? Bv[j] : Bf[j]));
-        }
+      for (int j = 0; j < kNS; ++j) {
+        const float a = fs_ex2(dd.x * A2[j]);
+        x[j] = fmaf(a, x[j], dd.y * (kBVar ? Bv[j] : Bf[j]));
       }
     }
-  }
-  if constexpr (kStore) {
-#pragma unroll
-    for (int j = 0; j < kNS; ++j) ck[((fs_i64)(ntiles - 1) * kThreads) * kNS + j] = x[j];
   }
 }
 
@@ -553,12 +524,13 @@ __device__ __forceinline__ void fs_bwd_item(const ScanBwdParams& p, int item, fl
   float* sRed = sP + Smem::kP;
 
   // ---- per-lane constants
-  float A2[kNS], Bf[kNS], Cf[kNS], carry[kNS], dAacc[kNS], dBacc[kNS], dCacc[kNS];
+  float A2[kNS], Av[kNS], Bf[kNS], Cf[kNS], carry[kNS], dAacc[kNS], dBacc[kNS], dCacc[kNS];
 #pragma unroll
   for (int j = 0; j < kNS; ++j) {
     const int n = it.s * kNS + j;
     const bool real = n < p.dstate;
-    A2[j] = real ? __ldg(p.A + it.d * p.A_dim + n * p.A_dstate) * FS_LOG2E : 0.f;
+    Av[j] = real ? __ldg(p.A + it.d * p.A_dim + n * p.A_dstate) : 0.f;
+    A2[j] = Av[j] * FS_LOG2E;
     Bf[j] = (!kBVar && real) ? fs_ld_scalar<FS_BC_DTYPE>(p.B, it.d * p.B_dim + n * p.B_dstate) : 0.f;
     Cf[j] = (!kCVar && real) ? fs_ld_scalar<FS_BC_DTYPE>(p.C, it.d * p.C_dim + n * p.C_dstate) : 0.f;
     carry[j] = (p.has_dlast && real && it.active) ? __ldg(p.dlast + it.b * p.dlast_batch + it.d * p.dlast_dim + n * p.dlast_dstate) : 0.f;
@@ -603,11 +575,9 @@ __device__ __forceinline__ void fs_bwd_item(const ScanBwdParams& p, int item, fl
       const int valid = len - t0 < kT ? len - t0 : kT;
       __syncthreads();                  // previous readers of sB / sC / sDT / sP / sRed are done
       fs_commit<true>(p, it, valid, bias, pf, sB, sC, sDT);
-      __syncthreads();
-      // The next tile's loads are issued here, before the recompute (issuing them after the epilogue, so that
-      // they are not live across the register-heavy recompute / reverse, measured 2% slower on the H100).
-      if (k > 0) fs_prefetch<true>(p, it, t_begin + t0 - kT, kT, pf);
       const Raw<kTS, kInBytes> rdelta = pf.delta, ru = pf.u, rdout = pf.dout, rz = pf.z;   // the epilogue's
+      __syncthreads();
+      if (k > 0) fs_prefetch<true>(p, it, t_begin + t0 - kT, kT, pf);
 
       // -- forward recompute of the tile from its start state: history a_t, h_t = a_t x_{t-1}
       float ha[kT][kNS], hh[kT][kNS];
@@ -650,7 +620,7 @@ __device__ __forceinline__ void fs_bwd_item(const ScanBwdParams& p, int item, fl
           yp = fmaf(cj, xt, yp);
           const float g = fmaf(dd.z, cj, carry[j]);
           const float w = g * hh[t][j];
-          s2 = fmaf(A2[j], w, s2);   // S2 / ln 2
+          s2 = fmaf(Av[j], w, s2);
           dAacc[j] = fmaf(dd.x, w, dAacc[j]);
           s1 = fmaf(g, bj, s1);
           if constexpr (kBVar) red[j] = g * dd.y;
@@ -747,7 +717,7 @@ __device__ __forceinline__ void fs_bwd_item(const ScanBwdParams& p, int item, fl
             vdz[i] = 0.f;
           }
           vdu[i] = fmaf(dt, o1[i], Dv * dy);
-          float ddt = fmaf(uu, o1[i], FS_LN2 * o2[i]);
+          float ddt = fmaf(uu, o1[i], o2[i]);
           if (p.softplus && v <= 20.f) ddt *= fs_sigmoid(v);
           vdd[i] = ddt;
           if (ts0 + i < valid) {
@@ -771,19 +741,16 @@ __device__ __forceinline__ void fs_bwd_item(const ScanBwdParams& p, int item, fl
       // -- varying dB / dC: the block's sums of this tile -> global
       if constexpr (kBVar || kCVar) {
         __syncthreads();
-        float* dBt = p.dB + it.b * p.dB_batch + it.group * p.dB_group + (t_begin + t0);
-        float* dCt = p.dC + it.b * p.dC_batch + it.group * p.dC_group + (t_begin + t0);
-#pragma unroll 2
-        for (int i = 0; i < (2 * kDState * kT + kThreads - 1) / kThreads; ++i) {
-          const int e = tid + i * kThreads;
+        for (int e = tid; e < 2 * kDState * kT; e += kThreads) {
           const int t = e % kT, rest = e / kT;
           const int which = rest / kDState, n = rest % kDState;
-          if (e < 2 * kDState * kT && n < p.dstate && t < valid && (which == 0 ? kBVar : kCVar)) {
+          if (n < p.dstate && t < valid && (which == 0 ? kBVar : kCVar)) {
             float v = 0.f;
 #pragma unroll
             for (int w = 0; w < kWarps; ++w) v += sRed[w * kRWarp + rest * kRRow + t];
-            if (which == 0 && kBVar) fs_red_add(dBt + n * p.dB_dstate + t, v);
-            if (which == 1 && kCVar) fs_red_add(dCt + n * p.dC_dstate + t, v);
+            const fs_i64 tg = t_begin + t0 + t;
+            if (which == 0 && kBVar) fs_red_add(p.dB + it.b * p.dB_batch + it.group * p.dB_group + n * p.dB_dstate + tg, v);
+            if (which == 1 && kCVar) fs_red_add(p.dC + it.b * p.dC_batch + it.group * p.dC_group + n * p.dC_dstate + tg, v);
           }
         }
       }

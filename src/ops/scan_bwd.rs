@@ -15,13 +15,11 @@ pub const ENTRY_STATES: &str = "selective_scan_bwd_states";
 pub const ENTRY_ZERO: &str = "selective_scan_bwd_zero";
 
 /// Threads per block and `__launch_bounds__` min blocks. Up to dstate 32 (two states a lane, at
-/// most 16 lanes a channel): 256 threads, 2 blocks (128 registers, no spills at dstate 16).
+/// most 16 lanes a channel): 256 threads, 2 blocks (128 registers, 8 B of spills at dstate 16).
 /// Measured on the H100 (2026-11-23, Mamba-1 config, bf16, dstate 16, CUDA-graph medians):
 /// b8 d2048 L2048 256/2: 1494 us, 128/3 (167 registers, no spills): 1909 us, 128/4: 1601 us;
-/// L8192: 5933 / 7615 / 6390 us; b32 d512 L60: 52 / 66 / 55 us. After the 64-step pass-1
-/// staging (256/2): 1473-1497 us, 5864-5947 us, 53-54 us. Four states a lane (nsplit 4, tile
-/// 8, 48 B of spills): 1390 us at L2048, a candidate not yet through the test matrix.
-/// Above dstate 32: 128 threads, 3 blocks (fewer spills with more states a lane).
+/// L8192: 5933 / 7615 / 6390 us; b32 d512 L60: 52 / 66 / 55 us. Above dstate 32: 128 threads,
+/// 3 blocks (fewer spills with more states a lane).
 const BWD_THREADS_SMALL_STATE: i64 = 256;
 const BWD_MIN_BLOCKS_SMALL_STATE: i64 = 2;
 const BWD_THREADS: i64 = 128;
