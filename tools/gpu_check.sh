@@ -10,7 +10,8 @@ mkdir -p "$OUT"
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(info tests sanitize bench-quick)
 
-python3 -m pip install -q --no-deps --no-index --target /tmp/site .dev/wheel/flashscan-*.whl || exit 1
+# --upgrade: on a warm machine pip --target otherwise keeps the previously installed wheel
+python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site .dev/wheel/flashscan-*.whl || exit 1
 export PYTHONPATH=/tmp/site
 export FLASHSCAN_CACHE_DIR=/tmp/flashscan-cache
 export FLASHSCAN_COMMIT="$(cat .dev/wheel/COMMIT 2>/dev/null || echo unknown)"
