@@ -5,13 +5,15 @@ forward and backward. The GPU side of the same ops is in test_backward_gpu.py.""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+
+from test_attention_gpu import attention_torch  # noqa: E402 - the GPU tests' float64 baselines
+from test_scan_gpu import scan_ref  # noqa: E402
 
 import flashscan  # noqa: E402
 import flashscan.torch as fst  # noqa: E402
@@ -51,30 +53,6 @@ def test_attention_gradcheck_float64(case: tuple[Any, ...]) -> None:
     assert torch.autograd.gradcheck(f, (q, k, v), eps=1e-6, atol=1e-7, rtol=1e-5)
 
 
-def attention_torch(q: Any, k: Any, v: Any, causal: bool, window: tuple[int, int], cap: float):
-    """Plain torch math attention with flash-attn's mask alignment (the test's baseline)."""
-    b, sq, h, d = q.shape
-    sk, hk = k.shape[1], k.shape[2]
-    k = k.repeat_interleave(h // hk, dim=2)
-    v = v.repeat_interleave(h // hk, dim=2)
-    s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
-    if cap > 0:
-        s = cap * torch.tanh(s / cap)
-    left, right = window
-    if causal:
-        right = 0
-    i = torch.arange(sq)[:, None] + sk - sq
-    j = torch.arange(sk)[None, :]
-    visible = torch.ones(sq, sk, dtype=torch.bool)
-    if right >= 0:
-        visible &= j <= i + right
-    if left >= 0:
-        visible &= j >= i - left
-    s = s.masked_fill(~visible, -math.inf)
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
-    return torch.einsum("bhqk,bkhd->bqhd", p, v)
-
-
 @pytest.mark.parametrize("case", ATTN_CASES, ids=[str(c) for c in ATTN_CASES])
 def test_attention_grads_match_torch_autograd(case: tuple[Any, ...]) -> None:
     """float32 on the CPU (the reference path in float32) against torch float64 autograd."""
@@ -82,7 +60,7 @@ def test_attention_grads_match_torch_autograd(case: tuple[Any, ...]) -> None:
     torch.manual_seed(1)
     q64, k64, v64 = rand(b, sq, h, d), rand(b, sk, hk, d), rand(b, sk, hk, d)
     dout = torch.randn(b, sq, h, d, dtype=F64)
-    ref = attention_torch(q64, k64, v64, causal, window, cap)
+    ref = attention_torch(q64, k64, v64, None, causal, window, cap, upcast=True)[0]
     want = torch.autograd.grad(ref, (q64, k64, v64), dout)
     q, k, v = (t.detach().float().requires_grad_() for t in (q64, k64, v64))
     out = fst.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=cap)
@@ -208,40 +186,11 @@ def test_scan_gradcheck_float64(case: tuple[Any, ...]) -> None:
     assert torch.autograd.gradcheck(f, tuple(inputs), eps=1e-6, atol=1e-7, rtol=1e-5)
 
 
-def scan_torch(u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state):  # noqa: ANN001, ANN201
-    """A plain sequential torch scan (float64 baseline)."""
-    b, dim, L = u.shape
-    n = A.shape[1]
-    dt = delta + (delta_bias[:, None] if delta_bias is not None else 0)
-    if delta_softplus:
-        dt = torch.nn.functional.softplus(dt)
-
-    def bc(m: Any, t: int) -> Any:
-        if m.dim() == 2:
-            return m[None]  # (1, dim, n)
-        if m.dim() == 3:
-            return m[:, None, :, t]
-        g = m.shape[1]
-        return m[:, :, :, t].repeat_interleave(dim // g, dim=1)
-
-    x = initial_state if initial_state is not None else u.new_zeros(b, dim, n)
-    ys = []
-    for t in range(L):
-        x = torch.exp(dt[:, :, t, None] * A) * x + dt[:, :, t, None] * bc(B, t) * u[:, :, t, None]
-        ys.append((x * bc(C, t)).sum(-1))
-    y = torch.stack(ys, dim=-1)
-    if D is not None:
-        y = y + D[:, None] * u
-    if z is not None:
-        y = y * torch.nn.functional.silu(z)
-    return y, x
-
-
 @pytest.mark.parametrize("case", SCAN_CASES, ids=[str(c) for c in SCAN_CASES])
 def test_scan_grads_match_torch_autograd(case: tuple[Any, ...]) -> None:
     torch.manual_seed(2)
     arrays, opts = scan_inputs(case)
-    y64, x64 = scan_torch(*arrays, **opts)
+    y64, x64 = scan_ref(*arrays, **opts)
     dout = torch.randn_like(y64)
     dlast = torch.randn_like(x64)
     present = [t for t in [*arrays, opts["D"], opts["z"], opts["delta_bias"]] if t is not None]

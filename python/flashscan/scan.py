@@ -277,6 +277,17 @@ def _plan(
     )
 
 
+def _saved_kw(h: Handler, saved: Any) -> dict[str, Any]:
+    """`saved_states=` for `_native.selective_scan_fwd`, or nothing when there is nothing to
+    save (the usual call)."""
+    if saved is None:
+        return {}
+    d = h.describe(saved, "saved_states")
+    if not d[1][2]:
+        return {}
+    return {"saved_states": d if h.fast else saved}
+
+
 def _scan_any(
     u: Any,
     delta: Any,
@@ -291,11 +302,14 @@ def _scan_any(
     initial_state: Any,
     key: Any,
     route: bool = True,
+    saved_states: Any = None,
 ) -> Any | tuple[Any, Any]:
     """The general path of `selective_scan_fn`: any framework, every check; records the plan
     of a torch signature (`key`, not None when every array is a torch tensor) it sends to the
     GPU. With `route`, torch calls that need gradients go to `flashscan.torch` (whose op comes
-    back here with route=False)."""
+    back here with route=False). `saved_states` ((batch, dim, nsaved, dstate) float32, like u,
+    nsaved = `_native.scan_saved_state_count(seqlen)`): filled on the GPU with the state after
+    every saved chunk, for a backward to come; left as it is on the host path."""
     hu = _HANDLERS.get(type(u)) or _resolve(u, "u")
     objs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
     if route and needs_autograd(hu, objs):
@@ -342,6 +356,7 @@ def _scan_any(
                 else (hu.describe_new(last, (batch, dim, dstate), "float32", du) if fast else last),
                 delta_softplus,
                 hu.stream(du[5]),
+                **_saved_kw(hu, saved_states),
             )
             if hu.needs_finish:
                 out = hu.finish(out)
@@ -362,51 +377,6 @@ def _scan_any(
     if not return_last_state:
         return out
     return out, hu.from_host(x_last, "float32", u, du)
-
-
-def selective_scan_saving(
-    u: Any,
-    delta: Any,
-    A: Any,
-    B: Any,
-    C: Any,
-    D: Any,
-    z: Any,
-    delta_bias: Any,
-    delta_softplus: bool,
-    initial_state: Any,
-) -> tuple[Any, Any, Any]:
-    """The forward for a backward to come (`flashscan.torch`; CUDA arrays on a served
-    device): (out, last_state, saved_states), where saved_states (batch, dim, nsaved, dstate)
-    float32 holds the state after every chunk of `_native.scan_saved_state_count` steps."""
-    hu = _HANDLERS.get(type(u)) or _resolve(u, "u")
-    objs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
-    _, descs, nargs = _describe_all(objs, _SCAN_ARGS, 5, hu, type(u))
-    du = descs[0]
-    assert du is not None
-    batch, dim, seqlen, dstate = _checks.selective_scan_memo(*descs)  # type: ignore[arg-type]
-    nsaved = _native.scan_saved_state_count(seqlen)  # type: ignore[union-attr]
-    out = hu.empty(du[1], du[3], u, du)
-    last = hu.empty((batch, dim, dstate), "float32", u, du)
-    saved = hu.empty((batch, dim, nsaved, dstate), "float32", u, du)
-    if batch and dim and seqlen:
-        fast = hu.fast
-        _native.selective_scan_fwd(  # type: ignore[union-attr]
-            *nargs,
-            hu.describe_new(out, du[1], du[3], du) if fast else out,
-            hu.describe_new(last, (batch, dim, dstate), "float32", du) if fast else last,
-            delta_softplus,
-            hu.stream(du[5]),
-            saved_states=hu.describe_new(saved, (batch, dim, nsaved, dstate), "float32", du)
-            if fast and nsaved
-            else (saved if nsaved else None),
-        )
-    else:  # nothing to scan: the reference's zeros / initial state
-        host_out, host_last = _scan_any(
-            u, delta, A, B, C, D, z, delta_bias, delta_softplus, True, initial_state, None, False
-        )
-        return host_out, host_last, saved
-    return out, last, saved
 
 
 def selective_state_update(

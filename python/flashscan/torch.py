@@ -35,7 +35,7 @@ from torch import Tensor
 from . import _backend, _checks, reference, reference_bwd
 from . import attention as _attention
 from . import scan as _scan
-from ._frameworks import _HANDLERS, _resolve
+from ._frameworks import handler_of
 
 __all__ = ["flash_attn_func", "selective_scan_fn"]
 
@@ -61,29 +61,23 @@ def _on_gpu(t: Tensor, op: str) -> bool:
     return False
 
 
+# The API's torch handler: host copies, descriptors and the current stream, as the API does them.
+_TORCH = handler_of(torch.empty(0), "tensor")
+
+
 def _host(t: Tensor | None) -> np.ndarray | None:
     """A host NumPy copy (bfloat16 widened to float32, which NumPy lacks)."""
-    if t is None:
-        return None
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        t = t.float()
-    return t.cpu().numpy()
+    return None if t is None else _TORCH.to_host(t)
 
 
 def _from_host(a: np.ndarray, like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
-    return torch.from_numpy(np.ascontiguousarray(a)).to(
-        device=like.device, dtype=like.dtype if dtype is None else dtype
-    )
+    name = _TORCH.to_name[like.dtype if dtype is None else dtype]  # type: ignore[attr-defined]
+    return _TORCH.from_host(a, name, like, None)  # type: ignore[arg-type]
 
 
 def _desc(t: Tensor | None, name: str) -> Any:
     """What `_native` takes for `t`: the torch handler's descriptor tuple (None stays None)."""
-    if t is None:
-        return None
-    h = _HANDLERS.get(type(t)) or _resolve(t, name)
-    d = h.describe(t, name)
-    return d if h.fast else t
+    return None if t is None else _TORCH.describe(t, name)
 
 
 def _dense(t: Tensor) -> Tensor:
@@ -94,15 +88,9 @@ def _dense(t: Tensor) -> Tensor:
     return t.contiguous()
 
 
-_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
 def _stream(t: Tensor) -> int:
-    """The caller's current CUDA stream on t's device (torch's C function where it has one)."""
-    dev = t.get_device()
-    if _RAW_STREAM is not None:
-        return int(_RAW_STREAM(dev))
-    return int(torch.cuda.current_stream(dev).cuda_stream)
+    """The caller's current CUDA stream on t's device."""
+    return _TORCH.stream(t.get_device())
 
 
 def _none_if_empty(t: Tensor) -> Tensor | None:
@@ -361,20 +349,32 @@ def _scan_fwd_impl(
             initial_state=_host(initial_state),
         )
         return _from_host(y, u), _from_host(last, u), _absent(u)
-    save = save_states and u.is_cuda
-    if save and u.get_device() in _backend.usable_devices():
-        return _scan.selective_scan_saving(
-            u, delta, A, B, C, D, z, delta_bias, delta_softplus, initial_state
-        )
-    # The API's general path (not `selective_scan_fn`, which would route back here).
-    out, last = _scan._scan_any(
-        u, delta, A, B, C, D, z, delta_bias, delta_softplus, True, initial_state, None, route=False
-    )
-    if save:  # the fallback: the shape the fake promises; the reference backward ignores it
+    saved = _absent(u)
+    if save_states and u.is_cuda:
         batch, dim, seqlen = u.shape
         shape = (batch, dim, _saved_count(seqlen), A.shape[-1])
-        return out, last, u.new_zeros(shape, dtype=_F32)
-    return out, last, _absent(u)
+        if u.get_device() in _backend.usable_devices():
+            saved = u.new_empty(shape, dtype=_F32)  # the forward kernel fills it
+        else:  # the fallback: the shape the fake promises; the reference backward ignores it
+            saved = u.new_zeros(shape, dtype=_F32)
+    # The API's general path (not `selective_scan_fn`, which would route back here).
+    out, last = _scan._scan_any(
+        u,
+        delta,
+        A,
+        B,
+        C,
+        D,
+        z,
+        delta_bias,
+        delta_softplus,
+        True,
+        initial_state,
+        None,
+        route=False,
+        saved_states=None if saved.dim() == 1 else saved,
+    )
+    return out, last, saved
 
 
 _scan_fwd = torch.library.custom_op(
