@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -20,7 +19,7 @@ from .meta import collect_meta, slug
 from .peers import detect_peers
 from .plots import write_plots
 from .report import render_markdown
-from .results import Ceilings
+from .results import Ceilings, jsonable
 from .runner import Runner
 from .suites import SUITE_RUNS
 from .timing import Timer
@@ -228,15 +227,3 @@ def _run(args: argparse.Namespace, torch: Any, fs: Any, results_root: str | None
     if interrupted:
         return 130
     return 1 if bad else 0
-
-
-def jsonable(x: Any) -> Any:
-    if isinstance(x, float):
-        return x if math.isfinite(x) else str(x)
-    if isinstance(x, dict):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [jsonable(v) for v in x]
-    if x is None or isinstance(x, (str, int, bool)):
-        return x
-    return str(x)

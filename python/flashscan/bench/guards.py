@@ -62,6 +62,36 @@ def failure_note(m: dict[str, Any]) -> str:
     )
 
 
+def check_outputs(
+    torch: Any, pairs: list[tuple[str, Any, Any]], tol_rms: float
+) -> tuple[bool, float, str]:
+    """Guard several outputs of one timed call (an output and its gradients): each
+    (name, got, ref) through `compare`. Returns (all passed, worst relative RMS error, why not:
+    the failing names with their notes). A NaN/inf output or a missing one (None) fails."""
+    worst, bad = 0.0, []
+    for name, got, ref in pairs:
+        if got is None:
+            worst = math.inf
+            bad.append(f"{name}: no output")
+            continue
+        ok, m = compare(torch, got, ref, tol_rms)
+        err = m["rel_rms_err"]
+        worst = max(worst, err if math.isfinite(err) else math.inf)
+        if not ok:
+            bad.append(f"{name}: {failure_note(m)}")
+    if not pairs:
+        return False, math.inf, "nothing was checked"
+    return not bad, worst, "; ".join(bad)
+
+
+def declined(exc: BaseException) -> bool:
+    """An exception that means "this backend does not do this shape" (n/a), not a failure."""
+    text = str(exc)
+    return any(m in text for m in ("No available kernel", "No viable backend")) or type(
+        exc
+    ).__name__ in ("UnsupportedError", "NotImplementedError")
+
+
 def as_torch(torch: Any, x: Any, device: Any) -> Any:
     if isinstance(x, (tuple, list)):
         x = x[0]
@@ -70,7 +100,32 @@ def as_torch(torch: Any, x: Any, device: Any) -> Any:
     return x.to(device)
 
 
-class AttnGuard:
+class _SubsetGuard:
+    """A guard whose float64 reference covers batches `bidx` and, along dimension 1, the
+    indices `sub` (query rows, scan channels); the whole output must still be finite."""
+
+    torch: Any
+    device: Any
+    bidx: list[int]
+    sub: Any
+    ref: Any
+    tol: float
+
+    def prepare(self, st: dict[str, Any]) -> dict[str, Any]:
+        return st
+
+    def restore(self, st: dict[str, Any]) -> None:
+        """Nothing to restore: the operation does not change its inputs."""
+
+    def check(self, out: Any, st: dict[str, Any], host: bool) -> tuple[bool, dict[str, Any]]:
+        o = as_torch(self.torch, out, self.device)
+        finite_all = bool(self.torch.isfinite(o).all())
+        ok, m = compare(self.torch, o[self.bidx][:, self.sub.to(o.device)], self.ref, self.tol)
+        m["finite_all"] = finite_all
+        return ok and finite_all, m
+
+
+class AttnGuard(_SubsetGuard):
     """Query rows spread over the sequence (first and last included), batches first and last."""
 
     def __init__(
@@ -86,22 +141,10 @@ class AttnGuard:
             torch, q, st["k"], st["v"], causal, self.bidx, self.rows
         )
         self.tol = GUARD_RMS[dtype]
-
-    def prepare(self, st: dict[str, Any]) -> dict[str, Any]:
-        return st
-
-    def restore(self, st: dict[str, Any]) -> None:
-        """Nothing to restore: the operation does not change its inputs."""
-
-    def check(self, out: Any, st: dict[str, Any], host: bool) -> tuple[bool, dict[str, Any]]:
-        o = as_torch(self.torch, out, self.device)
-        finite_all = bool(self.torch.isfinite(o).all())
-        ok, m = compare(self.torch, o[self.bidx][:, self.rows.to(o.device)], self.ref, self.tol)
-        m["finite_all"] = finite_all
-        return ok and finite_all, m
+        self.sub = self.rows
 
 
-class ScanGuard:
+class ScanGuard(_SubsetGuard):
     """All of a small problem; else first and last batch and `guard_channels` random channels."""
 
     def __init__(self, torch: Any, st: dict[str, Any], dtype: str, max_channels: int = 256) -> None:
@@ -121,6 +164,7 @@ class ScanGuard:
         sub = self._subset(st)
         self.ref, _ = torch_selective_scan(torch, **sub, delta_softplus=True, acc=torch.float64)
         self.tol = GUARD_RMS[dtype]
+        self.sub = self.cidx
 
     def _subset(self, st: dict[str, Any]) -> dict[str, Any]:
         bi, ci = self.bidx, self.cidx
@@ -141,19 +185,6 @@ class ScanGuard:
             "D": None if st.get("D") is None else st["D"][ci],
             "z": None if st.get("z") is None else st["z"][bi][:, ci],
         }
-
-    def prepare(self, st: dict[str, Any]) -> dict[str, Any]:
-        return st
-
-    def restore(self, st: dict[str, Any]) -> None:
-        """Nothing to restore: the operation does not change its inputs."""
-
-    def check(self, out: Any, st: dict[str, Any], host: bool) -> tuple[bool, dict[str, Any]]:
-        o = as_torch(self.torch, out, self.device)
-        finite_all = bool(self.torch.isfinite(o).all())
-        ok, m = compare(self.torch, o[self.bidx][:, self.cidx.to(o.device)], self.ref, self.tol)
-        m["finite_all"] = finite_all
-        return ok and finite_all, m
 
 
 class StateGuard:

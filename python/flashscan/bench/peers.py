@@ -46,6 +46,17 @@ def fa_make(fa: Any, causal: bool) -> Callable[[dict[str, Any]], Callable[[], An
     return make
 
 
+def _numpy_impl(make: Callable[[dict[str, Any]], Callable[[], Any]], inplace: bool = False) -> Impl:
+    return Impl(
+        "numpy-ref",
+        "peer",
+        make=make,
+        host=True,
+        inplace=inplace,
+        note="flashscan.reference on the CPU, float32",
+    )
+
+
 def first_output(o: Any) -> Any:
     return o[0] if isinstance(o, (tuple, list)) else o
 
@@ -130,15 +141,7 @@ def attention_impls(
             q, k, v = (st[x].float().cpu().numpy() for x in "qkv")
             return lambda: ref.flash_attn_func(q, k, v, causal=causal)
 
-        impls.append(
-            Impl(
-                "numpy-ref",
-                "peer",
-                make=np_make,
-                host=True,
-                note="flashscan.reference on the CPU, float32",
-            )
-        )
+        impls.append(_numpy_impl(np_make))
     return impls
 
 
@@ -183,15 +186,7 @@ def scan_impls(rn: Runner, s: ScanShape) -> list[Impl]:
             u, delta, A, B, C, D, z = (st[k].float().cpu().numpy() for k in SCAN_KEYS)
             return lambda: ref.selective_scan_fn(u, delta, A, B, C, D, z, delta_softplus=True)
 
-        impls.append(
-            Impl(
-                "numpy-ref",
-                "peer",
-                make=np_make,
-                host=True,
-                note="flashscan.reference on the CPU, float32",
-            )
-        )
+        impls.append(_numpy_impl(np_make))
     return impls
 
 
@@ -238,14 +233,5 @@ def state_impls(rn: Runner, s: StateShape) -> list[Impl]:
                 state, x, dt, A, B, C, D, z, dt_bias, dt_softplus=True
             )
 
-        impls.append(
-            Impl(
-                "numpy-ref",
-                "peer",
-                make=np_make,
-                host=True,
-                inplace=True,
-                note="flashscan.reference on the CPU, float32",
-            )
-        )
+        impls.append(_numpy_impl(np_make, inplace=True))
     return impls

@@ -46,14 +46,22 @@ def torch_selective_scan(
     d_a = torch.exp(dt_t * A.to(acc))  # (seqlen, batch, dim, dstate)
     d_bu = (dt_t * uf.permute(2, 0, 1)[..., None]) * _bc_time_major(torch, B, dim, acc)
     d_bu = d_bu.expand_as(d_a).contiguous()
-    xs = torch.empty_like(d_a)
     if initial_state is not None:
         prev = initial_state.to(acc)
     else:
         prev = torch.zeros(d_a.shape[1:], dtype=acc, device=u.device)
-    for t in range(seqlen):
-        torch.addcmul(d_bu[t], d_a[t], prev, out=xs[t])
-        prev = xs[t]
+    if torch.is_grad_enabled() and (d_a.requires_grad or d_bu.requires_grad):
+        # autograd (the training guard's gradients): out= does not differentiate
+        steps = []
+        for t in range(seqlen):
+            prev = torch.addcmul(d_bu[t], d_a[t], prev)
+            steps.append(prev)
+        xs = torch.stack(steps)
+    else:
+        xs = torch.empty_like(d_a)
+        for t in range(seqlen):
+            torch.addcmul(d_bu[t], d_a[t], prev, out=xs[t])
+            prev = xs[t]
     y = (xs * _bc_time_major(torch, C, dim, acc)).sum(-1).permute(1, 2, 0)  # (batch, dim, L)
     if D is not None:
         y = y + D.to(acc)[:, None] * uf
@@ -121,3 +129,54 @@ def attention_rows_reference(
         scores = scores.masked_fill(mask, float("-inf"))
     p = torch.softmax(scores, dim=-1)
     return torch.einsum("bhrs,bshd->brhd", p, vs)
+
+
+def attention_grads_reference(
+    torch: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    dout: Any,
+    causal: bool,
+    bidx: list[int],
+    hidx: list[int],
+    block: int = 1024,
+) -> tuple[Any, Any, Any, Any]:
+    """float64 (out, dq, dk, dv) of attention for the (batch, head) pairs bidx x hidx, each
+    (len(bidx), seqlen, len(hidx), headdim). Heads of one batch are independent, so the subset
+    is exact; query rows go `block` at a time, so memory is block x seqlen_k per pair, and a
+    long sequence still gets its float64 reference. Causal aligned bottom-right."""
+    if q.shape[2] != k.shape[2]:  # dk, dv of a shared head would sum over unselected heads
+        raise ValueError("attention_grads_reference: nheads == nheads_k only")
+    qs = q[bidx][:, :, hidx].double().permute(0, 2, 1, 3)  # (nb, nh, sq, d)
+    ks = k[bidx][:, :, hidx].double().permute(0, 2, 1, 3)
+    vs = v[bidx][:, :, hidx].double().permute(0, 2, 1, 3)
+    dos = dout[bidx][:, :, hidx].double().permute(0, 2, 1, 3)
+    sq, sk, d = qs.shape[2], ks.shape[2], qs.shape[3]
+    scale = 1.0 / math.sqrt(d)
+    out, dq = torch.empty_like(qs), torch.empty_like(qs)
+    dk, dv = torch.zeros_like(ks), torch.zeros_like(vs)
+    cols = torch.arange(sk, device=q.device)
+    for r0 in range(0, sq, block):
+        r1 = min(sq, r0 + block)
+        s = torch.einsum("bhrd,bhsd->bhrs", qs[:, :, r0:r1], ks) * scale
+        if causal:
+            rows = torch.arange(r0, r1, device=q.device)
+            s = s.masked_fill(cols[None, :] > rows[:, None] + (sk - sq), float("-inf"))
+        p = torch.softmax(s, dim=-1)
+        del s
+        p = torch.nan_to_num(p)  # a fully masked row (seqlen_q > seqlen_k) has no keys
+        o = torch.einsum("bhrs,bhsd->bhrd", p, vs)
+        do = dos[:, :, r0:r1]
+        dv += torch.einsum("bhrs,bhrd->bhsd", p, do)
+        dp = torch.einsum("bhrd,bhsd->bhrs", do, vs)
+        ds = p * (dp - (do * o).sum(-1, keepdim=True))
+        del dp, p
+        dq[:, :, r0:r1] = torch.einsum("bhrs,bhsd->bhrd", ds, ks) * scale
+        dk += torch.einsum("bhrs,bhrd->bhsd", ds, qs[:, :, r0:r1]) * scale
+        out[:, :, r0:r1] = o
+
+    def back(t: Any) -> Any:
+        return t.permute(0, 2, 1, 3)
+
+    return back(out), back(dq), back(dk), back(dv)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,3 +48,16 @@ class Row:
             if t is not None:
                 return t
         return None
+
+
+def jsonable(x: Any) -> Any:
+    """x as strict JSON: non-finite floats as strings, tuples as lists, the rest as str."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else str(x)
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if x is None or isinstance(x, (str, int, bool)):
+        return x
+    return str(x)

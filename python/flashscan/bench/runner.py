@@ -13,7 +13,7 @@ from typing import Any, Callable
 from .config import ANCHOR_LABEL, ANCHORS, Config
 from .costs import set_floors
 from .fmt import first_line, row_summary
-from .guards import GUARD_RMS, as_torch, compare, failure_note
+from .guards import GUARD_RMS, as_torch, compare, declined, failure_note
 from .results import Ceilings, Row
 from .timing import Timer, rotate
 
@@ -148,14 +148,7 @@ class Runner:
             raise
         except Exception as exc:
             msg = first_line(exc)
-            text = str(exc)
-            unsupported = any(
-                m in text for m in ("No available kernel", "No viable backend")
-            ) or type(exc).__name__ in (
-                "UnsupportedError",
-                "NotImplementedError",
-            )
-            row.status = "n/a" if unsupported else "error"
+            row.status = "n/a" if declined(exc) else "error"
             row.note = f"{type(exc).__name__}: {msg}"
             if "out of memory" in str(exc).lower():
                 with contextlib.suppress(Exception):
