@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from . import mamba_src
 from .ceilings import measure_ceilings
 from .cold import run_cold_start
 from .config import ANCHOR_LABEL, ANCHORS, SUITES, make_config
@@ -51,6 +52,20 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "and then a warm FLASHSCAN_CACHE_DIR",
     )
     p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    p.add_argument(
+        "--mamba-src",
+        default=os.environ.get("FLASHSCAN_BENCH_MAMBA_SRC"),
+        metavar="DIR",
+        help="a mamba (state-spaces/mamba) source checkout: build its CUDA selective scan here "
+        "(nvcc + ninja) and time it and its Triton state update as measured peers "
+        "(default: $FLASHSCAN_BENCH_MAMBA_SRC; without it, an installed mamba_ssm if any)",
+    )
+    p.add_argument(
+        "--mamba-build",
+        default=None,
+        metavar="DIR",
+        help="build directory for --mamba-src (default: DIR/.flashscan-build; reused when present)",
+    )
     p.add_argument("--seed", type=int, default=0, help="torch random seed (default 0)")
     args = p.parse_args(argv)
     names = [s.strip() for s in args.suite.split(",") if s.strip()]
@@ -149,6 +164,13 @@ def _run(args: argparse.Namespace, torch: Any, fs: Any, results_root: str | None
         log(
             f"WARNING: flashscan's CUDA backend is unavailable ({fs_reason}); its rows are "
             "skipped, the peers are still timed"
+        )
+    if args.mamba_src:
+        built = mamba_src.load(args.mamba_src, args.mamba_build, log)
+        meta["mamba_ssm_source"] = (
+            f"source commit {built['src_commit']}, built in this run ({built['build_s']} s)"
+            if not built["error"]
+            else f"source commit {built['src_commit']}: build failed ({built['error']})"
         )
     peers = detect_peers()
     for name, (fn, why) in peers.items():

@@ -248,6 +248,7 @@ def render_markdown(
         ("flashscan_commit", "flashscan commit"),
         ("flashscan_backend", "flashscan backend"),
         ("nvrtc", "NVRTC"),
+        ("mamba_ssm_source", "mamba_ssm"),
         ("date_utc", "date (UTC)"),
         ("command", "command"),
         ("timer", "GPU timer"),

@@ -233,6 +233,9 @@ class Runner:
         params: dict[str, Any],
         cost: tuple[float, float, float],
     ) -> None:
+        # an anchor stands in for a peer that is not here: none when the peer was measured
+        if self.peer("mamba_ssm" if suite == "scan" else "mamba_ssm-triton") is not None:
+            return
         for a_suite, a_key, seconds, column, what in ANCHORS:
             if a_suite != suite or a_key != key:
                 continue

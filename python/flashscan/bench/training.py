@@ -1,6 +1,7 @@
 """Training-path benchmark (issue 6): attention forward+backward and the selective-scan
 backward, flashscan against torch SDPA's FlashAttention-2 and cuDNN backends in the same run
-(mamba_ssm is not installable on the lent H100: its rows are the issue's anchors).
+(and mamba_ssm's selective_scan_fn when built from a checkout with --mamba-src; otherwise its
+rows are the issue's anchors).
 
     python benches/backward.py [--quick] [--out DIR] [--suite attention,scan]
 
@@ -26,11 +27,12 @@ import platform
 import sys
 from typing import Any, Callable
 
+from . import mamba_src
 from .config import make_config
 from .fmt import first_line
 from .guards import GUARD_RMS, check_outputs, declined
 from .meta import command_line, git_commit, repo_root
-from .peers import first_output
+from .peers import detect_peers, first_output
 from .references import attention_grads_reference, torch_selective_scan
 from .results import jsonable
 from .timing import Timer
@@ -204,19 +206,25 @@ def scan_grads_reference(
     return torch.cat(outs), ref
 
 
-def scan_rows(torch: Any, fs: Any, timer: Timer, quick: bool, log: Callable[[str], None]) -> list:
-    shapes = [(32, 512, 60), (8, 2048, 2048)] + ([] if quick else [(8, 2048, 8192)])
+def scan_rows(
+    torch: Any, fs: Any, timer: Timer, quick: bool, log: Callable[[str], None], mamba: Any = None
+) -> list:
+    shapes = [(32, 512, 60), (1, 512, 60), (8, 2048, 2048)] + ([] if quick else [(8, 2048, 8192)])
     rows = []
     for b, d, L in shapes:
-        rows.append(scan_shape(torch, fs, timer, b, d, L, 16))
-        log(json.dumps(rows[-1]))
+        for row in scan_shape(torch, fs, timer, b, d, L, 16, mamba):
+            rows.append(row)
+            log(json.dumps(row))
         torch.cuda.empty_cache()
     return rows
 
 
-def scan_shape(torch: Any, fs: Any, timer: Timer, b: int, d: int, L: int, n: int) -> dict:
-    """The Mamba-1 block's scan at one shape: forward, backward, one training step; every
-    timed call's output checked against float64 first."""
+def scan_shape(
+    torch: Any, fs: Any, timer: Timer, b: int, d: int, L: int, n: int, mamba: Any = None
+) -> list[dict]:
+    """The Mamba-1 block's scan at one shape: forward, backward, one training step, for
+    flashscan and (when given) mamba_ssm's `selective_scan_fn`; every timed call's output is
+    checked against float64 first."""
     import flashscan.torch as fst
 
     ops = torch.ops.flashscan
@@ -232,16 +240,11 @@ def scan_shape(torch: Any, fs: Any, timer: Timer, b: int, d: int, L: int, n: int
     args = [u, delta, A, B, C, D, z, db]
     leaves = [t.clone().requires_grad_() for t in args]
     dout = torch.randn_like(u)
-    row: dict[str, Any] = {
-        "suite": "scan",
-        "impl": "flashscan",
-        "batch": b,
-        "dim": d,
-        "seqlen": L,
-        "dstate": n,
-        "status": "ok",
-    }
+    shape = {"suite": "scan", "batch": b, "dim": d, "seqlen": L, "dstate": n}
+    row: dict[str, Any] = {**shape, "impl": "flashscan", "status": "ok"}
+    ref: tuple[Any, Any] | None = None
     try:
+        ref = scan_grads_reference(torch, args, dout)
         saved = ops.selective_scan_fwd(*args, None, True, True)[2]
         none_saved = saved.new_empty((0,))
 
@@ -258,23 +261,28 @@ def scan_shape(torch: Any, fs: Any, timer: Timer, b: int, d: int, L: int, n: int
             ),
             "step_ms": step,
         }
-        ref_out, ref_grads = scan_grads_reference(torch, args, dout)
-        pairs = [
-            ("fwd out", first_output(timed["fwd_ms"]()), ref_out),
-            ("fwd saving out", timed["fwd_saving_ms"]()[0], ref_out),
-        ]
-        for label in ("bwd_ms", "bwd_recompute_ms", "step_ms"):
-            grads = timed[label]()
-            pairs += [(f"{label[:-3]} {g}", x, r) for g, x, r in zip(SCAN_GRADS, grads, ref_grads)]
-        ok, err, why = check_outputs(torch, pairs, TOL)
-        del pairs, ref_out, ref_grads
-        row["guard_rel_rms"] = err
-        if not ok:
-            row.update(status="FAILED", note=why[:300])
-        for key, fn in timed.items():
-            row[key] = _ms(timer, fn)
+        _guard_and_time(torch, timer, row, timed, ref, ("fwd_ms", "fwd_saving_ms"))
     except Exception as exc:
         row.update(status="FAILED", note=f"{type(exc).__name__}: {first_line(exc)}"[:160])
+    rows = [row]
+    if mamba is not None:
+        peer: dict[str, Any] = {**shape, "impl": "mamba_ssm", "status": "ok"}
+        try:
+            if ref is None:
+                raise RuntimeError("no float64 reference to check against")
+
+            def mamba_step() -> Any:
+                y = mamba(*leaves, delta_softplus=True)
+                return torch.autograd.grad(y, leaves, dout)
+
+            timed = {
+                "fwd_ms": lambda: mamba(*args, delta_softplus=True),
+                "step_ms": mamba_step,
+            }
+            _guard_and_time(torch, timer, peer, timed, ref, ("fwd_ms",))
+        except Exception as exc:
+            peer.update(status="FAILED", note=f"{type(exc).__name__}: {first_line(exc)}"[:160])
+        rows.append(peer)
     anchor = SCAN_ANCHORS_MS.get((b, d, L))
     row["mamba_bwd_anchor_ms"] = anchor
     bwd = row.get("bwd_ms")
@@ -283,7 +291,34 @@ def scan_shape(torch: Any, fs: Any, timer: Timer, b: int, d: int, L: int, n: int
     # (2 bytes each); reads B, C (2 bytes) and writes dB, dC (4 bytes)
     row["min_bytes"] = (b * d * L * 2) * 7 + b * n * L * (2 * 2 + 2 * 4)
     row["bw_floor_ms"] = row["min_bytes"] / 3.0e12 * 1e3
-    return row
+    return rows
+
+
+def _guard_and_time(
+    torch: Any,
+    timer: Timer,
+    row: dict,
+    timed: dict[str, Callable[[], Any]],
+    ref: tuple[Any, Any],
+    forwards: tuple[str, ...],
+) -> None:
+    """Check every timed call against the float64 reference (outputs of the `forwards`,
+    the gradients of the others), then time each: a failed check marks the row FAILED."""
+    ref_out, ref_grads = ref
+    pairs = []
+    for label, fn in timed.items():
+        got = fn()
+        if label in forwards:
+            pairs.append((f"{label[:-3]} out", first_output(got), ref_out))
+        else:
+            pairs += [(f"{label[:-3]} {g}", x, r) for g, x, r in zip(SCAN_GRADS, got, ref_grads)]
+    ok, err, why = check_outputs(torch, pairs, TOL)
+    del pairs
+    row["guard_rel_rms"] = err
+    if not ok:
+        row.update(status="FAILED", note=why[:300])
+    for key, fn in timed.items():
+        row[key] = _ms(timer, fn)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,7 +342,10 @@ def render(meta: dict, rows: list[dict]) -> str:
     out = [f"# Backward benchmarks — {meta['date']}", ""]
     out += [f"- device: {meta['device']}; driver {meta['driver']}; torch {meta['torch']}"]
     out += [f"- flashscan {meta['flashscan']} (commit {meta['commit']}); NVRTC {meta['nvrtc']}"]
-    out += [f"- command: `{meta['command']}`", ""]
+    out += [f"- command: `{meta['command']}`"]
+    if meta.get("mamba_ssm"):
+        out += [f"- mamba_ssm: {meta['mamba_ssm']}"]
+    out += [""]
     out += ["## Attention forward + backward (bf16, batch·seqlen 16k, nheads·hd 2048)", ""]
     out += ["TFLOP/s in flash-attn's convention; `vs FA2` = SDPA-FA2 step time / ours.", ""]
     out += [
@@ -350,7 +388,7 @@ def render(meta: dict, rows: list[dict]) -> str:
     ]
     out += ["|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        if r["suite"] != "scan":
+        if r["suite"] != "scan" or r["impl"] != "flashscan":
             continue
 
         def us(key: str, r: dict = r) -> Any:
@@ -365,12 +403,38 @@ def render(meta: dict, rows: list[dict]) -> str:
             f"{_f(us('fwd_saving_ms'), '.1f', ' us')} | {_f(us('step_ms'), '.1f', ' us')} | "
             f"{_f(us('bw_floor_ms'), '.1f', ' us')} | {guard_cell(r)} |"
         )
+    out += _mamba_table(rows)
     failed = [r for r in rows if r.get("status") == "FAILED"]
     if failed:
         out += ["", "## Guard failures", ""]
         out += [f"- {r['suite']} {r['impl']} {_shape(r)}: {r.get('note', '')}" for r in failed]
     out.append("")
     return "\n".join(out)
+
+
+def _mamba_table(rows: list[dict]) -> list[str]:
+    """flashscan vs mamba_ssm measured in this run: forward, and one training step (forward +
+    backward through each library's autograd function, from Python)."""
+    peers = {_shape(r): r for r in rows if r["suite"] == "scan" and r["impl"] == "mamba_ssm"}
+    if not peers:
+        return []
+    out = ["", "### vs mamba_ssm, measured in this run (its own selective_scan_fn)", ""]
+    out += ["| batch | dim | seqlen | flashscan fwd | mamba_ssm fwd | speedup | flashscan step "]
+    out[-1] += "| mamba_ssm step | speedup | mamba_ssm guard |"
+    out += ["|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        m = peers.get(_shape(r))
+        if r["suite"] != "scan" or r["impl"] != "flashscan" or m is None:
+            continue
+        cells = [f"{r['batch']}", f"{r['dim']}", f"{r['seqlen']}"]
+        for key in ("fwd_ms", "step_ms"):
+            ours, theirs = r.get(key), m.get(key)
+            ratio = theirs / ours if ours and theirs else None
+            for t in (ours, theirs):
+                cells.append(_f(t and t * 1e3, ".1f", " us"))
+            cells.append(_f(ratio, ".2f", "x"))
+        out.append("| " + " | ".join([*cells, guard_cell(m)]) + " |")
+    return out
 
 
 def _shape(r: dict) -> str:
@@ -392,6 +456,13 @@ def main(argv: list[str] | None = None, *, results_root: str | None = None) -> i
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--suite", default="attention,scan")
+    ap.add_argument(
+        "--mamba-src",
+        default=os.environ.get("FLASHSCAN_BENCH_MAMBA_SRC"),
+        help="a mamba source checkout: build its CUDA scan and time its selective_scan_fn "
+        "(forward and training step) beside ours",
+    )
+    ap.add_argument("--mamba-build", default=None, help="build directory for --mamba-src")
     args = ap.parse_args(argv)
     import torch
 
@@ -411,12 +482,21 @@ def main(argv: list[str] | None = None, *, results_root: str | None = None) -> i
         print(s, flush=True)
 
     log(f"timer: {timer.description}")
+    mamba, mamba_note = None, None
+    if args.mamba_src:
+        built = mamba_src.load(args.mamba_src, args.mamba_build, log)
+        mamba_note = f"source commit {built['src_commit']}" + (
+            f", built in this run ({built['build_s']} s)"
+            if not built["error"]
+            else f": build failed ({built['error']})"
+        )
+        mamba = detect_peers()["mamba_ssm"][0]
     rows: list[dict] = []
     suites = args.suite.split(",")
     if "attention" in suites:
         rows += attention_rows(torch, timer, args.quick, log)
     if "scan" in suites:
-        rows += scan_rows(torch, fs, timer, args.quick, log)
+        rows += scan_rows(torch, fs, timer, args.quick, log, mamba)
     info = fs.info()
     meta = {
         "date": datetime.date.today().isoformat(),
@@ -429,6 +509,7 @@ def main(argv: list[str] | None = None, *, results_root: str | None = None) -> i
         "command": command_line(repo_root(fs)),
         "python": platform.python_version(),
         "timer": timer.description,
+        "mamba_ssm": mamba_note,
     }
     name = torch.cuda.get_device_name()
     gpu = name.split()[1].lower() if " " in name else "gpu"
