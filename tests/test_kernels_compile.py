@@ -8,15 +8,11 @@ stay within a small bound."""
 from __future__ import annotations
 
 import os
-import re
-import shutil
-import subprocess
-import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
+
+from flashscan._resources import CUOBJDUMP_MISSING, find_cuobjdump, resource_usage
 
 _native = pytest.importorskip("flashscan._native")
 
@@ -26,18 +22,6 @@ ARCHS = ["sm_80", "sm_90a"]
 
 def _nvrtc_present() -> bool:
     return _native.backend_status()["nvrtc_version"] is not None
-
-
-def _cuobjdump() -> str | None:
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
-    for entry in sys.path:
-        for sub in ("nvidia/cu13/bin/cuobjdump", "nvidia/cuda_cuobjdump/bin/cuobjdump"):
-            p = Path(entry) / sub
-            if p.is_file():
-                return str(p)
-    return None
 
 
 pytestmark = pytest.mark.skipif(
@@ -81,38 +65,17 @@ def test_every_variant_compiles_to_cubin(compiled: tuple[str, dict[str, bytes]])
         assert cubin[:4] == b"\x7fELF", f"{name} for {arch} is not an ELF CUBIN"
 
 
-def _resource_usage(cuobjdump: str, cubin: bytes) -> list[tuple[str, int, int, int]]:
-    """(function, registers, stack bytes, spill bytes) per kernel in the CUBIN."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        out = subprocess.run(
-            [cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True
-        ).stdout
-    rows = []
-    func = ""
-    for line in out.splitlines():
-        m = re.search(r"Function (\S+):", line)
-        if m:
-            func = m.group(1)
-            continue
-        m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", line)
-        if m and func:
-            rows.append((func, int(m.group(1)), int(m.group(2)), int(m.group(3))))
-    return rows
-
-
 def test_main_variants_do_not_spill(compiled: tuple[str, dict[str, bytes]]) -> None:
-    tool = _cuobjdump()
+    tool = find_cuobjdump()
     if tool is None:
-        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+        pytest.skip(CUOBJDUMP_MISSING)
     arch, cubins = compiled
     main = {v["name"] for v in _native.kernel_variants(arch) if v["main"]}
     assert main, "no main variants listed"
     for name in sorted(main):
-        usage = _resource_usage(tool, cubins[name])
+        usage = resource_usage(cubins[name], tool)
         assert usage, f"cuobjdump reported nothing for {name}"
-        for func, regs, stack, local in usage:
+        for func, regs, stack, local, _smem in usage:
             assert stack == 0 and local == 0, (
                 f"{name} ({arch}) {func}: stack frame {stack} B, local {local} B (spills)"
             )
@@ -125,15 +88,15 @@ TRAINING_SPILL_BOUND = 256
 
 
 def test_training_variants_spill_within_bound(compiled: tuple[str, dict[str, bytes]]) -> None:
-    tool = _cuobjdump()
+    tool = find_cuobjdump()
     if tool is None:
-        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+        pytest.skip(CUOBJDUMP_MISSING)
     arch, cubins = compiled
     names = [n for n in cubins if n.startswith(_BACKWARD_FAMILIES) or "FS_SAVE_STATES=1" in n]
     assert names, "no training variants listed"
     worst = ("", 0)
     for name in names:
-        for func, regs, stack, local in _resource_usage(tool, cubins[name]):
+        for func, regs, stack, local, _smem in resource_usage(cubins[name], tool):
             assert regs <= 255, f"{name} ({arch}) {func}: {regs} registers"
             if max(stack, local) > worst[1]:
                 worst = (f"{name} {func}", max(stack, local))

@@ -262,13 +262,16 @@ def test_scan_saved_count_matches_native() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_compile_fullgraph_forward_and_backward() -> None:
+@pytest.mark.parametrize("api", [fst, flashscan], ids=["flashscan.torch", "flashscan"])
+def test_compile_fullgraph_forward_and_backward(api: Any) -> None:
+    """Through the adapter, and through the public API (which routes grad-requiring calls
+    to the adapter's ops by the `_routes` registry; the eager run comes first)."""
     torch._dynamo.reset()
     torch.manual_seed(3)
 
     def block(q: Any, k: Any, v: Any, u: Any, delta: Any, A: Any, B: Any, C: Any) -> Any:
-        a = fst.flash_attn_func(q, k, v, causal=True)
-        y = fst.selective_scan_fn(u, delta, A, B, C, delta_softplus=True)
+        a = api.flash_attn_func(q, k, v, causal=True)
+        y = api.selective_scan_fn(u, delta, A, B, C, delta_softplus=True)
         return a.square().sum() + y.square().sum()
 
     q, k, v = (torch.randn(1, 6, 2, 8, requires_grad=True) for _ in range(3))

@@ -56,8 +56,10 @@ for stage in "${stages[@]}"; do
         | tee "$OUT/bench_backward.log" | tail -50
       ;;
     *)
-      # anything else: a python script path relative to the repo, with its output logged
-      python3 "$repo/$stage" 2>&1 | tee "$OUT/$(basename "$stage").log" | tail -80
+      # anything else: a python script path relative to the repo and its arguments, as one
+      # stage ("tools/profile_overhead.py --backward"), with its output logged
+      read -r -a cmd <<< "$stage"
+      python3 "$repo/${cmd[0]}" "${cmd[@]:1}" 2>&1 | tee "$OUT/$(basename "${cmd[0]}").log" | tail -80
       ;;
   esac
 done

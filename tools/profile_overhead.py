@@ -1,10 +1,18 @@
 # ruff: noqa: B023, E501, E731  (a profiling script: lambdas bound per loop iteration on purpose)
 """Where the per-call time goes at the real-time shapes: the whole public call, the Python
 layer alone (native entry replaced by a no-op), the native entry alone (descriptors prebuilt),
-and the GPU time (CUDA graph replay). Prints microseconds per call."""
+and the GPU time (CUDA graph replay). With --backward: a training step instead (the API
+forward, the custom ops, the autograd step), then a cProfile of each step. Prints
+microseconds per call. Needs a GPU.
+
+    python tools/profile_overhead.py [--backward]
+"""
 
 from __future__ import annotations
 
+import argparse
+import cProfile
+import pstats
 import time
 import types
 
@@ -62,7 +70,7 @@ def stub_native(module: types.ModuleType):
     return real, noop
 
 
-def main() -> None:
+def forward() -> None:
     dev = "cuda"
     bf = torch.bfloat16
     rows = []
@@ -167,6 +175,74 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r[0]} | " + " | ".join(f"{v:.1f}" for v in r[1:]) + " |")
+
+
+def backward() -> None:
+    """A training step at the real-time shapes (b32 d512 L60 n16 scan; b32 s60 h8 d64
+    causal attention), bf16: each layer's per-call wall time, then a cProfile of each step."""
+    import flashscan.torch as fst
+
+    ops = torch.ops.flashscan
+    bf = torch.bfloat16
+    b, d, L, n = 32, 512, 60, 16
+    args = [
+        torch.randn(b, d, L, device="cuda", dtype=bf),
+        (torch.rand(b, d, L, device="cuda") - 2).to(bf),
+        -torch.rand(d, n, device="cuda"),
+        torch.randn(b, n, L, device="cuda", dtype=bf),
+        torch.randn(b, n, L, device="cuda", dtype=bf),
+        torch.randn(d, device="cuda"),
+        torch.randn(b, d, L, device="cuda", dtype=bf),
+        torch.rand(d, device="cuda"),
+    ]
+    leaves = [t.clone().requires_grad_() for t in args]
+    dout = torch.randn_like(args[0])
+    empty = args[0].new_empty((0,), dtype=torch.float32)
+    scan_step = lambda: torch.autograd.grad(
+        fst.selective_scan_fn(*leaves, delta_softplus=True), leaves, dout
+    )
+    q = torch.randn(32, 60, 8, 64, device="cuda", dtype=bf)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    ql = [t.clone().requires_grad_() for t in (q, k, v)]
+    do = torch.randn_like(q)
+    out, lse = ops.flash_attn_fwd(q, k, v, 0.125, -1, 0, 0.0, False)
+    attn_step = lambda: torch.autograd.grad(fst.flash_attn_func(*ql, causal=True), ql, do)
+    rows = [
+        (
+            "scan fwd (API, no grad)",
+            lambda: flashscan.selective_scan_fn(*args, delta_softplus=True),
+        ),
+        ("scan fwd op (saving)", lambda: ops.selective_scan_fwd(*args, None, True, True)),
+        ("scan bwd op", lambda: ops.selective_scan_bwd(dout, None, *args, None, empty, True)),
+        ("scan fwd+bwd step (autograd)", scan_step),
+        ("attn fwd (API, no grad)", lambda: flashscan.flash_attn_func(q, k, v, causal=True)),
+        ("attn fwd op", lambda: ops.flash_attn_fwd(q, k, v, 0.125, -1, 0, 0.0, False)),
+        (
+            "attn bwd op",
+            lambda: ops.flash_attn_bwd(do, q, k, v, out, lse, 0.125, -1, 0, 0.0, False),
+        ),
+        ("attn fwd+bwd step (autograd)", attn_step),
+    ]
+    for name, fn in rows:
+        print(f"{name:<29} {wall_us(fn, 300):8.1f} us")
+    for name, fn in (("scan step", scan_step), ("attn step", attn_step)):
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(200):
+            fn()
+        torch.cuda.synchronize()
+        pr.disable()
+        print(f"==== cProfile: {name} x200")
+        pstats.Stats(pr).sort_stats("tottime").print_stats(18)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    ap.add_argument("--backward", action="store_true", help="profile a training step instead")
+    if ap.parse_args().backward:
+        backward()
+    else:
+        forward()
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import platform
 import sys
 from typing import Any
 
-from . import reference, reference_bwd
+from . import _routes, reference, reference_bwd
 from ._backend import (
     CompileError,
     CudaError,
@@ -32,6 +32,15 @@ from ._backend import native as _native
 from ._backend import status as _status
 from .attention import flash_attn_func
 from .scan import selective_scan_fn, selective_state_update
+
+
+def _load_torch_ops() -> None:
+    """Import the torch adapter, which registers its differentiable ops in `_routes`: the core
+    ops route a grad-requiring torch call there even when the caller never imported it."""
+    from . import torch  # noqa: F401
+
+
+_routes.add_loader(_load_torch_ops)
 
 __all__ = [
     "CompileError",

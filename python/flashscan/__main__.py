@@ -1,4 +1,4 @@
-"""`python -m flashscan info | demo | precompile`."""
+"""`python -m flashscan info | demo | precompile | resources | bench`."""
 
 from __future__ import annotations
 
@@ -290,6 +290,71 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------
+# resources
+# ---------------------------------------------------------------------------------------------
+
+
+def cmd_resources(args: argparse.Namespace) -> int:
+    """Compile the package's kernel variants for --arch with NVRTC (no GPU) and print each
+    kernel's registers, stack/local bytes and static shared memory, as cuobjdump reads them."""
+    from . import _resources
+
+    native = _backend.native
+    if native is None:
+        print(f"resources: {_backend.status()['reason']}", file=sys.stderr)
+        return 1
+    nvrtc = native.backend_status().get("nvrtc_version")
+    if nvrtc is None:
+        print(
+            "resources: NVRTC not found (pip install nvidia-cuda-nvrtc): it compiles the kernels",
+            file=sys.stderr,
+        )
+        return 1
+    tool = _resources.find_cuobjdump()
+    if tool is None:
+        print(f"resources: {_resources.CUOBJDUMP_MISSING}", file=sys.stderr)
+        return 1
+    try:
+        arch = _resources.normalize_arch(args.arch)
+        variants = _resources.select_variants(arch, args.family, args.main)
+    except ValueError as exc:
+        print(f"resources: {exc}", file=sys.stderr)
+        return 2
+    if not variants:
+        print(f"resources: no kernel variant matches for {arch}", file=sys.stderr)
+        return 1
+    tty = sys.stderr.isatty()
+
+    def progress(done: int, total: int, name: str) -> None:
+        if tty:
+            print(f"\r  {done}/{total} compiled", end="", file=sys.stderr, flush=True)
+
+    t0 = time.perf_counter()
+    try:
+        results = _resources.measure(arch, variants, tool, args.workers, progress)
+    except Exception as exc:  # a compile error or a failing cuobjdump: say which and stop
+        if tty:
+            print(file=sys.stderr)
+        print(f"resources: {arch}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if tty:
+        print(file=sys.stderr)
+    if args.json:
+        report = {
+            "arch": arch,
+            "nvrtc_version": nvrtc,
+            "cuobjdump": tool,
+            "variants": [r.as_dict() for r in results],
+        }
+        print(json.dumps(report, indent=2))
+    else:
+        print(_resources.format_table(arch, results))
+        secs = time.perf_counter() - t0
+        print(f"({secs:.1f} s; NVRTC {_fmt_version(nvrtc)}, {tool})")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m flashscan",
@@ -321,6 +386,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p_pre.add_argument("--device", type=int, default=None, help="CUDA device (default: all)")
     p_pre.set_defaults(func=cmd_precompile)
+    p_res = sub.add_parser(
+        "resources",
+        help="compile the kernel variants with NVRTC (no GPU) and print registers, "
+        "stack/spill bytes and static shared memory per kernel (needs cuobjdump)",
+    )
+    p_res.add_argument(
+        "--arch", default="sm_90a", help="target arch: sm_80, sm_86, sm_89, sm_90a... (sm_90a)"
+    )
+    p_res.add_argument(
+        "--family",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="only this kernel family (flash_fwd, flash_bwd, selective_scan, "
+        "selective_scan_bwd, state_update); repeatable",
+    )
+    p_res.add_argument("--main", action="store_true", help="only the main variants")
+    p_res.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    p_res.add_argument(
+        "--workers", type=int, default=None, help="parallel NVRTC compiles (default: up to 4)"
+    )
+    p_res.set_defaults(func=cmd_resources)
     sub.add_parser(
         "bench",
         help="time flashscan against the peers present here (benches/compare.py); "

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _backend, _checks, reference
+from . import _backend, _checks, _routes, reference
 from ._frameworks import (
     _HANDLERS,
     CPU,
@@ -201,8 +201,8 @@ def _flash_attn_any(
 ) -> Any | tuple[Any, Any]:
     """The general path: any framework, every check; records the plan of a torch signature
     (`key`, not None when every array is a torch tensor) it sends to the GPU. With `route`,
-    torch calls that need gradients go to `flashscan.torch` (whose op comes back here with
-    route=False)."""
+    torch calls that need gradients go to the differentiable op registered in `_routes` (by
+    `flashscan.torch`, whose op comes back here with route=False)."""
     tq = type(q)
     hq = _HANDLERS.get(tq) or _resolve(q, "q")
     if route and needs_autograd(hq, (q, k, v)):
@@ -296,15 +296,14 @@ def _differentiable(
     return_lse: bool,
     out: Any,
 ) -> Any | tuple[Any, Any]:
-    """A torch call that needs gradients: `flashscan.torch.flash_attn_func`."""
+    """A torch call that needs gradients: the differentiable op registered in `_routes`
+    (`flashscan.torch.flash_attn_func`)."""
     if out is not None:
         raise ValueError(
             "out: an out= array cannot take part in autograd (q, k or v requires grad); "
             "drop out=, or call under torch.no_grad()"
         )
-    from . import torch as fst
-
-    return fst.flash_attn_func(
+    return _routes.differentiable("flash_attn_func")(
         q, k, v, softmax_scale, causal, window_size, softcap, return_lse=return_lse
     )
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _backend, _checks, reference
+from . import _backend, _checks, _routes, reference
 from ._frameworks import (
     _HANDLERS,
     CUDA,
@@ -306,16 +306,15 @@ def _scan_any(
 ) -> Any | tuple[Any, Any]:
     """The general path of `selective_scan_fn`: any framework, every check; records the plan
     of a torch signature (`key`, not None when every array is a torch tensor) it sends to the
-    GPU. With `route`, torch calls that need gradients go to `flashscan.torch` (whose op comes
-    back here with route=False). `saved_states` ((batch, dim, nsaved, dstate) float32, like u,
-    nsaved = `_native.scan_saved_state_count(seqlen)`): filled on the GPU with the state after
-    every saved chunk, for a backward to come; left as it is on the host path."""
+    GPU. With `route`, torch calls that need gradients go to the differentiable op registered
+    in `_routes` (by `flashscan.torch`, whose op comes back here with route=False).
+    `saved_states` ((batch, dim, nsaved, dstate) float32, like u, nsaved =
+    `_native.scan_saved_state_count(seqlen)`): filled on the GPU with the state after every
+    saved chunk, for a backward to come; left as it is on the host path."""
     hu = _HANDLERS.get(type(u)) or _resolve(u, "u")
     objs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
     if route and needs_autograd(hu, objs):
-        from . import torch as fst
-
-        return fst.selective_scan_fn(
+        return _routes.differentiable("selective_scan_fn")(
             u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state, initial_state
         )
     hands, descs, nargs = _describe_all(objs, _SCAN_ARGS, 5, hu, type(u))

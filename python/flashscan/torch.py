@@ -11,7 +11,8 @@ through it without a graph break and `torch.autograd.gradcheck` can check it. In
 same functions run through a plain `torch.autograd.Function` instead: the custom-op dispatch
 costs more host time than the kernels take at real-time shapes. The top-level
 `flashscan.flash_attn_func` / `flashscan.selective_scan_fn` come here by themselves when a torch
-input requires grad and grad mode is on.
+input requires grad and grad mode is on: this module registers its ops in `_routes`, where the
+core ops (below it; they never import it) look them up.
 
 Where the work runs: CUDA tensors on a device the backend serves -> the CUDA kernels on the
 current stream; CPU tensors -> the NumPy references (`reference`, `reference_bwd`); float64
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import _backend, _checks, reference, reference_bwd
+from . import _backend, _checks, _routes, reference, reference_bwd
 from . import attention as _attention
 from . import scan as _scan
 from ._frameworks import handler_of
@@ -593,3 +594,8 @@ def selective_scan_fn(
     else:
         out, last, _saved = _SelectiveScan.apply(*args)
     return (out, last) if return_last_state else out
+
+
+# The core ops' grad-requiring torch calls come here (they look these up, never import us).
+_routes.register("flash_attn_func", flash_attn_func)
+_routes.register("selective_scan_fn", selective_scan_fn)
