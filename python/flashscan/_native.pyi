@@ -140,8 +140,8 @@ def selective_state_update(
     dt_softplus: bool,
     stream: int | None,
 ) -> None: ...
-def kernel_variants() -> list[dict[str, Any]]:
-    """Every kernel variant the package can emit: {"family": str, "name": str,
+def kernel_variants(arch: str = "sm_90a") -> list[dict[str, Any]]:
+    """Every kernel variant the package can emit for `arch`: {"family": str, "name": str,
     "defines": dict[str, int], "entry": str, "main": bool} ("main" marks the variants that
     must show no local-memory spills)."""
 
