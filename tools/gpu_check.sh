@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: install the wheel built here, then run the stages asked for
-# (default: all) and leave logs under $OUT. Used through the device tool, e.g.
-#   bash tools/gpu_check.sh tests sanitize bench-quick
-# with `.dev/wheel` carried (the wheel from `maturin build --release -o .dev/wheel`).
+# (default: info tests sanitize bench-quick) and leave logs under $OUT. Used through the device
+# tool, e.g.
+#   bash tools/gpu_check.sh precompile tests sanitize bench-quick base-bench-quick pack
+# with `.dev/wheel` carried (`bash tools/build_wheel.sh`). Optional carried folders:
+#   .dev/wheel-base  an earlier wheel: the base-* stages time it in the same run (before/after)
+#   .peers/mamba     a mamba source checkout: the bench stages build and time mamba_ssm beside us
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/flashscan-out}"
@@ -12,9 +15,18 @@ stages=("$@")
 
 # --upgrade: on a warm machine pip --target otherwise keeps the previously installed wheel
 python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site .dev/wheel/flashscan-*.whl || exit 1
+if ls .dev/wheel-base/flashscan-*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site-base .dev/wheel-base/flashscan-*.whl || exit 1
+  # this tree's Python layer over the earlier wheel's native core: isolates the kernels and Rust
+  rm -rf /tmp/site-mixed && cp -r /tmp/site /tmp/site-mixed
+  cp /tmp/site-base/flashscan/_native*.so /tmp/site-mixed/flashscan/
+fi
 export PYTHONPATH=/tmp/site
 export FLASHSCAN_CACHE_DIR=/tmp/flashscan-cache
 export FLASHSCAN_COMMIT="$(cat .dev/wheel/COMMIT 2>/dev/null || echo unknown)"
+base_commit="$(cat .dev/wheel-base/COMMIT 2>/dev/null || echo unknown)"
+mamba=()
+[ -d .peers/mamba/mamba_ssm ] && mamba=(--mamba-src "$PWD/.peers/mamba" --mamba-build /tmp/mamba-build)
 cd /tmp  # import the installed wheel, not python/ of the tree
 repo="$OLDPWD"
 
@@ -39,21 +51,37 @@ for stage in "${stages[@]}"; do
         | tee "$OUT/all_tests.log" | tail -60
       ;;
     sanitize)
-      for tool in memcheck racecheck; do
+      for tool in memcheck racecheck synccheck; do
         compute-sanitizer --tool "$tool" --error-exitcode 9 \
           python3 "$repo/tools/sanitize_cases.py" 2>&1 | tee "$OUT/sanitize_$tool.log" | tail -8
         echo "compute-sanitizer $tool exit: ${PIPESTATUS[0]}"
       done
       ;;
     bench-quick)
-      python3 "$repo/benches/compare.py" --quick --out "$OUT/bench" 2>"$OUT/bench_progress.log" | tail -80
+      python3 "$repo/benches/compare.py" --quick --no-plots "${mamba[@]}" --out "$OUT/bench" \
+        2>"$OUT/bench_progress.log" | tail -80
       ;;
     bench)
-      python3 "$repo/benches/compare.py" --out "$OUT/bench" 2>"$OUT/bench_progress.log" | tail -120
+      python3 "$repo/benches/compare.py" "${mamba[@]}" --out "$OUT/bench" 2>"$OUT/bench_progress.log" | tail -120
       ;;
-    bench-backward)
-      python3 "$repo/benches/backward.py" --out "$OUT/bench_backward" 2>&1 \
+    bench-backward|bench-backward-quick)
+      quick=(); [ "$stage" = bench-backward-quick ] && quick=(--quick)
+      python3 "$repo/benches/backward.py" "${quick[@]}" "${mamba[@]}" --out "$OUT/bench_backward" 2>&1 \
         | tee "$OUT/bench_backward.log" | tail -50
+      ;;
+    base-bench-quick)
+      # the earlier wheel whole (its own harness and Python layer), same run, same machine
+      FLASHSCAN_COMMIT="$base_commit" PYTHONPATH=/tmp/site-base FLASHSCAN_CACHE_DIR=/tmp/flashscan-cache-base \
+        python3 -m flashscan bench --quick --no-plots --out "$OUT/bench_base" 2>"$OUT/bench_base_progress.log" | tail -80
+      ;;
+    base-bench-backward-quick)
+      FLASHSCAN_COMMIT="$base_commit (native core; Python layer of $FLASHSCAN_COMMIT)" PYTHONPATH=/tmp/site-mixed \
+        FLASHSCAN_CACHE_DIR=/tmp/flashscan-cache-base python3 "$repo/benches/backward.py" --quick \
+        --out "$OUT/bench_backward_base" 2>&1 | tee "$OUT/bench_backward_base.log" | tail -50
+      ;;
+    pack)
+      # the device tool returns at most 8 files: everything else in one archive
+      (cd "$OUT" && tar czf /tmp/logs.tgz --exclude=logs.tgz . && rm -rf ./* && mv /tmp/logs.tgz .)
       ;;
     *)
       # anything else: a python script path relative to the repo and its arguments, as one
