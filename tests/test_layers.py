@@ -203,8 +203,8 @@ def test_grad_calls_route_to_the_adapter_when_never_imported() -> None:
     code = textwrap.dedent(
         """
         import sys
-        import torch
         import flashscan
+        import torch  # after flashscan: the adapter is loaded on first need
 
         assert "flashscan.torch" not in sys.modules
         q = torch.randn(1, 4, 2, 8)
@@ -229,12 +229,18 @@ def test_grad_calls_route_to_the_adapter_when_never_imported() -> None:
         print("routed")
         """
     )
+    r = _run_fresh(code)
+    assert r.returncode == 0 and "routed" in r.stdout, r.stdout + r.stderr
+
+
+def _run_fresh(code: str) -> subprocess.CompletedProcess:
+    """`code` in a new interpreter that imports this flashscan."""
     import flashscan
 
     env = dict(os.environ)
     pkg_root = str(Path(flashscan.__file__).resolve().parents[1])
     env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
@@ -242,4 +248,29 @@ def test_grad_calls_route_to_the_adapter_when_never_imported() -> None:
         timeout=300,
         check=False,
     )
-    assert r.returncode == 0 and "routed" in r.stdout, r.stdout + r.stderr
+
+
+def test_compile_as_the_first_call_traces_the_adapter_op() -> None:
+    """torch imported before flashscan: the adapter is loaded at import, so a grad-requiring
+    call that torch.compile(fullgraph=True) traces before any eager call finds its op."""
+    pytest.importorskip("torch")
+    code = textwrap.dedent(
+        """
+        import sys
+        import torch
+        import flashscan
+
+        assert "flashscan.torch" in sys.modules
+        q = torch.randn(1, 7, 2, 16, requires_grad=True)
+        k, v = torch.randn(1, 7, 2, 16), torch.randn(1, 7, 2, 16)
+        f = torch.compile(lambda q, k, v: flashscan.flash_attn_func(q, k, v, causal=True).sum(),
+                          fullgraph=True)
+        f(q, k, v).backward()
+        ref = flashscan.reference.flash_attn_func(q.detach().numpy(), k.numpy(), v.numpy(),
+                                                  causal=True)
+        assert abs(float(f(q, k, v)) - float(ref.sum())) < 1e-3 and q.grad is not None
+        print("compiled")
+        """
+    )
+    r = _run_fresh(code)
+    assert r.returncode == 0 and "compiled" in r.stdout, r.stdout + r.stderr

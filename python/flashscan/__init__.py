@@ -41,6 +41,11 @@ def _load_torch_ops() -> None:
 
 
 _routes.add_loader(_load_torch_ops)
+if "torch" in sys.modules:
+    # torch is here already: load the adapter now (~20 ms) rather than on the first
+    # grad-requiring call, which may be one torch.compile is tracing (dynamo does not run an
+    # import inside a traced frame, so the op would be missing from the graph).
+    _load_torch_ops()
 
 __all__ = [
     "CompileError",
