@@ -9,6 +9,7 @@ same message either way.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 
@@ -66,6 +67,11 @@ def forget_plans() -> None:
     for d in (attention._PLANS, scan._SCAN_PLANS, scan._SSU_PLANS):
         d.clear()
     attention._LAST = scan._SCAN_LAST = scan._SSU_LAST = (None, None)
+    fst = sys.modules.get("flashscan.torch")
+    if fst is not None:  # flashscan.torch's lean plans (grad-requiring calls route there)
+        fst._ATTN_LEAN.clear()
+        fst._SCAN_LEAN.clear()
+        fst._ATTN_LAST = fst._SCAN_LAST = (None, None)
 
 
 @pytest.fixture

@@ -14,6 +14,15 @@ between a CPU and a CUDA-caching-allocator allocation (`empty_like` alone is pri
 that) and the real stream lookup (torch._C._cuda_getCurrentRawStream).
 
     PYTHONPATH=python python tools/bench_python_layer.py [--device fake|cuda] [--calls N]
+    PYTHONPATH=python python tools/bench_python_layer.py --training [--profile]
+
+`--training` times a training step through `flashscan.torch` instead: the forward of a call
+whose inputs require grad (the autograd path) alone, and forward + `torch.autograd.grad`, with
+the native forward and backward entries stubbed. With `--device fake` the tensors are CPU
+tensors, so the autograd engine runs the backward on the calling thread: the hand-off to the
+engine's CUDA device thread (part of `run_backward` on a GPU) is not in these numbers
+(tools/profile_overhead.py --backward measures it on a GPU). `--profile` adds a cProfile of
+each step.
 
 To compare two versions of the package, point PYTHONPATH at each in turn.
 """
@@ -81,9 +90,11 @@ def fake_cuda() -> Callable[[], None]:
 
 def stub_native(*modules: types.ModuleType) -> Callable[[], None]:
     noop = types.SimpleNamespace(
-        flash_attn_fwd=lambda *a: None,
-        selective_scan_fwd=lambda *a: None,
-        selective_state_update=lambda *a: None,
+        flash_attn_fwd=lambda *a, **kw: None,
+        flash_attn_bwd=lambda *a, **kw: None,
+        selective_scan_fwd=lambda *a, **kw: None,
+        selective_scan_bwd=lambda *a, **kw: None,
+        selective_state_update=lambda *a, **kw: None,
     )
     saved = [(m, m._native) for m in modules]  # type: ignore[attr-defined]
     for m in modules:
@@ -94,6 +105,107 @@ def stub_native(*modules: types.ModuleType) -> Callable[[], None]:
             m._native = n  # type: ignore[attr-defined]
 
     return undo
+
+
+def training_cases(dev: str) -> list[tuple[str, Callable[[], Any]]]:
+    """The real-time training steps through `flashscan.torch` (bf16; the scan with D, z,
+    delta_bias and softplus, gradients to its 8 inputs; causal attention, gradients to q, k, v):
+    the forward alone (inputs requiring grad) and forward + `torch.autograd.grad`."""
+    import flashscan.torch as fst
+
+    bf = torch.bfloat16
+    cases: list[tuple[str, Callable[[], Any]]] = []
+    for b in (1, 32):
+        d, L, n = 512, 60, 16
+        args = [
+            torch.randn(b, d, L, device=dev).to(bf),
+            (torch.rand(b, d, L, device=dev) - 2).to(bf),
+            -torch.rand(d, n, device=dev),
+            torch.randn(b, n, L, device=dev).to(bf),
+            torch.randn(b, n, L, device=dev).to(bf),
+            torch.randn(d, device=dev),
+            torch.randn(b, d, L, device=dev).to(bf),
+            torch.rand(d, device=dev),
+        ]
+        leaves = [t.clone().requires_grad_() for t in args]
+        dout = torch.randn_like(args[0])
+        cases.append(
+            (
+                f"scan b{b} d512 L60 n16 fwd (grad)",
+                lambda lv=leaves: fst.selective_scan_fn(*lv, delta_softplus=True),
+            )
+        )
+        cases.append(
+            (
+                f"scan b{b} d512 L60 n16 fwd+bwd step",
+                lambda lv=leaves, g=dout: torch.autograd.grad(
+                    fst.selective_scan_fn(*lv, delta_softplus=True), lv, g
+                ),
+            )
+        )
+        floor = _floor_function()
+        cases.append(
+            (
+                f"  torch alone: no-op autograd.Function, same inputs/outputs, b{b} step",
+                lambda lv=leaves, g=dout, f=floor: torch.autograd.grad(f.apply(*lv), lv, g),
+            )
+        )
+    for b in (1, 32):
+        q = torch.randn(b, 60, 8, 64, device=dev).to(bf)
+        ql = [t.clone().requires_grad_() for t in (q, torch.randn_like(q), torch.randn_like(q))]
+        do = torch.randn_like(q)
+        cases.append(
+            (
+                f"attention b{b} s60 h8 d64 causal fwd (grad)",
+                lambda ql=ql: fst.flash_attn_func(*ql, causal=True),
+            )
+        )
+        cases.append(
+            (
+                f"attention b{b} s60 h8 d64 causal fwd+bwd step",
+                lambda ql=ql, g=do: torch.autograd.grad(
+                    fst.flash_attn_func(*ql, causal=True), ql, g
+                ),
+            )
+        )
+    return cases
+
+
+def _floor_function() -> Any:
+    """torch's own cost of the scan step: an autograd.Function over the same 8 inputs that
+    saves them, allocates out, and in the backward allocates the 8 gradients (no checks, no
+    descriptors, no native call)."""
+
+    class Floor(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, *ts: Any) -> Any:  # type: ignore[override]
+            ctx.set_materialize_grads(False)
+            ctx.save_for_backward(*ts)
+            return ts[0].new_empty_strided(ts[0].shape, ts[0].stride())
+
+        @staticmethod
+        def backward(ctx: Any, g: Any) -> Any:  # type: ignore[override]
+            return tuple(t.new_empty_strided(t.shape, t.stride()) for t in ctx.saved_tensors)
+
+    return Floor
+
+
+def profile(cases: list[tuple[str, Callable[[], Any]]], calls: int) -> None:
+    import cProfile
+    import pstats
+
+    for name, fn in cases:
+        if "step" not in name or name.startswith(" "):
+            continue
+        for _ in range(50):
+            fn()
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(calls):
+            fn()
+        pr.disable()
+        print(f"==== cProfile: {name} x{calls}")
+        pstats.Stats(pr).sort_stats("tottime").print_stats(22)
 
 
 def main() -> None:
@@ -109,6 +221,10 @@ def main() -> None:
         help="wall: time.perf_counter (default with a GPU); cpu: this thread's CPU time, "
         "steadier on a shared machine (default without one)",
     )
+    ap.add_argument(
+        "--training", action="store_true", help="time training steps through flashscan.torch"
+    )
+    ap.add_argument("--profile", action="store_true", help="with --training: cProfile each step")
     args = ap.parse_args()
     device = args.device or ("cuda" if torch.cuda.is_available() else "fake")
     clock_name = args.clock or ("wall" if device == "cuda" else "cpu")
@@ -125,10 +241,29 @@ def main() -> None:
     dev = "cuda" if device == "cuda" else "cpu"
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     undo_fake = fake_cuda() if device == "fake" else (lambda: None)
-    undo_native = stub_native(attention, scan)
     bf = torch.bfloat16
     cases: list[tuple[str, Callable[[], Any]]] = []
+    if args.training:
+        import flashscan.torch as fst
+
+        undo_native = stub_native(attention, scan, fst)
+    else:
+        undo_native = stub_native(attention, scan)
     try:
+        if args.training:
+            cases = training_cases(dev)
+            title = "training step through flashscan.torch (native fwd/bwd = no-op)"
+            if device == "fake":
+                title += "; CPU autograd engine: no device-thread hand-off"
+            print(f"{title}, device={device}, clock={clock_name}, torch {torch.__version__}")
+            print("| case | us/call |")
+            print("|---|---|")
+            for name, fn in cases:
+                us = per_call_us(fn, args.calls, args.repeat, sync, clock)
+                print(f"| {name} | {us:.2f} |", flush=True)
+            if args.profile:
+                profile(cases, args.calls)
+            return
         for b in (1, 32):
             q = torch.randn(b, 60, 8, 64, device=dev).to(bf)
             k, v = torch.randn_like(q), torch.randn_like(q)

@@ -207,6 +207,17 @@ def backward() -> None:
     do = torch.randn_like(q)
     out, lse = ops.flash_attn_fwd(q, k, v, 0.125, -1, 0, 0.0, False)
     attn_step = lambda: torch.autograd.grad(fst.flash_attn_func(*ql, causal=True), ql, do)
+
+    def on_caller_thread(step):
+        """The step with the autograd engine on the calling thread (no hand-off to its CUDA
+        device thread): what run_backward's hand-off costs, by difference."""
+
+        def run():
+            with torch.autograd.set_multithreading_enabled(False):
+                return step()
+
+        return run
+
     rows = [
         (
             "scan fwd (API, no grad)",
@@ -215,6 +226,7 @@ def backward() -> None:
         ("scan fwd op (saving)", lambda: ops.selective_scan_fwd(*args, None, True, True)),
         ("scan bwd op", lambda: ops.selective_scan_bwd(dout, None, *args, None, empty, True)),
         ("scan fwd+bwd step (autograd)", scan_step),
+        ("scan step, engine on caller", on_caller_thread(scan_step)),
         ("attn fwd (API, no grad)", lambda: flashscan.flash_attn_func(q, k, v, causal=True)),
         ("attn fwd op", lambda: ops.flash_attn_fwd(q, k, v, 0.125, -1, 0, 0.0, False)),
         (
@@ -222,6 +234,7 @@ def backward() -> None:
             lambda: ops.flash_attn_bwd(do, q, k, v, out, lse, 0.125, -1, 0, 0.0, False),
         ),
         ("attn fwd+bwd step (autograd)", attn_step),
+        ("attn step, engine on caller", on_caller_thread(attn_step)),
     ]
     for name, fn in rows:
         print(f"{name:<29} {wall_us(fn, 300):8.1f} us")

@@ -168,6 +168,65 @@ def flash_attn_func(
     )
 
 
+def attention_key(q: Any, k: Any, v: Any) -> tuple[Any, ...] | None:
+    """The signature of a call on torch tensors q, k, v with no out= (what `_PLANS` is keyed
+    by, as `flash_attn_func` builds it), or None when one is not a torch tensor or has no
+    strides. For `flashscan.torch`'s eager path."""
+    if not (type(q) in TORCH_TYPES and type(k) in TORCH_TYPES and type(v) in TORCH_TYPES):
+        return None
+    try:
+        return (
+            q.shape,
+            q.stride(),
+            q.dtype,
+            q.device,
+            k.shape,
+            k.stride(),
+            k.dtype,
+            k.device,
+            v.shape,
+            v.stride(),
+            v.dtype,
+            v.device,
+            None,
+        )
+    except Exception:  # no strides (sparse, nested...): the general path says what is wrong
+        return None
+
+
+def serve_attention(
+    plan: tuple[Any, ...],
+    key: tuple[Any, ...],
+    q: Any,
+    k: Any,
+    v: Any,
+    scale: float,
+    wl: int,
+    wr: int,
+    cap: float,
+) -> tuple[Any, Any]:
+    """The hot path's work for torch tensors of signature `key` (no out=) with its `plan`
+    (checked and served before, on a usable device; options already checked): allocate out
+    and lse, call `_native.flash_attn_fwd` with descriptor tuples on the current stream.
+    Returns (out, lse)."""
+    dev, dts, _, o_shape, o_strides, l_shape, l_strides, stream, f32 = plan
+    out = q.new_empty_strided(o_shape, o_strides)
+    lse = q.new_empty_strided(l_shape, l_strides, dtype=f32)
+    _native.flash_attn_fwd(  # type: ignore[union-attr]
+        (q.data_ptr(), key[0], key[1], dts, CUDA, dev),
+        (k.data_ptr(), key[4], key[5], dts, CUDA, dev),
+        (v.data_ptr(), key[8], key[9], dts, CUDA, dev),
+        (out.data_ptr(), o_shape, o_strides, dts, CUDA, dev),
+        (lse.data_ptr(), l_shape, l_strides, "float32", CUDA, dev),
+        scale,
+        wl,
+        wr,
+        cap,
+        stream(dev),
+    )
+    return out, lse
+
+
 def _plan(h: Any, dq: Desc, b: int, sq: int, nheads: int, d: int) -> tuple[Any, ...]:
     """What the hot path needs for a checked torch signature: the device, q's dtype name, the
     default scale, out's and lse's shapes and contiguous strides (what `new_empty` would give;

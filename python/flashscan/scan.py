@@ -195,39 +195,24 @@ def selective_scan_fn(
             )
         ):
             # --- the hot path: a signature already checked and served -------------------------
-            dev, dts, dtb, dtc, o_shape, o_strides, l_shape, l_strides, stream, f32 = plan
             if delta_softplus is not True and delta_softplus is not False:
                 delta_softplus = _checks.flag("delta_softplus", delta_softplus)
             if return_last_state is not True and return_last_state is not False:
                 return_last_state = _checks.flag("return_last_state", return_last_state)
-            out = u.new_empty_strided(o_shape, o_strides)
-            if return_last_state:
-                last = u.new_empty_strided(l_shape, l_strides, dtype=f32)
-                la = (last.data_ptr(), l_shape, l_strides, "float32", CUDA, dev)
-            else:
-                last = la = None
-            m = key[20]
-            dD = None if m is None else (D.data_ptr(), m[0], m[1], "float32", CUDA, dev)
-            m = key[21]
-            dz = None if m is None else (z.data_ptr(), m[0], m[1], dts, CUDA, dev)
-            m = key[22]
-            db = None if m is None else (delta_bias.data_ptr(), m[0], m[1], "float32", CUDA, dev)
-            m = key[23]
-            di = None if m is None else (initial_state.data_ptr(), m[0], m[1], "float32", CUDA, dev)
-            _native.selective_scan_fwd(  # type: ignore[union-attr]
-                (u.data_ptr(), key[0], key[1], dts, CUDA, dev),
-                (delta.data_ptr(), key[4], key[5], dts, CUDA, dev),
-                (A.data_ptr(), key[8], key[9], "float32", CUDA, dev),
-                (B.data_ptr(), key[12], key[13], dtb, CUDA, dev),
-                (C.data_ptr(), key[16], key[17], dtc, CUDA, dev),
-                dD,
-                dz,
-                db,
-                di,
-                (out.data_ptr(), o_shape, o_strides, dts, CUDA, dev),
-                la,
+            out, last = serve_scan(
+                plan,
+                key,
+                u,
+                delta,
+                A,
+                B,
+                C,
+                D,
+                z,
+                delta_bias,
+                initial_state,
                 delta_softplus,
-                stream(dev),
+                return_last_state,
             )
             return (out, last) if return_last_state else out
     return _scan_any(
@@ -244,6 +229,142 @@ def selective_scan_fn(
         initial_state,
         key,
     )
+
+
+def scan_key(
+    u: Any,
+    delta: Any,
+    A: Any,
+    B: Any,
+    C: Any,
+    D: Any,
+    z: Any,
+    delta_bias: Any,
+    initial_state: Any,
+) -> tuple[Any, ...] | None:
+    """The signature of a scan call whose arrays are all torch tensors (None for an absent
+    optional): each tensor's shape, strides, dtype and device, in argument order, 4 entries
+    for each of u, delta, A, B, C (index 0, 4, 8, 12, 16) then one (shape, strides, dtype,
+    device) entry or None for each of D, z, delta_bias, initial_state (index 20..23). None
+    when an array is not a torch tensor or has no strides (the general path says why). What
+    `_SCAN_PLANS` is keyed by, here and in `flashscan.torch`."""
+    if not (
+        type(u) in TORCH_TYPES
+        and type(delta) in TORCH_TYPES
+        and type(A) in TORCH_TYPES
+        and type(B) in TORCH_TYPES
+        and type(C) in TORCH_TYPES
+        and (D is None or type(D) in TORCH_TYPES)
+        and (z is None or type(z) in TORCH_TYPES)
+        and (delta_bias is None or type(delta_bias) in TORCH_TYPES)
+        and (initial_state is None or type(initial_state) in TORCH_TYPES)
+    ):
+        return None
+    try:
+        return (
+            u.shape,
+            u.stride(),
+            u.dtype,
+            u.device,
+            delta.shape,
+            delta.stride(),
+            delta.dtype,
+            delta.device,
+            A.shape,
+            A.stride(),
+            A.dtype,
+            A.device,
+            B.shape,
+            B.stride(),
+            B.dtype,
+            B.device,
+            C.shape,
+            C.stride(),
+            C.dtype,
+            C.device,
+            None if D is None else (D.shape, D.stride(), D.dtype, D.device),
+            None if z is None else (z.shape, z.stride(), z.dtype, z.device),
+            None
+            if delta_bias is None
+            else (delta_bias.shape, delta_bias.stride(), delta_bias.dtype, delta_bias.device),
+            None
+            if initial_state is None
+            else (
+                initial_state.shape,
+                initial_state.stride(),
+                initial_state.dtype,
+                initial_state.device,
+            ),
+        )
+    except Exception:  # no strides (sparse, nested...): the general path says what is wrong
+        return None
+
+
+def serve_scan(
+    plan: tuple[Any, ...],
+    key: tuple[Any, ...],
+    u: Any,
+    delta: Any,
+    A: Any,
+    B: Any,
+    C: Any,
+    D: Any,
+    z: Any,
+    delta_bias: Any,
+    initial_state: Any,
+    delta_softplus: bool,
+    return_last_state: bool,
+    saved_desc: Desc | None = None,
+) -> tuple[Any, Any]:
+    """The hot path's work for torch tensors of signature `key` with its `plan` (checked and
+    served before, on a usable device; flags already bools): allocate out (and the last state
+    when asked), call `_native.selective_scan_fwd` with descriptor tuples on the current
+    stream. `saved_desc`: the descriptor of the (batch, dim, nsaved >= 1, dstate) float32
+    buffer the forward fills for a backward (`_scan_any`'s saved_states), or None. Returns
+    (out, last state or None)."""
+    dev, dts, dtb, dtc, o_shape, o_strides, l_shape, l_strides, stream, f32 = plan
+    out = u.new_empty_strided(o_shape, o_strides)
+    if return_last_state:
+        last = u.new_empty_strided(l_shape, l_strides, dtype=f32)
+        la = (last.data_ptr(), l_shape, l_strides, "float32", CUDA, dev)
+    else:
+        last = la = None
+    m = key[20]
+    dD = None if m is None else (D.data_ptr(), m[0], m[1], "float32", CUDA, dev)
+    m = key[21]
+    dz = None if m is None else (z.data_ptr(), m[0], m[1], dts, CUDA, dev)
+    m = key[22]
+    db = None if m is None else (delta_bias.data_ptr(), m[0], m[1], "float32", CUDA, dev)
+    m = key[23]
+    di = None if m is None else (initial_state.data_ptr(), m[0], m[1], "float32", CUDA, dev)
+    du = (u.data_ptr(), key[0], key[1], dts, CUDA, dev)
+    dd = (delta.data_ptr(), key[4], key[5], dts, CUDA, dev)
+    da = (A.data_ptr(), key[8], key[9], "float32", CUDA, dev)
+    dB = (B.data_ptr(), key[12], key[13], dtb, CUDA, dev)
+    dC = (C.data_ptr(), key[16], key[17], dtc, CUDA, dev)
+    do = (out.data_ptr(), o_shape, o_strides, dts, CUDA, dev)
+    if saved_desc is None:
+        _native.selective_scan_fwd(  # type: ignore[union-attr]
+            du, dd, da, dB, dC, dD, dz, db, di, do, la, delta_softplus, stream(dev)
+        )
+    else:
+        _native.selective_scan_fwd(  # type: ignore[union-attr]
+            du,
+            dd,
+            da,
+            dB,
+            dC,
+            dD,
+            dz,
+            db,
+            di,
+            do,
+            la,
+            delta_softplus,
+            stream(dev),
+            saved_states=saved_desc,
+        )
+    return out, last
 
 
 def _plan(

@@ -36,13 +36,14 @@ from torch import Tensor
 from . import _backend, _checks, _routes, reference, reference_bwd
 from . import attention as _attention
 from . import scan as _scan
-from ._frameworks import handler_of
+from ._frameworks import CUDA, contiguous_strides, handler_of
 
 __all__ = ["flash_attn_func", "selective_scan_fn"]
 
 _native = _backend.native
 _F64 = torch.float64
 _F32 = torch.float32
+_NO_DEVICES: frozenset[int] = frozenset()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,6 +120,21 @@ def _attn_fwd_impl(
     deterministic: bool,
 ) -> tuple[Tensor, Tensor]:
     """(out, lse); `deterministic` is only read by the backward."""
+    return _attn_fwd_general(q, k, v, softmax_scale, window_left, window_right, softcap, None)
+
+
+def _attn_fwd_general(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    key: Any,
+) -> tuple[Tensor, Tensor]:
+    """The forward's general path: every check; float64 -> the reference. With `key` (the
+    call's `attention_key`), a call served on the GPU records the API's plan for it."""
     window = (window_left, window_right)
     if q.dtype == _F64:
         o, lse = reference.flash_attn_func(
@@ -135,7 +151,7 @@ def _attn_fwd_impl(
     # The API's general path (not `flash_attn_func`, which would send a grad-requiring call
     # back here).
     return _attention._flash_attn_any(  # type: ignore[return-value]
-        q, k, v, softmax_scale, False, window, softcap, True, None, None, route=False
+        q, k, v, softmax_scale, False, window, softcap, True, None, key, route=False
     )
 
 
@@ -246,21 +262,166 @@ def _attn_grad(ctx: Any, dout: Tensor, _dlse: Tensor) -> tuple[Any, ...]:
 _attn_fwd.register_autograd(_attn_grad, setup_context=_attn_setup)
 
 
+# The eager path: a lean autograd.Function. The custom-op dispatch above costs ~70 us of host
+# time per op call on the lent H100's host (torch 2.11), more than the kernels at real-time
+# shapes; torch.compile traces the custom ops instead. The first call of a signature runs the
+# general path (every check; the references for CPU and float64 tensors; the fallback) and,
+# when it was served on the GPU, records a lean plan: later calls of that signature allocate
+# their outputs and call `_native` with descriptor tuples directly, forward and backward.
+
+# attention signature (`attention_key`) -> (the API's plan, contiguous strides of k, of v);
+# bounded like the API's plans. `_ATTN_LAST`: the last pair found (no hashing in a run).
+_ATTN_LEAN: dict[Any, tuple[Any, ...]] = {}
+_ATTN_LAST: tuple[Any, Any] = (None, None)
+
+
+def _attn_lean_plan(key: Any) -> tuple[Any, ...] | None:
+    """The lean plan of an attention signature, if it was served on a still usable device."""
+    global _ATTN_LAST
+    if key is None:
+        return None
+    seen = _ATTN_LAST
+    if key == seen[0]:
+        lean = seen[1]
+    else:
+        lean = _ATTN_LEAN.get(key)
+        if lean is None:
+            return None
+        _ATTN_LAST = (key, lean)
+    return lean if lean[0][0] in (_backend._usable or _NO_DEVICES) else None
+
+
+def _attn_record(key: Any) -> tuple[Any, ...] | None:
+    """After the general path: the lean plan of `key` when that call went to the GPU (the
+    API recorded its plan), else None."""
+    plan = None if key is None else _attention._PLANS.get(key)
+    if plan is None:
+        return None
+    lean = (plan, contiguous_strides(key[4]), contiguous_strides(key[8]))
+    _checks.remember(_ATTN_LEAN, key, lean)
+    return lean
+
+
+def _dense_desc(t: Tensor, dtype: str, dev: int) -> tuple[Tensor, tuple[Any, ...]]:
+    """`_dense(t)` and its descriptor (t's dtype is `dtype`, on CUDA device `dev`)."""
+    st = t.stride()
+    if st[-1] != 1 or min(st) <= 0 or t.data_ptr() % 16:
+        t = t.contiguous()
+        st = t.stride()
+    return t, (t.data_ptr(), t.shape, st, dtype, CUDA, dev)
+
+
+def _attn_bwd_lean(
+    ctx: Any, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
+) -> tuple[Tensor, Tensor, Tensor] | None:
+    """The backward on a lean plan; None when the saved tensors no longer match the forward's
+    signature or the device is no longer usable (the general backward then runs)."""
+    key = ctx.key
+    plan, ks, vs = ctx.lean
+    dev, dts, _, o_shape, o_strides, l_shape, l_strides, stream, f32 = plan
+    if (
+        dev not in (_backend._usable or _NO_DEVICES)
+        or _attention.attention_key(q, k, v) != key
+        or out.shape != o_shape
+        or out.stride() != o_strides
+        or out.dtype is not key[2]
+        or out.device != key[3]
+        or dout.dtype is not key[2]
+        or dout.shape != o_shape
+        or (
+            ctx.lse_out
+            and (lse.shape != l_shape or lse.stride() != l_strides or lse.dtype is not f32)
+        )
+    ):
+        return None
+    dout, d_dout = _dense_desc(dout, dts, dev)
+    dq = q.new_empty_strided(o_shape, o_strides)
+    dk = k.new_empty_strided(key[4], ks)
+    dv = v.new_empty_strided(key[8], vs)
+    scale, wl, wr, cap, det = ctx.args
+    _native.flash_attn_bwd(  # type: ignore[union-attr]
+        d_dout,
+        (q.data_ptr(), key[0], key[1], dts, CUDA, dev),
+        (k.data_ptr(), key[4], key[5], dts, CUDA, dev),
+        (v.data_ptr(), key[8], key[9], dts, CUDA, dev),
+        (out.data_ptr(), o_shape, o_strides, dts, CUDA, dev),
+        (lse.data_ptr(), l_shape, l_strides, "float32", CUDA, dev),
+        (dq.data_ptr(), o_shape, o_strides, dts, CUDA, dev),
+        (dk.data_ptr(), key[4], ks, dts, CUDA, dev),
+        (dv.data_ptr(), key[8], vs, dts, CUDA, dev),
+        scale,
+        wl,
+        wr,
+        cap,
+        det,
+        stream(dev),
+    )
+    return dq, dk, dv
+
+
 class _FlashAttn(torch.autograd.Function):
-    """The eager path: the same impl functions without the custom-op dispatch, which costs
-    ~70 us of host time per op call on the lent H100's host (torch 2.11), more than the
-    kernels at real-time shapes. torch.compile traces the custom ops instead."""
+    """The eager path of the attention (see above): the lean plan, or the general path on a
+    signature's first call, off the GPU and for float64. Returns out, or (out, lse) with
+    `return_lse` (lse not differentiable). Grads that nothing uses are not materialised."""
 
     @staticmethod
-    def forward(ctx: Any, *inputs: Any) -> tuple[Tensor, Tensor]:  # type: ignore[override]
-        out = _attn_fwd_impl(*inputs)
-        _attn_setup(ctx, inputs, out)
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        scale: float,
+        wl: int,
+        wr: int,
+        cap: float,
+        det: bool,
+        return_lse: bool,
+    ) -> Any:
+        ctx.set_materialize_grads(False)
+        key = _attention.attention_key(q, k, v)
+        lean = _attn_lean_plan(key)
+        if lean is None:
+            out, lse = _attn_fwd_general(q, k, v, scale, wl, wr, cap, key)
+            lean = _attn_record(key)
+        else:
+            out, lse = _attention.serve_attention(lean[0], key, q, k, v, scale, wl, wr, cap)
+        ctx.key = key
+        ctx.lean = lean
+        ctx.args = (scale, wl, wr, cap, det)
+        ctx.lse_out = return_lse
+        if return_lse:
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.mark_non_differentiable(lse)
+            return out, lse
+        ctx.save_for_backward(q, k, v, out)
+        ctx.lse = lse  # never seen by the caller: no version check needed
         return out
 
     @staticmethod
-    def backward(ctx: Any, dout: Tensor, _dlse: Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        q, k, v, out, lse = ctx.saved_tensors
-        return (*_attn_bwd_impl(dout, q, k, v, out, lse, *ctx.args), None, None, None, None, None)
+    def backward(ctx: Any, dout: Tensor | None, *_dlse: Any) -> tuple[Any, ...]:  # type: ignore[override]
+        if dout is None:
+            return (None,) * 9
+        saved = ctx.saved_tensors
+        q, k, v, out = saved[:4]
+        lse = saved[4] if ctx.lse_out else ctx.lse
+        grads = None
+        if ctx.lean is not None:
+            grads = _attn_bwd_lean(ctx, dout, q, k, v, out, lse)
+        if grads is None:
+            grads = _attn_bwd_impl(dout, q, k, v, out, lse, *ctx.args)
+        need = ctx.needs_input_grad
+        dq, dk, dv = grads
+        return (
+            dq if need[0] else None,
+            dk if need[1] else None,
+            dv if need[2] else None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def flash_attn_func(
@@ -298,9 +459,8 @@ def flash_attn_func(
     cap = _checks.real("softcap", softcap, minimum=0.0)
     if torch.compiler.is_compiling():
         out, lse = torch.ops.flashscan.flash_attn_fwd(q, k, v, scale, wl, wr, cap, deterministic)
-    else:
-        out, lse = _FlashAttn.apply(q, k, v, scale, wl, wr, cap, deterministic)
-    return (out, lse) if return_lse else out
+        return (out, lse) if return_lse else out
+    return _FlashAttn.apply(q, k, v, scale, wl, wr, cap, deterministic, return_lse)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -546,18 +706,308 @@ def _scan_grads(ctx: Any, bwd: Any, dout: Tensor, dlast: Tensor) -> tuple[Any, .
 _scan_fwd.register_autograd(_scan_grad, setup_context=_scan_setup)
 
 
+# scan signature (`scan.scan_key`) -> (the API's plan, nsaved, the saved states' shape and
+# contiguous strides, contiguous strides of A, B, C); bounded. `_SCAN_LAST` as `_ATTN_LAST`.
+_SCAN_LEAN: dict[Any, tuple[Any, ...]] = {}
+_SCAN_LAST: tuple[Any, Any] = (None, None)
+
+
+def _scan_lean_plan(key: Any) -> tuple[Any, ...] | None:
+    """The lean plan of a scan signature, if it was served on a still usable device."""
+    global _SCAN_LAST
+    if key is None:
+        return None
+    seen = _SCAN_LAST
+    if key == seen[0]:
+        lean = seen[1]
+    else:
+        lean = _SCAN_LEAN.get(key)
+        if lean is None:
+            return None
+        _SCAN_LAST = (key, lean)
+    return lean if lean[0][0] in (_backend._usable or _NO_DEVICES) else None
+
+
+def _scan_record(key: Any) -> tuple[Any, ...] | None:
+    """After the general path: the lean plan of `key` when that call went to the GPU."""
+    plan = None if key is None else _scan._SCAN_PLANS.get(key)
+    if plan is None:
+        return None
+    batch, dim, seqlen = plan[4]
+    nsaved = _saved_count(seqlen)
+    s_shape = (batch, dim, nsaved, key[8][-1])
+    lean = (
+        plan,
+        nsaved,
+        s_shape,
+        contiguous_strides(s_shape),
+        contiguous_strides(key[8]),
+        contiguous_strides(key[12]),
+        contiguous_strides(key[16]),
+    )
+    _checks.remember(_SCAN_LEAN, key, lean)
+    return lean
+
+
+def _scan_fwd_general(
+    u: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Tensor | None,
+    z: Tensor | None,
+    delta_bias: Tensor | None,
+    initial_state: Tensor | None,
+    delta_softplus: bool,
+    save: bool,
+    return_last: bool,
+    key: Any,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The eager forward's general path: every check; float64 -> the reference. Returns (out,
+    last state or None, saved states or None); saved states only when `save`, on a usable
+    GPU, with at least one chunk to save. With `key` (the call's `scan_key`), a call served
+    on the GPU records the API's plan for it."""
+    if u.dtype == _F64:
+        out, last, _ = _scan_fwd_impl(
+            u, delta, A, B, C, D, z, delta_bias, initial_state, delta_softplus, False
+        )
+        return out, (last if return_last else None), None
+    saved = None
+    if save and u.is_cuda and u.dim() == 3 and A.dim() == 2:
+        nsaved = _saved_count(u.shape[2])
+        if nsaved > 0 and u.get_device() in _backend.usable_devices():
+            shape = (u.shape[0], u.shape[1], nsaved, A.shape[-1])
+            saved = u.new_empty(shape, dtype=_F32)  # the forward kernel fills it
+    res = _scan._scan_any(
+        u,
+        delta,
+        A,
+        B,
+        C,
+        D,
+        z,
+        delta_bias,
+        delta_softplus,
+        return_last,
+        initial_state,
+        key,
+        route=False,
+        saved_states=saved,
+    )
+    if return_last:
+        return res[0], res[1], saved
+    return res, None, saved
+
+
+def _scan_bwd_lean(
+    ctx: Any,
+    dout: Tensor,
+    dlast: Tensor | None,
+    u: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Tensor | None,
+    z: Tensor | None,
+    delta_bias: Tensor | None,
+    init: Tensor | None,
+) -> tuple[Any, ...] | None:
+    """The backward on a lean plan: (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias,
+    dinitial_state) in the inputs' dtypes (None for an absent input, and for B / C when they
+    need no gradient and a conversion would be wasted); None when the saved tensors no longer
+    match the forward's signature or the device is no longer usable."""
+    key = ctx.key
+    plan, _, s_shape, s_strides, a_st, b_st, c_st = ctx.lean
+    dev, dts, dtb, dtc, o_shape, o_strides, l_shape, l_strides, stream, f32 = plan
+    if (
+        dev not in (_backend._usable or _NO_DEVICES)
+        or _scan.scan_key(u, delta, A, B, C, D, z, delta_bias, init) != key
+        or dout.dtype is not key[2]
+        or dout.shape != o_shape
+    ):
+        return None
+    dout, d_dout = _dense_desc(dout, dts, dev)
+    d_dlast = None
+    if dlast is not None:
+        if dlast.dtype is not f32:
+            dlast = dlast.to(f32)
+        dlast, d_dlast = _dense_desc(dlast, "float32", dev)
+    saved = ctx.saved_states
+    d_saved = (
+        None if saved is None else (saved.data_ptr(), s_shape, s_strides, "float32", CUDA, dev)
+    )
+    # the kernels write every element of du, ddelta, dz, dinitial_state and zero the summed
+    # gradients (dA, dB, dC, dD, ddelta_bias) themselves: no allocation is zero-filled
+    du = u.new_empty_strided(o_shape, o_strides)
+    ddelta = u.new_empty_strided(o_shape, o_strides)
+    da = u.new_empty_strided(key[8], a_st, dtype=f32)
+    db = u.new_empty_strided(key[12], b_st, dtype=f32)
+    dc = u.new_empty_strided(key[16], c_st, dtype=f32)
+    m = key[20]
+    if m is None:
+        dd = i_D = o_D = None
+    else:
+        dd = u.new_empty_strided(m[0], (1,), dtype=f32)
+        i_D = (D.data_ptr(), m[0], m[1], "float32", CUDA, dev)  # type: ignore[union-attr]
+        o_D = (dd.data_ptr(), m[0], (1,), "float32", CUDA, dev)
+    m = key[21]
+    if m is None:
+        dz = i_z = o_z = None
+    else:  # z has u's shape (checked by the forward)
+        dz = u.new_empty_strided(o_shape, o_strides)
+        i_z = (z.data_ptr(), m[0], m[1], dts, CUDA, dev)  # type: ignore[union-attr]
+        o_z = (dz.data_ptr(), o_shape, o_strides, dts, CUDA, dev)
+    m = key[22]
+    if m is None:
+        ddb = i_db = o_db = None
+    else:
+        ddb = u.new_empty_strided(m[0], (1,), dtype=f32)
+        i_db = (delta_bias.data_ptr(), m[0], m[1], "float32", CUDA, dev)  # type: ignore[union-attr]
+        o_db = (ddb.data_ptr(), m[0], (1,), "float32", CUDA, dev)
+    m = key[23]
+    if m is None:
+        dinit = i_init = o_init = None
+    else:  # (batch, dim, dstate), the last state's shape
+        dinit = u.new_empty_strided(l_shape, l_strides, dtype=f32)
+        i_init = (init.data_ptr(), m[0], m[1], "float32", CUDA, dev)  # type: ignore[union-attr]
+        o_init = (dinit.data_ptr(), l_shape, l_strides, "float32", CUDA, dev)
+    _native.selective_scan_bwd(  # type: ignore[union-attr]
+        (u.data_ptr(), key[0], key[1], dts, CUDA, dev),
+        (delta.data_ptr(), key[4], key[5], dts, CUDA, dev),
+        (A.data_ptr(), key[8], key[9], "float32", CUDA, dev),
+        (B.data_ptr(), key[12], key[13], dtb, CUDA, dev),
+        (C.data_ptr(), key[16], key[17], dtc, CUDA, dev),
+        i_D,
+        i_z,
+        i_db,
+        i_init,
+        d_dout,
+        d_saved,
+        d_dlast,
+        (du.data_ptr(), o_shape, o_strides, dts, CUDA, dev),
+        (ddelta.data_ptr(), o_shape, o_strides, dts, CUDA, dev),
+        (da.data_ptr(), key[8], a_st, "float32", CUDA, dev),
+        (db.data_ptr(), key[12], b_st, "float32", CUDA, dev),
+        (dc.data_ptr(), key[16], c_st, "float32", CUDA, dev),
+        o_D,
+        o_z,
+        o_db,
+        o_init,
+        ctx.delta_softplus,
+        stream(dev),
+    )
+    need = ctx.needs_input_grad
+    # dB, dC are accumulated in float32: B / C in u's dtype get theirs converted, if needed
+    gb = db if key[14] is f32 else (db.to(key[14]) if need[3] else None)
+    gc = dc if key[18] is f32 else (dc.to(key[18]) if need[4] else None)
+    return du, ddelta, da, gb, gc, dd, dz, ddb, dinit
+
+
 class _SelectiveScan(torch.autograd.Function):
-    """The eager path of the scan (see `_FlashAttn`)."""
+    """The eager path of the scan (see `_FlashAttn`). Returns out, or (out, last_state) with
+    `return_last`; the states saved for the backward stay on ctx (never an output)."""
 
     @staticmethod
-    def forward(ctx: Any, *inputs: Any) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
-        out = _scan_fwd_impl(*inputs)
-        _scan_setup(ctx, inputs, out)
-        return out
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        u: Tensor,
+        delta: Tensor,
+        A: Tensor,
+        B: Tensor,
+        C: Tensor,
+        D: Tensor | None,
+        z: Tensor | None,
+        delta_bias: Tensor | None,
+        initial_state: Tensor | None,
+        delta_softplus: bool,
+        save: bool,
+        return_last: bool,
+    ) -> Any:
+        ctx.set_materialize_grads(False)
+        key = _scan.scan_key(u, delta, A, B, C, D, z, delta_bias, initial_state)
+        lean = _scan_lean_plan(key)
+        if lean is None:
+            out, last, saved = _scan_fwd_general(
+                u,
+                delta,
+                A,
+                B,
+                C,
+                D,
+                z,
+                delta_bias,
+                initial_state,
+                delta_softplus,
+                save,
+                return_last,
+                key,
+            )
+            lean = _scan_record(key)
+        else:
+            saved = d_saved = None
+            if save and lean[1]:
+                s_shape, s_strides = lean[2], lean[3]
+                saved = u.new_empty_strided(s_shape, s_strides, dtype=_F32)
+                d_saved = (saved.data_ptr(), s_shape, s_strides, "float32", CUDA, lean[0][0])
+            out, last = _scan.serve_scan(
+                lean[0],
+                key,
+                u,
+                delta,
+                A,
+                B,
+                C,
+                D,
+                z,
+                delta_bias,
+                initial_state,
+                delta_softplus,
+                return_last,
+                d_saved,
+            )
+        ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, initial_state)
+        ctx.saved_states = saved  # ours alone (not an output): no version check needed
+        ctx.key = key
+        ctx.lean = lean
+        ctx.delta_softplus = delta_softplus
+        return (out, last) if return_last else out
 
     @staticmethod
-    def backward(ctx: Any, dout: Tensor, dlast: Tensor, _ds: Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        return _scan_grads(ctx, _scan_bwd_impl, dout, dlast)
+    def backward(ctx: Any, dout: Tensor | None, dlast: Tensor | None = None) -> tuple[Any, ...]:  # type: ignore[override]
+        if dout is None and dlast is None:
+            return (None,) * 12
+        u, delta, A, B, C, D, z, delta_bias, init = ctx.saved_tensors
+        if dout is None:  # only the last state reaches the loss
+            dout = u.new_zeros(u.shape)
+        grads = None
+        if ctx.lean is not None:
+            grads = _scan_bwd_lean(ctx, dout, dlast, u, delta, A, B, C, D, z, delta_bias, init)
+        if grads is None:
+            saved = ctx.saved_states
+            grads = _scan_bwd_impl(
+                dout,
+                dlast,
+                u,
+                delta,
+                A,
+                B,
+                C,
+                D,
+                z,
+                delta_bias,
+                init,
+                _absent(u) if saved is None else saved,
+                ctx.delta_softplus,
+            )
+        need = ctx.needs_input_grad
+        inputs = (u, delta, A, B, C, D, z, delta_bias, init)
+        return tuple(g if n and t is not None else None for g, n, t in zip(grads, need, inputs)) + (
+            None,
+            None,
+            None,
+        )
 
 
 def selective_scan_fn(
@@ -591,9 +1041,8 @@ def selective_scan_fn(
     args = (u, delta, A, B, C, D, z, delta_bias, initial_state, delta_softplus, save)
     if torch.compiler.is_compiling():
         out, last, _saved = torch.ops.flashscan.selective_scan_fwd(*args)
-    else:
-        out, last, _saved = _SelectiveScan.apply(*args)
-    return (out, last) if return_last_state else out
+        return (out, last) if return_last_state else out
+    return _SelectiveScan.apply(*args, return_last_state)
 
 
 # The core ops' grad-requiring torch calls come here (they look these up, never import us).
