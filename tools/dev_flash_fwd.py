@@ -221,6 +221,7 @@ class Nvrtc:
             "-std=c++17",
             "-default-device",
             "--ptxas-options=--verbose",
+            f"--include-path={os.path.join(REPO, 'cuda')}",  # for #include "common/*.cuh"
             *extra,
         ]
         copts = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])

@@ -373,7 +373,10 @@ def compile_cubin(src_name, defines, arch=ARCH):
     prog = ctypes.c_void_p()
     r = lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), src_name.encode(), 0, None, None)
     assert r == 0, r
+    # cuda/ on the include path: the families #include "common/*.cuh" (read from disk here, so the
+    # cache key above does not cover header edits: clear CUBIN_DIR after changing one).
     opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"-default-device", b"-lineinfo"]
+    opts.append(f"--include-path={CUDA_DIR}".encode())
     arr = (ctypes.c_char_p * len(opts))(*opts)
     r = lib.nvrtcCompileProgram(prog, len(opts), arr)
     n = ctypes.c_size_t()
