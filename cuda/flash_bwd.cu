@@ -44,26 +44,17 @@
 // FS_HAS_MASK, FS_HAS_SOFTCAP, FS_PAD_HEADDIM, FS_MIN_BLOCKS; FS_AUX_ONLY=1 builds only the two
 // small passes (their variant depends on FS_DTYPE and FS_HEAD_DIM only).
 
-#ifndef FS_HEAD_DIM
-#error "FS_HEAD_DIM must be defined by the prelude"
-#endif
-#ifndef FS_DTYPE
-#error "FS_DTYPE must be defined by the prelude"
+#include "common/convert.cuh"
+#include "common/copy.cuh"
+#include "common/math.cuh"
+#include "common/mma.cuh"
+#include "common/softcap.cuh"
+
+#if !defined(FS_HEAD_DIM) || !defined(FS_DTYPE) || !defined(FS_ARCH)
+#error "the prelude must define FS_HEAD_DIM, FS_DTYPE and FS_ARCH"
 #endif
 #ifndef FS_AUX_ONLY
 #define FS_AUX_ONLY 0
-#endif
-#ifndef FS_ARCH
-#define FS_ARCH 80
-#endif
-#ifndef FS_HAS_MASK
-#define FS_HAS_MASK 0
-#endif
-#ifndef FS_HAS_SOFTCAP
-#define FS_HAS_SOFTCAP 0
-#endif
-#ifndef FS_PAD_HEADDIM
-#define FS_PAD_HEADDIM 0
 #endif
 #ifndef FS_STAGES
 #define FS_STAGES 2
@@ -75,11 +66,7 @@
 #define FS_MIN_BLOCKS 1
 #endif
 
-#include "common/convert.cuh"
-#include "common/copy.cuh"
-#include "common/math.cuh"
-#include "common/mma.cuh"
-
+// One by-value parameter block for the three entries (host mirror: src/ops/attention_bwd.rs).
 struct FlashBwdParams {
     const void* q;
     const void* k;
@@ -213,14 +200,9 @@ extern "C" __global__ void __launch_bounds__(256) flash_bwd_dq_convert(const Fla
 }
 
 #if !FS_AUX_ONLY
-#ifndef FS_BLOCK_M
-#error "FS_BLOCK_M must be defined by the prelude"
-#endif
-#ifndef FS_BLOCK_N
-#error "FS_BLOCK_N must be defined by the prelude"
-#endif
-#ifndef FS_NWARPS
-#error "FS_NWARPS must be defined by the prelude"
+#if !defined(FS_BLOCK_M) || !defined(FS_BLOCK_N) || !defined(FS_NWARPS) || !defined(FS_HAS_MASK) || \
+    !defined(FS_HAS_SOFTCAP) || !defined(FS_PAD_HEADDIM)
+#error "the main kernel's prelude must define FS_BLOCK_M, FS_BLOCK_N, FS_NWARPS, FS_HAS_MASK, FS_HAS_SOFTCAP, FS_PAD_HEADDIM"
 #endif
 
 namespace fb {
@@ -293,12 +275,8 @@ flash_bwd_kernel(const FlashBwdParams p) {
     const int n_tiles = (seqlen_k + kBlockN - 1) / kBlockN;
     const int col0 = ds * kDOut;            // first head-dim column this CTA writes
 
-#if FS_HAS_SOFTCAP
-    const float pre_scale = p.softmax_scale * rcp(p.softcap);
-    const float scale_log2 = p.softcap * kLog2e;
-#else
-    const float scale_log2 = p.softmax_scale * kLog2e;
-#endif
+    const ScoreScale scale = score_scale<FS_HAS_SOFTCAP>(p.softmax_scale, p.softcap);
+    const float scale_log2 = scale.log2;
 
     // ldmatrix lane offsets (bytes)
     // A, row-major [r][k] (K / V rows):  rows ln&15, chunk ln>>4
@@ -330,12 +308,8 @@ flash_bwd_kernel(const FlashBwdParams p) {
         const int n_iters = nm * group;
 
         float acc_dk[kWMT][kOT][4], acc_dv[kWMT][kOT][4];
-#pragma unroll
-        for (int km = 0; km < kWMT; ++km)
-#pragma unroll
-            for (int o = 0; o < kOT; ++o)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc_dk[km][o][e] = acc_dv[km][o][e] = 0.0f;
+        zero(acc_dk);
+        zero(acc_dv);
 
         // Q / dO / lse_log2 / D of iteration `it` into stage `st`.
         auto load_q = [&](int it, int st) {
@@ -389,12 +363,8 @@ flash_bwd_kernel(const FlashBwdParams p) {
 
             // ---- S^T = K Q^T and dP^T = V dO^T (warp: 16 keys x BLOCK_M queries) ----
             float acc_s[kWMT][kMT][4], acc_dp[kWMT][kMT][4];
-#pragma unroll
-            for (int km = 0; km < kWMT; ++km)
-#pragma unroll
-                for (int j = 0; j < kMT; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) acc_s[km][j][e] = acc_dp[km][j][e] = 0.0f;
+            zero(acc_s);
+            zero(acc_dp);
 #pragma unroll
             for (int kk = 0; kk < kKSteps; ++kk) {
                 u32 a[kWMT][4], a2[kWMT][4];
@@ -419,18 +389,11 @@ flash_bwd_kernel(const FlashBwdParams p) {
 #pragma unroll
                     for (int km = 0; km < kWMT; ++km) {
 #if FS_DTYPE == 2
-                        mma_3xtf32(acc_s[km][2 * np], ah[km], al[km], __uint_as_float(bq[0]), __uint_as_float(bq[1]));
-                        mma_3xtf32(acc_s[km][2 * np + 1], ah[km], al[km], __uint_as_float(bq[2]),
-                                   __uint_as_float(bq[3]));
-                        mma_3xtf32(acc_dp[km][2 * np], a2h[km], a2l[km], __uint_as_float(bo[0]),
-                                   __uint_as_float(bo[1]));
-                        mma_3xtf32(acc_dp[km][2 * np + 1], a2h[km], a2l[km], __uint_as_float(bo[2]),
-                                   __uint_as_float(bo[3]));
+                        mma_3xtf32_x2(acc_s[km][2 * np], acc_s[km][2 * np + 1], ah[km], al[km], bq);
+                        mma_3xtf32_x2(acc_dp[km][2 * np], acc_dp[km][2 * np + 1], a2h[km], a2l[km], bo);
 #else
-                        mma16<FS_DTYPE>(acc_s[km][2 * np], a[km], bq[0], bq[1]);
-                        mma16<FS_DTYPE>(acc_s[km][2 * np + 1], a[km], bq[2], bq[3]);
-                        mma16<FS_DTYPE>(acc_dp[km][2 * np], a2[km], bo[0], bo[1]);
-                        mma16<FS_DTYPE>(acc_dp[km][2 * np + 1], a2[km], bo[2], bo[3]);
+                        mma16_x2<FS_DTYPE>(acc_s[km][2 * np], acc_s[km][2 * np + 1], a[km], bq);
+                        mma16_x2<FS_DTYPE>(acc_dp[km][2 * np], acc_dp[km][2 * np + 1], a2[km], bo);
 #endif
                     }
                 }
@@ -447,7 +410,7 @@ flash_bwd_kernel(const FlashBwdParams p) {
                     const float lse2 = (e & 1) ? l2.y : l2.x;
                     const float dsum = (e & 1) ? dd.y : dd.x;
 #if FS_HAS_SOFTCAP
-                    const float th = tanh_softcap<FS_DTYPE>(acc_s[km][j][e] * pre_scale);
+                    const float th = tanh_softcap<FS_DTYPE>(acc_s[km][j][e] * scale.pre);
                     const float pr = ex2(fmaf(th, scale_log2, -lse2));
                     acc_dp[km][j][e] = pr * (acc_dp[km][j][e] - dsum) * (1.0f - th * th);
 #else
@@ -514,14 +477,8 @@ flash_bwd_kernel(const FlashBwdParams p) {
                 u32 pa[kWMT][4], sa[kWMT][4];
 #pragma unroll
                 for (int km = 0; km < kWMT; ++km) {
-                    pa[km][0] = pack2<FS_DTYPE>(acc_s[km][2 * kk][0], acc_s[km][2 * kk][1]);
-                    pa[km][1] = pack2<FS_DTYPE>(acc_s[km][2 * kk][2], acc_s[km][2 * kk][3]);
-                    pa[km][2] = pack2<FS_DTYPE>(acc_s[km][2 * kk + 1][0], acc_s[km][2 * kk + 1][1]);
-                    pa[km][3] = pack2<FS_DTYPE>(acc_s[km][2 * kk + 1][2], acc_s[km][2 * kk + 1][3]);
-                    sa[km][0] = pack2<FS_DTYPE>(acc_dp[km][2 * kk][0], acc_dp[km][2 * kk][1]);
-                    sa[km][1] = pack2<FS_DTYPE>(acc_dp[km][2 * kk][2], acc_dp[km][2 * kk][3]);
-                    sa[km][2] = pack2<FS_DTYPE>(acc_dp[km][2 * kk + 1][0], acc_dp[km][2 * kk + 1][1]);
-                    sa[km][3] = pack2<FS_DTYPE>(acc_dp[km][2 * kk + 1][2], acc_dp[km][2 * kk + 1][3]);
+                    acc_to_a<FS_DTYPE>(pa[km], acc_s[km][2 * kk], acc_s[km][2 * kk + 1]);
+                    acc_to_a<FS_DTYPE>(sa[km], acc_dp[km][2 * kk], acc_dp[km][2 * kk + 1]);
                 }
 #pragma unroll
                 for (int op = 0; op < kOT / 2; ++op) {
@@ -531,10 +488,8 @@ flash_bwd_kernel(const FlashBwdParams p) {
                     ldsm_x4_trans(bq, sQ + off);
 #pragma unroll
                     for (int km = 0; km < kWMT; ++km) {
-                        mma16<FS_DTYPE>(acc_dv[km][2 * op], pa[km], bo[0], bo[1]);
-                        mma16<FS_DTYPE>(acc_dv[km][2 * op + 1], pa[km], bo[2], bo[3]);
-                        mma16<FS_DTYPE>(acc_dk[km][2 * op], sa[km], bq[0], bq[1]);
-                        mma16<FS_DTYPE>(acc_dk[km][2 * op + 1], sa[km], bq[2], bq[3]);
+                        mma16_x2<FS_DTYPE>(acc_dv[km][2 * op], acc_dv[km][2 * op + 1], pa[km], bo);
+                        mma16_x2<FS_DTYPE>(acc_dk[km][2 * op], acc_dk[km][2 * op + 1], sa[km], bq);
                     }
                 }
             }
@@ -571,12 +526,7 @@ flash_bwd_kernel(const FlashBwdParams p) {
                 const int qrow0 = wm * kDqRows;
                 const int dcol0 = col0 + wd * kDqCols;
                 float acc_dq[kDqMT][kDqNT][4];
-#pragma unroll
-                for (int mt = 0; mt < kDqMT; ++mt)
-#pragma unroll
-                    for (int o = 0; o < kDqNT; ++o)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) acc_dq[mt][o][e] = 0.0f;
+                zero(acc_dq);
 #if FS_DTYPE == 2
                 const float* sSf = reinterpret_cast<const float*>(smem_raw + kSOff);
                 const float* sKf = reinterpret_cast<const float*>(smem_raw + kKOff);
@@ -613,8 +563,7 @@ flash_bwd_kernel(const FlashBwdParams p) {
                         ldsm_x4_trans(bk, sK + bt_lane + kk * 16 * kRowBytes + dcol0 * kElemBytes + op * 32);
 #pragma unroll
                         for (int mt = 0; mt < kDqMT; ++mt) {
-                            mma16<FS_DTYPE>(acc_dq[mt][2 * op], a[mt], bk[0], bk[1]);
-                            mma16<FS_DTYPE>(acc_dq[mt][2 * op + 1], a[mt], bk[2], bk[3]);
+                            mma16_x2<FS_DTYPE>(acc_dq[mt][2 * op], acc_dq[mt][2 * op + 1], a[mt], bk);
                         }
                     }
                 }

@@ -39,32 +39,17 @@
 // FS_MIN_BLOCKS (default 1; __launch_bounds__ min blocks per SM) and FS_QK_UNROLL (default 16;
 // unroll of the QK^T k loop, 1 keeps the 255-register 128-row tiles spill-free).
 
-#ifndef FS_HEAD_DIM
-#error "FS_HEAD_DIM must be defined by the prelude"
-#endif
-#ifndef FS_DTYPE
-#error "FS_DTYPE must be defined by the prelude"
-#endif
-#ifndef FS_BLOCK_M
-#error "FS_BLOCK_M must be defined by the prelude"
-#endif
-#ifndef FS_BLOCK_N
-#error "FS_BLOCK_N must be defined by the prelude"
-#endif
-#ifndef FS_NWARPS
-#error "FS_NWARPS must be defined by the prelude"
-#endif
-#ifndef FS_HAS_MASK
-#define FS_HAS_MASK 0
-#endif
-#ifndef FS_HAS_SOFTCAP
-#define FS_HAS_SOFTCAP 0
-#endif
-#ifndef FS_PAD_HEADDIM
-#define FS_PAD_HEADDIM 0
-#endif
-#ifndef FS_ARCH
-#define FS_ARCH 80
+#include "common/convert.cuh"
+#include "common/copy.cuh"
+#include "common/math.cuh"
+#include "common/mma.cuh"
+#include "common/softcap.cuh"
+#include "common/opaque.cuh"
+
+#if !defined(FS_HEAD_DIM) || !defined(FS_DTYPE) || !defined(FS_BLOCK_M) || !defined(FS_BLOCK_N) || \
+    !defined(FS_NWARPS) || !defined(FS_HAS_MASK) || !defined(FS_HAS_SOFTCAP) || !defined(FS_PAD_HEADDIM) || \
+    !defined(FS_ARCH)
+#error "the prelude must define FS_HEAD_DIM, FS_DTYPE, FS_BLOCK_M, FS_BLOCK_N, FS_NWARPS, FS_HAS_MASK, FS_HAS_SOFTCAP, FS_PAD_HEADDIM and FS_ARCH"
 #endif
 #ifndef FS_KV_STAGES
 #define FS_KV_STAGES 2
@@ -76,12 +61,7 @@
 #define FS_MIN_BLOCKS 1
 #endif
 
-#include "common/convert.cuh"
-#include "common/copy.cuh"
-#include "common/math.cuh"
-#include "common/mma.cuh"
-#include "common/opaque.cuh"
-
+// The kernel's one by-value parameter (host mirror: FlashFwdParams in src/ops/attention.rs).
 struct FlashFwdParams {
     const void* q;
     const void* k;
@@ -288,14 +268,8 @@ flash_fwd_kernel(const FlashFwdParams p) {
         return (FS_HAS_MASK ? (int)gridDim.x - 1 - bx : bx) * kBlockM;
     };
 
-#if FS_HAS_SOFTCAP
-    // scores = softcap * tanh(scale * qk / softcap): tanh of the pre-scaled product, then the
-    // softmax runs with softcap as its scale.
-    const float pre_scale = p.softmax_scale * rcp(p.softcap);
-    const float scale_log2 = p.softcap * kLog2e;
-#else
-    const float scale_log2 = p.softmax_scale * kLog2e;
-#endif
+    const ScoreScale scale = score_scale<FS_HAS_SOFTCAP>(p.softmax_scale, p.softcap);
+    const float scale_log2 = scale.log2;
 
     // Per-lane ldmatrix offsets (bytes). A operand (Q rows): matrices {rows 0-7, 8-15} x {chunk 0, 1}.
     // B operand from K (non-transposed): {keys 0-7 | chunk 0, keys 0-7 | chunk 1, keys 8-15 | ...}.
@@ -338,12 +312,7 @@ flash_fwd_kernel(const FlashFwdParams p) {
     }
 
     float acc_o[kMTiles][kDTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int d = 0; d < kDTiles; ++d)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc_o[mt][d][e] = 0.0f;
+    zero(acc_o);
     float row_max[2 * kMTiles], row_sum[2 * kMTiles];
 #pragma unroll
     for (int r = 0; r < 2 * kMTiles; ++r) {
@@ -382,12 +351,7 @@ flash_fwd_kernel(const FlashFwdParams p) {
         // ---- S = Q K^T (raw dot products) ----
         const u32 q_lane = q_lane_of(n), k_lane = k_lane_of(n);
         float acc_s[kMTiles][kNTiles][4];
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-            for (int j = 0; j < kNTiles; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc_s[mt][j][e] = 0.0f;
+        zero(acc_s);
 
 #pragma unroll FS_QK_UNROLL
         for (int kk = 0; kk < kKSteps; ++kk) {
@@ -415,13 +379,9 @@ flash_fwd_kernel(const FlashFwdParams p) {
 #pragma unroll
                 for (int mt = 0; mt < kMTiles; ++mt) {
 #if FS_DTYPE == 2
-                    mma_3xtf32(acc_s[mt][2 * np], a_hi[mt], a_lo[mt], __uint_as_float(b[0]),
-                               __uint_as_float(b[1]));
-                    mma_3xtf32(acc_s[mt][2 * np + 1], a_hi[mt], a_lo[mt], __uint_as_float(b[2]),
-                               __uint_as_float(b[3]));
+                    mma_3xtf32_x2(acc_s[mt][2 * np], acc_s[mt][2 * np + 1], a_hi[mt], a_lo[mt], b);
 #else
-                    mma16<FS_DTYPE>(acc_s[mt][2 * np], a[mt], b[0], b[1]);
-                    mma16<FS_DTYPE>(acc_s[mt][2 * np + 1], a[mt], b[2], b[3]);
+                    mma16_x2<FS_DTYPE>(acc_s[mt][2 * np], acc_s[mt][2 * np + 1], a[mt], b);
 #endif
                 }
             }
@@ -433,7 +393,7 @@ flash_fwd_kernel(const FlashFwdParams p) {
 #pragma unroll
             for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) acc_s[mt][j][e] = tanh_softcap<FS_DTYPE>(acc_s[mt][j][e] * pre_scale);
+                for (int e = 0; e < 4; ++e) acc_s[mt][j][e] = tanh_softcap<FS_DTYPE>(acc_s[mt][j][e] * scale.pre);
 #endif
 
         // ---- mask: only tiles that cross seqlen_k or a window edge for some row of the block ----
@@ -543,10 +503,7 @@ flash_fwd_kernel(const FlashFwdParams p) {
             u32 a[kMTiles][4];
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) {
-                a[mt][0] = pack2<FS_DTYPE>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
-                a[mt][1] = pack2<FS_DTYPE>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
-                a[mt][2] = pack2<FS_DTYPE>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
-                a[mt][3] = pack2<FS_DTYPE>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+                acc_to_a<FS_DTYPE>(a[mt], acc_s[mt][2 * kk], acc_s[mt][2 * kk + 1]);
             }
 #pragma unroll
             for (int dp = 0; dp < kDTiles / 2; ++dp) {
@@ -554,8 +511,7 @@ flash_fwd_kernel(const FlashFwdParams p) {
                 ldsm_x4_trans(b, sV + v_lane_of(n) + kk * 16 * kRowBytes + dp * 32);
 #pragma unroll
                 for (int mt = 0; mt < kMTiles; ++mt) {
-                    mma16<FS_DTYPE>(acc_o[mt][2 * dp], a[mt], b[0], b[1]);
-                    mma16<FS_DTYPE>(acc_o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                    mma16_x2<FS_DTYPE>(acc_o[mt][2 * dp], acc_o[mt][2 * dp + 1], a[mt], b);
                 }
             }
         }

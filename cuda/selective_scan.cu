@@ -43,7 +43,7 @@
 //      (or 0), folds chunks 0..c-1: x = exp2(A2 * dtsum[cc]) * x + chunk_state[cc], then scans its chunk
 //      writing out. The last chunk writes last_state.
 //
-// Compile-time constants (emitted by the host prelude; defaults below are for standalone compiles):
+// Compile-time constants (emitted by the host prelude; those with a default below are optional):
 //   FS_IN_DTYPE   u/delta/z/out dtype: 0 = fp16, 1 = bf16, 2 = fp32
 //   FS_BC_DTYPE   B/C dtype, same coding
 //   FS_DSTATE     padded state count (power of two, >= real dstate); padded states have A = B = C = 0
@@ -69,32 +69,12 @@
 // nY = FS_THREADS*FS_CPT*(kT+4) (0 for selective_scan_chunk_state),
 // kRow = FS_DSTATE >= 4 ? FS_DSTATE + 4 : FS_DSTATE, kSlots = FS_THREADS/FS_NSPLIT.
 
-#ifndef FS_IN_DTYPE
-#define FS_IN_DTYPE 1
-#endif
-#ifndef FS_BC_DTYPE
-#define FS_BC_DTYPE FS_IN_DTYPE
-#endif
-#ifndef FS_DSTATE
-#define FS_DSTATE 16
-#endif
-#ifndef FS_NSPLIT
-#define FS_NSPLIT 4
-#endif
-#ifndef FS_TILE_T
-#define FS_TILE_T 32
-#endif
-#ifndef FS_THREADS
-#define FS_THREADS 128
+#if !defined(FS_IN_DTYPE) || !defined(FS_BC_DTYPE) || !defined(FS_DSTATE) || !defined(FS_NSPLIT) || \
+    !defined(FS_TILE_T) || !defined(FS_THREADS) || !defined(FS_B_VARYING) || !defined(FS_C_VARYING)
+#error "the host prelude must define FS_IN_DTYPE, FS_BC_DTYPE, FS_DSTATE, FS_NSPLIT, FS_TILE_T, FS_THREADS, FS_B_VARYING and FS_C_VARYING"
 #endif
 #ifndef FS_MIN_BLOCKS
 #define FS_MIN_BLOCKS 4
-#endif
-#ifndef FS_B_VARYING
-#define FS_B_VARYING 1
-#endif
-#ifndef FS_C_VARYING
-#define FS_C_VARYING 1
 #endif
 #ifndef FS_CPT
 #define FS_CPT 1

@@ -51,35 +51,15 @@
 // nR = (B or C varying)*(FS_THREADS/32)*2*FS_DSTATE*(kT+1),
 // kRow = FS_DSTATE >= 4 ? FS_DSTATE + 4 : FS_DSTATE, kPRow = kT + 2.
 
-#ifndef FS_IN_DTYPE
-#define FS_IN_DTYPE 1
-#endif
-#ifndef FS_BC_DTYPE
-#define FS_BC_DTYPE FS_IN_DTYPE
-#endif
-#ifndef FS_DSTATE
-#define FS_DSTATE 16
-#endif
-#ifndef FS_NSPLIT
-#define FS_NSPLIT 8
-#endif
-#ifndef FS_TILE_T
-#define FS_TILE_T 16
-#endif
-#ifndef FS_THREADS
-#define FS_THREADS 128
-#endif
 #ifndef FS_MIN_BLOCKS
 #define FS_MIN_BLOCKS 4
 #endif
-#ifndef FS_B_VARYING
-#define FS_B_VARYING 1
-#endif
-#ifndef FS_C_VARYING
-#define FS_C_VARYING 1
-#endif
 #ifndef FS_CHUNK
 #define FS_CHUNK 256
+#endif
+#if !defined(FS_IN_DTYPE) || !defined(FS_BC_DTYPE) || !defined(FS_DSTATE) || !defined(FS_NSPLIT) || \
+    !defined(FS_TILE_T) || !defined(FS_THREADS) || !defined(FS_B_VARYING) || !defined(FS_C_VARYING)
+#error "the host prelude must define FS_IN_DTYPE, FS_BC_DTYPE, FS_DSTATE, FS_NSPLIT, FS_TILE_T, FS_THREADS, FS_B_VARYING and FS_C_VARYING"
 #endif
 
 #include "common/convert.cuh"

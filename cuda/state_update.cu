@@ -23,17 +23,8 @@
 //                leaves >= 3 blocks per SM, else 1 (4 was slower everywhere measured: 76 registers)
 // Lanes per channel are derived: kLanes = min(FS_DSTATE / 4, 32).
 
-#ifndef FS_IN_DTYPE
-#define FS_IN_DTYPE 1
-#endif
-#ifndef FS_BC_DTYPE
-#define FS_BC_DTYPE FS_IN_DTYPE
-#endif
-#ifndef FS_DSTATE
-#define FS_DSTATE 16
-#endif
-#ifndef FS_THREADS
-#define FS_THREADS 128
+#if !defined(FS_IN_DTYPE) || !defined(FS_BC_DTYPE) || !defined(FS_DSTATE) || !defined(FS_THREADS)
+#error "the host prelude must define FS_IN_DTYPE, FS_BC_DTYPE, FS_DSTATE and FS_THREADS"
 #endif
 #ifndef FS_BPT
 #define FS_BPT 1

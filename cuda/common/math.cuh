@@ -63,23 +63,6 @@ __device__ __forceinline__ float sigmoid(float v) { return rcp(1.f + ex2(-v * kL
 // v * sigmoid(v) (the z gate of mamba).
 __device__ __forceinline__ float silu(float v) { return v * sigmoid(v); }
 
-// tanh for the attention softcap, by input dtype DT. fp32 (DT 2): through ex2 (relative error
-// ~1e-7 away from 0, absolute ~1e-7 near 0). fp16 / bf16: the hardware tanh.approx (MUFU.TANH,
-// relative error ~2^-11, below the rounding of 16-bit scores; what FlashAttention uses), one MUFU
-// op and fewer live registers. Forward and backward must use the same one (P matches the LSE).
-template <int DT>
-__device__ __forceinline__ float tanh_softcap(float x) {
-    if constexpr (DT == 2) {
-        const float e = ex2(fabsf(x) * (2.0f * kLog2e));
-        const float r = 1.0f - 2.0f * rcp(e + 1.0f);
-        return copysignf(r, x);
-    } else {
-        float y;
-        asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-        return y;
-    }
-}
-
 // Max / sum over the 4 lanes of a quad (lanes 4g .. 4g + 3: the lanes that share an mma row),
 // two SHFL.BFLY each; every lane of the quad gets the result.
 __device__ __forceinline__ float quad_max(float x) {

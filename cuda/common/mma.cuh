@@ -41,6 +41,14 @@ __device__ __forceinline__ void mma16(float (&d)[4], const u32 (&a)[4], u32 b0, 
     }
 }
 
+// Two adjacent n8 tiles with the same A (2 HMMA): b is one ldsm_x4 B fragment, b[0..1] the k16 x n8
+// operand of d0 and b[2..3] that of d1, the usual way one ldmatrix.x4 feeds two mma.
+template <int DT>
+__device__ __forceinline__ void mma16_x2(float (&d0)[4], float (&d1)[4], const u32 (&a)[4], const u32 (&b)[4]) {
+    mma16<DT>(d0, a, b[0], b[1]);
+    mma16<DT>(d1, a, b[2], b[3]);
+}
+
 // D += A * B, m16n8k8, tf32 inputs (convert.cuh: to_tf32), f32 accumulate (HMMA.1688.F32.TF32).
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
     asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
@@ -60,6 +68,36 @@ __device__ __forceinline__ void mma_3xtf32(float (&d)[4], const u32 (&a_hi)[4], 
     mma_tf32(d, a_lo, b0h, b1h);
     mma_tf32(d, a_hi, b0l, b1l);
     mma_tf32(d, a_hi, b0h, b1h);
+}
+
+// mma16_x2 for fp32 data (6 HMMA): b holds raw fp32 bits (an ldsm_x4 of fp32 rows moves whole
+// floats as pairs of 16-bit halves), split into tf32 hi + lo here.
+__device__ __forceinline__ void mma_3xtf32_x2(float (&d0)[4], float (&d1)[4], const u32 (&a_hi)[4],
+                                              const u32 (&a_lo)[4], const u32 (&b)[4]) {
+    mma_3xtf32(d0, a_hi, a_lo, __uint_as_float(b[0]), __uint_as_float(b[1]));
+    mma_3xtf32(d1, a_hi, a_lo, __uint_as_float(b[2]), __uint_as_float(b[3]));
+}
+
+// The f32 accumulators of two adjacent n8 tiles (c0: columns 0-7, c1: 8-15) as the A operand of a
+// k16 mma (4 cvt.rn pack2): the accumulator layout of m16n8 is the A layout of m16n8k16, so a
+// product (P, dS) feeds the next mma straight from registers, rounded to the input type.
+template <int DT>
+__device__ __forceinline__ void acc_to_a(u32 (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+    a[0] = pack2<DT>(c0[0], c0[1]);
+    a[1] = pack2<DT>(c0[2], c0[3]);
+    a[2] = pack2<DT>(c1[0], c1[1]);
+    a[3] = pack2<DT>(c1[2], c1[3]);
+}
+
+// Clears an array of m16n8 accumulators (register moves only, fully unrolled).
+template <int M, int N>
+__device__ __forceinline__ void zero(float (&acc)[M][N][4]) {
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+        for (int j = 0; j < N; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
 }
 
 }  // namespace fs

@@ -26,6 +26,10 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("common/math.cuh", include_str!("../../cuda/common/math.cuh")),
     ("common/mma.cuh", include_str!("../../cuda/common/mma.cuh")),
     (
+        "common/softcap.cuh",
+        include_str!("../../cuda/common/softcap.cuh"),
+    ),
+    (
         "common/opaque.cuh",
         include_str!("../../cuda/common/opaque.cuh"),
     ),
