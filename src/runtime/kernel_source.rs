@@ -22,8 +22,14 @@ pub const HEADERS: &[(&str, &str)] = &[
         "common/convert.cuh",
         include_str!("../../cuda/common/convert.cuh"),
     ),
-    ("common/copy.cuh", include_str!("../../cuda/common/copy.cuh")),
-    ("common/math.cuh", include_str!("../../cuda/common/math.cuh")),
+    (
+        "common/copy.cuh",
+        include_str!("../../cuda/common/copy.cuh"),
+    ),
+    (
+        "common/math.cuh",
+        include_str!("../../cuda/common/math.cuh"),
+    ),
     ("common/mma.cuh", include_str!("../../cuda/common/mma.cuh")),
     (
         "common/softcap.cuh",
@@ -37,7 +43,8 @@ pub const HEADERS: &[(&str, &str)] = &[
 
 /// `source` (shown as `file` in diagnostics) with every `#include "..."` resolved from `headers`.
 pub fn expand(file: &str, source: &str, headers: &[(&str, &str)]) -> Result<String> {
-    let mut out = String::with_capacity(source.len() + headers.iter().map(|h| h.1.len()).sum::<usize>());
+    let mut out =
+        String::with_capacity(source.len() + headers.iter().map(|h| h.1.len()).sum::<usize>());
     let mut seen: Vec<&str> = Vec::new();
     expand_into(&mut out, file, source, headers, &mut seen)?;
     Ok(out)
@@ -54,7 +61,11 @@ fn expand_into<'h>(
     for (i, line) in source.lines().enumerate() {
         let Some(target) = include_target(line) else {
             // `#pragma once` would make NVRTC warn in what is, to it, the main file.
-            out.push_str(if line.trim() == "#pragma once" { "" } else { line });
+            out.push_str(if line.trim() == "#pragma once" {
+                ""
+            } else {
+                line
+            });
             out.push('\n');
             continue;
         };
@@ -125,7 +136,11 @@ mod tests {
                 .unwrap_or_else(|| panic!("{file} not known"))
                 .1;
             let want = text.lines().nth(next - 1).expect("line inside the file");
-            let want = if want.trim() == "#pragma once" { "" } else { want };
+            let want = if want.trim() == "#pragma once" {
+                ""
+            } else {
+                want
+            };
             assert_eq!(line, want, "{file}:{next}");
             next += 1;
         }
@@ -136,7 +151,10 @@ mod tests {
         for (file, src) in families() {
             let tu = expand(&file, src, HEADERS).expect("expands");
             assert!(!tu.contains("#include"), "{file}: an include was left");
-            assert!(!tu.contains("#pragma once"), "{file}: #pragma once was left");
+            assert!(
+                !tu.contains("#pragma once"),
+                "{file}: #pragma once was left"
+            );
             assert!(src.contains("#include \"common/"), "{file}: uses no header");
             for (name, _) in HEADERS {
                 let opened = tu.matches(&format!("#line 1 \"{name}\"\n")).count();
@@ -152,7 +170,10 @@ mod tests {
     fn line_directives_resume_after_each_header() {
         let headers: &[(&str, &str)] = &[
             ("common/a.cuh", "#pragma once\nint a;\n"),
-            ("common/b.cuh", "#pragma once\n#include \"common/a.cuh\"\nint b;\n"),
+            (
+                "common/b.cuh",
+                "#pragma once\n#include \"common/a.cuh\"\nint b;\n",
+            ),
         ];
         let src = "// k\n#include \"common/b.cuh\"\n  #  include \"common/a.cuh\"\nint k;\n";
         let tu = expand("k.cu", src, headers).expect("expands");
