@@ -99,7 +99,7 @@ fn kernel_cold_warm(c: &mut Criterion) {
         }
     };
     let (spec, _, _) = attention::spec(64, DType::BF16, true, false, 90, 4096).expect("spec");
-    let tu = spec.translation_unit();
+    let tu = spec.translation_unit().expect("translation unit");
     let opts = runtime::nvrtc_options("sm_90a");
     let dir = std::env::temp_dir().join(format!("flashscan-bench-{}", std::process::id()));
     let disk = cache::DiskCache::new(dir.clone());

@@ -44,26 +44,17 @@
 // FS_HAS_MASK, FS_HAS_SOFTCAP, FS_PAD_HEADDIM, FS_MIN_BLOCKS; FS_AUX_ONLY=1 builds only the two
 // small passes (their variant depends on FS_DTYPE and FS_HEAD_DIM only).
 
-#ifndef FS_HEAD_DIM
-#error "FS_HEAD_DIM must be defined by the prelude"
-#endif
-#ifndef FS_DTYPE
-#error "FS_DTYPE must be defined by the prelude"
+#include "common/convert.cuh"
+#include "common/copy.cuh"
+#include "common/math.cuh"
+#include "common/mma.cuh"
+#include "common/softcap.cuh"
+
+#if !defined(FS_HEAD_DIM) || !defined(FS_DTYPE) || !defined(FS_ARCH)
+#error "the prelude must define FS_HEAD_DIM, FS_DTYPE and FS_ARCH"
 #endif
 #ifndef FS_AUX_ONLY
 #define FS_AUX_ONLY 0
-#endif
-#ifndef FS_ARCH
-#define FS_ARCH 80
-#endif
-#ifndef FS_HAS_MASK
-#define FS_HAS_MASK 0
-#endif
-#ifndef FS_HAS_SOFTCAP
-#define FS_HAS_SOFTCAP 0
-#endif
-#ifndef FS_PAD_HEADDIM
-#define FS_PAD_HEADDIM 0
 #endif
 #ifndef FS_STAGES
 #define FS_STAGES 2
@@ -75,6 +66,7 @@
 #define FS_MIN_BLOCKS 1
 #endif
 
+// One by-value parameter block for the three entries (host mirror: src/ops/attention_bwd.rs).
 struct FlashBwdParams {
     const void* q;
     const void* k;
@@ -107,128 +99,15 @@ struct FlashBwdParams {
 
 namespace fb {
 
-typedef unsigned int u32;
+using namespace fs;
 
 static constexpr int kHeadDim = FS_HEAD_DIM;
 static constexpr bool kF32 = (FS_DTYPE == 2);
 static constexpr int kElemBytes = kF32 ? 4 : 2;
 static constexpr int kElemsPerChunk = 16 / kElemBytes;
 static constexpr int kChunksPerRow = kHeadDim * kElemBytes / 16;
-static constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head dim tile must be 32..256, step 32");
 static_assert(FS_DTYPE >= 0 && FS_DTYPE <= 2, "FS_DTYPE is 0 (fp16), 1 (bf16) or 2 (fp32)");
-
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
-__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000u); }
-
-__device__ __forceinline__ u32 smem_u32(const void* ptr) {
-    u32 r;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(ptr));
-    return r;
-}
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() {
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(u32 (&r)[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ float rcp(float x) {
-    float y;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-// Same tanh as the forward (so P matches the saved LSE): exp2-based for fp32, tanh.approx else.
-__device__ __forceinline__ float tanh_softcap(float x) {
-#if FS_DTYPE == 2
-    const float e = ex2(fabsf(x) * (2.0f * kLog2e));
-    const float r = 1.0f - 2.0f * rcp(e + 1.0f);
-    return copysignf(r, x);
-#else
-    float y;
-    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-#endif
-}
-__device__ __forceinline__ u32 pack2(float lo, float hi) {
-    u32 r;
-#if FS_DTYPE == 1
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-#endif
-    return r;
-}
-// The two 16-bit elements of a packed pair as floats.
-__device__ __forceinline__ float2 unpack2(u32 x) {
-#if FS_DTYPE == 1
-    return make_float2(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u));
-#else
-    float lo, hi;
-    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }"
-        : "=f"(lo), "=f"(hi)
-        : "r"(x));
-    return make_float2(lo, hi);
-#endif
-}
-__device__ __forceinline__ void mma16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-#if FS_DTYPE == 1
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ u32 to_tf32(float x) {
-    u32 r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-}
-__device__ __forceinline__ void split_tf32(float x, u32& hi, u32& lo) {
-    hi = to_tf32(x);
-    lo = to_tf32(x - __uint_as_float(hi));
-}
-// D += A * B in ~fp32 precision (3xTF32; lo*lo dropped), A already split.
-__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const u32 (&a_hi)[4], const u32 (&a_lo)[4],
-                                           float b0, float b1) {
-    u32 b0h, b0l, b1h, b1l;
-    split_tf32(b0, b0h, b0l);
-    split_tf32(b1, b1h, b1l);
-    mma_tf32(d, a_lo, b0h, b1h);
-    mma_tf32(d, a_hi, b0l, b1l);
-    mma_tf32(d, a_hi, b0h, b1h);
-}
-__device__ __forceinline__ void split4(const float (&x)[4], u32 (&hi)[4], u32 (&lo)[4]) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) split_tf32(x[e], hi[e], lo[e]);
-}
 
 // dot product of two 16-byte chunks (8 16-bit or 4 fp32 elements), fp32
 __device__ __forceinline__ float dot_chunk(uint4 x, uint4 y) {
@@ -240,7 +119,7 @@ __device__ __forceinline__ float dot_chunk(uint4 x, uint4 y) {
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const float2 a = unpack2(xs[i]), b = unpack2(ys[i]);
+        const float2 a = unpack2<FS_DTYPE>(xs[i]), b = unpack2<FS_DTYPE>(ys[i]);
         s = fmaf(a.x, b.x, s);
         s = fmaf(a.y, b.y, s);
     }
@@ -315,20 +194,15 @@ extern "C" __global__ void __launch_bounds__(256) flash_bwd_dq_convert(const Fla
 #if FS_DTYPE == 2
         *reinterpret_cast<float4*>(out + c * 4) = make_float4(s.x * sc, s.y * sc, s.z * sc, s.w * sc);
 #else
-        *reinterpret_cast<uint2*>(out + c * 2) = make_uint2(pack2(s.x * sc, s.y * sc), pack2(s.z * sc, s.w * sc));
+        *reinterpret_cast<uint2*>(out + c * 2) = make_uint2(pack2<FS_DTYPE>(s.x * sc, s.y * sc), pack2<FS_DTYPE>(s.z * sc, s.w * sc));
 #endif
     }
 }
 
 #if !FS_AUX_ONLY
-#ifndef FS_BLOCK_M
-#error "FS_BLOCK_M must be defined by the prelude"
-#endif
-#ifndef FS_BLOCK_N
-#error "FS_BLOCK_N must be defined by the prelude"
-#endif
-#ifndef FS_NWARPS
-#error "FS_NWARPS must be defined by the prelude"
+#if !defined(FS_BLOCK_M) || !defined(FS_BLOCK_N) || !defined(FS_NWARPS) || !defined(FS_HAS_MASK) || \
+    !defined(FS_HAS_SOFTCAP) || !defined(FS_PAD_HEADDIM)
+#error "the main kernel's prelude must define FS_BLOCK_M, FS_BLOCK_N, FS_NWARPS, FS_HAS_MASK, FS_HAS_SOFTCAP, FS_PAD_HEADDIM"
 #endif
 
 namespace fb {
@@ -401,12 +275,8 @@ flash_bwd_kernel(const FlashBwdParams p) {
     const int n_tiles = (seqlen_k + kBlockN - 1) / kBlockN;
     const int col0 = ds * kDOut;            // first head-dim column this CTA writes
 
-#if FS_HAS_SOFTCAP
-    const float pre_scale = p.softmax_scale * rcp(p.softcap);
-    const float scale_log2 = p.softcap * kLog2e;
-#else
-    const float scale_log2 = p.softmax_scale * kLog2e;
-#endif
+    const ScoreScale scale = score_scale<FS_HAS_SOFTCAP>(p.softmax_scale, p.softcap);
+    const float scale_log2 = scale.log2;
 
     // ldmatrix lane offsets (bytes)
     // A, row-major [r][k] (K / V rows):  rows ln&15, chunk ln>>4
@@ -438,12 +308,8 @@ flash_bwd_kernel(const FlashBwdParams p) {
         const int n_iters = nm * group;
 
         float acc_dk[kWMT][kOT][4], acc_dv[kWMT][kOT][4];
-#pragma unroll
-        for (int km = 0; km < kWMT; ++km)
-#pragma unroll
-            for (int o = 0; o < kOT; ++o)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc_dk[km][o][e] = acc_dv[km][o][e] = 0.0f;
+        zero(acc_dk);
+        zero(acc_dv);
 
         // Q / dO / lse_log2 / D of iteration `it` into stage `st`.
         auto load_q = [&](int it, int st) {
@@ -488,7 +354,7 @@ flash_bwd_kernel(const FlashBwdParams p) {
             const float* sL = reinterpret_cast<const float*>(smem_raw + kLOff + st * 2 * kBlockM * 4);
             const float* sD = sL + kBlockM;
 
-            cp_async_wait_all();
+            cp_async_wait<0>();
             __syncthreads();  // this stage landed; every warp is done with the other stage and dS^T
             if (kStages == 2 && it + 1 < n_iters) {
                 load_q(it + 1, st ^ 1);
@@ -497,12 +363,8 @@ flash_bwd_kernel(const FlashBwdParams p) {
 
             // ---- S^T = K Q^T and dP^T = V dO^T (warp: 16 keys x BLOCK_M queries) ----
             float acc_s[kWMT][kMT][4], acc_dp[kWMT][kMT][4];
-#pragma unroll
-            for (int km = 0; km < kWMT; ++km)
-#pragma unroll
-                for (int j = 0; j < kMT; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) acc_s[km][j][e] = acc_dp[km][j][e] = 0.0f;
+            zero(acc_s);
+            zero(acc_dp);
 #pragma unroll
             for (int kk = 0; kk < kKSteps; ++kk) {
                 u32 a[kWMT][4], a2[kWMT][4];
@@ -527,18 +389,11 @@ flash_bwd_kernel(const FlashBwdParams p) {
 #pragma unroll
                     for (int km = 0; km < kWMT; ++km) {
 #if FS_DTYPE == 2
-                        mma_3xtf32(acc_s[km][2 * np], ah[km], al[km], __uint_as_float(bq[0]), __uint_as_float(bq[1]));
-                        mma_3xtf32(acc_s[km][2 * np + 1], ah[km], al[km], __uint_as_float(bq[2]),
-                                   __uint_as_float(bq[3]));
-                        mma_3xtf32(acc_dp[km][2 * np], a2h[km], a2l[km], __uint_as_float(bo[0]),
-                                   __uint_as_float(bo[1]));
-                        mma_3xtf32(acc_dp[km][2 * np + 1], a2h[km], a2l[km], __uint_as_float(bo[2]),
-                                   __uint_as_float(bo[3]));
+                        mma_3xtf32_x2(acc_s[km][2 * np], acc_s[km][2 * np + 1], ah[km], al[km], bq);
+                        mma_3xtf32_x2(acc_dp[km][2 * np], acc_dp[km][2 * np + 1], a2h[km], a2l[km], bo);
 #else
-                        mma16(acc_s[km][2 * np], a[km], bq[0], bq[1]);
-                        mma16(acc_s[km][2 * np + 1], a[km], bq[2], bq[3]);
-                        mma16(acc_dp[km][2 * np], a2[km], bo[0], bo[1]);
-                        mma16(acc_dp[km][2 * np + 1], a2[km], bo[2], bo[3]);
+                        mma16_x2<FS_DTYPE>(acc_s[km][2 * np], acc_s[km][2 * np + 1], a[km], bq);
+                        mma16_x2<FS_DTYPE>(acc_dp[km][2 * np], acc_dp[km][2 * np + 1], a2[km], bo);
 #endif
                     }
                 }
@@ -555,7 +410,7 @@ flash_bwd_kernel(const FlashBwdParams p) {
                     const float lse2 = (e & 1) ? l2.y : l2.x;
                     const float dsum = (e & 1) ? dd.y : dd.x;
 #if FS_HAS_SOFTCAP
-                    const float th = tanh_softcap(acc_s[km][j][e] * pre_scale);
+                    const float th = tanh_softcap<FS_DTYPE>(acc_s[km][j][e] * scale.pre);
                     const float pr = ex2(fmaf(th, scale_log2, -lse2));
                     acc_dp[km][j][e] = pr * (acc_dp[km][j][e] - dsum) * (1.0f - th * th);
 #else
@@ -622,14 +477,8 @@ flash_bwd_kernel(const FlashBwdParams p) {
                 u32 pa[kWMT][4], sa[kWMT][4];
 #pragma unroll
                 for (int km = 0; km < kWMT; ++km) {
-                    pa[km][0] = pack2(acc_s[km][2 * kk][0], acc_s[km][2 * kk][1]);
-                    pa[km][1] = pack2(acc_s[km][2 * kk][2], acc_s[km][2 * kk][3]);
-                    pa[km][2] = pack2(acc_s[km][2 * kk + 1][0], acc_s[km][2 * kk + 1][1]);
-                    pa[km][3] = pack2(acc_s[km][2 * kk + 1][2], acc_s[km][2 * kk + 1][3]);
-                    sa[km][0] = pack2(acc_dp[km][2 * kk][0], acc_dp[km][2 * kk][1]);
-                    sa[km][1] = pack2(acc_dp[km][2 * kk][2], acc_dp[km][2 * kk][3]);
-                    sa[km][2] = pack2(acc_dp[km][2 * kk + 1][0], acc_dp[km][2 * kk + 1][1]);
-                    sa[km][3] = pack2(acc_dp[km][2 * kk + 1][2], acc_dp[km][2 * kk + 1][3]);
+                    acc_to_a<FS_DTYPE>(pa[km], acc_s[km][2 * kk], acc_s[km][2 * kk + 1]);
+                    acc_to_a<FS_DTYPE>(sa[km], acc_dp[km][2 * kk], acc_dp[km][2 * kk + 1]);
                 }
 #pragma unroll
                 for (int op = 0; op < kOT / 2; ++op) {
@@ -639,10 +488,8 @@ flash_bwd_kernel(const FlashBwdParams p) {
                     ldsm_x4_trans(bq, sQ + off);
 #pragma unroll
                     for (int km = 0; km < kWMT; ++km) {
-                        mma16(acc_dv[km][2 * op], pa[km], bo[0], bo[1]);
-                        mma16(acc_dv[km][2 * op + 1], pa[km], bo[2], bo[3]);
-                        mma16(acc_dk[km][2 * op], sa[km], bq[0], bq[1]);
-                        mma16(acc_dk[km][2 * op + 1], sa[km], bq[2], bq[3]);
+                        mma16_x2<FS_DTYPE>(acc_dv[km][2 * op], acc_dv[km][2 * op + 1], pa[km], bo);
+                        mma16_x2<FS_DTYPE>(acc_dk[km][2 * op], acc_dk[km][2 * op + 1], sa[km], bq);
                     }
                 }
             }
@@ -662,7 +509,7 @@ flash_bwd_kernel(const FlashBwdParams p) {
                                 make_float2(acc_dp[km][j][2 * h], acc_dp[km][j][2 * h + 1]);
 #else
                             *reinterpret_cast<u32*>(srow + h * 8 * kSRowBytes + (8 * j + 2 * t) * 2) =
-                                pack2(acc_dp[km][j][2 * h], acc_dp[km][j][2 * h + 1]);
+                                pack2<FS_DTYPE>(acc_dp[km][j][2 * h], acc_dp[km][j][2 * h + 1]);
 #endif
                         }
                 }
@@ -679,12 +526,7 @@ flash_bwd_kernel(const FlashBwdParams p) {
                 const int qrow0 = wm * kDqRows;
                 const int dcol0 = col0 + wd * kDqCols;
                 float acc_dq[kDqMT][kDqNT][4];
-#pragma unroll
-                for (int mt = 0; mt < kDqMT; ++mt)
-#pragma unroll
-                    for (int o = 0; o < kDqNT; ++o)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) acc_dq[mt][o][e] = 0.0f;
+                zero(acc_dq);
 #if FS_DTYPE == 2
                 const float* sSf = reinterpret_cast<const float*>(smem_raw + kSOff);
                 const float* sKf = reinterpret_cast<const float*>(smem_raw + kKOff);
@@ -721,8 +563,7 @@ flash_bwd_kernel(const FlashBwdParams p) {
                         ldsm_x4_trans(bk, sK + bt_lane + kk * 16 * kRowBytes + dcol0 * kElemBytes + op * 32);
 #pragma unroll
                         for (int mt = 0; mt < kDqMT; ++mt) {
-                            mma16(acc_dq[mt][2 * op], a[mt], bk[0], bk[1]);
-                            mma16(acc_dq[mt][2 * op + 1], a[mt], bk[2], bk[3]);
+                            mma16_x2<FS_DTYPE>(acc_dq[mt][2 * op], acc_dq[mt][2 * op + 1], a[mt], bk);
                         }
                     }
                 }
@@ -747,11 +588,10 @@ flash_bwd_kernel(const FlashBwdParams p) {
                                 *reinterpret_cast<float2*>(ptr) = v;
                             } else {
 #if FS_ARCH >= 90
-                                asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(ptr), "f"(x), "f"(y)
-                                             : "memory");
+                                red_add2(ptr, x, y);
 #else
-                                asm volatile("red.global.add.f32 [%0], %1;" ::"l"(ptr), "f"(x) : "memory");
-                                asm volatile("red.global.add.f32 [%0], %1;" ::"l"(ptr + 1), "f"(y) : "memory");
+                                red_add(ptr, x);
+                                red_add(ptr + 1, y);
 #endif
                             }
                         }
@@ -777,8 +617,8 @@ flash_bwd_kernel(const FlashBwdParams p) {
                         *reinterpret_cast<float2*>(kr + off) = make_float2(dk2[2 * h] * sc, dk2[2 * h + 1] * sc);
                         *reinterpret_cast<float2*>(vr + off) = make_float2(dv2[2 * h], dv2[2 * h + 1]);
 #else
-                        *reinterpret_cast<u32*>(kr + off) = pack2(dk2[2 * h] * sc, dk2[2 * h + 1] * sc);
-                        *reinterpret_cast<u32*>(vr + off) = pack2(dv2[2 * h], dv2[2 * h + 1]);
+                        *reinterpret_cast<u32*>(kr + off) = pack2<FS_DTYPE>(dk2[2 * h] * sc, dk2[2 * h + 1] * sc);
+                        *reinterpret_cast<u32*>(vr + off) = pack2<FS_DTYPE>(dv2[2 * h], dv2[2 * h + 1]);
 #endif
                     }
             }

@@ -39,32 +39,17 @@
 // FS_MIN_BLOCKS (default 1; __launch_bounds__ min blocks per SM) and FS_QK_UNROLL (default 16;
 // unroll of the QK^T k loop, 1 keeps the 255-register 128-row tiles spill-free).
 
-#ifndef FS_HEAD_DIM
-#error "FS_HEAD_DIM must be defined by the prelude"
-#endif
-#ifndef FS_DTYPE
-#error "FS_DTYPE must be defined by the prelude"
-#endif
-#ifndef FS_BLOCK_M
-#error "FS_BLOCK_M must be defined by the prelude"
-#endif
-#ifndef FS_BLOCK_N
-#error "FS_BLOCK_N must be defined by the prelude"
-#endif
-#ifndef FS_NWARPS
-#error "FS_NWARPS must be defined by the prelude"
-#endif
-#ifndef FS_HAS_MASK
-#define FS_HAS_MASK 0
-#endif
-#ifndef FS_HAS_SOFTCAP
-#define FS_HAS_SOFTCAP 0
-#endif
-#ifndef FS_PAD_HEADDIM
-#define FS_PAD_HEADDIM 0
-#endif
-#ifndef FS_ARCH
-#define FS_ARCH 80
+#include "common/convert.cuh"
+#include "common/copy.cuh"
+#include "common/math.cuh"
+#include "common/mma.cuh"
+#include "common/softcap.cuh"
+#include "common/opaque.cuh"
+
+#if !defined(FS_HEAD_DIM) || !defined(FS_DTYPE) || !defined(FS_BLOCK_M) || !defined(FS_BLOCK_N) || \
+    !defined(FS_NWARPS) || !defined(FS_HAS_MASK) || !defined(FS_HAS_SOFTCAP) || !defined(FS_PAD_HEADDIM) || \
+    !defined(FS_ARCH)
+#error "the prelude must define FS_HEAD_DIM, FS_DTYPE, FS_BLOCK_M, FS_BLOCK_N, FS_NWARPS, FS_HAS_MASK, FS_HAS_SOFTCAP, FS_PAD_HEADDIM and FS_ARCH"
 #endif
 #ifndef FS_KV_STAGES
 #define FS_KV_STAGES 2
@@ -76,6 +61,7 @@
 #define FS_MIN_BLOCKS 1
 #endif
 
+// The kernel's one by-value parameter (host mirror: FlashFwdParams in src/ops/attention.rs).
 struct FlashFwdParams {
     const void* q;
     const void* k;
@@ -92,9 +78,9 @@ struct FlashFwdParams {
     int window_left, window_right;
 };
 
-namespace fs {
+namespace ff {
 
-typedef unsigned int u32;
+using namespace fs;
 
 // ---- compile-time tile shape -------------------------------------------------------------------
 static constexpr int kHeadDim = FS_HEAD_DIM;
@@ -130,136 +116,6 @@ static_assert(kBlockN % 16 == 0, "BLOCK_N must be a multiple of 16");
 static_assert(kStages == 1 || kStages == 2, "FS_KV_STAGES is 1 or 2");
 static_assert(FS_DTYPE >= 0 && FS_DTYPE <= 2, "FS_DTYPE is 0 (fp16), 1 (bf16) or 2 (fp32)");
 
-static constexpr float kLog2e = 1.4426950408889634f;
-static constexpr float kLn2 = 0.6931471805599453f;
-
-// ---- hardware primitives -----------------------------------------------------------------------
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
-
-__device__ __forceinline__ u32 smem_u32(const void* ptr) {
-    u32 r;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(ptr));
-    return r;
-}
-
-// 16-byte global -> shared copy; src_bytes == 0 zero-fills the destination without reading.
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(u32 (&r)[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ float lg2(float x) {
-    float y;
-    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ float rcp(float x) {
-    float y;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// tanh for the softcap. fp32 inputs: through exp2 (relative error ~1e-7 away from 0, absolute
-// ~1e-7 near 0). fp16/bf16 inputs: the hardware tanh.approx (relative error ~2^-11, below the
-// rounding of 16-bit scores; what FlashAttention uses), one MUFU op and fewer live registers.
-__device__ __forceinline__ float tanh_softcap(float x) {
-#if FS_DTYPE == 2
-    const float e = ex2(fabsf(x) * (2.0f * kLog2e));
-    const float r = 1.0f - 2.0f * rcp(e + 1.0f);
-    return copysignf(r, x);
-#else
-    float y;
-    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-#endif
-}
-
-// Two floats -> packed 16-bit pair (lo in the low half), round to nearest even.
-__device__ __forceinline__ u32 pack2(float lo, float hi) {
-    u32 r;
-#if FS_DTYPE == 1
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-#endif
-    return r;
-}
-
-// D += A * B, m16n8k16, 16-bit inputs, f32 accumulate.
-__device__ __forceinline__ void mma16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-#if FS_DTYPE == 1
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
-// D += A * B, m16n8k8, TF32 inputs, f32 accumulate.
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ u32 to_tf32(float x) {
-    u32 r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-}
-// x = hi + lo with hi, lo both TF32 (3xTF32 split).
-__device__ __forceinline__ void split_tf32(float x, u32& hi, u32& lo) {
-    hi = to_tf32(x);
-    lo = to_tf32(x - __uint_as_float(hi));
-}
-
-// D += A * B in ~fp32 precision from fp32 fragments (3xTF32; the lo*lo term is dropped).
-__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const u32 (&a_hi)[4], const u32 (&a_lo)[4],
-                                           float b0, float b1) {
-    u32 b0h, b0l, b1h, b1l;
-    split_tf32(b0, b0h, b0l);
-    split_tf32(b1, b1h, b1l);
-    mma_tf32(d, a_lo, b0h, b1h);
-    mma_tf32(d, a_hi, b0l, b1l);
-    mma_tf32(d, a_hi, b0h, b1h);
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 // ---- tile movement -----------------------------------------------------------------------------
 // A tile row is kChunksPerRow 16-byte chunks. Thread tid always moves chunk column
 // tid % kChunksPerRow of rows tid / kChunksPerRow + i * kRowsPerPass (threads >= kActiveThreads idle
@@ -275,15 +131,6 @@ struct ThreadChunk {
     bool col_ok; // chunk lies inside params.head_dim
 };
 
-// x passed through an asm the optimiser cannot see into, tied to a loop-variant salt: values
-// derived from it (tile addresses) are recomputed per tile (a few integer ops) instead of being
-// hoisted out of the main loop, where they would hold registers the S and O accumulators need.
-__device__ __forceinline__ int opaque(int x, int salt) {
-    int r;
-    asm("{\n .reg .b32 unused;\n mov.b32 %0, %1;\n mov.b32 unused, %2;\n}" : "=r"(r) : "r"(x), "r"(salt));
-    return r;
-}
-
 __device__ __forceinline__ ThreadChunk thread_chunk(int head_dim, int salt) {
     const int tid = opaque((int)threadIdx.x, salt);
     ThreadChunk tc;
@@ -292,14 +139,6 @@ __device__ __forceinline__ ThreadChunk thread_chunk(int head_dim, int salt) {
     tc.active = tid < kActiveThreads;
     tc.col_ok = !FS_PAD_HEADDIM || (tid % kChunksPerRow) * kElemsPerChunk < head_dim;
     return tc;
-}
-
-// a + b with the sum hidden from the optimiser, so unrolled loops step one pointer instead of
-// keeping one precomputed 64-bit address per unrolled step live across the main loop.
-__device__ __forceinline__ const char* ptr_add(const char* a, long long b) {
-    const char* r;
-    asm("add.s64 %0, %1, %2;" : "=l"(r) : "l"(a), "l"(b));
-    return r;
 }
 
 // cp.async a ROWS x FS_HEAD_DIM tile (row stride in bytes) into padded shared memory. Rows at or
@@ -347,13 +186,13 @@ __device__ __forceinline__ void store_tile(char* dst, long long row_stride_bytes
     }
 }
 
-}  // namespace fs
+}  // namespace ff
 
 // ---- the kernel --------------------------------------------------------------------------------
 // grid = (ceil(seqlen_q / BLOCK_M), nheads, batch), block = NWARPS * 32, dynamic smem = kSmemBytes.
-extern "C" __global__ void __launch_bounds__(fs::kNThreads, FS_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(ff::kNThreads, FS_MIN_BLOCKS)
 flash_fwd_kernel(const FlashFwdParams p) {
-    using namespace fs;
+    using namespace ff;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const u32 s_base = smem_u32(smem_raw);
     const u32 sQ = s_base;
@@ -429,14 +268,8 @@ flash_fwd_kernel(const FlashFwdParams p) {
         return (FS_HAS_MASK ? (int)gridDim.x - 1 - bx : bx) * kBlockM;
     };
 
-#if FS_HAS_SOFTCAP
-    // scores = softcap * tanh(scale * qk / softcap): tanh of the pre-scaled product, then the
-    // softmax runs with softcap as its scale.
-    const float pre_scale = p.softmax_scale * rcp(p.softcap);
-    const float scale_log2 = p.softcap * kLog2e;
-#else
-    const float scale_log2 = p.softmax_scale * kLog2e;
-#endif
+    const ScoreScale scale = score_scale<FS_HAS_SOFTCAP>(p.softmax_scale, p.softcap);
+    const float scale_log2 = scale.log2;
 
     // Per-lane ldmatrix offsets (bytes). A operand (Q rows): matrices {rows 0-7, 8-15} x {chunk 0, 1}.
     // B operand from K (non-transposed): {keys 0-7 | chunk 0, keys 0-7 | chunk 1, keys 8-15 | ...}.
@@ -479,12 +312,7 @@ flash_fwd_kernel(const FlashFwdParams p) {
     }
 
     float acc_o[kMTiles][kDTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int d = 0; d < kDTiles; ++d)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc_o[mt][d][e] = 0.0f;
+    zero(acc_o);
     float row_max[2 * kMTiles], row_sum[2 * kMTiles];
 #pragma unroll
     for (int r = 0; r < 2 * kMTiles; ++r) {
@@ -523,12 +351,7 @@ flash_fwd_kernel(const FlashFwdParams p) {
         // ---- S = Q K^T (raw dot products) ----
         const u32 q_lane = q_lane_of(n), k_lane = k_lane_of(n);
         float acc_s[kMTiles][kNTiles][4];
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-            for (int j = 0; j < kNTiles; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc_s[mt][j][e] = 0.0f;
+        zero(acc_s);
 
 #pragma unroll FS_QK_UNROLL
         for (int kk = 0; kk < kKSteps; ++kk) {
@@ -556,13 +379,9 @@ flash_fwd_kernel(const FlashFwdParams p) {
 #pragma unroll
                 for (int mt = 0; mt < kMTiles; ++mt) {
 #if FS_DTYPE == 2
-                    mma_3xtf32(acc_s[mt][2 * np], a_hi[mt], a_lo[mt], __uint_as_float(b[0]),
-                               __uint_as_float(b[1]));
-                    mma_3xtf32(acc_s[mt][2 * np + 1], a_hi[mt], a_lo[mt], __uint_as_float(b[2]),
-                               __uint_as_float(b[3]));
+                    mma_3xtf32_x2(acc_s[mt][2 * np], acc_s[mt][2 * np + 1], a_hi[mt], a_lo[mt], b);
 #else
-                    mma16(acc_s[mt][2 * np], a[mt], b[0], b[1]);
-                    mma16(acc_s[mt][2 * np + 1], a[mt], b[2], b[3]);
+                    mma16_x2<FS_DTYPE>(acc_s[mt][2 * np], acc_s[mt][2 * np + 1], a[mt], b);
 #endif
                 }
             }
@@ -574,7 +393,7 @@ flash_fwd_kernel(const FlashFwdParams p) {
 #pragma unroll
             for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) acc_s[mt][j][e] = tanh_softcap(acc_s[mt][j][e] * pre_scale);
+                for (int e = 0; e < 4; ++e) acc_s[mt][j][e] = tanh_softcap<FS_DTYPE>(acc_s[mt][j][e] * scale.pre);
 #endif
 
         // ---- mask: only tiles that cross seqlen_k or a window edge for some row of the block ----
@@ -684,10 +503,7 @@ flash_fwd_kernel(const FlashFwdParams p) {
             u32 a[kMTiles][4];
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) {
-                a[mt][0] = pack2(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
-                a[mt][1] = pack2(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
-                a[mt][2] = pack2(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
-                a[mt][3] = pack2(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+                acc_to_a<FS_DTYPE>(a[mt], acc_s[mt][2 * kk], acc_s[mt][2 * kk + 1]);
             }
 #pragma unroll
             for (int dp = 0; dp < kDTiles / 2; ++dp) {
@@ -695,8 +511,7 @@ flash_fwd_kernel(const FlashFwdParams p) {
                 ldsm_x4_trans(b, sV + v_lane_of(n) + kk * 16 * kRowBytes + dp * 32);
 #pragma unroll
                 for (int mt = 0; mt < kMTiles; ++mt) {
-                    mma16(acc_o[mt][2 * dp], a[mt], b[0], b[1]);
-                    mma16(acc_o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                    mma16_x2<FS_DTYPE>(acc_o[mt][2 * dp], acc_o[mt][2 * dp + 1], a[mt], b);
                 }
             }
         }
@@ -724,7 +539,7 @@ flash_fwd_kernel(const FlashFwdParams p) {
 #if FS_DTYPE == 2
                 *reinterpret_cast<float2*>(srow + (d * 8 + 2 * t) * 4) = make_float2(o0, o1);
 #else
-                *reinterpret_cast<u32*>(srow + (d * 8 + 2 * t) * 2) = pack2(o0, o1);
+                *reinterpret_cast<u32*>(srow + (d * 8 + 2 * t) * 2) = pack2<FS_DTYPE>(o0, o1);
 #endif
             }
         }

@@ -43,7 +43,7 @@
 //      (or 0), folds chunks 0..c-1: x = exp2(A2 * dtsum[cc]) * x + chunk_state[cc], then scans its chunk
 //      writing out. The last chunk writes last_state.
 //
-// Compile-time constants (emitted by the host prelude; defaults below are for standalone compiles):
+// Compile-time constants (emitted by the host prelude; those with a default below are optional):
 //   FS_IN_DTYPE   u/delta/z/out dtype: 0 = fp16, 1 = bf16, 2 = fp32
 //   FS_BC_DTYPE   B/C dtype, same coding
 //   FS_DSTATE     padded state count (power of two, >= real dstate); padded states have A = B = C = 0
@@ -69,32 +69,12 @@
 // nY = FS_THREADS*FS_CPT*(kT+4) (0 for selective_scan_chunk_state),
 // kRow = FS_DSTATE >= 4 ? FS_DSTATE + 4 : FS_DSTATE, kSlots = FS_THREADS/FS_NSPLIT.
 
-#ifndef FS_IN_DTYPE
-#define FS_IN_DTYPE 1
-#endif
-#ifndef FS_BC_DTYPE
-#define FS_BC_DTYPE FS_IN_DTYPE
-#endif
-#ifndef FS_DSTATE
-#define FS_DSTATE 16
-#endif
-#ifndef FS_NSPLIT
-#define FS_NSPLIT 4
-#endif
-#ifndef FS_TILE_T
-#define FS_TILE_T 32
-#endif
-#ifndef FS_THREADS
-#define FS_THREADS 128
+#if !defined(FS_IN_DTYPE) || !defined(FS_BC_DTYPE) || !defined(FS_DSTATE) || !defined(FS_NSPLIT) || \
+    !defined(FS_TILE_T) || !defined(FS_THREADS) || !defined(FS_B_VARYING) || !defined(FS_C_VARYING)
+#error "the host prelude must define FS_IN_DTYPE, FS_BC_DTYPE, FS_DSTATE, FS_NSPLIT, FS_TILE_T, FS_THREADS, FS_B_VARYING and FS_C_VARYING"
 #endif
 #ifndef FS_MIN_BLOCKS
 #define FS_MIN_BLOCKS 4
-#endif
-#ifndef FS_B_VARYING
-#define FS_B_VARYING 1
-#endif
-#ifndef FS_C_VARYING
-#define FS_C_VARYING 1
 #endif
 #ifndef FS_CPT
 #define FS_CPT 1
@@ -112,9 +92,11 @@
 #define FS_SAVE_LEN 256
 #endif
 
-typedef long long fs_i64;
-typedef unsigned int fs_u32;
-typedef unsigned short fs_u16;
+#include "common/convert.cuh"
+#include "common/copy.cuh"
+#include "common/math.cuh"
+
+using namespace fs;
 
 // One by-value parameter block for both entries. Layout: 13 pointers, then int64s, then int32s
 // (no implicit padding; sizeof = 13*8 + 32*8 + 10*4 = 400). Strides are in elements.
@@ -132,14 +114,14 @@ struct ScanParams {
   float* last_state;          // (batch, dim, dstate) or null
   float* chunk_state;         // scratch (batch*dim, nchunks-1, FS_DSTATE) fp32, contiguous; null if nchunks == 1
   float* chunk_dtsum;         // scratch (batch*dim, nchunks-1) fp32, contiguous; null if nchunks == 1
-  fs_i64 batch, dim, seqlen, dstate, ngroups, chunk_len;
-  fs_i64 u_batch, u_dim, delta_batch, delta_dim, z_batch, z_dim, out_batch, out_dim;
-  fs_i64 A_dim, A_dstate;
-  fs_i64 B_batch, B_group, B_dstate, B_dim;   // varying: batch/group/dstate; fixed: dim/dstate
-  fs_i64 C_batch, C_group, C_dstate, C_dim;
-  fs_i64 D_dim, delta_bias_dim;
-  fs_i64 init_batch, init_dim, init_dstate;
-  fs_i64 last_batch, last_dim, last_dstate;
+  i64 batch, dim, seqlen, dstate, ngroups, chunk_len;
+  i64 u_batch, u_dim, delta_batch, delta_dim, z_batch, z_dim, out_batch, out_dim;
+  i64 A_dim, A_dstate;
+  i64 B_batch, B_group, B_dstate, B_dim;      // varying: batch/group/dstate; fixed: dim/dstate
+  i64 C_batch, C_group, C_dstate, C_dim;
+  i64 D_dim, delta_bias_dim;
+  i64 init_batch, init_dim, init_dstate;
+  i64 last_batch, last_dim, last_dstate;
   int nchunks;                // >= 1; grid.y of selective_scan_fwd
   int chans_per_block;        // channels per block (<= FS_THREADS / FS_NSPLIT; divides dim/ngroups when B or C varies and ngroups > 1)
   int has_D, has_z, has_delta_bias, softplus, has_initial_state, has_last_state;
@@ -149,7 +131,7 @@ struct ScanParams {
   // Saving variant only (the struct, and so every other variant, is unchanged without it): the state at
   // the end of every FS_SAVE_LEN-step chunk but the last, for the backward. f32 (batch, dim, nsaved, dstate).
   float* saved;
-  fs_i64 saved_batch, saved_dim, saved_chunk, saved_dstate;
+  i64 saved_batch, saved_dim, saved_chunk, saved_dstate;
 #endif
 };
 #if FS_SAVE_STATES
@@ -192,160 +174,14 @@ static_assert(kT % kSplit == 0 && kT % 8 == 0, "FS_TILE_T must be a multiple of 
 static_assert(kThreads % 32 == 0 && kThreads % kT == 0, "FS_THREADS: whole warps, a multiple of FS_TILE_T");
 static_assert(kCPT == 1 || kCPT == 2 || kCPT == 4, "FS_CPT: 1, 2 or 4");
 
-#define FS_LOG2E 1.4426950408889634f
-#define FS_LN2 0.6931471805599453f
-
-// ---------------------------------------------------------------- small hardware helpers
-__device__ __forceinline__ float fs_ex2(float x) {   // MUFU.EX2
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float fs_lg2(float x) {
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float fs_rcp(float x) {
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-// 2^x on the FMA pipe: x = j + f, j = rint(x), |f| <= 1/2, 2^f by a degree-5 minimax polynomial
-// (relative error 1.8e-7 in fp32, like MUFU.EX2), exponent added as integer. x clamped to [-125, 125].
-__device__ __forceinline__ float fs_ex2_poly(float x) {
-  x = fminf(fmaxf(x, -125.f), 125.f);
-  const float r = x + 12582912.f;           // 1.5 * 2^23: rint(x) lands in the low mantissa bits
-  const float f = x - (r - 12582912.f);
-  float p = 1.3276709e-3f;
-  p = fmaf(p, f, 9.6715093e-3f);
-  p = fmaf(p, f, 5.5506926e-2f);
-  p = fmaf(p, f, 2.4022242e-1f);
-  p = fmaf(p, f, 6.9314700e-1f);
-  p = fmaf(p, f, 1.0f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(r) << 23));
-}
-__device__ __forceinline__ float fs_softplus(float v) {   // mamba: v <= 20 ? log1p(exp(v)) : v
-  const float e = fs_ex2(v * FS_LOG2E);
-  const float r = e < 0.015625f ? e * (1.f - e * (0.5f - e * 0.33333334f)) : FS_LN2 * fs_lg2(1.f + e);
-  return v <= 20.f ? r : v;
-}
-__device__ __forceinline__ float fs_silu(float z) { return z * fs_rcp(1.f + fs_ex2(-z * FS_LOG2E)); }
-
-// Packed raw storage: N elements of ES bytes in ceil(N*ES/4) 32-bit words, element i of 16-bit data
-// in the low (even i) / high (odd i) half of word i/2.
-template <int N, int ES> struct Raw { fs_u32 w[(N * ES + 3) / 4]; };
-
-template <int DT> __device__ __forceinline__ float fs_half_to_f32(fs_u32 h16) {
-  if constexpr (DT == 1) {
-    return __uint_as_float(h16 << 16);
-  } else {
-    float f;
-    const fs_u16 h = (fs_u16)h16;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-  }
-}
-template <int DT, int N, int ES> __device__ __forceinline__ float fs_elem(const Raw<N, ES>& r, int i) {
-  if constexpr (DT == 2) {
-    return __uint_as_float(r.w[i]);
-  } else if constexpr (DT == 1) {
-    return (i & 1) ? __uint_as_float(r.w[i >> 1] & 0xffff0000u) : __uint_as_float(r.w[i >> 1] << 16);
-  } else {
-    return fs_half_to_f32<0>((i & 1) ? (r.w[i >> 1] >> 16) : (r.w[i >> 1] & 0xffffu));
-  }
-}
-template <int DT> __device__ __forceinline__ fs_u32 fs_pack2(float lo, float hi) {
-  fs_u32 w;
-  if constexpr (DT == 1) {
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
-  } else {
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
-  }
-  return w;
-}
-
-// Load N elements starting at byte address p (read-only path). Full rows use the widest vector the
-// row alignment allows; a partial row (valid < N) loads element by element and zero-fills.
-template <int N, int ES>
-__device__ __forceinline__ void fs_load(Raw<N, ES>& r, const char* p, int valid, int align) {
-  constexpr int kBytes = N * ES;
-  if (valid >= N && kBytes % 16 == 0 && align >= 16) {
-#pragma unroll
-    for (int i = 0; i < kBytes / 16; ++i)
-      asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(r.w[4 * i]), "=r"(r.w[4 * i + 1]), "=r"(r.w[4 * i + 2]), "=r"(r.w[4 * i + 3])
-                   : "l"(p + 16 * i));
-  } else if (valid >= N && kBytes % 8 == 0 && align >= 8) {
-#pragma unroll
-    for (int i = 0; i < kBytes / 8; ++i)
-      asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(r.w[2 * i]), "=r"(r.w[2 * i + 1]) : "l"(p + 8 * i));
-  } else if (valid >= N && kBytes % 4 == 0 && align >= 4) {
-#pragma unroll
-    for (int i = 0; i < kBytes / 4; ++i) asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(r.w[i]) : "l"(p + 4 * i));
-  } else if constexpr (ES == 4) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      fs_u32 v = 0;
-      if (i < valid) asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p + 4 * i));
-      r.w[i] = v;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < (N + 1) / 2; ++i) r.w[i] = 0;
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      fs_u16 h = 0;
-      if (i < valid) asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(h) : "l"(p + 2 * i));
-      r.w[i >> 1] |= (fs_u32)h << (16 * (i & 1));
-    }
-  }
-}
-template <int N, int ES>
-__device__ __forceinline__ void fs_store(char* p, const Raw<N, ES>& r, int valid, int align) {
-  constexpr int kBytes = N * ES;
-  if (valid >= N && kBytes % 16 == 0 && align >= 16) {
-#pragma unroll
-    for (int i = 0; i < kBytes / 16; ++i)
-      asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p + 16 * i), "r"(r.w[4 * i]),
-                   "r"(r.w[4 * i + 1]), "r"(r.w[4 * i + 2]), "r"(r.w[4 * i + 3]) : "memory");
-  } else if (valid >= N && kBytes % 8 == 0 && align >= 8) {
-#pragma unroll
-    for (int i = 0; i < kBytes / 8; ++i)
-      asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p + 8 * i), "r"(r.w[2 * i]), "r"(r.w[2 * i + 1]) : "memory");
-  } else if (valid >= N && kBytes % 4 == 0 && align >= 4) {
-#pragma unroll
-    for (int i = 0; i < kBytes / 4; ++i) asm volatile("st.global.u32 [%0], %1;" ::"l"(p + 4 * i), "r"(r.w[i]) : "memory");
-  } else if constexpr (ES == 4) {
-#pragma unroll
-    for (int i = 0; i < N; ++i)
-      if (i < valid) asm volatile("st.global.u32 [%0], %1;" ::"l"(p + 4 * i), "r"(r.w[i]) : "memory");
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const fs_u16 h = (fs_u16)(r.w[i >> 1] >> (16 * (i & 1)));
-      if (i < valid) asm volatile("st.global.u16 [%0], %1;" ::"l"(p + 2 * i), "h"(h) : "memory");
-    }
-  }
-}
-
-template <int DT> __device__ __forceinline__ float fs_ld_scalar(const void* base, fs_i64 idx) {
-  if constexpr (DT == 2) {
-    return __ldg((const float*)base + idx);
-  } else {
-    return fs_half_to_f32<DT>(__ldg((const fs_u16*)base + idx));
-  }
-}
-
-
 // ---------------------------------------------------------------- the scan
 // Registers a lane carries from one tile to the next (the prefetch of tile k+1).
 struct Prefetch {
   Raw<kTS, kInBytes> delta_s[kCPT];   // this lane's slice of delta, per channel
   Raw<kTS, kInBytes> u_s[kCPT];       // this lane's slice of u
   Raw<kTS, kInBytes> z_s[kCPT];       // this lane's slice of z
-  fs_u32 b[kBVar ? kStage : 1];       // B tile elements this thread stages (raw bits)
-  fs_u32 c[kCVar ? kStage : 1];
+  u32 b[kBVar ? kStage : 1];       // B tile elements this thread stages (raw bits)
+  u32 c[kCVar ? kStage : 1];
 };
 
 // Shared-memory layout (floats) of one block.
@@ -358,43 +194,27 @@ template <bool kStateOnly> struct SmemLayout {
   static constexpr int kTotal = kB + kC + kDT + kY;
 };
 
-template <int DT> __device__ __forceinline__ fs_u32 fs_ld_raw(const char* q) {
-  fs_u32 v;
-  if constexpr (DT == 2) {
-    asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(q));
-  } else {
-    fs_u16 h;
-    asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(h) : "l"(q));
-    v = h;
-  }
-  return v;
-}
-template <int DT> __device__ __forceinline__ float fs_raw_to_f32(fs_u32 v) {
-  if constexpr (DT == 2) return __uint_as_float(v);
-  else return fs_half_to_f32<DT>(v);
-}
-
 template <bool kStateOnly>
 __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
   using L = SmemLayout<kStateOnly>;
   const int tid = threadIdx.x;
   const int s = tid & (kSplit - 1);      // this lane's index within its slot
   const int slot = tid / kSplit;         // lane group in the block; owns channels slot*kCPT + q
-  const fs_i64 nblk_d = (p.dim + p.chans_per_block - 1) / p.chans_per_block;
-  const fs_i64 b = blockIdx.x / nblk_d;
-  const fs_i64 d0 = (blockIdx.x - b * nblk_d) * p.chans_per_block;
+  const i64 nblk_d = (p.dim + p.chans_per_block - 1) / p.chans_per_block;
+  const i64 b = blockIdx.x / nblk_d;
+  const i64 d0 = (blockIdx.x - b * nblk_d) * p.chans_per_block;
   bool active[kCPT];
-  fs_i64 d[kCPT];
+  i64 d[kCPT];
 #pragma unroll
   for (int q = 0; q < kCPT; ++q) {
     const int ch = slot * kCPT + q;
     active[q] = ch < p.chans_per_block && d0 + ch < p.dim;
     d[q] = active[q] ? d0 + ch : d0;     // idle channels shadow channel d0 and store nothing
   }
-  const fs_i64 group = d0 / (p.dim / p.ngroups);
+  const i64 group = d0 / (p.dim / p.ngroups);
   const int c = blockIdx.y;
-  const fs_i64 t_begin = (fs_i64)c * p.chunk_len;
-  const fs_i64 t_end = t_begin + p.chunk_len < p.seqlen ? t_begin + p.chunk_len : p.seqlen;
+  const i64 t_begin = (i64)c * p.chunk_len;
+  const i64 t_end = t_begin + p.chunk_len < p.seqlen ? t_begin + p.chunk_len : p.seqlen;
   const int len = (int)(t_end - t_begin);
   const int ntiles = (len + kT - 1) / kT;
   const int align = p.io_align;
@@ -409,9 +229,9 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
     for (int j = 0; j < kNS; ++j) {
       const int n = (j / kVG) * kSplit * kVG + s * kVG + j % kVG;
       const bool real = n < p.dstate;
-      A2[q][j] = real ? __ldg(p.A + d[q] * p.A_dim + n * p.A_dstate) * FS_LOG2E : 0.f;
-      if constexpr (!kBVar) Bf[q][j] = real ? fs_ld_scalar<FS_BC_DTYPE>(p.B, d[q] * p.B_dim + n * p.B_dstate) : 0.f;
-      if constexpr (!kCVar && !kStateOnly) Cf[q][j] = real ? fs_ld_scalar<FS_BC_DTYPE>(p.C, d[q] * p.C_dim + n * p.C_dstate) : 0.f;
+      A2[q][j] = real ? __ldg(p.A + d[q] * p.A_dim + n * p.A_dstate) * kLog2e : 0.f;
+      if constexpr (!kBVar) Bf[q][j] = real ? ldg_f32<FS_BC_DTYPE>(p.B, d[q] * p.B_dim + n * p.B_dstate) : 0.f;
+      if constexpr (!kCVar && !kStateOnly) Cf[q][j] = real ? ldg_f32<FS_BC_DTYPE>(p.C, d[q] * p.C_dim + n * p.C_dstate) : 0.f;
       x[q][j] = 0.f;
       if (!kStateOnly && p.has_initial_state && real)
         x[q][j] = __ldg(p.initial_state + b * p.init_batch + d[q] * p.init_dim + n * p.init_dstate);
@@ -424,21 +244,21 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
   if (!kStateOnly && c > 0) {
 #pragma unroll
     for (int q = 0; q < kCPT; ++q) {
-      const fs_i64 cb = (b * p.dim + d[q]) * (p.nchunks - 1);
+      const i64 cb = (b * p.dim + d[q]) * (p.nchunks - 1);
       for (int cc = 0; cc < c; ++cc) {
         const float S = p.chunk_dtsum[cb + cc];
         const float* cs = p.chunk_state + (cb + cc) * kDState;
 #pragma unroll
         for (int j = 0; j < kNS; ++j) {
           const int n = (j / kVG) * kSplit * kVG + s * kVG + j % kVG;
-          x[q][j] = fmaf(fs_ex2(A2[q][j] * S), x[q][j], cs[n]);
+          x[q][j] = fmaf(ex2(A2[q][j] * S), x[q][j], cs[n]);
         }
       }
     }
   }
 
   // ---- global pointers (bytes) at the chunk start; slices already offset by this lane's s*kTS
-  const fs_i64 soff = t_begin + s * kTS;
+  const i64 soff = t_begin + s * kTS;
   const char* delta_sl[kCPT];
   const char* u_sl[kCPT];
   const char* z_sl[kCPT];
@@ -455,7 +275,7 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
   const int st_t = tid % kT, st_n0 = tid / kT;
   const char* bq = kBVar ? (const char*)p.B + (b * p.B_batch + group * p.B_group + st_n0 * p.B_dstate + t_begin + st_t) * kBCBytes : nullptr;
   const char* cq = (kCVar && !kStateOnly) ? (const char*)p.C + (b * p.C_batch + group * p.C_group + st_n0 * p.C_dstate + t_begin + st_t) * kBCBytes : nullptr;
-  const fs_i64 bstep = (fs_i64)kNStep * p.B_dstate * kBCBytes, cstep = (fs_i64)kNStep * p.C_dstate * kBCBytes;
+  const i64 bstep = (i64)kNStep * p.B_dstate * kBCBytes, cstep = (i64)kNStep * p.C_dstate * kBCBytes;
 
   float* sB = smem;
   float* sC = smem + L::kB;
@@ -469,18 +289,18 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
     const int vsl = valid - s * kTS;              // may be <= 0: slice past the end, zero-filled
 #pragma unroll
     for (int q = 0; q < kCPT; ++q) {
-      fs_load(pf.delta_s[q], delta_sl[q] + (fs_i64)t0 * kInBytes, vsl, asl);
-      fs_load(pf.u_s[q], u_sl[q] + (fs_i64)t0 * kInBytes, vsl, asl);
+      load_raw(pf.delta_s[q], delta_sl[q] + (i64)t0 * kInBytes, vsl, asl);
+      load_raw(pf.u_s[q], u_sl[q] + (i64)t0 * kInBytes, vsl, asl);
       if constexpr (!kStateOnly) {
-        if (p.has_z) fs_load(pf.z_s[q], z_sl[q] + (fs_i64)t0 * kInBytes, vsl, asl);
+        if (p.has_z) load_raw(pf.z_s[q], z_sl[q] + (i64)t0 * kInBytes, vsl, asl);
       }
     }
 #pragma unroll
     for (int it = 0; it < kStage; ++it) {
       const int n = st_n0 + it * kNStep;
       const bool ok = n < kDState && n < p.dstate && st_t < valid;
-      if constexpr (kBVar) pf.b[it] = ok ? fs_ld_raw<FS_BC_DTYPE>(bq + it * bstep + (fs_i64)t0 * kBCBytes) : 0u;
-      if constexpr (kCVar && !kStateOnly) pf.c[it] = ok ? fs_ld_raw<FS_BC_DTYPE>(cq + it * cstep + (fs_i64)t0 * kBCBytes) : 0u;
+      if constexpr (kBVar) pf.b[it] = ok ? ld_nc_raw<FS_BC_DTYPE>(bq + it * bstep + (i64)t0 * kBCBytes) : 0u;
+      if constexpr (kCVar && !kStateOnly) pf.c[it] = ok ? ld_nc_raw<FS_BC_DTYPE>(cq + it * cstep + (i64)t0 * kBCBytes) : 0u;
     }
   };
 
@@ -500,10 +320,10 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
       const int n = st_n0 + it * kNStep;
       if (n < kDState) {
         if constexpr (L::kPack) {
-          ((fs_u32*)sB)[buf * kT * kRow + st_t * kRow + n] = (pf.b[it] & 0xffffu) | (pf.c[it] << 16);
+          ((u32*)sB)[buf * kT * kRow + st_t * kRow + n] = (pf.b[it] & 0xffffu) | (pf.c[it] << 16);
         } else {
-          if constexpr (kBVar) sB[buf * kT * kRow + st_t * kRow + n] = fs_raw_to_f32<FS_BC_DTYPE>(pf.b[it]);
-          if constexpr (kCVar && !kStateOnly) sC[buf * kT * kRow + st_t * kRow + n] = fs_raw_to_f32<FS_BC_DTYPE>(pf.c[it]);
+          if constexpr (kBVar) sB[buf * kT * kRow + st_t * kRow + n] = raw_to_f32<FS_BC_DTYPE>(pf.b[it]);
+          if constexpr (kCVar && !kStateOnly) sC[buf * kT * kRow + st_t * kRow + n] = raw_to_f32<FS_BC_DTYPE>(pf.c[it]);
         }
       }
     }
@@ -513,11 +333,11 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
     for (int i = 0; i < kTS; ++i) {
 #pragma unroll
       for (int q = 0; q < kCPT; ++q) {
-        float v = fs_elem<FS_IN_DTYPE>(pf.delta_s[q], i) + bias[q];
-        if (p.softplus) v = fs_softplus(v);
+        float v = elem<FS_IN_DTYPE>(pf.delta_s[q], i) + bias[q];
+        if (p.softplus) v = softplus(v);
         const float dt = s * kTS + i < valid ? v : 0.f;
         dtsum[q] += dt;
-        dtrow[(s * kTS + i) * kCPT + q] = make_float2(dt, dt * fs_elem<FS_IN_DTYPE>(pf.u_s[q], i));
+        dtrow[(s * kTS + i) * kCPT + q] = make_float2(dt, dt * elem<FS_IN_DTYPE>(pf.u_s[q], i));
       }
     }
     Raw<kTS, kInBytes> u_s[kCPT], z_s[kCPT];    // the epilogue's, before the prefetch lands
@@ -552,7 +372,7 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
       for (int g = 0; g < kNGrp; ++g) {
         const int off = t * kRow + g * kSplit * kVG;
         if constexpr (L::kPack) {
-          fs_u32 w[kVG];
+          u32 w[kVG];
           if constexpr (kVG == 4) {
             const uint4 v = *(const uint4*)(sBt + off);
             w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
@@ -560,17 +380,13 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
             const uint2 v = *(const uint2*)(sBt + off);
             w[0] = v.x; w[1] = v.y;
           } else {
-            w[0] = *(const fs_u32*)(sBt + off);
+            w[0] = *(const u32*)(sBt + off);
           }
 #pragma unroll
           for (int i = 0; i < kVG; ++i) {
-            if constexpr (FS_BC_DTYPE == 1) {
-              Bv[kVG * g + i] = __uint_as_float(w[i] << 16);
-              Cv[kVG * g + i] = __uint_as_float(w[i] & 0xffff0000u);
-            } else {
-              Bv[kVG * g + i] = fs_half_to_f32<0>(w[i] & 0xffffu);
-              Cv[kVG * g + i] = fs_half_to_f32<0>(w[i] >> 16);
-            }
+            const float2 bc = unpack2<FS_BC_DTYPE>(w[i]);   // B in the low half, C in the high half
+            Bv[kVG * g + i] = bc.x;
+            Cv[kVG * g + i] = bc.y;
           }
         } else {
         if constexpr (kBVar) {
@@ -603,7 +419,7 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
 #pragma unroll
         for (int j = 0; j < kNS; ++j) {
           const float arg = dd[q].x * A2[q][j];
-          const float a = (((t * kCPT + q) * kNS + j) % 8) < FS_POLY_NUM ? fs_ex2_poly(arg) : fs_ex2(arg);
+          const float a = (((t * kCPT + q) * kNS + j) % 8) < FS_POLY_NUM ? ex2_poly(arg) : ex2(arg);
           x[q][j] = fmaf(a, x[q][j], dd[q].y * (kBVar ? Bv[j] : Bf[q][j]));
           if constexpr (!kStateOnly) y = fmaf(kCVar ? Cv[j] : Cf[q][j], x[q][j], y);
         }
@@ -645,19 +461,12 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
         }
 #pragma unroll
         for (int i = 0; i < kTS; ++i) {
-          o[i] = fmaf(Dv[q], fs_elem<FS_IN_DTYPE>(u_s[q], i), o[i]);
-          if (p.has_z) o[i] *= fs_silu(fs_elem<FS_IN_DTYPE>(z_s[q], i));
+          o[i] = fmaf(Dv[q], elem<FS_IN_DTYPE>(u_s[q], i), o[i]);
+          if (p.has_z) o[i] *= silu(elem<FS_IN_DTYPE>(z_s[q], i));
         }
         Raw<kTS, kInBytes> ro;
-        if constexpr (kInBytes == 4) {
-#pragma unroll
-          for (int i = 0; i < kTS; ++i) ro.w[i] = __float_as_uint(o[i]);
-        } else {
-#pragma unroll
-          for (int i = 0; i < kTS / 2; ++i) ro.w[i] = fs_pack2<FS_IN_DTYPE>(o[2 * i], o[2 * i + 1]);
-          if constexpr (kTS & 1) ro.w[kTS / 2] = fs_pack2<FS_IN_DTYPE>(o[kTS - 1], 0.f);
-        }
-        if (active[q]) fs_store(out_sl[q] + (fs_i64)t0 * kInBytes, ro, valid - s * kTS, asl);
+        pack_raw<FS_IN_DTYPE>(ro, o);
+        if (active[q]) store_raw(out_sl[q] + (i64)t0 * kInBytes, ro, valid - s * kTS, asl);
       }
     }
 
@@ -667,7 +476,7 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
     if constexpr (!kStateOnly) {
       // (placed after the epilogue: fewer live registers; the low bits of t_begin + t0 + valid suffice)
       if ((((int)t_begin + t0 + valid) & (FS_SAVE_LEN - 1)) == 0 && t_begin + t0 + valid < p.seqlen) {
-        const fs_i64 ci = (t_begin + t0 + valid) / FS_SAVE_LEN - 1;
+        const i64 ci = (t_begin + t0 + valid) / FS_SAVE_LEN - 1;
 #pragma unroll
         for (int q = 0; q < kCPT; ++q) {
 #pragma unroll
@@ -689,7 +498,7 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
 #pragma unroll
       for (int m = kSplit / 2; m >= 1; m /= 2) dtsum[q] += __shfl_xor_sync(0xffffffffu, dtsum[q], m);
       if (active[q]) {
-        const fs_i64 ci = (b * p.dim + d[q]) * (p.nchunks - 1) + c;
+        const i64 ci = (b * p.dim + d[q]) * (p.nchunks - 1) + c;
         float* cs = p.chunk_state + ci * kDState;
 #pragma unroll
         for (int j = 0; j < kNS; ++j) cs[(j / kVG) * kSplit * kVG + s * kVG + j % kVG] = x[q][j];

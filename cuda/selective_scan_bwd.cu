@@ -51,40 +51,22 @@
 // nR = (B or C varying)*(FS_THREADS/32)*2*FS_DSTATE*(kT+1),
 // kRow = FS_DSTATE >= 4 ? FS_DSTATE + 4 : FS_DSTATE, kPRow = kT + 2.
 
-#ifndef FS_IN_DTYPE
-#define FS_IN_DTYPE 1
-#endif
-#ifndef FS_BC_DTYPE
-#define FS_BC_DTYPE FS_IN_DTYPE
-#endif
-#ifndef FS_DSTATE
-#define FS_DSTATE 16
-#endif
-#ifndef FS_NSPLIT
-#define FS_NSPLIT 8
-#endif
-#ifndef FS_TILE_T
-#define FS_TILE_T 16
-#endif
-#ifndef FS_THREADS
-#define FS_THREADS 128
-#endif
 #ifndef FS_MIN_BLOCKS
 #define FS_MIN_BLOCKS 4
-#endif
-#ifndef FS_B_VARYING
-#define FS_B_VARYING 1
-#endif
-#ifndef FS_C_VARYING
-#define FS_C_VARYING 1
 #endif
 #ifndef FS_CHUNK
 #define FS_CHUNK 256
 #endif
+#if !defined(FS_IN_DTYPE) || !defined(FS_BC_DTYPE) || !defined(FS_DSTATE) || !defined(FS_NSPLIT) || \
+    !defined(FS_TILE_T) || !defined(FS_THREADS) || !defined(FS_B_VARYING) || !defined(FS_C_VARYING)
+#error "the host prelude must define FS_IN_DTYPE, FS_BC_DTYPE, FS_DSTATE, FS_NSPLIT, FS_TILE_T, FS_THREADS, FS_B_VARYING and FS_C_VARYING"
+#endif
 
-typedef long long fs_i64;
-typedef unsigned int fs_u32;
-typedef unsigned short fs_u16;
+#include "common/convert.cuh"
+#include "common/copy.cuh"
+#include "common/math.cuh"
+
+using namespace fs;
 
 // One by-value parameter block for every entry. Layout: 22 pointers, 62 int64s, 10 int32s
 // (no implicit padding; sizeof = 22*8 + 62*8 + 10*4 = 712). Strides are in elements.
@@ -111,20 +93,20 @@ struct ScanBwdParams {
   float* ddelta_bias;         // (dim,) or null, accumulated
   float* dinit;               // (batch, dim, dstate) or null, fully written
   float* ck;                  // scratch: gridDim.x * (FS_CHUNK / kT) * FS_THREADS * kNS floats
-  fs_i64 batch, dim, seqlen, dstate, ngroups, nsaved;
-  fs_i64 u_batch, u_dim, delta_batch, delta_dim, z_batch, z_dim, dout_batch, dout_dim;
-  fs_i64 du_batch, du_dim, ddelta_batch, ddelta_dim, dz_batch, dz_dim;
-  fs_i64 A_dim, A_dstate;
-  fs_i64 B_batch, B_group, B_dstate, B_dim;   // varying: batch/group/dstate; fixed: dim/dstate
-  fs_i64 C_batch, C_group, C_dstate, C_dim;
-  fs_i64 D_dim, delta_bias_dim, init_batch, init_dim, init_dstate;
-  fs_i64 saved_batch, saved_dim, saved_chunk, saved_dstate;
-  fs_i64 dlast_batch, dlast_dim, dlast_dstate;
-  fs_i64 dA_dim, dA_dstate;
-  fs_i64 dB_batch, dB_group, dB_dstate, dB_dim;
-  fs_i64 dC_batch, dC_group, dC_dstate, dC_dim;
-  fs_i64 dD_dim, ddelta_bias_dim, dinit_batch, dinit_dim, dinit_dstate;
-  fs_i64 zero_n[5];           // element counts of dA, dB, dC, dD, ddelta_bias (0 when absent)
+  i64 batch, dim, seqlen, dstate, ngroups, nsaved;
+  i64 u_batch, u_dim, delta_batch, delta_dim, z_batch, z_dim, dout_batch, dout_dim;
+  i64 du_batch, du_dim, ddelta_batch, ddelta_dim, dz_batch, dz_dim;
+  i64 A_dim, A_dstate;
+  i64 B_batch, B_group, B_dstate, B_dim;      // varying: batch/group/dstate; fixed: dim/dstate
+  i64 C_batch, C_group, C_dstate, C_dim;
+  i64 D_dim, delta_bias_dim, init_batch, init_dim, init_dstate;
+  i64 saved_batch, saved_dim, saved_chunk, saved_dstate;
+  i64 dlast_batch, dlast_dim, dlast_dstate;
+  i64 dA_dim, dA_dstate;
+  i64 dB_batch, dB_group, dB_dstate, dB_dim;
+  i64 dC_batch, dC_group, dC_dstate, dC_dim;
+  i64 dD_dim, ddelta_bias_dim, dinit_batch, dinit_dim, dinit_dstate;
+  i64 zero_n[5];              // element counts of dA, dB, dC, dD, ddelta_bias (0 when absent)
   int chans_per_block;        // channels per item (<= kSlots; divides dim/ngroups when B or C varies and ngroups > 1)
   int nitems;                 // batch * ceil(dim / chans_per_block)
   int has_D, has_z, has_delta_bias, softplus, has_initial_state, has_saved, has_dlast;
@@ -161,147 +143,6 @@ static_assert(kNS >= 1 && kDState % kSplit == 0, "FS_DSTATE must be a multiple o
 static_assert(kT % 4 == 0 && kChunk % kT == 0, "FS_TILE_T: multiple of 4 dividing FS_CHUNK");
 static_assert(kThreads % 32 == 0, "FS_THREADS: whole warps");
 
-#define FS_LOG2E 1.4426950408889634f
-#define FS_LN2 0.6931471805599453f
-
-// ---------------------------------------------------------------- small hardware helpers
-__device__ __forceinline__ float fs_ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float fs_lg2(float x) {
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float fs_rcp(float x) {
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float fs_softplus(float v) {   // as the forward: v <= 20 ? log1p(exp(v)) : v
-  const float e = fs_ex2(v * FS_LOG2E);
-  const float r = e < 0.015625f ? e * (1.f - e * (0.5f - e * 0.33333334f)) : FS_LN2 * fs_lg2(1.f + e);
-  return v <= 20.f ? r : v;
-}
-__device__ __forceinline__ float fs_sigmoid(float v) { return fs_rcp(1.f + fs_ex2(-v * FS_LOG2E)); }
-__device__ __forceinline__ void fs_red_add(float* p, float v) {
-  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
-}
-
-template <int N, int ES> struct Raw { fs_u32 w[(N * ES + 3) / 4]; };
-
-template <int DT> __device__ __forceinline__ float fs_half_to_f32(fs_u32 h16) {
-  if constexpr (DT == 1) {
-    return __uint_as_float(h16 << 16);
-  } else {
-    float f;
-    const fs_u16 h = (fs_u16)h16;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-  }
-}
-template <int DT, int N, int ES> __device__ __forceinline__ float fs_elem(const Raw<N, ES>& r, int i) {
-  if constexpr (DT == 2) {
-    return __uint_as_float(r.w[i]);
-  } else if constexpr (DT == 1) {
-    return (i & 1) ? __uint_as_float(r.w[i >> 1] & 0xffff0000u) : __uint_as_float(r.w[i >> 1] << 16);
-  } else {
-    return fs_half_to_f32<0>((i & 1) ? (r.w[i >> 1] >> 16) : (r.w[i >> 1] & 0xffffu));
-  }
-}
-template <int DT> __device__ __forceinline__ fs_u32 fs_pack2(float lo, float hi) {
-  fs_u32 w;
-  if constexpr (DT == 1) {
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
-  } else {
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
-  }
-  return w;
-}
-template <int N> __device__ __forceinline__ void fs_pack(Raw<N, kInBytes>& r, const float (&o)[N]) {
-  if constexpr (kInBytes == 4) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) r.w[i] = __float_as_uint(o[i]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i) r.w[i] = fs_pack2<FS_IN_DTYPE>(o[2 * i], o[2 * i + 1]);
-    if constexpr (N & 1) r.w[N / 2] = fs_pack2<FS_IN_DTYPE>(o[N - 1], 0.f);
-  }
-}
-
-// N elements at byte address p; a full row uses the widest vector the alignment allows, a partial one
-// (valid < N) goes element by element and zero-fills.
-template <int N, int ES>
-__device__ __forceinline__ void fs_load(Raw<N, ES>& r, const char* p, int valid, int align) {
-  constexpr int kBytes = N * ES;
-  if (valid >= N && kBytes % 16 == 0 && align >= 16) {
-#pragma unroll
-    for (int i = 0; i < kBytes / 16; ++i)
-      asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(r.w[4 * i]), "=r"(r.w[4 * i + 1]), "=r"(r.w[4 * i + 2]), "=r"(r.w[4 * i + 3])
-                   : "l"(p + 16 * i));
-  } else if (valid >= N && kBytes % 8 == 0 && align >= 8) {
-#pragma unroll
-    for (int i = 0; i < kBytes / 8; ++i)
-      asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(r.w[2 * i]), "=r"(r.w[2 * i + 1]) : "l"(p + 8 * i));
-  } else if (valid >= N && kBytes % 4 == 0 && align >= 4) {
-#pragma unroll
-    for (int i = 0; i < kBytes / 4; ++i) asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(r.w[i]) : "l"(p + 4 * i));
-  } else if constexpr (ES == 4) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      fs_u32 v = 0;
-      if (i < valid) asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p + 4 * i));
-      r.w[i] = v;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < (N + 1) / 2; ++i) r.w[i] = 0;
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      fs_u16 h = 0;
-      if (i < valid) asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(h) : "l"(p + 2 * i));
-      r.w[i >> 1] |= (fs_u32)h << (16 * (i & 1));
-    }
-  }
-}
-template <int N, int ES>
-__device__ __forceinline__ void fs_store(char* p, const Raw<N, ES>& r, int valid, int align) {
-  constexpr int kBytes = N * ES;
-  if (valid >= N && kBytes % 16 == 0 && align >= 16) {
-#pragma unroll
-    for (int i = 0; i < kBytes / 16; ++i)
-      asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p + 16 * i), "r"(r.w[4 * i]),
-                   "r"(r.w[4 * i + 1]), "r"(r.w[4 * i + 2]), "r"(r.w[4 * i + 3]) : "memory");
-  } else if (valid >= N && kBytes % 8 == 0 && align >= 8) {
-#pragma unroll
-    for (int i = 0; i < kBytes / 8; ++i)
-      asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p + 8 * i), "r"(r.w[2 * i]), "r"(r.w[2 * i + 1]) : "memory");
-  } else if (valid >= N && kBytes % 4 == 0 && align >= 4) {
-#pragma unroll
-    for (int i = 0; i < kBytes / 4; ++i) asm volatile("st.global.u32 [%0], %1;" ::"l"(p + 4 * i), "r"(r.w[i]) : "memory");
-  } else if constexpr (ES == 4) {
-#pragma unroll
-    for (int i = 0; i < N; ++i)
-      if (i < valid) asm volatile("st.global.u32 [%0], %1;" ::"l"(p + 4 * i), "r"(r.w[i]) : "memory");
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const fs_u16 h = (fs_u16)(r.w[i >> 1] >> (16 * (i & 1)));
-      if (i < valid) asm volatile("st.global.u16 [%0], %1;" ::"l"(p + 2 * i), "h"(h) : "memory");
-    }
-  }
-}
-template <int DT> __device__ __forceinline__ float fs_ld_scalar(const void* base, fs_i64 idx) {
-  if constexpr (DT == 2) {
-    return __ldg((const float*)base + idx);
-  } else {
-    return fs_half_to_f32<DT>(__ldg((const fs_u16*)base + idx));
-  }
-}
-
 // Shared-memory layout (floats).
 struct Smem {
   static constexpr int kB = kBVar ? kT * kRow : 0;          // sB[kT][kRow] fp32
@@ -314,7 +155,7 @@ struct Smem {
 
 // ---------------------------------------------------------------- one work item
 struct Item {
-  fs_i64 b, d, group;
+  i64 b, d, group;
   bool active;
   int slot, s;
 };
@@ -324,9 +165,9 @@ __device__ __forceinline__ Item fs_item(const ScanBwdParams& p, int item) {
   const int tid = threadIdx.x;
   it.s = tid & (kSplit - 1);
   it.slot = tid / kSplit;
-  const fs_i64 nblk_d = (p.dim + p.chans_per_block - 1) / p.chans_per_block;
+  const i64 nblk_d = (p.dim + p.chans_per_block - 1) / p.chans_per_block;
   it.b = item / nblk_d;
-  const fs_i64 d0 = (item - it.b * nblk_d) * p.chans_per_block;
+  const i64 d0 = (item - it.b * nblk_d) * p.chans_per_block;
   it.active = it.slot < p.chans_per_block && d0 + it.slot < p.dim;
   it.d = it.active ? d0 + it.slot : d0;   // idle slots shadow channel d0 and write nothing
   it.group = d0 / (p.dim / p.ngroups);
@@ -338,38 +179,26 @@ __device__ __forceinline__ Item fs_item(const ScanBwdParams& p, int item) {
 constexpr int kStBC = (kT * kDState + kThreads - 1) / kThreads;   // B (or C) tile elements per thread
 struct Pf {
   Raw<kTS, kInBytes> delta, u, dout, z;
-  fs_u32 b[kBVar ? kStBC : 1];
-  fs_u32 c[kCVar ? kStBC : 1];
+  u32 b[kBVar ? kStBC : 1];
+  u32 c[kCVar ? kStBC : 1];
 };
-
-template <int DT> __device__ __forceinline__ fs_u32 fs_ld_raw(const void* base, fs_i64 idx) {
-  if constexpr (DT == 2) {
-    return __float_as_uint(__ldg((const float*)base + idx));
-  } else {
-    return (fs_u32)__ldg((const fs_u16*)base + idx);
-  }
-}
-template <int DT> __device__ __forceinline__ float fs_raw_to_f32(fs_u32 v) {
-  if constexpr (DT == 2) return __uint_as_float(v);
-  else return fs_half_to_f32<DT>(v);
-}
 
 // Issue the global loads of the tile starting at absolute step tt (valid steps): slices (dout, z only
 // when kFull), B tile (and C when kFull). Steps past the end and rows past dstate load zeros.
 template <bool kFull>
-__device__ __forceinline__ void fs_prefetch(const ScanBwdParams& p, const Item& it, fs_i64 tt, int valid, Pf& pf) {
+__device__ __forceinline__ void fs_prefetch(const ScanBwdParams& p, const Item& it, i64 tt, int valid, Pf& pf) {
   const int tid = threadIdx.x;
   const int align = p.io_align;
   const int asl = kTS * kInBytes < align ? kTS * kInBytes : align;
   const int ts0 = it.s * kTS;
   if (ts0 < kT) {
     const int vsl = valid - ts0;
-    const fs_i64 off = tt + ts0;
-    fs_load(pf.delta, (const char*)p.delta + (it.b * p.delta_batch + it.d * p.delta_dim + off) * kInBytes, vsl, asl);
-    fs_load(pf.u, (const char*)p.u + (it.b * p.u_batch + it.d * p.u_dim + off) * kInBytes, vsl, asl);
+    const i64 off = tt + ts0;
+    load_raw(pf.delta, (const char*)p.delta + (it.b * p.delta_batch + it.d * p.delta_dim + off) * kInBytes, vsl, asl);
+    load_raw(pf.u, (const char*)p.u + (it.b * p.u_batch + it.d * p.u_dim + off) * kInBytes, vsl, asl);
     if constexpr (kFull) {
-      fs_load(pf.dout, (const char*)p.dout + (it.b * p.dout_batch + it.d * p.dout_dim + off) * kInBytes, vsl, asl);
-      if (p.has_z) fs_load(pf.z, (const char*)p.z + (it.b * p.z_batch + it.d * p.z_dim + off) * kInBytes, vsl, asl);
+      load_raw(pf.dout, (const char*)p.dout + (it.b * p.dout_batch + it.d * p.dout_dim + off) * kInBytes, vsl, asl);
+      if (p.has_z) load_raw(pf.z, (const char*)p.z + (it.b * p.z_batch + it.d * p.z_dim + off) * kInBytes, vsl, asl);
     }
   }
   // B / C tile element e = n * kT + t (t fastest: coalesced)
@@ -378,24 +207,8 @@ __device__ __forceinline__ void fs_prefetch(const ScanBwdParams& p, const Item& 
     const int e = tid + i * kThreads;
     const int t = e % kT, n = e / kT;
     const bool ok = e < kT * kDState && n < p.dstate && t < valid;
-    if constexpr (kBVar) pf.b[i] = ok ? fs_ld_raw<FS_BC_DTYPE>(p.B, it.b * p.B_batch + it.group * p.B_group + n * p.B_dstate + tt + t) : 0u;
-    if constexpr (kFull && kCVar) pf.c[i] = ok ? fs_ld_raw<FS_BC_DTYPE>(p.C, it.b * p.C_batch + it.group * p.C_group + n * p.C_dstate + tt + t) : 0u;
-  }
-}
-
-template <int N> __device__ __forceinline__ void fs_lds_vec(float (&v)[N], const float* q) {
-  if constexpr (N % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < N / 4; ++i) {
-      const float4 w = *(const float4*)(q + 4 * i);
-      v[4 * i] = w.x; v[4 * i + 1] = w.y; v[4 * i + 2] = w.z; v[4 * i + 3] = w.w;
-    }
-  } else if constexpr (N == 2) {
-    const float2 w = *(const float2*)q;
-    v[0] = w.x; v[1] = w.y;
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) v[i] = q[i];
+    if constexpr (kBVar) pf.b[i] = ok ? ldg_raw<FS_BC_DTYPE>(p.B, it.b * p.B_batch + it.group * p.B_group + n * p.B_dstate + tt + t) : 0u;
+    if constexpr (kFull && kCVar) pf.c[i] = ok ? ldg_raw<FS_BC_DTYPE>(p.C, it.b * p.C_batch + it.group * p.C_group + n * p.C_dstate + tt + t) : 0u;
   }
 }
 
@@ -408,20 +221,15 @@ template <bool kPacked>
 __device__ __forceinline__ void fs_lds_bc(float (&Bv)[kNS], float (&Cv)[kNS], const float* row) {
   if constexpr (kPacked) {
     float w[kNS];
-    fs_lds_vec(w, row);
+    lds_vec(w, row);
 #pragma unroll
     for (int j = 0; j < kNS; ++j) {
-      const fs_u32 bits = __float_as_uint(w[j]);
-      if constexpr (FS_BC_DTYPE == 1) {
-        Bv[j] = __uint_as_float(bits << 16);
-        Cv[j] = __uint_as_float(bits & 0xffff0000u);
-      } else {
-        Bv[j] = fs_half_to_f32<0>(bits & 0xffffu);
-        Cv[j] = fs_half_to_f32<0>(bits >> 16);
-      }
+      const float2 bc = unpack2<FS_BC_DTYPE>(__float_as_uint(w[j]));   // B low half, C high half
+      Bv[j] = bc.x;
+      Cv[j] = bc.y;
     }
   } else {
-    fs_lds_vec(Bv, row);
+    lds_vec(Bv, row);
   }
 }
 
@@ -435,17 +243,17 @@ __device__ __forceinline__ void fs_commit(const ScanBwdParams& p, const Item& it
   if (ts0 < kT) {
 #pragma unroll
     for (int i = 0; i < kTS; ++i) {
-      float v = fs_elem<FS_IN_DTYPE>(pf.delta, i) + bias;
-      if (p.softplus) v = fs_softplus(v);
+      float v = elem<FS_IN_DTYPE>(pf.delta, i) + bias;
+      if (p.softplus) v = softplus(v);
       const bool ok = ts0 + i < valid && it.active;
       const float dt = ok ? v : 0.f;
-      const float uu = fs_elem<FS_IN_DTYPE>(pf.u, i);
+      const float uu = elem<FS_IN_DTYPE>(pf.u, i);
       float dy = 0.f;
       if constexpr (kFull) {
-        dy = fs_elem<FS_IN_DTYPE>(pf.dout, i);
+        dy = elem<FS_IN_DTYPE>(pf.dout, i);
         if (p.has_z) {
-          const float zz = fs_elem<FS_IN_DTYPE>(pf.z, i);
-          dy *= zz * fs_sigmoid(zz);
+          const float zz = elem<FS_IN_DTYPE>(pf.z, i);
+          dy *= zz * sigmoid(zz);
         }
         dy = ok ? dy : 0.f;
       }
@@ -459,10 +267,10 @@ __device__ __forceinline__ void fs_commit(const ScanBwdParams& p, const Item& it
     const int t = e % kT, n = e / kT;
     if (e < kT * kDState) {
       if constexpr (kFull && kPack) {
-        ((fs_u32*)sB)[t * kRow + n] = (pf.b[i] & 0xffffu) | (pf.c[i] << 16);
+        ((u32*)sB)[t * kRow + n] = (pf.b[i] & 0xffffu) | (pf.c[i] << 16);
       } else {
-        if constexpr (kBVar) sB[t * kRow + n] = fs_raw_to_f32<FS_BC_DTYPE>(pf.b[i]);
-        if constexpr (kFull && kCVar) sC[t * kRow + n] = fs_raw_to_f32<FS_BC_DTYPE>(pf.c[i]);
+        if constexpr (kBVar) sB[t * kRow + n] = raw_to_f32<FS_BC_DTYPE>(pf.b[i]);
+        if constexpr (kFull && kCVar) sC[t * kRow + n] = raw_to_f32<FS_BC_DTYPE>(pf.c[i]);
       }
     }
   }
@@ -471,7 +279,7 @@ __device__ __forceinline__ void fs_commit(const ScanBwdParams& p, const Item& it
 // Forward over a chunk from x. kStore: tile k's start state goes to ck[k] and the last tile is not
 // scanned (its end state is never needed); else every tile is scanned. Leaves x at the state reached.
 template <bool kStore>
-__device__ __forceinline__ void fs_forward_chunk(const ScanBwdParams& p, const Item& it, fs_i64 t_begin, int len,
+__device__ __forceinline__ void fs_forward_chunk(const ScanBwdParams& p, const Item& it, i64 t_begin, int len,
                                                  float (&x)[kNS], const float (&A2)[kNS], const float (&Bf)[kNS],
                                                  float bias, float* smem, float* ck) {
   float* sB = smem;
@@ -483,7 +291,7 @@ __device__ __forceinline__ void fs_forward_chunk(const ScanBwdParams& p, const I
   for (int k = 0; k < ntiles; ++k) {
     if constexpr (kStore) {
 #pragma unroll
-      for (int j = 0; j < kNS; ++j) ck[((fs_i64)k * kThreads) * kNS + j] = x[j];
+      for (int j = 0; j < kNS; ++j) ck[((i64)k * kThreads) * kNS + j] = x[j];
     }
     if (k >= nscan) break;
     const int t0 = k * kT;
@@ -500,10 +308,10 @@ __device__ __forceinline__ void fs_forward_chunk(const ScanBwdParams& p, const I
     for (int t = 0; t < kT; ++t) {
       const float2 dd = ((const float2*)sDT)[it.slot * kT + t];
       float Bv[kNS];
-      if constexpr (kBVar) fs_lds_vec(Bv, sBt + t * kRow);
+      if constexpr (kBVar) lds_vec(Bv, sBt + t * kRow);
 #pragma unroll
       for (int j = 0; j < kNS; ++j) {
-        const float a = fs_ex2(dd.x * A2[j]);
+        const float a = ex2(dd.x * A2[j]);
         x[j] = fmaf(a, x[j], dd.y * (kBVar ? Bv[j] : Bf[j]));
       }
     }
@@ -530,9 +338,9 @@ __device__ __forceinline__ void fs_bwd_item(const ScanBwdParams& p, int item, fl
     const int n = it.s * kNS + j;
     const bool real = n < p.dstate;
     Av[j] = real ? __ldg(p.A + it.d * p.A_dim + n * p.A_dstate) : 0.f;
-    A2[j] = Av[j] * FS_LOG2E;
-    Bf[j] = (!kBVar && real) ? fs_ld_scalar<FS_BC_DTYPE>(p.B, it.d * p.B_dim + n * p.B_dstate) : 0.f;
-    Cf[j] = (!kCVar && real) ? fs_ld_scalar<FS_BC_DTYPE>(p.C, it.d * p.C_dim + n * p.C_dstate) : 0.f;
+    A2[j] = Av[j] * kLog2e;
+    Bf[j] = (!kBVar && real) ? ldg_f32<FS_BC_DTYPE>(p.B, it.d * p.B_dim + n * p.B_dstate) : 0.f;
+    Cf[j] = (!kCVar && real) ? ldg_f32<FS_BC_DTYPE>(p.C, it.d * p.C_dim + n * p.C_dstate) : 0.f;
     carry[j] = (p.has_dlast && real && it.active) ? __ldg(p.dlast + it.b * p.dlast_batch + it.d * p.dlast_dim + n * p.dlast_dstate) : 0.f;
     dAacc[j] = dBacc[j] = dCacc[j] = 0.f;
   }
@@ -544,10 +352,10 @@ __device__ __forceinline__ void fs_bwd_item(const ScanBwdParams& p, int item, fl
   const int asl = kTS * kInBytes < align ? kTS * kInBytes : align;
   const int ts0 = it.s * kTS;
   const int nchunks = (int)((p.seqlen + kChunk - 1) / kChunk);
-  float* myck = ck + (fs_i64)tid * kNS;
+  float* myck = ck + (i64)tid * kNS;
 
   for (int c = nchunks - 1; c >= 0; --c) {
-    const fs_i64 t_begin = (fs_i64)c * kChunk;
+    const i64 t_begin = (i64)c * kChunk;
     const int len = (int)(p.seqlen - t_begin < kChunk ? p.seqlen - t_begin : kChunk);
     const int ntiles = (len + kT - 1) / kT;
     // ---- chunk start state
@@ -582,7 +390,7 @@ __device__ __forceinline__ void fs_bwd_item(const ScanBwdParams& p, int item, fl
       // -- forward recompute of the tile from its start state: history a_t, h_t = a_t x_{t-1}
       float ha[kT][kNS], hh[kT][kNS];
 #pragma unroll
-      for (int j = 0; j < kNS; ++j) x[j] = myck[((fs_i64)k * kThreads) * kNS + j];
+      for (int j = 0; j < kNS; ++j) x[j] = myck[((i64)k * kThreads) * kNS + j];
 #pragma unroll
       for (int t = 0; t < kT; ++t) {
         const float2 dd = sDT2[it.slot * kT + t];
@@ -590,7 +398,7 @@ __device__ __forceinline__ void fs_bwd_item(const ScanBwdParams& p, int item, fl
         if constexpr (kBVar) fs_lds_bc<kPack>(Bv, Cv, sB + t * kRow + it.s * kNS);
 #pragma unroll
         for (int j = 0; j < kNS; ++j) {
-          ha[t][j] = fs_ex2(dd.x * A2[j]);
+          ha[t][j] = ex2(dd.x * A2[j]);
           hh[t][j] = ha[t][j] * x[j];
           x[j] = fmaf(dd.y, kBVar ? Bv[j] : Bf[j], hh[t][j]);
         }
@@ -607,8 +415,8 @@ __device__ __forceinline__ void fs_bwd_item(const ScanBwdParams& p, int item, fl
         if constexpr (kPack) {
           fs_lds_bc<true>(Bv, Cv, sB + t * kRow + it.s * kNS);
         } else {
-          if constexpr (kBVar) fs_lds_vec(Bv, sB + t * kRow + it.s * kNS);
-          if constexpr (kCVar) fs_lds_vec(Cv, sC + t * kRow + it.s * kNS);
+          if constexpr (kBVar) lds_vec(Bv, sB + t * kRow + it.s * kNS);
+          if constexpr (kCVar) lds_vec(Cv, sC + t * kRow + it.s * kNS);
         }
         float s1 = 0.f, s2 = 0.f, yp = 0.f;
         float red[kNRed > 0 ? kNRed : 1];
@@ -702,14 +510,14 @@ __device__ __forceinline__ void fs_bwd_item(const ScanBwdParams& p, int item, fl
         float vdu[kTS], vdd[kTS], vdz[kTS];
 #pragma unroll
         for (int i = 0; i < kTS; ++i) {
-          const float uu = fs_elem<FS_IN_DTYPE>(ru, i);
-          const float v = fs_elem<FS_IN_DTYPE>(rdelta, i) + bias;
-          const float dt = p.softplus ? fs_softplus(v) : v;
-          const float dout = fs_elem<FS_IN_DTYPE>(rdout, i);
+          const float uu = elem<FS_IN_DTYPE>(ru, i);
+          const float v = elem<FS_IN_DTYPE>(rdelta, i) + bias;
+          const float dt = p.softplus ? softplus(v) : v;
+          const float dout = elem<FS_IN_DTYPE>(rdout, i);
           float dy = dout;
           if (p.has_z) {
-            const float zz = fs_elem<FS_IN_DTYPE>(rz, i);
-            const float sg = fs_sigmoid(zz);
+            const float zz = elem<FS_IN_DTYPE>(rz, i);
+            const float sg = sigmoid(zz);
             dy = dout * zz * sg;
             const float y = fmaf(Dv, uu, o3[i]);
             vdz[i] = dout * y * sg * (1.f + zz * (1.f - sg));
@@ -718,23 +526,23 @@ __device__ __forceinline__ void fs_bwd_item(const ScanBwdParams& p, int item, fl
           }
           vdu[i] = fmaf(dt, o1[i], Dv * dy);
           float ddt = fmaf(uu, o1[i], o2[i]);
-          if (p.softplus && v <= 20.f) ddt *= fs_sigmoid(v);
+          if (p.softplus && v <= 20.f) ddt *= sigmoid(v);
           vdd[i] = ddt;
           if (ts0 + i < valid) {
             dDacc = fmaf(dy, uu, dDacc);
             dbacc += ddt;
           }
         }
-        const fs_i64 off = t_begin + t0 + ts0;
+        const i64 off = t_begin + t0 + ts0;
         const int vsl = valid - ts0;
         Raw<kTS, kInBytes> w;
-        fs_pack(w, vdu);
-        fs_store((char*)p.du + (it.b * p.du_batch + it.d * p.du_dim + off) * kInBytes, w, vsl, asl);
-        fs_pack(w, vdd);
-        fs_store((char*)p.ddelta + (it.b * p.ddelta_batch + it.d * p.ddelta_dim + off) * kInBytes, w, vsl, asl);
+        pack_raw<FS_IN_DTYPE>(w, vdu);
+        store_raw((char*)p.du + (it.b * p.du_batch + it.d * p.du_dim + off) * kInBytes, w, vsl, asl);
+        pack_raw<FS_IN_DTYPE>(w, vdd);
+        store_raw((char*)p.ddelta + (it.b * p.ddelta_batch + it.d * p.ddelta_dim + off) * kInBytes, w, vsl, asl);
         if (p.has_z) {
-          fs_pack(w, vdz);
-          fs_store((char*)p.dz + (it.b * p.dz_batch + it.d * p.dz_dim + off) * kInBytes, w, vsl, asl);
+          pack_raw<FS_IN_DTYPE>(w, vdz);
+          store_raw((char*)p.dz + (it.b * p.dz_batch + it.d * p.dz_dim + off) * kInBytes, w, vsl, asl);
         }
       }
 
@@ -748,9 +556,9 @@ __device__ __forceinline__ void fs_bwd_item(const ScanBwdParams& p, int item, fl
             float v = 0.f;
 #pragma unroll
             for (int w = 0; w < kWarps; ++w) v += sRed[w * kRWarp + rest * kRRow + t];
-            const fs_i64 tg = t_begin + t0 + t;
-            if (which == 0 && kBVar) fs_red_add(p.dB + it.b * p.dB_batch + it.group * p.dB_group + n * p.dB_dstate + tg, v);
-            if (which == 1 && kCVar) fs_red_add(p.dC + it.b * p.dC_batch + it.group * p.dC_group + n * p.dC_dstate + tg, v);
+            const i64 tg = t_begin + t0 + t;
+            if (which == 0 && kBVar) red_add(p.dB + it.b * p.dB_batch + it.group * p.dB_group + n * p.dB_dstate + tg, v);
+            if (which == 1 && kCVar) red_add(p.dC + it.b * p.dC_batch + it.group * p.dC_group + n * p.dC_dstate + tg, v);
           }
         }
       }
@@ -763,9 +571,9 @@ __device__ __forceinline__ void fs_bwd_item(const ScanBwdParams& p, int item, fl
     const int n = it.s * kNS + j;
     if (!it.active || n >= p.dstate) continue;
     if (p.has_initial_state) p.dinit[it.b * p.dinit_batch + it.d * p.dinit_dim + n * p.dinit_dstate] = carry[j];
-    fs_red_add(p.dA + it.d * p.dA_dim + n * p.dA_dstate, dAacc[j]);
-    if constexpr (!kBVar) fs_red_add(p.dB + it.d * p.dB_dim + n * p.dB_dstate, dBacc[j]);
-    if constexpr (!kCVar) fs_red_add(p.dC + it.d * p.dC_dim + n * p.dC_dstate, dCacc[j]);
+    red_add(p.dA + it.d * p.dA_dim + n * p.dA_dstate, dAacc[j]);
+    if constexpr (!kBVar) red_add(p.dB + it.d * p.dB_dim + n * p.dB_dstate, dBacc[j]);
+    if constexpr (!kCVar) red_add(p.dC + it.d * p.dC_dim + n * p.dC_dstate, dCacc[j]);
   }
 #pragma unroll
   for (int m = kSplit / 2; m >= 1; m /= 2) {
@@ -773,8 +581,8 @@ __device__ __forceinline__ void fs_bwd_item(const ScanBwdParams& p, int item, fl
     dbacc += __shfl_xor_sync(0xffffffffu, dbacc, m);
   }
   if (it.active && it.s == 0) {
-    if (p.has_D) fs_red_add(p.dD + it.d * p.dD_dim, dDacc);
-    if (p.has_delta_bias) fs_red_add(p.ddelta_bias + it.d * p.ddelta_bias_dim, dbacc);
+    if (p.has_D) red_add(p.dD + it.d * p.dD_dim, dDacc);
+    if (p.has_delta_bias) red_add(p.ddelta_bias + it.d * p.ddelta_bias_dim, dbacc);
   }
 }
 
@@ -784,7 +592,7 @@ __device__ __forceinline__ void fs_bwd_item(const ScanBwdParams& p, int item, fl
 extern "C" __global__ void __launch_bounds__(FS_THREADS, FS_MIN_BLOCKS) selective_scan_bwd(const ScanBwdParams p) {
   extern __shared__ float4 fs_smem4[];
   float* smem = (float*)fs_smem4;
-  float* ck = p.ck + (fs_i64)blockIdx.x * kNCk * kThreads * kNS;
+  float* ck = p.ck + (i64)blockIdx.x * kNCk * kThreads * kNS;
   for (int item = blockIdx.x; item < p.nitems; item += gridDim.x) fs_bwd_item(p, item, smem, ck);
 }
 
@@ -800,13 +608,13 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS, FS_MIN_BLOCKS) selectiv
   for (int j = 0; j < kNS; ++j) {
     const int n = it.s * kNS + j;
     const bool real = n < p.dstate;
-    A2[j] = real ? __ldg(p.A + it.d * p.A_dim + n * p.A_dstate) * FS_LOG2E : 0.f;
-    Bf[j] = (!kBVar && real) ? fs_ld_scalar<FS_BC_DTYPE>(p.B, it.d * p.B_dim + n * p.B_dstate) : 0.f;
+    A2[j] = real ? __ldg(p.A + it.d * p.A_dim + n * p.A_dstate) * kLog2e : 0.f;
+    Bf[j] = (!kBVar && real) ? ldg_f32<FS_BC_DTYPE>(p.B, it.d * p.B_dim + n * p.B_dstate) : 0.f;
     x[j] = (p.has_initial_state && real) ? __ldg(p.initial_state + it.b * p.init_batch + it.d * p.init_dim + n * p.init_dstate) : 0.f;
   }
   const float bias = p.has_delta_bias ? __ldg(p.delta_bias + it.d * p.delta_bias_dim) : 0.f;
   float* saved = (float*)p.saved;
-  for (fs_i64 c = 0; c < p.nsaved; ++c) {
+  for (i64 c = 0; c < p.nsaved; ++c) {
     fs_forward_chunk<false>(p, it, c * kChunk, kChunk, x, A2, Bf, bias, smem, nullptr);
 #pragma unroll
     for (int j = 0; j < kNS; ++j) {
@@ -820,10 +628,10 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS, FS_MIN_BLOCKS) selectiv
 // ddelta_bias. Any grid, any block size.
 extern "C" __global__ void selective_scan_bwd_zero(const ScanBwdParams p) {
   float* ptrs[5] = {p.dA, p.dB, p.dC, p.dD, p.ddelta_bias};
-  const fs_i64 stride = (fs_i64)gridDim.x * blockDim.x;
+  const i64 stride = (i64)gridDim.x * blockDim.x;
 #pragma unroll
   for (int k = 0; k < 5; ++k) {
     if (ptrs[k] == nullptr) continue;
-    for (fs_i64 i = (fs_i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.zero_n[k]; i += stride) ptrs[k][i] = 0.f;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.zero_n[k]; i += stride) ptrs[k][i] = 0.f;
   }
 }

@@ -23,25 +23,17 @@
 //                leaves >= 3 blocks per SM, else 1 (4 was slower everywhere measured: 76 registers)
 // Lanes per channel are derived: kLanes = min(FS_DSTATE / 4, 32).
 
-#ifndef FS_IN_DTYPE
-#define FS_IN_DTYPE 1
-#endif
-#ifndef FS_BC_DTYPE
-#define FS_BC_DTYPE FS_IN_DTYPE
-#endif
-#ifndef FS_DSTATE
-#define FS_DSTATE 16
-#endif
-#ifndef FS_THREADS
-#define FS_THREADS 128
+#if !defined(FS_IN_DTYPE) || !defined(FS_BC_DTYPE) || !defined(FS_DSTATE) || !defined(FS_THREADS)
+#error "the host prelude must define FS_IN_DTYPE, FS_BC_DTYPE, FS_DSTATE and FS_THREADS"
 #endif
 #ifndef FS_BPT
 #define FS_BPT 1
 #endif
 
-typedef long long fs_i64;
-typedef unsigned int fs_u32;
-typedef unsigned short fs_u16;
+#include "common/copy.cuh"
+#include "common/math.cuh"
+
+using namespace fs;
 
 // One by-value parameter block: 10 pointers, 34 int64s, 6 int32s (sizeof = 80 + 272 + 24 = 376).
 // Strides in elements; the no-head form passes nheads = 1 and head strides 0.
@@ -56,17 +48,17 @@ struct StateUpdateParams {
   const void* z;         // (batch, nheads, dim) FS_IN_DTYPE or null when !has_z
   const float* dt_bias;  // (nheads, dim) or null when !has_dt_bias
   void* out;             // (batch, nheads, dim) FS_IN_DTYPE
-  fs_i64 batch, nheads, dim, dstate, ngroups;
-  fs_i64 state_batch, state_head, state_dim, state_dstate;
-  fs_i64 x_batch, x_head, x_dim;
-  fs_i64 dt_batch, dt_head, dt_dim;
-  fs_i64 z_batch, z_head, z_dim;
-  fs_i64 out_batch, out_head, out_dim;
-  fs_i64 A_head, A_dim, A_dstate;
-  fs_i64 B_batch, B_group, B_dstate;
-  fs_i64 C_batch, C_group, C_dstate;
-  fs_i64 D_head, D_dim;
-  fs_i64 dt_bias_head, dt_bias_dim;
+  i64 batch, nheads, dim, dstate, ngroups;
+  i64 state_batch, state_head, state_dim, state_dstate;
+  i64 x_batch, x_head, x_dim;
+  i64 dt_batch, dt_head, dt_dim;
+  i64 z_batch, z_head, z_dim;
+  i64 out_batch, out_head, out_dim;
+  i64 A_head, A_dim, A_dstate;
+  i64 B_batch, B_group, B_dstate;
+  i64 C_batch, C_group, C_dstate;
+  i64 D_head, D_dim;
+  i64 dt_bias_head, dt_bias_dim;
   int has_D, has_z, has_dt_bias, softplus;
   int vec4;              // 1: dstate % 4 == 0, state/A/B/C dstate strides 1, rows of state/A 16 B aligned, of B/C 4*elem aligned
   int pad_;
@@ -81,67 +73,6 @@ constexpr int kChans = kThreads / kLanes;
 constexpr int kBPT = FS_BPT;
 static_assert(kDState >= 4 && (kDState & (kDState - 1)) == 0, "FS_DSTATE: power of two >= 4");
 
-#define FS_LOG2E 1.4426950408889634f
-#define FS_LN2 0.6931471805599453f
-
-__device__ __forceinline__ float su_ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float su_lg2(float x) {
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float su_rcp(float x) {
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-template <int DT> __device__ __forceinline__ float su_load(const void* base, fs_i64 idx) {
-  if constexpr (DT == 2) {
-    return __ldg((const float*)base + idx);
-  } else if constexpr (DT == 1) {
-    return __uint_as_float((fs_u32)__ldg((const fs_u16*)base + idx) << 16);
-  } else {
-    float f;
-    const fs_u16 h = __ldg((const fs_u16*)base + idx);
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-  }
-}
-// 4 consecutive elements at base + idx (aligned to 4 elements), as floats.
-template <int DT> __device__ __forceinline__ float4 su_load4(const void* base, fs_i64 idx) {
-  if constexpr (DT == 2) {
-    return __ldg((const float4*)((const float*)base + idx));
-  } else {
-    const uint2 w = __ldg((const uint2*)((const fs_u16*)base + idx));
-    if constexpr (DT == 1) {
-      return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
-                         __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
-    } else {
-      float a, b, c, d;
-      const fs_u16 h0 = (fs_u16)w.x, h1 = (fs_u16)(w.x >> 16), h2 = (fs_u16)w.y, h3 = (fs_u16)(w.y >> 16);
-      asm("cvt.f32.f16 %0, %1;" : "=f"(a) : "h"(h0));
-      asm("cvt.f32.f16 %0, %1;" : "=f"(b) : "h"(h1));
-      asm("cvt.f32.f16 %0, %1;" : "=f"(c) : "h"(h2));
-      asm("cvt.f32.f16 %0, %1;" : "=f"(d) : "h"(h3));
-      return make_float4(a, b, c, d);
-    }
-  }
-}
-template <int DT> __device__ __forceinline__ void su_store(void* base, fs_i64 idx, float v) {
-  if constexpr (DT == 2) {
-    ((float*)base)[idx] = v;
-  } else {
-    fs_u16 h;
-    if constexpr (DT == 1) asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    else asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    ((fs_u16*)base)[idx] = h;
-  }
-}
-
 // grid (ceil(dim / kChans), nheads, ceil(batch / FS_BPT)), block FS_THREADS, no dynamic smem.
 // A thread serves its channel's lanes' states in kBPT batch rows b = blockIdx.z * kBPT + r: every global
 // load of all its rows is issued before the first use (kBPT * 16 B of state in flight per thread), and A,
@@ -149,20 +80,20 @@ template <int DT> __device__ __forceinline__ void su_store(void* base, fs_i64 id
 extern "C" __global__ void __launch_bounds__(FS_THREADS) selective_state_update(const StateUpdateParams p) {
   const int tid = threadIdx.x;
   const int l = tid % kLanes;
-  fs_i64 d = (fs_i64)blockIdx.x * kChans + tid / kLanes;
+  i64 d = (i64)blockIdx.x * kChans + tid / kLanes;
   const bool dact = d < p.dim;
   if (!dact) d = p.dim - 1;              // idle lanes shadow the last channel and store nothing
-  const fs_i64 h = blockIdx.y;
-  const fs_i64 g = (int)blockIdx.y / (int)(p.nheads / p.ngroups);
-  fs_i64 b[kBPT];
+  const i64 h = blockIdx.y;
+  const i64 g = (int)blockIdx.y / (int)(p.nheads / p.ngroups);
+  i64 b[kBPT];
   bool active[kBPT];
 #pragma unroll
   for (int r = 0; r < kBPT; ++r) {
-    b[r] = (fs_i64)blockIdx.z * kBPT + r;
+    b[r] = (i64)blockIdx.z * kBPT + r;
     active[r] = dact && b[r] < p.batch;
     if (b[r] >= p.batch) b[r] = p.batch - 1;   // idle rows shadow the last batch row and store nothing
   }
-  const fs_i64 a0 = h * p.A_head + d * p.A_dim;
+  const i64 a0 = h * p.A_head + d * p.A_dim;
 
   // ---- phase 1: issue the loads of every row's state (HBM), x, dt, z; A, D, dt_bias once
   float xv[kBPT], dtv[kBPT], zv[kBPT];
@@ -187,10 +118,10 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS) selective_state_update(
   }
 #pragma unroll
   for (int r = 0; r < kBPT; ++r) {
-    xv[r] = su_load<FS_IN_DTYPE>(p.x, b[r] * p.x_batch + h * p.x_head + d * p.x_dim);
-    dtv[r] = su_load<FS_IN_DTYPE>(p.dt, b[r] * p.dt_batch + h * p.dt_head + d * p.dt_dim);
-    zv[r] = p.has_z ? su_load<FS_IN_DTYPE>(p.z, b[r] * p.z_batch + h * p.z_head + d * p.z_dim) : 0.f;
-    const fs_i64 st0 = b[r] * p.state_batch + h * p.state_head + d * p.state_dim;
+    xv[r] = ldg_f32<FS_IN_DTYPE>(p.x, b[r] * p.x_batch + h * p.x_head + d * p.x_dim);
+    dtv[r] = ldg_f32<FS_IN_DTYPE>(p.dt, b[r] * p.dt_batch + h * p.dt_head + d * p.dt_dim);
+    zv[r] = p.has_z ? ldg_f32<FS_IN_DTYPE>(p.z, b[r] * p.z_batch + h * p.z_head + d * p.z_dim) : 0.f;
+    const i64 st0 = b[r] * p.state_batch + h * p.state_head + d * p.state_dim;
 #pragma unroll
     for (int gi = 0; gi < kGroups; ++gi) {
       const int n0 = (gi * kLanes + l) * 4;
@@ -205,7 +136,7 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS) selective_state_update(
       } else {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const fs_i64 n = n0 + i;
+          const i64 n = n0 + i;
           sv[r][gi][i] = n < p.dstate ? p.state[st0 + n * p.state_dstate] : 0.f;
         }
       }
@@ -216,8 +147,8 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS) selective_state_update(
   //      reduce y, store out
 #pragma unroll
   for (int r = 0; r < kBPT; ++r) {
-    const fs_i64 b0 = b[r] * p.B_batch + g * p.B_group;
-    const fs_i64 c0 = b[r] * p.C_batch + g * p.C_group;
+    const i64 b0 = b[r] * p.B_batch + g * p.B_group;
+    const i64 c0 = b[r] * p.C_batch + g * p.C_group;
     float bv[kGroups][4], cv[kGroups][4];
 #pragma unroll
     for (int gi = 0; gi < kGroups; ++gi) {
@@ -225,29 +156,25 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS) selective_state_update(
       if (p.vec4) {
         float4 b4 = make_float4(0.f, 0.f, 0.f, 0.f), c4 = b4;
         if (n0 < p.dstate) {
-          b4 = su_load4<FS_BC_DTYPE>(p.B, b0 + n0);
-          c4 = su_load4<FS_BC_DTYPE>(p.C, c0 + n0);
+          b4 = ldg4_f32<FS_BC_DTYPE>(p.B, b0 + n0);
+          c4 = ldg4_f32<FS_BC_DTYPE>(p.C, c0 + n0);
         }
         bv[gi][0] = b4.x; bv[gi][1] = b4.y; bv[gi][2] = b4.z; bv[gi][3] = b4.w;
         cv[gi][0] = c4.x; cv[gi][1] = c4.y; cv[gi][2] = c4.z; cv[gi][3] = c4.w;
       } else {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const fs_i64 n = n0 + i;
+          const i64 n = n0 + i;
           const bool real = n < p.dstate;
-          bv[gi][i] = real ? su_load<FS_BC_DTYPE>(p.B, b0 + n * p.B_dstate) : 0.f;
-          cv[gi][i] = real ? su_load<FS_BC_DTYPE>(p.C, c0 + n * p.C_dstate) : 0.f;
+          bv[gi][i] = real ? ldg_f32<FS_BC_DTYPE>(p.B, b0 + n * p.B_dstate) : 0.f;
+          cv[gi][i] = real ? ldg_f32<FS_BC_DTYPE>(p.C, c0 + n * p.C_dstate) : 0.f;
         }
       }
     }
     float dt = dtv[r] + bias;
-    if (p.softplus) {
-      const float e = su_ex2(dt * FS_LOG2E);
-      const float q = e < 0.015625f ? e * (1.f - e * (0.5f - e * 0.33333334f)) : FS_LN2 * su_lg2(1.f + e);
-      dt = dt <= 20.f ? q : dt;
-    }
+    if (p.softplus) dt = softplus(dt);
     const float dtx = dt * xv[r];
-    const fs_i64 st0 = b[r] * p.state_batch + h * p.state_head + d * p.state_dim;
+    const i64 st0 = b[r] * p.state_batch + h * p.state_head + d * p.state_dim;
     float y = 0.f;
 #pragma unroll
     for (int gi = 0; gi < kGroups; ++gi) {
@@ -255,7 +182,7 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS) selective_state_update(
       float* s = sv[r][gi];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        s[i] = fmaf(s[i], su_ex2(dt * av[gi][i] * FS_LOG2E), dtx * bv[gi][i]);
+        s[i] = fmaf(s[i], ex2(dt * av[gi][i] * kLog2e), dtx * bv[gi][i]);
         y = fmaf(s[i], cv[gi][i], y);
       }
       if (active[r]) {
@@ -273,8 +200,8 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS) selective_state_update(
     if (active[r] && l == 0) {
       float o = y;
       if (p.has_D) o = fmaf(Dv, xv[r], o);
-      if (p.has_z) o *= zv[r] * su_rcp(1.f + su_ex2(-zv[r] * FS_LOG2E));
-      su_store<FS_IN_DTYPE>(p.out, b[r] * p.out_batch + h * p.out_head + d * p.out_dim, o);
+      if (p.has_z) o *= silu(zv[r]);
+      st_f32<FS_IN_DTYPE>(p.out, b[r] * p.out_batch + h * p.out_head + d * p.out_dim, o);
     }
   }
 }

@@ -4,6 +4,7 @@
 
 pub mod cache;
 pub mod driver;
+pub mod kernel_source;
 pub mod nvrtc;
 
 use std::collections::HashMap;
@@ -41,15 +42,18 @@ impl std::hash::Hash for KernelSpec {
 }
 
 impl KernelSpec {
-    /// The full translation unit: `#define`s, then the family source.
-    pub fn translation_unit(&self) -> String {
-        let mut tu = String::with_capacity(self.source.len() + 64 * self.defines.len());
+    /// The full translation unit: `#define`s, then the family source with its `common/*.cuh`
+    /// headers inlined (`kernel_source::expand`). Errors only on an include of a header that is
+    /// not embedded.
+    pub fn translation_unit(&self) -> Result<String> {
+        let file = format!("{}.cu", self.family);
+        let body = kernel_source::expand(&file, self.source, kernel_source::HEADERS)?;
+        let mut tu = String::with_capacity(body.len() + 64 * self.defines.len());
         for (k, v) in &self.defines {
             tu.push_str(&format!("#define {k} {v}\n"));
         }
-        tu.push_str(&format!("#line 1 \"{}.cu\"\n", self.family));
-        tu.push_str(self.source);
-        tu
+        tu.push_str(&body);
+        Ok(tu)
     }
 
     /// A readable, unique variant name: `family.entry[defines]`, e.g.
@@ -112,7 +116,7 @@ pub fn compile(spec: &KernelSpec, arch: &str) -> Result<Vec<u8>> {
     let nv = nvrtc().map_err(Error::Unavailable)?;
     nv.compile_cubin(
         &format!("{}.cu", spec.family),
-        &spec.translation_unit(),
+        &spec.translation_unit()?,
         &nvrtc_options(arch),
     )
 }
@@ -280,7 +284,7 @@ impl DeviceCtx {
         }
         let rt = runtime().map_err(Error::Unavailable)?;
         self.make_current()?;
-        let tu = spec.translation_unit();
+        let tu = spec.translation_unit()?;
         let options = nvrtc_options(&self.arch);
         let key = cache::key(&tu, &options, rt.nvrtc.version, &self.arch);
         let label = format!("{}-{}", spec.family, self.arch);
