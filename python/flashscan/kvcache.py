@@ -84,7 +84,10 @@ def flash_attn_with_kvcache(
     rotary_cos, rotary_sin: (seqlen_ro, rotary_dim / 2) in q's dtype or float32, seqlen_ro at
     least the cache's capacity: q and the new k are rotated at positions
     cache_seqlens[b] - cache_leftpad[b] + i; rotary_interleaved=True rotates the pairs
-    (2i, 2i + 1) (GPT-J), False the halves (i, i + rotary_dim / 2) (GPT-NeoX).
+    (2i, 2i + 1) (GPT-J), False the halves (i, i + rotary_dim / 2) (GPT-NeoX). Unlike
+    flash-attn, q's positions advance with i whether or not the call is causal (flash-attn puts
+    every query of a non-causal, unwindowed call at cache_seqlens[b]); rotary without k/v
+    rotates q alone.
     softmax_scale (default 1/sqrt(headdim)), causal, window_size, softcap: as in
     `flash_attn_func`, aligned bottom-right over the seqlen_k = cache_seqlens[b] + seqlen_new -
     cache_leftpad[b] keys sequence b sees. num_splits: 0 lets the GPU path choose how many

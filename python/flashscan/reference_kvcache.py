@@ -7,8 +7,10 @@ states them (see `kvcache.py` for the public function and its checks):
 1. append: k/v (batch, seqlen_new, nheads_k, headdim) are written into batch b's cache row at
    positions cache_seqlens[b] + i, through `block_table` when the cache is paged; k gets the
    rotary embedding (when rotary_cos/sin are given) at position cache_seqlens[b] - leftpad[b] + i.
-2. q is rotated at positions cache_seqlens[b] - leftpad[b] + i (i < seqlen_q), rounded to q's
-   dtype (the native core writes the rotated q into an array like q).
+2. q is rotated at positions cache_seqlens[b] - leftpad[b] + i (i < seqlen_q), causal or not
+   (flash-attn puts every query of a non-causal, unwindowed call at cache_seqlens[b]; the
+   contract with the native core does not), rounded to q's dtype (the native core writes the
+   rotated q into an array like q).
 3. attention of each sequence's queries over its cache positions [leftpad[b], seqlens_k[b]),
    seqlens_k = cache_seqlens + seqlen_new, by `reference.flash_attn_func` (one masked online
    softmax for every attention in the package): causal / window bottom-right aligned over those
