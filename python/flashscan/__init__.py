@@ -5,6 +5,7 @@ GPU at hand, fed zero-copy through DLPack, with a NumPy reference where no usabl
     flashscan.available()        # True when the CUDA backend can run kernels here
     flashscan.info()             # backend, reason, devices, driver/NVRTC versions, cache dir
     out = flashscan.flash_attn_func(q, k, v, causal=True)
+    out = flashscan.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens)
     y = flashscan.selective_scan_fn(u, delta, A, B, C, D, z, delta_softplus=True)
 
 Arrays of torch, cupy, jax or numpy (or anything speaking DLPack) go in; results come back in
@@ -20,7 +21,7 @@ import platform
 import sys
 from typing import Any
 
-from . import _routes, reference, reference_bwd
+from . import _routes, reference, reference_bwd, reference_kvcache
 from ._backend import (
     CompileError,
     CudaError,
@@ -31,6 +32,7 @@ from ._backend import (
 from ._backend import native as _native
 from ._backend import status as _status
 from .attention import flash_attn_func
+from .kvcache import flash_attn_with_kvcache
 from .scan import selective_scan_fn, selective_state_update
 
 
@@ -56,9 +58,11 @@ __all__ = [
     "__version__",
     "available",
     "flash_attn_func",
+    "flash_attn_with_kvcache",
     "info",
     "reference",
     "reference_bwd",
+    "reference_kvcache",
     "selective_scan_fn",
     "selective_state_update",
 ]

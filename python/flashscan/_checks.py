@@ -505,3 +505,314 @@ def state_update_memo(
         r = state_update(dstate_, dx, ddt, dA, dB, dC, dD, dz, dbias)
         remember(_memo_state, key, r)
     return r
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention with a KV cache
+# ---------------------------------------------------------------------------------------------
+
+INDEX_DTYPES = ("int32",)
+#: a paged cache's block_size must be a multiple of this (the native core's key tile)
+PAGE_MULTIPLE = 16
+
+
+def _batch_index(arg: str, d: Desc, batch: int, ref: Desc) -> None:
+    """An int32 (batch,) index tensor (cache_seqlens, cache_batch_idx, cache_leftpad) on q's
+    device, contiguous."""
+    rank(arg, d, (1,), "(batch,)")
+    dtype_in(arg, d, INDEX_DTYPES)
+    shape_eq(arg, d, (batch,), "(batch,)")
+    same_device(arg, d, "q", ref)
+    contiguous_last(arg, d, "batch")
+
+
+def kvcache(
+    dq: Desc,
+    dkc: Desc,
+    dvc: Desc,
+    dk: Desc | None,
+    dv: Desc | None,
+    dcos: Desc | None,
+    dsin: Desc | None,
+    dseq: Desc | None,
+    dbidx: Desc | None,
+    dpad: Desc | None,
+    dbt: Desc | None,
+) -> tuple[int, int, int, int, int, int, int, bool, int, int]:
+    """flash_attn_with_kvcache's shapes, dtypes and devices (the values inside the index tensors
+    are `kvcache_values`' job). dseq is None for an int cache_seqlens or none at all.
+    Returns (batch, seqlen_q, nheads, headdim, nheads_k, seqlen_new, capacity, paged,
+    block_size, rows) with rows = batch_cache (contiguous) or num_blocks (paged)."""
+    rank("q", dq, (4,), "(batch, seqlen_q, nheads, headdim)")
+    device_kind("q", dq)
+    dtype_in("q", dq)
+    b, sq, h, d = dq[1]
+    paged = dbt is not None
+    cache_layout = (
+        "(num_blocks, block_size, nheads_k, headdim) (paged: block_table is given)"
+        if paged
+        else "(batch_cache, seqlen_cache, nheads_k, headdim)"
+    )
+    rank("k_cache", dkc, (4,), cache_layout)
+    same_dtype("k_cache", dkc, "q", dq, "q, k_cache, v_cache, k and v must share one dtype")
+    same_device("k_cache", dkc, "q", dq)
+    rank("v_cache", dvc, (4,), cache_layout)
+    same_dtype("v_cache", dvc, "q", dq, "q, k_cache, v_cache, k and v must share one dtype")
+    same_device("v_cache", dvc, "q", dq)
+    if tuple(dvc[1]) != tuple(dkc[1]):
+        raise ValueError(
+            f"v_cache: shape {fmt_shape(dvc[1])} does not match k_cache's shape "
+            f"{fmt_shape(dkc[1])} (v_cache must be {cache_layout} like k_cache)"
+        )
+    rows, slots, hk, dc = dkc[1]
+    if dc != d:
+        raise ValueError(
+            f"k_cache: headdim {dc} does not match q's headdim {d} (shape {fmt_shape(dkc[1])})"
+        )
+    if hk < 1:
+        raise ValueError(f"k_cache: nheads_k must be >= 1, got shape {fmt_shape(dkc[1])}")
+    if h < 1 or h % hk:
+        raise ValueError(
+            f"q: nheads {h} is not a positive multiple of k_cache's nheads_k {hk} (GQA/MQA "
+            f"needs nheads % nheads_k == 0)"
+        )
+    if d > MAX_HEADDIM:
+        raise UnsupportedError(
+            f"q: headdim {d} is not supported (flashscan supports head dims up to {MAX_HEADDIM})"
+        )
+    if d < 8 or d % 8:
+        raise ValueError(
+            f"q: headdim {d} is not allowed (allowed: multiples of 8 from 8 to {MAX_HEADDIM})"
+        )
+    if sq < 1:
+        raise ValueError(f"q: seqlen_q must be >= 1, got shape {fmt_shape(dq[1])}")
+
+    if paged:
+        assert dbt is not None
+        rank("block_table", dbt, (2,), "(batch, max_blocks_per_seq)")
+        dtype_in("block_table", dbt, INDEX_DTYPES)
+        if dbt[1][0] != b:
+            raise ValueError(
+                f"block_table: expected shape (batch={b}, max_blocks_per_seq), got "
+                f"{fmt_shape(dbt[1])}"
+            )
+        same_device("block_table", dbt, "q", dq)
+        contiguous_last("block_table", dbt, "max_blocks_per_seq")
+        if slots < 1 or slots % PAGE_MULTIPLE:
+            raise ValueError(
+                f"k_cache: block_size {slots} is not allowed (a paged cache's block_size must "
+                f"be a positive multiple of {PAGE_MULTIPLE}; shape {fmt_shape(dkc[1])})"
+            )
+        if dbidx is not None:
+            raise ValueError(
+                "cache_batch_idx: not allowed with block_table (a paged cache's rows are "
+                "chosen by block_table; cache_batch_idx is for contiguous caches)"
+            )
+        capacity = dbt[1][1] * slots
+    else:
+        if dbidx is None and rows < b:
+            raise ValueError(
+                f"k_cache: batch_cache {rows} is smaller than q's batch {b} (shape "
+                f"{fmt_shape(dkc[1])}): each sequence needs a cache row (pass a cache of at "
+                f"least {b} rows, or cache_batch_idx to choose them)"
+            )
+        capacity = slots
+
+    sn = 0
+    if (dk is None) != (dv is None):
+        given, missing = ("k", "v") if dv is None else ("v", "k")
+        raise ValueError(f"{missing}: must be given with {given} (new keys and values together)")
+    if dk is not None and dv is not None:
+        layout = "(batch, seqlen_new, nheads_k, headdim)"
+        for arg, dn in (("k", dk), ("v", dv)):
+            rank(arg, dn, (4,), layout)
+            same_dtype(arg, dn, "q", dq, "q, k_cache, v_cache, k and v must share one dtype")
+            same_device(arg, dn, "q", dq)
+        sn = dk[1][1]
+        shape_eq("k", dk, (b, sn, hk, d), f"{layout} to go with q and k_cache")
+        shape_eq("v", dv, tuple(dk[1]), f"{layout} like k")
+        if sn > capacity:
+            raise ValueError(
+                f"k: seqlen_new {sn} is more than the cache holds ({capacity} positions)"
+            )
+
+    if (dcos is None) != (dsin is None):
+        given, missing = ("rotary_cos", "rotary_sin")
+        if dcos is None:
+            given, missing = missing, given
+        raise ValueError(f"{missing}: must be given with {given} (rotary needs both)")
+    if dcos is not None and dsin is not None:
+        layout = "(seqlen_ro, rotary_dim / 2)"
+        rank("rotary_cos", dcos, (2,), layout)
+        allowed = (dq[3], "float32") if dq[3] != "float32" else ("float32",)
+        dtype_in("rotary_cos", dcos, allowed)
+        same_device("rotary_cos", dcos, "q", dq)
+        rank("rotary_sin", dsin, (2,), layout)
+        same_dtype("rotary_sin", dsin, "rotary_cos", dcos)
+        shape_eq("rotary_sin", dsin, tuple(dcos[1]), f"{layout} like rotary_cos")
+        same_device("rotary_sin", dsin, "q", dq)
+        seqlen_ro, half = dcos[1]
+        if half < 1 or 2 * half > d:
+            raise ValueError(
+                f"rotary_cos: rotary_dim {2 * half} (twice its last dimension, shape "
+                f"{fmt_shape(dcos[1])}) must be in [2, headdim={d}]"
+            )
+        if seqlen_ro < capacity:
+            raise ValueError(
+                f"rotary_cos: seqlen_ro {seqlen_ro} is shorter than the cache's capacity "
+                f"{capacity} (shape {fmt_shape(dcos[1])}; cos/sin must cover every position "
+                f"the cache can hold, as in flash-attn)"
+            )
+        contiguous_last("rotary_cos", dcos, "rotary_dim / 2")
+        contiguous_last("rotary_sin", dsin, "rotary_dim / 2")
+
+    if dseq is not None:
+        _batch_index("cache_seqlens", dseq, b, dq)
+    if dbidx is not None:
+        _batch_index("cache_batch_idx", dbidx, b, dq)
+    if dpad is not None:
+        _batch_index("cache_leftpad", dpad, b, dq)
+
+    for arg, dn, dim in (
+        ("q", dq, "headdim"),
+        ("k_cache", dkc, "headdim"),
+        ("v_cache", dvc, "headdim"),
+        ("k", dk, "headdim"),
+        ("v", dv, "headdim"),
+    ):
+        if dn is not None:
+            contiguous_last(arg, dn, dim)
+    return b, sq, h, d, hk, sn, capacity, paged, slots, rows
+
+
+def cache_seqlens_int(value: Any, seqlen_new: int, capacity: int) -> int:
+    """An int cache_seqlens (Python or NumPy integer): 0 <= value <= capacity - seqlen_new."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(
+            f"cache_seqlens: expected an int or an int32 array of shape (batch,), got {value!r}"
+        )
+    n = int(value)
+    if n < 0 or n + seqlen_new > capacity:
+        raise ValueError(
+            f"cache_seqlens: {n} is not allowed: cache_seqlens + seqlen_new ({n} + "
+            f"{seqlen_new}) must be in [0, {capacity}], the cache's capacity"
+        )
+    return n
+
+
+def kvcache_values(
+    lens: np.ndarray,
+    seqlen_new: int,
+    seqlen_q: int,
+    capacity: int,
+    pad: np.ndarray | None,
+    bidx: np.ndarray | None,
+    rows: int,
+    block_table: np.ndarray | None,
+    block_size: int,
+    seqlen_ro: int | None,
+) -> None:
+    """The values inside the int32 index tensors, read on the host (the GPU path only reads
+    them when FLASHSCAN_CHECK_INDICES=1: it costs a host synchronisation). `lens` is
+    cache_seqlens as (batch,) ints. Nothing outside the cache is read or written when these
+    pass; rows appended to must not collide."""
+    lens = lens.astype(np.int64)
+    end = lens + seqlen_new
+    bad = np.flatnonzero((lens < 0) | (end > capacity))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"cache_seqlens: cache_seqlens[{i}] = {int(lens[i])} is out of range: with "
+            f"seqlen_new {seqlen_new} it must be in [0, {capacity - seqlen_new}] (the cache "
+            f"holds {capacity} positions per sequence)"
+        )
+    start = np.zeros_like(lens)
+    if pad is not None:
+        start = pad.astype(np.int64)
+        bad = np.flatnonzero((start < 0) | (start > lens))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(
+                f"cache_leftpad: cache_leftpad[{i}] = {int(start[i])} is out of range: it must "
+                f"be in [0, cache_seqlens[{i}] = {int(lens[i])}]"
+            )
+    if seqlen_ro is not None:
+        last = lens - start + max(seqlen_new, seqlen_q) - 1
+        bad = np.flatnonzero(last >= seqlen_ro)
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(
+                f"rotary_cos: seqlen_ro {seqlen_ro} is too short: sequence {i} needs rotary "
+                f"position {int(last[i])}"
+            )
+    if bidx is not None:
+        idx = bidx.astype(np.int64)
+        bad = np.flatnonzero((idx < 0) | (idx >= rows))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(
+                f"cache_batch_idx: cache_batch_idx[{i}] = {int(idx[i])} is out of range "
+                f"[0, {rows}) (k_cache has {rows} rows)"
+            )
+        if seqlen_new and np.unique(idx).size != idx.size:
+            raise ValueError(
+                f"cache_batch_idx: names one cache row twice ({idx.tolist()}) while k/v are "
+                f"appended: two sequences would write the same slots"
+            )
+    if block_table is not None:
+        bt = block_table.astype(np.int64)
+        used = (end + block_size - 1) // block_size  # blocks read per sequence
+        for b in range(bt.shape[0]):
+            ids = bt[b, : int(used[b])]
+            bad = np.flatnonzero((ids < 0) | (ids >= rows))
+            if bad.size:
+                j = int(bad[0])
+                raise ValueError(
+                    f"block_table: block_table[{b}, {j}] = {int(ids[j])} is out of range "
+                    f"[0, {rows}) (k_cache has {rows} blocks; sequence {b} reads its first "
+                    f"{int(used[b])} blocks)"
+                )
+        if seqlen_new:
+            pos = lens[:, None] + np.arange(seqlen_new)[None, :]
+            blocks = np.take_along_axis(bt, pos // block_size, axis=1)
+            slot = blocks * block_size + pos % block_size
+            if np.unique(slot).size != slot.size:
+                raise ValueError(
+                    "block_table: two sequences append into the same cache slots (their "
+                    "block_table rows share a block at the positions k/v are written to)"
+                )
+
+
+def nonnegative_int(arg: str, value: Any) -> int:
+    """A Python or NumPy int >= 0 (bools are refused)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{arg}: expected an int >= 0, got {value!r}")
+    if int(value) < 0:
+        raise ValueError(f"{arg}: expected an int >= 0, got {int(value)}")
+    return int(value)
+
+
+_memo_kvcache: dict[Any, tuple[int, int, int, int, int, int, int, bool, int, int]] = {}
+
+
+def kvcache_memo(
+    dq: Desc,
+    dkc: Desc,
+    dvc: Desc,
+    dk: Desc | None,
+    dv: Desc | None,
+    dcos: Desc | None,
+    dsin: Desc | None,
+    dseq: Desc | None,
+    dbidx: Desc | None,
+    dpad: Desc | None,
+    dbt: Desc | None,
+) -> tuple[int, int, int, int, int, int, int, bool, int, int]:
+    """`kvcache`, remembered per signature (a decode loop repeats one signature per step)."""
+    descs = (dq, dkc, dvc, dk, dv, dcos, dsin, dseq, dbidx, dpad, dbt)
+    key = tuple(d and d[1:] for d in descs)
+    r = _memo_kvcache.get(key)
+    if r is None:
+        r = kvcache(*descs)
+        remember(_memo_kvcache, key, r)
+    return r

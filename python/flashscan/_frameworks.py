@@ -171,6 +171,7 @@ class TorchHandler(Handler):
             torch.bfloat16: "bfloat16",
             torch.float32: "float32",
             torch.float64: "float64",
+            torch.int32: "int32",  # index tensors (cache_seqlens...), made by from_host too
         }
         self.from_name = {v: k for k, v in self.to_name.items()}
         # What the API's torch fast path (its per-signature plans) calls directly:
