@@ -67,6 +67,7 @@ pub struct DLManagedTensorVersioned {
 
 pub const DL_CPU: i32 = 1;
 pub const DL_CUDA: i32 = 2;
+const DL_INT: u8 = 0;
 const DL_FLOAT: u8 = 2;
 const DL_BFLOAT: u8 = 4;
 const FLAG_READ_ONLY: u64 = 1;
@@ -89,9 +90,10 @@ fn dtype_of(dt: DLDataType, arg: &str) -> Result<DType> {
         (DL_FLOAT, 32, 1) => Ok(DType::F32),
         (DL_FLOAT, 64, 1) => Ok(DType::F64),
         (DL_BFLOAT, 16, 1) => Ok(DType::BF16),
+        (DL_INT, 32, 1) => Ok(DType::I32),
         (code, bits, lanes) => Err(type_err(format!(
             "{arg} has an unsupported DLPack dtype (code {code}, {bits} bits, {lanes} lanes); \
-             allowed: float16, bfloat16, float32"
+             allowed: float16, bfloat16, float32 (int32 for index tensors)"
         ))),
     }
 }
@@ -236,6 +238,7 @@ fn dtype_of_name(obj: &Bound<'_, PyAny>) -> Option<DType> {
         (intern!(py, "float16"), DType::F16),
         (intern!(py, "float32"), DType::F32),
         (intern!(py, "float64"), DType::F64),
+        (intern!(py, "int32"), DType::I32),
     ] {
         if obj.is(name) {
             return Some(dt);
@@ -442,6 +445,11 @@ pub fn export_capsule(
                 DType::BF16 => DLDataType {
                     code: DL_BFLOAT,
                     bits: 16,
+                    lanes: 1,
+                },
+                DType::I32 => DLDataType {
+                    code: DL_INT,
+                    bits: 32,
                     lanes: 1,
                 },
                 other => DLDataType {

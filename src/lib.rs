@@ -278,6 +278,105 @@ fn flash_attn_fwd(
 
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (k_new, v_new, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos, rotary_sin, rotary_interleaved, q, q_rot, stream))]
+fn kvcache_append(
+    k_new: Option<&Bound<'_, PyAny>>,
+    v_new: Option<&Bound<'_, PyAny>>,
+    k_cache: &Bound<'_, PyAny>,
+    v_cache: &Bound<'_, PyAny>,
+    cache_seqlens: &Bound<'_, PyAny>,
+    cache_batch_idx: Option<&Bound<'_, PyAny>>,
+    cache_leftpad: Option<&Bound<'_, PyAny>>,
+    block_table: Option<&Bound<'_, PyAny>>,
+    rotary_cos: Option<&Bound<'_, PyAny>>,
+    rotary_sin: Option<&Bound<'_, PyAny>>,
+    rotary_interleaved: bool,
+    q: Option<&Bound<'_, PyAny>>,
+    q_rot: Option<&Bound<'_, PyAny>>,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let ch = stream_choice(stream);
+    let k_new = import_opt(k_new, "k_new", ch)?;
+    let v_new = import_opt(v_new, "v_new", ch)?;
+    let k_cache = import(k_cache, "k_cache", ch)?;
+    let v_cache = import(v_cache, "v_cache", ch)?;
+    let cache_seqlens = import(cache_seqlens, "cache_seqlens", ch)?;
+    let cache_batch_idx = import_opt(cache_batch_idx, "cache_batch_idx", ch)?;
+    let cache_leftpad = import_opt(cache_leftpad, "cache_leftpad", ch)?;
+    let block_table = import_opt(block_table, "block_table", ch)?;
+    let rotary_cos = import_opt(rotary_cos, "rotary_cos", ch)?;
+    let rotary_sin = import_opt(rotary_sin, "rotary_sin", ch)?;
+    let q = import_opt(q, "q", ch)?;
+    let q_rot = import_opt(q_rot, "q_rot", ch)?;
+    let args = ops::attention_decode::AppendArgs {
+        k_new: view_of(&k_new),
+        v_new: view_of(&v_new),
+        k_cache: &k_cache.view,
+        v_cache: &v_cache.view,
+        cache_seqlens: &cache_seqlens.view,
+        cache_batch_idx: view_of(&cache_batch_idx),
+        cache_leftpad: view_of(&cache_leftpad),
+        block_table: view_of(&block_table),
+        rotary_cos: view_of(&rotary_cos),
+        rotary_sin: view_of(&rotary_sin),
+        rotary_interleaved,
+        q: view_of(&q),
+        q_rot: view_of(&q_rot),
+    };
+    Ok(ops::attention_decode::append(&args, ch)?)
+}
+
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (q, k_cache, v_cache, out, lse, seqlens_k, cache_batch_idx, cache_leftpad, block_table, softmax_scale, window_left, window_right, softcap, num_splits, stream))]
+fn flash_attn_kvcache(
+    q: &Bound<'_, PyAny>,
+    k_cache: &Bound<'_, PyAny>,
+    v_cache: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    lse: Option<&Bound<'_, PyAny>>,
+    seqlens_k: &Bound<'_, PyAny>,
+    cache_batch_idx: Option<&Bound<'_, PyAny>>,
+    cache_leftpad: Option<&Bound<'_, PyAny>>,
+    block_table: Option<&Bound<'_, PyAny>>,
+    softmax_scale: f32,
+    window_left: i64,
+    window_right: i64,
+    softcap: f32,
+    num_splits: i64,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let ch = stream_choice(stream);
+    let q = import(q, "q", ch)?;
+    let k_cache = import(k_cache, "k_cache", ch)?;
+    let v_cache = import(v_cache, "v_cache", ch)?;
+    let out = import(out, "out", ch)?;
+    let lse = import_opt(lse, "lse", ch)?;
+    let seqlens_k = import(seqlens_k, "seqlens_k", ch)?;
+    let cache_batch_idx = import_opt(cache_batch_idx, "cache_batch_idx", ch)?;
+    let cache_leftpad = import_opt(cache_leftpad, "cache_leftpad", ch)?;
+    let block_table = import_opt(block_table, "block_table", ch)?;
+    let args = ops::attention_decode::KvcacheArgs {
+        q: &q.view,
+        k_cache: &k_cache.view,
+        v_cache: &v_cache.view,
+        out: &out.view,
+        lse: view_of(&lse),
+        seqlens_k: &seqlens_k.view,
+        cache_batch_idx: view_of(&cache_batch_idx),
+        cache_leftpad: view_of(&cache_leftpad),
+        block_table: view_of(&block_table),
+        softmax_scale,
+        window_left,
+        window_right,
+        softcap,
+        num_splits,
+    };
+    Ok(ops::attention_decode::attention(&args, ch)?)
+}
+
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
 #[pyo3(signature = (u, delta, A, B, C, D, z, delta_bias, initial_state, out, last_state, delta_softplus, stream, saved_states=None))]
 #[allow(non_snake_case)]
 fn selective_scan_fwd(
@@ -640,6 +739,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(describe, m)?)?;
     m.add_function(wrap_pyfunction!(empty, m)?)?;
     m.add_function(wrap_pyfunction!(flash_attn_fwd, m)?)?;
+    m.add_function(wrap_pyfunction!(kvcache_append, m)?)?;
+    m.add_function(wrap_pyfunction!(flash_attn_kvcache, m)?)?;
     m.add_function(wrap_pyfunction!(selective_scan_fwd, m)?)?;
     m.add_function(wrap_pyfunction!(scan_saved_state_count, m)?)?;
     m.add_function(wrap_pyfunction!(flash_attn_bwd, m)?)?;

@@ -10,6 +10,8 @@ pub enum DType {
     BF16,
     F32,
     F64,
+    /// Index tensors only (cache_seqlens, block_table, ...): never a kernel's data dtype.
+    I32,
 }
 
 impl DType {
@@ -19,6 +21,7 @@ impl DType {
             DType::BF16 => "bfloat16",
             DType::F32 => "float32",
             DType::F64 => "float64",
+            DType::I32 => "int32",
         }
     }
 
@@ -28,6 +31,7 @@ impl DType {
             "bfloat16" => Some(DType::BF16),
             "float32" | "float" => Some(DType::F32),
             "float64" | "double" => Some(DType::F64),
+            "int32" => Some(DType::I32),
             _ => None,
         }
     }
@@ -35,7 +39,7 @@ impl DType {
     pub fn size(self) -> usize {
         match self {
             DType::F16 | DType::BF16 => 2,
-            DType::F32 => 4,
+            DType::F32 | DType::I32 => 4,
             DType::F64 => 8,
         }
     }
@@ -48,6 +52,9 @@ impl DType {
             DType::F32 => Ok(2),
             DType::F64 => Err(type_err(
                 "float64 tensors are not supported on the GPU (use float32, float16 or bfloat16)",
+            )),
+            DType::I32 => Err(type_err(
+                "int32 tensors are index tensors, not data (use float32, float16 or bfloat16)",
             )),
         }
     }

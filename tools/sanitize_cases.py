@@ -142,9 +142,117 @@ def backward_cases() -> int:
     return bad
 
 
+def decode_cases() -> int:
+    """The KV-cache core (`_native.kvcache_append` + `_native.flash_attn_kvcache`): every decode
+    tile (16 / 64 rows) and head-dim tile, both dtypes, softcap, contiguous and paged caches, one
+    and several splits (the combine), rotary in both layouts; a float32 torch reference."""
+    import math
+
+    from flashscan import _native
+
+    names = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.int32: "int32"}
+
+    def d(t):  # descriptor tuple
+        if t is None:
+            return None
+        return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), names[t.dtype], 2, t.get_device())
+
+    bad = 0
+    st = torch.cuda.current_stream().cuda_stream
+    cases = [
+        # hd, dtype, seqlen_q, nheads, nheads_k, page, splits, softcap, interleaved
+        (64, torch.bfloat16, 1, 8, 2, None, 1, 0.0, True),
+        (80, torch.float16, 4, 8, 1, 16, 3, 0.0, False),
+        (128, torch.bfloat16, 1, 4, 4, 64, 2, 20.0, True),
+        (128, torch.float16, 13, 8, 2, None, 3, 0.0, False),
+        (192, torch.bfloat16, 5, 16, 2, 16, 1, 5.0, True),
+        (256, torch.float16, 1, 2, 1, 256, 4, 0.0, False),
+        (256, torch.bfloat16, 9, 8, 4, None, 2, 30.0, True),
+        (32, torch.float16, 2, 4, 2, 64, 5, 0.0, True),
+    ]
+    for hd, dtype, sq, h, hk, page, splits, cap_, il in cases:
+        b, cap = 3, 300
+        if page is None:
+            kc = torch.randn(b, cap, hk, hd, device="cuda", dtype=dtype)
+            table, capacity = None, cap
+        else:
+            nb = -(-cap // page)
+            kc = torch.randn(b * nb + 2, page, hk, hd, device="cuda", dtype=dtype)
+            table = torch.randperm(b * nb + 2, device="cuda")[: b * nb].reshape(b, nb).int()
+            capacity = nb * page
+        vc = torch.randn_like(kc)
+        seqlens = torch.tensor([0, 1, 250], dtype=torch.int32, device="cuda")
+        k_new = torch.randn(b, sq, hk, hd, device="cuda", dtype=dtype)
+        v_new = torch.randn_like(k_new)
+        q = torch.randn(b, sq, h, hd, device="cuda", dtype=dtype)
+        rd = hd // 2 if il else hd
+        ang = torch.rand(capacity + sq, rd // 2, device="cuda")
+        cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+        q_rot = torch.empty_like(q)
+        _native.kvcache_append(
+            d(k_new),
+            d(v_new),
+            d(kc),
+            d(vc),
+            d(seqlens),
+            None,
+            None,
+            d(table),
+            d(cos),
+            d(sin),
+            il,
+            d(q),
+            d(q_rot),
+            st,
+        )
+        seqlens_k = seqlens + sq
+        out = torch.full_like(q, float("nan"))
+        lse = torch.empty(b, h, sq, device="cuda")
+        scale = 1.0 / math.sqrt(hd)
+        _native.flash_attn_kvcache(
+            d(q_rot),
+            d(kc),
+            d(vc),
+            d(out),
+            d(lse),
+            d(seqlens_k),
+            None,
+            None,
+            d(table),
+            scale,
+            -1,
+            0,
+            cap_,
+            splits,
+            st,
+        )
+        # reference: float32 over the logical cache
+        if table is None:
+            kl, vl = kc.float(), vc.float()
+        else:
+            kl = kc[table.long()].reshape(b, -1, hk, hd).float()
+            vl = vc[table.long()].reshape(b, -1, hk, hd).float()
+        kl = kl.repeat_interleave(h // hk, dim=2)
+        vl = vl.repeat_interleave(h // hk, dim=2)
+        s = torch.einsum("bqhd,bkhd->bhqk", q_rot.float(), kl) * scale
+        if cap_ > 0:
+            s = cap_ * torch.tanh(s / cap_)
+        j = torch.arange(kl.shape[1], device="cuda")[None, None, :]
+        qpos = seqlens_k.long()[:, None, None] - sq + torch.arange(sq, device="cuda")[None, :, None]
+        vis = (j < seqlens_k.long()[:, None, None]) & (j <= qpos)
+        s = s.masked_fill(~vis[:, None], float("-inf"))
+        p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
+        ref = torch.einsum("bhqk,bkhd->bqhd", p, vl)
+        err = (out.float() - ref).abs().max().item()
+        if not err < 0.05:
+            print(f"decode hd={hd} {dtype} sq={sq} page={page} splits={splits}: err {err}")
+            bad += 1
+    return bad
+
+
 if __name__ == "__main__":
     assert flashscan.available(), flashscan.info()
-    n = attention_cases() + scan_cases() + backward_cases()
+    n = attention_cases() + scan_cases() + backward_cases() + decode_cases()
     torch.cuda.synchronize()
     print("sanitize cases done, wrong results:", n)
     sys.exit(1 if n else 0)

@@ -8,7 +8,7 @@ descriptor tuple (the fast path the Python layer builds for torch tensors, where
     (data_ptr: int, shape: tuple[int, ...], strides: tuple[int, ...] (in elements),
      dtype: str, device_type: int (1 = CPU, 2 = CUDA), device_id: int)
 
-dtype strings: "float16", "bfloat16", "float32", "float64".
+dtype strings: "float16", "bfloat16", "float32", "float64", and "int32" (index tensors).
 
 `stream` is the raw CUstream handle of the caller's current stream (torch / cupy), launched
 on with no host synchronisation. `stream=None` means: use flashscan's own non-blocking stream
@@ -66,6 +66,60 @@ def flash_attn_fwd(
 ) -> None:
     """q (b, sq, h, d), k/v (b, sk, hk, d), out like q, lse (b, h, sq) float32 or None.
     window_left/right: -1 = unbounded; causal is window_right = 0 (bottom-right aligned)."""
+
+def kvcache_append(
+    k_new: TensorArg | None,
+    v_new: TensorArg | None,
+    k_cache: TensorArg,
+    v_cache: TensorArg,
+    cache_seqlens: TensorArg,
+    cache_batch_idx: TensorArg | None,
+    cache_leftpad: TensorArg | None,
+    block_table: TensorArg | None,
+    rotary_cos: TensorArg | None,
+    rotary_sin: TensorArg | None,
+    rotary_interleaved: bool,
+    q: TensorArg | None,
+    q_rot: TensorArg | None,
+    stream: int | None,
+) -> None:
+    """Writes k_new / v_new (batch, seqlen_new, nheads_k, d) into the cache in place at slots
+    cache_seqlens[b] + i (int32 (batch,); not updated), through block_table (int32 (batch,
+    max_blocks)) for a paged cache (num_blocks, block_size, nheads_k, d) or cache_batch_idx for a
+    contiguous one (batch_cache, seqlen_cache, nheads_k, d). With rotary_cos / rotary_sin
+    (seqlen_ro, rotary_dim / 2; q's dtype or float32) k_new is rotated at position
+    cache_seqlens[b] + i - cache_leftpad[b] and q (batch, seqlen_q, nheads, d) at
+    cache_seqlens[b] - cache_leftpad[b] + i into q_rot (q itself is not modified; without rotary
+    q is copied). k_new/v_new, q/q_rot, cos/sin are None only in pairs. fp16 / bf16.
+    Device index values are validated in the kernel: a slot past the capacity, a bad block id or
+    cache row is never written; a rotary position outside [0, seqlen_ro) gives NaN."""
+
+def flash_attn_kvcache(
+    q: TensorArg,
+    k_cache: TensorArg,
+    v_cache: TensorArg,
+    out: TensorArg,
+    lse: TensorArg | None,
+    seqlens_k: TensorArg,
+    cache_batch_idx: TensorArg | None,
+    cache_leftpad: TensorArg | None,
+    block_table: TensorArg | None,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    num_splits: int,
+    stream: int | None,
+) -> None:
+    """Attention of q (batch, seqlen_q, nheads, d) over keys [cache_leftpad[b], seqlens_k[b]) of
+    each sequence's cache (layouts as kvcache_append), bottom-right aligned (query i at key
+    position seqlens_k[b] - seqlen_q + i); window -1 = unbounded, causal is window_right = 0.
+    out like q; lse (batch, nheads, seqlen_q) float32 or None. A query that sees no key gets out 0,
+    lse -inf. num_splits: 0 = heuristic, >= 1 forced (clamped to the key blocks of the cache
+    capacity and to 128); split partials live in stream-ordered scratch (graph-capturable).
+    fp16 / bf16 (float32 raises UnsupportedError); head dims multiples of 8 up to 256.
+    A seqlens_k past the capacity is clamped; a bad block id or cache row is never read and
+    makes that sequence's out / lse NaN."""
 
 def selective_scan_fwd(
     u: TensorArg,

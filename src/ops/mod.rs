@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod attention_bwd;
+pub mod attention_decode;
 pub mod flash_tiles;
 pub mod scan;
 pub mod scan_bwd;
@@ -36,6 +37,8 @@ pub fn all_variants(arch_num: i64) -> Vec<(KernelSpec, bool)> {
     for s in attention_bwd::all_specs(arch_num) {
         out.push((s, false));
     }
+    // Decode: the hd64 / hd128 attention tiles and the combine / append kernels are main.
+    out.extend(attention_decode::all_specs(arch_num));
     for s in scan::all_specs(arch_num) {
         // the state-saving forward (training only) is bounded with the backward kernels
         let saving = s

@@ -1,0 +1,603 @@
+"""GPU tests of the KV-cache native core: `_native.kvcache_append` and `_native.flash_attn_kvcache`
+called directly (descriptor tuples, and DLPack for one case) with torch tensors, against a float64
+torch reference written here (attention over each sequence's cache rows [leftpad, seqlens_k) with
+bottom-right causal / window masks and softcap; append + rotary).
+
+The correctness rule of DESIGN.md: float64 reference, error <= 2x that of the same computation in
+the inputs' precision + a small slack, NaN-poisoned outputs (an unwritten element shows), odd
+sizes. Covers contiguous and paged caches (page sizes 16, 64, 256), batch 1 / 7 / 32, seqlen_q
+1 / 4 / 13, cache lengths 0 (no key: out 0, lse -inf), 1, 63, 1000, 4097, GQA 1 / 4 / 8, forced
+splits 1..max and the heuristic (0), causal / window / softcap, head dims 64 / 80 / 128 / 256,
+bf16 and fp16, cache_batch_idx and cache_leftpad, the cache after append (bit-exact where it is a
+copy), bad device indices (NaN rows, never a fault), and a CUDA-graph capture of a decode step.
+Kept small: the variants touched compile once (NVRTC, disk-cached), each case runs in milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from flashscan import _native  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+NAMES = {
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float32: "float32",
+    torch.int32: "int32",
+}
+NAN = float("nan")
+
+
+def desc(t: Any) -> Any:
+    """The descriptor tuple the Python layer's torch fast path passes (None stays None)."""
+    if t is None:
+        return None
+    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), NAMES[t.dtype], 2, t.get_device())
+
+
+def stream() -> int:
+    return torch.cuda.current_stream().cuda_stream
+
+
+def gen() -> Any:
+    g = torch.Generator(device="cuda")
+    g.manual_seed(random.getrandbits(62))
+    return g
+
+
+def randn(shape: tuple[int, ...], dtype: Any, g: Any) -> Any:
+    return torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# caches: contiguous or paged, and the logical (batch, capacity, nheads_k, d) view of either
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Cache:
+    k: Any  # (batch_cache, cap, hk, d) or (num_blocks, page, hk, d)
+    v: Any
+    block_table: Any | None  # (batch, max_blocks) int32
+    cache_batch_idx: Any | None  # (batch,) int32
+    capacity: int
+    rows: list[int] = field(default_factory=list)  # contiguous: cache row of each batch
+
+    def logical(self, t: Any) -> Any:
+        """(batch, capacity, hk, d): what sequence b sees, through block_table / cache_batch_idx."""
+        if self.block_table is not None:
+            b, nb = self.block_table.shape
+            return t[self.block_table.long()].reshape(b, nb * t.shape[1], *t.shape[2:])
+        return t[torch.tensor(self.rows, device="cuda")]
+
+
+def make_cache(
+    batch: int,
+    cap: int,
+    hk: int,
+    d: int,
+    dtype: Any,
+    page: int | None,
+    g: Any,
+    batch_idx: bool = False,
+) -> Cache:
+    if page is None:
+        rows = list(range(batch))
+        bc = batch
+        cbi = None
+        if batch_idx:  # a permutation into a larger cache
+            bc = batch + 3
+            rows = random.sample(range(bc), batch)
+            cbi = torch.tensor(rows, dtype=torch.int32, device="cuda")
+        k, v = randn((bc, cap, hk, d), dtype, g), randn((bc, cap, hk, d), dtype, g)
+        return Cache(k, v, None, cbi, cap, rows)
+    nb = -(-cap // page)
+    num_blocks = batch * nb + 5  # spare blocks that nobody maps
+    perm = torch.randperm(num_blocks, device="cuda")[: batch * nb]
+    table = perm.reshape(batch, nb).to(torch.int32).contiguous()
+    k, v = randn((num_blocks, page, hk, d), dtype, g), randn((num_blocks, page, hk, d), dtype, g)
+    return Cache(k, v, table, None, nb * page)
+
+
+# ---------------------------------------------------------------------------------------------
+# the references
+# ---------------------------------------------------------------------------------------------
+
+
+def attention_ref(
+    q: Any,
+    k: Any,
+    v: Any,
+    seqlens: Any,
+    leftpad: Any | None,
+    scale: float,
+    window: tuple[int, int],
+    softcap: float,
+    upcast: bool,
+) -> tuple[Any, Any]:
+    """(out, lse) of q (b, sq, h, d) over the logical caches k / v (b, cap, hk, d): keys
+    [leftpad[b], seqlens[b]) attend, query i at key position seqlens[b] - sq + i. upcast: float64
+    (reference); else in q's dtype (scores and P rounded, softmax in float32: the baseline)."""
+    dt = torch.float64 if upcast else q.dtype
+    b, sq, h, d = q.shape
+    cap, hk = k.shape[1], k.shape[2]
+    k = k.to(dt).repeat_interleave(h // hk, dim=2)
+    v = v.to(dt).repeat_interleave(h // hk, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q.to(dt), k) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    hi = seqlens.long().clamp(0, cap)[:, None, None]
+    lo = (leftpad.long() if leftpad is not None else torch.zeros_like(seqlens).long())[
+        :, None, None
+    ]
+    lo = torch.minimum(lo.clamp(min=0), hi)
+    j = torch.arange(cap, device="cuda")[None, None, :]
+    qpos = hi - sq + torch.arange(sq, device="cuda")[None, :, None]
+    vis = ((j >= lo) & (j < hi)).expand(b, sq, cap).clone()  # (b, sq, cap)
+    if window[0] >= 0:
+        vis &= j >= qpos - window[0]
+    if window[1] >= 0:
+        vis &= j <= qpos + window[1]
+    s = s.masked_fill(~vis[:, None], float("-inf"))
+    sm = s if upcast else s.float()
+    lse = torch.logsumexp(sm, dim=-1)
+    p = torch.nan_to_num(torch.softmax(sm, dim=-1), nan=0.0).to(dt)
+    out = torch.einsum("bhqk,bkhd->bqhd", p, v)
+    return out, lse
+
+
+def rotary_ref(x: Any, cos: Any, sin: Any, pos: Any, interleaved: bool, upcast: bool) -> Any:
+    """x (b, s, h, d) rotated at integer positions pos (b, s); float64 or in x's dtype."""
+    dt = torch.float64 if upcast else x.dtype
+    rd = 2 * cos.shape[1]
+    c = cos.to(dt)[pos.long()][:, :, None, :]
+    s = sin.to(dt)[pos.long()][:, :, None, :]
+    xr, rest = x.to(dt)[..., :rd], x.to(dt)[..., rd:]
+    if interleaved:
+        x0, x1 = xr[..., 0::2], xr[..., 1::2]
+        o = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
+    else:
+        x0, x1 = xr[..., : rd // 2], xr[..., rd // 2 :]
+        o = torch.cat((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1)
+    return torch.cat((o, rest), dim=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# calls
+# ---------------------------------------------------------------------------------------------
+
+
+def run_attention(
+    q: Any,
+    cache: Cache,
+    seqlens: Any,
+    leftpad: Any | None = None,
+    window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    num_splits: int = 0,
+    scale: float | None = None,
+    via_dlpack: bool = False,
+) -> tuple[Any, Any]:
+    b, sq, h, d = q.shape
+    out = torch.full_like(q, NAN)
+    lse = torch.full((b, h, sq), NAN, dtype=torch.float32, device="cuda")
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    wrap = (lambda t: t) if via_dlpack else desc
+    _native.flash_attn_kvcache(
+        wrap(q),
+        wrap(cache.k),
+        wrap(cache.v),
+        wrap(out),
+        wrap(lse),
+        wrap(seqlens),
+        None if cache.cache_batch_idx is None else wrap(cache.cache_batch_idx),
+        None if leftpad is None else wrap(leftpad),
+        None if cache.block_table is None else wrap(cache.block_table),
+        scale,
+        window[0],
+        window[1],
+        softcap,
+        num_splits,
+        stream(),
+    )
+    return out, lse
+
+
+def check_attention(
+    rule: Any,
+    q: Any,
+    cache: Cache,
+    seqlens: Any,
+    leftpad: Any | None = None,
+    window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    num_splits: int = 0,
+    via_dlpack: bool = False,
+) -> None:
+    out, lse = run_attention(
+        q, cache, seqlens, leftpad, window, softcap, num_splits, via_dlpack=via_dlpack
+    )
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    k, v = cache.logical(cache.k), cache.logical(cache.v)
+    ref_o, ref_l = attention_ref(q, k, v, seqlens, leftpad, scale, window, softcap, upcast=True)
+    base_o, base_l = attention_ref(q, k, v, seqlens, leftpad, scale, window, softcap, upcast=False)
+    slack = 1e-5 * max(1.0, float(ref_o.abs().max()))
+    rule.check(out, ref_o, base_o, atol=slack, name=f"out ({q.dtype}, splits={num_splits})")
+    rule.check(lse, ref_l, base_l, atol=1e-4, name="lse")
+
+
+def lengths(batch: int, cap: int, must: list[int]) -> Any:
+    """Ragged int32 cache lengths in [0, cap]: `must` first (clamped), then random."""
+    ls = [min(m, cap) for m in must][:batch]
+    ls += [random.randint(1, cap) for _ in range(batch - len(ls))]
+    return torch.tensor(ls, dtype=torch.int32, device="cuda")
+
+
+# ---------------------------------------------------------------------------------------------
+# attention: the sampled matrix
+# ---------------------------------------------------------------------------------------------
+
+# (batch, seqlen_q, nheads, nheads_k, d, dtype, cap, page, mask, splits)
+#   mask: (causal-window (left, right) or None, softcap)
+CAUSAL = ((-1, 0), 0.0)
+NONE = ((-1, -1), 0.0)
+CASES = [
+    (1, 1, 32, 8, 128, torch.bfloat16, 4097, None, CAUSAL, 0),
+    (1, 1, 32, 8, 128, torch.bfloat16, 4097, 16, CAUSAL, 0),
+    (7, 4, 8, 2, 128, torch.float16, 1000, 64, ((100, 0), 0.0), 3),
+    (32, 1, 8, 8, 64, torch.bfloat16, 63, None, NONE, 1),
+    (32, 1, 8, 8, 64, torch.bfloat16, 1000, 256, CAUSAL, 0),
+    (7, 13, 16, 2, 128, torch.bfloat16, 1000, 256, CAUSAL, 0),
+    (3, 1, 8, 1, 256, torch.bfloat16, 1000, 64, ((-1, -1), 30.0), 4),
+    (2, 13, 4, 1, 256, torch.float16, 300, 16, ((40, 2), 5.0), 2),
+    (7, 4, 16, 4, 64, torch.float16, 4097, 64, ((-1, 0), 0.0), 0),
+]
+
+
+@pytest.mark.parametrize(
+    "case",
+    CASES,
+    ids=lambda c: (
+        f"b{c[0]}-sq{c[1]}-h{c[2]}/{c[3]}-d{c[4]}-{NAMES[c[5]]}-cap{c[6]}-page{c[7]}-s{c[9]}"
+    ),
+)
+def test_attention_matrix(rule: Any, case: tuple) -> None:
+    b, sq, h, hk, d, dtype, cap, page, (window, softcap), splits = case
+    g = gen()
+    cache = make_cache(b, cap, hk, d, dtype, page, g)
+    seqlens = lengths(b, cache.capacity, [cap, 0, 1, 63, 1000, cap - 1])
+    q = randn((b, sq, h, d), dtype, g)
+    check_attention(rule, q, cache, seqlens, None, window, softcap, splits)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 5, 8, 32, 64, 1000, 0])
+def test_every_split_count_matches(rule: Any, splits: int) -> None:
+    # 2048 keys = 32 blocks of 64: 1000 is clamped to the block count
+    g = gen()
+    cache = make_cache(2, 2048, 2, 128, torch.bfloat16, None, g)
+    seqlens = torch.tensor([2048, 777], dtype=torch.int32, device="cuda")
+    q = randn((2, 1, 8, 128), torch.bfloat16, g)
+    check_attention(rule, q, cache, seqlens, num_splits=splits)
+
+
+def test_padded_head_dim_leftpad_and_batch_idx(rule: Any) -> None:
+    # hd 80 runs in the 96 tile; sequences start after leftpad; cache rows permuted
+    g = gen()
+    cache = make_cache(4, 300, 1, 80, torch.float16, None, g, batch_idx=True)
+    seqlens = torch.tensor([300, 5, 200, 64], dtype=torch.int32, device="cuda")
+    leftpad = torch.tensor([17, 5, 0, 63], dtype=torch.int32, device="cuda")  # b1, b3: no key left
+    q = randn((4, 4, 4, 80), torch.float16, g)
+    for splits in (1, 3):
+        check_attention(rule, q, cache, seqlens, leftpad, (-1, 0), 0.0, splits)
+        check_attention(rule, q, cache, seqlens, leftpad, (7, -1), 0.0, splits)
+
+
+def test_no_key_gives_zero_and_minus_inf() -> None:
+    g = gen()
+    for page, splits in ((None, 1), (16, 4)):
+        cache = make_cache(3, 128, 2, 64, torch.bfloat16, page, g)
+        seqlens = torch.zeros(3, dtype=torch.int32, device="cuda")
+        q = randn((3, 2, 4, 64), torch.bfloat16, g)
+        out, lse = run_attention(q, cache, seqlens, num_splits=splits)
+        assert torch.equal(out, torch.zeros_like(out))
+        assert bool((lse == float("-inf")).all())
+
+
+def test_paged_equals_contiguous() -> None:
+    # the same logical cache, paged (16 / 64 / 256) and contiguous: the same result (same
+    # arithmetic in the same order; splits fixed so the key ranges match)
+    g = gen()
+    b, cap, hk, d = 3, 1024, 2, 128
+    cont = make_cache(b, cap, hk, d, torch.bfloat16, None, g)
+    seqlens = torch.tensor([1024, 1, 500], dtype=torch.int32, device="cuda")
+    q = randn((b, 1, 8, d), torch.bfloat16, g)
+    ref_o, ref_l = run_attention(q, cont, seqlens, num_splits=4)
+    for page in (16, 64, 256):
+        paged = make_cache(b, cap, hk, d, torch.bfloat16, page, g)
+        nb = cap // page
+        flat_k = paged.k.view(-1, page, hk, d)
+        flat_v = paged.v.view(-1, page, hk, d)
+        for bi in range(b):
+            for j in range(nb):
+                blk = int(paged.block_table[bi, j])
+                flat_k[blk] = cont.k[bi, j * page : (j + 1) * page]
+                flat_v[blk] = cont.v[bi, j * page : (j + 1) * page]
+        out, lse = run_attention(q, paged, seqlens, num_splits=4)
+        assert torch.equal(out, ref_o), f"page {page}"
+        assert torch.equal(lse, ref_l), f"page {page}"
+
+
+def test_dlpack_inputs(rule: Any) -> None:
+    g = gen()
+    cache = make_cache(2, 200, 2, 64, torch.bfloat16, 16, g)
+    seqlens = torch.tensor([200, 33], dtype=torch.int32, device="cuda")
+    q = randn((2, 1, 4, 64), torch.bfloat16, g)
+    check_attention(rule, q, cache, seqlens, via_dlpack=True)
+
+
+def test_bad_device_indices_give_nan_rows_not_faults() -> None:
+    g = gen()
+    # paged: batch 1's table points past num_blocks; batch 0 stays correct
+    cache = make_cache(2, 256, 2, 64, torch.bfloat16, 64, g)
+    good = cache.block_table.clone()
+    cache.block_table[1, 1] = 10_000
+    seqlens = torch.tensor([256, 256], dtype=torch.int32, device="cuda")
+    q = randn((2, 1, 4, 64), torch.bfloat16, g)
+    for splits in (1, 3):
+        out, lse = run_attention(q, cache, seqlens, num_splits=splits)
+        assert bool(out[1].isnan().all()) and bool(lse[1].isnan().all())
+        cache_ok = Cache(cache.k, cache.v, good, None, cache.capacity)
+        ref_o, _ = run_attention(q, cache_ok, seqlens, num_splits=splits)
+        assert torch.equal(out[0], ref_o[0])
+    # contiguous: cache_batch_idx out of range; seqlens past the capacity are clamped
+    cache = make_cache(2, 100, 2, 64, torch.bfloat16, None, g, batch_idx=True)
+    cache.cache_batch_idx[0] = -3
+    seqlens = torch.tensor([50, 5000], dtype=torch.int32, device="cuda")
+    out, lse = run_attention(q, cache, seqlens)
+    assert bool(out[0].isnan().all())
+    clamped = torch.tensor([50, 100], dtype=torch.int32, device="cuda")
+    k, v = cache.logical(cache.k), cache.logical(cache.v)
+    ref_o, _ = attention_ref(q[1:], k[1:], v[1:], clamped[1:], None, 0.125, (-1, -1), 0.0, True)
+    assert float((out[1:].double() - ref_o).abs().max()) < 2e-2
+
+
+def test_bad_arguments_are_clear_errors() -> None:
+    g = gen()
+    cache = make_cache(2, 64, 2, 64, torch.bfloat16, None, g)
+    q = randn((2, 1, 4, 64), torch.bfloat16, g)
+    out = torch.empty_like(q)
+    seqlens = torch.ones(2, dtype=torch.int32, device="cuda")
+
+    def call(**over: Any) -> None:
+        a = dict(q=q, k=cache.k, v=cache.v, out=out, seqlens=seqlens, splits=0)
+        a.update(over)
+        _native.flash_attn_kvcache(
+            desc(a["q"]),
+            desc(a["k"]),
+            desc(a["v"]),
+            desc(a["out"]),
+            None,
+            desc(a["seqlens"]),
+            None,
+            None,
+            None,
+            0.125,
+            -1,
+            -1,
+            0.0,
+            a["splits"],
+            stream(),
+        )
+
+    with pytest.raises(TypeError, match="seqlens_k"):
+        call(seqlens=seqlens.float())
+    with pytest.raises(ValueError, match="out overlaps q"):
+        call(out=q)
+    with pytest.raises(ValueError, match="num_splits"):
+        call(splits=-2)
+    with pytest.raises(ValueError, match="nheads_k"):
+        call(
+            q=randn((2, 1, 3, 64), torch.bfloat16, g),
+            out=torch.empty(2, 1, 3, 64, dtype=torch.bfloat16, device="cuda"),
+        )
+    with pytest.raises(_native.UnsupportedError, match="float32"):
+        call(q=q.float(), k=cache.k.float(), v=cache.v.float(), out=out.float())
+
+
+# ---------------------------------------------------------------------------------------------
+# append + rotary
+# ---------------------------------------------------------------------------------------------
+
+
+def run_append(
+    cache: Cache,
+    k_new: Any | None,
+    v_new: Any | None,
+    seqlens: Any,
+    leftpad: Any | None = None,
+    cos: Any | None = None,
+    sin: Any | None = None,
+    interleaved: bool = True,
+    q: Any | None = None,
+) -> Any | None:
+    q_rot = None if q is None else torch.full_like(q, NAN)
+    _native.kvcache_append(
+        desc(k_new),
+        desc(v_new),
+        desc(cache.k),
+        desc(cache.v),
+        desc(seqlens),
+        desc(cache.cache_batch_idx),
+        desc(leftpad),
+        desc(cache.block_table),
+        desc(cos),
+        desc(sin),
+        interleaved,
+        desc(q),
+        desc(q_rot),
+        stream(),
+    )
+    return q_rot
+
+
+APPEND_CASES = [
+    # (batch, seqlen_new, nheads, nheads_k, d, dtype, cap, page, rotary_dim, interleaved, cos fp32)
+    (3, 1, 8, 2, 128, torch.bfloat16, 300, None, 128, True, False),
+    (3, 5, 8, 2, 128, torch.float16, 320, 16, 64, False, True),
+    (2, 13, 4, 4, 80, torch.bfloat16, 256, 64, 40, False, False),
+    (4, 2, 8, 1, 256, torch.bfloat16, 512, 256, 0, True, False),
+    (7, 4, 16, 4, 64, torch.float16, 200, None, 24, True, True),
+]
+
+
+@pytest.mark.parametrize(
+    "case",
+    APPEND_CASES,
+    ids=lambda c: f"b{c[0]}-new{c[1]}-d{c[4]}-{NAMES[c[5]]}-page{c[7]}-rd{c[8]}-il{c[9]:d}",
+)
+def test_append_and_rotary(rule: Any, case: tuple) -> None:
+    b, sn, h, hk, d, dtype, cap, page, rd, interleaved, cos32 = case
+    g = gen()
+    cache = make_cache(b, cap, hk, d, dtype, page, g, batch_idx=page is None and b > 3)
+    before_k, before_v = cache.logical(cache.k).clone(), cache.logical(cache.v).clone()
+    seqlens = lengths(b, cache.capacity - sn, [0, cache.capacity - sn, 1])
+    leftpad = torch.tensor(
+        [min(3, int(s)) for s in seqlens.tolist()], dtype=torch.int32, device="cuda"
+    )
+    k_new, v_new = randn((b, sn, hk, d), dtype, g), randn((b, sn, hk, d), dtype, g)
+    q = randn((b, sn, h, d), dtype, g)
+    cos = sin = None
+    if rd:
+        ang = torch.rand(cache.capacity + sn, rd // 2, generator=g, device="cuda") * 6.283
+        cdt = torch.float32 if cos32 else dtype
+        cos, sin = ang.cos().to(cdt), ang.sin().to(cdt)
+    q_rot = run_append(cache, k_new, v_new, seqlens, leftpad, cos, sin, interleaved, q)
+    after_k, after_v = cache.logical(cache.k), cache.logical(cache.v)
+
+    pos = seqlens.long()[:, None] + torch.arange(sn, device="cuda")[None, :]  # cache slots
+    rpos = pos - leftpad.long()[:, None]  # rotary positions
+    written = torch.zeros(b, cache.capacity, dtype=torch.bool, device="cuda")
+    written.scatter_(1, pos, True)
+    # untouched slots: bit-identical; v: a copy, bit-identical
+    assert torch.equal(after_k[~written], before_k[~written])
+    assert torch.equal(after_v[~written], before_v[~written])
+    got_v = torch.stack([after_v[i, pos[i]] for i in range(b)])
+    got_k = torch.stack([after_k[i, pos[i]] for i in range(b)])
+    assert torch.equal(got_v, v_new)
+    if rd:
+        ref_k = rotary_ref(k_new, cos, sin, rpos, interleaved, upcast=True)
+        base_k = rotary_ref(k_new, cos, sin, rpos, interleaved, upcast=False)
+        rule.check(got_k, ref_k, base_k, atol=1e-6, name="k after rotary")
+        # columns past rotary_dim are copies
+        assert torch.equal(got_k[..., rd:], k_new[..., rd:])
+        ref_q = rotary_ref(q, cos, sin, rpos, interleaved, upcast=True)
+        base_q = rotary_ref(q, cos, sin, rpos, interleaved, upcast=False)
+        rule.check(q_rot, ref_q, base_q, atol=1e-6, name="q_rot")
+    else:
+        assert torch.equal(got_k, k_new)
+        assert torch.equal(q_rot, q)
+
+
+def test_append_past_capacity_and_bad_blocks_write_nothing() -> None:
+    g = gen()
+    cache = make_cache(2, 64, 2, 64, torch.bfloat16, 16, g)
+    cache.block_table[1, 2] = -1  # slot 40 of batch 1 maps to a bad block
+    before_k, before_v = cache.k.clone(), cache.v.clone()
+    # batch 0 writes slots 62, 63 (64, 65 are past the capacity); batch 1 slots 40..43
+    seqlens = torch.tensor([62, 40], dtype=torch.int32, device="cuda")
+    k_new, v_new = randn((2, 4, 2, 64), torch.bfloat16, g), randn((2, 4, 2, 64), torch.bfloat16, g)
+    run_append(cache, k_new, v_new, seqlens)
+    torch.cuda.synchronize()
+    changed = (cache.k != before_k).flatten(1).any(1) | (cache.v != before_v).flatten(1).any(1)
+    blk0 = int(cache.block_table[0, 3])
+    assert set(torch.nonzero(changed).flatten().tolist()) <= {blk0}
+    assert torch.equal(cache.k[blk0, 14:], k_new[0, :2])
+
+
+def test_decode_step_in_a_cuda_graph(rule: Any) -> None:
+    """append (rotary) + split attention captured once, replayed on new inputs: stream-ordered
+    scratch, no host sync, results equal the eager calls."""
+    g = gen()
+    b, h, hk, d = 2, 8, 2, 128
+    cache = make_cache(b, 1024, hk, d, torch.bfloat16, 64, g)
+    seqlens = torch.tensor([700, 3], dtype=torch.int32, device="cuda")
+    seqlens_k = seqlens + 1
+    ang = torch.rand(1100, d // 2, generator=g, device="cuda")
+    cos, sin = ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16)
+    q = randn((b, 1, h, d), torch.bfloat16, g)
+    k_new, v_new = randn((b, 1, hk, d), torch.bfloat16, g), randn((b, 1, hk, d), torch.bfloat16, g)
+    q_rot = torch.empty_like(q)
+    out = torch.empty_like(q)
+    lse = torch.empty(b, h, 1, dtype=torch.float32, device="cuda")
+
+    def step() -> None:
+        _native.kvcache_append(
+            desc(k_new),
+            desc(v_new),
+            desc(cache.k),
+            desc(cache.v),
+            desc(seqlens),
+            None,
+            None,
+            desc(cache.block_table),
+            desc(cos),
+            desc(sin),
+            False,
+            desc(q),
+            desc(q_rot),
+            stream(),
+        )
+        _native.flash_attn_kvcache(
+            desc(q_rot),
+            desc(cache.k),
+            desc(cache.v),
+            desc(out),
+            desc(lse),
+            desc(seqlens_k),
+            None,
+            None,
+            desc(cache.block_table),
+            1.0 / math.sqrt(d),
+            -1,
+            0,
+            0.0,
+            4,
+            stream(),
+        )
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()  # compiles / loads the kernels outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(2):
+        q.copy_(randn(q.shape, torch.bfloat16, g))
+        k_new.copy_(randn(k_new.shape, torch.bfloat16, g))
+        v_new.copy_(randn(v_new.shape, torch.bfloat16, g))
+        out.fill_(NAN)
+        graph.replay()
+        torch.cuda.synchronize()
+        got = out.clone()
+        out.fill_(NAN)
+        step()
+        assert torch.equal(got, out)
+        k, v = cache.logical(cache.k), cache.logical(cache.v)
+        ref_o, _ = attention_ref(
+            q_rot, k, v, seqlens_k, None, 1.0 / math.sqrt(d), (-1, 0), 0.0, True
+        )
+        base_o, _ = attention_ref(
+            q_rot, k, v, seqlens_k, None, 1.0 / math.sqrt(d), (-1, 0), 0.0, False
+        )
+        rule.check(got, ref_o, base_o, atol=1e-5, name="graph out")
