@@ -312,9 +312,15 @@ def _on_gpu(a: _Call, out: Any, do: Desc | None, ho: Handler | None) -> tuple[An
             return None
         return x[2] if x[1].fast else x[0]
 
+    # Arrays made here for the kernels: a descriptor does not own its memory, so each one is
+    # kept alive until the launches are queued (else the allocator hands its memory to the
+    # next allocation of this call, and the kernels read it as another array).
+    keep: list[Any] = []
+
     def index(n: int) -> Any:
         """n for every sequence, an int32 array on q's device."""
         t = hq.from_host(np.full(b, n, np.int32), "int32", q, dq)
+        keep.append(t)
         return arg((t, hq, hq.describe(t, "cache_seqlens")))
 
     stream = hq.stream(dq[5])
@@ -325,13 +331,16 @@ def _on_gpu(a: _Call, out: Any, do: Desc | None, ho: Handler | None) -> tuple[An
         seq = arg(a.seq)
         seqlens_k = seq
         if sn:
-            seqlens_k = arg(_advanced(a.seq, sn))
+            advanced = _advanced(a.seq, sn)
+            keep.append(advanced[0])
+            seqlens_k = arg(advanced)
 
     q_att = arg(a.q)
     if a.k is not None or a.cos is not None:
         q_rot = None
         if a.cos is not None:
             q_rot = hq.empty(dq[1], dq[3], q, dq)
+            keep.append(q_rot)
             q_rot = hq.describe_new(q_rot, dq[1], dq[3], dq) if hq.fast else q_rot
         _native.kvcache_append(  # type: ignore[union-attr]
             arg(a.k),
