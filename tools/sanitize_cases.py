@@ -150,7 +150,12 @@ def decode_cases() -> int:
 
     from flashscan import _native
 
-    names = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.int32: "int32"}
+    names = {
+        torch.float16: "float16",
+        torch.bfloat16: "bfloat16",
+        torch.float32: "float32",  # lse
+        torch.int32: "int32",
+    }
 
     def d(t):  # descriptor tuple
         if t is None:
