@@ -308,7 +308,7 @@ fn kvcache_append(
     let rotary_sin = import_opt(rotary_sin, "rotary_sin", ch)?;
     let q = import_opt(q, "q", ch)?;
     let q_rot = import_opt(q_rot, "q_rot", ch)?;
-    let args = ops::attention_decode::AppendArgs {
+    let args = ops::kvcache_append::AppendArgs {
         k_new: view_of(&k_new),
         v_new: view_of(&v_new),
         k_cache: &k_cache.view,
@@ -323,7 +323,7 @@ fn kvcache_append(
         q: view_of(&q),
         q_rot: view_of(&q_rot),
     };
-    Ok(ops::attention_decode::append(&args, ch)?)
+    Ok(ops::kvcache_append::append(&args, ch)?)
 }
 
 #[pyfunction]

@@ -5,6 +5,7 @@ pub mod attention;
 pub mod attention_bwd;
 pub mod attention_decode;
 pub mod flash_tiles;
+pub mod kvcache_append;
 pub mod scan;
 pub mod scan_bwd;
 pub mod state_update;
