@@ -224,9 +224,16 @@ __device__ __forceinline__ void fs_lds_bc(float (&Bv)[kNS], float (&Cv)[kNS], co
     lds_vec(w, row);
 #pragma unroll
     for (int j = 0; j < kNS; ++j) {
-      const float2 bc = unpack2<FS_BC_DTYPE>(__float_as_uint(w[j]));   // B low half, C high half
-      Bv[j] = bc.x;
-      Cv[j] = bc.y;
+      // B in the low half, C in the high half. Not unpack2: for fp16 its single mov.b32 split gets
+      // this loop scheduled differently (same instruction count, other SASS; 2026-11-23).
+      const u32 bits = __float_as_uint(w[j]);
+      if constexpr (FS_BC_DTYPE == 1) {
+        Bv[j] = __uint_as_float(bits << 16);
+        Cv[j] = __uint_as_float(bits & 0xffff0000u);
+      } else {
+        Bv[j] = half_to_f32<0>(bits & 0xffffu);
+        Cv[j] = half_to_f32<0>(bits >> 16);
+      }
     }
   } else {
     lds_vec(Bv, row);
