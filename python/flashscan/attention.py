@@ -80,31 +80,8 @@ def flash_attn_func(
     framework on q's device; CUDA work runs on the caller's current stream.
     """
     global _LAST
-    key = None
-    if (
-        type(q) in TORCH_TYPES
-        and type(k) in TORCH_TYPES
-        and type(v) in TORCH_TYPES
-        and (out is None or type(out) in TORCH_TYPES)
-    ):
-        try:
-            key = (
-                q.shape,
-                q.stride(),
-                q.dtype,
-                q.device,
-                k.shape,
-                k.stride(),
-                k.dtype,
-                k.device,
-                v.shape,
-                v.stride(),
-                v.dtype,
-                v.device,
-                None if out is None else (out.shape, out.stride(), out.dtype, out.device),
-            )
-        except Exception:  # no strides (sparse, nested...): the general path says what is wrong
-            key = None
+    key = attention_key(q, k, v, out)
+    if key is not None:
         seen = _LAST
         if key == seen[0]:
             plan = seen[1]
@@ -168,11 +145,17 @@ def flash_attn_func(
     )
 
 
-def attention_key(q: Any, k: Any, v: Any) -> tuple[Any, ...] | None:
-    """The signature of a call on torch tensors q, k, v with no out= (what `_PLANS` is keyed
-    by, as `flash_attn_func` builds it), or None when one is not a torch tensor or has no
-    strides. For `flashscan.torch`'s eager path."""
-    if not (type(q) in TORCH_TYPES and type(k) in TORCH_TYPES and type(v) in TORCH_TYPES):
+def attention_key(q: Any, k: Any, v: Any, out: Any = None) -> tuple[Any, ...] | None:
+    """The signature of a call on torch tensors q, k, v (and out=, or None): each tensor's
+    shape, strides, dtype and device, what `_PLANS` is keyed by; None when one is not a torch
+    tensor or has no strides (the general path then says what is wrong). Used by the hot path
+    here and by `flashscan.torch`'s eager path."""
+    if not (
+        type(q) in TORCH_TYPES
+        and type(k) in TORCH_TYPES
+        and type(v) in TORCH_TYPES
+        and (out is None or type(out) in TORCH_TYPES)
+    ):
         return None
     try:
         return (
@@ -188,7 +171,7 @@ def attention_key(q: Any, k: Any, v: Any) -> tuple[Any, ...] | None:
             v.stride(),
             v.dtype,
             v.device,
-            None,
+            None if out is None else (out.shape, out.stride(), out.dtype, out.device),
         )
     except Exception:  # no strides (sparse, nested...): the general path says what is wrong
         return None

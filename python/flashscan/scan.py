@@ -119,56 +119,8 @@ def selective_scan_fn(
     return_last_state=True (last_state (batch, dim, dstate) float32), in u's framework.
     """
     global _SCAN_LAST
-    key = None
-    if (
-        type(u) in TORCH_TYPES
-        and type(delta) in TORCH_TYPES
-        and type(A) in TORCH_TYPES
-        and type(B) in TORCH_TYPES
-        and type(C) in TORCH_TYPES
-        and (D is None or type(D) in TORCH_TYPES)
-        and (z is None or type(z) in TORCH_TYPES)
-        and (delta_bias is None or type(delta_bias) in TORCH_TYPES)
-        and (initial_state is None or type(initial_state) in TORCH_TYPES)
-    ):
-        try:
-            key = (
-                u.shape,
-                u.stride(),
-                u.dtype,
-                u.device,
-                delta.shape,
-                delta.stride(),
-                delta.dtype,
-                delta.device,
-                A.shape,
-                A.stride(),
-                A.dtype,
-                A.device,
-                B.shape,
-                B.stride(),
-                B.dtype,
-                B.device,
-                C.shape,
-                C.stride(),
-                C.dtype,
-                C.device,
-                None if D is None else (D.shape, D.stride(), D.dtype, D.device),
-                None if z is None else (z.shape, z.stride(), z.dtype, z.device),
-                None
-                if delta_bias is None
-                else (delta_bias.shape, delta_bias.stride(), delta_bias.dtype, delta_bias.device),
-                None
-                if initial_state is None
-                else (
-                    initial_state.shape,
-                    initial_state.stride(),
-                    initial_state.dtype,
-                    initial_state.device,
-                ),
-            )
-        except Exception:  # no strides (sparse, nested...): the general path says what is wrong
-            key = None
+    key = scan_key(u, delta, A, B, C, D, z, delta_bias, initial_state)
+    if key is not None:
         seen = _SCAN_LAST
         if key == seen[0]:
             plan = seen[1]
