@@ -135,6 +135,7 @@ using namespace fs;
 
 static constexpr int kElemBytes = 2;
 static constexpr int kAuxThreads = 128;
+static constexpr int kCombineUnroll = 8;  // splits whose partials one combine step loads at once
 
 // The number of valid keys of batch b (seqlens_k clamped to [0, capacity]) and its leftpad
 // (clamped to [0, that]).
@@ -629,17 +630,31 @@ flash_decode_combine(const FlashDecodeParams p) {
 #pragma unroll
         for (int e = 0; e < 8; ++e) o[e] = 0.0f;
         if (sum > 0.0f) {
-            for (int s = 0; s < p.num_splits; ++s) {
-                const float v = lse_s[(long long)s * rows];
-                if (!(v > neg_inf())) continue;  // empty split (-inf) or NaN: nothing to read
-                const float w = ex2((v - mx) * kLog2e);
-                const float* src = p.o_partial + ((long long)s * rows + row) * p.head_dim + c;
-                const float4 x0 = *reinterpret_cast<const float4*>(src);
-                const float4 x1 = *reinterpret_cast<const float4*>(src + 4);
-                o[0] = fmaf(w, x0.x, o[0]); o[1] = fmaf(w, x0.y, o[1]);
-                o[2] = fmaf(w, x0.z, o[2]); o[3] = fmaf(w, x0.w, o[3]);
-                o[4] = fmaf(w, x1.x, o[4]); o[5] = fmaf(w, x1.y, o[5]);
-                o[6] = fmaf(w, x1.z, o[6]); o[7] = fmaf(w, x1.w, o[7]);
+            // kCombineUnroll splits at a time, every load issued before any is used: the loop is
+            // latency-bound (one row's partials are a few KB), so the loads must overlap.
+            for (int s0 = 0; s0 < p.num_splits; s0 += kCombineUnroll) {
+                float v[kCombineUnroll];
+                float4 x0[kCombineUnroll], x1[kCombineUnroll];
+#pragma unroll
+                for (int u = 0; u < kCombineUnroll; ++u) {
+                    const int s = s0 + u;
+                    v[u] = neg_inf();
+                    if (s < p.num_splits) {
+                        v[u] = lse_s[(long long)s * rows];
+                        const float* src = p.o_partial + ((long long)s * rows + row) * p.head_dim + c;
+                        x0[u] = *reinterpret_cast<const float4*>(src);
+                        x1[u] = *reinterpret_cast<const float4*>(src + 4);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < kCombineUnroll; ++u) {
+                    if (!(v[u] > neg_inf())) continue;  // empty split (-inf) or NaN: not used
+                    const float w = ex2((v[u] - mx) * kLog2e);
+                    o[0] = fmaf(w, x0[u].x, o[0]); o[1] = fmaf(w, x0[u].y, o[1]);
+                    o[2] = fmaf(w, x0[u].z, o[2]); o[3] = fmaf(w, x0[u].w, o[3]);
+                    o[4] = fmaf(w, x1[u].x, o[4]); o[5] = fmaf(w, x1[u].y, o[5]);
+                    o[6] = fmaf(w, x1[u].z, o[6]); o[7] = fmaf(w, x1[u].w, o[7]);
+                }
             }
         }
         const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
