@@ -12,7 +12,9 @@
 //   float4 (16 B) of state when the rows allow it (vec4), element by element otherwise. The channel's
 //   kLanes partial sums meet by xor shuffles; lane 0 of the channel writes out. A block holds
 //   kChans = FS_THREADS / kLanes channels.
-// The kernel is bound by the state's bytes (read once, written once).
+// The kernel is bound by the state's bytes (read once, written once), and with 8 state elements per
+// thread its integer work is not small: offsets inside one batch row (and the whole of A, D, dt_bias) are
+// 32-bit (the host checks that they fit), only the batch row's base is 64-bit, taken once per row.
 //
 // Compile-time constants (host prelude):
 //   FS_IN_DTYPE  x/dt/z/out dtype: 0 = fp16, 1 = bf16, 2 = fp32
@@ -83,8 +85,14 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS) selective_state_update(
   i64 d = (i64)blockIdx.x * kChans + tid / kLanes;
   const bool dact = d < p.dim;
   if (!dact) d = p.dim - 1;              // idle lanes shadow the last channel and store nothing
-  const i64 h = blockIdx.y;
-  const i64 g = (int)blockIdx.y / (int)(p.nheads / p.ngroups);
+  const int hi = blockIdx.y, di = (int)d;
+  const int g = hi / (int)(p.nheads / p.ngroups);
+  // 32-bit offsets of this channel inside a batch row of each per-row tensor
+  const int x_off = hi * (int)p.x_head + di * (int)p.x_dim;
+  const int dt_off = hi * (int)p.dt_head + di * (int)p.dt_dim;
+  const int z_off = hi * (int)p.z_head + di * (int)p.z_dim;
+  const int out_off = hi * (int)p.out_head + di * (int)p.out_dim;
+  const int st_off = hi * (int)p.state_head + di * (int)p.state_dim;
   i64 b[kBPT];
   bool active[kBPT];
 #pragma unroll
@@ -93,13 +101,13 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS) selective_state_update(
     active[r] = dact && b[r] < p.batch;
     if (b[r] >= p.batch) b[r] = p.batch - 1;   // idle rows shadow the last batch row and store nothing
   }
-  const i64 a0 = h * p.A_head + d * p.A_dim;
+  const int a0 = hi * (int)p.A_head + di * (int)p.A_dim;
 
   // ---- phase 1: issue the loads of every row's state (HBM), x, dt, z; A, D, dt_bias once
   float xv[kBPT], dtv[kBPT], zv[kBPT];
   float sv[kBPT][kGroups][4], av[kGroups][4];
-  const float bias = p.has_dt_bias ? __ldg(p.dt_bias + h * p.dt_bias_head + d * p.dt_bias_dim) : 0.f;
-  const float Dv = p.has_D ? __ldg(p.D + h * p.D_head + d * p.D_dim) : 0.f;
+  const float bias = p.has_dt_bias ? __ldg(p.dt_bias + hi * (int)p.dt_bias_head + di * (int)p.dt_bias_dim) : 0.f;
+  const float Dv = p.has_D ? __ldg(p.D + hi * (int)p.D_head + di * (int)p.D_dim) : 0.f;
 #pragma unroll
   for (int gi = 0; gi < kGroups; ++gi) {
     const int n0 = (gi * kLanes + l) * 4;
@@ -113,21 +121,21 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS) selective_state_update(
     } else {
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        if (n0 + i < p.dstate) av[gi][i] = __ldg(p.A + a0 + (n0 + i) * p.A_dstate);
+        if (n0 + i < p.dstate) av[gi][i] = __ldg(p.A + a0 + (n0 + i) * (int)p.A_dstate);
     }
   }
 #pragma unroll
   for (int r = 0; r < kBPT; ++r) {
-    xv[r] = ldg_f32<FS_IN_DTYPE>(p.x, b[r] * p.x_batch + h * p.x_head + d * p.x_dim);
-    dtv[r] = ldg_f32<FS_IN_DTYPE>(p.dt, b[r] * p.dt_batch + h * p.dt_head + d * p.dt_dim);
-    zv[r] = p.has_z ? ldg_f32<FS_IN_DTYPE>(p.z, b[r] * p.z_batch + h * p.z_head + d * p.z_dim) : 0.f;
-    const i64 st0 = b[r] * p.state_batch + h * p.state_head + d * p.state_dim;
+    xv[r] = ldg_f32<FS_IN_DTYPE>(p.x, b[r] * p.x_batch + x_off);
+    dtv[r] = ldg_f32<FS_IN_DTYPE>(p.dt, b[r] * p.dt_batch + dt_off);
+    zv[r] = p.has_z ? ldg_f32<FS_IN_DTYPE>(p.z, b[r] * p.z_batch + z_off) : 0.f;
+    const float* st = p.state + b[r] * p.state_batch + st_off;
 #pragma unroll
     for (int gi = 0; gi < kGroups; ++gi) {
       const int n0 = (gi * kLanes + l) * 4;
       if (p.vec4) {
         if (n0 < p.dstate) {      // dstate % 4 == 0: the whole group is real
-          const float4 s4 = *(const float4*)(p.state + st0 + n0);
+          const float4 s4 = *(const float4*)(st + n0);
           sv[r][gi][0] = s4.x; sv[r][gi][1] = s4.y; sv[r][gi][2] = s4.z; sv[r][gi][3] = s4.w;
         } else {
 #pragma unroll
@@ -136,8 +144,8 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS) selective_state_update(
       } else {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const i64 n = n0 + i;
-          sv[r][gi][i] = n < p.dstate ? p.state[st0 + n * p.state_dstate] : 0.f;
+          const int n = n0 + i;
+          sv[r][gi][i] = n < p.dstate ? st[n * (int)p.state_dstate] : 0.f;
         }
       }
     }
@@ -147,8 +155,8 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS) selective_state_update(
   //      reduce y, store out
 #pragma unroll
   for (int r = 0; r < kBPT; ++r) {
-    const i64 b0 = b[r] * p.B_batch + g * p.B_group;
-    const i64 c0 = b[r] * p.C_batch + g * p.C_group;
+    const i64 b0 = b[r] * p.B_batch + g * (int)p.B_group;
+    const i64 c0 = b[r] * p.C_batch + g * (int)p.C_group;
     float bv[kGroups][4], cv[kGroups][4];
 #pragma unroll
     for (int gi = 0; gi < kGroups; ++gi) {
@@ -164,17 +172,17 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS) selective_state_update(
       } else {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const i64 n = n0 + i;
+          const int n = n0 + i;
           const bool real = n < p.dstate;
-          bv[gi][i] = real ? ldg_f32<FS_BC_DTYPE>(p.B, b0 + n * p.B_dstate) : 0.f;
-          cv[gi][i] = real ? ldg_f32<FS_BC_DTYPE>(p.C, c0 + n * p.C_dstate) : 0.f;
+          bv[gi][i] = real ? ldg_f32<FS_BC_DTYPE>(p.B, b0 + n * (int)p.B_dstate) : 0.f;
+          cv[gi][i] = real ? ldg_f32<FS_BC_DTYPE>(p.C, c0 + n * (int)p.C_dstate) : 0.f;
         }
       }
     }
     float dt = dtv[r] + bias;
     if (p.softplus) dt = softplus(dt);
     const float dtx = dt * xv[r];
-    const i64 st0 = b[r] * p.state_batch + h * p.state_head + d * p.state_dim;
+    float* st = p.state + b[r] * p.state_batch + st_off;
     float y = 0.f;
 #pragma unroll
     for (int gi = 0; gi < kGroups; ++gi) {
@@ -187,11 +195,11 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS) selective_state_update(
       }
       if (active[r]) {
         if (p.vec4) {
-          if (n0 < p.dstate) *(float4*)(p.state + st0 + n0) = make_float4(s[0], s[1], s[2], s[3]);
+          if (n0 < p.dstate) *(float4*)(st + n0) = make_float4(s[0], s[1], s[2], s[3]);
         } else {
 #pragma unroll
           for (int i = 0; i < 4; ++i)
-            if (n0 + i < p.dstate) p.state[st0 + (n0 + i) * p.state_dstate] = s[i];
+            if (n0 + i < p.dstate) st[(n0 + i) * (int)p.state_dstate] = s[i];
         }
       }
     }
@@ -201,7 +209,7 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS) selective_state_update(
       float o = y;
       if (p.has_D) o = fmaf(Dv, xv[r], o);
       if (p.has_z) o *= silu(zv[r]);
-      st_f32<FS_IN_DTYPE>(p.out, b[r] * p.out_batch + h * p.out_head + d * p.out_dim, o);
+      st_f32<FS_IN_DTYPE>(p.out, b[r] * p.out_batch + out_off, o);
     }
   }
 }

@@ -247,6 +247,7 @@ pub fn check(a: &StateUpdateArgs) -> Result<Problem> {
     if batch > 65535 || nheads > 65535 {
         return Err(unsupported("batch and nheads must each be <= 65535"));
     }
+    check_offsets_fit_i32(&st, nheads, dim, dstate, ngroups)?;
     Ok(Problem {
         batch,
         nheads,
@@ -255,6 +256,49 @@ pub fn check(a: &StateUpdateArgs) -> Result<Problem> {
         ngroups,
         params: st,
     })
+}
+
+/// Largest element offset of an index range: sum over axes of (size - 1) * |stride|.
+fn max_offset(axes: &[(i64, i64)]) -> i64 {
+    axes.iter()
+        .map(|&(n, s)| (n - 1).max(0).saturating_mul(s.saturating_abs()))
+        .fold(0i64, i64::saturating_add)
+}
+
+/// The kernel computes offsets inside one batch row (and over all of A, D, dt_bias) in 32 bits, to
+/// keep its integer work small; only the batch row's base is 64-bit.
+fn check_offsets_fit_i32(
+    st: &StateUpdateStrides,
+    nheads: i64,
+    dim: i64,
+    dstate: i64,
+    ngroups: i64,
+) -> Result<()> {
+    let chan = |s: &[i64; 3]| max_offset(&[(nheads, s[1]), (dim, s[2])]);
+    let worst = [
+        max_offset(&[
+            (nheads, st.state[1]),
+            (dim, st.state[2]),
+            (dstate, st.state[3]),
+        ]),
+        chan(&st.x),
+        chan(&st.dt),
+        chan(&st.z),
+        chan(&st.out),
+        max_offset(&[(nheads, st.a[0]), (dim, st.a[1]), (dstate, st.a[2])]),
+        max_offset(&[(ngroups, st.b[1]), (dstate, st.b[2])]),
+        max_offset(&[(ngroups, st.c[1]), (dstate, st.c[2])]),
+        max_offset(&[(nheads, st.d[0]), (dim, st.d[1])]),
+        max_offset(&[(nheads, st.dt_bias[0]), (dim, st.dt_bias[1])]),
+    ];
+    // + 4: the vectorised path reads 4 elements past a row offset
+    if worst.iter().any(|&m| m + 4 > i32::MAX as i64) {
+        return Err(unsupported(
+            "selective_state_update: one batch row of a tensor (or A, D, dt_bias) spans more than \
+             2^31 elements",
+        ));
+    }
+    Ok(())
 }
 
 /// Batch rows per thread (the kernel's FS_BPT): 2 when that still leaves >= BPT_BLOCKS_PER_SM blocks
@@ -402,4 +446,40 @@ pub fn update(a: &StateUpdateArgs, stream: StreamChoice) -> Result<()> {
         )?;
     }
     dev.finish(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn contiguous(nheads: i64, dim: i64, dstate: i64) -> StateUpdateStrides {
+        StateUpdateStrides {
+            state: [nheads * dim * dstate, dim * dstate, dstate, 1],
+            x: [nheads * dim, dim, 1],
+            dt: [nheads * dim, dim, 1],
+            z: [nheads * dim, dim, 1],
+            out: [nheads * dim, dim, 1],
+            a: [dim * dstate, dstate, 1],
+            b: [dstate, dstate, 1],
+            c: [dstate, dstate, 1],
+            d: [dim, 1],
+            dt_bias: [dim, 1],
+        }
+    }
+
+    #[test]
+    fn offsets_inside_a_row_must_fit_i32() {
+        // a large but ordinary decode problem: 80 heads x 64 x 128 state per row
+        assert!(check_offsets_fit_i32(&contiguous(80, 64, 128), 80, 64, 128, 1).is_ok());
+        // the batch stride is free to be huge: only within-row offsets are 32-bit
+        let mut st = contiguous(80, 64, 128);
+        st.state[0] = 1 << 40;
+        assert!(check_offsets_fit_i32(&st, 80, 64, 128, 1).is_ok());
+        // a head stride that puts the last head past 2^31 elements is refused
+        st.state[1] = 1 << 30;
+        assert!(check_offsets_fit_i32(&st, 80, 64, 128, 1).is_err());
+        let mut st = contiguous(4, 64, 16);
+        st.x[2] = -(1 << 28); // negative strides count by magnitude
+        assert!(check_offsets_fit_i32(&st, 4, 64, 16, 1).is_err());
+    }
 }
