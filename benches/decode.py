@@ -9,7 +9,8 @@ Each row is checked before it is timed against SDPA's math backend in float32 on
 inputs (relative RMS error <= 2e-2, every element finite): a failing row prints FAILED. Times are
 GPU medians of triton.testing.do_bench with the L2 flushed before each call; GB/s counts the K/V
 bytes of the valid cache rows (what a decode step must read). Also: wall time per call from
-Python for the b1 4k step, and a CUDA-graph replay of a decode step.
+Python for the b1 4k step (and its host time alone: calls queued without waiting for the GPU), and
+a CUDA-graph replay of a decode step.
 """
 
 from __future__ import annotations
@@ -118,6 +119,20 @@ def shape_rows(b: int, h: int, hk: int, s: int) -> list[dict]:
     return rows
 
 
+def host_us(fn, n: int = 200) -> float:
+    """Host time per call with the GPU left behind: n calls queued after a sync, timed without
+    waiting for them (n * 3 launches stay under the driver's queue depth)."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return dt / n * 1e6
+
+
 def step_costs() -> dict:
     """b1, 32/8 heads, 4k cache, one new token appended: wall per call and graph replay."""
     dt = torch.bfloat16
@@ -133,6 +148,10 @@ def step_costs() -> dict:
         return flashscan.flash_attn_with_kvcache(q, kc, vc, k=kn, v=vn, cache_seqlens=lens, out=out)
 
     res = {
+        "host_us_append_step": host_us(step),
+        "host_us_no_append": host_us(
+            lambda: flashscan.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, out=out)
+        ),
         "wall_us_append_step": wall_us(step),
         "wall_us_no_append": wall_us(
             lambda: flashscan.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, out=out)

@@ -101,6 +101,8 @@ struct FlashDecodeParams {
     float softmax_scale;
     float softcap;
     int window_left, window_right;  // -1 = unbounded
+    int seqlens_k_add;  // >= 0, added to every seqlens_k[b] (the keys a same-call append adds)
+    int pad_;
 };
 
 // The by-value parameter of kvcache_append (host mirror: KvAppendParams).
@@ -137,10 +139,12 @@ static constexpr int kElemBytes = 2;
 static constexpr int kAuxThreads = 128;
 static constexpr int kCombineUnroll = 8;  // splits whose partials one combine step loads at once
 
-// The number of valid keys of batch b (seqlens_k clamped to [0, capacity]) and its leftpad
-// (clamped to [0, that]).
-__device__ __forceinline__ int2 key_range(const int* seqlens, const int* leftpad, int b, int capacity) {
-    const int hi = min(max(__ldg(seqlens + b), 0), capacity);
+// The number of valid keys of batch b (seqlens_k[b] + add, clamped to [0, capacity]) and its
+// leftpad (clamped to [0, that]).
+__device__ __forceinline__ int2 key_range(const int* seqlens, int add, const int* leftpad, int b,
+                                          int capacity) {
+    const long long raw = (long long)__ldg(seqlens + b) + add;
+    const int hi = (int)min(max(raw, 0LL), (long long)capacity);
     const int lo = leftpad ? min(max(__ldg(leftpad + b), 0), hi) : 0;
     return make_int2(lo, hi);
 }
@@ -306,7 +310,7 @@ flash_decode_kernel(const FlashDecodeParams p) {
     const int rows_total = p.seqlen_q * p.group;
 
     // ---- this batch's keys, cache row and key-block range ----
-    const int2 kr = key_range(p.seqlens_k, p.cache_leftpad, b, p.capacity);
+    const int2 kr = key_range(p.seqlens_k, p.seqlens_k_add, p.cache_leftpad, b, p.capacity);
     KVSource src;
     src.lo = kr.x;
     src.hi = kr.y;

@@ -328,7 +328,7 @@ fn kvcache_append(
 
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (q, k_cache, v_cache, out, lse, seqlens_k, cache_batch_idx, cache_leftpad, block_table, softmax_scale, window_left, window_right, softcap, num_splits, stream))]
+#[pyo3(signature = (q, k_cache, v_cache, out, lse, seqlens_k, cache_batch_idx, cache_leftpad, block_table, softmax_scale, window_left, window_right, softcap, num_splits, stream, seqlens_k_add=0))]
 fn flash_attn_kvcache(
     q: &Bound<'_, PyAny>,
     k_cache: &Bound<'_, PyAny>,
@@ -345,6 +345,7 @@ fn flash_attn_kvcache(
     softcap: f32,
     num_splits: i64,
     stream: Option<u64>,
+    seqlens_k_add: i64,
 ) -> PyResult<()> {
     let ch = stream_choice(stream);
     let q = import(q, "q", ch)?;
@@ -363,6 +364,7 @@ fn flash_attn_kvcache(
         out: &out.view,
         lse: view_of(&lse),
         seqlens_k: &seqlens_k.view,
+        seqlens_k_add,
         cache_batch_idx: view_of(&cache_batch_idx),
         cache_leftpad: view_of(&cache_leftpad),
         block_table: view_of(&block_table),

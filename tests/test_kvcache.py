@@ -976,6 +976,7 @@ class FakeNative:
         cap,
         splits,
         stream,
+        seqlens_k_add=0,
     ) -> None:  # noqa: ANN001
         if self.refuse and q.a.dtype.name == self.refuse:
             raise flashscan.UnsupportedError(f"flash_attn_kvcache: {self.refuse} is not served")
@@ -985,6 +986,7 @@ class FakeNative:
                 {
                     "stream": stream,
                     "seqlens_k": seqlens_k.a.copy(),
+                    "seqlens_k_add": seqlens_k_add,
                     "options": (scale, wl, wr, cap, splits),
                     "lse": lse is not None,
                 },
@@ -994,7 +996,7 @@ class FakeNative:
             q.a,
             k_cache.a,
             v_cache.a,
-            cache_seqlens=seqlens_k.a,
+            cache_seqlens=seqlens_k.a + seqlens_k_add,
             cache_batch_idx=_un(bidx),
             cache_leftpad=_un(pad),
             block_table=_un(bt),
@@ -1004,7 +1006,8 @@ class FakeNative:
             return_lse=True,
         )
         out.a[...] = o
-        lse.a[...] = l_
+        if lse is not None:
+            lse.a[...] = l_
 
 
 @pytest.fixture
@@ -1066,8 +1069,9 @@ def test_dispatch_append_rotary_paged(fake_native: FakeNative, rng: np.random.Ge
     assert (n1, n2) == ("kvcache_append", "flash_attn_kvcache")
     assert c1["stream"] == c2["stream"] == 1000 and c1["k"] and c1["q"] and not c1["interleaved"]
     np.testing.assert_array_equal(c1["seqlens"], a["cache_seqlens"])
-    np.testing.assert_array_equal(c2["seqlens_k"], a["cache_seqlens"] + 2)  # after the append
-    assert c2["seqlens_k"].dtype == np.int32
+    # the attention sees the keys after the append: cache_seqlens + 2, added by the kernel
+    np.testing.assert_array_equal(c2["seqlens_k"], a["cache_seqlens"])
+    assert c2["seqlens_k_add"] == 2 and c2["seqlens_k"].dtype == np.int32
     assert c2["options"] == (0.25, -1, 0, 3.0, 4) and c2["lse"]
 
 
@@ -1082,13 +1086,27 @@ def test_dispatch_int_lengths_leftpad_batch_idx(
     check_gpu_call(a, {"window_size": (3, 0)})
     (_, c1), (_, c2) = fake_native.calls
     assert not c1["q"]  # no rotary: q is not copied
-    assert c1["seqlens"].tolist() == [6, 6, 6] and c2["seqlens_k"].tolist() == [7, 7, 7]
+    assert c1["seqlens"].tolist() == [6, 6, 6] and c2["seqlens_k"].tolist() == [6, 6, 6]
+    assert c2["seqlens_k_add"] == 1
 
 
 def test_dispatch_no_append_no_rotary(fake_native: FakeNative, rng: np.random.Generator) -> None:
     a = make_case(rng, batch=2, seqlen_q=3, seqlen_new=0, dtype=np.float32)
     check_gpu_call(a, {"causal": True})
     assert [c[0] for c in fake_native.calls] == ["flash_attn_kvcache"]
+
+
+def test_dispatch_without_lse_allocates_none(
+    fake_native: FakeNative, rng: np.random.Generator
+) -> None:
+    a = make_case(rng, batch=2, seqlen_q=1, seqlen_new=1, dtype=np.float32)
+    g = on_gpu(a)
+    ref_out = naive_kvcache(**copied(a))[0]
+    out = flashscan.flash_attn_with_kvcache(**g)
+    assert isinstance(out, FakeCuda)
+    np.testing.assert_allclose(out.a, ref_out, rtol=0, atol=1e-5)
+    (_, c1), (_, c2) = fake_native.calls
+    assert not c2["lse"]  # the kernels were asked for no LSE
 
 
 def test_dispatch_rotary_without_new_keys(

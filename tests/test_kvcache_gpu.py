@@ -680,3 +680,83 @@ def test_public_api_decode_step_matches_the_reference(
         assert (vc.float().cpu().numpy() == vc_h).all()
         if out is not None:
             assert got.data_ptr() == out.data_ptr()
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("rotary", [False, True])
+def test_hot_path_decode_loop_matches_the_reference(paged: bool, rotary: bool) -> None:
+    """A decode loop through the public API: the first call of the signature takes the general
+    path and records a plan, the next ones take the hot path (cache_seqlens advanced in place,
+    lse asked for on every other step). Every step equals the reference on host copies of the
+    caches as they were before it; bad options still raise on the hot path; a step captured in
+    a CUDA graph replays right."""
+    import flashscan
+    from flashscan import kvcache, reference_kvcache
+
+    g = gen()
+    b, h, hk, d, cap, page = 2, 8, 2, 128, 256, 64
+    dt = torch.bfloat16
+    if paged:
+        kc = randn((b * cap // page, page, hk, d), dt, g)
+        table = torch.randperm(b * cap // page, device="cuda").view(b, -1).to(torch.int32)
+    else:
+        kc, table = randn((b, cap, hk, d), dt, g), None
+    vc = randn(tuple(kc.shape), dt, g)
+    lens = torch.tensor([3, 130], dtype=torch.int32, device="cuda")
+    cos = sin = None
+    if rotary:
+        ang = randn((cap, d // 2), torch.float32, g)
+        cos, sin = ang.cos().to(dt), ang.sin().to(dt)
+
+    def host(t: Any) -> Any:
+        return None if t is None else t.float().cpu().numpy()
+
+    def step(q: Any, kn: Any, vn: Any, want_lse: bool, **kw: Any) -> Any:
+        return flashscan.flash_attn_with_kvcache(
+            q, kc, vc, k=kn, v=vn, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lens,
+            block_table=table, causal=True, return_lse=want_lse, **kw,
+        )  # fmt: skip
+
+    def reference(q: Any, kn: Any, vn: Any, kc_h: Any, vc_h: Any, lens_h: Any) -> Any:
+        return reference_kvcache.flash_attn_with_kvcache(
+            host(q), kc_h, vc_h, k=host(kn), v=host(vn), rotary_cos=host(cos),
+            rotary_sin=host(sin), cache_seqlens=lens_h, block_table=host(table), causal=True,
+            return_lse=True,
+        )  # fmt: skip
+
+    kvcache._PLANS.clear()
+    kvcache._LAST = (None, None)
+    for i in range(5):
+        q, kn, vn = (randn((b, 1, x, d), dt, g) for x in (h, hk, hk))
+        kc_h, vc_h, lens_h = host(kc), host(vc), lens.cpu().numpy()
+        res = step(q, kn, vn, i % 2 == 1)
+        got, lse = res if i % 2 == 1 else (res, None)
+        torch.cuda.synchronize()
+        ref, ref_lse = reference(q, kn, vn, kc_h, vc_h, lens_h)
+        err = (got.float().cpu() - torch.from_numpy(ref).float()).abs().max().item()
+        assert err < 3e-2, f"step {i}: out differs from the reference by {err}"
+        if lse is not None:
+            lse_err = (lse.cpu() - torch.from_numpy(ref_lse).float()).abs().max().item()
+            assert lse_err < 2e-2, f"step {i}: lse differs by {lse_err}"
+        assert len(kvcache._PLANS) == 1  # one signature, one plan: steps 1.. took the hot path
+        lens += 1
+
+    q, kn, vn = (randn((b, 1, x, d), dt, g) for x in (h, hk, hk))
+    with pytest.raises(ValueError, match="softcap"):
+        step(q, kn, vn, False, softcap=-1.0)
+    with pytest.raises(ValueError, match="num_splits"):
+        step(q, kn, vn, False, num_splits=-2)
+
+    # one step captured in a graph (the hot path allocates out through torch's allocator)
+    kc_h, vc_h, lens_h = host(kc), host(vc), lens.cpu().numpy()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s), torch.cuda.graph(graph):
+        got = step(q, kn, vn, False)
+    torch.cuda.current_stream().wait_stream(s)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref, _ = reference(q, kn, vn, kc_h, vc_h, lens_h)
+    err = (got.float().cpu() - torch.from_numpy(ref).float()).abs().max().item()
+    assert err < 3e-2, f"graph replay: out differs from the reference by {err}"

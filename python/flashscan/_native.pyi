@@ -110,6 +110,7 @@ def flash_attn_kvcache(
     softcap: float,
     num_splits: int,
     stream: int | None,
+    seqlens_k_add: int = 0,
 ) -> None:
     """Attention of q (batch, seqlen_q, nheads, d) over keys [cache_leftpad[b], seqlens_k[b]) of
     each sequence's cache (layouts as kvcache_append), bottom-right aligned (query i at key
@@ -119,7 +120,8 @@ def flash_attn_kvcache(
     capacity and to 128); split partials live in stream-ordered scratch (graph-capturable).
     fp16 / bf16 (float32 raises UnsupportedError); head dims multiples of 8 up to 256.
     A seqlens_k past the capacity is clamped; a bad block id or cache row is never read and
-    makes that sequence's out / lse NaN."""
+    makes that sequence's out / lse NaN. seqlens_k_add (>= 0) is added to every seqlens_k[b] on
+    the device: after an append of n keys at cache_seqlens, pass cache_seqlens and n."""
 
 def selective_scan_fwd(
     u: TensorArg,

@@ -11,6 +11,11 @@ Dispatch: checks (`_checks.kvcache`), then
   decode kernels, float32 where the native core refuses it) -> the fallback policy, then the
   reference on host copies, and the cache update copied back into the caller's caches.
 
+For torch tensors the CUDA path is also a plan lookup, as in `attention.py`: a decode loop
+repeats one signature (each tensor's shape, strides, dtype and device; cache_seqlens a tensor),
+so after the general path has checked and served it once, later calls check only the options,
+allocate out (and lse when asked) and make the one or two `_native` calls.
+
 The values inside the int32 index tensors (cache_seqlens, cache_batch_idx, cache_leftpad,
 block_table) are checked on the host wherever they are on the host already; on the GPU reading
 them costs a synchronisation (and breaks graph capture), so there they are checked only with
@@ -27,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from . import _backend, _checks, reference_kvcache
-from ._frameworks import CPU, CUDA, Desc, Handler, handler_of
+from ._frameworks import CPU, CUDA, TORCH_TYPES, Desc, Handler, handler_of
 
 __all__ = ["flash_attn_with_kvcache"]
 
@@ -40,6 +45,11 @@ _INF = math.inf
 # set once the native core has refused float32 q (UnsupportedError): later float32 calls go to
 # the host without asking again
 _FP32_REFUSED: str | None = None
+_NO_DEVICES: frozenset[int] = frozenset()
+# signature -> plan (see `_plan`), and the last pair found, as in attention.py: replaced whole,
+# never mutated (thread-safe); bounded like the check memos.
+_PLANS: dict[Any, tuple[Any, ...]] = {}
+_LAST: tuple[Any, Any] = (None, None)
 
 
 def flash_attn_with_kvcache(
@@ -99,7 +109,45 @@ def flash_attn_with_kvcache(
     current stream. There is no backward: decoding needs none (as in flash-attn), outputs
     carry no gradient.
     """
-    global _FP32_REFUSED
+    global _FP32_REFUSED, _LAST
+    key = _signature(
+        q,
+        k_cache,
+        v_cache,
+        k,
+        v,
+        rotary_cos,
+        rotary_sin,
+        cache_seqlens,
+        cache_batch_idx,
+        cache_leftpad,
+        block_table,
+        out,
+    )
+    if key is not None:
+        seen = _LAST
+        if key == seen[0]:
+            plan = seen[1]
+        else:
+            plan = _PLANS.get(key)
+            if plan is not None:
+                _LAST = (key, plan)
+        if (
+            plan is not None
+            and plan[0] in (_backend._usable or _NO_DEVICES)
+            and not _check_indices_on_gpu()
+        ):
+            # --- the hot path: a torch signature already checked and served ------------------
+            opts = _options(
+                plan[9], causal, window_size, softmax_scale, softcap, num_splits,
+                rotary_interleaved, return_lse,
+            )  # fmt: skip
+            res = _serve(
+                plan, key, opts, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                cache_seqlens, cache_batch_idx, cache_leftpad, block_table, out,
+            )  # fmt: skip
+            return res if opts[6] else res[0]
+
     hq = handler_of(q, "q")
     dq = hq.describe(q, "q")
     hkc, dkc = _describe(k_cache, "k_cache", hq, q, required=True)
@@ -147,21 +195,10 @@ def flash_attn_with_kvcache(
             if not hx.always_writable:
                 _checks.writable(arg, x, hx)
 
-    causal = _checks.flag("causal", causal)
-    return_lse = _checks.flag("return_lse", return_lse)
-    rotary_interleaved = _checks.flag("rotary_interleaved", rotary_interleaved)
-    if window_size is _NO_WINDOW or (type(window_size) is tuple and window_size == _NO_WINDOW):
-        wl, wr = -1, (0 if causal else -1)
-    else:
-        wl, wr = _checks.window(window_size, causal)
-    if softmax_scale is None:
-        scale = 1.0 / math.sqrt(d)
-    elif type(softmax_scale) is float and -_INF < softmax_scale < _INF:
-        scale = softmax_scale
-    else:
-        scale = _checks.real("softmax_scale", softmax_scale)
-    cap = _checks.real("softcap", softcap, minimum=0.0)
-    splits = _checks.nonnegative_int("num_splits", num_splits)
+    scale, wl, wr, cap, rotary_interleaved, splits, return_lse = _options(
+        1.0 / math.sqrt(d), causal, window_size, softmax_scale, softcap, num_splits,
+        rotary_interleaved, return_lse,
+    )  # fmt: skip
 
     ho: Handler | None = None
     do: Desc | None = None
@@ -194,7 +231,9 @@ def flash_attn_with_kvcache(
         reason = _gpu_refusal(dq)
         if reason is None:
             try:
-                res = _on_gpu(a, out, do, ho)
+                res = _on_gpu(a, out, do, ho, return_lse)
+                if key is not None:
+                    _checks.remember(_PLANS, key, _plan(a, hq))
             except _backend.UnsupportedError as exc:
                 if dq[3] != "float32":
                     raise
@@ -241,6 +280,134 @@ class _Call:
     def __init__(self, **kw: Any) -> None:
         for name, value in kw.items():
             setattr(self, name, value)
+
+
+def _options(
+    d_scale: float,
+    causal: Any,
+    window_size: Any,
+    softmax_scale: Any,
+    softcap: Any,
+    num_splits: Any,
+    rotary_interleaved: Any,
+    return_lse: Any,
+) -> tuple[float, int, int, float, bool, int, bool]:
+    """The checked options, (scale, window_left, window_right, softcap, rotary_interleaved,
+    num_splits, return_lse); d_scale is the default scale 1/sqrt(headdim). Plain values skip
+    the checkers (the decode loop calls this every step)."""
+    if causal is not False and causal is not True:
+        causal = _checks.flag("causal", causal)
+    if return_lse is not False and return_lse is not True:
+        return_lse = _checks.flag("return_lse", return_lse)
+    if rotary_interleaved is not False and rotary_interleaved is not True:
+        rotary_interleaved = _checks.flag("rotary_interleaved", rotary_interleaved)
+    if window_size is _NO_WINDOW or (type(window_size) is tuple and window_size == _NO_WINDOW):
+        wl, wr = -1, (0 if causal else -1)
+    else:
+        wl, wr = _checks.window(window_size, causal)
+    if softmax_scale is None:
+        scale = d_scale
+    elif type(softmax_scale) is float and -_INF < softmax_scale < _INF:
+        scale = softmax_scale
+    else:
+        scale = _checks.real("softmax_scale", softmax_scale)
+    if type(softcap) is float and 0.0 <= softcap < _INF:
+        cap = softcap
+    else:
+        cap = _checks.real("softcap", softcap, minimum=0.0)
+    if type(num_splits) is int and num_splits >= 0:
+        splits = num_splits
+    else:
+        splits = _checks.nonnegative_int("num_splits", num_splits)
+    return scale, wl, wr, cap, rotary_interleaved, splits, return_lse
+
+
+def _signature(*arrays: Any) -> tuple[Any, ...] | None:
+    """The plan key of a call whose arrays (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+    cache_seqlens, cache_batch_idx, cache_leftpad, block_table, out; None where not given) are
+    all torch tensors: each one's (shape, strides, dtype, device). None when one is not a torch
+    tensor (cache_seqlens given as an int or left out included) or has no strides: the general
+    path then serves (and says what is wrong)."""
+    if type(arrays[7]) not in TORCH_TYPES:
+        return None
+    key = []
+    try:
+        for t in arrays:
+            if t is None:
+                key.append(None)
+            elif type(t) in TORCH_TYPES:
+                key.append((t.shape, t.stride(), t.dtype, t.device))
+            else:
+                return None
+    except Exception:  # no strides (sparse, nested...)
+        return None
+    return tuple(key)
+
+
+def _plan(a: _Call, hq: Handler) -> tuple[Any, ...]:
+    """What the hot path needs for a torch signature the general path just served on the GPU:
+    (device, dtype name of each of the 12 arrays or None, out's shape and contiguous strides,
+    lse's, the stream lookup, torch.float32, seqlen_new, the default scale, rotary given)."""
+    q, _, dq = a.q
+    b, sq, h, sn, _, _, _ = a.dims
+    d = dq[1][3]
+    slots = (a.q, a.k_cache, a.v_cache, a.k, a.v, a.cos, a.sin, a.seq, a.bidx, a.pad, a.bt)
+    names = tuple(None if x is None else x[2][3] for x in slots) + (dq[3],)
+    return (
+        dq[5],
+        names,
+        (b, sq, h, d),
+        (sq * h * d, h * d, d, 1),
+        (b, h, sq),
+        (h * sq, sq, 1),
+        hq.current_stream,  # type: ignore[attr-defined]
+        hq.float32,  # type: ignore[attr-defined]
+        sn,
+        1.0 / math.sqrt(d),
+        a.cos is not None,
+    )
+
+
+def _serve(
+    plan: tuple[Any, ...], key: tuple[Any, ...], opts: tuple[Any, ...], *arrays: Any
+) -> tuple[Any, Any]:
+    """The hot path's native calls for torch tensors of signature `key` (arrays in the
+    `_signature` order): append (and rotate) when k/v or rotary are given, then attend."""
+    dev, names, o_shape, o_strides, l_shape, l_strides, current_stream, f32, sn, _, rot = plan
+    scale, wl, wr, cap, interleaved, splits, return_lse = opts
+    stream = current_stream(dev)
+    desc = [
+        None if t is None else (t.data_ptr(), sig[0], sig[1], name, CUDA, dev)
+        for t, sig, name in zip(arrays, key, names)
+    ]
+    q = arrays[0]
+    q_att = desc[0]
+    if sn or rot:
+        q_rot = qr = None
+        if rot:
+            q_rot = q.new_empty_strided(o_shape, o_strides)
+            qr = (q_rot.data_ptr(), o_shape, o_strides, names[0], CUDA, dev)
+        _native.kvcache_append(  # type: ignore[union-attr]
+            desc[3], desc[4], desc[1], desc[2], desc[7], desc[8], desc[9], desc[10],
+            desc[5], desc[6], interleaved, q_att if rot else None, qr, stream,
+        )  # fmt: skip
+        if rot:
+            q_att = qr
+    out = arrays[11]
+    if out is None:
+        out = q.new_empty_strided(o_shape, o_strides)
+        oa = (out.data_ptr(), o_shape, o_strides, names[0], CUDA, dev)
+    else:
+        oa = desc[11]
+    lse = la = None
+    if return_lse:
+        lse = q.new_empty_strided(l_shape, l_strides, dtype=f32)
+        la = (lse.data_ptr(), l_shape, l_strides, "float32", CUDA, dev)
+    _native.flash_attn_kvcache(  # type: ignore[union-attr]
+        q_att, desc[1], desc[2], oa, la, desc[7], desc[8], desc[9], desc[10],
+        scale, wl, wr, cap, splits, stream, sn,
+    )  # fmt: skip
+    return out, lse
 
 
 def _describe(
@@ -298,8 +465,10 @@ def _empty_result(a: _Call, out: Any, ho: Handler | None) -> tuple[Any, Any]:
     return out, lse
 
 
-def _on_gpu(a: _Call, out: Any, do: Desc | None, ho: Handler | None) -> tuple[Any, Any]:
-    """The native decode kernels on the caller's stream."""
+def _on_gpu(
+    a: _Call, out: Any, do: Desc | None, ho: Handler | None, return_lse: bool
+) -> tuple[Any, Any]:
+    """The native decode kernels on the caller's stream (lse None unless return_lse)."""
     q, hq, dq = a.q
     b, sq, h, sn, _, _, _ = a.dims
     scale, wl, wr, cap, interleaved, splits = a.options
@@ -324,16 +493,8 @@ def _on_gpu(a: _Call, out: Any, do: Desc | None, ho: Handler | None) -> tuple[An
         return arg((t, hq, hq.describe(t, "cache_seqlens")))
 
     stream = hq.stream(dq[5])
-    if a.seq is None:
-        seq = index(a.seq_int)  # type: ignore[arg-type]
-        seqlens_k = index(a.seq_int + sn) if sn else seq  # type: ignore[operator]
-    else:
-        seq = arg(a.seq)
-        seqlens_k = seq
-        if sn:
-            advanced = _advanced(a.seq, sn)
-            keep.append(advanced[0])
-            seqlens_k = arg(advanced)
+    # the attention sees cache_seqlens + seqlen_new keys: the kernel adds sn itself
+    seq = index(a.seq_int) if a.seq is None else arg(a.seq)  # type: ignore[arg-type]
 
     q_att = arg(a.q)
     if a.k is not None or a.cos is not None:
@@ -367,16 +528,18 @@ def _on_gpu(a: _Call, out: Any, do: Desc | None, ho: Handler | None) -> tuple[An
     else:
         assert ho is not None
         oa = do if ho.fast else out
-    lse_shape = (b, h, sq)
-    lse = hq.empty(lse_shape, "float32", q, dq)
-    la = hq.describe_new(lse, lse_shape, "float32", dq) if hq.fast else lse
+    lse = la = None
+    if return_lse:
+        lse_shape = (b, h, sq)
+        lse = hq.empty(lse_shape, "float32", q, dq)
+        la = hq.describe_new(lse, lse_shape, "float32", dq) if hq.fast else lse
     _native.flash_attn_kvcache(  # type: ignore[union-attr]
         q_att,
         arg(a.k_cache),
         arg(a.v_cache),
         oa,
         la,
-        seqlens_k,
+        seq,
         arg(a.bidx),
         arg(a.pad),
         arg(a.bt),
@@ -386,27 +549,13 @@ def _on_gpu(a: _Call, out: Any, do: Desc | None, ho: Handler | None) -> tuple[An
         cap,
         splits,
         stream,
+        sn,
     )
     if hq.needs_finish:
-        out, lse = hq.finish(out), hq.finish(lse)
+        out = hq.finish(out)
+        if lse is not None:
+            lse = hq.finish(lse)
     return out, lse
-
-
-def _advanced(seq: _Arg, n: int) -> _Arg:
-    """cache_seqlens + n as a new int32 array of its framework, on its device (the framework's
-    own addition: no host synchronisation, capturable in a CUDA graph)."""
-    x, h, _ = seq
-    try:
-        y = x + n
-    except Exception:
-        raise TypeError(
-            f"cache_seqlens: cannot compute cache_seqlens + seqlen_new on a "
-            f"{type(x).__name__} on the GPU (pass torch, cupy or jax arrays, or an int)"
-        ) from None
-    dy = h.describe(y, "cache_seqlens")
-    if dy[3] != "int32":  # pragma: no cover - every framework keeps int32 + int in int32
-        raise TypeError(f"cache_seqlens: cache_seqlens + {n} came out as {dy[3]}, not int32")
-    return y, h, dy
 
 
 def _on_host(a: _Call, out: Any, ho: Handler | None) -> tuple[Any, Any]:

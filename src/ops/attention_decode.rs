@@ -27,7 +27,7 @@ pub const MIN_BLOCKS_PER_SPLIT: i64 = 4;
 /// Upper bound on splits, chosen or forced (bounds the fp32 scratch and the combine's loop).
 pub const MAX_SPLITS: i64 = 128;
 
-/// Mirrors `struct FlashDecodeParams` in cuda/flash_decode.cu field for field (256 bytes).
+/// Mirrors `struct FlashDecodeParams` in cuda/flash_decode.cu field for field (264 bytes).
 /// Strides in elements; for a paged cache the k/v batch stride is the cache-block stride.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -72,9 +72,11 @@ pub struct FlashDecodeParams {
     pub softcap: f32,
     pub window_left: i32,
     pub window_right: i32,
+    pub seqlens_k_add: i32,
+    pub pad_: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<FlashDecodeParams>() == 256);
+const _: () = assert!(std::mem::size_of::<FlashDecodeParams>() == 264);
 
 /// Mirrors `struct KvAppendParams` in cuda/flash_decode.cu field for field (320 bytes).
 #[repr(C)]
@@ -293,6 +295,9 @@ pub struct KvcacheArgs<'a> {
     pub out: &'a TensorView,
     pub lse: Option<&'a TensorView>,
     pub seqlens_k: &'a TensorView,
+    /// Added to every seqlens_k[b] on the device (>= 0): a caller that appended n keys in the
+    /// same step passes the cache_seqlens it appended at and n, with no extra array.
+    pub seqlens_k_add: i64,
     pub cache_batch_idx: Option<&'a TensorView>,
     pub cache_leftpad: Option<&'a TensorView>,
     pub block_table: Option<&'a TensorView>,
@@ -350,6 +355,12 @@ pub fn check(a: &KvcacheArgs) -> Result<DecodeProblem> {
         )));
     }
     expect_index("seqlens_k", a.seqlens_k, batch)?;
+    if a.seqlens_k_add < 0 {
+        return Err(value_err(format!(
+            "seqlens_k_add must be >= 0, got {}",
+            a.seqlens_k_add
+        )));
+    }
     if let Some(lp) = a.cache_leftpad {
         expect_index("cache_leftpad", lp, batch)?;
     }
@@ -732,6 +743,8 @@ pub fn attention(a: &KvcacheArgs, stream: StreamChoice) -> Result<()> {
         softcap: a.softcap,
         window_left: p.window_left as i32,
         window_right: p.window_right as i32,
+        seqlens_k_add: i32_of("seqlens_k_add", a.seqlens_k_add)?,
+        pad_: 0,
         ..Default::default()
     };
     let block = (pl.tile.warps * 32, 1, 1);
@@ -814,6 +827,7 @@ mod tests {
             out: &s.t[3],
             lse: Some(&s.t[4]),
             seqlens_k: &s.t[5],
+            seqlens_k_add: 0,
             cache_batch_idx: None,
             cache_leftpad: None,
             block_table: s.t.get(6),
