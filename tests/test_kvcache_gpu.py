@@ -738,7 +738,9 @@ def test_hot_path_decode_loop_matches_the_reference(paged: bool, rotary: bool) -
         if lse is not None:
             lse_err = (lse.cpu() - torch.from_numpy(ref_lse).float()).abs().max().item()
             assert lse_err < 2e-2, f"step {i}: lse differs by {lse_err}"
-        assert len(kvcache._PLANS) == 1  # one signature, one plan: steps 1.. took the hot path
+        # one signature, one plan (recorded by step 0, or step 1 when step 0 was the process's
+        # first torch call: the torch types are registered then): the later steps took it
+        assert len(kvcache._PLANS) == 1 or i == 0
         lens += 1
 
     q, kn, vn = (randn((b, 1, x, d), dt, g) for x in (h, hk, hk))
