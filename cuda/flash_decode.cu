@@ -591,15 +591,22 @@ flash_decode_kernel(const FlashDecodeParams p) {
 
 #if FS_AUX_ONLY
 // ---- combine the splits --------------------------------------------------------------------------
-// grid = ceil(batch * nheads * seqlen_q / 4), block = 128: warp w of block x merges row 4x + w
-// (row = (b * nheads + h) * seqlen_q + i, the layout of lse); lane l owns columns [8l, 8l + 8).
+// grid = batch * nheads * seqlen_q, block = 128: block x merges row x (row = (b * nheads + h) *
+// seqlen_q + i, the layout of lse). Every warp reads all the splits' LSEs (a few hundred bytes,
+// L2 hits) for the max and the sum of weights; warp w then accumulates splits w, w + 4, ..., loading
+// kCombineUnroll of them at once (lane l owns columns [8l, 8l + 8)), and the four partial rows meet
+// in shared memory. A row's partials are a few KB: one warp walking them is latency-bound (it was a
+// quarter of a b1 32k decode call), four warps per row overlap four times the loads.
 extern "C" __global__ void __launch_bounds__(fd::kAuxThreads)
 flash_decode_combine(const FlashDecodeParams p) {
     using namespace fd;
+    constexpr int kWarps = kAuxThreads / 32;
+    __shared__ float4 s_part[kWarps - 1][32][2];  // warps 1.. hand their 8 columns per lane to warp 0
     const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
     const long long rows = (long long)p.batch * p.nheads * p.seqlen_q;
-    const long long row = (long long)blockIdx.x * (kAuxThreads / 32) + (threadIdx.x >> 5);
-    if (row >= rows) return;
+    const long long row = blockIdx.x;
+    if (row >= rows) return;  // (grid == rows: never)
     const float* lse_s = p.lse_partial + row;  // split s at lse_s[s * rows]
 
     // max over the splits (a NaN LSE marks a split that met a bad index)
@@ -623,44 +630,58 @@ flash_decode_combine(const FlashDecodeParams p) {
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
 
+    const int c = lane * 8;
+    const bool has_col = c < p.head_dim;
+    float o[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] = 0.0f;
+    if (has_col && sum > 0.0f) {
+        // this warp's splits (w, w + kWarps, ...), kCombineUnroll at a time, every load issued
+        // before any is used
+        for (int s0 = warp; s0 < p.num_splits; s0 += kWarps * kCombineUnroll) {
+            float v[kCombineUnroll];
+            float4 x0[kCombineUnroll], x1[kCombineUnroll];
+#pragma unroll
+            for (int u = 0; u < kCombineUnroll; ++u) {
+                const int s = s0 + u * kWarps;
+                v[u] = neg_inf();
+                if (s < p.num_splits) {
+                    v[u] = lse_s[(long long)s * rows];
+                    const float* src = p.o_partial + ((long long)s * rows + row) * p.head_dim + c;
+                    x0[u] = *reinterpret_cast<const float4*>(src);
+                    x1[u] = *reinterpret_cast<const float4*>(src + 4);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < kCombineUnroll; ++u) {
+                if (!(v[u] > neg_inf())) continue;  // empty split (-inf) or NaN: not used
+                const float w = ex2((v[u] - mx) * kLog2e);
+                o[0] = fmaf(w, x0[u].x, o[0]); o[1] = fmaf(w, x0[u].y, o[1]);
+                o[2] = fmaf(w, x0[u].z, o[2]); o[3] = fmaf(w, x0[u].w, o[3]);
+                o[4] = fmaf(w, x1[u].x, o[4]); o[5] = fmaf(w, x1[u].y, o[5]);
+                o[6] = fmaf(w, x1[u].z, o[6]); o[7] = fmaf(w, x1[u].w, o[7]);
+            }
+        }
+    }
+    if (warp > 0) {
+        s_part[warp - 1][lane][0] = make_float4(o[0], o[1], o[2], o[3]);
+        s_part[warp - 1][lane][1] = make_float4(o[4], o[5], o[6], o[7]);
+    }
+    __syncthreads();
+    if (warp > 0) return;
+#pragma unroll
+    for (int w = 0; w < kWarps - 1; ++w) {
+        const float4 a = s_part[w][lane][0], b4 = s_part[w][lane][1];
+        o[0] += a.x; o[1] += a.y; o[2] += a.z; o[3] += a.w;
+        o[4] += b4.x; o[5] += b4.y; o[6] += b4.z; o[7] += b4.w;
+    }
+
     const int qi = (int)(row % p.seqlen_q);
     const long long bh = row / p.seqlen_q;
     const int h = (int)(bh % p.nheads);
     const int b = (int)(bh / p.nheads);
     const float nan = __int_as_float(0x7fffffff);
-    const int c = lane * 8;
-    if (c < p.head_dim) {
-        float o[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) o[e] = 0.0f;
-        if (sum > 0.0f) {
-            // kCombineUnroll splits at a time, every load issued before any is used: the loop is
-            // latency-bound (one row's partials are a few KB), so the loads must overlap.
-            for (int s0 = 0; s0 < p.num_splits; s0 += kCombineUnroll) {
-                float v[kCombineUnroll];
-                float4 x0[kCombineUnroll], x1[kCombineUnroll];
-#pragma unroll
-                for (int u = 0; u < kCombineUnroll; ++u) {
-                    const int s = s0 + u;
-                    v[u] = neg_inf();
-                    if (s < p.num_splits) {
-                        v[u] = lse_s[(long long)s * rows];
-                        const float* src = p.o_partial + ((long long)s * rows + row) * p.head_dim + c;
-                        x0[u] = *reinterpret_cast<const float4*>(src);
-                        x1[u] = *reinterpret_cast<const float4*>(src + 4);
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < kCombineUnroll; ++u) {
-                    if (!(v[u] > neg_inf())) continue;  // empty split (-inf) or NaN: not used
-                    const float w = ex2((v[u] - mx) * kLog2e);
-                    o[0] = fmaf(w, x0[u].x, o[0]); o[1] = fmaf(w, x0[u].y, o[1]);
-                    o[2] = fmaf(w, x0[u].z, o[2]); o[3] = fmaf(w, x0[u].w, o[3]);
-                    o[4] = fmaf(w, x1[u].x, o[4]); o[5] = fmaf(w, x1[u].y, o[5]);
-                    o[6] = fmaf(w, x1[u].z, o[6]); o[7] = fmaf(w, x1[u].w, o[7]);
-                }
-            }
-        }
+    if (has_col) {
         const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
 #pragma unroll
         for (int e = 0; e < 8; ++e) o[e] = nan_seen ? nan : o[e] * inv;

@@ -19,7 +19,7 @@ pub const ENTRY_MAIN: &str = "flash_decode_kernel";
 pub const ENTRY_COMBINE: &str = "flash_decode_combine";
 pub const ENTRY_APPEND: &str = "kvcache_append";
 
-/// Threads of the combine and append kernels (one warp per combined row; 16 bytes per thread).
+/// Threads of the combine (one block of 4 warps per combined row) and append kernels.
 pub(crate) const AUX_THREADS: u32 = 128;
 /// Splits of the heuristic take at least this many key blocks each (prologue, partial writes and
 /// the combine amortised over >= 256 keys).
@@ -757,9 +757,9 @@ pub fn attention(a: &KvcacheArgs, stream: StreamChoice) -> Result<()> {
     }
     let combine_k = dev.kernel(&aux_spec(a.q.dtype, arch_num, ENTRY_COMBINE)?)?;
     let rows = p.batch * p.nheads * p.seqlen_q;
+    // one block of AUX_THREADS / 32 warps per combined row
     let combine_grid = (
-        u32::try_from(cdiv(rows, (AUX_THREADS / 32) as i64))
-            .map_err(|_| unsupported("too many rows for the decode combine"))?,
+        u32::try_from(rows).map_err(|_| unsupported("too many rows for the decode combine"))?,
         1,
         1,
     );
