@@ -220,7 +220,7 @@ def decode_cases() -> int:
             d(vc),
             d(out),
             d(lse),
-            d(seqlens_k),
+            d(seqlens),  # the keys after the append: seqlens + sq, added in the kernel
             None,
             None,
             d(table),
@@ -230,6 +230,7 @@ def decode_cases() -> int:
             cap_,
             splits,
             st,
+            sq,
         )
         # reference: float32 over the logical cache
         if table is None:
