@@ -181,33 +181,50 @@ def scan_case(
     # u, delta, z in `dtype`; B, C, the parameters and the state in float32 (float64 with
     # float64 inputs), as selective_scan_fn takes them
     pdt = torch.float64 if dtype == torch.float64 else torch.float32
+    dts = (dtype, dtype, pdt, pdt, dtype)
+    names = ("u", "delta", "B", "C", "z", "A", "D", "delta_bias")
 
-    def local(t: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
-        return fsd.shard(t, rank, world, dim=-1).to(device, dt).contiguous().requires_grad_()
+    def local(t: torch.Tensor) -> torch.Tensor:
+        return fsd.shard(t, rank, world, dim=-1)
 
-    s_loc = [local(t, dt) for t, dt in zip(seq, (dtype, dtype, pdt, pdt, dtype))]
-    p_loc = [t.to(device, pdt).requires_grad_() for t in params]
-    h_loc = None if h0 is None else h0.to(device, pdt).requires_grad_()
-    out, last = scan(fsd.sharded_selective_scan, s_loc, p_loc, h_loc)
-    loss = (out * fsd.shard(dout, rank, world, dim=-1).to(device, dtype)).sum()
-    if rank == world - 1:
-        loss = loss + (last * dlast.to(device, pdt)).sum()  # only the true final state is used
-    loss.backward()
+    def results(sharded: bool) -> dict[str, torch.Tensor]:
+        """out, last state and gradients of the sharded scan (this rank's share) or of
+        flashscan's unsharded scan on this device in the same precision (the baseline)."""
+        cut = local if sharded else (lambda t: t)
+        s = [cut(t).to(device, dt).contiguous().requires_grad_() for t, dt in zip(seq, dts)]
+        p = [t.to(device, pdt).requires_grad_() for t in params]
+        h = None if h0 is None else h0.to(device, pdt).requires_grad_()
+        fn = fsd.sharded_selective_scan if sharded else fst.selective_scan_fn
+        out, last = scan(fn, s, p, h)
+        loss = (out * cut(dout).to(device, dtype)).sum()
+        if not sharded or rank == world - 1:  # only the true final state is used
+            loss = loss + (last * dlast.to(device, pdt)).sum()
+        loss.backward()
+        res = {"out": out.detach(), "last_state": last.detach()}
+        res.update({f"d{n}": t.grad for n, t in zip(names, s + p)})
+        if h is not None and (not sharded or rank == 0):  # other ranks ignore initial_state
+            res["dinitial_state"] = h.grad
+        if sharded:
+            for n in ("dA", "dD", "ddelta_bias"):
+                dist.all_reduce(res[n])  # each rank holds its shard's share
+        return {n: t.cpu() for n, t in res.items()}
 
-    tol = {torch.float64: 1e-10, torch.float32: 1e-4}.get(dtype, 2e-2)
-    what = f"scan world={world} {dtype}"
-    _check(f"{what} out", out.detach().cpu(), fsd.shard(out_ref.detach(), rank, world, -1), tol)
-    if rank == world - 1:
-        _check(f"{what} last_state", last.detach().cpu(), last_ref.detach(), tol)
-    names = ("u", "delta", "B", "C", "z")
-    for n, t, r in zip(names, s_loc, s_full):
-        _check(f"{what} d{n}", t.grad.cpu(), fsd.shard(r.grad, rank, world, -1), tol)
-    for n, t, r in zip(("A", "D", "delta_bias"), p_loc, p_full):
-        grad = t.grad.clone()
-        dist.all_reduce(grad)  # each rank holds its shard's share
-        _check(f"{what} d{n}", grad.cpu(), r.grad, tol)
-    if h0 is not None and rank == 0:
-        _check(f"{what} dinitial_state", h_loc.grad.cpu(), h_full.grad, tol)
+    got = results(True)
+    base = results(False) if dtype in (torch.float16, torch.bfloat16) else None
+    refs = {"out": out_ref.detach(), "last_state": last_ref.detach()}
+    refs.update({f"d{n}": t.grad for n, t in zip(names, s_full + p_full)})
+    if h_full is not None:
+        refs["dinitial_state"] = h_full.grad
+    per_step = {"out", "du", "ddelta", "dB", "dC", "dz"}
+    tol = {torch.float64: 1e-10, torch.float32: 1e-4}.get(dtype, 1e-3)
+    for n, t in got.items():
+        if n == "last_state" and rank != world - 1:
+            continue  # the state after this shard only: checked on the last rank
+        if n == "dinitial_state" and rank != 0:
+            continue  # only rank 0 takes the initial state
+        ref = local(refs[n]) if n in per_step else refs[n]
+        b = None if base is None else (local(base[n]) if n in per_step else base[n])
+        _check(f"scan world={world} {dtype} {n}", t, ref, tol, b)
 
 
 def run_all(rank: int, world: int, device: str, dtypes: tuple[torch.dtype, ...]) -> None:
