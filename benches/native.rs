@@ -135,7 +135,8 @@ fn gpu(c: &mut Criterion) {
         }
     };
     let dev = rt.device(0).expect("device 0");
-    dev.make_current().expect("context");
+    // The bench thread keeps device 0 current for its allocations (the guard lives to the end).
+    let _bound = dev.bind().expect("context");
     let mut g = c.benchmark_group("gpu_realtime_attention");
     for batch in [1i64, 32] {
         let shape = [batch, 60, 8, 64];

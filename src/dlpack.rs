@@ -388,7 +388,7 @@ unsafe extern "C" fn delete_versioned(m: *mut DLManagedTensorVersioned) {
 fn free_device(device_id: i32, ptr: u64) {
     if let Ok(rt) = crate::runtime::runtime() {
         if let Ok(dev) = rt.device(device_id) {
-            if dev.make_current().is_ok() {
+            if let Ok(_bound) = dev.bind() {
                 // SAFETY: ptr came from runtime::driver::alloc and is freed exactly once, when
                 // the last reference to its DeviceAllocation drops.
                 unsafe {

@@ -231,7 +231,7 @@ fn empty(
     let bytes = shape.iter().product::<i64>() as usize * dt.size();
     let rt = runtime().map_err(Error::Unavailable)?;
     let dev = rt.device(device_id)?;
-    dev.make_current()?;
+    let _bound = dev.bind()?;
     let ptr = runtime::driver::alloc(bytes)?;
     let alloc = std::sync::Arc::new(dlpack::DeviceAllocation { ptr, device_id });
     Ok(DeviceBuffer {

@@ -79,6 +79,17 @@ for stage in "${stages[@]}"; do
         FLASHSCAN_CACHE_DIR=/tmp/flashscan-cache-base python3 "$repo/benches/backward.py" --quick \
         --out "$OUT/bench_backward_base" 2>&1 | tee "$OUT/bench_backward_base.log" | tail -50
       ;;
+    multi-gpu)
+      # issue 15 on a machine with >= 2 GPUs (nvidia-h200-x2): any-device tests, ring attention
+      # and the sharded scan under NCCL (tests/ring_cases.py through torchrun), then the bench
+      export NCCL_NVLS_ENABLE=0
+      nvidia-smi topo -m 2>&1 | tee "$OUT/topo.log" | head -12
+      python3 -m pytest "$repo/tests/test_multi_gpu.py" "$repo/tests/test_distributed.py" -q \
+        -p no:cacheprovider -rs 2>&1 | tee "$OUT/multi_gpu_tests.log" | tail -30
+      ngpu="$(python3 -c 'import torch; print(torch.cuda.device_count())')"
+      python3 -m torch.distributed.run --standalone --nproc-per-node "$ngpu" "$repo/benches/ring.py" \
+        --out "$OUT/bench_ring" 2>&1 | grep -v '^W[0-9]' | tee "$OUT/bench_ring.log" | tail -30
+      ;;
     pack)
       # the device tool returns at most 8 files: everything else in one archive
       (cd "$OUT" && tar czf /tmp/logs.tgz --exclude=logs.tgz . && rm -rf ./* && mv /tmp/logs.tgz .)

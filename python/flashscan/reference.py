@@ -66,6 +66,7 @@ def flash_attn_func(
     out: _Array | None = None,
     *,
     accum_dtype: np.dtype = np.float32,
+    lse_dtype: np.dtype = np.float32,
 ) -> _Array | tuple[_Array, _Array]:
     """Attention forward with flash-attn's layout and semantics.
 
@@ -78,7 +79,8 @@ def flash_attn_func(
 
     Accumulates in `accum_dtype` (float32 or float64). Returns out in q's dtype (written into
     `out` when given, which is returned), and with `return_lse` also lse
-    (batch, nheads, seqlen_q) float32.
+    (batch, nheads, seqlen_q) float32 (the API's contract), or `lse_dtype`: float64 keeps a
+    float64 computation's lse exact enough to merge partial results (ring attention).
     """
     acc = np.dtype(accum_dtype)
     batch, sq, nheads, hd = q.shape
@@ -101,7 +103,7 @@ def flash_attn_func(
     vg = np.ascontiguousarray(v.transpose(0, 2, 1, 3), dtype=acc)[:, :, None]
 
     result = out if out is not None else np.empty((batch, sq, nheads, hd_v), dtype=q.dtype)
-    lse_all = np.empty((batch, nheads, sq), dtype=np.float32) if return_lse else None
+    lse_all = np.empty((batch, nheads, sq), dtype=lse_dtype) if return_lse else None
 
     block_k = _BLOCK_K
     block_q = max(1, min(sq, _BLOCK_Q_MAX, _SCORE_BUDGET // max(1, batch * nheads * block_k)))

@@ -146,6 +146,7 @@ def _attn_fwd_general(
             softcap=softcap,
             return_lse=True,
             accum_dtype=np.dtype(np.float64),
+            lse_dtype=np.dtype(np.float64),  # merged exactly by flashscan.distributed
         )
         return _from_host(o, q), _from_host(lse, q)
     # The API's general path (not `flash_attn_func`, which would send a grad-requiring call

@@ -285,6 +285,9 @@ pub fn forward(a: &FlashFwdArgs, stream: StreamChoice) -> Result<()> {
     ])?;
     let rt = runtime().map_err(Error::Unavailable)?;
     let dev = rt.device(device)?;
+    // The device's context stays current for the whole call (loads, scratch, launches, frees)
+    // and the caller's is current again when this returns.
+    let _bound = dev.bind()?;
     let arch_num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
     let has_mask = p.window_left >= 0 || p.window_right >= 0;
     let (spec, tile, smem) = spec(

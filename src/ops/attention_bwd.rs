@@ -450,6 +450,9 @@ pub fn backward(a: &FlashBwdArgs, stream: StreamChoice) -> Result<()> {
     ])?;
     let rt = runtime().map_err(Error::Unavailable)?;
     let dev = rt.device(device)?;
+    // The device's context stays current for the whole call (loads, scratch, launches, frees)
+    // and the caller's is current again when this returns.
+    let _bound = dev.bind()?;
     let arch_num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
     let code = a.q.dtype.kernel_code()?;
     let pl = plan(
@@ -511,7 +514,6 @@ pub fn backward(a: &FlashBwdArgs, stream: StreamChoice) -> Result<()> {
     let pre_grid = aux_grid(pl.seqlen_q_pad)?;
     let conv_grid = aux_grid(p.seqlen_q)?;
     let s = dev.stream(stream)?;
-    dev.make_current()?;
     let scratch = driver::alloc_async(pl.scratch_bytes as usize, s)?;
     params.dq_accum = scratch;
     params.dpsum = scratch + pl.dpsum_off as u64;

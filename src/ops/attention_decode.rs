@@ -688,6 +688,9 @@ pub fn attention(a: &KvcacheArgs, stream: StreamChoice) -> Result<()> {
     ])?;
     let rt = runtime().map_err(Error::Unavailable)?;
     let dev = rt.device(device)?;
+    // The device's context stays current for the whole call (loads, scratch, launches, frees)
+    // and the caller's is current again when this returns.
+    let _bound = dev.bind()?;
     let arch_num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
     let pl = plan(
         &p,
@@ -763,7 +766,6 @@ pub fn attention(a: &KvcacheArgs, stream: StreamChoice) -> Result<()> {
         1,
         1,
     );
-    dev.make_current()?;
     let scratch = driver::alloc_async(pl.scratch_bytes as usize, s)?;
     params.o_partial = scratch;
     params.lse_partial = scratch + pl.lse_off as u64;

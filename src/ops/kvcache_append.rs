@@ -199,6 +199,9 @@ pub fn append(a: &AppendArgs, stream: StreamChoice) -> Result<()> {
     ])?;
     let rt = runtime().map_err(Error::Unavailable)?;
     let dev = rt.device(device)?;
+    // The device's context stays current for the whole call (loads, scratch, launches, frees)
+    // and the caller's is current again when this returns.
+    let _bound = dev.bind()?;
     let arch_num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
     let kernel = dev.kernel(&aux_spec(a.k_cache.dtype, arch_num, ENTRY_APPEND)?)?;
     let mut strides = [0i64; 18];

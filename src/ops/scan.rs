@@ -515,6 +515,9 @@ pub fn forward(a: &ScanArgs, stream: StreamChoice) -> Result<()> {
     }
     let rt = runtime().map_err(Error::Unavailable)?;
     let dev = rt.device(device)?;
+    // The device's context stays current for the whole call (loads, scratch, launches, frees)
+    // and the caller's is current again when this returns.
+    let _bound = dev.bind()?;
     let arch = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
     let pl = plan(&p, dev.props.sm_count as i64);
     let grid_x = u32::try_from(pl.blocks_per_row * p.batch)
@@ -628,7 +631,6 @@ pub fn forward(a: &ScanArgs, stream: StreamChoice) -> Result<()> {
     // Chunked: scratch for each chunk's end state and dt sum, stream-ordered so it is safe
     // under graph capture and freed once the two launches have run.
     let rows = p.batch * p.dim * (pl.nchunks - 1);
-    dev.make_current()?;
     let chunk_state = driver::alloc_async((rows * pl.tiles.dpad * 4) as usize, s)?;
     let chunk_dtsum = match driver::alloc_async((rows * 4) as usize, s) {
         Ok(p) => p,

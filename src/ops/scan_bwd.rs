@@ -494,6 +494,9 @@ pub fn backward(a: &ScanBwdArgs, stream: StreamChoice) -> Result<()> {
     }
     let rt = runtime().map_err(Error::Unavailable)?;
     let dev = rt.device(device)?;
+    // The device's context stays current for the whole call (loads, scratch, launches, frees)
+    // and the caller's is current again when this returns.
+    let _bound = dev.bind()?;
     let arch = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
     let pl = plan(&p, dev.props.sm_count as i64);
     let nitems = i32::try_from(pl.nitems)
@@ -627,7 +630,6 @@ pub fn backward(a: &ScanBwdArgs, stream: StreamChoice) -> Result<()> {
     }
     let bwd_k = dev.kernel(&kspec(ENTRY_BWD)?)?;
     let block = (pl.tiles.threads as u32, 1, 1);
-    dev.make_current()?;
     let mut scratch = Scratch {
         ptrs: Vec::new(),
         stream: s,

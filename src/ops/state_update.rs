@@ -386,6 +386,9 @@ pub fn update(a: &StateUpdateArgs, stream: StreamChoice) -> Result<()> {
     let device = common_cuda_device(&named)?;
     let rt = runtime().map_err(Error::Unavailable)?;
     let dev = rt.device(device)?;
+    // The device's context stays current for the whole call (loads, scratch, launches, frees)
+    // and the caller's is current again when this returns.
+    let _bound = dev.bind()?;
     let arch = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
     let bpt = rows_per_thread(
         p.batch,

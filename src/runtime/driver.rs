@@ -102,16 +102,48 @@ impl Context {
         Ok(Context { raw })
     }
 
-    /// Binds this context to the calling thread if another (or none) is bound.
-    pub fn make_current(&self) -> Result<()> {
+    /// Binds this context to the calling thread until the guard drops; the context that was
+    /// current before (another device's, or none) is bound again then. torch, cupy and jax read
+    /// their current device from the thread's current context (the runtime API picks up a
+    /// context set through the driver API), so a call on cuda:1 tensors must not leave cuda:1
+    /// current for a caller whose current device is cuda:0. Binding the context that is
+    /// already current costs one cuCtxGetCurrent and restores nothing.
+    pub fn bind(&self) -> Result<CurrentGuard> {
         let mut cur: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: out-pointer to a local.
         let rc = unsafe { sys::cuCtxGetCurrent(&mut cur) };
         if rc == sys::CUresult::CUDA_SUCCESS && cur == self.raw {
-            return Ok(());
+            return Ok(CurrentGuard { previous: None });
         }
         // SAFETY: raw is a retained primary context.
-        unsafe { result::ctx::set_current(self.raw) }.map_err(cuda_err("cuCtxSetCurrent"))
+        unsafe { result::ctx::set_current(self.raw) }.map_err(cuda_err("cuCtxSetCurrent"))?;
+        let previous = if rc == sys::CUresult::CUDA_SUCCESS {
+            cur
+        } else {
+            std::ptr::null_mut()
+        };
+        Ok(CurrentGuard {
+            previous: Some(previous),
+        })
+    }
+}
+
+/// Restores the thread's previous current context when dropped (see `Context::bind`).
+/// Not Send: it belongs to the thread whose binding it changed.
+pub struct CurrentGuard {
+    /// None: nothing was changed. Some(ctx): ctx (possibly null, i.e. none) was current.
+    previous: Option<sys::CUcontext>,
+}
+
+impl Drop for CurrentGuard {
+    fn drop(&mut self) {
+        if let Some(prev) = self.previous {
+            // SAFETY: prev was the thread's current context (a live context, or null for none)
+            // when the guard was made; errors here have nowhere to go and leave ours bound.
+            unsafe {
+                let _ = sys::cuCtxSetCurrent(prev);
+            }
+        }
     }
 }
 
@@ -122,7 +154,7 @@ pub struct Kernel {
 }
 
 // SAFETY: module and function handles are context-wide, usable from any thread that has the
-// context current (every launch path calls `Context::make_current` first).
+// context current (every launch path binds it first with `Context::bind`).
 unsafe impl Send for Kernel {}
 unsafe impl Sync for Kernel {}
 

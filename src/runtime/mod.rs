@@ -247,8 +247,12 @@ impl DeviceCtx {
         })
     }
 
-    pub fn make_current(&self) -> Result<()> {
-        self.ctx.make_current()
+    /// Binds this device's context to the calling thread until the guard drops, then binds
+    /// the caller's previous one again (`driver::Context::bind`): every op holds one for its
+    /// whole call (kernel loads, stream-ordered allocations, launches), so the caller's current
+    /// device is the same after a call on another device's tensors.
+    pub fn bind(&self) -> Result<driver::CurrentGuard> {
+        self.ctx.bind()
     }
 
     pub fn stream(&self, choice: StreamChoice) -> Result<Stream> {
@@ -257,7 +261,7 @@ impl DeviceCtx {
             StreamChoice::OwnThenSync => self
                 .own_stream
                 .get_or_init(|| {
-                    self.ctx.make_current()?;
+                    let _bound = self.ctx.bind()?;
                     Stream::create_non_blocking()
                 })
                 .clone(),
@@ -283,7 +287,7 @@ impl DeviceCtx {
             return Ok((k.clone(), false));
         }
         let rt = runtime().map_err(Error::Unavailable)?;
-        self.make_current()?;
+        let _bound = self.bind()?;
         let tu = spec.translation_unit()?;
         let options = nvrtc_options(&self.arch);
         let key = cache::key(&tu, &options, rt.nvrtc.version, &self.arch);
@@ -333,7 +337,7 @@ impl DeviceCtx {
         stream: Stream,
         params: &P,
     ) -> Result<()> {
-        self.make_current()?;
+        let _bound = self.bind()?;
         if smem > 48 * 1024 {
             if smem > self.props.max_smem_optin as u32 {
                 return Err(unsupported(format!(
