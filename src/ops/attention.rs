@@ -9,6 +9,16 @@ pub const SOURCE: &str = include_str!("../../cuda/flash_fwd.cu");
 pub const FAMILY: &str = "flash_fwd";
 pub const ENTRY: &str = "flash_fwd_kernel";
 
+/// The Hopper (sm_90a) wgmma forward: fp16/bf16, head dim 64 or 128, no softcap.
+pub const SOURCE_SM90: &str = include_str!("../../cuda/flash_fwd_sm90.cu");
+pub const FAMILY_SM90: &str = "flash_fwd_sm90";
+pub const ENTRY_SM90: &str = "flash_fwd_sm90_kernel";
+/// Query rows per CTA and threads of the sm_90 kernel (two warpgroups of 64 rows).
+const SM90_BLOCK_M: i64 = 128;
+const SM90_THREADS: u32 = 256;
+/// Off by default until it has passed the GPU matrix; FLASHSCAN_SM90_WGMMA=1 turns it on.
+const SM90_DEFAULT_ON: bool = false;
+
 /// Mirrors `struct FlashFwdParams` in cuda/flash_fwd.cu field for field. Strides in elements.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -244,6 +254,51 @@ pub fn spec(
     ))
 }
 
+/// Whether the wgmma path is wanted: FLASHSCAN_SM90_WGMMA=1 / =0 overrides the default (read once).
+fn sm90_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("FLASHSCAN_SM90_WGMMA") {
+        Ok(v) if v == "1" => true,
+        Ok(v) if v == "0" => false,
+        _ => SM90_DEFAULT_ON,
+    })
+}
+
+/// The sm_90a wgmma variant and its dynamic shared memory, when it covers the problem: arch
+/// sm_90, fp16/bf16, head dim exactly 64 or 128, no softcap. Everything else takes `spec`.
+pub fn sm90_spec(
+    head_dim: i64,
+    dtype: DType,
+    has_mask: bool,
+    softcap: bool,
+    arch_num: i64,
+) -> Option<(KernelSpec, u32)> {
+    if arch_num != 90 || softcap || !(head_dim == 64 || head_dim == 128) {
+        return None;
+    }
+    let code = match dtype {
+        DType::F16 | DType::BF16 => dtype.kernel_code().ok()?,
+        _ => return None,
+    };
+    // Q, then two stages of K and V: five 128-row tiles, plus 1 KB to align the base to 1024.
+    let smem = 5 * 128 * head_dim as u32 * 2 + 1024;
+    let defines = vec![
+        ("FS_HEAD_DIM", head_dim),
+        ("FS_DTYPE", code),
+        ("FS_HAS_MASK", has_mask as i64),
+        ("FS_ARCH", arch_num),
+    ];
+    Some((
+        KernelSpec {
+            family: FAMILY_SM90,
+            source: SOURCE_SM90,
+            entry: ENTRY_SM90,
+            defines,
+        },
+        smem,
+    ))
+}
+
 /// Every variant the forward can emit for one arch (for tests and precompile).
 pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
     let mut out = Vec::new();
@@ -257,6 +312,11 @@ pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
                     for mask in [false, true] {
                         for cap in [false, true] {
                             if let Ok((s, _, _)) = spec(hd, dtype, mask, cap, arch_num, seqlen_q) {
+                                if !out.contains(&s) {
+                                    out.push(s);
+                                }
+                            }
+                            if let Some((s, _)) = sm90_spec(hd, dtype, mask, cap, arch_num) {
                                 if !out.contains(&s) {
                                     out.push(s);
                                 }
@@ -287,14 +347,25 @@ pub fn forward(a: &FlashFwdArgs, stream: StreamChoice) -> Result<()> {
     let dev = rt.device(device)?;
     let arch_num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
     let has_mask = p.window_left >= 0 || p.window_right >= 0;
-    let (spec, tile, smem) = spec(
-        p.head_dim,
-        a.q.dtype,
-        has_mask,
-        a.softcap > 0.0,
-        arch_num,
-        p.seqlen_q,
-    )?;
+    let wgmma = if sm90_enabled() {
+        sm90_spec(p.head_dim, a.q.dtype, has_mask, a.softcap > 0.0, arch_num)
+    } else {
+        None
+    };
+    let (spec, block_m, threads, smem) = match wgmma {
+        Some((s, smem)) => (s, SM90_BLOCK_M, SM90_THREADS, smem),
+        None => {
+            let (s, tile, smem) = spec(
+                p.head_dim,
+                a.q.dtype,
+                has_mask,
+                a.softcap > 0.0,
+                arch_num,
+                p.seqlen_q,
+            )?;
+            (s, tile.block_m as i64, tile.warps * 32, smem)
+        }
+    };
     let kernel = dev.kernel(&spec)?;
     let params = FlashFwdParams {
         q: a.q.ptr,
@@ -326,7 +397,7 @@ pub fn forward(a: &FlashFwdArgs, stream: StreamChoice) -> Result<()> {
         window_right: p.window_right as i32,
     };
     let grid = (
-        u32::try_from((p.seqlen_q + tile.block_m as i64 - 1) / tile.block_m as i64)
+        u32::try_from((p.seqlen_q + block_m - 1) / block_m)
             .map_err(|_| unsupported("seqlen_q too large"))?,
         p.nheads as u32,
         p.batch as u32,
@@ -334,7 +405,7 @@ pub fn forward(a: &FlashFwdArgs, stream: StreamChoice) -> Result<()> {
     let s = dev.stream(stream)?;
     // SAFETY: params mirrors the kernel's struct; every pointer was checked above to be a
     // CUDA tensor on this device with the shapes and strides the kernel indexes by.
-    unsafe { dev.launch(&kernel, grid, (tile.warps * 32, 1, 1), smem, s, &params)? };
+    unsafe { dev.launch(&kernel, grid, (threads, 1, 1), smem, s, &params)? };
     dev.finish(stream)
 }
 
