@@ -16,8 +16,13 @@ pub const ENTRY_SM90: &str = "flash_fwd_sm90_kernel";
 /// Query rows per CTA and threads of the sm_90 kernel (two warpgroups of 64 rows).
 const SM90_BLOCK_M: i64 = 128;
 const SM90_THREADS: u32 = 256;
-/// Off by default until it has passed the GPU matrix; FLASHSCAN_SM90_WGMMA=1 turns it on.
-const SM90_DEFAULT_ON: bool = false;
+/// Whether the wgmma kernel runs by default for a problem it covers: measured faster than the
+/// mma.sync kernel on the H100 (2026-11-23, benches/results/2026-11-23-h100-hopper-fwd.md) at
+/// head dim 128 (1.27x bf16 s4096), not yet at head dim 64 (0.92-0.98x), and unmeasured for
+/// short queries (the mma.sync kernel's 64-row tile serves seqlen_q <= 64).
+fn sm90_default(head_dim: i64, seqlen_q: i64) -> bool {
+    head_dim == 128 && seqlen_q > SHORT_SEQLEN_Q
+}
 
 /// Mirrors `struct FlashFwdParams` in cuda/flash_fwd.cu field for field. Strides in elements.
 #[repr(C)]
@@ -254,14 +259,24 @@ pub fn spec(
     ))
 }
 
-/// Whether the wgmma path is wanted: FLASHSCAN_SM90_WGMMA=1 / =0 overrides the default (read once).
-fn sm90_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| match std::env::var("FLASHSCAN_SM90_WGMMA") {
-        Ok(v) if v == "1" => true,
-        Ok(v) if v == "0" => false,
-        _ => SM90_DEFAULT_ON,
-    })
+/// Whether the wgmma path is wanted for a problem it covers: FLASHSCAN_SM90_WGMMA=1 (every
+/// covered problem) or =0 (none) overrides `sm90_default`. The variable is read once.
+fn sm90_wanted(head_dim: i64, seqlen_q: i64) -> bool {
+    static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let forced = *FORCED.get_or_init(|| match std::env::var("FLASHSCAN_SM90_WGMMA") {
+        Ok(v) if v == "1" => Some(true),
+        Ok(v) if v == "0" => Some(false),
+        _ => None,
+    });
+    forced.unwrap_or_else(|| sm90_default(head_dim, seqlen_q))
+}
+
+/// The main-loop schedule of the wgmma kernel: 1 (default) overlaps the softmax of tile i with
+/// P V of tile i-1 inside each warpgroup; FLASHSCAN_SM90_PIPE=0 runs them in turn (for A/B
+/// timing). Read once.
+fn sm90_pipe() -> bool {
+    static PIPE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PIPE.get_or_init(|| std::env::var("FLASHSCAN_SM90_PIPE").map_or(true, |v| v != "0"))
 }
 
 /// The sm_90a wgmma variant and its dynamic shared memory, when it covers the problem: arch
@@ -286,6 +301,7 @@ pub fn sm90_spec(
         ("FS_HEAD_DIM", head_dim),
         ("FS_DTYPE", code),
         ("FS_HAS_MASK", has_mask as i64),
+        ("FS_SM90_PIPE", sm90_pipe() as i64),
         ("FS_ARCH", arch_num),
     ];
     Some((
@@ -347,7 +363,7 @@ pub fn forward(a: &FlashFwdArgs, stream: StreamChoice) -> Result<()> {
     let dev = rt.device(device)?;
     let arch_num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
     let has_mask = p.window_left >= 0 || p.window_right >= 0;
-    let wgmma = if sm90_enabled() {
+    let wgmma = if sm90_wanted(p.head_dim, p.seqlen_q) {
         sm90_spec(p.head_dim, a.q.dtype, has_mask, a.softcap > 0.0, arch_num)
     } else {
         None
