@@ -35,9 +35,6 @@
 #if !defined(FS_HEAD_DIM) || !defined(FS_DTYPE) || !defined(FS_HAS_MASK) || !defined(FS_ARCH)
 #error "the prelude must define FS_HEAD_DIM, FS_DTYPE, FS_HAS_MASK and FS_ARCH"
 #endif
-#ifndef FS_SM90_PIPE
-#define FS_SM90_PIPE 1  // 1: softmax of tile i overlaps P V of tile i-1 (see the main loop)
-#endif
 
 // The kernel's one by-value parameter (host mirror: FlashFwdParams in src/ops/attention.rs).
 struct FlashFwdParams {
@@ -152,21 +149,54 @@ extern "C" __global__ void __launch_bounds__(f90::kThreads, 1) flash_fwd_sm90_ke
 
     const float scale_log2 = p.softmax_scale * kLog2e;
 
+    // ---- prologue: Q and the last visible K/V tile into stage 0 ----
+    int n = n_end - 1;
+    load_tile(sQ, q_ptr, p.q_row_stride, m0, rows_q);
+    load_tile(sQ + kTileBytes, k_ptr, p.k_row_stride, n * kBlockN, seqlen_k - n * kBlockN);
+    load_tile(sQ + 2 * kTileBytes, v_ptr, p.v_row_stride, n * kBlockN, seqlen_k - n * kBlockN);
+    cp_async_commit();
+
     float acc_o[kORegs];
 #pragma unroll
     for (int i = 0; i < kORegs; ++i) acc_o[i] = 0.0f;
     float row_max[2] = {neg_inf(), neg_inf()};
     float row_sum[2] = {0.0f, 0.0f};
 
-    // This thread's first query row within the tile (rows row_in_tile and row_in_tile + 8).
+    // This thread's first query row within the tile and its i + diag (for masks).
     const int row_in_tile = wg * 64 + warp_in_wg * 16 + g;
     const u32 sQ_wg = sQ + wg * 64 * 128;  // this warpgroup's 64 rows inside each column block
-    auto sK_of = [&](int buf) -> u32 { return s_base + kTileBytes * (1 + 2 * buf); };
-    auto sV_of = [&](int buf) -> u32 { return s_base + kTileBytes * (2 + 2 * buf); };
-    // Masks S in place where tile n crosses seqlen_k or a window edge, then takes the online
-    // softmax step: S becomes P (unnormalised), row_max / row_sum advance, alpha is the factor
-    // the O accumulator must be rescaled by.
-    auto mask_softmax = [&](float (&acc_s)[kSRegs], int n0, float (&alpha)[2]) {
+
+    int stage = 0;
+    for (; n >= n_begin; --n) {
+        const u32 sK = s_base + kTileBytes * (1 + 2 * stage);
+        const u32 sV = sK + kTileBytes;
+        const int n0 = n * kBlockN;
+
+        cp_async_wait<0>();   // K(n), V(n) (and Q) landed for this thread
+        fence_proxy_async();  // ...and are visible to the tensor cores
+        __syncthreads();      // ...for every thread; all wgmmas on the other stage are done
+        if (n > n_begin) {
+            const u32 sK_next = s_base + kTileBytes * (1 + 2 * (stage ^ 1));
+            load_tile(sK_next, k_ptr, p.k_row_stride, n0 - kBlockN, kBlockN);
+            load_tile(sK_next + kTileBytes, v_ptr, p.v_row_stride, n0 - kBlockN, kBlockN);
+        }
+        cp_async_commit();
+
+        // ---- S = Q K^T: head_dim / 16 k-steps of m64n128k16, both operands K-major ----
+        float acc_s[kSRegs];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+            const u32 koff = (kk >> 2) * kSColBlockBytes + (kk & 3) * 32;
+            const u64 da = wgmma_desc(sQ_wg + koff, 16, 1024);
+            const u64 db = wgmma_desc(sK + koff, 16, 1024);
+            wgmma_ss<kBlockN, FS_DTYPE, 0>(acc_s, da, db, kk > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(acc_s);
+
+        // ---- mask: only tiles that cross seqlen_k or a window edge for some row of the block ----
         bool need_mask = n0 + kBlockN > seqlen_k;
 #if FS_HAS_MASK
         {
@@ -189,6 +219,8 @@ extern "C" __global__ void __launch_bounds__(f90::kThreads, 1) flash_fwd_sm90_ke
                     if (col >= seqlen_k || rel < rel_lo || rel > rel_hi) acc_s[4 * j + e] = neg_inf();
                 }
         }
+
+        // ---- online softmax (base 2; rows g and g + 8 of this warp's 16) ----
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float mx = row_max[h];
@@ -197,9 +229,14 @@ extern "C" __global__ void __launch_bounds__(f90::kThreads, 1) flash_fwd_sm90_ke
             mx = quad_max(mx);
             // A row with nothing visible yet keeps max -inf: base 0 so exp2 gives 0, not NaN.
             const float base = (mx == neg_inf()) ? 0.0f : mx * scale_log2;
-            alpha[h] = ex2(row_max[h] * scale_log2 - base);
+            const float alpha = ex2(row_max[h] * scale_log2 - base);
             row_max[h] = mx;
-            float sum = row_sum[h] * alpha[h];
+            float sum = row_sum[h] * alpha;
+#pragma unroll
+            for (int d = 0; d < kHeadDim / 8; ++d) {
+                acc_o[4 * d + 2 * h] *= alpha;
+                acc_o[4 * d + 2 * h + 1] *= alpha;
+            }
 #pragma unroll
             for (int j = 0; j < kBlockN / 8; ++j) {
                 const float p0 = ex2(fmaf(acc_s[4 * j + 2 * h], scale_log2, -base));
@@ -210,139 +247,29 @@ extern "C" __global__ void __launch_bounds__(f90::kThreads, 1) flash_fwd_sm90_ke
             }
             row_sum[h] = sum;  // this thread's columns; quad-reduced at the end
         }
-    };
-    auto rescale_o = [&](const float (&alpha)[2]) {
-#pragma unroll
-        for (int d = 0; d < kHeadDim / 8; ++d)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc_o[4 * d + e] *= alpha[e >> 1];
-    };
 
-#if FS_SM90_PIPE
-    // ---- software pipeline inside the warpgroup: the tensor cores run O += P(i-1) V(i-1) while
-    // the warpgroup computes the softmax of S(i). Iteration i (tile n = n_end - 1 - i) issues
-    // S(i) = Q K(i)^T, then PV(i-1), waits for S(i) only, masks + softmaxes it into P(i) (fresh
-    // registers: P(i-1) is still being read by the tensor cores), then waits for PV(i-1) and
-    // rescales O. Loads: the top of iteration i (after the barrier: all of iteration i-1 done
-    // everywhere) issues K(i+1) into K's other buffer (S(i-1) done) and V(i) into V's buffer of
-    // tile i-2 (PV(i-2) done); each lands during one whole iteration.
-    int n = n_end - 1;
-    load_tile(sQ, q_ptr, p.q_row_stride, m0, rows_q);
-    load_tile(sK_of(0), k_ptr, p.k_row_stride, n * kBlockN, seqlen_k - n * kBlockN);
-    cp_async_commit();
-    u32 pa[kBlockN / 16][4];
-    for (int i = 0; n >= n_begin; --n, ++i) {
-        const int buf = i & 1;
-        const int n0 = n * kBlockN;
-        cp_async_wait<0>();   // K(i) and V(i-1) landed for this thread
-        fence_proxy_async();  // ...and are visible to the tensor cores
-        __syncthreads();      // ...for every thread; iteration i-1 is done everywhere
-        if (n > n_begin) load_tile(sK_of(buf ^ 1), k_ptr, p.k_row_stride, n0 - kBlockN, kBlockN);
-        load_tile(sV_of(buf), v_ptr, p.v_row_stride, n0, seqlen_k - n0);
-        cp_async_commit();
-
-        float acc_s[kSRegs];
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-            const u32 koff = (kk >> 2) * kSColBlockBytes + (kk & 3) * 32;
-            wgmma_ss<kBlockN, FS_DTYPE, 0>(acc_s, wgmma_desc(sQ_wg + koff, 16, 1024),
-                                           wgmma_desc(sK_of(buf) + koff, 16, 1024), kk > 0 ? 1 : 0);
-        }
-        wgmma_commit();
-        if (i > 0) {
-            reg_fence(acc_o);
-#pragma unroll
-            for (int kk = 0; kk < kBlockN / 16; ++kk)
-                wgmma_rs<kHeadDim, FS_DTYPE, 1>(acc_o, pa[kk], wgmma_desc(sV_of(buf ^ 1) + kk * 16 * 128, kSColBlockBytes, 1024), 1);
-            wgmma_commit();
-            wgmma_wait<1>();  // S(i) done; PV(i-1) may still run
-        } else {
-            wgmma_wait<0>();
-        }
-        reg_fence(acc_s);
-        float alpha[2];
-        mask_softmax(acc_s, n0, alpha);
-        u32 pa_next[kBlockN / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) pa_next[kk][e] = pack2<FS_DTYPE>(acc_s[8 * kk + 2 * e], acc_s[8 * kk + 2 * e + 1]);
-        wgmma_wait<0>();  // PV(i-1) done: O may be rescaled, P(i-1) overwritten
-        // ptxas does not see that the in-flight wgmma still reads P(i-1): keeping P(i-1) live up
-        // to here stops it from giving P(i)'s registers the same ones.
-        reg_fence(pa);
-        reg_fence(acc_o);
-        rescale_o(alpha);
-#pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) pa[kk][e] = pa_next[kk][e];
-        if (n == n_begin) {
-            // the last tile's P V: its V was issued at the top of this iteration
-            cp_async_wait<0>();
-            fence_proxy_async();
-            __syncthreads();
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < kBlockN / 16; ++kk)
-                wgmma_rs<kHeadDim, FS_DTYPE, 1>(acc_o, pa[kk], wgmma_desc(sV_of(buf) + kk * 16 * 128, kSColBlockBytes, 1024), 1);
-            wgmma_commit();
-            wgmma_wait<0>();
-            reg_fence(acc_o);
-        }
-    }
-#else
-    // ---- plain schedule: K(n-1) and V(n-1) load while tile n runs S, softmax, PV in turn ----
-    int n = n_end - 1;
-    load_tile(sQ, q_ptr, p.q_row_stride, m0, rows_q);
-    load_tile(sK_of(0), k_ptr, p.k_row_stride, n * kBlockN, seqlen_k - n * kBlockN);
-    load_tile(sV_of(0), v_ptr, p.v_row_stride, n * kBlockN, seqlen_k - n * kBlockN);
-    cp_async_commit();
-    for (int buf = 0; n >= n_begin; --n, buf ^= 1) {
-        const int n0 = n * kBlockN;
-        cp_async_wait<0>();   // K(n), V(n) (and Q) landed for this thread
-        fence_proxy_async();  // ...and are visible to the tensor cores
-        __syncthreads();      // ...for every thread; all wgmmas on the other buffers are done
-        if (n > n_begin) {
-            load_tile(sK_of(buf ^ 1), k_ptr, p.k_row_stride, n0 - kBlockN, kBlockN);
-            load_tile(sV_of(buf ^ 1), v_ptr, p.v_row_stride, n0 - kBlockN, kBlockN);
-        }
-        cp_async_commit();
-
-        // S = Q K^T: head_dim / 16 k-steps of m64n128k16, both operands K-major
-        float acc_s[kSRegs];
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-            const u32 koff = (kk >> 2) * kSColBlockBytes + (kk & 3) * 32;
-            wgmma_ss<kBlockN, FS_DTYPE, 0>(acc_s, wgmma_desc(sQ_wg + koff, 16, 1024),
-                                           wgmma_desc(sK_of(buf) + koff, 16, 1024), kk > 0 ? 1 : 0);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        reg_fence(acc_s);
-        float alpha[2];
-        mask_softmax(acc_s, n0, alpha);
-        rescale_o(alpha);
-
-        // O += P V: P (rounded to the input type) as the register A operand; 16 keys = 16 rows of
-        // 128 bytes per k-step, LBO steps to the next 64-column block of head_dim.
+        // ---- O += P V: P (rounded to the input type) as the register A operand ----
         u32 pa[kBlockN / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) pa[kk][e] = pack2<FS_DTYPE>(acc_s[8 * kk + 2 * e], acc_s[8 * kk + 2 * e + 1]);
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+            pa[kk][0] = pack2<FS_DTYPE>(acc_s[8 * kk + 0], acc_s[8 * kk + 1]);
+            pa[kk][1] = pack2<FS_DTYPE>(acc_s[8 * kk + 2], acc_s[8 * kk + 3]);
+            pa[kk][2] = pack2<FS_DTYPE>(acc_s[8 * kk + 4], acc_s[8 * kk + 5]);
+            pa[kk][3] = pack2<FS_DTYPE>(acc_s[8 * kk + 6], acc_s[8 * kk + 7]);
+        }
         reg_fence(acc_o);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk)
-            wgmma_rs<kHeadDim, FS_DTYPE, 1>(acc_o, pa[kk], wgmma_desc(sV_of(buf) + kk * 16 * 128, kSColBlockBytes, 1024), 1);
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+            // 16 keys = 16 rows of 128 bytes; LBO steps to the next 64-column block of head_dim.
+            const u64 db = wgmma_desc(sV + kk * 16 * 128, kSColBlockBytes, 1024);
+            wgmma_rs<kHeadDim, FS_DTYPE, 1>(acc_o, pa[kk], db, 1);
+        }
         wgmma_commit();
         wgmma_wait<0>();
         reg_fence(acc_o);
+        stage ^= 1;
     }
-#endif
 
     // ---- epilogue: normalise, LSE, stage O in this warpgroup's rows of the Q tile, store ----
     // Each warpgroup read only its own Q rows, and its last wgmma on them completed above.

@@ -158,15 +158,25 @@ def bench(ours_only: bool) -> None:
             out = torch.empty_like(q)
             flops = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
             row = [f"{str(dtype)[6:]:8s} b{b} s{s} h{h} d{d} causal={int(causal)}"]
-            ms = time_ms(lambda: flashscan.flash_attn_func(q, k, v, causal=causal, out=out))
+            ms = time_ms(
+                lambda q=q, k=k, v=v, c=causal, o=out: flashscan.flash_attn_func(
+                    q, k, v, causal=c, out=o
+                )
+            )
             row.append(f"ours {flops / ms / 1e9:6.1f}")
             if not ours_only:
                 qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-                for name, be in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                backends = (
+                    ("fa2", SDPBackend.FLASH_ATTENTION),
+                    ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                )
+                for name, be in backends:
                     try:
                         with sdpa_kernel([be]):
-                            f = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
-                                qt, kt, vt, is_causal=causal
+                            f = lambda q=qt, k=kt, v=vt, c=causal: (  # noqa: E731
+                                torch.nn.functional.scaled_dot_product_attention(
+                                    q, k, v, is_causal=c
+                                )
                             )
                             ms = time_ms(f)
                         row.append(f"{name} {flops / ms / 1e9:6.1f}")
@@ -181,7 +191,8 @@ def main() -> int:
     ap.add_argument("--check-only", action="store_true")
     ap.add_argument("--ours-only", action="store_true")
     a = ap.parse_args()
-    print(torch.cuda.get_device_name(), "FLASHSCAN_SM90_WGMMA =", os.environ.get("FLASHSCAN_SM90_WGMMA"))
+    mode = os.environ.get("FLASHSCAN_SM90_WGMMA")
+    print(torch.cuda.get_device_name(), "FLASHSCAN_SM90_WGMMA =", mode)
     ok = True
     if not a.time_only:
         ok = check(torch.bfloat16)

@@ -61,16 +61,6 @@ __device__ __forceinline__ void reg_fence(float (&d)[N]) {
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// The same for a register A operand (K16 steps x 4 registers): fenced after the wait, it stays
-// live (and its registers untouched) while the wgmma that reads it may be in flight.
-template <int K>
-__device__ __forceinline__ void reg_fence(u32 (&a)[K][4]) {
-#pragma unroll
-    for (int i = 0; i < K; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
-}
-
 // ---- generated wrappers ----
 __device__ __forceinline__ void wgmma_ss_n64_dt0_tb0(float (&d)[32], u64 desc_a, u64 desc_b, int accumulate) {
     asm volatile(

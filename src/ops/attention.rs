@@ -271,14 +271,6 @@ fn sm90_wanted(head_dim: i64, seqlen_q: i64) -> bool {
     forced.unwrap_or_else(|| sm90_default(head_dim, seqlen_q))
 }
 
-/// The main-loop schedule of the wgmma kernel: 1 (default) overlaps the softmax of tile i with
-/// P V of tile i-1 inside each warpgroup; FLASHSCAN_SM90_PIPE=0 runs them in turn (for A/B
-/// timing). Read once.
-fn sm90_pipe() -> bool {
-    static PIPE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *PIPE.get_or_init(|| std::env::var("FLASHSCAN_SM90_PIPE").map_or(true, |v| v != "0"))
-}
-
 /// The sm_90a wgmma variant and its dynamic shared memory, when it covers the problem: arch
 /// sm_90, fp16/bf16, head dim exactly 64 or 128, no softcap. Everything else takes `spec`.
 pub fn sm90_spec(
@@ -301,7 +293,6 @@ pub fn sm90_spec(
         ("FS_HEAD_DIM", head_dim),
         ("FS_DTYPE", code),
         ("FS_HAS_MASK", has_mask as i64),
-        ("FS_SM90_PIPE", sm90_pipe() as i64),
         ("FS_ARCH", arch_num),
     ];
     Some((
@@ -459,6 +450,30 @@ mod tests {
             softcap: 0.0,
         };
         check(&a).expect("valid")
+    }
+
+    #[test]
+    fn wgmma_variant_covers_only_sm90_16bit_hd64_hd128_without_softcap() {
+        assert!(sm90_spec(128, DType::BF16, false, false, 90).is_some());
+        assert!(sm90_spec(64, DType::F16, true, false, 90).is_some());
+        assert!(sm90_spec(128, DType::BF16, false, false, 80).is_none());
+        assert!(sm90_spec(128, DType::BF16, false, false, 100).is_none());
+        assert!(sm90_spec(128, DType::F32, false, false, 90).is_none());
+        assert!(sm90_spec(96, DType::BF16, false, false, 90).is_none());
+        assert!(sm90_spec(120, DType::BF16, false, false, 90).is_none());
+        assert!(sm90_spec(128, DType::BF16, false, true, 90).is_none());
+        // Q + 2 x (K + V) tiles of 128 x 128 bf16, plus the alignment slack: fits 227 KB
+        let (_, smem) = sm90_spec(128, DType::BF16, true, false, 90).expect("covered");
+        assert_eq!(smem, 164_864);
+        assert!(smem <= 232_448);
+    }
+
+    #[test]
+    fn wgmma_default_is_hd128_with_long_queries() {
+        assert!(sm90_default(128, 4096));
+        assert!(sm90_default(128, SHORT_SEQLEN_Q + 1));
+        assert!(!sm90_default(128, SHORT_SEQLEN_Q));
+        assert!(!sm90_default(64, 4096));
     }
 
     #[test]
