@@ -9,6 +9,21 @@ pub const SOURCE: &str = include_str!("../../cuda/flash_fwd.cu");
 pub const FAMILY: &str = "flash_fwd";
 pub const ENTRY: &str = "flash_fwd_kernel";
 
+/// The Hopper (sm_90a) wgmma forward: fp16/bf16, head dim 64 or 128, no softcap.
+pub const SOURCE_SM90: &str = include_str!("../../cuda/flash_fwd_sm90.cu");
+pub const FAMILY_SM90: &str = "flash_fwd_sm90";
+pub const ENTRY_SM90: &str = "flash_fwd_sm90_kernel";
+/// Query rows per CTA and threads of the sm_90 kernel (two warpgroups of 64 rows).
+const SM90_BLOCK_M: i64 = 128;
+const SM90_THREADS: u32 = 256;
+/// Whether the wgmma kernel runs by default for a problem it covers: measured faster than the
+/// mma.sync kernel on the H100 (2026-11-23, benches/results/2026-11-23-h100-hopper-fwd.md) at
+/// head dim 128 (1.27x bf16 s4096), not yet at head dim 64 (0.92-0.98x), and unmeasured for
+/// short queries (the mma.sync kernel's 64-row tile serves seqlen_q <= 64).
+fn sm90_default(head_dim: i64, seqlen_q: i64) -> bool {
+    head_dim == 128 && seqlen_q > SHORT_SEQLEN_Q
+}
+
 /// Mirrors `struct FlashFwdParams` in cuda/flash_fwd.cu field for field. Strides in elements.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -244,6 +259,53 @@ pub fn spec(
     ))
 }
 
+/// Whether the wgmma path is wanted for a problem it covers: FLASHSCAN_SM90_WGMMA=1 (every
+/// covered problem) or =0 (none) overrides `sm90_default`. The variable is read once.
+fn sm90_wanted(head_dim: i64, seqlen_q: i64) -> bool {
+    static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let forced = *FORCED.get_or_init(|| match std::env::var("FLASHSCAN_SM90_WGMMA") {
+        Ok(v) if v == "1" => Some(true),
+        Ok(v) if v == "0" => Some(false),
+        _ => None,
+    });
+    forced.unwrap_or_else(|| sm90_default(head_dim, seqlen_q))
+}
+
+/// The sm_90a wgmma variant and its dynamic shared memory, when it covers the problem: arch
+/// sm_90, fp16/bf16, head dim exactly 64 or 128, no softcap. Everything else takes `spec`.
+pub fn sm90_spec(
+    head_dim: i64,
+    dtype: DType,
+    has_mask: bool,
+    softcap: bool,
+    arch_num: i64,
+) -> Option<(KernelSpec, u32)> {
+    if arch_num != 90 || softcap || !(head_dim == 64 || head_dim == 128) {
+        return None;
+    }
+    let code = match dtype {
+        DType::F16 | DType::BF16 => dtype.kernel_code().ok()?,
+        _ => return None,
+    };
+    // Q, then two stages of K and V: five 128-row tiles, plus 1 KB to align the base to 1024.
+    let smem = 5 * 128 * head_dim as u32 * 2 + 1024;
+    let defines = vec![
+        ("FS_HEAD_DIM", head_dim),
+        ("FS_DTYPE", code),
+        ("FS_HAS_MASK", has_mask as i64),
+        ("FS_ARCH", arch_num),
+    ];
+    Some((
+        KernelSpec {
+            family: FAMILY_SM90,
+            source: SOURCE_SM90,
+            entry: ENTRY_SM90,
+            defines,
+        },
+        smem,
+    ))
+}
+
 /// Every variant the forward can emit for one arch (for tests and precompile).
 pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
     let mut out = Vec::new();
@@ -257,6 +319,11 @@ pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
                     for mask in [false, true] {
                         for cap in [false, true] {
                             if let Ok((s, _, _)) = spec(hd, dtype, mask, cap, arch_num, seqlen_q) {
+                                if !out.contains(&s) {
+                                    out.push(s);
+                                }
+                            }
+                            if let Some((s, _)) = sm90_spec(hd, dtype, mask, cap, arch_num) {
                                 if !out.contains(&s) {
                                     out.push(s);
                                 }
@@ -290,14 +357,25 @@ pub fn forward(a: &FlashFwdArgs, stream: StreamChoice) -> Result<()> {
     let _bound = dev.bind()?;
     let arch_num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
     let has_mask = p.window_left >= 0 || p.window_right >= 0;
-    let (spec, tile, smem) = spec(
-        p.head_dim,
-        a.q.dtype,
-        has_mask,
-        a.softcap > 0.0,
-        arch_num,
-        p.seqlen_q,
-    )?;
+    let wgmma = if sm90_wanted(p.head_dim, p.seqlen_q) {
+        sm90_spec(p.head_dim, a.q.dtype, has_mask, a.softcap > 0.0, arch_num)
+    } else {
+        None
+    };
+    let (spec, block_m, threads, smem) = match wgmma {
+        Some((s, smem)) => (s, SM90_BLOCK_M, SM90_THREADS, smem),
+        None => {
+            let (s, tile, smem) = spec(
+                p.head_dim,
+                a.q.dtype,
+                has_mask,
+                a.softcap > 0.0,
+                arch_num,
+                p.seqlen_q,
+            )?;
+            (s, tile.block_m as i64, tile.warps * 32, smem)
+        }
+    };
     let kernel = dev.kernel(&spec)?;
     let params = FlashFwdParams {
         q: a.q.ptr,
@@ -329,7 +407,7 @@ pub fn forward(a: &FlashFwdArgs, stream: StreamChoice) -> Result<()> {
         window_right: p.window_right as i32,
     };
     let grid = (
-        u32::try_from((p.seqlen_q + tile.block_m as i64 - 1) / tile.block_m as i64)
+        u32::try_from((p.seqlen_q + block_m - 1) / block_m)
             .map_err(|_| unsupported("seqlen_q too large"))?,
         p.nheads as u32,
         p.batch as u32,
@@ -337,7 +415,7 @@ pub fn forward(a: &FlashFwdArgs, stream: StreamChoice) -> Result<()> {
     let s = dev.stream(stream)?;
     // SAFETY: params mirrors the kernel's struct; every pointer was checked above to be a
     // CUDA tensor on this device with the shapes and strides the kernel indexes by.
-    unsafe { dev.launch(&kernel, grid, (tile.warps * 32, 1, 1), smem, s, &params)? };
+    unsafe { dev.launch(&kernel, grid, (threads, 1, 1), smem, s, &params)? };
     dev.finish(stream)
 }
 
@@ -375,6 +453,30 @@ mod tests {
             softcap: 0.0,
         };
         check(&a).expect("valid")
+    }
+
+    #[test]
+    fn wgmma_variant_covers_only_sm90_16bit_hd64_hd128_without_softcap() {
+        assert!(sm90_spec(128, DType::BF16, false, false, 90).is_some());
+        assert!(sm90_spec(64, DType::F16, true, false, 90).is_some());
+        assert!(sm90_spec(128, DType::BF16, false, false, 80).is_none());
+        assert!(sm90_spec(128, DType::BF16, false, false, 100).is_none());
+        assert!(sm90_spec(128, DType::F32, false, false, 90).is_none());
+        assert!(sm90_spec(96, DType::BF16, false, false, 90).is_none());
+        assert!(sm90_spec(120, DType::BF16, false, false, 90).is_none());
+        assert!(sm90_spec(128, DType::BF16, false, true, 90).is_none());
+        // Q + 2 x (K + V) tiles of 128 x 128 bf16, plus the alignment slack: fits 227 KB
+        let (_, smem) = sm90_spec(128, DType::BF16, true, false, 90).expect("covered");
+        assert_eq!(smem, 164_864);
+        assert!(smem <= 232_448);
+    }
+
+    #[test]
+    fn wgmma_default_is_hd128_with_long_queries() {
+        assert!(sm90_default(128, 4096));
+        assert!(sm90_default(128, SHORT_SEQLEN_Q + 1));
+        assert!(!sm90_default(128, SHORT_SEQLEN_Q));
+        assert!(!sm90_default(64, 4096));
     }
 
     #[test]

@@ -32,6 +32,10 @@ pub const HEADERS: &[(&str, &str)] = &[
     ),
     ("common/mma.cuh", include_str!("../../cuda/common/mma.cuh")),
     (
+        "common/wgmma.cuh",
+        include_str!("../../cuda/common/wgmma.cuh"),
+    ),
+    (
         "common/softcap.cuh",
         include_str!("../../cuda/common/softcap.cuh"),
     ),

@@ -1,0 +1,79 @@
+"""The Hopper wgmma forward (cuda/flash_fwd_sm90.cu) on the CPU: its variants are listed for
+sm_90a only, compile with NVRTC, spill nothing, and really run on the warpgroup tensor cores
+(HGMMA in the SASS, P V through the transposed-B form, no mma.sync HMMA left over)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from flashscan._resources import CUOBJDUMP_MISSING, find_cuobjdump, resource_usage
+
+_native = pytest.importorskip("flashscan._native")
+
+pytestmark = pytest.mark.skipif(
+    _native.backend_status()["nvrtc_version"] is None,
+    reason="NVRTC not installed (pip install nvidia-cuda-nvrtc)",
+)
+
+FAMILY = "flash_fwd_sm90"
+MAIN = f"{FAMILY}.flash_fwd_sm90_kernel[FS_HEAD_DIM=128,FS_DTYPE=1,FS_HAS_MASK=0,FS_ARCH=90]"
+
+
+def _sm90_variants(arch: str) -> list[dict]:
+    return [v for v in _native.kernel_variants(arch) if v["family"] == FAMILY]
+
+
+@pytest.fixture(scope="module")
+def cubins() -> dict[str, bytes]:
+    names = [v["name"] for v in _sm90_variants("sm_90a")]
+    with ThreadPoolExecutor(2) as pool:  # compile_variant releases the GIL
+        return dict(zip(names, pool.map(lambda n: _native.compile_variant(n, "sm_90a"), names)))
+
+
+def _sass(cubin: bytes, tool: str) -> str:
+    fd, path = tempfile.mkstemp(suffix=".cubin", prefix="flashscan-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(cubin)
+        done = subprocess.run([tool, "-sass", path], capture_output=True, text=True, check=True)
+        return done.stdout
+    finally:
+        os.unlink(path)
+
+
+def test_variants_cover_hd64_hd128_both_dtypes_and_masks_on_sm90a_only() -> None:
+    listed = _sm90_variants("sm_90a")
+    got = {
+        tuple(v["defines"][d] for d in ("FS_HEAD_DIM", "FS_DTYPE", "FS_HAS_MASK")) for v in listed
+    }
+    assert got == {(hd, dt, m) for hd in (64, 128) for dt in (0, 1) for m in (0, 1)}
+    assert all(v["main"] for v in listed), "every wgmma variant must stay spill-free"
+    assert _sm90_variants("sm_80") == [], "wgmma needs sm_90a: no variant for sm_80"
+
+
+def test_variants_compile_without_spills(cubins: dict[str, bytes]) -> None:
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip(CUOBJDUMP_MISSING)
+    assert len(cubins) == 8
+    for name, cubin in cubins.items():
+        assert cubin[:4] == b"\x7fELF", name
+        for func, _regs, stack, local, _smem in resource_usage(cubin, tool):
+            assert stack == 0 and local == 0, f"{name} {func}: stack {stack} B, local {local} B"
+
+
+def test_main_variant_runs_on_hgmma(cubins: dict[str, bytes]) -> None:
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip(CUOBJDUMP_MISSING)
+    sass = _sass(cubins[MAIN], tool)
+    hgmma = [line for line in sass.splitlines() if "HGMMA.64x128x16.F32.BF16" in line]
+    # S = Q K^T: 8 k-steps over head dim 128; O += P V: 8 k-steps over 128 keys, B transposed
+    assert sum(".tnspB" not in line for line in hgmma) == 8, sass[-2000:]
+    assert sum(".tnspB" in line for line in hgmma) == 8, sass[-2000:]
+    assert " HMMA" not in sass, "an mma.sync tensor-core op left in the wgmma kernel"
