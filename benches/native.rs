@@ -84,7 +84,7 @@ fn cpu_side(c: &mut Criterion) {
         b.iter(|| attention::check(black_box(&args)))
     });
     g.bench_function("attention_variant_spec", |b| {
-        b.iter(|| attention::spec(black_box(64), DType::BF16, true, false, 90, 60))
+        b.iter(|| attention::spec(black_box(64), DType::BF16, true, false, 90, 60, false))
     });
     g.finish();
 }
@@ -98,7 +98,8 @@ fn kernel_cold_warm(c: &mut Criterion) {
             return;
         }
     };
-    let (spec, _, _) = attention::spec(64, DType::BF16, true, false, 90, 4096).expect("spec");
+    let (spec, _, _) =
+        attention::spec(64, DType::BF16, true, false, 90, 4096, false).expect("spec");
     let tu = spec.translation_unit().expect("translation unit");
     let opts = runtime::nvrtc_options("sm_90a");
     let dir = std::env::temp_dir().join(format!("flashscan-bench-{}", std::process::id()));

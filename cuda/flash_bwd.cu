@@ -39,6 +39,15 @@
 // params.head_dim a multiple of 8 and <= FS_HEAD_DIM, nheads % nheads_k == 0,
 // seqlen_q_pad a multiple of FS_BLOCK_M and >= seqlen_q, seqlen_q + seqlen_k < 2^31.
 //
+// Varlen (FS_VARLEN=1, flash_attn_varlen_func): q / o / dout / dq are (total_q, nheads, hd) and
+// k / v / dk / dv (total_k, nheads_k, hd), sequence b's rows [cu_seqlens[b], cu_seqlens[b+1]); the
+// lse is (nheads, total_q). Every entry first turns the packed parameters into its sequence's dense
+// ones (sequence_params: row bounds clamped into [0, total], the query length to max_seqlen_q,
+// base pointers moved to the sequence's first row), so the algorithm below is unchanged; the
+// launcher passes batch strides 0 and seqlen_q / seqlen_k as the maxima, and the scratch keeps its
+// (batch, nheads, seqlen_q_pad) layout with seqlen_q_pad from max_seqlen_q. CTAs with no rows of
+// their sequence to do fall through their loops. The dense build's struct and code are untouched.
+//
 // Prelude defines: FS_HEAD_DIM (tile), FS_DTYPE (0 fp16, 1 bf16, 2 fp32), FS_ARCH, and for the main
 // kernel FS_BLOCK_M, FS_BLOCK_N (= 16 or 32 * FS_NWARPS), FS_NWARPS, FS_STAGES (1/2), FS_DSPLIT (1/2/4),
 // FS_HAS_MASK, FS_HAS_SOFTCAP, FS_PAD_HEADDIM, FS_MIN_BLOCKS; FS_AUX_ONLY=1 builds only the two
@@ -64,6 +73,9 @@
 #endif
 #ifndef FS_MIN_BLOCKS
 #define FS_MIN_BLOCKS 1
+#endif
+#ifndef FS_VARLEN
+#define FS_VARLEN 0
 #endif
 
 // One by-value parameter block for the three entries (host mirror: src/ops/attention_bwd.rs).
@@ -95,6 +107,11 @@ struct FlashBwdParams {
     float softmax_scale;
     float softcap;
     int window_left, window_right;  // normalised: -1 = unbounded
+#if FS_VARLEN
+    const int* cu_seqlens_q;  // (batch + 1) int32
+    const int* cu_seqlens_k;
+    int total_q, total_k;     // rows of q / k: every row bound is clamped to these
+#endif
 };
 
 namespace fb {
@@ -127,12 +144,51 @@ __device__ __forceinline__ float dot_chunk(uint4 x, uint4 y) {
 #endif
 }
 
+#if FS_VARLEN
+__device__ __forceinline__ int clamp_row(int x, int total) { return min(max(x, 0), total); }
+
+// Sequence b of a packed (varlen) call as a dense problem of batch 1 at its own rows.
+__device__ __forceinline__ FlashBwdParams sequence_params(const FlashBwdParams& pk, int b) {
+    FlashBwdParams p = pk;
+    const int q0 = clamp_row(pk.cu_seqlens_q[b], pk.total_q);
+    const int q1 = clamp_row(pk.cu_seqlens_q[b + 1], pk.total_q);
+    const int k0 = clamp_row(pk.cu_seqlens_k[b], pk.total_k);
+    const int k1 = clamp_row(pk.cu_seqlens_k[b + 1], pk.total_k);
+    // The scratch holds seqlen_q_pad >= max_seqlen_q rows per sequence: never more queries.
+    p.seqlen_q = min(max(q1 - q0, 0), pk.seqlen_q);
+    p.seqlen_k = max(k1 - k0, 0);
+    const long long qr = q0, kr = k0;
+    p.q = static_cast<const char*>(pk.q) + qr * pk.q_row_stride * kElemBytes;
+    p.o = static_cast<const char*>(pk.o) + qr * pk.o_row_stride * kElemBytes;
+    p.dout = static_cast<const char*>(pk.dout) + qr * pk.do_row_stride * kElemBytes;
+    p.dq = static_cast<char*>(pk.dq) + qr * pk.dq_row_stride * kElemBytes;
+    p.k = static_cast<const char*>(pk.k) + kr * pk.k_row_stride * kElemBytes;
+    p.v = static_cast<const char*>(pk.v) + kr * pk.v_row_stride * kElemBytes;
+    p.dk = static_cast<char*>(pk.dk) + kr * pk.dk_row_stride * kElemBytes;
+    p.dv = static_cast<char*>(pk.dv) + kr * pk.dv_row_stride * kElemBytes;
+    p.lse = pk.lse + q0;
+    p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = 0;
+    p.do_batch_stride = p.dq_batch_stride = p.dk_batch_stride = p.dv_batch_stride = 0;
+    return p;
+}
+#endif
+
 }  // namespace fb
+
+// The entries take the packed parameters under FS_VARLEN and work on their sequence's.
+#if FS_VARLEN
+#define FS_BWD_PARAMS const FlashBwdParams p_packed
+#define FS_BWD_SEQUENCE const FlashBwdParams p = fb::sequence_params(p_packed, blockIdx.z)
+#else
+#define FS_BWD_PARAMS const FlashBwdParams p
+#define FS_BWD_SEQUENCE (void)0
+#endif
 
 // ---- preprocess: D, lse_log2, zeroed accumulator -------------------------------------------------
 // grid = (seqlen_q_pad / 32, nheads, batch), block = 256: 8 threads per row, 32 rows per block.
-extern "C" __global__ void __launch_bounds__(256) flash_bwd_preprocess(const FlashBwdParams p) {
+extern "C" __global__ void __launch_bounds__(256) flash_bwd_preprocess(FS_BWD_PARAMS) {
     using namespace fb;
+    FS_BWD_SEQUENCE;
     const int row = blockIdx.x * 32 + (threadIdx.x >> 3);
     const int l8 = threadIdx.x & 7;
     const int h = blockIdx.y, b = blockIdx.z;
@@ -154,7 +210,11 @@ extern "C" __global__ void __launch_bounds__(256) flash_bwd_preprocess(const Fla
     const long long bh = (long long)b * p.nheads + h;
     if (l8 == 0 && row < p.seqlen_q_pad) {
         p.dpsum[bh * p.seqlen_q_pad + row] = acc;
+#if FS_VARLEN
+        const float l = row < p.seqlen_q ? p.lse[(long long)h * p.total_q + row] : neg_inf();
+#else
         const float l = row < p.seqlen_q ? p.lse[bh * p.seqlen_q + row] : neg_inf();
+#endif
         // -inf (no visible key) -> +inf, so every P of the row is exp2(-inf) = 0.
         p.lse_log2[bh * p.seqlen_q_pad + row] = (l == neg_inf()) ? pos_inf() : l * kLog2e;
     }
@@ -170,8 +230,9 @@ extern "C" __global__ void __launch_bounds__(256) flash_bwd_preprocess(const Fla
 
 // ---- dq = softmax_scale * sum over slices of dq_accum, cast ---------------------------------------
 // grid = (ceil(seqlen_q / 32), nheads, batch), block = 256: 8 threads per row, 4 columns per step.
-extern "C" __global__ void __launch_bounds__(256) flash_bwd_dq_convert(const FlashBwdParams p) {
+extern "C" __global__ void __launch_bounds__(256) flash_bwd_dq_convert(FS_BWD_PARAMS) {
     using namespace fb;
+    FS_BWD_SEQUENCE;
     const int row = blockIdx.x * 32 + (threadIdx.x >> 3);
     const int l8 = threadIdx.x & 7;
     const int h = blockIdx.y, b = blockIdx.z;
@@ -261,8 +322,9 @@ __device__ __forceinline__ void load_rows(u32 dst, const char* src, long long ro
 // grid = (n_kv_blocks, or nsplit when deterministic; nheads_k * DSPLIT; batch),
 // block = NWARPS * 32, dynamic smem = kSmemBytes.
 extern "C" __global__ void __launch_bounds__(fb::kNThreads, FS_MIN_BLOCKS)
-flash_bwd_kernel(const FlashBwdParams p) {
+flash_bwd_kernel(FS_BWD_PARAMS) {
     using namespace fb;
+    FS_BWD_SEQUENCE;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const u32 s_base = smem_u32(smem_raw);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;

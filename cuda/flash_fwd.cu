@@ -34,6 +34,15 @@
 // and <= FS_HEAD_DIM, nheads % nheads_k == 0, softmax_scale > 0, softcap >= 0,
 // seqlen_q + seqlen_k < 2^31 (mask arithmetic is 32-bit; memory offsets are 64-bit).
 //
+// Varlen (FS_VARLEN=1, flash_attn_varlen_func): q / o are (total_q, nheads, hd) and k / v
+// (total_k, nheads_k, hd), packed sequences whose row ranges are [cu_seqlens[b], cu_seqlens[b+1]).
+// The grid is (ceil(max_seqlen_q / BLOCK_M), nheads, batch); each CTA reads its sequence's rows
+// from cu_seqlens_q / cu_seqlens_k (clamped into [0, total], so bad values never index out of
+// bounds), shifts the base pointers to the sequence's first row and runs the dense algorithm
+// with the sequence's own lengths (masks aligned bottom-right per sequence); CTAs past the
+// sequence's end exit. The launcher passes batch strides 0 and the seqlen fields as the maxima.
+// The LSE is (nheads, total_q). The dense build's struct and code are untouched.
+//
 // The prelude defines FS_HEAD_DIM, FS_DTYPE, FS_BLOCK_M, FS_BLOCK_N, FS_NWARPS, FS_HAS_MASK,
 // FS_HAS_SOFTCAP, FS_PAD_HEADDIM, FS_ARCH and optionally FS_KV_STAGES (default 2),
 // FS_MIN_BLOCKS (default 1; __launch_bounds__ min blocks per SM) and FS_QK_UNROLL (default 16;
@@ -60,6 +69,9 @@
 #ifndef FS_MIN_BLOCKS
 #define FS_MIN_BLOCKS 1
 #endif
+#ifndef FS_VARLEN
+#define FS_VARLEN 0
+#endif
 
 // The kernel's one by-value parameter (host mirror: FlashFwdParams in src/ops/attention.rs).
 struct FlashFwdParams {
@@ -76,6 +88,11 @@ struct FlashFwdParams {
     float softmax_scale;
     float softcap;
     int window_left, window_right;
+#if FS_VARLEN
+    const int* cu_seqlens_q;  // (batch + 1) int32
+    const int* cu_seqlens_k;
+    int total_q, total_k;     // rows of q / k: every row index is clamped to these
+#endif
 };
 
 namespace ff {
@@ -186,13 +203,42 @@ __device__ __forceinline__ void store_tile(char* dst, long long row_stride_bytes
     }
 }
 
+#if FS_VARLEN
+// A row bound read from cu_seqlens, clamped into [0, total]: bad values give empty or short
+// sequences, never an out-of-bounds row.
+__device__ __forceinline__ int clamp_row(int x, int total) { return min(max(x, 0), total); }
+#endif
+
 }  // namespace ff
 
 // ---- the kernel --------------------------------------------------------------------------------
-// grid = (ceil(seqlen_q / BLOCK_M), nheads, batch), block = NWARPS * 32, dynamic smem = kSmemBytes.
+// grid = (ceil(seqlen_q / BLOCK_M), nheads, batch), block = NWARPS * 32, dynamic smem = kSmemBytes
+// (varlen: seqlen_q = max_seqlen_q).
 extern "C" __global__ void __launch_bounds__(ff::kNThreads, FS_MIN_BLOCKS)
+#if FS_VARLEN
+flash_fwd_kernel(const FlashFwdParams p_packed) {
+    using namespace ff;
+    // This sequence's rows: the dense problem it is, with lengths and bases of its own.
+    FlashFwdParams p = p_packed;
+    {
+        const int b = blockIdx.z;
+        const int q0 = clamp_row(p.cu_seqlens_q[b], p.total_q);
+        const int q1 = clamp_row(p.cu_seqlens_q[b + 1], p.total_q);
+        const int k0 = clamp_row(p.cu_seqlens_k[b], p.total_k);
+        const int k1 = clamp_row(p.cu_seqlens_k[b + 1], p.total_k);
+        p.seqlen_q = min(max(q1 - q0, 0), p_packed.seqlen_q);  // the grid covers max_seqlen_q rows
+        p.seqlen_k = max(k1 - k0, 0);
+        p.q = static_cast<const char*>(p.q) + (long long)q0 * p.q_row_stride * kElemBytes;
+        p.o = static_cast<char*>(p.o) + (long long)q0 * p.o_row_stride * kElemBytes;
+        p.k = static_cast<const char*>(p.k) + (long long)k0 * p.k_row_stride * kElemBytes;
+        p.v = static_cast<const char*>(p.v) + (long long)k0 * p.v_row_stride * kElemBytes;
+        if (p.lse) p.lse += q0;
+        p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = 0;
+    }
+#else
 flash_fwd_kernel(const FlashFwdParams p) {
     using namespace ff;
+#endif
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const u32 s_base = smem_u32(smem_raw);
     const u32 sQ = s_base;
@@ -208,6 +254,9 @@ flash_fwd_kernel(const FlashFwdParams p) {
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
     const int m0 = m_block * kBlockM;
+#if FS_VARLEN
+    if (m0 >= p.seqlen_q) return;  // past this sequence's end (uniform over the CTA)
+#endif
     const int rows_q = min(kBlockM, p.seqlen_q - m0);
     const int seqlen_k = p.seqlen_k;
     const int head_dim = p.head_dim;
@@ -234,7 +283,11 @@ flash_fwd_kernel(const FlashFwdParams p) {
                 (long long)m0 * p.o_row_stride) * kElemBytes;
     };
     auto lse_tile = [&]() -> float* {
+#if FS_VARLEN
+        return p.lse + (long long)head * p.total_q + m0;  // (nheads, total_q), p.lse at the sequence
+#else
         return p.lse + ((long long)batch * p.nheads + head) * p.seqlen_q + m0;
+#endif
     };
 
     // ---- KV tiles that hold at least one visible key for some row of this block ----

@@ -436,6 +436,110 @@ fn scan_saved_state_count(seqlen: i64) -> i64 {
 
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right, softcap, stream))]
+fn flash_attn_varlen_fwd(
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    v: &Bound<'_, PyAny>,
+    cu_seqlens_q: &Bound<'_, PyAny>,
+    cu_seqlens_k: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    lse: Option<&Bound<'_, PyAny>>,
+    max_seqlen_q: i64,
+    max_seqlen_k: i64,
+    softmax_scale: f32,
+    window_left: i64,
+    window_right: i64,
+    softcap: f32,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let ch = stream_choice(stream);
+    let q = import(q, "q", ch)?;
+    let k = import(k, "k", ch)?;
+    let v = import(v, "v", ch)?;
+    let cu_q = import(cu_seqlens_q, "cu_seqlens_q", ch)?;
+    let cu_k = import(cu_seqlens_k, "cu_seqlens_k", ch)?;
+    let out = import(out, "out", ch)?;
+    let lse = import_opt(lse, "lse", ch)?;
+    let args = ops::attention_varlen::VarlenFwdArgs {
+        q: &q.view,
+        k: &k.view,
+        v: &v.view,
+        out: &out.view,
+        lse: view_of(&lse),
+        cu_seqlens_q: &cu_q.view,
+        cu_seqlens_k: &cu_k.view,
+        max_seqlen_q,
+        max_seqlen_k,
+        softmax_scale,
+        window_left,
+        window_right,
+        softcap,
+    };
+    Ok(ops::attention_varlen::forward(&args, ch)?)
+}
+
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right, softcap, deterministic, stream))]
+fn flash_attn_varlen_bwd(
+    dout: &Bound<'_, PyAny>,
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    v: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    lse: &Bound<'_, PyAny>,
+    dq: &Bound<'_, PyAny>,
+    dk: &Bound<'_, PyAny>,
+    dv: &Bound<'_, PyAny>,
+    cu_seqlens_q: &Bound<'_, PyAny>,
+    cu_seqlens_k: &Bound<'_, PyAny>,
+    max_seqlen_q: i64,
+    max_seqlen_k: i64,
+    softmax_scale: f32,
+    window_left: i64,
+    window_right: i64,
+    softcap: f32,
+    deterministic: bool,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let ch = stream_choice(stream);
+    let dout = import(dout, "dout", ch)?;
+    let q = import(q, "q", ch)?;
+    let k = import(k, "k", ch)?;
+    let v = import(v, "v", ch)?;
+    let out = import(out, "out", ch)?;
+    let lse = import(lse, "lse", ch)?;
+    let dq = import(dq, "dq", ch)?;
+    let dk = import(dk, "dk", ch)?;
+    let dv = import(dv, "dv", ch)?;
+    let cu_q = import(cu_seqlens_q, "cu_seqlens_q", ch)?;
+    let cu_k = import(cu_seqlens_k, "cu_seqlens_k", ch)?;
+    let args = ops::attention_varlen::VarlenBwdArgs {
+        dout: &dout.view,
+        q: &q.view,
+        k: &k.view,
+        v: &v.view,
+        out: &out.view,
+        lse: &lse.view,
+        dq: &dq.view,
+        dk: &dk.view,
+        dv: &dv.view,
+        cu_seqlens_q: &cu_q.view,
+        cu_seqlens_k: &cu_k.view,
+        max_seqlen_q,
+        max_seqlen_k,
+        softmax_scale,
+        window_left,
+        window_right,
+        softcap,
+        deterministic,
+    };
+    Ok(ops::attention_varlen::backward(&args, ch)?)
+}
+
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
 #[pyo3(signature = (dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, window_left, window_right, softcap, deterministic, stream))]
 fn flash_attn_bwd(
     dout: &Bound<'_, PyAny>,
@@ -746,6 +850,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(selective_scan_fwd, m)?)?;
     m.add_function(wrap_pyfunction!(scan_saved_state_count, m)?)?;
     m.add_function(wrap_pyfunction!(flash_attn_bwd, m)?)?;
+    m.add_function(wrap_pyfunction!(flash_attn_varlen_fwd, m)?)?;
+    m.add_function(wrap_pyfunction!(flash_attn_varlen_bwd, m)?)?;
     m.add_function(wrap_pyfunction!(selective_scan_bwd, m)?)?;
     m.add_function(wrap_pyfunction!(selective_state_update, m)?)?;
     m.add_function(wrap_pyfunction!(kernel_variants, m)?)?;

@@ -142,6 +142,57 @@ def backward_cases() -> int:
     return bad
 
 
+def varlen_cases() -> int:
+    """Packed sequences (lengths 0, 1, odd, one past a tile), forward and backward, against the
+    NumPy references; one call with out-of-range cu_seqlens values on the device, which the
+    kernels must clamp (memcheck sees any out-of-bounds row)."""
+    import flashscan.torch as fst
+
+    bad = 0
+    lens_q, lens_k = [65, 0, 1, 130, 7], [33, 5, 0, 129, 70]
+    cq = torch.tensor([0, *itertools.accumulate(lens_q)], dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0, *itertools.accumulate(lens_k)], dtype=torch.int32, device="cuda")
+    for hd, dtype, causal, window in [
+        (64, torch.bfloat16, True, (-1, -1)),
+        (128, torch.float16, False, (9, 3)),
+        (40, torch.float32, True, (-1, -1)),
+    ]:
+        q = torch.randn(sum(lens_q), 4, hd, device="cuda", dtype=dtype, requires_grad=True)
+        k = torch.randn(sum(lens_k), 2, hd, device="cuda", dtype=dtype, requires_grad=True)
+        v = torch.randn(sum(lens_k), 2, hd, device="cuda", dtype=dtype, requires_grad=True)
+        out, lse = fst.flash_attn_varlen_func(
+            q, k, v, cq, ck, 130, 129, causal=causal, window_size=window, return_lse=True
+        )
+        dout = torch.randn_like(out)
+        got = torch.autograd.grad(out, (q, k, v), dout)
+        host = [t.detach().float().cpu().numpy() for t in (dout, q, k, v)]
+        cu_h = (cq.cpu().numpy(), ck.cpu().numpy())
+        ro = flashscan.reference_varlen.flash_attn_varlen_func(
+            *host[1:], *cu_h, causal=causal, window_size=window
+        )
+        rg = flashscan.reference_varlen.flash_attn_varlen_bwd(
+            host[0],
+            *host[1:],
+            out.detach().float().cpu().numpy(),
+            lse.cpu().numpy(),
+            *cu_h,
+            causal=causal,
+            window_size=window,
+        )
+        for name, g, r in zip(("out", "dq", "dk", "dv"), (out, *got), (ro, *rg)):
+            err = (g.detach().float().cpu() - torch.from_numpy(r)).abs().max().item()
+            if not err < 0.05 * max(1.0, float(abs(r).max())):
+                print(f"varlen {name} hd={hd} {dtype} causal={causal}: err {err}")
+                bad += 1
+    # bad device values (not checked on the host): clamped, never out of bounds
+    q = torch.randn(20, 2, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(10, 2, 64, device="cuda", dtype=torch.bfloat16)
+    wild = torch.tensor([-5, 30, 7, 1 << 30], dtype=torch.int32, device="cuda")
+    flashscan.flash_attn_varlen_func(q, k, k, wild, wild, 64, 64)
+    torch.cuda.synchronize()
+    return bad
+
+
 def decode_cases() -> int:
     """The KV-cache core (`_native.kvcache_append` + `_native.flash_attn_kvcache`): every decode
     tile (16 / 64 rows) and head-dim tile, both dtypes, softcap, contiguous and paged caches, one
@@ -258,7 +309,7 @@ def decode_cases() -> int:
 
 if __name__ == "__main__":
     assert flashscan.available(), flashscan.info()
-    n = attention_cases() + scan_cases() + backward_cases() + decode_cases()
+    n = attention_cases() + scan_cases() + backward_cases() + decode_cases() + varlen_cases()
     torch.cuda.synchronize()
     print("sanitize cases done, wrong results:", n)
     sys.exit(1 if n else 0)

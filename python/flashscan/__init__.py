@@ -6,6 +6,7 @@ GPU at hand, fed zero-copy through DLPack, with a NumPy reference where no usabl
     flashscan.info()             # backend, reason, devices, driver/NVRTC versions, cache dir
     out = flashscan.flash_attn_func(q, k, v, causal=True)
     out = flashscan.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens)
+    out = flashscan.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
     y = flashscan.selective_scan_fn(u, delta, A, B, C, D, z, delta_softplus=True)
 
 Arrays of torch, cupy, jax or numpy (or anything speaking DLPack) go in; results come back in
@@ -21,7 +22,7 @@ import platform
 import sys
 from typing import Any
 
-from . import _routes, reference, reference_bwd, reference_kvcache
+from . import _routes, reference, reference_bwd, reference_kvcache, reference_varlen
 from ._backend import (
     CompileError,
     CudaError,
@@ -34,6 +35,7 @@ from ._backend import status as _status
 from .attention import flash_attn_func
 from .kvcache import flash_attn_with_kvcache
 from .scan import selective_scan_fn, selective_state_update
+from .varlen import flash_attn_varlen_func
 
 
 def _load_torch_ops() -> None:
@@ -58,11 +60,13 @@ __all__ = [
     "__version__",
     "available",
     "flash_attn_func",
+    "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
     "info",
     "reference",
     "reference_bwd",
     "reference_kvcache",
+    "reference_varlen",
     "selective_scan_fn",
     "selective_state_update",
 ]

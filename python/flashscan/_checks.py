@@ -220,6 +220,69 @@ def window(window_size: Any, causal: bool) -> tuple[int, int]:
     return wl, wr
 
 
+def varlen(
+    dq: Desc, dk: Desc, dv: Desc, dcq: Desc, dck: Desc
+) -> tuple[int, int, int, int, int, int]:
+    """flash_attn_varlen_func: q (total_q, h, d), k/v (total_k, hk, d), cu_seqlens_q/k int32
+    (batch + 1,) on q's device. Returns (batch, total_q, h, d, total_k, hk)."""
+    rank("q", dq, (3,), "(total_q, nheads, headdim)")
+    rank("k", dk, (3,), "(total_k, nheads_k, headdim)")
+    rank("v", dv, (3,), "(total_k, nheads_k, headdim)")
+    # the dense checks on the batch-1 view: dtypes, devices, head dims, GQA, strides
+    as4 = [(x[0], (1, *x[1]), (0, *x[2]), *x[3:]) for x in (dq, dk, dv)]
+    _, tq, h, d, tk, hk = attention(*as4)  # type: ignore[arg-type]
+    batch = -1
+    for arg, dc in (("cu_seqlens_q", dcq), ("cu_seqlens_k", dck)):
+        rank(arg, dc, (1,), "(batch + 1,)")
+        dtype_in(arg, dc, ("int32",))
+        same_device(arg, dc, "q", dq)
+        n = dc[1][0]
+        if n < 1:
+            raise ValueError(f"{arg}: expected batch + 1 >= 1 entries (0, then each end), got 0")
+        if n > 1 and dc[2][0] != 1:
+            raise ValueError(
+                f"{arg}: must be contiguous (stride 1), got stride {dc[2][0]} "
+                "(call .contiguous() first)"
+            )
+        if batch >= 0 and n - 1 != batch:
+            raise ValueError(
+                f"cu_seqlens_k: {n} entries but cu_seqlens_q has {batch + 1}; both are (batch + 1,)"
+            )
+        batch = n - 1
+    return batch, tq, h, d, tk, hk
+
+
+def cu_seqlens_values(arg: str, cu: np.ndarray, total: int, max_seqlen: int, max_arg: str) -> None:
+    """Host-visible cu_seqlens: starts at 0, non-decreasing, ends at total, every length <=
+    max_seqlen (the kernels cover max_seqlen rows per sequence)."""
+    c = np.asarray(cu, dtype=np.int64).reshape(-1)
+    if c[0] != 0:
+        raise ValueError(f"{arg}: must start at 0, got {int(c[0])} (values {_head(c)})")
+    lens = np.diff(c)
+    if lens.size and lens.min() < 0:
+        i = int(np.argmin(lens))
+        raise ValueError(
+            f"{arg}: must be non-decreasing, but entry {i + 1} ({int(c[i + 1])}) < entry {i} "
+            f"({int(c[i])}) (values {_head(c)})"
+        )
+    if c[-1] != total:
+        raise ValueError(
+            f"{arg}: its last entry {int(c[-1])} must equal the packed length {total} "
+            f"(values {_head(c)})"
+        )
+    if lens.size and lens.max() > max_seqlen:
+        i = int(np.argmax(lens))
+        raise ValueError(
+            f"{arg}: sequence {i} has length {int(lens[i])} > {max_arg} = {max_seqlen}; "
+            f"{max_arg} must be at least the longest sequence"
+        )
+
+
+def _head(c: np.ndarray) -> str:
+    items = ", ".join(str(int(x)) for x in c[:8])
+    return f"[{items}{', ...' if c.size > 8 else ''}]"
+
+
 # ---------------------------------------------------------------------------------------------
 # Selective scan
 # ---------------------------------------------------------------------------------------------

@@ -157,6 +157,49 @@ def flash_attn_bwd(
     deterministic: bool,
     stream: int | None,
 ) -> None: ...
+def flash_attn_varlen_fwd(
+    q: TensorArg,
+    k: TensorArg,
+    v: TensorArg,
+    cu_seqlens_q: TensorArg,
+    cu_seqlens_k: TensorArg,
+    out: TensorArg,
+    lse: TensorArg | None,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    stream: int | None,
+) -> None:
+    """Attention over packed sequences: q/out (total_q, nheads, hd), k/v (total_k, nheads_k,
+    hd), cu_seqlens int32 (batch + 1,) on the device (row bounds clamped into [0, total]),
+    lse (nheads, total_q) float32 or None; out and lse written in place."""
+
+def flash_attn_varlen_bwd(
+    dout: TensorArg,
+    q: TensorArg,
+    k: TensorArg,
+    v: TensorArg,
+    out: TensorArg,
+    lse: TensorArg,
+    dq: TensorArg,
+    dk: TensorArg,
+    dv: TensorArg,
+    cu_seqlens_q: TensorArg,
+    cu_seqlens_k: TensorArg,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    deterministic: bool,
+    stream: int | None,
+) -> None:
+    """The backward of flash_attn_varlen_fwd: dq, dk, dv written in place."""
+
 def selective_scan_bwd(
     u: TensorArg,
     delta: TensorArg,

@@ -33,12 +33,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import _backend, _checks, _routes, reference, reference_bwd
+from . import _backend, _checks, _routes, reference, reference_bwd, reference_varlen
 from . import attention as _attention
 from . import scan as _scan
+from . import varlen as _varlen
 from ._frameworks import CUDA, contiguous_strides, handler_of
 
-__all__ = ["flash_attn_func", "selective_scan_fn"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "selective_scan_fn"]
 
 _native = _backend.native
 _F64 = torch.float64
@@ -462,6 +463,236 @@ def flash_attn_func(
         out, lse = torch.ops.flashscan.flash_attn_fwd(q, k, v, scale, wl, wr, cap, deterministic)
         return (out, lse) if return_lse else out
     return _FlashAttn.apply(q, k, v, scale, wl, wr, cap, deterministic, return_lse)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention over packed sequences (varlen)
+# ---------------------------------------------------------------------------------------------
+
+
+def _varlen_fwd_impl(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    deterministic: bool,
+) -> tuple[Tensor, Tensor]:
+    """(out, lse (nheads, total_q)); `deterministic` is only read by the backward."""
+    window = (window_left, window_right)
+    if q.dtype == _F64:
+        o, lse = reference_varlen.flash_attn_varlen_func(
+            _host(q),
+            _host(k),
+            _host(v),
+            _host(cu_seqlens_q),
+            _host(cu_seqlens_k),
+            softmax_scale=softmax_scale,
+            window_size=window,
+            softcap=softcap,
+            return_lse=True,
+            accum_dtype=np.dtype(np.float64),
+        )
+        return _from_host(o, q), _from_host(lse, q)
+    return _varlen.varlen_any(  # type: ignore[return-value]
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        softmax_scale,
+        False,
+        window,
+        softcap,
+        True,
+        None,
+        route=False,
+    )
+
+
+_varlen_fwd = torch.library.custom_op(
+    "flashscan::flash_attn_varlen_fwd", _varlen_fwd_impl, mutates_args=()
+)
+
+
+@_varlen_fwd.register_fake
+def _varlen_fwd_fake(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    deterministic: bool,
+) -> tuple[Tensor, Tensor]:
+    total_q, h, _ = q.shape
+    lse_dtype = _F64 if q.dtype == _F64 else _F32
+    return q.new_empty(q.shape), q.new_empty((h, total_q), dtype=lse_dtype)
+
+
+def _varlen_bwd_impl(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    deterministic: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of the packed attention."""
+    if _on_gpu(q, "flash_attn_varlen_bwd"):
+        dout = _dense(dout)
+        dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+        _native.flash_attn_varlen_bwd(  # type: ignore[union-attr]
+            _desc(dout, "dout"),
+            _desc(q, "q"),
+            _desc(k, "k"),
+            _desc(v, "v"),
+            _desc(out, "out"),
+            _desc(lse, "lse"),
+            _desc(dq, "dq"),
+            _desc(dk, "dk"),
+            _desc(dv, "dv"),
+            _desc(cu_seqlens_q, "cu_seqlens_q"),
+            _desc(cu_seqlens_k, "cu_seqlens_k"),
+            max_seqlen_q,
+            max_seqlen_k,
+            softmax_scale,
+            window_left,
+            window_right,
+            softcap,
+            deterministic,
+            _stream(q),
+        )
+        return dq, dk, dv
+    acc = np.dtype(np.float64 if q.dtype == _F64 else np.float32)
+    gq, gk, gv = reference_varlen.flash_attn_varlen_bwd(
+        _host(dout),
+        _host(q),
+        _host(k),
+        _host(v),
+        _host(out),
+        _host(lse),
+        _host(cu_seqlens_q),
+        _host(cu_seqlens_k),
+        softmax_scale=softmax_scale,
+        window_size=(window_left, window_right),
+        softcap=softcap,
+        accum_dtype=acc,
+    )
+    return _from_host(gq, q), _from_host(gk, k), _from_host(gv, v)
+
+
+_varlen_bwd = torch.library.custom_op(
+    "flashscan::flash_attn_varlen_bwd", _varlen_bwd_impl, mutates_args=()
+)
+
+
+@_varlen_bwd.register_fake
+def _varlen_bwd_fake(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    deterministic: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _varlen_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    q, k, v, cu_q, cu_k, max_q, max_k, scale, wl, wr, cap, det = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.args = (max_q, max_k, scale, wl, wr, cap, det)
+    ctx.mark_non_differentiable(lse)
+
+
+def _varlen_grad(ctx: Any, dout: Tensor, _dlse: Tensor) -> tuple[Any, ...]:
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = torch.ops.flashscan.flash_attn_varlen_bwd(
+        dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args
+    )
+    return (dq, dk, dv) + (None,) * 9
+
+
+_varlen_fwd.register_autograd(_varlen_grad, setup_context=_varlen_setup)
+
+
+def flash_attn_varlen_func(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    return_lse: bool = False,
+    deterministic: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """`flashscan.flash_attn_varlen_func` as a differentiable torch op (same arguments and
+    layout). Gradients reach q, k and v (dk, dv summed over each GQA group); cu_seqlens and
+    the lse get none. `deterministic=True` makes the backward bit-reproducible. float64
+    tensors run the NumPy references. (Eager calls go through the custom op: its dispatch
+    costs some tens of microseconds of host time per call.)"""
+    for name, t in (("q", q), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name}: flashscan.torch takes torch tensors, got {type(t).__name__}")
+    if q.dim() != 3:
+        raise ValueError(
+            "q: expected a 3-D array (total_q, nheads, headdim), got shape "
+            f"{_checks.fmt_shape(tuple(q.shape))} ({q.dim()}-D)"
+        )
+    causal = _checks.flag("causal", causal)
+    return_lse = _checks.flag("return_lse", return_lse)
+    deterministic = _checks.flag("deterministic", deterministic)
+    wl, wr = _checks.window(window_size, causal)
+    scale = (
+        1.0 / math.sqrt(q.shape[-1])
+        if softmax_scale is None
+        else _checks.real("softmax_scale", softmax_scale)
+    )
+    cap = _checks.real("softcap", softcap, minimum=0.0)
+    max_q = _checks.nonnegative_int("max_seqlen_q", max_seqlen_q)
+    max_k = _checks.nonnegative_int("max_seqlen_k", max_seqlen_k)
+    out, lse = torch.ops.flashscan.flash_attn_varlen_fwd(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, wl, wr, cap, deterministic
+    )
+    return (out, lse) if return_lse else out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1048,4 +1279,5 @@ def selective_scan_fn(
 
 # The core ops' grad-requiring torch calls come here (they look these up, never import us).
 _routes.register("flash_attn_func", flash_attn_func)
+_routes.register("flash_attn_varlen_func", flash_attn_varlen_func)
 _routes.register("selective_scan_fn", selective_scan_fn)

@@ -55,7 +55,15 @@ pub struct FlashFwdParams {
     pub softcap: f32,
     pub window_left: i32,
     pub window_right: i32,
+    /// Varlen builds only (`FS_VARLEN`): the dense kernels' struct ends before these, and the
+    /// driver copies only the kernel's own parameter size.
+    pub cu_seqlens_q: u64,
+    pub cu_seqlens_k: u64,
+    pub total_q: i32,
+    pub total_k: i32,
 }
+
+const _: () = assert!(std::mem::size_of::<FlashFwdParams>() == 200);
 
 pub struct FlashFwdArgs<'a> {
     pub q: &'a TensorView,
@@ -82,7 +90,7 @@ pub struct Problem {
     pub window_right: i64,
 }
 
-fn fits_i32(name: &str, v: i64) -> Result<i32> {
+pub(crate) fn fits_i32(name: &str, v: i64) -> Result<i32> {
     i32::try_from(v).map_err(|_| unsupported(format!("{name} = {v} exceeds 2^31 - 1")))
 }
 
@@ -220,7 +228,8 @@ pub fn head_dim_tile(head_dim: i64) -> i64 {
         .unwrap_or(256)
 }
 
-/// The variant for a problem, with its dynamic shared memory in bytes.
+/// The variant for a problem, with its dynamic shared memory in bytes. `varlen` builds the
+/// packed-sequence kernel (`FS_VARLEN`; `seqlen_q` is then the longest sequence's).
 pub fn spec(
     head_dim: i64,
     dtype: DType,
@@ -228,12 +237,13 @@ pub fn spec(
     softcap: bool,
     arch_num: i64,
     seqlen_q: i64,
+    varlen: bool,
 ) -> Result<(KernelSpec, FlashTile, u32)> {
     let tile_dim = head_dim_tile(head_dim);
     let code = dtype.kernel_code()?;
     let t = flash_fwd_tile(tile_dim as u32, code as u32, arch_num as u32, seqlen_q);
     let smem = t.smem_bytes(tile_dim as u32, dtype.size() as u32);
-    let defines = vec![
+    let mut defines = vec![
         ("FS_HEAD_DIM", tile_dim),
         ("FS_DTYPE", code),
         ("FS_BLOCK_M", t.block_m as i64),
@@ -247,6 +257,10 @@ pub fn spec(
         ("FS_PAD_HEADDIM", (tile_dim != head_dim) as i64),
         ("FS_ARCH", arch_num),
     ];
+    if varlen {
+        // only then: the dense variants keep their defines, cache keys and SASS
+        defines.push(("FS_VARLEN", 1));
+    }
     Ok((
         KernelSpec {
             family: FAMILY,
@@ -308,6 +322,11 @@ pub fn sm90_spec(
 
 /// Every variant the forward can emit for one arch (for tests and precompile).
 pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
+    specs_of(arch_num, false)
+}
+
+/// Every dense (`varlen` false) or packed-sequence variant of the forward for one arch.
+pub fn specs_of(arch_num: i64, varlen: bool) -> Vec<KernelSpec> {
     let mut out = Vec::new();
     for &tile in HEAD_DIM_TILES {
         for padded in [false, true] {
@@ -318,7 +337,9 @@ pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
                 for seqlen_q in [SHORT_SEQLEN_Q + 1, 1] {
                     for mask in [false, true] {
                         for cap in [false, true] {
-                            if let Ok((s, _, _)) = spec(hd, dtype, mask, cap, arch_num, seqlen_q) {
+                            if let Ok((s, _, _)) =
+                                spec(hd, dtype, mask, cap, arch_num, seqlen_q, varlen)
+                            {
                                 if !out.contains(&s) {
                                     out.push(s);
                                 }
@@ -350,33 +371,6 @@ pub fn forward(a: &FlashFwdArgs, stream: StreamChoice) -> Result<()> {
         ("out", Some(a.out)),
         ("lse", a.lse),
     ])?;
-    let rt = runtime().map_err(Error::Unavailable)?;
-    let dev = rt.device(device)?;
-    // The device's context stays current for the whole call (loads, scratch, launches, frees)
-    // and the caller's is current again when this returns.
-    let _bound = dev.bind()?;
-    let arch_num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
-    let has_mask = p.window_left >= 0 || p.window_right >= 0;
-    let wgmma = if sm90_wanted(p.head_dim, p.seqlen_q) {
-        sm90_spec(p.head_dim, a.q.dtype, has_mask, a.softcap > 0.0, arch_num)
-    } else {
-        None
-    };
-    let (spec, block_m, threads, smem) = match wgmma {
-        Some((s, smem)) => (s, SM90_BLOCK_M, SM90_THREADS, smem),
-        None => {
-            let (s, tile, smem) = spec(
-                p.head_dim,
-                a.q.dtype,
-                has_mask,
-                a.softcap > 0.0,
-                arch_num,
-                p.seqlen_q,
-            )?;
-            (s, tile.block_m as i64, tile.warps * 32, smem)
-        }
-    };
-    let kernel = dev.kernel(&spec)?;
     let params = FlashFwdParams {
         q: a.q.ptr,
         k: a.k.ptr,
@@ -395,17 +389,73 @@ pub fn forward(a: &FlashFwdArgs, stream: StreamChoice) -> Result<()> {
         o_batch_stride: a.out.strides[0],
         o_row_stride: a.out.strides[1],
         o_head_stride: a.out.strides[2],
-        batch: fits_i32("batch", p.batch)?,
-        nheads: fits_i32("nheads", p.nheads)?,
-        nheads_k: fits_i32("nheads_k", p.nheads_k)?,
-        seqlen_q: fits_i32("seqlen_q", p.seqlen_q)?,
-        seqlen_k: fits_i32("seqlen_k", p.seqlen_k)?,
-        head_dim: fits_i32("headdim", p.head_dim)?,
-        softmax_scale: a.softmax_scale,
-        softcap: a.softcap,
-        window_left: p.window_left as i32,
-        window_right: p.window_right as i32,
+        ..Default::default()
     };
+    launch(
+        &p,
+        params,
+        a.q.dtype,
+        a.softmax_scale,
+        a.softcap,
+        false,
+        device,
+        stream,
+    )
+}
+
+/// Picks the variant of a checked, non-empty problem `p` and launches it with `params` (every
+/// tensor pointer and stride filled in; varlen: cu_seqlens and totals too, batch strides 0,
+/// `p.seqlen_q` / `p.seqlen_k` the longest sequence's), filling in sizes and options.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch(
+    p: &Problem,
+    mut params: FlashFwdParams,
+    dtype: DType,
+    softmax_scale: f32,
+    softcap: f32,
+    varlen: bool,
+    device: i32,
+    stream: StreamChoice,
+) -> Result<()> {
+    let rt = runtime().map_err(Error::Unavailable)?;
+    let dev = rt.device(device)?;
+    // The device's context stays current for the whole call (loads, scratch, launches, frees)
+    // and the caller's is current again when this returns.
+    let _bound = dev.bind()?;
+    let arch_num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
+    let has_mask = p.window_left >= 0 || p.window_right >= 0;
+    // the sm_90a wgmma kernel serves dense problems only
+    let wgmma = if !varlen && sm90_wanted(p.head_dim, p.seqlen_q) {
+        sm90_spec(p.head_dim, dtype, has_mask, softcap > 0.0, arch_num)
+    } else {
+        None
+    };
+    let (spec, block_m, threads, smem) = match wgmma {
+        Some((s, smem)) => (s, SM90_BLOCK_M, SM90_THREADS, smem),
+        None => {
+            let (s, tile, smem) = spec(
+                p.head_dim,
+                dtype,
+                has_mask,
+                softcap > 0.0,
+                arch_num,
+                p.seqlen_q,
+                varlen,
+            )?;
+            (s, tile.block_m as i64, tile.warps * 32, smem)
+        }
+    };
+    let kernel = dev.kernel(&spec)?;
+    params.batch = fits_i32("batch", p.batch)?;
+    params.nheads = fits_i32("nheads", p.nheads)?;
+    params.nheads_k = fits_i32("nheads_k", p.nheads_k)?;
+    params.seqlen_q = fits_i32("seqlen_q", p.seqlen_q)?;
+    params.seqlen_k = fits_i32("seqlen_k", p.seqlen_k)?;
+    params.head_dim = fits_i32("headdim", p.head_dim)?;
+    params.softmax_scale = softmax_scale;
+    params.softcap = softcap;
+    params.window_left = p.window_left as i32;
+    params.window_right = p.window_right as i32;
     let grid = (
         u32::try_from((p.seqlen_q + block_m - 1) / block_m)
             .map_err(|_| unsupported("seqlen_q too large"))?,
@@ -413,8 +463,8 @@ pub fn forward(a: &FlashFwdArgs, stream: StreamChoice) -> Result<()> {
         p.batch as u32,
     );
     let s = dev.stream(stream)?;
-    // SAFETY: params mirrors the kernel's struct; every pointer was checked above to be a
-    // CUDA tensor on this device with the shapes and strides the kernel indexes by.
+    // SAFETY: params mirrors the kernel's struct; every pointer was checked by the caller to
+    // be a CUDA tensor on this device with the shapes and strides the kernel indexes by.
     unsafe { dev.launch(&kernel, grid, (threads, 1, 1), smem, s, &params)? };
     dev.finish(stream)
 }

@@ -18,7 +18,8 @@ pub const ENTRY_CONVERT: &str = "flash_bwd_dq_convert";
 const AUX_ROWS: i64 = 32;
 const AUX_THREADS: u32 = 256;
 
-/// Mirrors `struct FlashBwdParams` in cuda/flash_bwd.cu field for field (344 bytes).
+/// Mirrors `struct FlashBwdParams` in cuda/flash_bwd.cu field for field (344 bytes dense,
+/// 368 varlen).
 /// Strides in elements.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -50,9 +51,15 @@ pub struct FlashBwdParams {
     pub window_left: i32,
     pub window_right: i32,
     pub pad_: i32,
+    /// Varlen builds only (`FS_VARLEN`): the dense kernels' struct ends before these (344
+    /// bytes), and the driver copies only the kernel's own parameter size.
+    pub cu_seqlens_q: u64,
+    pub cu_seqlens_k: u64,
+    pub total_q: i32,
+    pub total_k: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<FlashBwdParams>() == 344);
+const _: () = assert!(std::mem::size_of::<FlashBwdParams>() == 368);
 
 pub struct FlashBwdArgs<'a> {
     pub dout: &'a TensorView,
@@ -213,7 +220,7 @@ fn forward_problem(a: &FlashBwdArgs) -> Result<Problem> {
 }
 
 /// Every row start 16-byte aligned (the kernels move rows in 16-byte vectors).
-fn expect_aligned_rows(name: &str, t: &TensorView) -> Result<()> {
+pub(crate) fn expect_aligned_rows(name: &str, t: &TensorView) -> Result<()> {
     let es = t.dtype.size() as i64;
     let misaligned = t.ptr % 16 != 0
         || t.strides[..3]
@@ -345,19 +352,21 @@ pub fn plan(
     })
 }
 
-/// The main kernel's variant, its tile and dynamic shared memory.
+/// The main kernel's variant, its tile and dynamic shared memory (`varlen`: the
+/// packed-sequence build, `FS_VARLEN`).
 pub fn main_spec(
     head_dim: i64,
     dtype: DType,
     has_mask: bool,
     softcap: bool,
     arch_num: i64,
+    varlen: bool,
 ) -> Result<(KernelSpec, BwdTile, u32)> {
     let hdt = head_dim_tile(head_dim);
     let code = dtype.kernel_code()?;
     let tile = flash_bwd_tile(hdt as u32, code as u32, arch_num as u32);
     let smem = tile.smem_bytes(hdt as u32, dtype.size() as u32);
-    let defines = vec![
+    let mut defines = vec![
         ("FS_HEAD_DIM", hdt),
         ("FS_DTYPE", code),
         ("FS_BLOCK_M", tile.block_m as i64),
@@ -371,6 +380,9 @@ pub fn main_spec(
         ("FS_PAD_HEADDIM", (hdt != head_dim) as i64),
         ("FS_ARCH", arch_num),
     ];
+    if varlen {
+        defines.push(("FS_VARLEN", 1));
+    }
     Ok((
         KernelSpec {
             family: FAMILY,
@@ -389,27 +401,37 @@ pub fn aux_spec(
     dtype: DType,
     arch_num: i64,
     entry: &'static str,
+    varlen: bool,
 ) -> Result<KernelSpec> {
+    let mut defines = vec![
+        ("FS_HEAD_DIM", head_dim_tile(head_dim)),
+        ("FS_DTYPE", dtype.kernel_code()?),
+        ("FS_AUX_ONLY", 1),
+        ("FS_ARCH", arch_num),
+    ];
+    if varlen {
+        defines.push(("FS_VARLEN", 1));
+    }
     Ok(KernelSpec {
         family: FAMILY,
         source: SOURCE,
         entry,
-        defines: vec![
-            ("FS_HEAD_DIM", head_dim_tile(head_dim)),
-            ("FS_DTYPE", dtype.kernel_code()?),
-            ("FS_AUX_ONLY", 1),
-            ("FS_ARCH", arch_num),
-        ],
+        defines,
     })
 }
 
 /// Every variant the backward can emit for one arch (for tests and precompile).
 pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
+    specs_of(arch_num, false)
+}
+
+/// Every dense (`varlen` false) or packed-sequence variant of the backward for one arch.
+pub fn specs_of(arch_num: i64, varlen: bool) -> Vec<KernelSpec> {
     let mut out = Vec::new();
     for &tile in HEAD_DIM_TILES {
         for dtype in [DType::F16, DType::BF16, DType::F32] {
             for entry in [ENTRY_PRE, ENTRY_CONVERT] {
-                if let Ok(s) = aux_spec(tile, dtype, arch_num, entry) {
+                if let Ok(s) = aux_spec(tile, dtype, arch_num, entry, varlen) {
                     out.push(s);
                 }
             }
@@ -417,7 +439,7 @@ pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
                 let hd = if padded { tile - 8 } else { tile };
                 for mask in [false, true] {
                     for cap in [false, true] {
-                        if let Ok((s, _, _)) = main_spec(hd, dtype, mask, cap, arch_num) {
+                        if let Ok((s, _, _)) = main_spec(hd, dtype, mask, cap, arch_num, varlen) {
                             if !out.contains(&s) {
                                 out.push(s);
                             }
@@ -448,26 +470,6 @@ pub fn backward(a: &FlashBwdArgs, stream: StreamChoice) -> Result<()> {
         ("dk", Some(a.dk)),
         ("dv", Some(a.dv)),
     ])?;
-    let rt = runtime().map_err(Error::Unavailable)?;
-    let dev = rt.device(device)?;
-    // The device's context stays current for the whole call (loads, scratch, launches, frees)
-    // and the caller's is current again when this returns.
-    let _bound = dev.bind()?;
-    let arch_num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
-    let code = a.q.dtype.kernel_code()?;
-    let pl = plan(
-        &p,
-        code as u32,
-        arch_num as u32,
-        dev.props.sm_count as i64,
-        a.deterministic,
-    )?;
-    let has_mask = p.window_left >= 0 || p.window_right >= 0;
-    let (mspec, tile, smem) =
-        main_spec(p.head_dim, a.q.dtype, has_mask, a.softcap > 0.0, arch_num)?;
-    let main_k = dev.kernel(&mspec)?;
-    let pre_k = dev.kernel(&aux_spec(p.head_dim, a.q.dtype, arch_num, ENTRY_PRE)?)?;
-    let conv_k = dev.kernel(&aux_spec(p.head_dim, a.q.dtype, arch_num, ENTRY_CONVERT)?)?;
     let mut strides = [0i64; 24];
     for (i, t) in [a.q, a.k, a.v, a.out, a.dout, a.dq, a.dk, a.dv]
         .iter()
@@ -475,10 +477,7 @@ pub fn backward(a: &FlashBwdArgs, stream: StreamChoice) -> Result<()> {
     {
         strides[3 * i..3 * i + 3].copy_from_slice(&t.strides[..3]);
     }
-    let i32_of = |name: &str, v: i64| {
-        i32::try_from(v).map_err(|_| unsupported(format!("{name} = {v} exceeds 2^31 - 1")))
-    };
-    let mut params = FlashBwdParams {
+    let params = FlashBwdParams {
         q: a.q.ptr,
         k: a.k.ptr,
         v: a.v.ptr,
@@ -489,21 +488,89 @@ pub fn backward(a: &FlashBwdArgs, stream: StreamChoice) -> Result<()> {
         dk: a.dk.ptr,
         dv: a.dv.ptr,
         strides,
-        batch: i32_of("batch", p.batch)?,
-        nheads: i32_of("nheads", p.nheads)?,
-        nheads_k: i32_of("nheads_k", p.nheads_k)?,
-        seqlen_q: i32_of("seqlen_q", p.seqlen_q)?,
-        seqlen_k: i32_of("seqlen_k", p.seqlen_k)?,
-        head_dim: i32_of("headdim", p.head_dim)?,
-        seqlen_q_pad: i32_of("seqlen_q", pl.seqlen_q_pad)?,
-        nsplit: pl.nsplit as i32,
-        deterministic: a.deterministic as i32,
-        softmax_scale: a.softmax_scale,
-        softcap: a.softcap,
-        window_left: p.window_left as i32,
-        window_right: p.window_right as i32,
         ..Default::default()
     };
+    let run = BwdRun {
+        dtype: a.q.dtype,
+        softmax_scale: a.softmax_scale,
+        softcap: a.softcap,
+        deterministic: a.deterministic,
+        varlen: false,
+    };
+    launch(&p, params, &run, device, stream)
+}
+
+/// What `launch` needs beyond the problem and the tensors' pointers and strides.
+pub(crate) struct BwdRun {
+    pub dtype: DType,
+    pub softmax_scale: f32,
+    pub softcap: f32,
+    pub deterministic: bool,
+    /// The packed-sequence build: `p.batch` sequences of at most `p.seqlen_q` / `p.seqlen_k`
+    /// rows; `params` then carries cu_seqlens and the totals, batch strides 0.
+    pub varlen: bool,
+}
+
+/// Plans and runs the three launches of a checked, non-empty problem `p` whose `params` hold
+/// every tensor pointer and stride (and, varlen, cu_seqlens and totals); fills in the sizes,
+/// options and the stream-ordered scratch.
+pub(crate) fn launch(
+    p: &Problem,
+    mut params: FlashBwdParams,
+    run: &BwdRun,
+    device: i32,
+    stream: StreamChoice,
+) -> Result<()> {
+    let rt = runtime().map_err(Error::Unavailable)?;
+    let dev = rt.device(device)?;
+    // The device's context stays current for the whole call (loads, scratch, launches, frees)
+    // and the caller's is current again when this returns.
+    let _bound = dev.bind()?;
+    let arch_num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
+    let code = run.dtype.kernel_code()?;
+    let pl = plan(
+        p,
+        code as u32,
+        arch_num as u32,
+        dev.props.sm_count as i64,
+        run.deterministic,
+    )?;
+    let has_mask = p.window_left >= 0 || p.window_right >= 0;
+    let (mspec, tile, smem) = main_spec(
+        p.head_dim,
+        run.dtype,
+        has_mask,
+        run.softcap > 0.0,
+        arch_num,
+        run.varlen,
+    )?;
+    let main_k = dev.kernel(&mspec)?;
+    let pre_k = dev.kernel(&aux_spec(
+        p.head_dim, run.dtype, arch_num, ENTRY_PRE, run.varlen,
+    )?)?;
+    let conv_k = dev.kernel(&aux_spec(
+        p.head_dim,
+        run.dtype,
+        arch_num,
+        ENTRY_CONVERT,
+        run.varlen,
+    )?)?;
+    let i32_of = |name: &str, v: i64| {
+        i32::try_from(v).map_err(|_| unsupported(format!("{name} = {v} exceeds 2^31 - 1")))
+    };
+    params.batch = i32_of("batch", p.batch)?;
+    params.nheads = i32_of("nheads", p.nheads)?;
+    params.nheads_k = i32_of("nheads_k", p.nheads_k)?;
+    params.seqlen_q = i32_of("seqlen_q", p.seqlen_q)?;
+    params.seqlen_k = i32_of("seqlen_k", p.seqlen_k)?;
+    params.head_dim = i32_of("headdim", p.head_dim)?;
+    params.seqlen_q_pad = i32_of("seqlen_q", pl.seqlen_q_pad)?;
+    params.nsplit = pl.nsplit as i32;
+    params.deterministic = run.deterministic as i32;
+    params.softmax_scale = run.softmax_scale;
+    params.softcap = run.softcap;
+    params.window_left = p.window_left as i32;
+    params.window_right = p.window_right as i32;
     let nh = p.nheads as u32;
     let nb = p.batch as u32;
     let aux_grid = |rows: i64| -> Result<(u32, u32, u32)> {
@@ -518,8 +585,9 @@ pub fn backward(a: &FlashBwdArgs, stream: StreamChoice) -> Result<()> {
     params.dq_accum = scratch;
     params.dpsum = scratch + pl.dpsum_off as u64;
     params.lse_log2 = scratch + pl.lse_off as u64;
-    // SAFETY: params mirrors the kernel's struct; every tensor pointer was checked above (shape,
-    // dtype, strides, alignment, device); the scratch holds the plan's three regions.
+    // SAFETY: params mirrors the kernel's struct; every tensor pointer was checked by the
+    // caller (shape, dtype, strides, alignment, device); the scratch holds the plan's three
+    // regions.
     let launched = (|| unsafe {
         if p.seqlen_q > 0 {
             dev.launch(&pre_k, pre_grid, (AUX_THREADS, 1, 1), 0, s, &params)?;

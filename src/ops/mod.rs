@@ -4,6 +4,7 @@
 pub mod attention;
 pub mod attention_bwd;
 pub mod attention_decode;
+pub mod attention_varlen;
 pub mod flash_tiles;
 pub mod kvcache_append;
 pub mod scan;
@@ -37,6 +38,16 @@ pub fn all_variants(arch_num: i64) -> Vec<(KernelSpec, bool)> {
     // with a few spilled bytes); test_kernels_compile bounds their spills separately.
     for s in attention_bwd::all_specs(arch_num) {
         out.push((s, false));
+    }
+    // Varlen: the packed-sequence builds of the same kernels, "main" as their dense twins.
+    for s in attention_varlen::all_specs(arch_num) {
+        let fwd = s.family == attention::FAMILY;
+        let main = fwd
+            && s.defines
+                .iter()
+                .any(|&(k, v)| k == "FS_HEAD_DIM" && (v == 64 || v == 128))
+            && s.defines.iter().any(|&(k, v)| k == "FS_DTYPE" && v != 2);
+        out.push((s, main));
     }
     // Decode: the hd64 / hd128 attention tiles and the combine / append kernels are main.
     out.extend(attention_decode::all_specs(arch_num));
