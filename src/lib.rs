@@ -1,6 +1,7 @@
 //! The `flashscan._native` Python module: bindings only. Each function converts its Python
 //! arguments (DLPack import), calls into `ops`, and maps `Error` to a Python exception.
 
+mod conv_bindings;
 pub mod dlpack;
 pub mod error;
 pub mod ops;
@@ -857,5 +858,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernel_variants, m)?)?;
     m.add_function(wrap_pyfunction!(compile_variant, m)?)?;
     m.add_function(wrap_pyfunction!(precompile, m)?)?;
+    conv_bindings::register(m)?;
     Ok(())
 }

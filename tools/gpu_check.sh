@@ -6,6 +6,7 @@
 # with `.dev/wheel` carried (`bash tools/build_wheel.sh`). Optional carried folders:
 #   .dev/wheel-base  an earlier wheel: the base-* stages time it in the same run (before/after)
 #   .peers/mamba     a mamba source checkout: the bench stages build and time mamba_ssm beside us
+#   .peers/causal-conv1d  a causal-conv1d checkout: bench-conv1d builds and times it beside us
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/flashscan-out}"
@@ -63,6 +64,12 @@ for stage in "${stages[@]}"; do
       ;;
     bench)
       python3 "$repo/benches/compare.py" "${mamba[@]}" --out "$OUT/bench" 2>"$OUT/bench_progress.log" | tail -120
+      ;;
+    bench-conv1d|bench-conv1d-quick)
+      quick=(); [ "$stage" = bench-conv1d-quick ] && quick=(--quick)
+      conv=(); [ -d "$repo/.peers/causal-conv1d/csrc" ] && conv=(--conv1d-src "$repo/.peers/causal-conv1d" --conv1d-build /tmp/conv1d-build)
+      python3 "$repo/benches/conv1d.py" "${quick[@]}" "${conv[@]}" --out "$OUT/bench_conv1d" 2>&1 \
+        | tee "$OUT/bench_conv1d.log" | tail -40
       ;;
     bench-backward|bench-backward-quick)
       quick=(); [ "$stage" = bench-backward-quick ] && quick=(--quick)

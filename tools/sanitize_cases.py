@@ -307,9 +307,73 @@ def decode_cases() -> int:
     return bad
 
 
+def conv_cases() -> int:
+    """The causal conv1d: forward / backward in both layouts (initial and final states, seq_idx)
+    and the decode update (shift and ring), odd sizes, against the float64 reference."""
+    import flashscan.torch as fst
+    from flashscan import reference_conv as rc
+
+    def h(t: torch.Tensor | None) -> object:
+        return None if t is None else t.detach().double().cpu().numpy()
+
+    bad = 0
+    for dtype, width, layout, seq in itertools.product(
+        [torch.float32, torch.bfloat16], [2, 4], ["cf", "cl"], [False, True]
+    ):
+        b, d, L = 2, 70, 1031
+        x = torch.randn(b, L, d, device="cuda", dtype=dtype).transpose(1, 2)
+        if layout == "cf":
+            x = x.contiguous()
+        x.requires_grad_()
+        w = torch.randn(d, width, device="cuda", requires_grad=True)
+        bias = torch.randn(d, device="cuda", requires_grad=True)
+        init = None if seq else torch.randn(b, d, width - 1, device="cuda", dtype=dtype)
+        sidx = None
+        if seq:
+            sidx = torch.zeros(b, L, device="cuda", dtype=torch.int32)
+            sidx[:, 400:] = 1
+        if init is not None:
+            init.requires_grad_()
+        out = fst.causal_conv1d_fn(x, w, bias, init, activation="silu", seq_idx=sidx)
+        dout = torch.randn_like(out)
+        out.backward(dout)
+        ref = rc.causal_conv1d_fn(h(x), h(w), h(bias), h(init), activation="silu", seq_idx=h(sidx))
+        dref = rc.causal_conv1d_bwd(h(dout), h(x), h(w), h(bias), h(init), None, "silu", h(sidx))
+        errs = [(out.double().cpu() - torch.from_numpy(ref)).abs().max().item()]
+        for g, t in zip(dref, (x, w, bias, init)):
+            if g is not None and t is not None and t.grad is not None:
+                scale = max(float(abs(g).max()), 1.0)
+                errs.append(
+                    (t.grad.double().cpu() - torch.from_numpy(g)).abs().max().item() / scale
+                )
+        if not max(errs) < 0.05:
+            print(f"conv {dtype} width={width} {layout} seq={seq}: errs {errs}")
+            bad += 1
+    for dtype, ring in itertools.product([torch.float16, torch.float32], [False, True]):
+        x = torch.randn(3, 130, 2, device="cuda", dtype=dtype)
+        state = torch.randn(3, 130, 5, device="cuda", dtype=dtype)
+        w = torch.randn(130, 4, device="cuda")
+        lens = torch.tensor([0, 7, 3], device="cuda", dtype=torch.int32) if ring else None
+        want, want_state = rc.causal_conv1d_update(h(x), h(state), h(w), None, "silu", h(lens))
+        out = flashscan.causal_conv1d_update(x, state, w, activation="silu", cache_seqlens=lens)
+        err = (out.double().cpu() - torch.from_numpy(want)).abs().max().item()
+        err_s = (state.double().cpu() - torch.from_numpy(want_state)).abs().max().item()
+        if not (err < 0.05 and err_s == 0):
+            print(f"conv update {dtype} ring={ring}: err {err}, state err {err_s}")
+            bad += 1
+    return bad
+
+
 if __name__ == "__main__":
     assert flashscan.available(), flashscan.info()
-    n = attention_cases() + scan_cases() + backward_cases() + decode_cases() + varlen_cases()
+    n = (
+        attention_cases()
+        + scan_cases()
+        + backward_cases()
+        + decode_cases()
+        + varlen_cases()
+        + conv_cases()
+    )
     torch.cuda.synchronize()
     print("sanitize cases done, wrong results:", n)
     sys.exit(1 if n else 0)

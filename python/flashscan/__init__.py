@@ -8,6 +8,7 @@ GPU at hand, fed zero-copy through DLPack, with a NumPy reference where no usabl
     out = flashscan.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens)
     out = flashscan.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
     y = flashscan.selective_scan_fn(u, delta, A, B, C, D, z, delta_softplus=True)
+    x = flashscan.causal_conv1d_fn(x, weight, bias, activation="silu")
 
 Arrays of torch, cupy, jax or numpy (or anything speaking DLPack) go in; results come back in
 the caller's framework, on its device. `import flashscan` never fails for lack of a GPU,
@@ -22,7 +23,14 @@ import platform
 import sys
 from typing import Any
 
-from . import _routes, reference, reference_bwd, reference_kvcache, reference_varlen
+from . import (
+    _routes,
+    reference,
+    reference_bwd,
+    reference_conv,
+    reference_kvcache,
+    reference_varlen,
+)
 from ._backend import (
     CompileError,
     CudaError,
@@ -33,6 +41,7 @@ from ._backend import (
 from ._backend import native as _native
 from ._backend import status as _status
 from .attention import flash_attn_func
+from .conv import causal_conv1d_fn, causal_conv1d_update
 from .kvcache import flash_attn_with_kvcache
 from .scan import selective_scan_fn, selective_state_update
 from .varlen import flash_attn_varlen_func
@@ -59,12 +68,15 @@ __all__ = [
     "UnsupportedError",
     "__version__",
     "available",
+    "causal_conv1d_fn",
+    "causal_conv1d_update",
     "flash_attn_func",
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
     "info",
     "reference",
     "reference_bwd",
+    "reference_conv",
     "reference_kvcache",
     "reference_varlen",
     "selective_scan_fn",

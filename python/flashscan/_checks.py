@@ -879,3 +879,118 @@ def kvcache_memo(
         r = kvcache(*descs)
         remember(_memo_kvcache, key, r)
     return r
+
+
+# ---------------------------------------------------------------------------------------------
+# Causal conv1d
+# ---------------------------------------------------------------------------------------------
+
+CONV_WIDTHS = (2, 3, 4)
+
+
+def conv_activation(activation: Any) -> bool:
+    """causal-conv1d's activation: None (identity) or "silu" / "swish". True for SiLU."""
+    if activation is None:
+        return False
+    if not isinstance(activation, str):
+        raise TypeError(f"activation: expected None, 'silu' or 'swish', got {activation!r}")
+    if activation not in ("silu", "swish"):
+        raise ValueError(f"activation: expected None, 'silu' or 'swish', got {activation!r}")
+    return True
+
+
+def _conv_weight(dx: Desc, dw: Desc, db: Desc | None) -> int:
+    """weight (dim, width) in x's dtype or float32, width 2..4; bias (dim,) like weight."""
+    dim = dx[1][1]
+    rank("weight", dw, (2,), "(dim, width)")
+    _bc_dtype("weight", dw, "x", dx)
+    width = dw[1][1]
+    if dw[1][0] != dim:
+        raise ValueError(f"weight: expected shape (dim={dim}, width), got {fmt_shape(dw[1])}")
+    if width not in CONV_WIDTHS:
+        raise UnsupportedError(f"weight: width {width} is not supported (allowed: 2, 3, 4)")
+    same_device("weight", dw, "x", dx)
+    if db is not None:
+        rank("bias", db, (1,), "(dim,)")
+        same_dtype("bias", db, "weight", dw)
+        shape_eq("bias", db, (dim,), "(dim,)")
+        same_device("bias", db, "x", dx)
+    return width
+
+
+def conv_layout(arg: str, d: Desc) -> str:
+    """'cf' when the seqlen axis of a (batch, dim, seqlen) array is contiguous (causal-conv1d's
+    default), 'cl' when its dim axis is (the channel-last layout, x.transpose(1, 2) of a
+    contiguous (batch, seqlen, dim)); anything else is refused."""
+    shape, strides = d[1], d[2]
+    if shape[2] <= 1 or strides[2] == 1 or 0 in shape:
+        return "cf"
+    if shape[1] <= 1 or strides[1] == 1:
+        return "cl"
+    raise ValueError(
+        f"{arg}: must be contiguous along seqlen (stride(2) == 1) or along dim (stride(1) == 1, "
+        f"channel-last), got strides {fmt_shape(strides)} for shape {fmt_shape(shape)} "
+        f"(call .contiguous() first)"
+    )
+
+
+def causal_conv1d(
+    dx: Desc,
+    dw: Desc,
+    db: Desc | None,
+    dinit: Desc | None,
+    dseq: Desc | None,
+    return_final_states: bool,
+) -> tuple[int, int, int, int]:
+    """causal-conv1d's causal_conv1d_fn shapes. Returns (batch, dim, seqlen, width)."""
+    rank("x", dx, (3,), "(batch, dim, seqlen)")
+    device_kind("x", dx)
+    dtype_in("x", dx)
+    conv_layout("x", dx)
+    batch, dim, seqlen = dx[1]
+    width = _conv_weight(dx, dw, db)
+    if dinit is not None:
+        rank("initial_states", dinit, (3,), "(batch, dim, width - 1)")
+        same_dtype("initial_states", dinit, "x", dx)
+        shape_eq("initial_states", dinit, (batch, dim, width - 1), "(batch, dim, width - 1)")
+        same_device("initial_states", dinit, "x", dx)
+    if dseq is not None:
+        if dinit is not None or return_final_states:
+            raise ValueError(
+                "seq_idx: cannot be combined with initial_states or return_final_states "
+                "(as in causal-conv1d)"
+            )
+        rank("seq_idx", dseq, (2,), "(batch, seqlen)")
+        dtype_in("seq_idx", dseq, ("int32",))
+        shape_eq("seq_idx", dseq, (batch, seqlen), "(batch, seqlen)")
+        same_device("seq_idx", dseq, "x", dx)
+    return batch, dim, seqlen, width
+
+
+def causal_conv1d_update(
+    dx: Desc, dstate: Desc, dw: Desc, db: Desc | None, dlens: Desc | None
+) -> tuple[int, int, int, int, int]:
+    """causal-conv1d's causal_conv1d_update shapes. Returns (batch, dim, seqlen, state_len,
+    width); seqlen is 1 for a 2-D x."""
+    n = rank("x", dx, (2, 3), "(batch, dim) or (batch, dim, seqlen)")
+    device_kind("x", dx)
+    dtype_in("x", dx)
+    batch, dim = dx[1][0], dx[1][1]
+    seqlen = dx[1][2] if n == 3 else 1
+    width = _conv_weight(dx, dw, db)
+    rank("conv_state", dstate, (3,), "(batch, dim, state_len)")
+    same_dtype("conv_state", dstate, "x", dx)
+    state_len = dstate[1][2]
+    shape_eq("conv_state", dstate, (batch, dim, state_len), "(batch, dim, state_len)")
+    if state_len < width - 1:
+        raise ValueError(
+            f"conv_state: state_len {state_len} must be >= width - 1 = {width - 1} "
+            f"(shape {fmt_shape(dstate[1])})"
+        )
+    same_device("conv_state", dstate, "x", dx)
+    if dlens is not None:
+        rank("cache_seqlens", dlens, (1,), "(batch,)")
+        dtype_in("cache_seqlens", dlens, ("int32",))
+        shape_eq("cache_seqlens", dlens, (batch,), "(batch,)")
+        same_device("cache_seqlens", dlens, "x", dx)
+    return batch, dim, seqlen, state_len, width

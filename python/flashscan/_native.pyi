@@ -259,3 +259,48 @@ def precompile(
     compiled (not already cached). progress(done, total, name) is called per variant."""
 
 def cache_dir() -> str: ...
+
+# ---- causal conv1d (src/conv_bindings.rs) ------------------------------------------------------
+def causal_conv1d_fwd(
+    x: TensorArg,
+    weight: TensorArg,
+    bias: TensorArg | None,
+    initial_states: TensorArg | None,
+    seq_idx: TensorArg | None,
+    out: TensorArg,
+    final_states: TensorArg | None,
+    silu: bool,
+    stream: int | None,
+) -> None:
+    """out = conv(x) (+ bias, SiLU); final_states = the last width - 1 inputs, when given.
+    x / out: (batch, dim, seqlen), seqlen or dim stride 1 (the same for both)."""
+
+def causal_conv1d_bwd(
+    x: TensorArg,
+    weight: TensorArg,
+    bias: TensorArg | None,
+    initial_states: TensorArg | None,
+    seq_idx: TensorArg | None,
+    dout: TensorArg,
+    dfinal_states: TensorArg | None,
+    dx: TensorArg,
+    dweight: TensorArg,
+    dbias: TensorArg | None,
+    dinitial_states: TensorArg | None,
+    silu: bool,
+    stream: int | None,
+) -> None:
+    """Fills dx (laid out like x), dweight, dbias and dinitial_states (when given)."""
+
+def causal_conv1d_update(
+    x: TensorArg,
+    conv_state: TensorArg,
+    weight: TensorArg,
+    bias: TensorArg | None,
+    cache_seqlens: TensorArg | None,
+    out: TensorArg,
+    silu: bool,
+    stream: int | None,
+) -> None:
+    """One decode step: out from x and conv_state; conv_state updated in place (a ring when
+    cache_seqlens is given)."""

@@ -39,7 +39,7 @@ from . import scan as _scan
 from . import varlen as _varlen
 from ._frameworks import CUDA, contiguous_strides, handler_of
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "selective_scan_fn"]
+__all__ = ["causal_conv1d_fn", "flash_attn_func", "flash_attn_varlen_func", "selective_scan_fn"]
 
 _native = _backend.native
 _F64 = torch.float64
@@ -1281,3 +1281,6 @@ def selective_scan_fn(
 _routes.register("flash_attn_func", flash_attn_func)
 _routes.register("flash_attn_varlen_func", flash_attn_varlen_func)
 _routes.register("selective_scan_fn", selective_scan_fn)
+
+# The causal conv1d's ops live in their own module, which registers its route itself.
+from ._torch_conv import causal_conv1d_fn  # noqa: E402

@@ -5,6 +5,7 @@ pub mod attention;
 pub mod attention_bwd;
 pub mod attention_decode;
 pub mod attention_varlen;
+pub mod conv1d;
 pub mod flash_tiles;
 pub mod kvcache_append;
 pub mod scan;
@@ -67,6 +68,7 @@ pub fn all_variants(arch_num: i64) -> Vec<(KernelSpec, bool)> {
         let main = s.defines.iter().any(|&(k, v)| k == "FS_DSTATE" && v == 16);
         out.push((s, main));
     }
+    out.extend(conv1d::all_specs(arch_num));
     out
 }
 

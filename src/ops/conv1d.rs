@@ -1,0 +1,687 @@
+//! Causal depthwise conv1d (causal-conv1d semantics): forward, backward and the decode update.
+//! Argument checks, layout choice (channel-first: seqlen stride 1, or channel-last: dim
+//! stride 1) and launch of `cuda/causal_conv1d.cu`.
+
+use crate::error::{type_err, unsupported, value_err, Error, Result};
+use crate::runtime::{driver, runtime, KernelSpec, StreamChoice};
+use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
+
+pub const SOURCE: &str = include_str!("../../cuda/causal_conv1d.cu");
+pub const FAMILY: &str = "causal_conv1d";
+const THREADS: i64 = 128;
+const WARPS: i64 = THREADS / 32;
+/// Positions per warp of the channel-last kernels (the kernel's kT).
+const CL_STEPS: i64 = 32;
+
+/// Mirrors `struct Conv1dParams` in cuda/causal_conv1d.cu (480 bytes). Strides in elements.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Conv1dParams {
+    pub x: u64,
+    pub weight: u64,
+    pub bias: u64,
+    pub init: u64,
+    pub seq_idx: u64,
+    pub out: u64,
+    pub final_states: u64,
+    pub dout: u64,
+    pub dfinal: u64,
+    pub dx: u64,
+    pub dinit: u64,
+    pub partials: u64,
+    pub dweight: u64,
+    pub dbias: u64,
+    pub state: u64,
+    pub cache_seqlens: u64,
+    pub batch: i64,
+    pub dim: i64,
+    pub seqlen: i64,
+    pub state_len: i64,
+    pub nparts: i64,
+    pub x_s: [i64; 3],
+    pub out_s: [i64; 3],
+    pub init_s: [i64; 3],
+    pub final_s: [i64; 3],
+    pub dout_s: [i64; 3],
+    pub dfinal_s: [i64; 3],
+    pub dx_s: [i64; 3],
+    pub dinit_s: [i64; 3],
+    pub state_s: [i64; 3],
+    pub seq_s: [i64; 2],
+    pub w_s: [i64; 2],
+    pub dw_s: [i64; 2],
+    pub bias_s: i64,
+    pub dbias_s: i64,
+    pub silu: i32,
+    pub has_bias: i32,
+    pub has_init: i32,
+    pub has_seq: i32,
+    pub has_final: i32,
+    pub has_dfinal: i32,
+    pub has_dinit: i32,
+    pub circular: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<Conv1dParams>() == 480);
+
+/// Which axis of x (and of every tensor shaped like it) is contiguous.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// (batch, dim, seqlen) with seqlen stride 1: causal-conv1d's default.
+    ChannelFirst,
+    /// dim stride 1: `x.transpose(1, 2)` of a contiguous (batch, seqlen, dim).
+    ChannelLast,
+}
+
+/// The layout of x: channel-first when its seqlen axis is contiguous (or has one element),
+/// channel-last when its dim axis is.
+pub fn layout_of(x: &TensorView) -> Result<Layout> {
+    if x.shape[2] <= 1 || x.strides[2] == 1 {
+        Ok(Layout::ChannelFirst)
+    } else if x.shape[1] <= 1 || x.strides[1] == 1 {
+        Ok(Layout::ChannelLast)
+    } else {
+        Err(value_err(format!(
+            "x must be contiguous along seqlen (stride(2) == 1) or along dim (stride(1) == 1, \
+             the channel-last layout), got strides {:?}; call .contiguous() first",
+            x.strides
+        )))
+    }
+}
+
+/// Strides of a (batch, dim, seqlen) tensor laid out like x, its contiguous axis set to 1
+/// (where that axis has one element its stride is moot).
+fn like_x(t: &TensorView, arg: &str, shape: &[i64], layout: Layout) -> Result<[i64; 3]> {
+    t.expect_shape(arg, shape)?;
+    let axis = match layout {
+        Layout::ChannelFirst => 2,
+        Layout::ChannelLast => 1,
+    };
+    t.expect_unit_stride(arg, axis, if axis == 2 { "seqlen" } else { "dim" })?;
+    let mut s = [t.strides[0], t.strides[1], t.strides[2]];
+    s[axis] = 1;
+    Ok(s)
+}
+
+fn strides3(t: &TensorView) -> [i64; 3] {
+    [t.strides[0], t.strides[1], t.strides[2]]
+}
+
+fn ptr(t: Option<&TensorView>) -> u64 {
+    t.map_or(0, |t| t.ptr)
+}
+
+/// The shared checks of the forward and the backward: x, weight, bias, initial_states, seq_idx.
+/// Returns (batch, dim, seqlen, width, layout) with the strides of those inputs in `p`.
+fn check_inputs(
+    x: &TensorView,
+    weight: &TensorView,
+    bias: Option<&TensorView>,
+    init: Option<&TensorView>,
+    seq_idx: Option<&TensorView>,
+    p: &mut Conv1dParams,
+) -> Result<(i64, i64, i64, i64, Layout)> {
+    x.expect_rank("x", "batch, dim, seqlen")?;
+    x.expect_dtype("x", &[DType::F16, DType::BF16, DType::F32])?;
+    let (batch, dim, seqlen) = (x.shape[0], x.shape[1], x.shape[2]);
+    weight.expect_rank("weight", "dim, width")?;
+    weight.expect_dtype("weight", &[x.dtype, DType::F32])?;
+    let width = weight.shape[1];
+    if !(2..=4).contains(&width) {
+        return Err(unsupported(format!(
+            "weight has width {width}: causal_conv1d supports widths 2, 3 and 4"
+        )));
+    }
+    weight.expect_shape("weight", &[dim, width])?;
+    let layout = layout_of(x)?;
+    p.x_s = like_x(x, "x", &[batch, dim, seqlen], layout)?;
+    p.w_s = [weight.strides[0], weight.strides[1]];
+    if let Some(b) = bias {
+        b.expect_same_dtype("bias", weight, "weight")?;
+        b.expect_shape("bias", &[dim])?;
+        p.bias_s = b.strides[0];
+    }
+    if let Some(t) = init {
+        t.expect_same_dtype("initial_states", x, "x")?;
+        t.expect_shape("initial_states", &[batch, dim, width - 1])?;
+        p.init_s = strides3(t);
+    }
+    if let Some(s) = seq_idx {
+        if init.is_some() {
+            return Err(value_err(
+                "seq_idx and initial_states cannot be given together (as in causal-conv1d)",
+            ));
+        }
+        s.expect_dtype("seq_idx", &[DType::I32])?;
+        s.expect_shape("seq_idx", &[batch, seqlen])?;
+        p.seq_s = [s.strides[0], s.strides[1]];
+    }
+    if batch > 65535 {
+        return Err(unsupported("batch must be <= 65535"));
+    }
+    p.batch = batch;
+    p.dim = dim;
+    p.seqlen = seqlen;
+    p.x = x.ptr;
+    p.weight = weight.ptr;
+    p.bias = ptr(bias);
+    p.init = ptr(init);
+    p.seq_idx = ptr(seq_idx);
+    p.has_bias = bias.is_some() as i32;
+    p.has_init = init.is_some() as i32;
+    p.has_seq = seq_idx.is_some() as i32;
+    Ok((batch, dim, seqlen, width, layout))
+}
+
+/// The kernel variant: `entry` with x's dtype, weight's dtype and the width.
+pub fn spec(entry: &'static str, x: DType, w: DType, width: i64) -> Result<KernelSpec> {
+    Ok(KernelSpec {
+        family: FAMILY,
+        source: SOURCE,
+        entry,
+        defines: vec![
+            ("FS_DTYPE", x.kernel_code()?),
+            ("FS_W_DTYPE", w.kernel_code()?),
+            ("FS_WIDTH", width),
+        ],
+    })
+}
+
+pub const ENTRIES: [&str; 6] = [
+    "causal_conv1d_fwd_cf",
+    "causal_conv1d_fwd_cl",
+    "causal_conv1d_bwd_cf",
+    "causal_conv1d_bwd_cl",
+    "causal_conv1d_dw_reduce",
+    "causal_conv1d_update",
+];
+
+/// Every variant: 6 entries x (x dtype, weight dtype: x's or fp32) x width 2..4. The
+/// forward and update entries are "main" (they must not spill).
+pub fn all_specs(_arch: i64) -> Vec<(KernelSpec, bool)> {
+    let mut out = Vec::new();
+    for entry in ENTRIES {
+        let main = !entry.contains("bwd") && !entry.contains("reduce");
+        for x in [DType::F16, DType::BF16, DType::F32] {
+            let ws: &[DType] = if x == DType::F32 {
+                &[DType::F32]
+            } else {
+                &[x, DType::F32]
+            };
+            for &w in ws {
+                for width in 2..=4 {
+                    if let Ok(s) = spec(entry, x, w, width) {
+                        out.push((s, main));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Elements of one 16-byte access of `dt`.
+fn vec_elems(dt: DType) -> i64 {
+    16 / dt.size() as i64
+}
+
+/// (grid, parts along time) of the forward / backward for a layout.
+fn grid(
+    layout: Layout,
+    dt: DType,
+    batch: i64,
+    dim: i64,
+    seqlen: i64,
+) -> Result<((u32, u32, u32), i64)> {
+    let too_big = || unsupported("dim * seqlen too large for one launch");
+    match layout {
+        Layout::ChannelFirst => {
+            let chunk = THREADS * 2 * vec_elems(dt);
+            let nchunks = (seqlen + chunk - 1) / chunk;
+            let gx = u32::try_from(dim * nchunks).map_err(|_| too_big())?;
+            Ok(((gx, batch as u32, 1), nchunks))
+        }
+        Layout::ChannelLast => {
+            let gx = (dim + 32 * vec_elems(dt) - 1) / (32 * vec_elems(dt));
+            let gy = (seqlen + WARPS * CL_STEPS - 1) / (WARPS * CL_STEPS);
+            let gy32 = u32::try_from(gy)
+                .ok()
+                .filter(|&v| v <= 65535)
+                .ok_or_else(too_big)?;
+            Ok(((gx as u32, gy32, batch as u32), gy))
+        }
+    }
+}
+
+pub struct Conv1dFwdArgs<'a> {
+    pub x: &'a TensorView,
+    pub weight: &'a TensorView,
+    pub bias: Option<&'a TensorView>,
+    pub initial_states: Option<&'a TensorView>,
+    pub seq_idx: Option<&'a TensorView>,
+    pub out: &'a TensorView,
+    pub final_states: Option<&'a TensorView>,
+    pub silu: bool,
+}
+
+/// Checks a forward call; returns the filled params (pointers, sizes, strides, flags) and the layout.
+pub fn check_fwd(a: &Conv1dFwdArgs) -> Result<(Conv1dParams, Layout, i64)> {
+    let mut p = Conv1dParams::default();
+    let (batch, dim, seqlen, width, layout) =
+        check_inputs(a.x, a.weight, a.bias, a.initial_states, a.seq_idx, &mut p)?;
+    a.out.expect_same_dtype("out", a.x, "x")?;
+    a.out.expect_writable("out")?;
+    p.out_s = like_x(a.out, "out", &[batch, dim, seqlen], layout)?;
+    p.out = a.out.ptr;
+    if let Some(f) = a.final_states {
+        if a.seq_idx.is_some() {
+            return Err(value_err(
+                "seq_idx and return_final_states cannot be used together (as in causal-conv1d)",
+            ));
+        }
+        f.expect_same_dtype("final_states_out", a.x, "x")?;
+        f.expect_shape("final_states_out", &[batch, dim, width - 1])?;
+        f.expect_writable("final_states_out")?;
+        p.final_s = strides3(f);
+        p.final_states = f.ptr;
+        p.has_final = 1;
+    }
+    p.silu = a.silu as i32;
+    expect_no_overlap(
+        &[("out", Some(a.out)), ("final_states_out", a.final_states)],
+        &[
+            ("x", Some(a.x)),
+            ("weight", Some(a.weight)),
+            ("bias", a.bias),
+            ("initial_states", a.initial_states),
+            ("seq_idx", a.seq_idx),
+        ],
+    )?;
+    Ok((p, layout, width))
+}
+
+pub fn forward(a: &Conv1dFwdArgs, stream: StreamChoice) -> Result<()> {
+    let (p, layout, width) = check_fwd(a)?;
+    if p.batch == 0 || p.dim == 0 || p.seqlen == 0 {
+        return Ok(());
+    }
+    let device = common_cuda_device(&[
+        ("x", Some(a.x)),
+        ("weight", Some(a.weight)),
+        ("bias", a.bias),
+        ("initial_states", a.initial_states),
+        ("seq_idx", a.seq_idx),
+        ("out", Some(a.out)),
+        ("final_states_out", a.final_states),
+    ])?;
+    let rt = runtime().map_err(Error::Unavailable)?;
+    let dev = rt.device(device)?;
+    // the device's context stays current for the whole call; the caller's is restored after
+    let _bound = dev.bind()?;
+    let entry = match layout {
+        Layout::ChannelFirst => "causal_conv1d_fwd_cf",
+        Layout::ChannelLast => "causal_conv1d_fwd_cl",
+    };
+    let k = dev.kernel(&spec(entry, a.x.dtype, a.weight.dtype, width)?)?;
+    let (g, _) = grid(layout, a.x.dtype, p.batch, p.dim, p.seqlen)?;
+    let st = dev.stream(stream)?;
+    // SAFETY: params mirrors Conv1dParams; shapes, dtypes, layouts, devices were checked.
+    unsafe { dev.launch(&k, g, (THREADS as u32, 1, 1), 0, st, &p)? };
+    dev.finish(stream)
+}
+
+pub struct Conv1dBwdArgs<'a> {
+    pub x: &'a TensorView,
+    pub weight: &'a TensorView,
+    pub bias: Option<&'a TensorView>,
+    pub initial_states: Option<&'a TensorView>,
+    pub seq_idx: Option<&'a TensorView>,
+    pub dout: &'a TensorView,
+    pub dfinal_states: Option<&'a TensorView>,
+    pub dx: &'a TensorView,
+    pub dweight: &'a TensorView,
+    pub dbias: Option<&'a TensorView>,
+    pub dinitial_states: Option<&'a TensorView>,
+    pub silu: bool,
+}
+
+pub fn check_bwd(a: &Conv1dBwdArgs) -> Result<(Conv1dParams, Layout, i64)> {
+    let mut p = Conv1dParams::default();
+    let (batch, dim, seqlen, width, layout) =
+        check_inputs(a.x, a.weight, a.bias, a.initial_states, a.seq_idx, &mut p)?;
+    let xs = [batch, dim, seqlen];
+    a.dout.expect_same_dtype("dout", a.x, "x")?;
+    p.dout_s = like_x(a.dout, "dout", &xs, layout)?;
+    a.dx.expect_same_dtype("dx", a.x, "x")?;
+    a.dx.expect_writable("dx")?;
+    p.dx_s = like_x(a.dx, "dx", &xs, layout)?;
+    a.dweight.expect_same_dtype("dweight", a.weight, "weight")?;
+    a.dweight.expect_shape("dweight", &[dim, width])?;
+    a.dweight.expect_writable("dweight")?;
+    p.dw_s = [a.dweight.strides[0], a.dweight.strides[1]];
+    if let Some(d) = a.dbias {
+        if a.bias.is_none() {
+            return Err(value_err("dbias given without bias"));
+        }
+        d.expect_same_dtype("dbias", a.weight, "weight")?;
+        d.expect_shape("dbias", &[dim])?;
+        d.expect_writable("dbias")?;
+        p.dbias_s = d.strides[0];
+    }
+    let states = [batch, dim, width - 1];
+    if let Some(d) = a.dfinal_states {
+        if a.seq_idx.is_some() {
+            return Err(value_err(
+                "seq_idx and final states cannot be used together",
+            ));
+        }
+        d.expect_same_dtype("dfinal_states", a.x, "x")?;
+        d.expect_shape("dfinal_states", &states)?;
+        p.dfinal_s = strides3(d);
+        p.has_dfinal = 1;
+    }
+    if let Some(d) = a.dinitial_states {
+        if a.initial_states.is_none() {
+            return Err(value_err("dinitial_states given without initial_states"));
+        }
+        d.expect_same_dtype("dinitial_states", a.x, "x")?;
+        d.expect_shape("dinitial_states", &states)?;
+        d.expect_writable("dinitial_states")?;
+        p.dinit_s = strides3(d);
+        p.has_dinit = 1;
+    }
+    p.dout = a.dout.ptr;
+    p.dfinal = ptr(a.dfinal_states);
+    p.dx = a.dx.ptr;
+    p.dweight = a.dweight.ptr;
+    p.dbias = ptr(a.dbias);
+    p.dinit = ptr(a.dinitial_states);
+    p.silu = a.silu as i32;
+    expect_no_overlap(
+        &[
+            ("dx", Some(a.dx)),
+            ("dweight", Some(a.dweight)),
+            ("dbias", a.dbias),
+            ("dinitial_states", a.dinitial_states),
+        ],
+        &[
+            ("x", Some(a.x)),
+            ("weight", Some(a.weight)),
+            ("bias", a.bias),
+            ("initial_states", a.initial_states),
+            ("seq_idx", a.seq_idx),
+            ("dout", Some(a.dout)),
+            ("dfinal_states", a.dfinal_states),
+        ],
+    )?;
+    Ok((p, layout, width))
+}
+
+pub fn backward(a: &Conv1dBwdArgs, stream: StreamChoice) -> Result<()> {
+    let (mut p, layout, width) = check_bwd(a)?;
+    if p.dim == 0 {
+        return Ok(());
+    }
+    let device = common_cuda_device(&[
+        ("x", Some(a.x)),
+        ("weight", Some(a.weight)),
+        ("bias", a.bias),
+        ("initial_states", a.initial_states),
+        ("seq_idx", a.seq_idx),
+        ("dout", Some(a.dout)),
+        ("dfinal_states", a.dfinal_states),
+        ("dx", Some(a.dx)),
+        ("dweight", Some(a.dweight)),
+        ("dbias", a.dbias),
+        ("dinitial_states", a.dinitial_states),
+    ])?;
+    let rt = runtime().map_err(Error::Unavailable)?;
+    let dev = rt.device(device)?;
+    // the device's context stays current for the whole call; the caller's is restored after
+    let _bound = dev.bind()?;
+    let (xd, wd) = (a.x.dtype, a.weight.dtype);
+    let empty = p.batch == 0 || p.seqlen == 0;
+    if empty && p.has_dinit == 1 {
+        // nothing to differentiate through: dinitial_states would be dfinal shifted; keep the
+        // kernels simple and send such calls to the reference
+        return Err(unsupported(
+            "seqlen 0 with initial_states: use the reference path",
+        ));
+    }
+    let main_entry = match layout {
+        Layout::ChannelFirst => "causal_conv1d_bwd_cf",
+        Layout::ChannelLast => "causal_conv1d_bwd_cl",
+    };
+    let main_k = dev.kernel(&spec(main_entry, xd, wd, width)?)?;
+    let red_k = dev.kernel(&spec("causal_conv1d_dw_reduce", xd, wd, width)?)?;
+    let (g, tparts) = if empty {
+        ((0, 0, 0), 0)
+    } else {
+        grid(layout, xd, p.batch, p.dim, p.seqlen)?
+    };
+    p.nparts = p.batch * tparts;
+    let red_grid = u32::try_from((p.dim * (width + 1) + THREADS - 1) / THREADS)
+        .map_err(|_| unsupported("dim too large"))?;
+    let s = dev.stream(stream)?;
+    let bytes = (p.nparts.max(1) * p.dim * (width + 1) * 4) as usize;
+    let scratch = driver::alloc_async(bytes, s)?;
+    p.partials = scratch;
+    // SAFETY: params mirrors Conv1dParams; every tensor was checked above; the scratch holds
+    // nparts * dim * (width + 1) floats, each written by the main kernel before the reduce reads it.
+    let launched = (|| unsafe {
+        if !empty {
+            dev.launch(&main_k, g, (THREADS as u32, 1, 1), 0, s, &p)?;
+        }
+        dev.launch(&red_k, (red_grid, 1, 1), (THREADS as u32, 1, 1), 0, s, &p)
+    })();
+    // SAFETY: allocated above on s; freed once, ordered after the launches on the same stream.
+    unsafe { driver::free_async(scratch, s)? };
+    launched?;
+    dev.finish(stream)
+}
+
+pub struct Conv1dUpdateArgs<'a> {
+    pub x: &'a TensorView,
+    pub conv_state: &'a TensorView,
+    pub weight: &'a TensorView,
+    pub bias: Option<&'a TensorView>,
+    pub cache_seqlens: Option<&'a TensorView>,
+    pub out: &'a TensorView,
+    pub silu: bool,
+}
+
+/// (batch, dim) or (batch, dim, seqlen) as 3-D strides (a 2-D one has seqlen 1).
+fn seq3(t: &TensorView, arg: &str, want: &[i64]) -> Result<[i64; 3]> {
+    t.expect_shape(arg, want)?;
+    Ok(if t.rank() == 3 {
+        strides3(t)
+    } else {
+        [t.strides[0], t.strides[1], 1]
+    })
+}
+
+pub fn check_update(a: &Conv1dUpdateArgs) -> Result<(Conv1dParams, i64)> {
+    let mut p = Conv1dParams::default();
+    a.x.expect_dtype("x", &[DType::F16, DType::BF16, DType::F32])?;
+    let (batch, dim, seqlen) = match a.x.rank() {
+        2 => (a.x.shape[0], a.x.shape[1], 1),
+        3 => (a.x.shape[0], a.x.shape[1], a.x.shape[2]),
+        r => {
+            return Err(value_err(format!(
+                "x must have shape (batch, dim) or (batch, dim, seqlen), got {r} dims {:?}",
+                a.x.shape
+            )))
+        }
+    };
+    p.x_s = seq3(a.x, "x", &a.x.shape.clone())?;
+    a.out.expect_same_dtype("out", a.x, "x")?;
+    a.out.expect_writable("out")?;
+    p.out_s = seq3(a.out, "out", &a.x.shape)?;
+    a.weight.expect_rank("weight", "dim, width")?;
+    a.weight.expect_dtype("weight", &[a.x.dtype, DType::F32])?;
+    let width = a.weight.shape[1];
+    if !(2..=4).contains(&width) {
+        return Err(unsupported(format!(
+            "weight has width {width}: causal_conv1d_update supports widths 2, 3 and 4"
+        )));
+    }
+    a.weight.expect_shape("weight", &[dim, width])?;
+    p.w_s = [a.weight.strides[0], a.weight.strides[1]];
+    if let Some(b) = a.bias {
+        b.expect_same_dtype("bias", a.weight, "weight")?;
+        b.expect_shape("bias", &[dim])?;
+        p.bias_s = b.strides[0];
+    }
+    a.conv_state
+        .expect_rank("conv_state", "batch, dim, state_len")?;
+    a.conv_state.expect_same_dtype("conv_state", a.x, "x")?;
+    a.conv_state.expect_writable("conv_state")?;
+    let state_len = a.conv_state.shape[2];
+    if state_len < width - 1 {
+        return Err(value_err(format!(
+            "conv_state has state_len {state_len}: it must be >= width - 1 = {}",
+            width - 1
+        )));
+    }
+    a.conv_state
+        .expect_shape("conv_state", &[batch, dim, state_len])?;
+    p.state_s = strides3(a.conv_state);
+    if let Some(cs) = a.cache_seqlens {
+        cs.expect_dtype("cache_seqlens", &[DType::I32])?;
+        cs.expect_shape("cache_seqlens", &[batch])?;
+        if cs.strides[0] != 1 && batch > 1 {
+            return Err(value_err("cache_seqlens must be contiguous"));
+        }
+        p.circular = 1;
+    }
+    if a.x.dtype == DType::F64 {
+        return Err(type_err("float64 is not supported on the GPU"));
+    }
+    if batch > 65535 {
+        return Err(unsupported("batch must be <= 65535"));
+    }
+    expect_no_overlap(
+        &[("out", Some(a.out)), ("conv_state", Some(a.conv_state))],
+        &[
+            ("x", Some(a.x)),
+            ("weight", Some(a.weight)),
+            ("bias", a.bias),
+            ("cache_seqlens", a.cache_seqlens),
+        ],
+    )?;
+    p.batch = batch;
+    p.dim = dim;
+    p.seqlen = seqlen;
+    p.state_len = state_len;
+    p.x = a.x.ptr;
+    p.out = a.out.ptr;
+    p.weight = a.weight.ptr;
+    p.bias = ptr(a.bias);
+    p.has_bias = a.bias.is_some() as i32;
+    p.state = a.conv_state.ptr;
+    p.cache_seqlens = ptr(a.cache_seqlens);
+    p.silu = a.silu as i32;
+    Ok((p, width))
+}
+
+pub fn update(a: &Conv1dUpdateArgs, stream: StreamChoice) -> Result<()> {
+    let (p, width) = check_update(a)?;
+    if p.batch == 0 || p.dim == 0 || p.seqlen == 0 {
+        return Ok(());
+    }
+    let device = common_cuda_device(&[
+        ("x", Some(a.x)),
+        ("conv_state", Some(a.conv_state)),
+        ("weight", Some(a.weight)),
+        ("bias", a.bias),
+        ("cache_seqlens", a.cache_seqlens),
+        ("out", Some(a.out)),
+    ])?;
+    let rt = runtime().map_err(Error::Unavailable)?;
+    let dev = rt.device(device)?;
+    // the device's context stays current for the whole call; the caller's is restored after
+    let _bound = dev.bind()?;
+    let k = dev.kernel(&spec(
+        "causal_conv1d_update",
+        a.x.dtype,
+        a.weight.dtype,
+        width,
+    )?)?;
+    let gx =
+        u32::try_from((p.dim + THREADS - 1) / THREADS).map_err(|_| unsupported("dim too large"))?;
+    let st = dev.stream(stream)?;
+    // SAFETY: params mirrors Conv1dParams; shapes, dtypes, devices and the state length were checked.
+    unsafe {
+        dev.launch(
+            &k,
+            (gx, p.batch as u32, 1),
+            (THREADS as u32, 1, 1),
+            0,
+            st,
+            &p,
+        )?
+    };
+    dev.finish(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::DeviceKind;
+
+    fn view(shape: &[i64], strides: &[i64], dtype: DType, ptr: u64) -> TensorView {
+        TensorView {
+            ptr,
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            dtype,
+            device: DeviceKind::Cuda,
+            device_id: 0,
+            readonly: false,
+        }
+    }
+
+    #[test]
+    fn layouts_are_told_apart() {
+        let cf = view(&[2, 8, 16], &[128, 16, 1], DType::BF16, 0);
+        assert_eq!(layout_of(&cf).ok(), Some(Layout::ChannelFirst));
+        let cl = view(&[2, 8, 16], &[128, 1, 8], DType::BF16, 0);
+        assert_eq!(layout_of(&cl).ok(), Some(Layout::ChannelLast));
+        let bad = view(&[2, 8, 16], &[256, 32, 2], DType::BF16, 0);
+        assert!(layout_of(&bad).is_err());
+    }
+
+    #[test]
+    fn forward_checks_name_the_argument() {
+        let x = view(&[2, 8, 16], &[128, 16, 1], DType::BF16, 0x1000);
+        let w = view(&[8, 5], &[5, 1], DType::F32, 0x10000);
+        let out = view(&[2, 8, 16], &[128, 16, 1], DType::BF16, 0x20000);
+        let a = Conv1dFwdArgs {
+            x: &x,
+            weight: &w,
+            bias: None,
+            initial_states: None,
+            seq_idx: None,
+            out: &out,
+            final_states: None,
+            silu: false,
+        };
+        let e = check_fwd(&a).unwrap_err().to_string();
+        assert!(e.contains("width 5"), "{e}");
+        let w = view(&[8, 4], &[4, 1], DType::F32, 0x10000);
+        let a = Conv1dFwdArgs { weight: &w, ..a };
+        let (p, layout, width) = check_fwd(&a).unwrap();
+        assert_eq!((layout, width, p.seqlen), (Layout::ChannelFirst, 4, 16));
+        let out_cl = view(&[2, 8, 16], &[128, 1, 8], DType::BF16, 0x20000);
+        let a = Conv1dFwdArgs { out: &out_cl, ..a };
+        assert!(check_fwd(&a).unwrap_err().to_string().contains("out"));
+    }
+
+    #[test]
+    fn every_variant_is_listed_once() {
+        let v = all_specs(90);
+        assert_eq!(v.len(), 6 * 5 * 3);
+        let names: std::collections::HashSet<String> = v.iter().map(|(s, _)| s.name()).collect();
+        assert_eq!(names.len(), v.len());
+    }
+}

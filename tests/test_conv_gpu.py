@@ -1,0 +1,304 @@
+"""GPU tests of the causal conv1d kernels (torch on CUDA).
+
+The correctness rule over dtypes (fp32/fp16/bf16, weight in x's dtype or fp32), widths 2..4,
+both layouts (channel-first, channel-last), odd lengths incl. seqlen 1, with bias / SiLU /
+initial and final states / seq_idx. Reference: `reference_conv` in float64 on host copies.
+Baseline for 16-bit outputs: torch's own depthwise conv1d (F.conv1d with groups=dim) run in the
+same dtype; fp32 outputs: 1e-4 relative. Also: outputs poisoned with NaN through the native
+entry (every element written), gradients vs the float64 reference backward (baseline: torch
+autograd of the same-precision F.conv1d), the decode update (shift and ring modes, state in
+place), and CUDA graph capture.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+import flashscan
+from flashscan import reference_conv as rc
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+SEQLENS = [1, 2, 7, 63, 65, 1000, 4097]
+WIDTHS = [2, 3, 4]
+FP32_RTOL = 1e-4
+_FIXTURES: dict[str, Any] = {}
+
+
+@pytest.fixture(autouse=True)
+def _conftest_helpers(rule: Any, poison: Any) -> None:
+    """The correctness rule and the allocator poisoning of conftest, for the helpers below."""
+    _FIXTURES["rule"] = rule
+    _FIXTURES["poison"] = poison
+
+
+def check_rule(*args: Any, **kwargs: Any) -> Any:
+    return _FIXTURES["rule"].check(*args, **kwargs)
+
+
+def host(t: Any) -> Any:
+    return None if t is None else t.detach().double().cpu().numpy()
+
+
+def make_x(batch: int, dim: int, seqlen: int, dtype: Any, layout: str) -> Any:
+    if layout == "cl":
+        return torch.randn(batch, seqlen, dim, device="cuda", dtype=dtype).transpose(1, 2)
+    return torch.randn(batch, dim, seqlen, device="cuda", dtype=dtype)
+
+
+def torch_conv(x: Any, w: Any, b: Any, init: Any, silu: bool, dtype: Any) -> Any:
+    """The plain same-precision implementation: F.conv1d over [init | x] in `dtype`."""
+    width = w.shape[1]
+    x = x.to(dtype)
+    pre = init.to(dtype) if init is not None else x.new_zeros(x.shape[0], x.shape[1], width - 1)
+    xc = torch.cat([pre, x], dim=2)
+    y = F.conv1d(
+        xc, w.to(dtype).unsqueeze(1), None if b is None else b.to(dtype), groups=x.shape[1]
+    )
+    return F.silu(y) if silu else y
+
+
+def check(got: Any, ref: np.ndarray, base: Any, dtype: Any, name: str) -> None:
+    if dtype == torch.float32:
+        check_rule(got, ref, ref, atol=1e-6, rtol=FP32_RTOL, name=name)
+    else:
+        check_rule(got, ref, base, atol=1e-3, name=name)
+
+
+def _cases() -> list[tuple[Any, ...]]:
+    rnd = random.Random(14)
+    full = list(
+        itertools.product(DTYPES, ["same", "float32"], WIDTHS, SEQLENS, ["cf", "cl"], range(4))
+    )
+    cases = [c for c in full if not (c[0] == "float32" and c[1] == "same")]
+    return rnd.sample(cases, 90)
+
+
+@pytest.mark.parametrize("dt, wdt, width, seqlen, layout, opts", _cases())
+def test_forward_rule(dt: str, wdt: str, width: int, seqlen: int, layout: str, opts: int) -> None:
+    dtype = DTYPES[dt]
+    wtype = dtype if wdt == "same" else torch.float32
+    batch, dim = 2, 72 if opts % 2 else 136
+    x = make_x(batch, dim, seqlen, dtype, layout)
+    w = torch.randn(dim, width, device="cuda", dtype=wtype) / width
+    b = torch.randn(dim, device="cuda", dtype=wtype) if opts >= 1 else None
+    silu = opts in (1, 3)
+    init = torch.randn(batch, dim, width - 1, device="cuda", dtype=dtype) if opts == 2 else None
+    seq = None
+    if opts == 3:
+        cuts = sorted(random.Random(seqlen).sample(range(seqlen + 1), min(3, seqlen + 1)))
+        s = np.zeros((batch, seqlen), np.int32)
+        for c in cuts:
+            s[:, c:] += 1
+        s[1, : max(seqlen // 5, 1)] = -1  # padding
+        seq = torch.from_numpy(s).cuda()
+    ret_final = seq is None
+    _FIXTURES["poison"](x.numel() * x.element_size())  # flashscan's own out starts as NaN
+    r = flashscan.causal_conv1d_fn(
+        x,
+        w,
+        b,
+        init,
+        return_final_states=ret_final,
+        activation="silu" if silu else None,
+        seq_idx=seq,
+    )
+    out, fin = r if ret_final else (r, None)
+    assert out.shape == x.shape and out.dtype == dtype
+    assert out.stride() == x.stride() or seqlen == 1
+    ref, ref_fin = rc.causal_conv1d_fn(
+        host(x), host(w), host(b), host(init), True, "silu" if silu else None, host(seq)
+    )
+    base = (
+        torch_conv(x, w, b, init, silu, dtype) if seq is None else torch.from_numpy(ref).to(dtype)
+    )
+    check(out, ref, base, dtype, "out")
+    if fin is not None:
+        torch.testing.assert_close(fin.double().cpu(), torch.from_numpy(ref_fin), atol=0, rtol=0)
+
+
+def _native_fwd(x: Any, w: Any, b: Any, init: Any, out: Any, fin: Any, silu: bool) -> None:
+    from flashscan import _native
+    from flashscan._frameworks import handler_of
+
+    h = handler_of(x, "x")
+
+    def d(t: Any, n: str) -> Any:
+        return None if t is None else h.describe(t, n)
+
+    _native.causal_conv1d_fwd(
+        d(x, "x"),
+        d(w, "weight"),
+        d(b, "bias"),
+        d(init, "initial_states"),
+        None,
+        d(out, "out"),
+        d(fin, "final_states"),
+        silu,
+        torch.cuda.current_stream().cuda_stream,
+    )
+
+
+@pytest.mark.parametrize("layout", ["cf", "cl"])
+@pytest.mark.parametrize("seqlen", [1, 5, 1031])
+def test_poisoned_outputs_are_all_written(layout: str, seqlen: int) -> None:
+    for dtype in DTYPES.values():
+        x = make_x(3, 70, seqlen, dtype, layout)
+        w = torch.randn(70, 4, device="cuda")
+        b = torch.randn(70, device="cuda")
+        init = torch.randn(3, 70, 3, device="cuda", dtype=dtype)
+        out = torch.full_like(x, float("nan"))
+        fin = torch.full((3, 70, 3), float("nan"), device="cuda", dtype=dtype)
+        _native_fwd(x, w, b, init, out, fin, True)
+        ref, ref_fin = rc.causal_conv1d_fn(host(x), host(w), host(b), host(init), True, "silu")
+        check(out, ref, torch_conv(x, w, b, init, True, dtype), dtype, "out")
+        assert not fin.isnan().any()
+        torch.testing.assert_close(fin.double().cpu(), torch.from_numpy(ref_fin), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "dt, width, seqlen, layout, opts",
+    [
+        (dt, w, n, lay, o)
+        for dt, w, n, lay, o in itertools.product(
+            DTYPES, WIDTHS, [1, 2, 63, 1000, 4097], ["cf", "cl"], ["bias_silu", "states", "seq"]
+        )
+        if (w + n + len(dt)) % 3 == 0 or n == 1
+    ],
+)
+def test_backward_rule(dt: str, width: int, seqlen: int, layout: str, opts: str) -> None:
+    import flashscan.torch as fst
+
+    dtype = DTYPES[dt]
+    batch, dim = 2, 80
+    x = make_x(batch, dim, seqlen, dtype, layout).requires_grad_()
+    w = (torch.randn(dim, width, device="cuda") / width).requires_grad_()
+    b = torch.randn(dim, device="cuda").requires_grad_() if opts != "seq" else None
+    init = (
+        torch.randn(batch, dim, width - 1, device="cuda", dtype=dtype).requires_grad_()
+        if opts == "states"
+        else None
+    )
+    seq = None
+    if opts == "seq":
+        s = np.zeros((batch, seqlen), np.int32)
+        s[:, seqlen // 3 :] = 1
+        s[0, : seqlen // 7] = -1
+        seq = torch.from_numpy(s).cuda()
+    silu = opts != "states"
+    act = "silu" if silu else None
+    dout = torch.randn(batch, dim, seqlen, device="cuda", dtype=dtype)
+    dfin = torch.randn(batch, dim, width - 1, device="cuda", dtype=dtype)
+    if opts == "states":
+        out, fin = fst.causal_conv1d_fn(x, w, b, init, return_final_states=True, activation=act)
+        torch.autograd.backward((out, fin), (dout, dfin))
+    else:
+        out = fst.causal_conv1d_fn(x, w, b, activation=act, seq_idx=seq)
+        out.backward(dout)
+    want = rc.causal_conv1d_bwd(
+        host(dout),
+        host(x),
+        host(w),
+        host(b),
+        host(init),
+        host(dfin) if opts == "states" else None,
+        act,
+        host(seq),
+    )
+    # baseline: autograd of the same-precision torch conv (no seq_idx support there: the
+    # float64 reference rounded to the dtype stands in)
+    leaves = [t for t in (x, w, b, init) if t is not None]
+    if seq is None:
+        lc = [t.detach().clone().requires_grad_() for t in leaves]
+        xb, wb = lc[0], lc[1]
+        bb = lc[2] if b is not None else None
+        ib = lc[-1] if init is not None else None
+        yb = torch_conv(xb, wb, bb, ib, silu, dtype)
+        loss = (yb.float() * dout.float()).sum()
+        if init is not None:
+            pre = ib.to(dtype)
+            xcat = torch.cat([pre, xb.to(dtype)], dim=2)
+            loss = loss + (xcat[:, :, seqlen:].float() * dfin.float()).sum()
+        base = torch.autograd.grad(loss, lc)
+    else:
+        base = [torch.from_numpy(g).to(t.dtype) for g, t in zip(want, leaves) if g is not None]
+    got = [t.grad for t in leaves]
+    names = ["dx", "dweight", "dbias", "dinitial_states"]
+    present = [g for g in want if g is not None]
+    for g, ref, bl, n in zip(got, present, base, [n for n, v in zip(names, want) if v is not None]):
+        assert g is not None, n
+        scale = float(np.abs(ref).max()) if ref.size else 0.0
+        if dtype == torch.float32 or n in ("dweight", "dbias"):
+            # fp32 sums (dweight / dbias accumulate in fp32 whatever x's dtype): relative bound
+            # on top of the rule (bf16 inputs make the baseline itself coarse)
+            check_rule(
+                g,
+                ref,
+                bl,
+                atol=1e-6,
+                rtol=max(FP32_RTOL, 1e-4) if dtype == torch.float32 else 1e-3,
+                name=n,
+            )
+        else:
+            check_rule(g, ref, bl, atol=1e-3 + 1e-3 * scale, name=n)
+
+
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("ring", [False, True])
+def test_update_matches_reference(dt: str, width: int, ring: bool) -> None:
+    dtype = DTYPES[dt]
+    batch, dim, state_len = 5, 300, width - 1 + (3 if ring else 0)
+    for n in (None, 1, 3):
+        x = torch.randn(batch, dim, *(() if n is None else (n,)), device="cuda", dtype=dtype)
+        state = torch.randn(batch, dim, state_len, device="cuda", dtype=dtype)
+        w = torch.randn(dim, width, device="cuda")
+        b = torch.randn(dim, device="cuda")
+        lens = torch.randint(0, 50, (batch,), device="cuda", dtype=torch.int32) if ring else None
+        want, want_state = rc.causal_conv1d_update(
+            host(x), host(state), host(w), host(b), "silu", host(lens)
+        )
+        out = flashscan.causal_conv1d_update(x, state, w, b, activation="silu", cache_seqlens=lens)
+        base = torch.from_numpy(want).to(dtype)
+        check(out, want, base, dtype, "out")
+        torch.testing.assert_close(
+            state.double().cpu(), torch.from_numpy(want_state), atol=0, rtol=0
+        )
+
+
+def test_graph_capture() -> None:
+    x = torch.randn(4, 256, 300, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(256, 4, device="cuda")
+    b = torch.randn(256, device="cuda")
+    xs = torch.randn(4, 256, device="cuda", dtype=torch.bfloat16)
+    state = torch.randn(4, 256, 3, device="cuda", dtype=torch.bfloat16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):  # warm-up: compile and plan outside the capture
+            flashscan.causal_conv1d_fn(x, w, b, activation="silu")
+            flashscan.causal_conv1d_update(xs, state.clone(), w, b, activation="silu")
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = flashscan.causal_conv1d_fn(x, w, b, activation="silu")
+        step = flashscan.causal_conv1d_update(xs, state, w, b, activation="silu")
+    x.copy_(torch.randn_like(x))
+    xs.copy_(torch.randn_like(xs))
+    before = state.clone()
+    g.replay()
+    torch.cuda.synchronize()
+    ref = rc.causal_conv1d_fn(host(x), host(w), host(b), activation="silu")
+    check(out, ref, torch_conv(x, w, b, None, True, torch.bfloat16), torch.bfloat16, "out")
+    want, want_state = rc.causal_conv1d_update(host(xs), host(before), host(w), host(b), "silu")
+    check(step, want, torch.from_numpy(want).to(torch.bfloat16), torch.bfloat16, "update")
+    torch.testing.assert_close(state.double().cpu(), torch.from_numpy(want_state), atol=0, rtol=0)
