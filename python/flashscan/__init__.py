@@ -7,6 +7,7 @@ GPU at hand, fed zero-copy through DLPack, with a NumPy reference where no usabl
     out = flashscan.flash_attn_func(q, k, v, causal=True)
     out = flashscan.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens)
     y = flashscan.selective_scan_fn(u, delta, A, B, C, D, z, delta_softplus=True)
+    y = flashscan.mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=D, z=z)
 
 Arrays of torch, cupy, jax or numpy (or anything speaking DLPack) go in; results come back in
 the caller's framework, on its device. `import flashscan` never fails for lack of a GPU,
@@ -21,7 +22,7 @@ import platform
 import sys
 from typing import Any
 
-from . import _routes, reference, reference_bwd, reference_kvcache
+from . import _routes, reference, reference_bwd, reference_kvcache, reference_ssd
 from ._backend import (
     CompileError,
     CudaError,
@@ -34,6 +35,7 @@ from ._backend import status as _status
 from .attention import flash_attn_func
 from .kvcache import flash_attn_with_kvcache
 from .scan import selective_scan_fn, selective_state_update
+from .ssd import mamba_chunk_scan_combined
 
 
 def _load_torch_ops() -> None:
@@ -60,9 +62,11 @@ __all__ = [
     "flash_attn_func",
     "flash_attn_with_kvcache",
     "info",
+    "mamba_chunk_scan_combined",
     "reference",
     "reference_bwd",
     "reference_kvcache",
+    "reference_ssd",
     "selective_scan_fn",
     "selective_state_update",
 ]
