@@ -13,9 +13,12 @@ import math
 from typing import Any
 
 from . import _backend, _checks, _routes, reference_ssd
+from ._backend import UnsupportedError
 from ._frameworks import _HANDLERS, CUDA, Desc, Handler, _resolve, needs_autograd
 
 __all__ = ["mamba_chunk_scan_combined"]
+
+_native = _backend.native
 
 _ARGS = (
     "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx", "cu_seqlens",
@@ -123,12 +126,18 @@ def ssd_any(
     _checks.ssd(*descs, return_varlen_states, floats)  # type: ignore[arg-type]
     dx = descs[0]
     assert dx is not None
-    if dx[4] == CUDA and dx[3] != "float64":
-        _backend.on_fallback(
-            "mamba_chunk_scan_combined",
-            "the CUDA SSD kernels are not built yet; the NumPy reference runs on host copies",
-            depth=3,
-        )
+    if dx[4] == CUDA and dx[3] != "float64" and all(int(s) for s in dx[1]):
+        if return_varlen_states:
+            raise UnsupportedError(
+                "mamba_chunk_scan_combined: return_varlen_states has no CUDA kernel yet (pass "
+                "return_final_states with one sequence per batch row, or CPU arrays)"
+            )
+        if dx[5] in _backend.usable_devices():
+            out, final = _gpu_forward(
+                hx, objs, descs, chunk_size, dt_softplus, limit, return_final_states
+            )
+            return out, final, None
+        _backend.on_fallback("mamba_chunk_scan_combined", _backend.device_reason(dx[5]), depth=3)
     host = [None if o is None else h.to_host(o) for o, h in zip(objs, hands)]  # type: ignore[union-attr]
     if return_varlen_states:
         _checks.cu_seqlens_values(host[10], int(dx[1][1]))  # type: ignore[arg-type]
@@ -142,3 +151,55 @@ def ssd_any(
     final = hx.from_host(res[1], states, x, dx) if return_final_states else None
     varlen = hx.from_host(res[2], states, x, dx) if return_varlen_states else None
     return out, final, varlen
+
+
+def _as_int32(seq_idx: Any) -> Any:
+    """seq_idx as int32 (the kernels' index type): torch `.int()`, else `.astype`."""
+    to_int = getattr(seq_idx, "int", None)
+    return to_int() if callable(to_int) else seq_idx.astype("int32")
+
+
+def _gpu_forward(
+    hx: Handler,
+    objs: tuple[Any, ...],
+    descs: list[Desc | None],
+    chunk_size: int,
+    dt_softplus: bool,
+    limit: tuple[float, float],
+    return_final_states: bool,
+) -> tuple[Any, Any]:
+    """`_native.ssd_fwd` on the caller's stream: allocates out, the final states (when asked)
+    and the fp32 workspaces (chunk states, chunk decays) like x. (out, final_states or None)."""
+    x = objs[0]
+    dx = descs[0]
+    assert dx is not None
+    batch, seqlen, nheads, headdim = (int(v) for v in dx[1])
+    dstate = int(descs[3][1][3])  # type: ignore[index]
+    nchunks = -(-seqlen // chunk_size)
+    objs = list(objs)
+    dseq = descs[9]
+    if dseq is not None and dseq[3] != "int32":
+        objs[9] = _as_int32(objs[9])
+        descs = list(descs)
+        descs[9] = hx.describe(objs[9], "seq_idx")
+    fast = hx.fast
+    nargs = [d if fast else o for d, o in zip(descs[:10], objs[:10])]
+
+    def new(shape: tuple[int, ...], dtype: str) -> tuple[Any, Any]:
+        a = hx.empty(shape, dtype, x, dx)
+        return a, (hx.describe_new(a, shape, dtype, dx) if fast else a)
+
+    st_shape = (batch, nheads, headdim, dstate)
+    out, n_out = new(tuple(dx[1]), dx[3])
+    final, n_final = new(st_shape, "float32") if return_final_states else (None, None)
+    _, n_states = new((batch, nchunks, nheads, headdim, dstate), "float32")
+    _, n_decay = new((batch, nheads, nchunks), "float32")
+    _native.ssd_fwd(  # type: ignore[union-attr]
+        *nargs, n_out, n_final, n_states, n_decay, chunk_size, dt_softplus, limit[0], limit[1],
+        hx.stream(dx[5]),
+    )  # fmt: skip
+    if hx.needs_finish:
+        out = hx.finish(out)
+        if final is not None:
+            final = hx.finish(final)
+    return out, final
