@@ -79,6 +79,11 @@ for stage in "${stages[@]}"; do
         FLASHSCAN_CACHE_DIR=/tmp/flashscan-cache-base python3 "$repo/benches/backward.py" --quick \
         --out "$OUT/bench_backward_base" 2>&1 | tee "$OUT/bench_backward_base.log" | tail -50
       ;;
+    bench-ssd)
+      # Mamba-2 SSD forward vs mamba_ssm's Triton SSD (the checkout needs no build)
+      python3 "$repo/benches/ssd.py" "${mamba[@]:0:2}" --out "$OUT/bench_ssd" \
+        2>"$OUT/bench_ssd_progress.log" | tail -20
+      ;;
     pack)
       # the device tool returns at most 8 files: everything else in one archive
       (cd "$OUT" && tar czf /tmp/logs.tgz --exclude=logs.tgz . && rm -rf ./* && mv /tmp/logs.tgz .)
