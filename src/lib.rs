@@ -711,6 +711,71 @@ fn selective_state_update(
     Ok(ops::state_update::update(&args, ch)?)
 }
 
+/// Mamba-2 SSD chunked scan forward: out (and final_states) from x, dt, A, B, C and the
+/// optional D, z, dt_bias, initial_states, seq_idx; `states` and `decay` are the caller's fp32
+/// workspaces (see ops::ssd).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, out, final_states, states, decay, chunk_size, dt_softplus, dt_min, dt_max, stream))]
+#[allow(non_snake_case)]
+fn ssd_fwd(
+    x: &Bound<'_, PyAny>,
+    dt: &Bound<'_, PyAny>,
+    A: &Bound<'_, PyAny>,
+    B: &Bound<'_, PyAny>,
+    C: &Bound<'_, PyAny>,
+    D: Option<&Bound<'_, PyAny>>,
+    z: Option<&Bound<'_, PyAny>>,
+    dt_bias: Option<&Bound<'_, PyAny>>,
+    initial_states: Option<&Bound<'_, PyAny>>,
+    seq_idx: Option<&Bound<'_, PyAny>>,
+    out: &Bound<'_, PyAny>,
+    final_states: Option<&Bound<'_, PyAny>>,
+    states: &Bound<'_, PyAny>,
+    decay: &Bound<'_, PyAny>,
+    chunk_size: i64,
+    dt_softplus: bool,
+    dt_min: f64,
+    dt_max: f64,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let ch = stream_choice(stream);
+    let x = import(x, "x", ch)?;
+    let dt = import(dt, "dt", ch)?;
+    let a = import(A, "A", ch)?;
+    let b = import(B, "B", ch)?;
+    let c = import(C, "C", ch)?;
+    let d = import_opt(D, "D", ch)?;
+    let z = import_opt(z, "z", ch)?;
+    let dt_bias = import_opt(dt_bias, "dt_bias", ch)?;
+    let init = import_opt(initial_states, "initial_states", ch)?;
+    let seq_idx = import_opt(seq_idx, "seq_idx", ch)?;
+    let out = import(out, "out", ch)?;
+    let fin = import_opt(final_states, "final_states", ch)?;
+    let states = import(states, "states", ch)?;
+    let decay = import(decay, "decay", ch)?;
+    let args = ops::ssd::SsdArgs {
+        x: &x.view,
+        dt: &dt.view,
+        a: &a.view,
+        b: &b.view,
+        c: &c.view,
+        d: view_of(&d),
+        z: view_of(&z),
+        dt_bias: view_of(&dt_bias),
+        initial_states: view_of(&init),
+        seq_idx: view_of(&seq_idx),
+        out: &out.view,
+        final_states: view_of(&fin),
+        states: &states.view,
+        decay: &decay.view,
+        chunk_size,
+        dt_softplus,
+        dt_limit: (dt_min, dt_max),
+    };
+    Ok(ops::ssd::forward(&args, ch)?)
+}
+
 fn arch_num(arch: &str) -> PyResult<i64> {
     arch.trim_start_matches("sm_")
         .trim_end_matches('a')
@@ -855,6 +920,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(flash_attn_varlen_bwd, m)?)?;
     m.add_function(wrap_pyfunction!(selective_scan_bwd, m)?)?;
     m.add_function(wrap_pyfunction!(selective_state_update, m)?)?;
+    m.add_function(wrap_pyfunction!(ssd_fwd, m)?)?;
     m.add_function(wrap_pyfunction!(kernel_variants, m)?)?;
     m.add_function(wrap_pyfunction!(compile_variant, m)?)?;
     m.add_function(wrap_pyfunction!(precompile, m)?)?;

@@ -27,6 +27,8 @@ CORE = (
     "flashscan._routes",
     "flashscan.reference",
     "flashscan.reference_bwd",
+    "flashscan.ssd",
+    "flashscan.reference_ssd",
 )
 ADAPTER = "flashscan.torch"
 

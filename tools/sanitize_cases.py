@@ -361,6 +361,41 @@ def conv_cases() -> int:
         if not (err < 0.05 and err_s == 0):
             print(f"conv update {dtype} ring={ring}: err {err}, state err {err_s}")
             bad += 1
+
+
+def ssd_cases() -> int:
+    """mamba_chunk_scan_combined: every chunk size, each dtype, tail chunks, seq_idx, odd
+    headdim / dstate (partial tiles)."""
+    bad = 0
+    for dtype, chunk in itertools.product(
+        [torch.float32, torch.bfloat16, torch.float16], [64, 128, 256]
+    ):
+        b, L, h, p, g, n = 2, 2 * chunk + 37, 4, 40, 2, 24
+        x = torch.randn(b, L, h, p, device="cuda", dtype=dtype)
+        dt = torch.rand(b, L, h, device="cuda") - 1.5
+        A = -torch.rand(h, device="cuda") - 0.2
+        B = (torch.randn(b, L, g, n, device="cuda") * 0.5).to(dtype)
+        C = (torch.randn(b, L, g, n, device="cuda") * 0.5).to(dtype)
+        D = torch.randn(h, p, device="cuda")
+        z = torch.randn_like(x)
+        init = torch.randn(b, h, p, n, device="cuda")
+        seq_idx = (torch.arange(L, device="cuda") >= chunk + 5).to(torch.int32)[None].repeat(b, 1)
+        args = (x, dt, A, B, C, chunk)
+        kw = dict(D=D, z=z, initial_states=init, seq_idx=seq_idx, dt_softplus=True)
+        out, fin = flashscan.mamba_chunk_scan_combined(*args, **kw, return_final_states=True)
+        host = [t.float().cpu().numpy() for t in args[:5]]
+        tensors = {k: v for k, v in kw.items() if k != "dt_softplus"}
+        hkw = {
+            k: (v.float() if v.is_floating_point() else v).cpu().numpy() for k, v in tensors.items()
+        }
+        ref, ref_fin = flashscan.reference_ssd.mamba_chunk_scan_combined(
+            *host, chunk, **hkw, dt_softplus=True, return_final_states=True
+        )
+        for name, got, want in (("out", out, ref), ("final", fin, ref_fin)):
+            err = (got.float().cpu() - torch.from_numpy(want).float()).abs().max().item()
+            if not err / max(1.0, float(abs(want).max())) < 0.05:
+                print(f"ssd {dtype} chunk={chunk} {name}: err {err}")
+                bad += 1
     return bad
 
 
@@ -373,6 +408,7 @@ if __name__ == "__main__":
         + decode_cases()
         + varlen_cases()
         + conv_cases()
+        + ssd_cases()
     )
     torch.cuda.synchronize()
     print("sanitize cases done, wrong results:", n)

@@ -9,6 +9,7 @@ GPU at hand, fed zero-copy through DLPack, with a NumPy reference where no usabl
     out = flashscan.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
     y = flashscan.selective_scan_fn(u, delta, A, B, C, D, z, delta_softplus=True)
     x = flashscan.causal_conv1d_fn(x, weight, bias, activation="silu")
+    y = flashscan.mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, D=D, z=z)
 
 Arrays of torch, cupy, jax or numpy (or anything speaking DLPack) go in; results come back in
 the caller's framework, on its device. `import flashscan` never fails for lack of a GPU,
@@ -29,6 +30,7 @@ from . import (
     reference_bwd,
     reference_conv,
     reference_kvcache,
+    reference_ssd,
     reference_varlen,
 )
 from ._backend import (
@@ -44,6 +46,7 @@ from .attention import flash_attn_func
 from .conv import causal_conv1d_fn, causal_conv1d_update
 from .kvcache import flash_attn_with_kvcache
 from .scan import selective_scan_fn, selective_state_update
+from .ssd import mamba_chunk_scan_combined
 from .varlen import flash_attn_varlen_func
 
 
@@ -74,10 +77,12 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
     "info",
+    "mamba_chunk_scan_combined",
     "reference",
     "reference_bwd",
     "reference_conv",
     "reference_kvcache",
+    "reference_ssd",
     "reference_varlen",
     "selective_scan_fn",
     "selective_state_update",

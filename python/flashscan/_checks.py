@@ -994,3 +994,149 @@ def causal_conv1d_update(
         shape_eq("cache_seqlens", dlens, (batch,), "(batch,)")
         same_device("cache_seqlens", dlens, "x", dx)
     return batch, dim, seqlen, state_len, width
+
+
+# Mamba-2 SSD chunked scan
+# ---------------------------------------------------------------------------------------------
+
+INT_DTYPES = ("int32", "int64")
+
+
+def dt_limit(value: Any) -> tuple[float, float]:
+    """mamba_ssm's dt_limit: (low, high) reals, low <= high; infinities allowed."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"dt_limit: expected a (low, high) pair of numbers, got {value!r}")
+    out = []
+    for v in value:
+        if isinstance(v, (bool, str, bytes)):
+            raise TypeError(f"dt_limit: expected a (low, high) pair of numbers, got {value!r}")
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"dt_limit: expected a (low, high) pair of numbers, got {value!r}"
+            ) from None
+        if math.isnan(f):
+            raise ValueError(f"dt_limit: NaN is not allowed, got {value!r}")
+        out.append(f)
+    if out[0] > out[1]:
+        raise ValueError(f"dt_limit: low must be <= high, got {value!r}")
+    return out[0], out[1]
+
+
+def positive_int(arg: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{arg}: expected an int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{arg}: expected an int >= 1, got {value!r}")
+    return int(value)
+
+
+def ssd(
+    dx: Desc,
+    ddt: Desc,
+    dA: Desc,
+    dB: Desc,
+    dC: Desc,
+    dD: Desc | None,
+    dz: Desc | None,
+    dbias: Desc | None,
+    dinit: Desc | None,
+    dseq: Desc | None,
+    dcu: Desc | None,
+    return_varlen_states: bool,
+    floats: tuple[str, ...] = FLOAT_DTYPES,
+) -> tuple[int, int, int, int, int, int]:
+    """mamba_ssm's mamba_chunk_scan_combined shapes. `floats`: the allowed float dtypes (the
+    torch adapter adds float64, which runs the reference). Returns
+    (batch, seqlen, nheads, headdim, ngroups, dstate)."""
+    layout = "(batch, seqlen, nheads, headdim)"
+    rank("x", dx, (4,), layout)
+    device_kind("x", dx)
+    dtype_in("x", dx, floats)
+    batch, seqlen, nheads, headdim = (int(s) for s in dx[1])
+    rank("dt", ddt, (3,), "(batch, seqlen, nheads)")
+    dtype_in("dt", ddt, floats)
+    shape_eq("dt", ddt, (batch, seqlen, nheads), "(batch, seqlen, nheads)")
+    same_device("dt", ddt, "x", dx)
+    rank("A", dA, (1,), "(nheads,)")
+    dtype_in("A", dA, floats)
+    shape_eq("A", dA, (nheads,), "(nheads,)")
+    same_device("A", dA, "x", dx)
+    bc_layout = "(batch, seqlen, ngroups, dstate)"
+    rank("B", dB, (4,), bc_layout)
+    dtype_in("B", dB, floats)
+    same_device("B", dB, "x", dx)
+    ngroups, dstate = int(dB[1][2]), int(dB[1][3])
+    if dB[1][0] != batch or dB[1][1] != seqlen:
+        raise ValueError(
+            f"B: expected shape (batch={batch}, seqlen={seqlen}, ngroups, dstate) {bc_layout}, "
+            f"got {fmt_shape(dB[1])}"
+        )
+    if ngroups < 1 or nheads % ngroups:
+        raise ValueError(
+            f"B: ngroups {ngroups} must divide nheads {nheads} (shape {fmt_shape(dB[1])})"
+        )
+    if dstate < 1:
+        raise ValueError(f"B: dstate must be >= 1, got shape {fmt_shape(dB[1])}")
+    rank("C", dC, (4,), bc_layout)
+    same_dtype("C", dC, "B", dB)
+    shape_eq("C", dC, dB[1], "(like B)")
+    same_device("C", dC, "x", dx)
+    if dD is not None:
+        rank("D", dD, (1, 2), "(nheads,) or (nheads, headdim)")
+        dtype_in("D", dD, floats)
+        if tuple(dD[1]) not in ((nheads,), (nheads, headdim)):
+            raise ValueError(
+                f"D: expected shape ({nheads},) or ({nheads}, {headdim}) (nheads,) or "
+                f"(nheads, headdim), got {fmt_shape(dD[1])}"
+            )
+        same_device("D", dD, "x", dx)
+    if dz is not None:
+        rank("z", dz, (4,), layout)
+        same_dtype("z", dz, "x", dx)
+        shape_eq("z", dz, dx[1], "(like x)")
+        same_device("z", dz, "x", dx)
+    if dbias is not None:
+        rank("dt_bias", dbias, (1,), "(nheads,)")
+        dtype_in("dt_bias", dbias, floats)
+        shape_eq("dt_bias", dbias, (nheads,), "(nheads,)")
+        same_device("dt_bias", dbias, "x", dx)
+    if dinit is not None:
+        st_layout = "(batch, nheads, headdim, dstate)"
+        rank("initial_states", dinit, (4,), st_layout)
+        dtype_in("initial_states", dinit, floats)
+        shape_eq("initial_states", dinit, (batch, nheads, headdim, dstate), st_layout)
+        same_device("initial_states", dinit, "x", dx)
+    if dseq is not None:
+        rank("seq_idx", dseq, (2,), "(batch, seqlen)")
+        dtype_in("seq_idx", dseq, INT_DTYPES)
+        shape_eq("seq_idx", dseq, (batch, seqlen), "(batch, seqlen)")
+        same_device("seq_idx", dseq, "x", dx)
+    if return_varlen_states:
+        if dcu is None:
+            raise ValueError("cu_seqlens: required when return_varlen_states=True")
+        rank("cu_seqlens", dcu, (1,), "(num_sequences + 1,)")
+        dtype_in("cu_seqlens", dcu, INT_DTYPES)
+        if dcu[1][0] < 2:
+            raise ValueError(
+                "cu_seqlens: expected at least 2 entries (num_sequences + 1), got shape "
+                f"{fmt_shape(dcu[1])}"
+            )
+        same_device("cu_seqlens", dcu, "x", dx)
+        if batch != 1:
+            raise ValueError(
+                f"cu_seqlens: varlen states need batch 1 (sequences packed along seqlen), got "
+                f"x of shape {fmt_shape(dx[1])}"
+            )
+    return batch, seqlen, nheads, headdim, ngroups, dstate
+
+
+def ssd_cu_seqlens_values(cu: np.ndarray, seqlen: int) -> None:
+    """cu_seqlens on the host: starts at 0, never decreases, ends at seqlen."""
+    v = np.asarray(cu).reshape(-1)
+    if int(v[0]) != 0 or int(v[-1]) != seqlen or bool(np.any(np.diff(v) < 0)):
+        raise ValueError(
+            f"cu_seqlens: expected non-decreasing offsets from 0 to seqlen={seqlen}, got "
+            f"{v.tolist() if v.size <= 16 else str(v[:8].tolist()) + '...'}"
+        )

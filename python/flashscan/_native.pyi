@@ -239,6 +239,31 @@ def selective_state_update(
     dt_softplus: bool,
     stream: int | None,
 ) -> None: ...
+def ssd_fwd(
+    x: TensorArg,
+    dt: TensorArg,
+    A: TensorArg,
+    B: TensorArg,
+    C: TensorArg,
+    D: TensorArg | None,
+    z: TensorArg | None,
+    dt_bias: TensorArg | None,
+    initial_states: TensorArg | None,
+    seq_idx: TensorArg | None,
+    out: TensorArg,
+    final_states: TensorArg | None,
+    states: TensorArg,
+    decay: TensorArg,
+    chunk_size: int,
+    dt_softplus: bool,
+    dt_min: float,
+    dt_max: float,
+    stream: int | None,
+) -> None:
+    """Mamba-2 SSD chunked scan forward into out (and final_states, float32). states
+    (batch, nchunks, nheads, headdim, dstate) and decay (batch, nheads, nchunks) are float32
+    contiguous workspaces; chunk_size 64, 128 or 256; B, C, z in x's dtype; seq_idx int32."""
+
 def kernel_variants(arch: str = "sm_90a") -> list[dict[str, Any]]:
     """Every kernel variant the package can emit for `arch`: {"family": str, "name": str,
     "defines": dict[str, int], "entry": str, "main": bool} ("main" marks the variants that

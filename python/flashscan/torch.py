@@ -33,13 +33,28 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import _backend, _checks, _routes, reference, reference_bwd, reference_varlen
+from . import (
+    _backend,
+    _checks,
+    _routes,
+    reference,
+    reference_bwd,
+    reference_ssd,
+    reference_varlen,
+)
 from . import attention as _attention
 from . import scan as _scan
+from . import ssd as _ssd
 from . import varlen as _varlen
 from ._frameworks import CUDA, contiguous_strides, handler_of
 
-__all__ = ["causal_conv1d_fn", "flash_attn_func", "flash_attn_varlen_func", "selective_scan_fn"]
+__all__ = [
+    "causal_conv1d_fn",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "mamba_chunk_scan_combined",
+    "selective_scan_fn",
+]
 
 _native = _backend.native
 _F64 = torch.float64
@@ -1284,3 +1299,204 @@ _routes.register("selective_scan_fn", selective_scan_fn)
 
 # The causal conv1d's ops live in their own module, which registers its route itself.
 from ._torch_conv import causal_conv1d_fn  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------
+# Mamba-2 SSD chunked scan (mamba_chunk_scan_combined)
+# ---------------------------------------------------------------------------------------------
+
+_SSD_FLOATS = (*_checks.FLOAT_DTYPES, "float64")
+
+
+def _ssd_fwd_impl(
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    chunk_size: int,
+    D: Optional[Tensor],  # noqa: UP045 - torch.library parses the annotation
+    z: Optional[Tensor],  # noqa: UP045
+    dt_bias: Optional[Tensor],  # noqa: UP045
+    initial_states: Optional[Tensor],  # noqa: UP045
+    seq_idx: Optional[Tensor],  # noqa: UP045
+    dt_softplus: bool,
+    dt_min: float,
+    dt_max: float,
+) -> tuple[Tensor, Tensor]:
+    """(out, final_states) through the API's general path (GPU, or the reference on host)."""
+    out, final, _ = _ssd.ssd_any(
+        x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, None, dt_softplus,
+        (dt_min, dt_max), True, False, floats=_SSD_FLOATS,
+    )  # fmt: skip
+    return out, final
+
+
+_ssd_fwd = torch.library.custom_op(
+    "flashscan::mamba_chunk_scan_fwd", _ssd_fwd_impl, mutates_args=()
+)
+
+
+@_ssd_fwd.register_fake
+def _ssd_fwd_fake(
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    chunk_size: int,
+    D: Optional[Tensor],  # noqa: UP045
+    z: Optional[Tensor],  # noqa: UP045
+    dt_bias: Optional[Tensor],  # noqa: UP045
+    initial_states: Optional[Tensor],  # noqa: UP045
+    seq_idx: Optional[Tensor],  # noqa: UP045
+    dt_softplus: bool,
+    dt_min: float,
+    dt_max: float,
+) -> tuple[Tensor, Tensor]:
+    batch, _, nheads, headdim = x.shape
+    acc = _F64 if x.dtype == _F64 else _F32
+    return x.new_empty(x.shape), x.new_empty((batch, nheads, headdim, B.shape[-1]), dtype=acc)
+
+
+def _ssd_bwd_impl(
+    dout: Tensor,
+    dfinal_states: Optional[Tensor],  # noqa: UP045
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    chunk_size: int,
+    D: Optional[Tensor],  # noqa: UP045
+    z: Optional[Tensor],  # noqa: UP045
+    dt_bias: Optional[Tensor],  # noqa: UP045
+    initial_states: Optional[Tensor],  # noqa: UP045
+    seq_idx: Optional[Tensor],  # noqa: UP045
+    dt_softplus: bool,
+    dt_min: float,
+    dt_max: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states), each in its input's dtype;
+    an absent input's gradient is an empty (0,) tensor. The reference on the host: float64
+    (any device) and CPU tensors only."""
+    if x.is_cuda and x.dtype != _F64:
+        # No backward kernels yet; a silent round trip of every activation through the host
+        # would be orders of magnitude slower than the forward, so say so instead.
+        raise _backend.UnsupportedError(
+            "mamba_chunk_scan_combined: the backward pass on CUDA tensors is not implemented "
+            "yet (no SSD backward kernels); run the forward under torch.no_grad(), or use CPU or "
+            "float64 tensors (NumPy reference)"
+        )
+    host = reference_ssd.mamba_chunk_scan_combined_bwd(
+        _host(dout), _host(x), _host(dt), _host(A), _host(B), _host(C), chunk_size,
+        D=_host(D), z=_host(z), dt_bias=_host(dt_bias), initial_states=_host(initial_states),
+        seq_idx=_host(seq_idx), dt_softplus=dt_softplus, dt_limit=(dt_min, dt_max),
+        dfinal_states=_host(dfinal_states),
+    )  # fmt: skip
+    likes = (x, dt, A, B, C, D, z, dt_bias, initial_states)
+    return tuple(  # type: ignore[return-value]
+        _absent(x) if g is None or like is None else _from_host(g, like)
+        for g, like in zip(host, likes)
+    )
+
+
+_ssd_bwd = torch.library.custom_op(
+    "flashscan::mamba_chunk_scan_bwd", _ssd_bwd_impl, mutates_args=()
+)
+
+
+@_ssd_bwd.register_fake
+def _ssd_bwd_fake(
+    dout: Tensor,
+    dfinal_states: Optional[Tensor],  # noqa: UP045
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    chunk_size: int,
+    D: Optional[Tensor],  # noqa: UP045
+    z: Optional[Tensor],  # noqa: UP045
+    dt_bias: Optional[Tensor],  # noqa: UP045
+    initial_states: Optional[Tensor],  # noqa: UP045
+    seq_idx: Optional[Tensor],  # noqa: UP045
+    dt_softplus: bool,
+    dt_min: float,
+    dt_max: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    likes = (x, dt, A, B, C, D, z, dt_bias, initial_states)
+    return tuple(_absent(x) if t is None else t.new_empty(t.shape) for t in likes)  # type: ignore[return-value]
+
+
+def _ssd_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    x, dt, A, B, C, chunk, D, z, dt_bias, init, seq_idx, softplus, lo, hi = inputs
+    ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, init, seq_idx)
+    ctx.options = (chunk, softplus, lo, hi)
+
+
+def _ssd_grad(ctx: Any, dout: Tensor, dfinal: Tensor) -> tuple[Any, ...]:
+    x, dt, A, B, C, D, z, dt_bias, init, seq_idx = ctx.saved_tensors
+    chunk, softplus, lo, hi = ctx.options
+    grads = torch.ops.flashscan.mamba_chunk_scan_bwd(
+        dout, dfinal, x, dt, A, B, C, chunk, D, z, dt_bias, init, seq_idx, softplus, lo, hi
+    )
+    present = (True,) * 5 + tuple(t is not None for t in (D, z, dt_bias, init))
+    g = [gi if p else None for gi, p in zip(grads, present)]
+    return (*g[:5], None, *g[5:], None, None, None, None)
+
+
+_ssd_fwd.register_autograd(_ssd_grad, setup_context=_ssd_setup)
+
+
+def mamba_chunk_scan_combined(
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    chunk_size: int,
+    D: Tensor | None = None,
+    z: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    initial_states: Tensor | None = None,
+    seq_idx: Tensor | None = None,
+    cu_seqlens: Tensor | None = None,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = (0.0, math.inf),
+    return_final_states: bool = False,
+    return_varlen_states: bool = False,
+) -> Any:
+    """`flashscan.mamba_chunk_scan_combined` as a differentiable torch op (same arguments).
+
+    Gradients reach x, dt, A, B, C, D, z, dt_bias and initial_states, also through the
+    returned final states; varlen_states carry no gradient (as in mamba_ssm, whose backward
+    refuses them). float64 tensors run the NumPy reference (what gradcheck checks). The
+    backward of CUDA tensors raises UnsupportedError until the SSD backward kernels exist."""
+    for name, t in (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name}: flashscan.torch takes torch tensors, got {type(t).__name__}")
+    chunk_size = _checks.positive_int("chunk_size", chunk_size)
+    dt_softplus = _checks.flag("dt_softplus", dt_softplus)
+    lo, hi = _checks.dt_limit(dt_limit)
+    return_final_states = _checks.flag("return_final_states", return_final_states)
+    return_varlen_states = _checks.flag("return_varlen_states", return_varlen_states)
+    out, final = torch.ops.flashscan.mamba_chunk_scan_fwd(
+        x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus, lo, hi
+    )
+    result = [out]
+    if return_final_states:
+        result.append(final)
+    if return_varlen_states:
+        detached = [
+            None if t is None else t.detach()
+            for t in (x, dt, A, B, C, D, z, dt_bias, initial_states)
+        ]
+        _, _, varlen = _ssd.ssd_any(
+            *detached[:5], chunk_size, *detached[5:], seq_idx, cu_seqlens, dt_softplus, (lo, hi),
+            False, True, floats=_SSD_FLOATS,
+        )  # fmt: skip
+        result.append(varlen)
+    return result[0] if len(result) == 1 else tuple(result)
+
+
+_routes.register("mamba_chunk_scan_combined", mamba_chunk_scan_combined)

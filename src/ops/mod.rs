@@ -10,6 +10,7 @@ pub mod flash_tiles;
 pub mod kvcache_append;
 pub mod scan;
 pub mod scan_bwd;
+pub mod ssd;
 pub mod state_update;
 
 use crate::runtime::KernelSpec;
@@ -63,6 +64,12 @@ pub fn all_variants(arch_num: i64) -> Vec<(KernelSpec, bool)> {
     }
     for s in scan_bwd::all_specs(arch_num) {
         out.push((s, false));
+    }
+    // SSD (Mamba-2): the 16-bit chunk-256 kernels are main
+    for s in ssd::all_specs(arch_num) {
+        let main = s.defines.iter().any(|&(k, v)| k == "FS_CHUNK" && v == 256)
+            && s.defines.iter().any(|&(k, v)| k == "FS_DTYPE" && v != 2);
+        out.push((s, main));
     }
     for s in state_update::all_specs(arch_num) {
         let main = s.defines.iter().any(|&(k, v)| k == "FS_DSTATE" && v == 16);

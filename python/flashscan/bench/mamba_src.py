@@ -85,6 +85,20 @@ def _build_scan(torch: Any, src: str, build_dir: str, log: Callable[[str], None]
     return module
 
 
+def register_package(src: str) -> None:
+    """Make `mamba_ssm` importable from the checkout `src` without executing its
+    `__init__.py` (it imports the models, and through them transformers): a package object
+    whose submodules resolve from the checkout. Enough for the Triton ops (SSD, state update),
+    which need only triton and einops."""
+    if "mamba_ssm" in sys.modules:
+        return
+    src = os.path.abspath(src)
+    pkg = types.ModuleType("mamba_ssm")
+    pkg.__path__ = [os.path.join(src, "mamba_ssm")]
+    pkg.__version__ = f"source {source_commit(src)}"  # type: ignore[attr-defined]
+    sys.modules["mamba_ssm"] = pkg
+
+
 def load(src: str, build_dir: str | None, log: Callable[[str], None]) -> dict[str, Any]:
     """Build and register mamba_ssm from the checkout `src`. Returns what the report records:
     {"src_commit", "build_s", "error"} (error is "" on success). Never raises: a peer that
@@ -100,13 +114,7 @@ def load(src: str, build_dir: str | None, log: Callable[[str], None]) -> dict[st
         if "selective_scan_cuda" not in sys.modules:
             build = build_dir or os.path.join(src, ".flashscan-build")
             sys.modules["selective_scan_cuda"] = _build_scan(torch, src, build, log)
-        if "mamba_ssm" not in sys.modules:
-            # A package object whose submodules resolve from the checkout, without executing
-            # mamba_ssm/__init__.py (it imports the models, and through them transformers).
-            pkg = types.ModuleType("mamba_ssm")
-            pkg.__path__ = [os.path.join(src, "mamba_ssm")]
-            pkg.__version__ = f"source {info['src_commit']}"  # type: ignore[attr-defined]
-            sys.modules["mamba_ssm"] = pkg
+        register_package(src)
     except Exception as exc:  # nvcc missing, a compile error...: the peer is absent
         info["error"] = f"{type(exc).__name__}: {first_line(exc, 300)}"
         log(f"mamba_ssm from {src}: not built ({info['error']})")

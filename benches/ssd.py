@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Mamba-2 SSD chunked scan forward (issue 14's shapes): flashscan.mamba_chunk_scan_combined
+against mamba_ssm's Triton `mamba_chunk_scan_combined` from a source checkout, in one run.
+
+    python benches/ssd.py --mamba-src DIR [--out DIR]
+
+The checkout needs no build (its Triton SSD imports only triton, einops and packaging; its
+`__init__` is bypassed, see flashscan.bench.mamba_src.register_package). Inputs as a Mamba-2
+layer passes them: x, B, C, dt in bf16, A / D / dt_bias float32, dt_softplus, z None (the gated
+RMSNorm follows), chunk 256. Each row is checked before it is timed: flashscan's output against
+mamba_ssm's (relative RMS error <= 2e-2, every element finite; without the peer against
+flashscan's own float32 kernels on float32 copies); a failing row prints FAILED. Times: GPU
+medians of triton.testing.do_bench; for the small real-time shape also the wall time per call
+from Python. Forward+backward rows are absent: the SSD backward kernels do not exist yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+
+import flashscan
+
+# (name, batch, seqlen, nheads, headdim, dstate, ngroups, chunk)
+SHAPES = [
+    ("mamba2-2.7b b8 2k", 8, 2048, 80, 64, 128, 1, 256),
+    ("mamba2-2.7b b8 8k", 8, 8192, 80, 64, 128, 1, 256),
+    ("real-time b32 60", 32, 60, 8, 64, 64, 1, 256),
+]
+TOL = 2e-2
+
+
+def do_bench(fn: Any) -> float:
+    from triton.testing import do_bench as tb
+
+    return tb(fn, warmup=25, rep=100, return_mode="median") * 1e-3
+
+
+def rel_rms(got: torch.Tensor, ref: torch.Tensor) -> float:
+    got, ref = got.float(), ref.float()
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return float((got - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30))
+
+
+def wall_us(fn: Any, n: int = 1000) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def inputs(b: int, L: int, h: int, p: int, n: int, g: int) -> dict[str, Any]:
+    dev, bf = "cuda", torch.bfloat16
+    return {
+        "x": torch.randn(b, L, h, p, device=dev, dtype=bf),
+        "dt": (torch.rand(b, L, h, device=dev) * 2 - 4).to(bf),
+        "A": -torch.exp(torch.rand(h, device=dev) * 2),
+        "B": (torch.randn(b, L, g, n, device=dev) * n**-0.25).to(bf),
+        "C": (torch.randn(b, L, g, n, device=dev) * n**-0.25).to(bf),
+        "D": torch.randn(h, device=dev),
+        "dt_bias": torch.rand(h, device=dev) * 0.5,
+    }
+
+
+def bytes_moved(a: dict[str, Any]) -> int:
+    """What one forward must move at least: x, dt, B, C read, out written."""
+    return sum(a[k].numel() * a[k].element_size() for k in ("x", "dt", "B", "C")) + (
+        a["x"].numel() * a["x"].element_size()
+    )
+
+
+def shape_row(shape: tuple, peer: Any) -> dict[str, Any]:
+    name, b, L, h, p, n, g, chunk = shape
+    a = inputs(b, L, h, p, n, g)
+    kw = dict(chunk_size=chunk, dt_softplus=True)
+    row: dict[str, Any] = {"shape": name, "batch": b, "seqlen": L, "nheads": h, "headdim": p}
+    row.update(dstate=n, ngroups=g, chunk=chunk, dtype="bfloat16")
+    ours = flashscan.mamba_chunk_scan_combined(**a, **kw)
+    if peer is not None:
+        ref = peer(**a, **kw)
+        row["checked_against"] = "mamba_ssm"
+    else:
+        f32 = {k: v.float() for k, v in a.items()}
+        ref = flashscan.mamba_chunk_scan_combined(**f32, **kw)
+        row["checked_against"] = "flashscan float32"
+    row["rel_rms"] = rel_rms(ours, ref)
+    row["ok"] = row["rel_rms"] <= TOL
+    if not row["ok"]:
+        return row
+    gb = bytes_moved(a) / 1e9
+    row["flashscan_us"] = do_bench(lambda: flashscan.mamba_chunk_scan_combined(**a, **kw)) * 1e6
+    row["flashscan_GBps"] = gb / (row["flashscan_us"] * 1e-6)
+    if peer is not None:
+        row["mamba_ssm_us"] = do_bench(lambda: peer(**a, **kw)) * 1e6
+        row["speedup"] = row["mamba_ssm_us"] / row["flashscan_us"]
+    if L <= 256:
+        row["flashscan_wall_us"] = wall_us(lambda: flashscan.mamba_chunk_scan_combined(**a, **kw))
+        if peer is not None:
+            row["mamba_ssm_wall_us"] = wall_us(lambda: peer(**a, **kw))
+    return row
+
+
+def load_peer(src: str | None) -> tuple[Any, str]:
+    if not src:
+        return None, "no --mamba-src given"
+    try:
+        from flashscan.bench.mamba_src import register_package, source_commit
+
+        register_package(src)
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+
+        return mamba_chunk_scan_combined, f"mamba_ssm Triton SSD, source {source_commit(src)}"
+    except Exception as exc:  # triton or einops missing, an API change...
+        return None, f"mamba_ssm not importable: {type(exc).__name__}: {exc}"
+
+
+def fmt(rows: list[dict[str, Any]], peer_note: str) -> str:
+    lines = [
+        f"device: {torch.cuda.get_device_name()}; flashscan {flashscan.__version__}; "
+        f"peer: {peer_note}",
+        "| shape | flashscan us | GB/s | mamba_ssm us | speedup | wall us (ours / peer) | check |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        if not r["ok"]:
+            lines.append(
+                f"| {r['shape']} | FAILED | | | | | rel RMS {r['rel_rms']:.2e} vs "
+                f"{r['checked_against']} |"
+            )
+            continue
+        peer = f"{r['mamba_ssm_us']:.1f}" if "mamba_ssm_us" in r else "-"
+        sp = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
+        wall = "-"
+        if "flashscan_wall_us" in r:
+            wall = f"{r['flashscan_wall_us']:.1f} / {r.get('mamba_ssm_wall_us', float('nan')):.1f}"
+        lines.append(
+            f"| {r['shape']} | {r['flashscan_us']:.1f} | {r['flashscan_GBps']:.0f} | {peer} | "
+            f"{sp} | {wall} | rel RMS {r['rel_rms']:.1e} vs {r['checked_against']} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mamba-src", default=None, help="a mamba source checkout (no build needed)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    if not (torch.cuda.is_available() and flashscan.available()):
+        print("no usable CUDA GPU: nothing to benchmark")
+        return 0
+    peer, note = load_peer(args.mamba_src)
+    rows = []
+    for shape in SHAPES:
+        row = shape_row(shape, peer)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        rows.append(row)
+    text = fmt(rows, note)
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "ssd.md"), "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
+            json.dump({"rows": rows, "peer": note}, f, indent=1)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

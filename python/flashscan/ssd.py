@@ -1,0 +1,205 @@
+"""Mamba-2's SSD chunked scan (`mamba_chunk_scan_combined`), on the CUDA backend or the NumPy
+reference (`reference_ssd`).
+
+Dispatch as in `scan`: checks (`_checks.ssd`), then CUDA arrays on a served device ->
+`_native.ssd_fwd` on the caller's current stream; CPU arrays -> the reference; CUDA arrays the
+backend cannot serve -> the fallback policy, then the reference on the host. A torch call that
+needs gradients goes to the differentiable op `flashscan.torch` registers in `_routes`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from . import _backend, _checks, _routes, reference_ssd
+from ._backend import UnsupportedError
+from ._frameworks import _HANDLERS, CUDA, Desc, Handler, _resolve, needs_autograd
+
+__all__ = ["mamba_chunk_scan_combined"]
+
+_native = _backend.native
+
+_ARGS = (
+    "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx", "cu_seqlens",
+)  # fmt: skip
+
+
+def mamba_chunk_scan_combined(
+    x: Any,
+    dt: Any,
+    A: Any,
+    B: Any,
+    C: Any,
+    chunk_size: int,
+    D: Any = None,
+    z: Any = None,
+    dt_bias: Any = None,
+    initial_states: Any = None,
+    seq_idx: Any = None,
+    cu_seqlens: Any = None,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = (0.0, math.inf),
+    return_final_states: bool = False,
+    return_varlen_states: bool = False,
+) -> Any:
+    """Mamba-2's SSD scan with mamba_ssm's names, shapes and math.
+
+    x, z: (batch, seqlen, nheads, headdim); dt: (batch, seqlen, nheads); A, dt_bias: (nheads,);
+    B, C: (batch, seqlen, ngroups, dstate), ngroups dividing nheads; D: (nheads,) or
+    (nheads, headdim); initial_states: (batch, nheads, headdim, dstate); seq_idx: (batch,
+    seqlen) int32/int64 (a change of id starts a new sequence from a zero state; the id before
+    position 0 is 0, so initial_states belongs to id 0); cu_seqlens: (num_sequences + 1,)
+    offsets, read only with return_varlen_states (batch 1). Float arrays in float16, bfloat16
+    or float32; x and z share a dtype, B and C share one.
+
+    Per (batch, head h, group g of h): dt' = clamp(softplus?(dt + dt_bias), *dt_limit);
+    H_t = exp(dt'_t A) H_{t-1} + dt'_t x_t B_t^T; y_t = H_t C_t + D x_t;
+    out = y * silu(z) when z is given. chunk_size is the block size of the computation and
+    does not change the result (beyond rounding).
+
+    Returns out (like x); with return_final_states also final_states (batch, nheads, headdim,
+    dstate) float32; with return_varlen_states also varlen_states (num_sequences, nheads,
+    headdim, dstate) float32, each sequence's last state; in mamba_ssm's order, in x's
+    framework. (mamba_ssm returns the states in C's dtype; flashscan keeps float32.)
+    """
+    hx = _HANDLERS.get(type(x)) or _resolve(x, "x")
+    objs = (x, dt, A, B, C, D, z, dt_bias, initial_states)
+    if needs_autograd(hx, objs):
+        return _routes.differentiable("mamba_chunk_scan_combined")(
+            x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+            dt_softplus, dt_limit, return_final_states, return_varlen_states,
+        )  # fmt: skip
+    out, final, varlen = ssd_any(
+        x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+        dt_softplus, dt_limit, return_final_states, return_varlen_states,
+    )  # fmt: skip
+    result = (
+        (out,) + ((final,) if final is not None else ()) + ((varlen,) if varlen is not None else ())
+    )
+    return result[0] if len(result) == 1 else result
+
+
+def _describe(objs: tuple[Any, ...], hx: Handler) -> tuple[list[Handler | None], list[Desc | None]]:
+    hands: list[Handler | None] = []
+    descs: list[Desc | None] = []
+    for i, (o, name) in enumerate(zip(objs, _ARGS)):
+        if o is None and i >= 5:
+            hands.append(None)
+            descs.append(None)
+            continue
+        h = hx if type(o) is type(objs[0]) else (_HANDLERS.get(type(o)) or _resolve(o, name))
+        hands.append(h)
+        descs.append(h.describe(o, name))
+    return hands, descs
+
+
+def ssd_any(
+    x: Any,
+    dt: Any,
+    A: Any,
+    B: Any,
+    C: Any,
+    chunk_size: Any,
+    D: Any,
+    z: Any,
+    dt_bias: Any,
+    initial_states: Any,
+    seq_idx: Any,
+    cu_seqlens: Any,
+    dt_softplus: Any,
+    dt_limit: Any,
+    return_final_states: Any,
+    return_varlen_states: Any,
+    floats: tuple[str, ...] = _checks.FLOAT_DTYPES,
+) -> tuple[Any, Any, Any]:
+    """Every check, then the GPU or the host: (out, final_states or None, varlen_states or
+    None) in x's framework. The torch adapter calls this with `floats` widened to float64."""
+    hx = _HANDLERS.get(type(x)) or _resolve(x, "x")
+    objs = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens)
+    hands, descs = _describe(objs, hx)
+    chunk_size = _checks.positive_int("chunk_size", chunk_size)
+    dt_softplus = _checks.flag("dt_softplus", dt_softplus)
+    limit = _checks.dt_limit(dt_limit)
+    return_final_states = _checks.flag("return_final_states", return_final_states)
+    return_varlen_states = _checks.flag("return_varlen_states", return_varlen_states)
+    _checks.ssd(*descs, return_varlen_states, floats)  # type: ignore[arg-type]
+    dx = descs[0]
+    assert dx is not None
+    if dx[4] == CUDA and dx[3] != "float64" and all(int(s) for s in dx[1]):
+        if return_varlen_states:
+            raise UnsupportedError(
+                "mamba_chunk_scan_combined: return_varlen_states has no CUDA kernel yet (pass "
+                "return_final_states with one sequence per batch row, or CPU arrays)"
+            )
+        if dx[5] in _backend.usable_devices():
+            out, final = _gpu_forward(
+                hx, objs, descs, chunk_size, dt_softplus, limit, return_final_states
+            )
+            return out, final, None
+        _backend.on_fallback("mamba_chunk_scan_combined", _backend.device_reason(dx[5]), depth=3)
+    host = [None if o is None else h.to_host(o) for o, h in zip(objs, hands)]  # type: ignore[union-attr]
+    if return_varlen_states:
+        _checks.ssd_cu_seqlens_values(host[10], int(dx[1][1]))  # type: ignore[arg-type]
+    res = reference_ssd.mamba_chunk_scan_combined(
+        *host[:5], chunk_size, *host[5:11],  # type: ignore[misc]
+        dt_softplus=dt_softplus, dt_limit=limit, return_final_states=True,
+        return_varlen_states=return_varlen_states,
+    )  # fmt: skip
+    states = "float64" if dx[3] == "float64" else "float32"
+    out = hx.from_host(res[0], dx[3], x, dx)
+    final = hx.from_host(res[1], states, x, dx) if return_final_states else None
+    varlen = hx.from_host(res[2], states, x, dx) if return_varlen_states else None
+    return out, final, varlen
+
+
+def _as_int32(seq_idx: Any) -> Any:
+    """seq_idx as int32 (the kernels' index type): torch `.int()`, else `.astype`."""
+    to_int = getattr(seq_idx, "int", None)
+    return to_int() if callable(to_int) else seq_idx.astype("int32")
+
+
+def _gpu_forward(
+    hx: Handler,
+    objs: tuple[Any, ...],
+    descs: list[Desc | None],
+    chunk_size: int,
+    dt_softplus: bool,
+    limit: tuple[float, float],
+    return_final_states: bool,
+) -> tuple[Any, Any]:
+    """`_native.ssd_fwd` on the caller's stream: allocates out, the final states (when asked)
+    and the fp32 workspaces (chunk states, chunk decays) like x. (out, final_states or None)."""
+    x = objs[0]
+    dx = descs[0]
+    assert dx is not None
+    batch, seqlen, nheads, headdim = (int(v) for v in dx[1])
+    dstate = int(descs[3][1][3])  # type: ignore[index]
+    nchunks = -(-seqlen // chunk_size)
+    objs = list(objs)
+    dseq = descs[9]
+    if dseq is not None and dseq[3] != "int32":
+        objs[9] = _as_int32(objs[9])
+        descs = list(descs)
+        descs[9] = hx.describe(objs[9], "seq_idx")
+    fast = hx.fast
+    nargs = [d if fast else o for d, o in zip(descs[:10], objs[:10])]
+
+    def new(shape: tuple[int, ...], dtype: str) -> tuple[Any, Any]:
+        a = hx.empty(shape, dtype, x, dx)
+        return a, (hx.describe_new(a, shape, dtype, dx) if fast else a)
+
+    st_shape = (batch, nheads, headdim, dstate)
+    out, n_out = new(tuple(dx[1]), dx[3])
+    final, n_final = new(st_shape, "float32") if return_final_states else (None, None)
+    _, n_states = new((batch, nchunks, nheads, headdim, dstate), "float32")
+    _, n_decay = new((batch, nheads, nchunks), "float32")
+    _native.ssd_fwd(  # type: ignore[union-attr]
+        *nargs, n_out, n_final, n_states, n_decay, chunk_size, dt_softplus, limit[0], limit[1],
+        hx.stream(dx[5]),
+    )  # fmt: skip
+    if hx.needs_finish:
+        out = hx.finish(out)
+        if final is not None:
+            final = hx.finish(final)
+    return out, final

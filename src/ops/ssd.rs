@@ -1,0 +1,445 @@
+//! Mamba-2 SSD chunked scan, forward (`mamba_chunk_scan_combined`): argument checks and the
+//! three launches of `cuda/ssd.cu` (chunk states, state passing, chunk outputs) on one stream.
+//! The caller provides the fp32 workspaces (chunk states, chunk decays) so that a call
+//! allocates nothing here and stays graph-capturable.
+
+use crate::error::{type_err, unsupported, value_err, Error, Result};
+use crate::runtime::{runtime, KernelSpec, StreamChoice};
+use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
+
+pub const SOURCE: &str = include_str!("../../cuda/ssd.cu");
+pub const FAMILY: &str = "ssd";
+pub const ENTRY_STATE: &str = "ssd_chunk_state";
+pub const ENTRY_PASS: &str = "ssd_state_passing";
+pub const ENTRY_SCAN: &str = "ssd_chunk_scan";
+/// Chunk sizes with a compiled variant (mamba_ssm's Mamba-2 uses 256).
+pub const CHUNKS: [i64; 3] = [64, 128, 256];
+pub const MAX_DSTATE: i64 = 256;
+pub const MAX_HEADDIM: i64 = 256;
+const THREADS: u32 = 128;
+const PASS_THREADS: i64 = 256;
+const TILE: i64 = 64;
+
+/// Mirrors `struct SsdParams` in cuda/ssd.cu (488 bytes). Strides in elements.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SsdParams {
+    pub x: u64,
+    pub dt: u64,
+    pub a: u64,
+    pub b: u64,
+    pub c: u64,
+    pub d: u64,
+    pub z: u64,
+    pub dt_bias: u64,
+    pub init: u64,
+    pub seq_idx: u64,
+    pub out: u64,
+    pub states: u64,
+    pub decay: u64,
+    pub final_states: u64,
+    pub batch: i64,
+    pub seqlen: i64,
+    pub nheads: i64,
+    pub headdim: i64,
+    pub ngroups: i64,
+    pub dstate: i64,
+    pub nchunks: i64,
+    pub x_s: [i64; 3],
+    pub dt_s: [i64; 3],
+    pub b_s: [i64; 3],
+    pub c_s: [i64; 3],
+    pub z_s: [i64; 3],
+    pub out_s: [i64; 3],
+    pub init_s: [i64; 4],
+    pub final_s: [i64; 4],
+    pub seq_s: [i64; 2],
+    pub d_s: [i64; 2],
+    pub a_s: i64,
+    pub bias_s: i64,
+    pub dt_min: f32,
+    pub dt_max: f32,
+    pub dt_dtype: i32,
+    pub a_dtype: i32,
+    pub d_dtype: i32,
+    pub bias_dtype: i32,
+    pub init_dtype: i32,
+    pub pad0_: i32,
+    pub has_d: i32,
+    pub has_z: i32,
+    pub has_dt_bias: i32,
+    pub has_init: i32,
+    pub has_seq: i32,
+    pub has_final: i32,
+    pub softplus: i32,
+    pub pad_: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<SsdParams>() == 488);
+
+pub struct SsdArgs<'a> {
+    pub x: &'a TensorView,
+    pub dt: &'a TensorView,
+    pub a: &'a TensorView,
+    pub b: &'a TensorView,
+    pub c: &'a TensorView,
+    pub d: Option<&'a TensorView>,
+    pub z: Option<&'a TensorView>,
+    pub dt_bias: Option<&'a TensorView>,
+    pub initial_states: Option<&'a TensorView>,
+    pub seq_idx: Option<&'a TensorView>,
+    pub out: &'a TensorView,
+    pub final_states: Option<&'a TensorView>,
+    /// (batch, nchunks, nheads, headdim, dstate) float32, contiguous
+    pub states: &'a TensorView,
+    /// (batch, nheads, nchunks) float32, contiguous
+    pub decay: &'a TensorView,
+    pub chunk_size: i64,
+    pub dt_softplus: bool,
+    pub dt_limit: (f64, f64),
+}
+
+impl SsdArgs<'_> {
+    fn inputs(&self) -> [(&'static str, Option<&TensorView>); 10] {
+        [
+            ("x", Some(self.x)),
+            ("dt", Some(self.dt)),
+            ("A", Some(self.a)),
+            ("B", Some(self.b)),
+            ("C", Some(self.c)),
+            ("D", self.d),
+            ("z", self.z),
+            ("dt_bias", self.dt_bias),
+            ("initial_states", self.initial_states),
+            ("seq_idx", self.seq_idx),
+        ]
+    }
+    fn outputs(&self) -> [(&'static str, Option<&TensorView>); 4] {
+        [
+            ("out", Some(self.out)),
+            ("final_states", self.final_states),
+            ("states", Some(self.states)),
+            ("decay", Some(self.decay)),
+        ]
+    }
+}
+
+/// Sizes of a checked call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Problem {
+    pub batch: i64,
+    pub seqlen: i64,
+    pub nheads: i64,
+    pub headdim: i64,
+    pub ngroups: i64,
+    pub dstate: i64,
+    pub nchunks: i64,
+}
+
+const FLOATS: [DType; 3] = [DType::F16, DType::BF16, DType::F32];
+
+fn s3(t: &TensorView) -> [i64; 3] {
+    [t.strides[0], t.strides[1], t.strides[2]]
+}
+
+fn s4(t: &TensorView) -> [i64; 4] {
+    [t.strides[0], t.strides[1], t.strides[2], t.strides[3]]
+}
+
+/// A (nheads,) float parameter: its stride.
+fn per_head(t: &TensorView, arg: &str, nheads: i64) -> Result<i64> {
+    t.expect_dtype(arg, &FLOATS)?;
+    t.expect_shape(arg, &[nheads])?;
+    Ok(t.strides[0])
+}
+
+pub fn check(a: &SsdArgs) -> Result<Problem> {
+    a.x.expect_dtype("x", &FLOATS)?;
+    let xs =
+        a.x.expect_rank("x", "batch, seqlen, nheads, headdim")?
+            .to_vec();
+    let (batch, seqlen, nheads, headdim) = (xs[0], xs[1], xs[2], xs[3]);
+    a.x.expect_unit_stride("x", 3, "headdim")?;
+    if !CHUNKS.contains(&a.chunk_size) {
+        return Err(unsupported(format!(
+            "chunk_size = {} has no CUDA kernel: allowed {CHUNKS:?}",
+            a.chunk_size
+        )));
+    }
+    if !(1..=MAX_HEADDIM).contains(&headdim) {
+        return Err(unsupported(format!(
+            "headdim = {headdim} is not supported: 1..={MAX_HEADDIM}"
+        )));
+    }
+    a.dt.expect_dtype("dt", &FLOATS)?;
+    a.dt.expect_shape("dt", &[batch, seqlen, nheads])?;
+    per_head(a.a, "A", nheads)?;
+    let bs =
+        a.b.expect_rank("B", "batch, seqlen, ngroups, dstate")?
+            .to_vec();
+    let (ngroups, dstate) = (bs[2], bs[3]);
+    if ngroups < 1 || nheads % ngroups != 0 {
+        return Err(value_err(format!(
+            "B has ngroups = {ngroups}, which must divide nheads = {nheads}"
+        )));
+    }
+    if !(1..=MAX_DSTATE).contains(&dstate) {
+        return Err(unsupported(format!(
+            "dstate = {dstate} is not supported: 1..={MAX_DSTATE}"
+        )));
+    }
+    for (name, t) in [("B", a.b), ("C", a.c)] {
+        if t.dtype != a.x.dtype {
+            return Err(unsupported(format!(
+                "{name} is {} but x is {}: the CUDA kernels read B and C in x's dtype",
+                t.dtype.name(),
+                a.x.dtype.name()
+            )));
+        }
+        t.expect_shape(name, &[batch, seqlen, ngroups, dstate])?;
+        t.expect_unit_stride(name, 3, "dstate")?;
+    }
+    if let Some(z) = a.z {
+        z.expect_same_dtype("z", a.x, "x")?;
+        z.expect_shape("z", &xs)?;
+        z.expect_unit_stride("z", 3, "headdim")?;
+    }
+    if let Some(d) = a.d {
+        d.expect_dtype("D", &FLOATS)?;
+        if d.shape != [nheads] && d.shape != [nheads, headdim] {
+            return Err(value_err(format!(
+                "D must have shape ({nheads},) or ({nheads}, {headdim}), got {:?}",
+                d.shape
+            )));
+        }
+    }
+    if let Some(t) = a.dt_bias {
+        per_head(t, "dt_bias", nheads)?;
+    }
+    let st_shape = [batch, nheads, headdim, dstate];
+    if let Some(t) = a.initial_states {
+        t.expect_dtype("initial_states", &FLOATS)?;
+        t.expect_shape("initial_states", &st_shape)?;
+    }
+    if let Some(t) = a.seq_idx {
+        if t.dtype != DType::I32 {
+            return Err(type_err(format!(
+                "seq_idx must be int32 on the GPU, got {}",
+                t.dtype.name()
+            )));
+        }
+        t.expect_shape("seq_idx", &[batch, seqlen])?;
+    }
+    a.out.expect_same_dtype("out", a.x, "x")?;
+    a.out.expect_shape("out", &xs)?;
+    a.out.expect_unit_stride("out", 3, "headdim")?;
+    a.out.expect_writable("out")?;
+    if let Some(t) = a.final_states {
+        t.expect_dtype("final_states", &[DType::F32])?;
+        t.expect_shape("final_states", &st_shape)?;
+        t.expect_writable("final_states")?;
+    }
+    let nchunks = (seqlen + a.chunk_size - 1) / a.chunk_size;
+    for (name, t, shape) in [
+        (
+            "states",
+            a.states,
+            vec![batch, nchunks, nheads, headdim, dstate],
+        ),
+        ("decay", a.decay, vec![batch, nheads, nchunks]),
+    ] {
+        t.expect_dtype(name, &[DType::F32])?;
+        t.expect_shape(name, &shape)?;
+        t.expect_contiguous(name)?;
+        t.expect_writable(name)?;
+    }
+    expect_no_overlap(&a.outputs(), &a.inputs())?;
+    let (lo, hi) = a.dt_limit;
+    if lo.is_nan() || hi.is_nan() || lo > hi {
+        return Err(value_err(format!(
+            "dt_limit must be (low, high) with low <= high, got ({lo}, {hi})"
+        )));
+    }
+    if batch * nheads > 65535 {
+        return Err(unsupported("batch * nheads must be <= 65535"));
+    }
+    Ok(Problem {
+        batch,
+        seqlen,
+        nheads,
+        headdim,
+        ngroups,
+        dstate,
+        nchunks,
+    })
+}
+
+fn spec(entry: &'static str, dtype: i64, chunk: i64, arch: i64) -> KernelSpec {
+    KernelSpec {
+        family: FAMILY,
+        source: SOURCE,
+        entry,
+        defines: vec![("FS_DTYPE", dtype), ("FS_CHUNK", chunk), ("FS_ARCH", arch)],
+    }
+}
+
+/// The state-passing kernel reads and writes fp32 only: one variant (FS_DTYPE / FS_CHUNK fixed).
+fn pass_spec(arch: i64) -> KernelSpec {
+    spec(ENTRY_PASS, 2, 64, arch)
+}
+
+pub fn all_specs(arch: i64) -> Vec<KernelSpec> {
+    let mut out = vec![pass_spec(arch)];
+    for chunk in CHUNKS {
+        for dtype in [0, 1, 2] {
+            out.push(spec(ENTRY_STATE, dtype, chunk, arch));
+            out.push(spec(ENTRY_SCAN, dtype, chunk, arch));
+        }
+    }
+    out
+}
+
+fn dtype_code(t: Option<&TensorView>) -> Result<i32> {
+    Ok(match t {
+        Some(t) => t.dtype.kernel_code()? as i32,
+        None => 2,
+    })
+}
+
+fn grid_u32(v: i64, what: &str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| unsupported(format!("{what} too large for one launch")))
+}
+
+pub fn forward(a: &SsdArgs, stream: StreamChoice) -> Result<()> {
+    let p = check(a)?;
+    if p.batch == 0 || p.seqlen == 0 || p.nheads == 0 {
+        return Ok(());
+    }
+    let mut named = a.inputs().to_vec();
+    named.extend(a.outputs());
+    let device = common_cuda_device(&named)?;
+    let rt = runtime().map_err(Error::Unavailable)?;
+    let dev = rt.device(device)?;
+    let arch = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
+    let dtype = a.x.dtype.kernel_code()?;
+    let k_state = dev.kernel(&spec(ENTRY_STATE, dtype, a.chunk_size, arch))?;
+    let k_pass = dev.kernel(&pass_spec(arch))?;
+    let k_scan = dev.kernel(&spec(ENTRY_SCAN, dtype, a.chunk_size, arch))?;
+    let d_s = match a.d {
+        Some(d) if d.rank() == 2 => [d.strides[0], d.strides[1]],
+        Some(d) => [d.strides[0], 0],
+        None => [0, 0],
+    };
+    let params = SsdParams {
+        x: a.x.ptr,
+        dt: a.dt.ptr,
+        a: a.a.ptr,
+        b: a.b.ptr,
+        c: a.c.ptr,
+        d: a.d.map_or(0, |t| t.ptr),
+        z: a.z.map_or(0, |t| t.ptr),
+        dt_bias: a.dt_bias.map_or(0, |t| t.ptr),
+        init: a.initial_states.map_or(0, |t| t.ptr),
+        seq_idx: a.seq_idx.map_or(0, |t| t.ptr),
+        out: a.out.ptr,
+        states: a.states.ptr,
+        decay: a.decay.ptr,
+        final_states: a.final_states.map_or(0, |t| t.ptr),
+        batch: p.batch,
+        seqlen: p.seqlen,
+        nheads: p.nheads,
+        headdim: p.headdim,
+        ngroups: p.ngroups,
+        dstate: p.dstate,
+        nchunks: p.nchunks,
+        x_s: s3(a.x),
+        dt_s: s3(a.dt),
+        b_s: s3(a.b),
+        c_s: s3(a.c),
+        z_s: a.z.map_or([0; 3], s3),
+        out_s: s3(a.out),
+        init_s: a.initial_states.map_or([0; 4], s4),
+        final_s: a.final_states.map_or([0; 4], s4),
+        seq_s: a.seq_idx.map_or([0; 2], |t| [t.strides[0], t.strides[1]]),
+        d_s,
+        a_s: a.a.strides[0],
+        bias_s: a.dt_bias.map_or(0, |t| t.strides[0]),
+        // f64 -> f32 keeps infinities (the default upper limit) as infinities
+        dt_min: a.dt_limit.0 as f32,
+        dt_max: a.dt_limit.1 as f32,
+        dt_dtype: a.dt.dtype.kernel_code()? as i32,
+        a_dtype: a.a.dtype.kernel_code()? as i32,
+        d_dtype: dtype_code(a.d)?,
+        bias_dtype: dtype_code(a.dt_bias)?,
+        init_dtype: dtype_code(a.initial_states)?,
+        pad0_: 0,
+        has_d: a.d.is_some() as i32,
+        has_z: a.z.is_some() as i32,
+        has_dt_bias: a.dt_bias.is_some() as i32,
+        has_init: a.initial_states.is_some() as i32,
+        has_seq: a.seq_idx.is_some() as i32,
+        has_final: a.final_states.is_some() as i32,
+        softplus: a.dt_softplus as i32,
+        pad_: 0,
+    };
+    let tiles = |n: i64| (n + TILE - 1) / TILE;
+    let bh = grid_u32(p.batch * p.nheads, "batch * nheads")?;
+    let nchunks = grid_u32(p.nchunks, "seqlen / chunk_size")?;
+    let st = dev.stream(stream)?;
+    // SAFETY: params mirrors SsdParams; shapes, dtypes, devices, strides and the workspaces'
+    // sizes were checked; the three kernels run in order on one stream.
+    unsafe {
+        dev.launch(
+            &k_state,
+            (
+                nchunks,
+                grid_u32(tiles(p.headdim) * tiles(p.dstate), "headdim * dstate")?,
+                bh,
+            ),
+            (THREADS, 1, 1),
+            0,
+            st,
+            &params,
+        )?;
+        dev.launch(
+            &k_pass,
+            (
+                grid_u32(
+                    (p.headdim * p.dstate + PASS_THREADS - 1) / PASS_THREADS,
+                    "headdim * dstate",
+                )?,
+                bh,
+                1,
+            ),
+            (PASS_THREADS as u32, 1, 1),
+            0,
+            st,
+            &params,
+        )?;
+        dev.launch(
+            &k_scan,
+            (
+                grid_u32(p.nchunks * (a.chunk_size / TILE), "seqlen / 64")?,
+                grid_u32(tiles(p.headdim), "headdim")?,
+                bh,
+            ),
+            (THREADS, 1, 1),
+            0,
+            st,
+            &params,
+        )?;
+    }
+    dev.finish(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_cover_every_dtype_and_chunk() {
+        let s = all_specs(90);
+        assert_eq!(s.len(), 1 + 2 * 3 * CHUNKS.len());
+        assert!(s.iter().any(|k| k.entry == ENTRY_PASS));
+    }
+}

@@ -1,0 +1,307 @@
+"""GPU tests of `mamba_chunk_scan_combined` (the SSD forward kernels of cuda/ssd.cu).
+
+Reference: `flashscan.reference_ssd` in float64 on the host. Baseline for fp16/bf16 outputs (the
+correctness rule): a plain torch chunked SSD in the input dtype (C B^T, the masked weights, W x,
+the chunk states and C H^T as dtype matmuls; decays and state passing in float32), i.e. what a
+same-precision implementation gets; fp32 outputs: 1e-4 relative to the float64 reference. The
+final states (fp32) are held to 1e-4 relative for fp32 inputs and to the rule against the
+baseline's states otherwise. Also: poisoned outputs, seq_idx resets, strided (Mamba-2 split)
+inputs, streaming with initial states, CUDA graph capture, the errors of the GPU path.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+import flashscan
+from flashscan import reference_ssd
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+FP32_RTOL = 1e-4
+
+
+def ssd_inputs(b, L, h, p, g, n, dtype, *, D2=False, init=True, device="cuda"):
+    def rnd(*s, scale=1.0):
+        return (torch.randn(*s, device=device) * scale).to(dtype)
+
+    return {
+        "x": rnd(b, L, h, p),
+        "dt": (torch.rand(b, L, h, device=device) * 2 - 2.5),  # softplus -> ~0.08..0.6
+        "A": -torch.exp(torch.rand(h, device=device) * 2 - 1),
+        "B": rnd(b, L, g, n, scale=n**-0.25),
+        "C": rnd(b, L, g, n, scale=n**-0.25),
+        "D": torch.randn((h, p) if D2 else (h,), device=device),
+        "z": rnd(b, L, h, p),
+        "dt_bias": torch.rand(h, device=device) * 0.5,
+        "initial_states": torch.randn(b, h, p, n, device=device) * 0.5 if init else None,
+    }
+
+
+def ref64(a: dict[str, Any], chunk: int, **kw: Any) -> tuple[np.ndarray, np.ndarray]:
+    host = {k: None if v is None else v.detach().double().cpu().numpy() for k, v in a.items()}
+    return reference_ssd.mamba_chunk_scan_combined(
+        **host, chunk_size=chunk, return_final_states=True, **kw
+    )
+
+
+def baseline_lowp(a: dict[str, Any], chunk: int, softplus: bool) -> tuple[Any, Any]:
+    """The plain same-precision SSD (no seq_idx), torch on the GPU: (out, final states)."""
+    x, B, C = a["x"], a["B"], a["C"]
+    dtype = x.dtype
+    b, L, h, p = x.shape
+    g, n = B.shape[2], B.shape[3]
+    dt = a["dt"].float() + a["dt_bias"].float()
+    if softplus:
+        dt = F.softplus(dt)
+    dt = dt.clamp_min(0.0)
+    Q = chunk
+    nc = -(-L // Q)
+    pad = nc * Q - L
+
+    def chunks(t: Any) -> Any:
+        t = F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) if pad else t
+        return t.reshape(b, nc, Q, *t.shape[2:])
+
+    xs = chunks(x)
+    Bh, Ch = (chunks(m.repeat_interleave(h // g, dim=2)) for m in (B, C))
+    dts = chunks(dt)  # (b, c, Q, h)
+    cum = torch.cumsum(dts * a["A"].float(), dim=2)
+    seg = cum[:, :, :, None, :] - cum[:, :, None, :, :]  # (b, c, l, s, h)
+    causal = torch.tril(torch.ones(Q, Q, dtype=torch.bool, device=x.device))[None, None, :, :, None]
+    decay = torch.exp(seg.masked_fill(~causal, -math.inf))
+    cb = torch.einsum("bclhn,bcshn->bclsh", Ch, Bh)
+    w = (cb.float() * decay * dts[:, :, None, :, :]).to(dtype)
+    y = torch.einsum("bclsh,bcshp->bclhp", w, xs).float()
+    wend = (torch.exp(cum[:, :, -1:, :] - cum) * dts).to(dtype)  # (b, c, s, h)
+    S = torch.einsum("bcsh,bcshp,bcshn->bchpn", wend, xs, Bh).float()
+    H = (
+        a["initial_states"].float()
+        if a["initial_states"] is not None
+        else x.new_zeros((b, h, p, n), dtype=torch.float32)
+    )
+    Hs = []
+    for c in range(nc):
+        Hs.append(H)
+        H = torch.exp(cum[:, c, -1, :])[..., None, None] * H + S[:, c]
+    Hin = torch.stack(Hs, dim=1).to(dtype)  # (b, c, h, p, n)
+    y += torch.einsum("bclhn,bchpn->bclhp", Ch, Hin).float() * torch.exp(cum)[..., None]
+    y = y.reshape(b, nc * Q, h, p)[:, :L]
+    D = a["D"].float()
+    y = y + (D if D.dim() == 2 else D[:, None]) * x.float()
+    y = y * F.silu(a["z"].float())
+    return y.to(dtype), H
+
+
+def check_case(rule: Any, got: Any, final: Any, a: dict, chunk: int, softplus: bool) -> None:
+    ref_y, ref_h = ref64(a, chunk, dt_softplus=softplus)
+    ref_y_t = torch.from_numpy(ref_y)
+    if got.dtype == torch.float32:
+        rule.rel(got, ref_y_t, FP32_RTOL, atol=1e-6)
+        rule.rel(final, torch.from_numpy(ref_h), FP32_RTOL, atol=1e-6, name="final_states")
+        return
+    base_y, base_h = baseline_lowp(a, chunk, softplus)
+    scale = float(ref_y_t.abs().max())
+    rule.check(got, ref_y_t, base_y, atol=1e-5 * max(scale, 1.0))
+    rule.check(final, torch.from_numpy(ref_h), base_h, atol=1e-5, name="final_states")
+
+
+# (dtype, ngroups, dstate, headdim, seqlen, chunk, D per channel)
+CASES = [
+    ("bfloat16", 1, 16, 32, 1, 64, False),
+    ("float16", 2, 64, 64, 7, 128, True),
+    ("float32", 1, 128, 64, 63, 256, False),
+    ("bfloat16", 4, 256, 128, 65, 256, True),
+    ("float32", 2, 32, 128, 1000, 64, False),
+    ("float16", 1, 128, 64, 4097, 256, False),
+    ("bfloat16", 2, 64, 96, 2048, 128, True),
+    ("bfloat16", 1, 128, 64, 16384, 256, False),
+    ("float32", 1, 16, 32, 16384, 128, True),
+    ("float16", 1, 256, 32, 300, 64, False),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(str(v) for v in c))
+def test_forward_matrix(case: tuple, rule: Any, poison: Any) -> None:
+    dt_name, g, n, p, L, chunk, D2 = case
+    dtype = DTYPES[dt_name]
+    b, h = (2, 4) if L <= 4097 else (1, 2)
+    a = ssd_inputs(b, L, h, p, g, n, dtype, D2=D2)
+    poison(b * L * h * p * a["x"].element_size(), b * h * p * n * 4)
+    out, final = flashscan.mamba_chunk_scan_combined(
+        **a, chunk_size=chunk, dt_softplus=True, return_final_states=True
+    )
+    assert out.dtype == dtype and out.shape == a["x"].shape and final.dtype == torch.float32
+    check_case(rule, out, final, a, chunk, True)
+
+
+def test_chunk_sizes_agree_and_optionals_absent(rule: Any) -> None:
+    a = ssd_inputs(2, 700, 4, 64, 1, 64, torch.float32, init=False)
+    bare = {k: a[k] for k in ("x", "dt", "A", "B", "C")}
+    bare["dt"] = F.softplus(bare["dt"])
+    host = {k: v.double().cpu().numpy() for k, v in bare.items()}
+    want = reference_ssd.mamba_chunk_scan_combined(**host, chunk_size=256)
+    for chunk in (64, 128, 256):
+        out = flashscan.mamba_chunk_scan_combined(**bare, chunk_size=chunk)
+        rule.rel(out, torch.from_numpy(want), FP32_RTOL, atol=1e-6, name=f"chunk {chunk}")
+
+
+def baseline_packed(a: dict[str, Any], chunk: int, seq_idx: Any) -> tuple[Any, Any]:
+    """`baseline_lowp` for packed sequences: each batch row cut where seq_idx changes, each
+    piece run alone from a zero state (the first from the initial state when its id is 0)."""
+    outs, finals = [], []
+    for r in range(seq_idx.shape[0]):
+        ids = seq_idx[r].tolist()
+        starts = [0] + [t for t in range(1, len(ids)) if ids[t] != ids[t - 1]] + [len(ids)]
+        pieces, H = [], None
+        for lo, hi in zip(starts[:-1], starts[1:]):
+            part = {
+                k: (v[r : r + 1, lo:hi] if k in ("x", "dt", "B", "C", "z") else v)
+                for k, v in a.items()
+            }
+            init = a["initial_states"]
+            part["initial_states"] = (
+                init[r : r + 1] if lo == 0 and ids[0] == 0 and init is not None else None
+            )
+            y, H = baseline_lowp(part, chunk, True)
+            pieces.append(y)
+        outs.append(torch.cat(pieces, dim=1))
+        finals.append(H)
+    return torch.cat(outs), torch.cat(finals)
+
+
+@pytest.mark.parametrize("dt_name", ["float32", "bfloat16"])
+def test_seq_idx_resets(dt_name: str, rule: Any) -> None:
+    dtype = DTYPES[dt_name]
+    a = ssd_inputs(2, 600, 4, 64, 2, 64, dtype)
+    cuts = torch.tensor([0, 1, 1, 5, 200, 256, 257, 511], device="cuda")
+    seq_idx = (torch.arange(600, device="cuda")[:, None] >= cuts).sum(-1).to(torch.int32) - 1
+    seq_idx = torch.stack([seq_idx, torch.zeros_like(seq_idx)])
+    out, final = flashscan.mamba_chunk_scan_combined(
+        **a, chunk_size=256, seq_idx=seq_idx, dt_softplus=True, return_final_states=True
+    )
+    ref_y, ref_h = ref64(a, 256, dt_softplus=True, seq_idx=seq_idx.cpu().numpy())
+    if dtype == torch.float32:
+        rule.rel(out, torch.from_numpy(ref_y), FP32_RTOL, atol=1e-6)
+        rule.rel(final, torch.from_numpy(ref_h), FP32_RTOL, atol=1e-6, name="final_states")
+        return
+    base_y, base_h = baseline_packed(a, 256, seq_idx)
+    rule.check(
+        out, torch.from_numpy(ref_y), base_y, atol=1e-5 * max(float(np.abs(ref_y).max()), 1.0)
+    )
+    rule.check(final, torch.from_numpy(ref_h), base_h, atol=1e-5, name="final_states")
+
+
+def test_dt_limit_and_int64_seq_idx(rule: Any) -> None:
+    a = ssd_inputs(1, 130, 2, 32, 1, 16, torch.float32)
+    seq_idx = torch.zeros(1, 130, dtype=torch.int64, device="cuda")
+    seq_idx[:, 70:] = 1
+    out = flashscan.mamba_chunk_scan_combined(
+        **a, chunk_size=64, seq_idx=seq_idx, dt_softplus=True, dt_limit=(0.2, 0.3)
+    )
+    ref_y, _ = ref64(a, 64, dt_softplus=True, dt_limit=(0.2, 0.3), seq_idx=seq_idx.cpu().numpy())
+    rule.rel(out, torch.from_numpy(ref_y), FP32_RTOL, atol=1e-6)
+
+
+def test_strided_inputs_like_mamba2_split(rule: Any) -> None:
+    """x, B, C (and z) as views of one projection, as Mamba-2 splits zxbcdt: last dim contiguous,
+    other strides not."""
+    b, L, h, p, g, n = 2, 300, 4, 64, 1, 64
+    proj = torch.randn(b, L, 2 * h * p + 2 * g * n + h, device="cuda").to(torch.bfloat16)
+    z, x, B, C, dt = torch.split(proj, [h * p, h * p, g * n, g * n, h], dim=-1)
+    a = {
+        "x": x.reshape(b, L, h, p),
+        "z": z.reshape(b, L, h, p),
+        "B": B.reshape(b, L, g, n) * 0.3,
+        "C": C.reshape(b, L, g, n),
+        "dt": dt,
+        "A": -torch.rand(h, device="cuda") - 0.5,
+        "D": torch.randn(h, device="cuda"),
+        "dt_bias": torch.rand(h, device="cuda"),
+        "initial_states": None,
+    }
+    a["B"] = a["B"].contiguous()[:, :, :, :]  # one contiguous, one strided (C)
+    assert not a["x"].is_contiguous() and not a["C"].is_contiguous()
+    out, final = flashscan.mamba_chunk_scan_combined(
+        **a, chunk_size=128, dt_softplus=True, return_final_states=True
+    )
+    dense = {k: None if v is None else v.contiguous() for k, v in a.items()}
+    check_case(rule, out, final, dense, 128, True)
+
+
+def test_streaming_with_initial_states_equals_one_call(rule: Any) -> None:
+    a = ssd_inputs(2, 777, 4, 64, 2, 128, torch.float32)
+    whole, h_whole = flashscan.mamba_chunk_scan_combined(
+        **a, chunk_size=256, dt_softplus=True, return_final_states=True
+    )
+    h = a["initial_states"]
+    outs = []
+    for lo, hi in ((0, 300), (300, 301), (301, 777)):
+        part = {k: (v[:, lo:hi] if k in ("x", "dt", "B", "C", "z") else v) for k, v in a.items()}
+        part["initial_states"] = h
+        o, h = flashscan.mamba_chunk_scan_combined(
+            **part, chunk_size=256, dt_softplus=True, return_final_states=True
+        )
+        outs.append(o)
+    rule.rel(torch.cat(outs, dim=1), whole, 1e-4, atol=1e-6)
+    rule.rel(h, h_whole, 1e-4, atol=1e-6, name="final_states")
+
+
+def test_cuda_graph_capture_and_replay(rule: Any) -> None:
+    a = ssd_inputs(32, 60, 8, 64, 1, 64, torch.bfloat16)  # the small real-time shape
+    kw = dict(chunk_size=256, dt_softplus=True, return_final_states=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        flashscan.mamba_chunk_scan_combined(**a, **kw)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out, final = flashscan.mamba_chunk_scan_combined(**a, **kw)
+    for _step in range(2):
+        fresh = ssd_inputs(32, 60, 8, 64, 1, 64, torch.bfloat16)
+        for k in ("x", "dt", "B", "C", "z", "initial_states"):
+            a[k].copy_(fresh[k])
+        out.fill_(float("nan"))
+        final.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        check_case(rule, out, final, a, 256, True)
+
+
+def test_gpu_errors_are_clear() -> None:
+    a = ssd_inputs(1, 64, 2, 32, 1, 16, torch.bfloat16)
+    with pytest.raises(flashscan.UnsupportedError, match="chunk_size"):
+        flashscan.mamba_chunk_scan_combined(**a, chunk_size=100)
+    with pytest.raises(flashscan.UnsupportedError, match="return_varlen_states"):
+        flashscan.mamba_chunk_scan_combined(
+            **a, chunk_size=64, cu_seqlens=torch.tensor([0, 64], device="cuda"),
+            return_varlen_states=True,
+        )  # fmt: skip
+    with pytest.raises(flashscan.UnsupportedError, match="B is float32"):
+        flashscan.mamba_chunk_scan_combined(
+            **{**a, "B": a["B"].float(), "C": a["C"].float()}, chunk_size=64
+        )
+    with pytest.raises(ValueError, match="mixing CPU and GPU"):
+        flashscan.mamba_chunk_scan_combined(**{**a, "A": a["A"].cpu()}, chunk_size=64)
+    leaf = a["x"].clone().requires_grad_(True)
+    out = flashscan.mamba_chunk_scan_combined(**{**a, "x": leaf}, chunk_size=64)
+    with pytest.raises(flashscan.UnsupportedError, match="backward pass on CUDA"):
+        out.sum().backward()
+
+
+def test_float64_cuda_runs_the_reference(rule: Any) -> None:
+    a = ssd_inputs(1, 33, 2, 8, 1, 4, torch.float64)
+    out = flashscan.mamba_chunk_scan_combined(**a, chunk_size=16, dt_softplus=True)
+    assert out.is_cuda and out.dtype == torch.float64
+    ref_y, _ = ref64(a, 16, dt_softplus=True)
+    rule.rel(out, torch.from_numpy(ref_y), 1e-12, atol=1e-12)
