@@ -214,3 +214,11 @@ def precompile(
     compiled (not already cached). progress(done, total, name) is called per variant."""
 
 def cache_dir() -> str: ...
+
+def xla_ffi_targets() -> dict[str, Any]:
+    """The XLA typed-FFI handlers (flash_attn_fwd/bwd, selective_scan_fwd/bwd,
+    selective_state_update) as PyCapsules of their function pointers, for
+    `jax.ffi.register_ffi_target(name, capsule, platform="CUDA", api_version=1)`."""
+
+def xla_ffi_api_version() -> tuple[int, int]:
+    """The XLA FFI API version (major, minor) the handlers answer at the metadata stage."""
