@@ -214,7 +214,6 @@ def precompile(
     compiled (not already cached). progress(done, total, name) is called per variant."""
 
 def cache_dir() -> str: ...
-
 def xla_ffi_targets() -> dict[str, Any]:
     """The XLA typed-FFI handlers (flash_attn_fwd/bwd, selective_scan_fwd/bwd,
     selective_state_update) as PyCapsules of their function pointers, for
