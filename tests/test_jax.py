@@ -5,12 +5,15 @@ the metadata stage, read buffers and attributes, and report errors through the A
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+# jax must not take 75% of a GPU up front where GPU tests share this process
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 from jax.test_util import check_grads  # noqa: E402
@@ -60,13 +63,14 @@ def test_attention_jit_matches_reference(case):
     assert out.dtype == jnp.float64 and lse.dtype == jnp.float32
 
 
-def test_attention_float32_and_bfloat16_on_host():
+def test_attention_float32_and_bfloat16():
+    """The kernels' dtypes: the references on CPU, the kernels where jax has a GPU."""
     rng = np.random.default_rng(2)
     q, k, v = (rand(rng, 1, 9, 2, 16, dtype=np.float32) for _ in range(3))
     ref = reference.flash_attn_func(*(np.asarray(x, np.float64) for x in (q, k, v)))
     out = jax.jit(fj.flash_attn_func)(q, k, v)
     assert out.dtype == jnp.float32
-    np.testing.assert_allclose(np.asarray(out), ref, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(out), ref, atol=1e-4)
     qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
     outb = jax.jit(fj.flash_attn_func)(qb, kb, vb)
     assert outb.dtype == jnp.bfloat16
