@@ -361,3 +361,68 @@ def test_native_scan_handler_reads_optional_operands(cpu_targets):
         jax.block_until_ready(
             call(u, u, A, B, B, D_bad, delta_softplus=np.int64(0), optional=np.int64(0))
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# The GPU lowering, checked without a GPU: lowered for CUDA, each op is one custom call of its
+# target with the calling convention of src/xla_ffi/handlers.rs; lowered for CPU, the CUDA
+# branch is pruned and the references run
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pretend_targets(monkeypatch):
+    """As on a GPU machine: the CUDA targets count as registered (nothing is compiled here)."""
+    monkeypatch.setattr(fj, "_registered", True)
+
+
+def cuda_calls(fn, *args) -> list[str]:
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    return [line.strip() for line in text.splitlines() if "stablehlo.custom_call" in line]
+
+
+def test_cuda_lowering_emits_the_ffi_calls(pretend_targets):
+    q = jnp.zeros((2, 5, 2, 8), jnp.bfloat16)
+    loss = lambda q: fj.flash_attn_func(q, q, q, causal=True).astype(jnp.float32).sum()  # noqa: E731
+    calls = cuda_calls(jax.grad(loss), q)
+    assert [c.split("@")[1].split("(")[0] for c in calls] == [
+        "flashscan_flash_attn_fwd",
+        "flashscan_flash_attn_bwd",
+    ]
+    assert "window_left = -1 : i64, window_right = 0 : i64" in calls[0]
+    assert "deterministic = 0 : i64" in calls[1]
+    # vmap folds into the kernel's batch: one call on (3 * 2, ...)
+    (call,) = cuda_calls(jax.vmap(lambda q: fj.flash_attn_func(q, q, q)), jnp.stack([q] * 3))
+    assert "tensor<6x5x2x8xbf16>" in call
+
+    u = jnp.zeros((2, 4, 300), jnp.float32)
+    A, B = -jnp.ones((4, 3), jnp.float32), jnp.zeros((2, 3, 300), jnp.float32)
+    scan_loss = lambda u, D: fj.selective_scan_fn(  # noqa: E731
+        u, u, A, B, B, D=D, return_last_state=True
+    )[1].sum()
+    fwd, bwd = cuda_calls(jax.grad(scan_loss), u, A[:, 0])
+    assert "@flashscan_selective_scan_fwd" in fwd and "optional = 1 : i64" in fwd
+    assert "tensor<2x4x1x3xf32>" in fwd  # the saved chunk states (300 steps: one boundary)
+    # D, the saved states and the last state's gradient: bits 1 + 16 + 32
+    assert "@flashscan_selective_scan_bwd" in bwd and "optional = 49 : i64" in bwd
+
+    st, x = jnp.zeros((2, 4, 3), jnp.float32), jnp.zeros((2, 4), jnp.float32)
+    (upd,) = cuda_calls(
+        lambda st, x: fj.selective_state_update(st, x, x, A, B[..., 0], B[..., 0]), st, x
+    )
+    assert "@flashscan_selective_state_update" in upd
+    assert "output_tuple_indices = [1], operand_index = 0" in upd  # the state is updated in place
+
+
+def test_cpu_lowering_prunes_the_cuda_branch(pretend_targets):
+    cpu = jax.devices("cpu")[0]
+    rng = np.random.default_rng(9)
+    q = jax.device_put(rand(rng, 2, 5, 2, 8).astype(jnp.float32), cpu)
+    f = lambda q: fj.flash_attn_func(q, q, q, causal=True)  # noqa: E731
+    assert "flashscan_" not in jax.jit(f).lower(q).as_text()
+    ref = reference.flash_attn_func(*(np.asarray(q),) * 3, causal=True)
+    np.testing.assert_allclose(np.asarray(jax.jit(f)(q)), ref, atol=1e-5)
+    g = jax.jit(jax.grad(lambda q: f(q).sum()))(q)
+    v = jax.jit(jax.vmap(f))(jnp.stack([q, q]))
+    assert g.shape == q.shape and np.isfinite(np.asarray(g)).all()
+    np.testing.assert_allclose(np.asarray(v[1]), ref, atol=1e-5)

@@ -20,6 +20,11 @@ arrays, traceable:
 
 Bad input gets the core API's clear errors (TypeError / ValueError / UnsupportedError naming the
 argument) at trace time. This module is imported only when the user imports it.
+
+Adding an op (Mamba-2 SSD, varlen attention, ...): its handler in `src/xla_ffi/handlers.rs`
+(listed in `TARGETS`), then here a `_<op>_call` (ffi_call on CUDA, the reference through
+`_host_call` elsewhere, chosen by `_on_platform`), wrapped by `_batched` for vmap and by a
+`jax.custom_vjp` when it has a backward, and the public function running `_checks` first.
 """
 
 from __future__ import annotations
@@ -77,8 +82,11 @@ def _on_platform(
 ) -> Any:
     """`gpu(*args)` where the computation is lowered for CUDA, `host(*args)` elsewhere."""
     if gpu is None or not _gpu_targets():
-        return host(*args)
-    return jax.lax.platform_dependent(*args, cuda=gpu, default=host)
+        return tuple(host(*args))
+    # both branches must give the same pytree: tuples (ffi_call returns lists)
+    return jax.lax.platform_dependent(
+        *args, cuda=lambda *a: tuple(gpu(*a)), default=lambda *a: tuple(host(*a))
+    )
 
 
 def _host_call(fn: Callable[..., Any], results: Any, *args: Any) -> Any:

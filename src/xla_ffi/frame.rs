@@ -380,18 +380,29 @@ fn buffer_view(
 }
 
 /// The device a GPU call runs on, read off its first non-empty buffer (XLA's buffers carry no
-/// device; all of one call's buffers live on one).
+/// device; all of one call's buffers live on one). Reads data pointers only: no view is built.
 pub fn call_device(f: &Frame) -> Result<i32> {
     crate::runtime::runtime().map_err(Error::Unavailable)?;
-    let mut views = Vec::new();
-    for i in 0..f.arg_count() {
-        views.push(f.arg(i, "operand")?);
+    let lists = [
+        (f.raw.args.size, f.raw.args.types, f.raw.args.args),
+        (f.raw.rets.size, f.raw.rets.types, f.raw.rets.rets),
+    ];
+    for (size, types, ptrs) in lists {
+        for i in 0..size.max(0) as usize {
+            // SAFETY: i < size; a buffer entry points at an XLA_FFI_Buffer of `rank` dims.
+            let ptr = unsafe {
+                let buf = (*ptrs.add(i)).cast::<abi::Buffer>();
+                if *types.add(i) != abi::BUFFER || buf.is_null() || (*buf).data.is_null() {
+                    continue;
+                }
+                let b = &*buf;
+                if b.rank > 0 && std::slice::from_raw_parts(b.dims, b.rank as usize).contains(&0) {
+                    continue;
+                }
+                b.data as usize as u64
+            };
+            return driver::pointer_device(ptr);
+        }
     }
-    for i in 0..f.ret_count() {
-        views.push(f.ret(i, "result")?);
-    }
-    match views.iter().find(|v| v.ptr != 0 && v.numel() > 0) {
-        Some(v) => driver::pointer_device(v.ptr),
-        None => Ok(0),
-    }
+    Ok(0)
 }
