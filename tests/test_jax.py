@@ -274,21 +274,28 @@ def test_importing_flashscan_does_not_import_jax():
 needs_native = pytest.mark.skipif(_backend.native is None, reason="native module not built")
 
 
-@pytest.fixture(scope="module")
+_CPU_TARGETS: dict = {}
+
+
+@pytest.fixture
 def cpu_targets():
     """The handlers registered for XLA:CPU under test names (registration calls each one at
-    the metadata stage: an unsupported answer would fail here)."""
-    targets = _backend.native.xla_ffi_targets()  # type: ignore[union-attr]
-    assert set(targets) == {
-        "flash_attn_fwd",
-        "flash_attn_bwd",
-        "selective_scan_fwd",
-        "selective_scan_bwd",
-        "selective_state_update",
-    }
-    for name, capsule in targets.items():
-        jax.ffi.register_ffi_target("cputest_" + name, capsule, platform="cpu", api_version=1)
-    return targets
+    the metadata stage: an unsupported answer would fail here), and CPU as the default device
+    (on a GPU machine too: these calls must run on XLA:CPU)."""
+    if not _CPU_TARGETS:
+        targets = _backend.native.xla_ffi_targets()  # type: ignore[union-attr]
+        assert set(targets) == {
+            "flash_attn_fwd",
+            "flash_attn_bwd",
+            "selective_scan_fwd",
+            "selective_scan_bwd",
+            "selective_state_update",
+        }
+        for name, capsule in targets.items():
+            jax.ffi.register_ffi_target("cputest_" + name, capsule, platform="cpu", api_version=1)
+        _CPU_TARGETS.update(targets)
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield _CPU_TARGETS
 
 
 def attn_call(q, k, v, **attrs):
