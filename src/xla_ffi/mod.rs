@@ -14,6 +14,8 @@
 pub mod abi;
 mod frame;
 pub mod handlers;
+#[cfg(test)]
+mod tests;
 
 /// (target name suffix, handler): `flashscan.jax` registers each as `flashscan_<name>` for the
 /// CUDA platform.
