@@ -256,6 +256,19 @@ def test_bad_input_gets_the_core_errors():
         fj.selective_state_update(s16, u[:, :, 0], u[:, :, 0], s16[0], s16[:, 0], s16[:, 0])
 
 
+def test_state_update_says_it_has_no_gradient():
+    s, x = jnp.zeros((1, 4, 2), jnp.float32), jnp.zeros((1, 4), jnp.float32)
+    A, B = jnp.zeros((4, 2), jnp.float32), jnp.zeros((1, 2), jnp.float32)
+    with pytest.raises(TypeError, match="selective_state_update has no gradient"):
+        jax.grad(lambda x: fj.selective_state_update(s, x, x, A, B, B)[0].sum())(x)
+    # with its inputs behind stop_gradient, the rest of the function differentiates
+    sg = jax.lax.stop_gradient
+    g = jax.grad(lambda x: fj.selective_state_update(s, sg(x), sg(x), A, B, B)[0].sum() + x.sum())(
+        x
+    )
+    np.testing.assert_array_equal(np.asarray(g), np.ones((1, 4)))
+
+
 def test_importing_flashscan_does_not_import_jax():
     code = (
         "import sys, numpy as np, flashscan\n"

@@ -537,7 +537,8 @@ def selective_state_update(
 ) -> tuple[Any, Any]:
     """mamba_ssm's `selective_state_update` on jax arrays, functionally: returns
     (out, new_state) instead of updating `state` in place (under jit with `state` donated,
-    XLA updates its buffer in place). Shapes as `flashscan.selective_state_update`."""
+    XLA updates its buffer in place). Shapes as `flashscan.selective_state_update`. No
+    gradient: differentiating it raises TypeError."""
     f64 = "float32" if _is_f64(state) else None
     descs = [
         None if a is None else _desc(a, n, f64)
@@ -563,4 +564,18 @@ def selective_state_update(
         tuple(None if a is None else f for a, f in zip(arrays, first)),
         True,
     )
-    return call(*arrays)
+    return _no_gradient(call, "selective_state_update")(*arrays)
+
+
+def _no_gradient(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """`fn` that says clearly, when differentiated, that it has no gradient."""
+    wrapped = jax.custom_jvp(fn)
+
+    def jvp(primals: Any, tangents: Any) -> Any:
+        raise TypeError(
+            f"flashscan.jax.{name} has no gradient (a decode step); train with "
+            f"selective_scan_fn, or pass its inputs through jax.lax.stop_gradient"
+        )
+
+    wrapped.defjvp(jvp)
+    return wrapped
