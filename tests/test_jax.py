@@ -192,6 +192,28 @@ def test_scan_vmap_folds_or_maps_and_matches_a_loop():
         )
 
 
+def test_grad_of_vmap_matches_a_loop():
+    """grad(vmap(f)): the batched forward and backward of the custom_vjp (weight gradients
+    summed over the examples, as a loop sums them)."""
+    rng = np.random.default_rng(10)
+    q = rand(rng, 3, 2, 5, 2, 8)
+    attn = lambda q: fj.flash_attn_func(q, q, q, causal=True)  # noqa: E731
+    g = jax.jit(jax.grad(lambda q: (jax.vmap(attn)(q) ** 2).sum()))(q)
+    for i in range(3):
+        gi = jax.grad(lambda q: (attn(q) ** 2).sum())(q[i])
+        np.testing.assert_allclose(np.asarray(g[i]), np.asarray(gi), rtol=1e-12, atol=1e-12)
+    (u, _, A, B, _), _ = scan_inputs(rng, full=False)
+    us = jnp.stack([u, -u, 2 * u])
+    scan = lambda u, A: fj.selective_scan_fn(u, u, A, B, B, delta_softplus=True)  # noqa: E731
+    loss = lambda us, A: (jax.vmap(scan, (0, None))(us, A) ** 2).sum()  # noqa: E731
+    gu, ga = jax.jit(jax.grad(loss, argnums=(0, 1)))(us, A)
+    loop = [
+        jax.grad(lambda u, A: (scan(u, A) ** 2).sum(), argnums=(0, 1))(us[i], A) for i in range(3)
+    ]
+    np.testing.assert_allclose(np.asarray(gu), np.stack([x[0] for x in loop]), rtol=1e-11)
+    np.testing.assert_allclose(np.asarray(ga), sum(np.asarray(x[1]) for x in loop), rtol=1e-11)
+
+
 # ---------------------------------------------------------------------------------------------
 # State update
 # ---------------------------------------------------------------------------------------------
