@@ -7,6 +7,7 @@ pub mod error;
 pub mod ops;
 pub mod runtime;
 pub mod tensor;
+pub mod xla_ffi;
 
 use std::path::PathBuf;
 
@@ -776,6 +777,29 @@ fn ssd_fwd(
     Ok(ops::ssd::forward(&args, ch)?)
 }
 
+/// XLA FFI handlers as PyCapsules of their function pointers, for
+/// `jax.ffi.register_ffi_target(name, capsule, platform="CUDA", api_version=1)`.
+#[pyfunction]
+fn xla_ffi_targets(py: Python<'_>) -> PyResult<PyObject> {
+    let d = PyDict::new(py);
+    for (name, handler) in xla_ffi::TARGETS {
+        let ptr = *handler as usize as *mut std::ffi::c_void;
+        // SAFETY: a nameless capsule around a function pointer that lives as long as the
+        // module (as `jax.ffi.pycapsule` makes them); no destructor.
+        let capsule = unsafe {
+            Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyCapsule_New(ptr, std::ptr::null(), None))
+        }?;
+        d.set_item(*name, capsule)?;
+    }
+    Ok(d.into_any().unbind())
+}
+
+/// The XLA FFI API version the handlers are written against, (major, minor).
+#[pyfunction]
+fn xla_ffi_api_version() -> (i32, i32) {
+    (xla_ffi::abi::API_MAJOR, xla_ffi::abi::API_MINOR)
+}
+
 fn arch_num(arch: &str) -> PyResult<i64> {
     arch.trim_start_matches("sm_")
         .trim_end_matches('a')
@@ -925,5 +949,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compile_variant, m)?)?;
     m.add_function(wrap_pyfunction!(precompile, m)?)?;
     conv_bindings::register(m)?;
+    m.add_function(wrap_pyfunction!(xla_ffi_targets, m)?)?;
+    m.add_function(wrap_pyfunction!(xla_ffi_api_version, m)?)?;
     Ok(())
 }

@@ -70,6 +70,13 @@ for stage in "${stages[@]}"; do
       conv=(); [ -d "$repo/.peers/causal-conv1d/csrc" ] && conv=(--conv1d-src "$repo/.peers/causal-conv1d" --conv1d-build /tmp/conv1d-build)
       python3 "$repo/benches/conv1d.py" "${quick[@]}" "${conv[@]}" --out "$OUT/bench_conv1d" 2>&1 \
         | tee "$OUT/bench_conv1d.log" | tail -40
+    jax)
+      # flashscan.jax: the CPU suite, the GPU suite (jit == eager, grads, training step), and
+      # attention in jax.jit vs jax.nn.dot_product_attention (cudnn, xla) in the same run
+      XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest "$repo/tests/test_jax.py" \
+        "$repo/tests/test_jax_gpu.py" -q -p no:cacheprovider --durations=10 2>&1 \
+        | tee "$OUT/jax_tests.log" | tail -40
+      python3 "$repo/benches/jax_attention.py" --out "$OUT/bench_jax" 2>&1 | tee "$OUT/bench_jax.log" | tail -30
       ;;
     bench-backward|bench-backward-quick)
       quick=(); [ "$stage" = bench-backward-quick ] && quick=(--quick)

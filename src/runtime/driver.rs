@@ -280,3 +280,29 @@ pub fn alloc(bytes: usize) -> Result<u64> {
 pub unsafe fn free(ptr: u64) -> Result<()> {
     result::free_sync(ptr).map_err(cuda_err("cuMemFree"))
 }
+
+/// The ordinal of the device a device pointer lives on (for callers that hand us bare pointers
+/// with no device, as XLA's FFI buffers).
+pub fn pointer_device(ptr: u64) -> Result<i32> {
+    let mut ordinal: i32 = -1;
+    // SAFETY: out-pointer to a local i32, the size CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL writes.
+    unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut ordinal as *mut i32).cast::<c_void>(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr as sys::CUdeviceptr,
+        )
+    }
+    .result()
+    .map_err(cuda_err("cuPointerGetAttribute"))?;
+    Ok(ordinal)
+}
+
+/// Stream-ordered device-to-device copy of `bytes` bytes.
+///
+/// # Safety
+/// `dst` and `src` must be device allocations of at least `bytes` bytes, valid until the copy
+/// has run on `stream`.
+pub unsafe fn copy_async(dst: u64, src: u64, bytes: usize, stream: Stream) -> Result<()> {
+    result::memcpy_dtod_async(dst, src, bytes, stream.0).map_err(cuda_err("cuMemcpyDtoDAsync"))
+}
