@@ -369,3 +369,72 @@ def test_use_flashscan_kernels_undo_and_errors(flashscan_mamba: Any) -> None:
     assert not any(report.values())
     with pytest.raises(ValueError, match="set_attn_implementation"):
         fst.use_flashscan_kernels(build(llama, "cpu", torch.float32))
+
+
+MAMBA2 = "transformers.models.mamba2.modeling_mamba2"
+
+
+def mamba2() -> Any:
+    cfg = transformers.Mamba2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        state_size=8,
+        num_hidden_layers=2,
+        expand=2,
+        head_dim=16,
+        num_heads=4,
+        n_groups=2,
+        conv_kernel=4,
+        chunk_size=8,
+    )
+    return transformers.Mamba2ForCausalLM(cfg)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mamba2_decode_step_on_flashscan(flashscan_mamba: Any, device: str) -> None:
+    """Mamba-2: the decode state update is flashscan's (multi-head state, stride-0 A / D /
+    dt_bias as the mixer passes them); the SSD prefill stays on transformers' code until
+    flashscan has it. Greedy tokens equal transformers' own."""
+    model = build(mamba2, device, torch.float32)
+    ids, mask = inputs(device, seqlen=9)
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = model.generate(ids, **kw)
+            served = fst.use_flashscan_kernels(model)
+            got = model.generate(ids, **kw)
+    finally:
+        fst._hf_mamba.uninstall(MAMBA2)
+    assert served["modeling_mamba2.mamba2_selective_state_update"]
+    assert served["modeling_mamba2.mamba2_chunk_scan"] == hasattr(
+        flashscan, "mamba_chunk_scan_combined"
+    )
+    assert flashscan_mamba["step"] == 2 * 5  # layers x decode steps after the prefill
+    assert torch.equal(got, want)
+
+
+def test_state_update_adapter_keeps_a_low_precision_cache_in_step() -> None:
+    """A cache state that is not float32 is stepped through a float32 copy and written back."""
+    import importlib
+
+    mod = importlib.import_module(MAMBA)
+    torch.manual_seed(3)
+    b, d, n = 2, 8, 4
+    state = torch.randn(b, d, n, dtype=torch.float64).to(torch.bfloat16)
+    args = (
+        torch.randn(b, d),
+        torch.randn(b, d),
+        -torch.rand(d, n) - 0.5,
+        torch.randn(b, n),
+        torch.randn(b, n),
+        torch.randn(d),
+    )
+    want_state = state.clone()
+    want = mod.mamba_selective_state_update(want_state, *args, dt_softplus=True)
+    ours = fst._hf_mamba.KERNELS[MAMBA]["mamba_selective_state_update"]()
+    got_state = state.clone()
+    got = ours(got_state, *args, dt_softplus=True)
+    torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(got_state, want_state, atol=1e-2, rtol=1e-2)
+    assert not torch.equal(got_state, state)
