@@ -438,3 +438,28 @@ def test_state_update_adapter_keeps_a_low_precision_cache_in_step() -> None:
     torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(got_state, want_state, atol=1e-2, rtol=1e-2)
     assert not torch.equal(got_state, state)
+
+
+def test_a_padding_mask_is_read_once_per_forward_not_per_layer(monkeypatch: Any) -> None:
+    """Each host read of the mask is a GPU synchronisation: the layers of one forward share
+    one plan; a mask changed in place gets a new one."""
+    made: list[Any] = []
+    real = _hf_attention._PaddingPlan
+
+    def counting(*a: Any) -> Any:
+        made.append(a)
+        return real(*a)
+
+    monkeypatch.setattr(_hf_attention, "_PaddingPlan", counting)
+    model = build(llama, "cpu", torch.float32)  # two layers
+    ids, mask = inputs("cpu", pad="right")
+    logits(model, fst.ATTN_IMPLEMENTATION, ids, mask)
+    assert len(made) == 1
+    m = made[0][0]
+    q = torch.randn(3, 13, 4, 16)
+    kv = torch.randn(3, 13, 2, 16)
+    a = _hf_attention._padded(q, kv, kv, m, 0.25, True, (-1, -1), 0.0)
+    m[1, :] = True  # in place: row 1 is no longer padded
+    b = _hf_attention._padded(q, kv, kv, m, 0.25, True, (-1, -1), 0.0)
+    assert len(made) == 2  # the forward's plan served `a`; the changed mask got its own
+    assert torch.equal(a[0], b[0]) and not torch.equal(a[1], b[1])

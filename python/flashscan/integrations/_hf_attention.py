@@ -199,6 +199,56 @@ def _dense(
     )
 
 
+class _PaddingPlan:
+    """What one padding mask means for the kernels, worked out once per mask (every layer of
+    a forward gets the same mask object; each host read below is a GPU synchronisation).
+
+    keys: how many key slots the mask covers (a static cache's k/v have more: cut to it);
+    kind: "dense" (no padding after all), "leftpad" (a decode step with left padding: the
+    kvcache kernel with cache_leftpad=pad) or "varlen" (gather the real tokens: q_idx / k_idx
+    into the flattened rows, cu_q / cu_k int32 cumulative lengths, lens_q / lens_k on host)."""
+
+    def __init__(self, mask: Tensor, sq: int, sk: int, decode: bool) -> None:
+        self.keys = min(mask.shape[1], sk)
+        mask = mask[:, -self.keys :]
+        self.kind = "dense"
+        if bool(mask.all()):
+            return
+        if decode:
+            # left padding (generation's layout): the real keys of row b are [pad_b, keys)
+            pad = (~mask).sum(dim=1, dtype=torch.int32)
+            left = torch.arange(self.keys, device=mask.device)[None, :] >= pad[:, None]
+            if bool(torch.equal(left, mask)):
+                self.kind, self.pad = "leftpad", pad
+                return
+        self.kind = "varlen"
+        q_mask = mask[:, -sq:]
+        self.q_idx = q_mask.reshape(-1).nonzero().squeeze(1)
+        self.k_idx = mask.reshape(-1).nonzero().squeeze(1)
+        n_q, n_k = q_mask.sum(1, dtype=torch.int32), mask.sum(1, dtype=torch.int32)
+        zero = torch.zeros(1, dtype=torch.int32, device=mask.device)
+        self.cu_q = torch.cat([zero, n_q.cumsum(0, dtype=torch.int32)])
+        self.cu_k = torch.cat([zero, n_k.cumsum(0, dtype=torch.int32)])
+        self.lens_q, self.lens_k = n_q.tolist(), n_k.tolist()
+
+
+# the plans of the last few masks seen, by mask object (held here, so an id is not reused
+# while its entry lives) and version (an in-place change of the mask bumps it); a forward
+# uses one or two masks (full and sliding layers)
+_PLANS: list[tuple[Tensor, tuple[int, int, int, bool], _PaddingPlan]] = []
+
+
+def _plan(mask: Tensor, sq: int, sk: int, decode: bool) -> _PaddingPlan:
+    key = (mask._version, sq, sk, decode)
+    for m, k, plan in _PLANS:
+        if m is mask and k == key:
+            return plan
+    plan = _PaddingPlan(mask, sq, sk, decode)
+    _PLANS.insert(0, (mask, key, plan))
+    del _PLANS[4:]
+    return plan
+
+
 def _padded(
     q: Tensor,
     k: Tensor,
@@ -213,45 +263,33 @@ def _padded(
     the keys from the right (the queries are the last sq of them); a static cache's mask is
     shorter than its k/v (the slots past it are empty): cut k/v to it."""
     b, sq = q.shape[0], q.shape[1]
-    mask = mask.to(device=q.device, dtype=torch.bool)
-    if mask.shape[1] < k.shape[1]:
-        k, v = k[:, : mask.shape[1]], v[:, : mask.shape[1]]
-    elif mask.shape[1] > k.shape[1]:
-        mask = mask[:, -k.shape[1] :]
+    if mask.dtype != torch.bool or mask.device != q.device:
+        mask = mask.to(device=q.device, dtype=torch.bool)
+    plan = _plan(mask, sq, k.shape[1], _decode_route(q))
+    if plan.keys < k.shape[1]:
+        k, v = k[:, : plan.keys], v[:, : plan.keys]
     sk = k.shape[1]
     if sq > sk:
         raise ValueError(f"the attention mask covers {sk} keys, fewer than the {sq} queries")
-    if bool(mask.all()):
+    if plan.kind == "dense":
         return _dense(q, k, v, scale, causal, window, cap)
-
-    if _decode_route(q):
-        # left padding (generation's layout): the real keys of row b are [pad_b, sk)
-        pad = (~mask).sum(dim=1, dtype=torch.int32)
-        left = torch.arange(sk, device=mask.device)[None, :] >= pad[:, None]
-        if bool(torch.equal(left, mask)):
-            return flashscan.flash_attn_with_kvcache(
-                q,
-                k,
-                v,
-                cache_leftpad=pad,
-                softmax_scale=scale,
-                causal=causal,
-                window_size=window,
-                softcap=cap,
-            )
-
-    q_mask = mask[:, -sq:]
-    q_idx = q_mask.reshape(-1).nonzero().squeeze(1)
-    k_idx = mask.reshape(-1).nonzero().squeeze(1)
-    zero = torch.zeros(1, dtype=torch.int32, device=q.device)
-    cu_q = torch.cat([zero, q_mask.sum(1, dtype=torch.int32).cumsum(0, dtype=torch.int32)])
-    cu_k = torch.cat([zero, mask.sum(1, dtype=torch.int32).cumsum(0, dtype=torch.int32)])
-    qp = q.reshape(b * sq, *q.shape[2:])[q_idx]
-    kp = k.reshape(b * sk, *k.shape[2:])[k_idx]
-    vp = v.reshape(b * sk, *v.shape[2:])[k_idx]
-    out_p = varlen_attention(qp, kp, vp, cu_q, cu_k, scale, causal, window, cap)
+    if plan.kind == "leftpad":
+        return flashscan.flash_attn_with_kvcache(
+            q,
+            k,
+            v,
+            cache_leftpad=plan.pad,
+            softmax_scale=scale,
+            causal=causal,
+            window_size=window,
+            softcap=cap,
+        )
+    qp = q.reshape(b * sq, *q.shape[2:])[plan.q_idx]
+    kp = k.reshape(b * sk, *k.shape[2:])[plan.k_idx]
+    vp = v.reshape(b * sk, *v.shape[2:])[plan.k_idx]
+    out_p = varlen_attention(qp, kp, vp, plan, scale, causal, window, cap)
     out = q.new_zeros(b * sq, *q.shape[2:])
-    out[q_idx] = out_p
+    out[plan.q_idx] = out_p
     return out.view(b, sq, *q.shape[2:])
 
 
@@ -259,28 +297,24 @@ def varlen_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    cu_q: Tensor,
-    cu_k: Tensor,
+    plan: _PaddingPlan,
     scale: float,
     causal: bool,
     window: Any,
     cap: float,
 ) -> Tensor:
-    """Packed rows (total, heads, hd) with int32 cumulative lengths: flashscan's
-    `flash_attn_varlen_func` (flash-attn's signature) when this flashscan has it, else one
-    `flash_attn_func` call per sequence."""
-    lens_q = (cu_q[1:] - cu_q[:-1]).tolist()  # a host read: max_seqlen and the loop need it
-    lens_k = (cu_k[1:] - cu_k[:-1]).tolist()
+    """Packed rows (total, heads, hd): flashscan's `flash_attn_varlen_func` (flash-attn's
+    signature) when this flashscan has it, else one `flash_attn_func` call per sequence."""
     varlen = getattr(flashscan, "flash_attn_varlen_func", None)
     if varlen is not None:
         return varlen(
             q,
             k,
             v,
-            cu_q,
-            cu_k,
-            max(lens_q, default=0),
-            max(lens_k, default=0),
+            plan.cu_q,
+            plan.cu_k,
+            max(plan.lens_q, default=0),
+            max(plan.lens_k, default=0),
             softmax_scale=scale,
             causal=causal,
             window_size=window,
@@ -288,7 +322,7 @@ def varlen_attention(
         )
     out = q.new_empty(q.shape)
     sq = sk = 0
-    for nq, nk in zip(lens_q, lens_k):
+    for nq, nk in zip(plan.lens_q, plan.lens_k):
         if nq:
             out[sq : sq + nq] = flashscan.flash_attn_func(
                 q[None, sq : sq + nq],
