@@ -4,6 +4,8 @@
 # tool, e.g.
 #   bash tools/gpu_check.sh precompile tests sanitize bench-quick base-bench-quick pack
 # with `.dev/wheel` carried (`bash tools/build_wheel.sh`). Optional carried folders:
+#   .dev/pydeps      wheels the machine lacks (tools/fetch_pydeps.sh): transformers for the
+#                    tests-transformers and bench-transformers[-quick] stages
 #   .dev/wheel-base  an earlier wheel: the base-* stages time it in the same run (before/after)
 #   .peers/mamba     a mamba source checkout: the bench stages build and time mamba_ssm beside us
 #   .peers/causal-conv1d  a causal-conv1d checkout: bench-conv1d builds and times it beside us
@@ -23,6 +25,12 @@ if ls .dev/wheel-base/flashscan-*.whl >/dev/null 2>&1; then
   cp /tmp/site-base/flashscan/_native*.so /tmp/site-mixed/flashscan/
 fi
 export PYTHONPATH=/tmp/site
+# .dev/pydeps (optional, carried; filled by tools/fetch_pydeps.sh): wheels of pure-Python
+# dependencies the machine lacks (transformers and its own), for the transformers stages
+if ls .dev/pydeps/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site-deps .dev/pydeps/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:/tmp/site-deps
+fi
 export FLASHSCAN_CACHE_DIR=/tmp/flashscan-cache
 export FLASHSCAN_COMMIT="$(cat .dev/wheel/COMMIT 2>/dev/null || echo unknown)"
 base_commit="$(cat .dev/wheel-base/COMMIT 2>/dev/null || echo unknown)"
@@ -57,6 +65,16 @@ for stage in "${stages[@]}"; do
           python3 "$repo/tools/sanitize_cases.py" 2>&1 | tee "$OUT/sanitize_$tool.log" | tail -8
         echo "compute-sanitizer $tool exit: ${PIPESTATUS[0]}"
       done
+      ;;
+    tests-transformers)
+      # FLASHSCAN_FALLBACK=error: a call that would leave the kernels for the host fails the test
+      FLASHSCAN_FALLBACK=error python3 -m pytest "$repo/tests/test_integrations_transformers.py" -q -p no:cacheprovider \
+        --durations=10 2>&1 | tee "$OUT/transformers_tests.log" | tail -40
+      ;;
+    bench-transformers|bench-transformers-quick)
+      quick=(); [ "$stage" = bench-transformers-quick ] && quick=(--quick)
+      python3 "$repo/benches/transformers_generate.py" "${quick[@]}" --out "$OUT/bench_transformers" \
+        2>&1 | tee "$OUT/bench_transformers.log" | tail -40
       ;;
     bench-quick)
       python3 "$repo/benches/compare.py" --quick --no-plots "${mamba[@]}" --out "$OUT/bench" \

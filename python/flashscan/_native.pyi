@@ -329,6 +329,7 @@ def causal_conv1d_update(
 ) -> None:
     """One decode step: out from x and conv_state; conv_state updated in place (a ring when
     cache_seqlens is given)."""
+
 def xla_ffi_targets() -> dict[str, Any]:
     """The XLA typed-FFI handlers (flash_attn_fwd/bwd, selective_scan_fwd/bwd,
     selective_state_update) as PyCapsules of their function pointers, for

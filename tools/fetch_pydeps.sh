@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Fills .dev/pydeps (git-ignored) with the wheels of transformers and its dependencies for the
+# GPU machine, which reaches no package index: tools/gpu_check.sh installs them with --no-deps
+# beside the flashscan wheel. Targets that machine's CPython 3.12 on x86-64 Linux. numpy is
+# left out (the machine has it, under torch); so is torch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rm -rf .dev/pydeps && mkdir -p .dev/pydeps
+python3 -m pip download -q --only-binary=:all: --python-version 3.12 \
+  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+  -d .dev/pydeps "transformers>=5.23,<6"
+rm -f .dev/pydeps/numpy-*.whl
+du -sh .dev/pydeps
