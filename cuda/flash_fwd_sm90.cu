@@ -35,6 +35,9 @@
 #if !defined(FS_HEAD_DIM) || !defined(FS_DTYPE) || !defined(FS_HAS_MASK) || !defined(FS_ARCH)
 #error "the prelude must define FS_HEAD_DIM, FS_DTYPE, FS_HAS_MASK and FS_ARCH"
 #endif
+#ifndef FS_SM90_PIPE
+#define FS_SM90_PIPE 0  // 1: the experimental intra-warpgroup pipeline (see the main loop)
+#endif
 
 // The kernel's one by-value parameter (host mirror: FlashFwdParams in src/ops/attention.rs).
 struct FlashFwdParams {
@@ -153,7 +156,9 @@ extern "C" __global__ void __launch_bounds__(f90::kThreads, 1) flash_fwd_sm90_ke
     int n = n_end - 1;
     load_tile(sQ, q_ptr, p.q_row_stride, m0, rows_q);
     load_tile(sQ + kTileBytes, k_ptr, p.k_row_stride, n * kBlockN, seqlen_k - n * kBlockN);
+#if !FS_SM90_PIPE
     load_tile(sQ + 2 * kTileBytes, v_ptr, p.v_row_stride, n * kBlockN, seqlen_k - n * kBlockN);
+#endif
     cp_async_commit();
 
     float acc_o[kORegs];
@@ -166,6 +171,124 @@ extern "C" __global__ void __launch_bounds__(f90::kThreads, 1) flash_fwd_sm90_ke
     const int row_in_tile = wg * 64 + warp_in_wg * 16 + g;
     const u32 sQ_wg = sQ + wg * 64 * 128;  // this warpgroup's 64 rows inside each column block
 
+#if FS_SM90_PIPE
+    // ---- EXPERIMENTAL (opt-in, not yet verified on a GPU): software pipeline inside each
+    // warpgroup, in FlashAttention-3's order. Iteration i (tile n = n_end - 1 - i) issues
+    // S(i) = Q K(i)^T, rescales O by alpha(i-1), issues O += P(i-1) V(i-1), waits for S(i) only
+    // and masks + softmaxes it while the tensor cores run P V; then waits for P V and only then
+    // packs P(i) into the registers P(i-1) occupied (the in-flight wgmma reads them). Loads: the
+    // top of iteration i (after the barrier, all of iteration i-1 done everywhere) issues
+    // K(i+1) into K's other buffer (S(i-1) done) and V(i) into V's buffer of tile i-2 (PV(i-2)
+    // done), so each lands over one whole iteration with two buffers.
+    auto sK_of = [&](int buf) -> u32 { return s_base + kTileBytes * (1 + 2 * buf); };
+    auto sV_of = [&](int buf) -> u32 { return s_base + kTileBytes * (2 + 2 * buf); };
+    auto rescale_o = [&](const float (&a)[2]) {
+#pragma unroll
+        for (int d = 0; d < kHeadDim / 8; ++d)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[4 * d + e] *= a[e >> 1];
+    };
+    u32 pa[kBlockN / 16][4];
+    float alpha[2] = {1.0f, 1.0f};
+    int buf = 0;
+    for (int i = 0; n >= n_begin; --n, ++i, buf ^= 1) {
+        const int n0 = n * kBlockN;
+        cp_async_wait<0>();   // K(i) and V(i-1) landed for this thread
+        fence_proxy_async();  // ...and are visible to the tensor cores
+        __syncthreads();      // ...for every thread; iteration i-1 is done everywhere
+        if (n > n_begin) load_tile(sK_of(buf ^ 1), k_ptr, p.k_row_stride, n0 - kBlockN, kBlockN);
+        load_tile(sV_of(buf), v_ptr, p.v_row_stride, n0, seqlen_k - n0);
+        cp_async_commit();
+
+        float acc_s[kSRegs];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+            const u32 koff = (kk >> 2) * kSColBlockBytes + (kk & 3) * 32;
+            wgmma_ss<kBlockN, FS_DTYPE, 0>(acc_s, wgmma_desc(sQ_wg + koff, 16, 1024),
+                                           wgmma_desc(sK_of(buf) + koff, 16, 1024), kk > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+        if (i > 0) {
+            rescale_o(alpha);
+            reg_fence(acc_o);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kBlockN / 16; ++kk)
+                wgmma_rs<kHeadDim, FS_DTYPE, 1>(acc_o, pa[kk],
+                                                wgmma_desc(sV_of(buf ^ 1) + kk * 16 * 128, kSColBlockBytes, 1024), 1);
+            wgmma_commit();
+            wgmma_wait<1>();  // S(i) done; P(i-1) V(i-1) may still run
+        } else {
+            wgmma_wait<0>();
+        }
+        reg_fence(acc_s);
+
+        // mask (only tiles that cross seqlen_k or a window edge), then the online softmax step
+        bool need_mask = n0 + kBlockN > seqlen_k;
+#if FS_HAS_MASK
+        {
+            const long long m0_diag = (long long)m0 + diag;
+            if (p.window_left >= 0 && n0 < m0_diag + kBlockM - 1 - p.window_left) need_mask = true;
+            if (p.window_right >= 0 && n0 + kBlockN - 1 > m0_diag + p.window_right) need_mask = true;
+        }
+#endif
+        if (need_mask) {
+            const int rel_lo = (FS_HAS_MASK && p.window_left >= 0) ? -p.window_left : -0x7fffffff;
+            const int rel_hi = (FS_HAS_MASK && p.window_right >= 0) ? p.window_right : 0x7fffffff;
+            const int row_diag = m0 + row_in_tile + (int)diag;
+            const int col0 = n0 + 2 * t;
+#pragma unroll
+            for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int col = col0 + j * 8 + (e & 1);
+                    const int rel = col - (row_diag + 8 * (e >> 1));
+                    if (col >= seqlen_k || rel < rel_lo || rel > rel_hi) acc_s[4 * j + e] = neg_inf();
+                }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float mx = row_max[h];
+#pragma unroll
+            for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(acc_s[4 * j + 2 * h], acc_s[4 * j + 2 * h + 1]));
+            mx = quad_max(mx);
+            const float base = (mx == neg_inf()) ? 0.0f : mx * scale_log2;
+            alpha[h] = ex2(row_max[h] * scale_log2 - base);
+            row_max[h] = mx;
+            float sum = row_sum[h] * alpha[h];
+#pragma unroll
+            for (int j = 0; j < kBlockN / 8; ++j) {
+                const float p0 = ex2(fmaf(acc_s[4 * j + 2 * h], scale_log2, -base));
+                const float p1 = ex2(fmaf(acc_s[4 * j + 2 * h + 1], scale_log2, -base));
+                acc_s[4 * j + 2 * h] = p0;
+                acc_s[4 * j + 2 * h + 1] = p1;
+                sum += p0 + p1;
+            }
+            row_sum[h] = sum;
+        }
+
+        wgmma_wait<0>();  // P(i-1) V(i-1) done: its P registers may be rewritten
+        reg_fence(acc_o);
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) pa[kk][e] = pack2<FS_DTYPE>(acc_s[8 * kk + 2 * e], acc_s[8 * kk + 2 * e + 1]);
+    }
+    // the last tile's P V: its V was issued at the top of the last iteration (buffer buf ^ 1)
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+    rescale_o(alpha);
+    reg_fence(acc_o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+        wgmma_rs<kHeadDim, FS_DTYPE, 1>(acc_o, pa[kk], wgmma_desc(sV_of(buf ^ 1) + kk * 16 * 128, kSColBlockBytes, 1024), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(acc_o);
+#else
     int stage = 0;
     for (; n >= n_begin; --n) {
         const u32 sK = s_base + kTileBytes * (1 + 2 * stage);
@@ -270,6 +393,7 @@ extern "C" __global__ void __launch_bounds__(f90::kThreads, 1) flash_fwd_sm90_ke
         reg_fence(acc_o);
         stage ^= 1;
     }
+#endif
 
     // ---- epilogue: normalise, LSE, stage O in this warpgroup's rows of the Q tile, store ----
     // Each warpgroup read only its own Q rows, and its last wgmma on them completed above.

@@ -10,6 +10,9 @@ shape, 0: the mma.sync kernel), read once per process, so run this once per sett
 
     FLASHSCAN_SM90_WGMMA=1 python3 tools/sm90_fwd_check.py            # check + time
     FLASHSCAN_SM90_WGMMA=0 python3 tools/sm90_fwd_check.py --time-only --ours-only
+    FLASHSCAN_SM90_WGMMA=1 FLASHSCAN_SM90_PIPE=1 python3 tools/sm90_fwd_check.py --ours-only
+
+(the last: the experimental pipelined schedule, FS_SM90_PIPE=1).
 """
 
 from __future__ import annotations

@@ -285,6 +285,13 @@ fn sm90_wanted(head_dim: i64, seqlen_q: i64) -> bool {
     forced.unwrap_or_else(|| sm90_default(head_dim, seqlen_q))
 }
 
+/// FLASHSCAN_SM90_PIPE=1 selects the experimental schedule of the wgmma kernel (softmax of
+/// tile i overlapping P V of tile i-1, `FS_SM90_PIPE`), not yet verified on a GPU. Read once.
+fn sm90_pipe() -> bool {
+    static PIPE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PIPE.get_or_init(|| std::env::var("FLASHSCAN_SM90_PIPE").is_ok_and(|v| v == "1"))
+}
+
 /// The sm_90a wgmma variant and its dynamic shared memory, when it covers the problem: arch
 /// sm_90, fp16/bf16, head dim exactly 64 or 128, no softcap. Everything else takes `spec`.
 pub fn sm90_spec(
@@ -293,6 +300,7 @@ pub fn sm90_spec(
     has_mask: bool,
     softcap: bool,
     arch_num: i64,
+    pipe: bool,
 ) -> Option<(KernelSpec, u32)> {
     if arch_num != 90 || softcap || !(head_dim == 64 || head_dim == 128) {
         return None;
@@ -303,12 +311,15 @@ pub fn sm90_spec(
     };
     // Q, then two stages of K and V: five 128-row tiles, plus 1 KB to align the base to 1024.
     let smem = 5 * 128 * head_dim as u32 * 2 + 1024;
-    let defines = vec![
+    let mut defines = vec![
         ("FS_HEAD_DIM", head_dim),
         ("FS_DTYPE", code),
         ("FS_HAS_MASK", has_mask as i64),
         ("FS_ARCH", arch_num),
     ];
+    if pipe {
+        defines.push(("FS_SM90_PIPE", 1));
+    }
     Some((
         KernelSpec {
             family: FAMILY_SM90,
@@ -344,9 +355,13 @@ pub fn specs_of(arch_num: i64, varlen: bool) -> Vec<KernelSpec> {
                                     out.push(s);
                                 }
                             }
-                            if let Some((s, _)) = sm90_spec(hd, dtype, mask, cap, arch_num) {
-                                if !out.contains(&s) {
-                                    out.push(s);
+                            for pipe in [false, true] {
+                                if let Some((s, _)) =
+                                    sm90_spec(hd, dtype, mask, cap, arch_num, pipe)
+                                {
+                                    if !out.contains(&s) {
+                                        out.push(s);
+                                    }
                                 }
                             }
                         }
@@ -426,7 +441,14 @@ pub(crate) fn launch(
     let has_mask = p.window_left >= 0 || p.window_right >= 0;
     // the sm_90a wgmma kernel serves dense problems only
     let wgmma = if !varlen && sm90_wanted(p.head_dim, p.seqlen_q) {
-        sm90_spec(p.head_dim, dtype, has_mask, softcap > 0.0, arch_num)
+        sm90_spec(
+            p.head_dim,
+            dtype,
+            has_mask,
+            softcap > 0.0,
+            arch_num,
+            sm90_pipe(),
+        )
     } else {
         None
     };
@@ -507,16 +529,16 @@ mod tests {
 
     #[test]
     fn wgmma_variant_covers_only_sm90_16bit_hd64_hd128_without_softcap() {
-        assert!(sm90_spec(128, DType::BF16, false, false, 90).is_some());
-        assert!(sm90_spec(64, DType::F16, true, false, 90).is_some());
-        assert!(sm90_spec(128, DType::BF16, false, false, 80).is_none());
-        assert!(sm90_spec(128, DType::BF16, false, false, 100).is_none());
-        assert!(sm90_spec(128, DType::F32, false, false, 90).is_none());
-        assert!(sm90_spec(96, DType::BF16, false, false, 90).is_none());
-        assert!(sm90_spec(120, DType::BF16, false, false, 90).is_none());
-        assert!(sm90_spec(128, DType::BF16, false, true, 90).is_none());
+        assert!(sm90_spec(128, DType::BF16, false, false, 90, false).is_some());
+        assert!(sm90_spec(64, DType::F16, true, false, 90, false).is_some());
+        assert!(sm90_spec(128, DType::BF16, false, false, 80, false).is_none());
+        assert!(sm90_spec(128, DType::BF16, false, false, 100, false).is_none());
+        assert!(sm90_spec(128, DType::F32, false, false, 90, false).is_none());
+        assert!(sm90_spec(96, DType::BF16, false, false, 90, false).is_none());
+        assert!(sm90_spec(120, DType::BF16, false, false, 90, false).is_none());
+        assert!(sm90_spec(128, DType::BF16, false, true, 90, false).is_none());
         // Q + 2 x (K + V) tiles of 128 x 128 bf16, plus the alignment slack: fits 227 KB
-        let (_, smem) = sm90_spec(128, DType::BF16, true, false, 90).expect("covered");
+        let (_, smem) = sm90_spec(128, DType::BF16, true, false, 90, false).expect("covered");
         assert_eq!(smem, 164_864);
         assert!(smem <= 232_448);
     }
