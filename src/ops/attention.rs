@@ -355,7 +355,8 @@ pub fn specs_of(arch_num: i64, varlen: bool) -> Vec<KernelSpec> {
                                     out.push(s);
                                 }
                             }
-                            for pipe in [false, true] {
+                            // the sm_90a wgmma kernel serves dense problems only
+                            for pipe in [false, true].into_iter().filter(|_| !varlen) {
                                 if let Some((s, _)) =
                                     sm90_spec(hd, dtype, mask, cap, arch_num, pipe)
                                 {
