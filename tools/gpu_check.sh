@@ -88,6 +88,7 @@ for stage in "${stages[@]}"; do
       conv=(); [ -d "$repo/.peers/causal-conv1d/csrc" ] && conv=(--conv1d-src "$repo/.peers/causal-conv1d" --conv1d-build /tmp/conv1d-build)
       python3 "$repo/benches/conv1d.py" "${quick[@]}" "${conv[@]}" --out "$OUT/bench_conv1d" 2>&1 \
         | tee "$OUT/bench_conv1d.log" | tail -40
+      ;;
     jax)
       # flashscan.jax: the CPU suite, the GPU suite (jit == eager, grads, training step), and
       # attention in jax.jit vs jax.nn.dot_product_attention (cudnn, xla) in the same run
