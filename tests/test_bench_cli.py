@@ -33,3 +33,16 @@ def test_bench_without_gpu_exits_cleanly(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "nothing to do" in r.stdout + r.stderr or "GPU" in r.stdout + r.stderr
+
+
+def test_gpu_check_script_parses() -> None:
+    """tools/gpu_check.sh is only run on the GPU machine: a syntax error there costs a lease."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "tools" / "gpu_check.sh"
+    if shutil.which("bash") is None or not script.exists():
+        pytest.skip("bash or tools/gpu_check.sh not available")
+    res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr

@@ -122,6 +122,7 @@ for stage in "${stages[@]}"; do
       ngpu="$(python3 -c 'import torch; print(torch.cuda.device_count())')"
       python3 -m torch.distributed.run --standalone --nproc-per-node "$ngpu" "$repo/benches/ring.py" \
         --out "$OUT/bench_ring" 2>&1 | grep -v '^W[0-9]' | tee "$OUT/bench_ring.log" | tail -30
+      ;;
     bench-ssd)
       # Mamba-2 SSD forward vs mamba_ssm's Triton SSD (the checkout needs no build)
       python3 "$repo/benches/ssd.py" "${mamba[@]:0:2}" --out "$OUT/bench_ssd" \
