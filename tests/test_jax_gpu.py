@@ -245,7 +245,8 @@ def test_jitted_training_step_learns_and_matches_cpu():
     on_cpu = jax.device_put((params, x, y), cpu)
     _, _, g_cpu = jax.jit(step)(*on_cpu)  # the same step lowered for CPU: the references
     for name in params:
-        assert_close_to(g_gpu[name], g_cpu[name], 1e-3)
+        # one SGD step of float32 kernels vs XLA:CPU float32: summation orders differ
+        assert_close_to(g_gpu[name], g_cpu[name], 3e-3)
     losses = []
     p = params
     for _ in range(30):

@@ -300,8 +300,14 @@ def test_gpu_errors_are_clear() -> None:
 
 
 def test_float64_cuda_runs_the_reference(rule: Any) -> None:
+    """float64 CUDA tensors (gradcheck's) run the reference through the torch adapter; the
+    public function takes the kernels' dtypes only, as every flashscan op."""
+    import flashscan.torch as fst
+
     a = ssd_inputs(1, 33, 2, 8, 1, 4, torch.float64)
-    out = flashscan.mamba_chunk_scan_combined(**a, chunk_size=16, dt_softplus=True)
+    with pytest.raises(TypeError, match="float64"):
+        flashscan.mamba_chunk_scan_combined(**a, chunk_size=16, dt_softplus=True)
+    out = fst.mamba_chunk_scan_combined(**a, chunk_size=16, dt_softplus=True)
     assert out.is_cuda and out.dtype == torch.float64
     ref_y, _ = ref64(a, 16, dt_softplus=True)
     rule.rel(out, torch.from_numpy(ref_y), 1e-12, atol=1e-12)
