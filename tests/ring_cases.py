@@ -129,6 +129,7 @@ def scan_case(
     dstate: int = 5,
     seqlen: int = 24,
     with_initial: bool = True,
+    method: str = "serial",
     seed: int = 1,
 ) -> None:
     """The sharded scan's out, last state and gradients == the unsharded scan's."""
@@ -194,8 +195,10 @@ def scan_case(
         s = [cut(t).to(device, dt).contiguous().requires_grad_() for t, dt in zip(seq, dts)]
         p = [t.to(device, pdt).requires_grad_() for t in params]
         h = None if h0 is None else h0.to(device, pdt).requires_grad_()
-        fn = fsd.sharded_selective_scan if sharded else fst.selective_scan_fn
-        out, last = scan(fn, s, p, h)
+        if sharded:
+            out, last = scan(fsd.sharded_selective_scan, s, p, h, method=method)
+        else:
+            out, last = scan(fst.selective_scan_fn, s, p, h)
         loss = (out * cut(dout).to(device, dtype)).sum()
         if not sharded or rank == world - 1:  # only the true final state is used
             loss = loss + (last * dlast.to(device, pdt)).sum()
@@ -224,7 +227,7 @@ def scan_case(
             continue  # only rank 0 takes the initial state
         ref = local(refs[n]) if n in per_step else refs[n]
         b = None if base is None else (local(base[n]) if n in per_step else base[n])
-        _check(f"scan world={world} {dtype} {n}", t, ref, tol, b)
+        _check(f"scan {method} world={world} {dtype} {n}", t, ref, tol, b)
 
 
 def run_all(rank: int, world: int, device: str, dtypes: tuple[torch.dtype, ...]) -> None:
@@ -245,6 +248,8 @@ def run_all(rank: int, world: int, device: str, dtypes: tuple[torch.dtype, ...])
         )
         scan_case(rank, world, device, dtype)
         scan_case(rank, world, device, dtype, with_initial=False, seed=2)
+        scan_case(rank, world, device, dtype, method="parallel")
+        scan_case(rank, world, device, dtype, method="parallel", with_initial=False, seed=4)
 
 
 def spawned(rank: int, world: int, init_file: str, dtypes: tuple[torch.dtype, ...]) -> None:
