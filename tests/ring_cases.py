@@ -68,6 +68,7 @@ def attention_case(
     nheads_k: int = 2,
     headdim: int = 16,
     softcap: float = 0.0,
+    window: tuple[int, int] = (-1, -1),
     seed: int = 0,
 ) -> None:
     """Ring attention's out, lse, dq, dk, dv on this rank's rows == the unsharded op's."""
@@ -85,7 +86,9 @@ def attention_case(
 
     # the float64 reference over the whole sequence (the NumPy float64 path)
     full = [t.clone().requires_grad_() for t in (q64, k64, v64)]
-    o_ref, lse_ref = fst.flash_attn_func(*full, causal=causal, softcap=softcap, return_lse=True)
+    o_ref, lse_ref = fst.flash_attn_func(
+        *full, causal=causal, softcap=softcap, window_size=window, return_lse=True
+    )
     o_ref.backward(do64)
     refs = {
         "out": o_ref,
@@ -98,7 +101,7 @@ def attention_case(
     def run(
         fn: Callable[..., Any], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor
     ) -> dict[str, torch.Tensor]:
-        o, lse = fn(q, k, v, causal=causal, softcap=softcap, return_lse=True)
+        o, lse = fn(q, k, v, causal=causal, softcap=softcap, window_size=window, return_lse=True)
         o.backward(do)
         return {"out": o, "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
@@ -112,7 +115,7 @@ def attention_case(
         b = run(fst.flash_attn_func, *whole, do64.to(device, dtype))
         base = {n: cut(t.detach(), rank, world, dim=2 if n == "lse" else 1) for n, t in b.items()}
     tol = {torch.float64: 1e-10, torch.float32: 1e-4}.get(dtype, 2e-3)
-    what = f"world={world} {layout} causal={causal} {dtype} softcap={softcap}"
+    what = f"world={world} {layout} causal={causal} {dtype} softcap={softcap} window={window}"
     for n, t in got.items():
         ref = cut(refs[n].detach(), rank, world, dim=2 if n == "lse" else 1)
         _check(f"{what} {n}", t.detach().cpu(), ref, tol, None if base is None else base[n].cpu())
@@ -235,6 +238,17 @@ def run_all(rank: int, world: int, device: str, dtypes: tuple[torch.dtype, ...])
     for dtype in dtypes:
         for causal, layout in ((False, "contiguous"), (True, "contiguous"), (True, "zigzag")):
             attention_case(rank, world, device, dtype, causal=causal, layout=layout)
+        # sliding windows across shard boundaries (48 rows: shards of 24 or 12, chunks of 6+)
+        for causal, layout, window in (
+            (True, "contiguous", (5, 0)),
+            (True, "zigzag", (13, 0)),
+            (False, "zigzag", (7, 3)),
+            (False, "contiguous", (-1, 0)),
+            (False, "contiguous", (0, 9)),
+        ):
+            attention_case(
+                rank, world, device, dtype, causal=causal, layout=layout, window=window, seed=11
+            )
         attention_case(
             rank,
             world,
