@@ -68,6 +68,7 @@ def attention_case(
     nheads_k: int = 2,
     headdim: int = 16,
     softcap: float = 0.0,
+    window: tuple[int, int] = (-1, -1),
     seed: int = 0,
 ) -> None:
     """Ring attention's out, lse, dq, dk, dv on this rank's rows == the unsharded op's."""
@@ -85,7 +86,9 @@ def attention_case(
 
     # the float64 reference over the whole sequence (the NumPy float64 path)
     full = [t.clone().requires_grad_() for t in (q64, k64, v64)]
-    o_ref, lse_ref = fst.flash_attn_func(*full, causal=causal, softcap=softcap, return_lse=True)
+    o_ref, lse_ref = fst.flash_attn_func(
+        *full, causal=causal, softcap=softcap, window_size=window, return_lse=True
+    )
     o_ref.backward(do64)
     refs = {
         "out": o_ref,
@@ -98,7 +101,7 @@ def attention_case(
     def run(
         fn: Callable[..., Any], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor
     ) -> dict[str, torch.Tensor]:
-        o, lse = fn(q, k, v, causal=causal, softcap=softcap, return_lse=True)
+        o, lse = fn(q, k, v, causal=causal, softcap=softcap, window_size=window, return_lse=True)
         o.backward(do)
         return {"out": o, "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
@@ -112,7 +115,7 @@ def attention_case(
         b = run(fst.flash_attn_func, *whole, do64.to(device, dtype))
         base = {n: cut(t.detach(), rank, world, dim=2 if n == "lse" else 1) for n, t in b.items()}
     tol = {torch.float64: 1e-10, torch.float32: 1e-4}.get(dtype, 2e-3)
-    what = f"world={world} {layout} causal={causal} {dtype} softcap={softcap}"
+    what = f"world={world} {layout} causal={causal} {dtype} softcap={softcap} window={window}"
     for n, t in got.items():
         ref = cut(refs[n].detach(), rank, world, dim=2 if n == "lse" else 1)
         _check(f"{what} {n}", t.detach().cpu(), ref, tol, None if base is None else base[n].cpu())
@@ -129,6 +132,7 @@ def scan_case(
     dstate: int = 5,
     seqlen: int = 24,
     with_initial: bool = True,
+    method: str = "serial",
     seed: int = 1,
 ) -> None:
     """The sharded scan's out, last state and gradients == the unsharded scan's."""
@@ -194,8 +198,10 @@ def scan_case(
         s = [cut(t).to(device, dt).contiguous().requires_grad_() for t, dt in zip(seq, dts)]
         p = [t.to(device, pdt).requires_grad_() for t in params]
         h = None if h0 is None else h0.to(device, pdt).requires_grad_()
-        fn = fsd.sharded_selective_scan if sharded else fst.selective_scan_fn
-        out, last = scan(fn, s, p, h)
+        if sharded:
+            out, last = scan(fsd.sharded_selective_scan, s, p, h, method=method)
+        else:
+            out, last = scan(fst.selective_scan_fn, s, p, h)
         loss = (out * cut(dout).to(device, dtype)).sum()
         if not sharded or rank == world - 1:  # only the true final state is used
             loss = loss + (last * dlast.to(device, pdt)).sum()
@@ -224,7 +230,7 @@ def scan_case(
             continue  # only rank 0 takes the initial state
         ref = local(refs[n]) if n in per_step else refs[n]
         b = None if base is None else (local(base[n]) if n in per_step else base[n])
-        _check(f"scan world={world} {dtype} {n}", t, ref, tol, b)
+        _check(f"scan {method} world={world} {dtype} {n}", t, ref, tol, b)
 
 
 def run_all(rank: int, world: int, device: str, dtypes: tuple[torch.dtype, ...]) -> None:
@@ -232,6 +238,17 @@ def run_all(rank: int, world: int, device: str, dtypes: tuple[torch.dtype, ...])
     for dtype in dtypes:
         for causal, layout in ((False, "contiguous"), (True, "contiguous"), (True, "zigzag")):
             attention_case(rank, world, device, dtype, causal=causal, layout=layout)
+        # sliding windows across shard boundaries (48 rows: shards of 24 or 12, chunks of 6+)
+        for causal, layout, window in (
+            (True, "contiguous", (5, 0)),
+            (True, "zigzag", (13, 0)),
+            (False, "zigzag", (7, 3)),
+            (False, "contiguous", (-1, 0)),
+            (False, "contiguous", (0, 9)),
+        ):
+            attention_case(
+                rank, world, device, dtype, causal=causal, layout=layout, window=window, seed=11
+            )
         attention_case(
             rank,
             world,
@@ -245,6 +262,8 @@ def run_all(rank: int, world: int, device: str, dtypes: tuple[torch.dtype, ...])
         )
         scan_case(rank, world, device, dtype)
         scan_case(rank, world, device, dtype, with_initial=False, seed=2)
+        scan_case(rank, world, device, dtype, method="parallel")
+        scan_case(rank, world, device, dtype, method="parallel", with_initial=False, seed=4)
 
 
 def spawned(rank: int, world: int, init_file: str, dtypes: tuple[torch.dtype, ...]) -> None:
@@ -263,10 +282,17 @@ def main() -> int:
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     rank, world = dist.get_rank(), dist.get_world_size()
+    # --quick: bfloat16 only, no long case (what runs under compute-sanitizer)
+    quick = "--quick" in sys.argv[1:]
     try:
-        run_all(rank, world, f"cuda:{local}", (torch.bfloat16, torch.float32))
+        run_all(
+            rank,
+            world,
+            f"cuda:{local}",
+            (torch.bfloat16,) if quick else (torch.bfloat16, torch.float32),
+        )
         # a longer sequence, hd128, through the real kernel tiles
-        for causal, layout in ((False, "contiguous"), (True, "zigzag")):
+        for causal, layout in () if quick else ((False, "contiguous"), (True, "zigzag")):
             attention_case(
                 rank,
                 world,

@@ -3,6 +3,7 @@
 # (default: info tests sanitize bench-quick) and leave logs under $OUT. Used through the device
 # tool, e.g.
 #   bash tools/gpu_check.sh precompile tests sanitize bench-quick base-bench-quick pack
+# On 2+ GPUs (nvidia-h200-x2): bash tools/gpu_check.sh info multi-gpu multi-gpu-sanitize pack
 # with `.dev/wheel` carried (`bash tools/build_wheel.sh`). Optional carried folders:
 #   .dev/pydeps      wheels the machine lacks (tools/fetch_pydeps.sh): transformers for the
 #                    tests-transformers and bench-transformers[-quick] stages
@@ -122,6 +123,16 @@ for stage in "${stages[@]}"; do
       ngpu="$(python3 -c 'import torch; print(torch.cuda.device_count())')"
       python3 -m torch.distributed.run --standalone --nproc-per-node "$ngpu" "$repo/benches/ring.py" \
         --out "$OUT/bench_ring" 2>&1 | grep -v '^W[0-9]' | tee "$OUT/bench_ring.log" | tail -30
+      ;;
+    multi-gpu-sanitize)
+      # ring attention and the sharded scan with rank 0 under compute-sanitizer memcheck (rank 1
+      # plain): the kernels on the ring's strided shard views, NCCL left alone on the other rank
+      export NCCL_NVLS_ENABLE=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 WORLD_SIZE=2
+      RANK=1 LOCAL_RANK=1 python3 "$repo/tests/ring_cases.py" --quick > "$OUT/sanitize_ring_rank1.log" 2>&1 &
+      RANK=0 LOCAL_RANK=0 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        python3 "$repo/tests/ring_cases.py" --quick 2>&1 | tee "$OUT/sanitize_ring_memcheck.log" | tail -8
+      echo "compute-sanitizer memcheck (ring, rank 0) exit: ${PIPESTATUS[0]}"
+      wait
       ;;
     bench-ssd)
       # Mamba-2 SSD forward vs mamba_ssm's Triton SSD (the checkout needs no build)

@@ -23,6 +23,9 @@ world blocks and rank 0 with one. With `layout="zigzag"` the sequence is cut int
 chunks and rank r holds chunks r and 2 * world - 1 - r (`zigzag_shard`), so every rank
 computes the same amount: its own two chunks causally, then per remote rank j either its queries
 against j's first chunk (j < r) or its second chunk of queries against all of j's (j > r).
+A sliding window (window_size) is solved per pair of position runs: the rows that see a key of
+the other run and the keys they see form a box, called with the window the box needs in the
+kernel's bottom-right aligned convention; pairs the window does not reach cost nothing.
 
 Sharded scan (`sharded_selective_scan`): the recurrence runs rank after rank; rank r receives
 the state after rank r - 1's shard, uses it as `initial_state`, and sends its own last state on;
@@ -40,7 +43,7 @@ from typing import Any
 
 import torch
 
-from ._backend import UnsupportedError
+from . import _checks
 
 __all__ = [
     "ring_flash_attn_func",
@@ -180,6 +183,56 @@ def _block(
     return slice(half, n), _ALL, -1, -1  # only our second chunk comes after both of src's
 
 
+def _segments(rank: int, world: int, layout: str, n: int) -> list[tuple[int, int, int]]:
+    """Rank `rank`'s shard as runs of consecutive global positions: (local start, global
+    start, length)."""
+    if layout == "contiguous":
+        return [(0, rank * n, n)]
+    c = n // 2
+    return [(0, rank * c, c), (c, (2 * world - 1 - rank) * c, c)]
+
+
+def _window_blocks(
+    rank: int, src: int, world: int, layout: str, n: int, wl: int, wr: int
+) -> list[tuple[slice, slice, int, int]]:
+    """The local calls of rank `rank`'s queries against rank `src`'s keys under the global
+    mask kp - qp in [-wl, wr] (-1: unbounded), one per pair of runs that has a visible pair:
+    the rows that see a key and the keys they see, as a tight box, and the window that box
+    needs in the kernel's bottom-right aligned convention (both edges come out >= 0: the
+    box's corner rows touch the band)."""
+    inf = float("inf")
+    lo = -wl if wl >= 0 else -inf
+    hi = wr if wr >= 0 else inf
+    calls = []
+    for qloc, qa, lq in _segments(rank, world, layout, n):
+        for kloc, ka, lk in _segments(src, world, layout, n):
+            # rows that see a key of [ka, ka + lk): ka - hi <= qp <= ka + lk - 1 - lo
+            q0 = int(max(qa, ka - hi))
+            q1 = int(min(qa + lq - 1, ka + lk - 1 - lo))
+            if q0 > q1:
+                continue
+            k0 = int(max(ka, q0 + lo))
+            k1 = int(min(ka + lk - 1, q1 + hi))
+            off = (k1 - k0) - (q1 - q0)  # seqlen_k - seqlen_q of the box
+            left = -1 if wl < 0 else off - int(lo) + k0 - q0
+            right = -1 if wr < 0 else int(hi) - (k0 - q0) - off
+            rows = slice(qloc + q0 - qa, qloc + q1 - qa + 1)
+            cols = slice(kloc + k0 - ka, kloc + k1 - ka + 1)
+            calls.append((rows, cols, left, right))
+    return calls
+
+
+def _blocks(
+    rank: int, src: int, world: int, causal: bool, layout: str, n: int, window: tuple[int, int]
+) -> list[tuple[slice, slice, int, int]]:
+    """Every local call of one ring step: without a sliding window the fixed cases of
+    `_block` (one call each), else the general boxes of `_window_blocks`."""
+    if window == (-1, 0 if causal else -1):
+        blk = _block(rank, src, world, causal, layout, n)
+        return [] if blk is None else [blk]
+    return _window_blocks(rank, src, world, layout, n, *window)
+
+
 def _lse_rows(lse: torch.Tensor, rows: slice) -> torch.Tensor:
     return lse if rows == _ALL else lse[:, :, rows]
 
@@ -228,6 +281,7 @@ class _RingAttention(torch.autograd.Function):
         causal: bool,
         layout: str,
         softcap: float,
+        window: tuple[int, int],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         attn_fwd, _ = _ops()
         b, n, h, d = q.shape
@@ -240,9 +294,9 @@ class _RingAttention(torch.autograd.Function):
             # the next shard is on its way while this one is computed
             reqs, incoming = ([], []) if last else ring.pass_on(kv, _KV_TAG)
             src = (ring.rank - step) % ring.world
-            blk = _block(ring.rank, src, ring.world, causal, layout, n)
-            if blk is not None:
-                rows, cols, wl, wr = blk
+            for rows, cols, wl, wr in _blocks(
+                ring.rank, src, ring.world, causal, layout, n, window
+            ):
                 o_b, lse_b = attn_fwd(
                     q[:, rows], kv[0][:, cols], kv[1][:, cols], scale, wl, wr, softcap, False
                 )
@@ -253,7 +307,7 @@ class _RingAttention(torch.autograd.Function):
         out = out.to(q.dtype)
         lse = lse.float() if q.dtype != torch.float64 else lse
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (ring, scale, causal, layout, softcap)
+        ctx.args = (ring, scale, causal, layout, softcap, window)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -261,7 +315,7 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx: Any, dout: torch.Tensor, _dlse: torch.Tensor) -> tuple[Any, ...]:
         _, attn_bwd = _ops()
         q, k, v, out, lse = ctx.saved_tensors
-        ring, scale, causal, layout, softcap = ctx.args
+        ring, scale, causal, layout, softcap, window = ctx.args
         n = q.shape[1]
         acc = _accum_dtype(q)
         dout = dout.contiguous()
@@ -275,11 +329,11 @@ class _RingAttention(torch.autograd.Function):
             last = step + 1 == ring.world
             kv_reqs, kv_in = ([], []) if last else ring.pass_on(kv, _KV_TAG)
             src = (ring.rank - step) % ring.world
-            blk = _block(ring.rank, src, ring.world, causal, layout, n)
-            grads = None
-            if blk is not None:
-                rows, cols, wl, wr = blk
-                grads = attn_bwd(
+            grads = []
+            for rows, cols, wl, wr in _blocks(
+                ring.rank, src, ring.world, causal, layout, n, window
+            ):
+                g = attn_bwd(
                     dout[:, rows],
                     q[:, rows],
                     kv[0][:, cols],
@@ -292,12 +346,12 @@ class _RingAttention(torch.autograd.Function):
                     softcap,
                     False,
                 )
+                grads.append((rows, cols, g))
             # the accumulators of this shard arrive from the previous rank (step 0: our own)
             _wait(dkv_reqs)
             if step > 0:
                 dkv = (dkv_in[0], dkv_in[1])
-            if grads is not None:
-                dq_b, dk_b, dv_b = grads
+            for rows, cols, (dq_b, dk_b, dv_b) in grads:
                 dq[:, rows] += dq_b
                 dkv[0][:, cols] += dk_b
                 dkv[1][:, cols] += dv_b
@@ -308,7 +362,7 @@ class _RingAttention(torch.autograd.Function):
         # after world_size passes our own shard's accumulators are home
         _wait(dkv_reqs)
         dk, dv = dkv_in
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), *([None] * 6)
 
 
 def ring_flash_attn_func(
@@ -331,8 +385,9 @@ def ring_flash_attn_func(
     seqlen_local, nheads_k, headdim), self-attention (the same positions for q and k);
     seqlen_local the same on every rank (even for layout="zigzag"). layout: "contiguous"
     (rank r holds rows [r * n, (r + 1) * n), `shard`) or "zigzag" (`zigzag_shard`: the same
-    causal work on every rank). causal, softmax_scale, softcap: as flash_attn_func, over global
-    positions. window_size: (-1, -1) only (sliding windows are not implemented here).
+    causal work on every rank). causal, softmax_scale, window_size, softcap: as flash_attn_func,
+    over global positions (a sliding window runs only the shard pairs it reaches, each as the
+    tight box of rows and keys it covers).
 
     Returns this rank's rows of out (like q) and with return_lse=True (out, lse), lse (batch,
     nheads, seqlen_local) float32 (float64 for float64 inputs). Every rank of the group must
@@ -354,14 +409,12 @@ def ring_flash_attn_func(
         raise ValueError(
             f"q: a zig-zag shard holds two equal chunks; seqlen_local {q.shape[1]} is odd"
         )
-    if tuple(window_size) != (-1, -1):
-        raise UnsupportedError(
-            f"window_size: {tuple(window_size)} is not supported by ring attention "
-            "(allowed: (-1, -1); use causal=True for a causal mask)"
-        )
+    window = _checks.window(window_size, bool(causal))
     scale = 1.0 / q.shape[-1] ** 0.5 if softmax_scale is None else float(softmax_scale)
     ring = _Ring(group)
-    out, lse = _RingAttention.apply(q, k, v, ring, scale, bool(causal), layout, float(softcap))
+    out, lse = _RingAttention.apply(
+        q, k, v, ring, scale, bool(causal), layout, float(softcap), window
+    )
     return (out, lse) if return_lse else out
 
 
@@ -451,6 +504,91 @@ class _ShardedScan(torch.autograd.Function):
         return (None, None, *full)
 
 
+class _AllGather(torch.autograd.Function):
+    """x of every rank, stacked (world, ...); the backward sums each slot's gradient over the
+    ranks (all_reduce) and keeps this rank's."""
+
+    @staticmethod
+    def forward(ctx: Any, ring: _Ring, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.ring = ring
+        x = x.contiguous()
+        if ring.world == 1:
+            return x.unsqueeze(0).clone()
+        parts = [torch.empty_like(x) for _ in range(ring.world)]
+        ring.dist.all_gather(parts, x, group=ring.group)
+        return torch.stack(parts)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[None, torch.Tensor]:
+        ring = ctx.ring
+        g = g.contiguous().clone()
+        if ring.world > 1:
+            ring.dist.all_reduce(g, group=ring.group)
+        return None, g[ring.rank]
+
+
+def _parallel_scan(
+    ring: _Ring,
+    args: tuple[Any, ...],
+    delta_softplus: bool,
+    initial_state: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scan is linear in its state and A is diagonal: the state after a shard is
+    decay * (state before) + (the shard's last state from zero), decay = exp(A * sum_t dt) per
+    (batch, channel, state). Every rank computes its own (last state, decay) at once (rank 0
+    from the initial state, the others from zero), all-gathers them, folds ranks 0..r-1 into
+    its initial state, and scans again from it (rank 0's first scan is already final).
+    Differentiable end to end (autograd through the scans, the fold and the all-gather)."""
+    from .torch import selective_scan_fn
+
+    u, delta, A, B, C, D, z, delta_bias = args
+    acc = torch.float64 if u.dtype == torch.float64 else torch.float32
+    first = ring.rank == 0
+    # the shard's last state from a zero state; on rank 0 from the true initial state, which
+    # makes its scan final (the others leave out D and z, which do not touch the state)
+    out, last = selective_scan_fn(
+        u,
+        delta,
+        A,
+        B,
+        C,
+        D if first else None,
+        z if first else None,
+        delta_bias,
+        delta_softplus,
+        return_last_state=True,
+        initial_state=initial_state if first else None,
+    )
+    dt = delta.to(acc)
+    if delta_bias is not None:
+        dt = dt + delta_bias.to(acc)[:, None]
+    if delta_softplus:
+        dt = torch.nn.functional.softplus(dt)  # threshold 20, as the kernels and references
+    decay = torch.exp(A.to(acc)[None] * dt.sum(-1)[..., None])
+    gathered = _AllGather.apply(ring, torch.stack([last.to(acc), decay]))
+    # every rank's backward must reach the all-gather (its all_reduce is collective), rank 0's
+    # too, whose result depends on no other rank: an empty slice ties it in, adding 0
+    tie = gathered[..., :0].sum()
+    if first:  # tied into out, which every loss uses (the last state only on the last rank)
+        return out + tie.to(out.dtype), last + tie
+    state = gathered[0, 0]
+    for j in range(1, ring.rank):
+        state = gathered[j, 1] * state + gathered[j, 0]
+    return selective_scan_fn(  # type: ignore[return-value]
+        u,
+        delta,
+        A,
+        B,
+        C,
+        D,
+        z,
+        delta_bias,
+        delta_softplus,
+        return_last_state=True,
+        initial_state=state + tie,
+    )
+
+
 def sharded_selective_scan(
     u: torch.Tensor,
     delta: torch.Tensor,
@@ -464,6 +602,7 @@ def sharded_selective_scan(
     return_last_state: bool = False,
     initial_state: torch.Tensor | None = None,
     group: Any = None,
+    method: str = "serial",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """`flashscan.selective_scan_fn` over a sequence split across the ranks of `group` (rank
     r holds time steps [r * n, (r + 1) * n): `shard(x, rank, world, dim=-1)`), differentiable.
@@ -474,6 +613,11 @@ def sharded_selective_scan(
     Returns this rank's out, and with return_last_state=True (out, last_state): the state after
     this rank's shard (on the last rank, the state after the whole sequence). Gradients of
     the parameters are each rank's share: sum them over the group as data parallelism does.
+
+    method: "serial" passes the state rank to rank (one scan per rank, the ranks one after
+    another); "parallel" scans every shard at once from a zero state, all-gathers each shard's
+    last state and decay exp(A * sum(dt)), folds them into each rank's true initial state, and
+    scans again from it (two scans per rank, all ranks at once: faster from 3 ranks up).
     """
     for name, t in (("u", u), ("delta", delta), ("A", A), ("B", B), ("C", C)):
         if not isinstance(t, torch.Tensor):
@@ -482,7 +626,17 @@ def sharded_selective_scan(
         raise ValueError(
             f"u, A: expected u (batch, dim, seqlen) and A (dim, dstate), got {u.shape}, {A.shape}"
         )
+    if method not in ("serial", "parallel"):
+        raise ValueError(f"method: {method!r} is not one of ('serial', 'parallel')")
     ring = _Ring(group)
+    if method == "parallel":
+        out, last = _parallel_scan(
+            ring,
+            (u, delta, A, B, C, D, z, delta_bias),
+            bool(delta_softplus),
+            initial_state if ring.rank == 0 else None,
+        )
+        return (out, last) if return_last_state else out
     out, last = _ShardedScan.apply(
         ring,
         bool(delta_softplus),
