@@ -41,9 +41,11 @@
 //
 // Varlen (FS_VARLEN=1, flash_attn_varlen_func): q / o / dout / dq are (total_q, nheads, hd) and
 // k / v / dk / dv (total_k, nheads_k, hd), sequence b's rows [cu_seqlens[b], cu_seqlens[b+1]); the
-// lse is (nheads, total_q). Every entry first turns the packed parameters into its sequence's dense
-// ones (sequence_params: row bounds clamped into [0, total], the query length to max_seqlen_q,
-// base pointers moved to the sequence's first row), so the algorithm below is unchanged; the
+// lse is (nheads, total_q). The two small passes first turn the packed parameters into their
+// sequence's dense ones (sequence_params: row bounds clamped into [0, total], the query length to
+// max_seqlen_q, base pointers moved to the sequence's first row); the main kernel keeps the same
+// bounds (sequence_rows) in spare shared memory and reads them where used (the FB_* macros; they
+// expand to the dense code's own locals in the dense build), so the algorithm is unchanged; the
 // launcher passes batch strides 0 and seqlen_q / seqlen_k as the maxima, and the scratch keeps its
 // (batch, nheads, seqlen_q_pad) layout with seqlen_q_pad from max_seqlen_q. CTAs with no rows of
 // their sequence to do fall through their loops. The dense build's struct and code are untouched.
@@ -147,16 +149,28 @@ __device__ __forceinline__ float dot_chunk(uint4 x, uint4 y) {
 #if FS_VARLEN
 __device__ __forceinline__ int clamp_row(int x, int total) { return min(max(x, 0), total); }
 
+// Sequence b's rows of a packed (varlen) call: bounds clamped into [0, total], at most
+// max_seqlen_q (= pk.seqlen_q) queries: the scratch holds seqlen_q_pad >= max_seqlen_q rows per
+// sequence.
+struct SeqRows {
+    int q0, len_q, k0, len_k;
+};
+__device__ __forceinline__ SeqRows sequence_rows(const FlashBwdParams& pk, int b) {
+    SeqRows r;
+    r.q0 = clamp_row(pk.cu_seqlens_q[b], pk.total_q);
+    r.len_q = min(max(clamp_row(pk.cu_seqlens_q[b + 1], pk.total_q) - r.q0, 0), pk.seqlen_q);
+    r.k0 = clamp_row(pk.cu_seqlens_k[b], pk.total_k);
+    r.len_k = max(clamp_row(pk.cu_seqlens_k[b + 1], pk.total_k) - r.k0, 0);
+    return r;
+}
+
 // Sequence b of a packed (varlen) call as a dense problem of batch 1 at its own rows.
 __device__ __forceinline__ FlashBwdParams sequence_params(const FlashBwdParams& pk, int b) {
     FlashBwdParams p = pk;
-    const int q0 = clamp_row(pk.cu_seqlens_q[b], pk.total_q);
-    const int q1 = clamp_row(pk.cu_seqlens_q[b + 1], pk.total_q);
-    const int k0 = clamp_row(pk.cu_seqlens_k[b], pk.total_k);
-    const int k1 = clamp_row(pk.cu_seqlens_k[b + 1], pk.total_k);
-    // The scratch holds seqlen_q_pad >= max_seqlen_q rows per sequence: never more queries.
-    p.seqlen_q = min(max(q1 - q0, 0), pk.seqlen_q);
-    p.seqlen_k = max(k1 - k0, 0);
+    const SeqRows r = sequence_rows(pk, b);
+    const int q0 = r.q0, k0 = r.k0;
+    p.seqlen_q = r.len_q;
+    p.seqlen_k = r.len_k;
     const long long qr = q0, kr = k0;
     p.q = static_cast<const char*>(pk.q) + qr * pk.q_row_stride * kElemBytes;
     p.o = static_cast<const char*>(pk.o) + qr * pk.o_row_stride * kElemBytes;
@@ -322,9 +336,8 @@ __device__ __forceinline__ void load_rows(u32 dst, const char* src, long long ro
 // grid = (n_kv_blocks, or nsplit when deterministic; nheads_k * DSPLIT; batch),
 // block = NWARPS * 32, dynamic smem = kSmemBytes.
 extern "C" __global__ void __launch_bounds__(fb::kNThreads, FS_MIN_BLOCKS)
-flash_bwd_kernel(FS_BWD_PARAMS) {
+flash_bwd_kernel(const FlashBwdParams p) {
     using namespace fb;
-    FS_BWD_SEQUENCE;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const u32 s_base = smem_u32(smem_raw);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -332,9 +345,39 @@ flash_bwd_kernel(FS_BWD_PARAMS) {
     const int hk = blockIdx.y / kDSplit, ds = blockIdx.y % kDSplit;
     const int b = blockIdx.z;
     const int group = p.nheads / p.nheads_k;
+#if FS_VARLEN
+    // This CTA's sequence (sequence_rows), kept in the 16 padding bytes of the K tile's
+    // first shared-memory row, which nothing else reads or writes, and read there where used: the
+    // 255-register tiles have no register to hold them across the loops. b still indexes the
+    // scratch, laid out per sequence.
+    int* const s_seq = reinterpret_cast<int*>(smem_raw + kKOff + kHeadDim * kElemBytes);
+    {
+        const SeqRows r = sequence_rows(p, b);
+        if (tid == 0) {  // (written before the barrier below, read only after it)
+            s_seq[0] = r.q0;
+            s_seq[1] = r.len_q;
+            s_seq[2] = r.k0;
+            s_seq[3] = r.len_k;
+        }
+        __syncthreads();
+    }
+#define FB_SEQLEN_Q (s_seq[1])
+#define FB_SEQLEN_K (s_seq[3])
+#define FB_DIAG (s_seq[3] - s_seq[1])
+#define FB_N_TILES ((s_seq[3] + kBlockN - 1) / kBlockN)
+#define FB_QROWS(batch_stride, row_stride) ((long long)s_seq[0] * (row_stride))
+#define FB_KROWS(batch_stride, row_stride) ((long long)s_seq[2] * (row_stride))
+#else
     const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
     const int diag = seqlen_k - seqlen_q;  // bottom-right alignment: query i sits at key i + diag
     const int n_tiles = (seqlen_k + kBlockN - 1) / kBlockN;
+#define FB_SEQLEN_Q seqlen_q
+#define FB_SEQLEN_K seqlen_k
+#define FB_DIAG diag
+#define FB_N_TILES n_tiles
+#define FB_QROWS(batch_stride, row_stride) (long long)b * (batch_stride)
+#define FB_KROWS(batch_stride, row_stride) (long long)b * (batch_stride)
+#endif
     const int col0 = ds * kDOut;            // first head-dim column this CTA writes
 
     const ScoreScale scale = score_scale<FS_HAS_SOFTCAP>(p.softmax_scale, p.softcap);
@@ -352,17 +395,17 @@ flash_bwd_kernel(FS_BWD_PARAMS) {
     (void)bt_lane;
     (void)sS;
 
-    for (int n = blockIdx.x; n < n_tiles; n += gridDim.x) {
+    for (int n = blockIdx.x; n < FB_N_TILES; n += gridDim.x) {
         const int n0 = n * kBlockN;
-        const int keys = min(kBlockN, seqlen_k - n0);
-        int m_begin = 0, m_end = (seqlen_q + kBlockM - 1) / kBlockM;
+        const int keys = min(kBlockN, FB_SEQLEN_K - n0);
+        int m_begin = 0, m_end = (FB_SEQLEN_Q + kBlockM - 1) / kBlockM;
 #if FS_HAS_MASK
         if (p.window_right >= 0) {  // query i sees key j only if j <= i + diag + right
-            const long long lo = (long long)n0 - diag - p.window_right;
+            const long long lo = (long long)n0 - FB_DIAG - p.window_right;
             if (lo > 0) m_begin = (int)min(lo / kBlockM, (long long)m_end);
         }
         if (p.window_left >= 0) {  // ... and j >= i + diag - left
-            const long long hi = (long long)n0 + keys - 1 - diag + p.window_left;
+            const long long hi = (long long)n0 + keys - 1 - FB_DIAG + p.window_left;
             m_end = hi < 0 ? 0 : (int)min(hi / kBlockM + 1, (long long)m_end);
         }
 #endif
@@ -377,15 +420,15 @@ flash_bwd_kernel(FS_BWD_PARAMS) {
         auto load_q = [&](int it, int st) {
             const int hq = hk * group + it / nm;
             const int m0 = (m_begin + it % nm) * kBlockM;
-            const long long qoff = (long long)b * p.q_batch_stride + (long long)m0 * p.q_row_stride +
+            const long long qoff = FB_QROWS(p.q_batch_stride, p.q_row_stride) + (long long)m0 * p.q_row_stride +
                                    (long long)hq * p.q_head_stride;
-            const long long dooff = (long long)b * p.do_batch_stride + (long long)m0 * p.do_row_stride +
+            const long long dooff = FB_QROWS(p.do_batch_stride, p.do_row_stride) + (long long)m0 * p.do_row_stride +
                                     (long long)hq * p.do_head_stride;
             const u32 sQ = s_base + kQOff + st * 2 * kQBytes;
             load_rows<kBlockM>(sQ, static_cast<const char*>(p.q) + qoff * kElemBytes, p.q_row_stride,
-                               seqlen_q - m0, p.head_dim);
+                               FB_SEQLEN_Q - m0, p.head_dim);
             load_rows<kBlockM>(sQ + kQBytes, static_cast<const char*>(p.dout) + dooff * kElemBytes,
-                               p.do_row_stride, seqlen_q - m0, p.head_dim);
+                               p.do_row_stride, FB_SEQLEN_Q - m0, p.head_dim);
             const long long roff = ((long long)b * p.nheads + hq) * p.seqlen_q_pad + m0;
             const u32 sL = s_base + kLOff + st * 2 * kBlockM * 4;
             if (tid < kBlockM / 4) cp_async16(sL + tid * 16, p.lse_log2 + roff + tid * 4, true);
@@ -395,9 +438,9 @@ flash_bwd_kernel(FS_BWD_PARAMS) {
         };
 
         if (n_iters > 0) {
-            const long long koff = (long long)b * p.k_batch_stride + (long long)n0 * p.k_row_stride +
+            const long long koff = FB_KROWS(p.k_batch_stride, p.k_row_stride) + (long long)n0 * p.k_row_stride +
                                    (long long)hk * p.k_head_stride;
-            const long long voff = (long long)b * p.v_batch_stride + (long long)n0 * p.v_row_stride +
+            const long long voff = FB_KROWS(p.v_batch_stride, p.v_row_stride) + (long long)n0 * p.v_row_stride +
                                    (long long)hk * p.v_head_stride;
             load_rows<kBlockN>(sK, static_cast<const char*>(p.k) + koff * kElemBytes, p.k_row_stride, keys,
                                p.head_dim);
@@ -484,16 +527,16 @@ flash_bwd_kernel(FS_BWD_PARAMS) {
             }
 
             // ---- mask: only blocks crossing seqlen_k or a window edge ----
-            bool need_mask = n0 + kBlockN > seqlen_k;
+            bool need_mask = n0 + kBlockN > FB_SEQLEN_K;
 #if FS_HAS_MASK
-            if (p.window_right >= 0 && n0 + kBlockN - 1 - (m0 + diag) > p.window_right) need_mask = true;
-            if (p.window_left >= 0 && n0 - (m0 + kBlockM - 1 + diag) < -p.window_left) need_mask = true;
+            if (p.window_right >= 0 && n0 + kBlockN - 1 - (m0 + FB_DIAG) > p.window_right) need_mask = true;
+            if (p.window_left >= 0 && n0 - (m0 + kBlockM - 1 + FB_DIAG) < -p.window_left) need_mask = true;
 #endif
             if (need_mask) {
                 const int rel_lo = (FS_HAS_MASK && p.window_left >= 0) ? -p.window_left : -0x7fffffff;
                 const int rel_hi = (FS_HAS_MASK && p.window_right >= 0) ? p.window_right : 0x7fffffff;
                 const int key0 = n0 + warp * kWK + g;
-                const int qd0 = m0 + 2 * t + diag;
+                const int qd0 = m0 + 2 * t + FB_DIAG;
 #pragma unroll
                 for (int km = 0; km < kWMT; ++km)
 #pragma unroll
@@ -502,7 +545,7 @@ flash_bwd_kernel(FS_BWD_PARAMS) {
                         for (int e = 0; e < 4; ++e) {
                             const int key = key0 + 16 * km + 8 * (e >> 1);
                             const int rel = key - (qd0 + 8 * j + (e & 1));
-                            if (key >= seqlen_k || rel < rel_lo || rel > rel_hi) {
+                            if (key >= FB_SEQLEN_K || rel < rel_lo || rel > rel_hi) {
                                 acc_s[km][j][e] = 0.0f;
                                 acc_dp[km][j][e] = 0.0f;
                             }
@@ -688,9 +731,9 @@ flash_bwd_kernel(FS_BWD_PARAMS) {
         __syncthreads();
         {
             constexpr int kCpr = kDOut * kElemBytes / 16;  // chunks per output row slice
-            char* dk = static_cast<char*>(p.dk) + ((long long)b * p.dk_batch_stride + (long long)n0 * p.dk_row_stride +
+            char* dk = static_cast<char*>(p.dk) + (FB_KROWS(p.dk_batch_stride, p.dk_row_stride) + (long long)n0 * p.dk_row_stride +
                                                   (long long)hk * p.dk_head_stride + col0) * kElemBytes;
-            char* dv = static_cast<char*>(p.dv) + ((long long)b * p.dv_batch_stride + (long long)n0 * p.dv_row_stride +
+            char* dv = static_cast<char*>(p.dv) + (FB_KROWS(p.dv_batch_stride, p.dv_row_stride) + (long long)n0 * p.dv_row_stride +
                                                   (long long)hk * p.dv_head_stride + col0) * kElemBytes;
             for (int i = tid; i < kBlockN * kCpr; i += kNThreads) {
                 const int r = i / kCpr, c = i % kCpr;
@@ -705,4 +748,10 @@ flash_bwd_kernel(FS_BWD_PARAMS) {
         __syncthreads();  // the staging tiles are free before the next kv block loads into them
     }
 }
+#undef FB_SEQLEN_Q
+#undef FB_SEQLEN_K
+#undef FB_DIAG
+#undef FB_N_TILES
+#undef FB_QROWS
+#undef FB_KROWS
 #endif  // !FS_AUX_ONLY

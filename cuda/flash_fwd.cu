@@ -36,12 +36,14 @@
 //
 // Varlen (FS_VARLEN=1, flash_attn_varlen_func): q / o are (total_q, nheads, hd) and k / v
 // (total_k, nheads_k, hd), packed sequences whose row ranges are [cu_seqlens[b], cu_seqlens[b+1]).
-// The grid is (ceil(max_seqlen_q / BLOCK_M), nheads, batch); each CTA reads its sequence's rows
-// from cu_seqlens_q / cu_seqlens_k (clamped into [0, total], so bad values never index out of
-// bounds), shifts the base pointers to the sequence's first row and runs the dense algorithm
-// with the sequence's own lengths (masks aligned bottom-right per sequence); CTAs past the
-// sequence's end exit. The launcher passes batch strides 0 and the seqlen fields as the maxima.
-// The LSE is (nheads, total_q). The dense build's struct and code are untouched.
+// The grid is (ceil(max_seqlen_q / BLOCK_M), nheads, batch); each CTA runs the dense algorithm on
+// its sequence's rows, whose bounds it reads once from cu_seqlens_q / cu_seqlens_k (clamped into
+// [0, total], so bad values never index out of bounds) into spare shared memory (the padding of
+// the Q tile's first row: they cost the 255-register tiles no register), with the sequence's own
+// lengths (masks aligned
+// bottom-right per sequence); CTAs past the sequence's end exit. The launcher passes batch
+// strides 0 and the seqlen fields as the maxima. The LSE is (nheads, total_q). The dense build's
+// struct and code are untouched (the FF_SEQLEN_* macros expand to the params' fields there).
 //
 // The prelude defines FS_HEAD_DIM, FS_DTYPE, FS_BLOCK_M, FS_BLOCK_N, FS_NWARPS, FS_HAS_MASK,
 // FS_HAS_SOFTCAP, FS_PAD_HEADDIM, FS_ARCH and optionally FS_KV_STAGES (default 2),
@@ -215,30 +217,8 @@ __device__ __forceinline__ int clamp_row(int x, int total) { return min(max(x, 0
 // grid = (ceil(seqlen_q / BLOCK_M), nheads, batch), block = NWARPS * 32, dynamic smem = kSmemBytes
 // (varlen: seqlen_q = max_seqlen_q).
 extern "C" __global__ void __launch_bounds__(ff::kNThreads, FS_MIN_BLOCKS)
-#if FS_VARLEN
-flash_fwd_kernel(const FlashFwdParams p_packed) {
-    using namespace ff;
-    // This sequence's rows: the dense problem it is, with lengths and bases of its own.
-    FlashFwdParams p = p_packed;
-    {
-        const int b = blockIdx.z;
-        const int q0 = clamp_row(p.cu_seqlens_q[b], p.total_q);
-        const int q1 = clamp_row(p.cu_seqlens_q[b + 1], p.total_q);
-        const int k0 = clamp_row(p.cu_seqlens_k[b], p.total_k);
-        const int k1 = clamp_row(p.cu_seqlens_k[b + 1], p.total_k);
-        p.seqlen_q = min(max(q1 - q0, 0), p_packed.seqlen_q);  // the grid covers max_seqlen_q rows
-        p.seqlen_k = max(k1 - k0, 0);
-        p.q = static_cast<const char*>(p.q) + (long long)q0 * p.q_row_stride * kElemBytes;
-        p.o = static_cast<char*>(p.o) + (long long)q0 * p.o_row_stride * kElemBytes;
-        p.k = static_cast<const char*>(p.k) + (long long)k0 * p.k_row_stride * kElemBytes;
-        p.v = static_cast<const char*>(p.v) + (long long)k0 * p.v_row_stride * kElemBytes;
-        if (p.lse) p.lse += q0;
-        p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = 0;
-    }
-#else
 flash_fwd_kernel(const FlashFwdParams p) {
     using namespace ff;
-#endif
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const u32 s_base = smem_u32(smem_raw);
     const u32 sQ = s_base;
@@ -255,19 +235,59 @@ flash_fwd_kernel(const FlashFwdParams p) {
     const int batch = blockIdx.z;
     const int m0 = m_block * kBlockM;
 #if FS_VARLEN
-    if (m0 >= p.seqlen_q) return;  // past this sequence's end (uniform over the CTA)
+    // This CTA's sequence: row bounds from cu_seqlens, clamped into [0, total] so that bad values
+    // never reach outside q, k, v, o or lse, at most max_seqlen_q (= p.seqlen_q) queries (the
+    // grid covers no more). They are kept in the 16 padding bytes of the Q tile's first
+    // shared-memory row (which nothing else reads or writes) and read there where used: the
+    // 255-register tiles have no register to hold them across the main loop.
+    int* const s_seq = reinterpret_cast<int*>(smem_raw + kHeadDim * kElemBytes);
+    {
+        const int b = blockIdx.z;
+        const int q0 = clamp_row(p.cu_seqlens_q[b], p.total_q);
+        const int len_q = min(max(clamp_row(p.cu_seqlens_q[b + 1], p.total_q) - q0, 0), p.seqlen_q);
+        if (m0 >= len_q) return;  // past this sequence's end (uniform over the CTA)
+        const int k0 = clamp_row(p.cu_seqlens_k[b], p.total_k);
+        const int len_k = max(clamp_row(p.cu_seqlens_k[b + 1], p.total_k) - k0, 0);
+        if (tid == 0) {  // (written before the barrier below, read only after it)
+            s_seq[0] = q0;
+            s_seq[1] = len_q;
+            s_seq[2] = k0;
+            s_seq[3] = len_k;
+        }
+        __syncthreads();
+    }
+    auto q_row0 = [&](int) { return s_seq[0]; };
+    auto k_row0 = [&](int) { return s_seq[2]; };
+#define FF_SEQLEN_Q(salt) (s_seq[1])
+#define FF_SEQLEN_K(salt) (s_seq[3])
+#else
+#define FF_SEQLEN_Q(salt) p.seqlen_q
+#define FF_SEQLEN_K(salt) p.seqlen_k
 #endif
-    const int rows_q = min(kBlockM, p.seqlen_q - m0);
-    const int seqlen_k = p.seqlen_k;
+    const int rows_q = min(kBlockM, FF_SEQLEN_Q(0) - m0);
+    const int seqlen_k = FF_SEQLEN_K(0);
     const int head_dim = p.head_dim;
-    const long long diag = (long long)seqlen_k - p.seqlen_q;  // bottom-right alignment offset
+    const long long diag = (long long)seqlen_k - FF_SEQLEN_Q(0);  // bottom-right alignment offset
     const ThreadChunk tc = thread_chunk(head_dim, 0);
 
     const char* q_ptr = static_cast<const char*>(p.q) +
                         ((long long)batch * p.q_batch_stride + (long long)head * p.q_head_stride) *
                             kElemBytes +
                         (long long)m0 * p.q_row_stride * kElemBytes;
+#if FS_VARLEN
+    q_ptr += (long long)q_row0(0) * p.q_row_stride * kElemBytes;
+#endif
     // K / V head base addresses, recomputed at every tile load (see opaque).
+#if FS_VARLEN
+    // varlen: the sequence's first key row in place of the batch offset
+    auto kv_head_base = [&](const void* base, long long row_stride, long long head_stride, int salt) {
+        const long long r = k_row0(salt);
+        const int hk = opaque((int)blockIdx.y, salt) / (p.nheads / p.nheads_k);
+        return static_cast<const char*>(base) + (r * row_stride + (long long)hk * head_stride) * kElemBytes;
+    };
+    auto k_base = [&](int salt) { return kv_head_base(p.k, p.k_row_stride, p.k_head_stride, salt); };
+    auto v_base = [&](int salt) { return kv_head_base(p.v, p.v_row_stride, p.v_head_stride, salt); };
+#else
     auto kv_head_base = [&](const void* base, long long batch_stride, long long head_stride, int salt) {
         const int b = opaque((int)blockIdx.z, salt);
         const int hk = opaque((int)blockIdx.y, salt) / (p.nheads / p.nheads_k);
@@ -275,20 +295,28 @@ flash_fwd_kernel(const FlashFwdParams p) {
     };
     auto k_base = [&](int salt) { return kv_head_base(p.k, p.k_batch_stride, p.k_head_stride, salt); };
     auto v_base = [&](int salt) { return kv_head_base(p.v, p.v_batch_stride, p.v_head_stride, salt); };
+#endif
     // Output and LSE addresses are recomputed from the parameters where they are used (the
     // parameters live in constant memory), so they hold no registers across the main loop.
+#if FS_VARLEN
+    // (salt -1: read again where used, after the main loop)
+    auto out_tile = [&]() -> char* {
+        return static_cast<char*>(p.o) + ((long long)head * p.o_head_stride +
+                                          ((long long)q_row0(-1) + m0) * p.o_row_stride) * kElemBytes;
+    };
+    auto lse_tile = [&]() -> float* {  // (nheads, total_q)
+        return p.lse + (long long)head * p.total_q + q_row0(-1) + m0;
+    };
+#else
     auto out_tile = [&]() -> char* {
         return static_cast<char*>(p.o) +
                ((long long)batch * p.o_batch_stride + (long long)head * p.o_head_stride +
                 (long long)m0 * p.o_row_stride) * kElemBytes;
     };
     auto lse_tile = [&]() -> float* {
-#if FS_VARLEN
-        return p.lse + (long long)head * p.total_q + m0;  // (nheads, total_q), p.lse at the sequence
-#else
         return p.lse + ((long long)batch * p.nheads + head) * p.seqlen_q + m0;
-#endif
     };
+#endif
 
     // ---- KV tiles that hold at least one visible key for some row of this block ----
     const int n_tiles = (seqlen_k + kBlockN - 1) / kBlockN;
@@ -397,7 +425,7 @@ flash_fwd_kernel(const FlashFwdParams p) {
         } else {
             cp_async_wait<0>();  // K(n) landed
             __syncthreads();     // all warps are done with V(n+1)
-            load_tile<kBlockN, true>(sV, v_base(n), p.v_row_stride, n0, seqlen_k - n0, thread_chunk(head_dim, n));
+            load_tile<kBlockN, true>(sV, v_base(n), p.v_row_stride, n0, FF_SEQLEN_K(n) - n0, thread_chunk(head_dim, n));
             cp_async_commit();
         }
 
@@ -451,10 +479,10 @@ flash_fwd_kernel(const FlashFwdParams p) {
 
         // ---- mask: only tiles that cross seqlen_k or a window edge for some row of the block ----
         // Key j is visible to query i iff j < seqlen_k and -window_left <= j - (i + diag) <= window_right.
-        bool need_mask = n0 + kBlockN > p.seqlen_k;
+        bool need_mask = n0 + kBlockN > FF_SEQLEN_K(n);
 #if FS_HAS_MASK
         {
-            const long long m0_diag = (long long)block_m0(n) + p.seqlen_k - p.seqlen_q;
+            const long long m0_diag = (long long)block_m0(n) + FF_SEQLEN_K(n) - FF_SEQLEN_Q(n);
             if (p.window_left >= 0 && n0 < m0_diag + kBlockM - 1 - p.window_left) need_mask = true;
             if (p.window_right >= 0 && n0 + kBlockN - 1 > m0_diag + p.window_right) need_mask = true;
         }
@@ -465,7 +493,7 @@ flash_fwd_kernel(const FlashFwdParams p) {
             const int lane_n = opaque((int)threadIdx.x, n) & 31;
             // i + diag for this thread's first row (row slot 2 * mt + h adds 16 * mt + 8 * h)
             const int row_diag = block_m0(n) + (opaque((int)threadIdx.x, n) >> 5) * kWarpM + (lane_n >> 2) +
-                                 (p.seqlen_k - p.seqlen_q);
+                                 (FF_SEQLEN_K(n) - FF_SEQLEN_Q(n));
             const int col0 = n0 + 2 * (lane_n & 3);
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt)
@@ -475,7 +503,7 @@ flash_fwd_kernel(const FlashFwdParams p) {
                     for (int e = 0; e < 4; ++e) {
                         const int col = col0 + j * 8 + (e & 1);
                         const int rel = col - (row_diag + 16 * mt + 8 * (e >> 1));
-                        if (col >= p.seqlen_k || rel < rel_lo || rel > rel_hi) acc_s[mt][j][e] = neg_inf();
+                        if (col >= FF_SEQLEN_K(n) || rel < rel_lo || rel > rel_hi) acc_s[mt][j][e] = neg_inf();
                     }
         }
 
@@ -600,3 +628,5 @@ flash_fwd_kernel(const FlashFwdParams p) {
     __syncthreads();
     store_tile(out_tile(), p.o_row_stride * kElemBytes, smem_raw, rows_q, thread_chunk(head_dim, n));
 }
+#undef FF_SEQLEN_Q
+#undef FF_SEQLEN_K

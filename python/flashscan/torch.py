@@ -576,6 +576,9 @@ def _varlen_bwd_impl(
     deterministic: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of the packed attention."""
+    if q.shape[0] == 0 or k.shape[0] == 0 or len(cu_seqlens_q) < 2:
+        # nothing attends (the forward ran the reference): every gradient is 0
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     if _on_gpu(q, "flash_attn_varlen_bwd"):
         dout = _dense(dout)
         dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
