@@ -577,8 +577,21 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_dw_reduce(c
   if (idx >= p.dim * (kW + 1)) return;
   const i64 c = idx / (kW + 1);
   const int k = (int)(idx % (kW + 1));
+  // 8 independent sums (8 loads in flight per thread: the channel-last backward makes
+  // batch * seqlen / 128 parts), added in a fixed order at the end: deterministic
+  const i64 stride = p.dim * (kW + 1);
+  float acc[8];
+#pragma unroll
+  for (int u = 0; u < 8; ++u) acc[u] = 0.f;
+  i64 part = 0;
+  for (; part + 8 <= p.nparts; part += 8) {
+#pragma unroll
+    for (int u = 0; u < 8; ++u) acc[u] += p.partials[(part + u) * stride + idx];
+  }
+  for (; part < p.nparts; ++part) acc[0] += p.partials[part * stride + idx];
   float s = 0.f;
-  for (i64 part = 0; part < p.nparts; ++part) s += p.partials[part * p.dim * (kW + 1) + idx];
+#pragma unroll
+  for (int u = 0; u < 8; ++u) s += acc[u];
   if (k < kW) st_f32<WDT>(p.dweight, c * p.dw_s[0] + k * p.dw_s[1], s);
   else if (p.dbias != nullptr) st_f32<WDT>(p.dbias, c * p.dbias_s, s);
 }
