@@ -30,10 +30,17 @@
 //   FS_DTYPE    x / out / states / dout / dx dtype: 0 = fp16, 1 = bf16, 2 = fp32
 //   FS_W_DTYPE  weight / bias / dweight / dbias dtype (FS_DTYPE or fp32)
 //   FS_WIDTH    the kernel width W, 2..4
+//   FS_ENTRY    which entry this translation unit holds (0 fwd_cf, 1 fwd_cl, 2 bwd_cf, 3 bwd_cl,
+//               4 dw_reduce, 5 update; -1 or absent: all): a variant compiles only its own kernel
 
 #if !defined(FS_DTYPE) || !defined(FS_W_DTYPE) || !defined(FS_WIDTH)
 #error "the host prelude must define FS_DTYPE, FS_W_DTYPE and FS_WIDTH"
 #endif
+
+#ifndef FS_ENTRY
+#define FS_ENTRY -1
+#endif
+#define FS_HAS_ENTRY(n) (FS_ENTRY < 0 || FS_ENTRY == (n))
 
 #include "common/copy.cuh"
 #include "common/math.cuh"
@@ -79,7 +86,9 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kItems = 2 * kVec;          // channel-first: positions per thread
 constexpr int kChunk = kThreads * kItems; // channel-first: positions per block
 constexpr int kT = 32;                    // channel-last: positions per warp
-constexpr int kU = 4;                     // channel-last forward: rows loaded ahead
+// channel-last forward: rows loaded ahead (fp16's cvt unpacking needs more registers: at 4 rows
+// the fp16 width-4 variant put 8 bytes on the stack at 168 registers)
+constexpr int kU = DT == 0 ? 2 : 4;
 constexpr int kUB = 2;                    // channel-last backward: rows (of x and dout) loaded ahead
 static_assert(kW >= 2 && kW <= 4, "FS_WIDTH: 2..4");
 static_assert(kT % kU == 0 && kT % kUB == 0, "kT must be a multiple of kU and kUB");
@@ -141,10 +150,12 @@ __device__ __forceinline__ bool same_seq(int a, int t) { return a == t && t >= 0
 // ==== channel-first forward ========================================================================
 // grid (dim * ceil(seqlen / kChunk), batch), block kThreads. Thread i: positions s0 .. s0 + kItems - 1,
 // s0 = chunk * kChunk + i * kItems; window index q <-> position s0 - H + q.
+#if FS_HAS_ENTRY(0)
 extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cf(const Conv1dParams p) {
-  const i64 nchunks = (p.seqlen + kChunk - 1) / kChunk;
+  // grid.x = dim * nchunks < 2^31: 32-bit division (a 64-bit one is a subroutine call)
+  const u32 nchunks = (u32)((p.seqlen + kChunk - 1) / kChunk);
   const i64 c = blockIdx.x / nchunks;
-  const i64 s0 = (blockIdx.x % nchunks) * kChunk + (i64)threadIdx.x * kItems;
+  const i64 s0 = (i64)(blockIdx.x % nchunks) * kChunk + (i64)threadIdx.x * kItems;
   const i64 b = blockIdx.y;
   if (s0 >= p.seqlen) return;
   float w[kW];
@@ -187,11 +198,13 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cf(cons
     }
   }
 }
+#endif
 
 // ==== channel-last forward =========================================================================
 // grid (ceil(dim / (32 kVec)), ceil(seqlen / (kWarps kT)), batch), block kThreads. Lane l of warp w:
 // channels c0 .. c0 + kVec - 1 (c0 = (blockIdx.x * 32 + l) * kVec) at positions ts .. ts + kT - 1
 // (ts = (blockIdx.y * kWarps + w) * kT), in order; h[j] holds the input at t - H + j.
+#if FS_HAS_ENTRY(1)
 extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cl(const Conv1dParams p) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const i64 c0 = ((i64)blockIdx.x * 32 + lane) * kVec;
@@ -269,6 +282,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cl(cons
     }
   }
 }
+#endif
 
 // ==== block reduction of the weight / bias partial sums ===========================================
 // Channel-first: every thread of the block serves the block's one channel, so v is summed over the
@@ -301,9 +315,10 @@ __device__ __forceinline__ void block_sum_cf(float (&v)[kW + 1], float (*red)[kW
 // H after them (window of x: s0 - H .. s0 + kItems + H - 1, index q <-> position s0 - H + q), writes
 // dx at its positions (and dinitial_states in the block of position 0), and adds its dweight / dbias
 // terms to the block's partial sums (part = b * nchunks + chunk).
+#if FS_HAS_ENTRY(2)
 extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cf(const Conv1dParams p) {
   __shared__ float red[kWarps][kW + 1];
-  const i64 nchunks = (p.seqlen + kChunk - 1) / kChunk;
+  const u32 nchunks = (u32)((p.seqlen + kChunk - 1) / kChunk);  // 32-bit division, as the forward
   const i64 c = blockIdx.x / nchunks;
   const i64 chunk = blockIdx.x % nchunks;
   const i64 s0 = chunk * kChunk + (i64)threadIdx.x * kItems;
@@ -392,17 +407,19 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cf(cons
   }
   block_sum_cf(acc, red);
   if (threadIdx.x == 0) {
-    float* dst = p.partials + ((b * nchunks + chunk) * p.dim + c) * (kW + 1);
+    float* dst = p.partials + ((b * (i64)nchunks + chunk) * p.dim + c) * (kW + 1);
 #pragma unroll
     for (int k = 0; k < kW + 1; ++k) dst[k] = acc[k];
   }
 }
+#endif
 
 // ==== channel-last backward ========================================================================
 // Grid and ownership as causal_conv1d_fwd_cl. Warp w walks t = ts .. te + H - 1 (te = min(ts + kT, L)):
 // at each t it forms dy[t] (0 past L) and, with the last H dy kept, dx at s = t - H for s in [ts, te)
 // (dinitial_states for s < 0 in the first warp); dweight / dbias terms for t in [ts, te). The 4 warps
 // share the lanes' channels: their partial sums meet in shared memory (part = b * gridDim.y + blockIdx.y).
+#if FS_HAS_ENTRY(3)
 extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cl(const Conv1dParams p) {
   __shared__ float red[kWarps][kW + 1][kVec][32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -549,25 +566,42 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cl(cons
     }
   }
 }
+#endif
 
 // ==== dweight / dbias: the sum of the parts ========================================================
 // grid ceil(dim * (W + 1) / kThreads), block kThreads; thread = one (c, k) (k = W: the bias), summing
 // partials[part][c][k] over part in order (consecutive threads read consecutive floats).
+#if FS_HAS_ENTRY(4)
 extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_dw_reduce(const Conv1dParams p) {
   const i64 idx = (i64)blockIdx.x * kThreads + threadIdx.x;
   if (idx >= p.dim * (kW + 1)) return;
   const i64 c = idx / (kW + 1);
   const int k = (int)(idx % (kW + 1));
+  // 8 independent sums (8 loads in flight per thread: the channel-last backward makes
+  // batch * seqlen / 128 parts), added in a fixed order at the end: deterministic
+  const i64 stride = p.dim * (kW + 1);
+  float acc[8];
+#pragma unroll
+  for (int u = 0; u < 8; ++u) acc[u] = 0.f;
+  i64 part = 0;
+  for (; part + 8 <= p.nparts; part += 8) {
+#pragma unroll
+    for (int u = 0; u < 8; ++u) acc[u] += p.partials[(part + u) * stride + idx];
+  }
+  for (; part < p.nparts; ++part) acc[0] += p.partials[part * stride + idx];
   float s = 0.f;
-  for (i64 part = 0; part < p.nparts; ++part) s += p.partials[part * p.dim * (kW + 1) + idx];
+#pragma unroll
+  for (int u = 0; u < 8; ++u) s += acc[u];
   if (k < kW) st_f32<WDT>(p.dweight, c * p.dw_s[0] + k * p.dw_s[1], s);
   else if (p.dbias != nullptr) st_f32<WDT>(p.dbias, c * p.dbias_s, s);
 }
+#endif
 
 // ==== decode update ================================================================================
 // grid (ceil(dim / kThreads), batch), block kThreads; thread = channel c of row b. seqlen = the new
 // inputs n; the H inputs before them are the state's last H (or, in ring mode, the H slots before
 // cache_seqlens[b] % state_len). The state is read whole before any of its slots is written.
+#if FS_HAS_ENTRY(5)
 extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_update(const Conv1dParams p) {
   const i64 c = (i64)blockIdx.x * kThreads + threadIdx.x;
   const i64 b = blockIdx.y;
@@ -611,3 +645,4 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_update(cons
     }
   }
 }
+#endif

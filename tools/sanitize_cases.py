@@ -1,6 +1,7 @@
 """Small shapes of every kernel variant, for compute-sanitizer (memcheck, racecheck):
-`compute-sanitizer --tool memcheck python3 tools/sanitize_cases.py`. Exits non-zero on a
-wrong result too, so a silent race that corrupts output is caught as well."""
+`compute-sanitizer --tool memcheck python3 tools/sanitize_cases.py [attention scan backward decode
+conv]` (default: every group). Exits non-zero on a wrong result too, so a silent race that
+corrupts output is caught as well."""
 
 from __future__ import annotations
 
@@ -399,17 +400,23 @@ def ssd_cases() -> int:
     return bad
 
 
+GROUPS = {
+    "attention": attention_cases,
+    "scan": scan_cases,
+    "backward": backward_cases,
+    "decode": decode_cases,
+    "varlen": varlen_cases,
+    "conv": conv_cases,
+    "ssd": ssd_cases,
+}
+
 if __name__ == "__main__":
+    # `sanitize_cases.py [GROUP ...]`: only those groups (default: all)
     assert flashscan.available(), flashscan.info()
-    n = (
-        attention_cases()
-        + scan_cases()
-        + backward_cases()
-        + decode_cases()
-        + varlen_cases()
-        + conv_cases()
-        + ssd_cases()
-    )
+    names = sys.argv[1:] or list(GROUPS)
+    unknown = [g for g in names if g not in GROUPS]
+    assert not unknown, f"unknown groups {unknown}; known: {list(GROUPS)}"
+    n = sum(GROUPS[g]() for g in names)
     torch.cuda.synchronize()
     print("sanitize cases done, wrong results:", n)
     sys.exit(1 if n else 0)

@@ -173,8 +173,13 @@ fn check_inputs(
     Ok((batch, dim, seqlen, width, layout))
 }
 
-/// The kernel variant: `entry` with x's dtype, weight's dtype and the width.
+/// The kernel variant: `entry` with x's dtype, weight's dtype and the width. FS_ENTRY (the
+/// entry's index in ENTRIES) makes the translation unit hold that kernel alone.
 pub fn spec(entry: &'static str, x: DType, w: DType, width: i64) -> Result<KernelSpec> {
+    let index = ENTRIES
+        .iter()
+        .position(|&e| e == entry)
+        .ok_or_else(|| Error::Internal(format!("unknown causal_conv1d entry {entry}")))?;
     Ok(KernelSpec {
         family: FAMILY,
         source: SOURCE,
@@ -183,6 +188,7 @@ pub fn spec(entry: &'static str, x: DType, w: DType, width: i64) -> Result<Kerne
             ("FS_DTYPE", x.kernel_code()?),
             ("FS_W_DTYPE", w.kernel_code()?),
             ("FS_WIDTH", width),
+            ("FS_ENTRY", index as i64),
         ],
     })
 }
