@@ -327,3 +327,24 @@ def test_prefill_then_state_update_step_equals_one_scan(rule: Any) -> None:
     )  # fmt: skip
     rule.rel(out, whole[:, L], FP32_RTOL, atol=1e-6, name="decode step")
     rule.rel(state, fin_whole, FP32_RTOL, atol=1e-6, name="state")
+
+
+def test_hot_path_serves_a_repeated_signature(rule: Any) -> None:
+    """The second call of a signature takes the plan (no checks) and gives the same bits;
+    final states only when asked."""
+    from flashscan import ssd
+
+    a = ssd_inputs(4, 60, 8, 64, 1, 64, torch.bfloat16)
+    first = flashscan.mamba_chunk_scan_combined(**a, chunk_size=256, dt_softplus=True)
+    n = len(ssd._PLANS)
+    second = flashscan.mamba_chunk_scan_combined(**a, chunk_size=256, dt_softplus=True)
+    assert len(ssd._PLANS) == n and n >= 1
+    assert isinstance(second, torch.Tensor) and torch.equal(first, second)
+    out, final = flashscan.mamba_chunk_scan_combined(
+        **a, chunk_size=256, dt_softplus=True, return_final_states=True
+    )
+    out2, final2 = flashscan.mamba_chunk_scan_combined(
+        **a, chunk_size=256, dt_softplus=True, return_final_states=True
+    )
+    assert torch.equal(out, first) and torch.equal(out2, out) and torch.equal(final2, final)
+    check_case(rule, out2, final2, a, 256, True)
