@@ -225,3 +225,28 @@ def test_backward_absent_optionals_are_none():
         a[k] = None
     got = ref.mamba_chunk_scan_combined_bwd(np.ones((2, 37, 4, 8)), **a, chunk_size=16)
     assert [g is None for g in got] == [False] * 5 + [True] * 4
+
+
+def test_decode_steps_of_state_update_equal_the_ssd_scan():
+    """Mamba-2 decode: selective_state_update with the Mamba-2 layout (A, dt, D, dt_bias
+    broadcast over headdim and dstate), stepped over a sequence from the initial states, equals
+    the SSD scan of that sequence (outputs and the final state)."""
+    from flashscan import reference
+
+    rng = np.random.default_rng(21)
+    a = _inputs(rng, b=2, L=9, h=4, p=8, g=2, n=6)
+    y, final = ref.mamba_chunk_scan_combined(**a, chunk_size=4, return_final_states=True)
+    b, L, h, p = a["x"].shape
+    n = a["B"].shape[-1]
+    state = a["initial_states"].copy()
+    A = np.broadcast_to(a["A"][:, None, None], (h, p, n))
+    D = np.broadcast_to(a["D"][:, None], (h, p))
+    bias = np.broadcast_to(a["dt_bias"][:, None], (h, p))
+    for t in range(L):
+        dt = np.broadcast_to(a["dt"][:, t, :, None], (b, h, p))
+        out = reference.selective_state_update(
+            state, a["x"][:, t], dt, A, a["B"][:, t], a["C"][:, t], D=D, z=a["z"][:, t],
+            dt_bias=bias, dt_softplus=True,
+        )  # fmt: skip
+        np.testing.assert_allclose(out, y[:, t], rtol=1e-10, atol=1e-10, err_msg=f"step {t}")
+    np.testing.assert_allclose(state, final, rtol=1e-10, atol=1e-10)

@@ -300,3 +300,19 @@ def test_compile_fullgraph_forward_and_backward(api):
     torch.testing.assert_close(got_loss, eager)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
+
+
+def test_hot_path_key_only_for_hashable_torch_calls():
+    from flashscan import ssd
+
+    rng = np.random.default_rng(12)
+    t = {k: torch.tensor(v) for k, v in _arrays(rng).items()}
+    tensors = tuple(t[k] for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias"))
+    tensors += (t["initial_states"], None)
+    assert ssd._key(tensors, (256, True, (0.0, math.inf), False, False)) is not None
+    assert ssd._key(tensors, (256, True, [0.0, math.inf], False, False)) is None
+    numpy_args = (np.zeros(1),) + tensors[1:]
+    assert ssd._key(numpy_args, (256, True, (0.0, math.inf), False, False)) is None
+    # CPU calls are never planned (only GPU-served signatures are)
+    flashscan.mamba_chunk_scan_combined(**t, chunk_size=8)
+    assert not any(k[0][3].type == "cpu" for k in ssd._PLANS)

@@ -311,3 +311,46 @@ def test_float64_cuda_runs_the_reference(rule: Any) -> None:
     assert out.is_cuda and out.dtype == torch.float64
     ref_y, _ = ref64(a, 16, dt_softplus=True)
     rule.rel(out, torch.from_numpy(ref_y), 1e-12, atol=1e-12)
+
+
+def test_prefill_then_state_update_step_equals_one_scan(rule: Any) -> None:
+    """Mamba-2 serving: SSD prefill (final states) then one selective_state_update step (the
+    Mamba-2 layout, broadcast strides) == the SSD scan over the prefill plus that token."""
+    b, L, h, p, g, n = 2, 301, 8, 64, 2, 128
+    a = ssd_inputs(b, L + 1, h, p, g, n, torch.float32, init=False)
+    whole, fin_whole = flashscan.mamba_chunk_scan_combined(
+        **a, chunk_size=256, dt_softplus=True, return_final_states=True
+    )
+    pre = {k: (v[:, :L] if k in ("x", "dt", "B", "C", "z") else v) for k, v in a.items()}
+    _, state = flashscan.mamba_chunk_scan_combined(
+        **pre, chunk_size=256, dt_softplus=True, return_final_states=True
+    )
+    out = flashscan.selective_state_update(
+        state, a["x"][:, L], a["dt"][:, L, :, None].expand(b, h, p),
+        a["A"][:, None, None].expand(h, p, n), a["B"][:, L], a["C"][:, L],
+        D=a["D"][:, None].expand(h, p), z=a["z"][:, L],
+        dt_bias=a["dt_bias"][:, None].expand(h, p), dt_softplus=True,
+    )  # fmt: skip
+    rule.rel(out, whole[:, L], FP32_RTOL, atol=1e-6, name="decode step")
+    rule.rel(state, fin_whole, FP32_RTOL, atol=1e-6, name="state")
+
+
+def test_hot_path_serves_a_repeated_signature(rule: Any) -> None:
+    """The second call of a signature takes the plan (no checks) and gives the same bits;
+    final states only when asked."""
+    from flashscan import ssd
+
+    a = ssd_inputs(4, 60, 8, 64, 1, 64, torch.bfloat16)
+    first = flashscan.mamba_chunk_scan_combined(**a, chunk_size=256, dt_softplus=True)
+    n = len(ssd._PLANS)
+    second = flashscan.mamba_chunk_scan_combined(**a, chunk_size=256, dt_softplus=True)
+    assert len(ssd._PLANS) == n and n >= 1
+    assert isinstance(second, torch.Tensor) and torch.equal(first, second)
+    out, final = flashscan.mamba_chunk_scan_combined(
+        **a, chunk_size=256, dt_softplus=True, return_final_states=True
+    )
+    out2, final2 = flashscan.mamba_chunk_scan_combined(
+        **a, chunk_size=256, dt_softplus=True, return_final_states=True
+    )
+    assert torch.equal(out, first) and torch.equal(out2, out) and torch.equal(final2, final)
+    check_case(rule, out2, final2, a, 256, True)

@@ -14,11 +14,26 @@ from typing import Any
 
 from . import _backend, _checks, _routes, reference_ssd
 from ._backend import UnsupportedError
-from ._frameworks import _HANDLERS, CUDA, Desc, Handler, _resolve, needs_autograd
+from ._frameworks import (
+    _HANDLERS,
+    CUDA,
+    TORCH_TYPES,
+    Desc,
+    Handler,
+    _resolve,
+    grad_enabled,
+    needs_autograd,
+)
 
 __all__ = ["mamba_chunk_scan_combined"]
 
 _native = _backend.native
+_NO_DEVICES: frozenset[int] = frozenset()
+
+# The hot path, as in `scan`: a torch call whose signature (`_key`) was checked and served on the
+# GPU before skips the checks. signature -> plan (see `_record`); bounded like the check memos;
+# replaced whole, never mutated.
+_PLANS: dict[Any, tuple[Any, ...]] = {}
 
 _ARGS = (
     "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx", "cu_seqlens",
@@ -63,6 +78,17 @@ def mamba_chunk_scan_combined(
     headdim, dstate) float32, each sequence's last state; in mamba_ssm's order, in x's
     framework. (mamba_ssm returns the states in C's dtype; flashscan keeps float32.)
     """
+    key = _key(
+        (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx),
+        (chunk_size, dt_softplus, dt_limit, return_final_states, return_varlen_states),
+    )
+    if key is not None:
+        plan = _PLANS.get(key)
+        if plan is not None and plan[0] in (_backend._usable or _NO_DEVICES):
+            tensors = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
+            if not (any(t is not None and t.requires_grad for t in tensors) and grad_enabled()):
+                out, final = _serve(plan, tensors)
+                return out if final is None else (out, final)
     hx = _HANDLERS.get(type(x)) or _resolve(x, "x")
     objs = (x, dt, A, B, C, D, z, dt_bias, initial_states)
     if needs_autograd(hx, objs):
@@ -72,7 +98,7 @@ def mamba_chunk_scan_combined(
         )  # fmt: skip
     out, final, varlen = ssd_any(
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-        dt_softplus, dt_limit, return_final_states, return_varlen_states,
+        dt_softplus, dt_limit, return_final_states, return_varlen_states, key=key,
     )  # fmt: skip
     result = (
         (out,) + ((final,) if final is not None else ()) + ((varlen,) if varlen is not None else ())
@@ -112,9 +138,12 @@ def ssd_any(
     return_final_states: Any,
     return_varlen_states: Any,
     floats: tuple[str, ...] = _checks.FLOAT_DTYPES,
+    key: Any = None,
 ) -> tuple[Any, Any, Any]:
     """Every check, then the GPU or the host: (out, final_states or None, varlen_states or
-    None) in x's framework. The torch adapter calls this with `floats` widened to float64."""
+    None) in x's framework. The torch adapter calls this with `floats` widened to float64.
+    `key`: the torch signature of the call (`_key`), recorded with its plan when served on
+    the GPU, or None."""
     hx = _HANDLERS.get(type(x)) or _resolve(x, "x")
     objs = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens)
     hands, descs = _describe(objs, hx)
@@ -136,6 +165,12 @@ def ssd_any(
             out, final = _gpu_forward(
                 hx, objs, descs, chunk_size, dt_softplus, limit, return_final_states
             )
+            if key is not None and (descs[9] is None or descs[9][3] == "int32"):
+                _checks.remember(
+                    _PLANS,
+                    key,
+                    _record(hx, descs, chunk_size, dt_softplus, limit, return_final_states),
+                )
             return out, final, None
         _backend.on_fallback("mamba_chunk_scan_combined", _backend.device_reason(dx[5]), depth=3)
     host = [None if o is None else h.to_host(o) for o, h in zip(objs, hands)]  # type: ignore[union-attr]
@@ -202,4 +237,78 @@ def _gpu_forward(
         out = hx.finish(out)
         if final is not None:
             final = hx.finish(final)
+    return out, final
+
+
+def _key(tensors: tuple[Any, ...], options: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The signature of a call whose arrays are all torch tensors (None for an absent optional,
+    cu_seqlens absent): each tensor's (shape, strides, dtype, device), then the options as
+    given (hashable ones only). None otherwise: the general path serves such calls."""
+    if not all(t is None or type(t) in TORCH_TYPES for t in tensors):
+        return None
+    try:
+        sig = tuple(
+            None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in tensors
+        )
+        key = sig + options
+        hash(key)
+    except Exception:  # no strides (sparse...), an unhashable option: the general path says why
+        return None
+    return key
+
+
+def _record(
+    hx: Handler,
+    descs: list[Desc | None],
+    chunk: int,
+    softplus: bool,
+    limit: tuple[float, float],
+    return_final: bool,
+) -> tuple[Any, ...]:
+    """What the hot path needs for a checked signature served on the GPU: the device, each
+    array's dtype name (None when absent), the shapes of out, final states (or None) and the
+    workspaces, the options as the native call takes them, and the stream lookup."""
+    dx = descs[0]
+    assert dx is not None
+    batch, seqlen, nheads, headdim = (int(v) for v in dx[1])
+    dstate = int(descs[3][1][3])  # type: ignore[index]
+    nchunks = -(-seqlen // chunk)
+    return (
+        dx[5],
+        tuple(None if d is None else d[3] for d in descs[:10]),
+        tuple(dx[1]),
+        (batch, nheads, headdim, dstate) if return_final else None,
+        (batch, nchunks, nheads, headdim, dstate),
+        (batch, nheads, nchunks),
+        chunk,
+        softplus,
+        limit,
+        hx.current_stream,  # type: ignore[attr-defined]
+        hx.float32,  # type: ignore[attr-defined]
+    )
+
+
+def _serve(plan: tuple[Any, ...], tensors: tuple[Any, ...]) -> tuple[Any, Any]:
+    """The hot path: allocate, describe from the plan, one `_native.ssd_fwd` call.
+    (out, final states or None); final states only when the key asked for them."""
+    dev, names, o_shape, f_shape, s_shape, d_shape, chunk, softplus, limit, stream, f32 = plan
+    x = tensors[0]
+    descs = [
+        None if t is None else (t.data_ptr(), t.shape, t.stride(), n, CUDA, dev)
+        for t, n in zip(tensors, names)
+    ]
+
+    def new(shape: tuple[int, ...], dtype: Any, name: str) -> tuple[Any, Desc]:
+        a = x.new_empty(shape, dtype=dtype)
+        return a, (a.data_ptr(), shape, a.stride(), name, CUDA, dev)
+
+    out, d_out = new(o_shape, x.dtype, names[0])
+    final = d_final = None
+    if f_shape is not None:
+        final, d_final = new(f_shape, f32, "float32")
+    _, d_states = new(s_shape, f32, "float32")
+    _, d_decay = new(d_shape, f32, "float32")
+    _native.ssd_fwd(  # type: ignore[union-attr]
+        *descs, d_out, d_final, d_states, d_decay, chunk, softplus, limit[0], limit[1], stream(dev)
+    )
     return out, final
