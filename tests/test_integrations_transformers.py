@@ -180,13 +180,23 @@ def test_logits_match_eager(name: str, pad: str | None, device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("pad", [None, "left"])
 @pytest.mark.parametrize("name", sorted(ATTENTION_MODELS))
-def test_generate_matches_eager(name: str, pad: str | None, device: str) -> None:
-    """Greedy decoding with transformers' DynamicCache, past the sliding window."""
+def test_generate_matches_eager(name: str, pad: str | None, cache: str, device: str) -> None:
+    """Greedy decoding past the sliding window, with transformers' DynamicCache (k/v grow
+    each step) and StaticCache (k/v are the whole preallocated buffer, mostly empty slots:
+    generate passes no mask when nothing is padded, the mask function must say which slots
+    are filled)."""
     model = build(ATTENTION_MODELS[name], device, torch.float32)
-    ids, mask = inputs(device, seqlen=9, pad=pad)
-    kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    ids, mask = inputs(device, seqlen=7, pad=pad)
+    kw = dict(
+        attention_mask=mask,
+        max_new_tokens=8,
+        do_sample=False,
+        pad_token_id=0,
+        cache_implementation=cache,
+    )
     with torch.no_grad():
         model.set_attn_implementation("eager")
         want = model.generate(ids, **kw)
