@@ -198,8 +198,12 @@ def _window(sliding_window: int | None, causal: bool) -> tuple[int, int]:
 
 def _decode_route(q: Tensor) -> bool:
     """One query per sequence: the split-KV decode kernel serves it (fp16 / bf16 on the GPU;
-    the reference on the CPU)."""
-    return q.shape[1] == 1 and (q.dtype in _HALF or not q.is_cuda)
+    the reference on the CPU). It has no backward: not when a gradient is wanted."""
+    return (
+        q.shape[1] == 1
+        and (q.dtype in _HALF or not q.is_cuda)
+        and not (q.requires_grad and torch.is_grad_enabled())
+    )
 
 
 def _dense(
