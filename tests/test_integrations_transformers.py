@@ -492,3 +492,31 @@ def test_training_gradients_match_eager(pad: str | None) -> None:
         grads[impl] = [p.grad.clone() for p in model.parameters()]
     for got, want in zip(grads[fst.ATTN_IMPLEMENTATION], grads["eager"]):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_an_op_flashscan_gains_later_joins_the_hook(monkeypatch: Any) -> None:
+    """The conv1d / SSD entries take flashscan's op as soon as the package has it (here a
+    stand-in with causal-conv1d's signature), passing only the keyword arguments it takes."""
+    import importlib
+
+    seen: list[Any] = []
+
+    def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, activation=None):  # noqa: ANN001
+        seen.append(activation)
+        return original(x, weight, bias, activation=activation)
+
+    mod = importlib.import_module(MAMBA)
+    original = mod.causal_conv1d_fn
+    monkeypatch.setattr(flashscan, "causal_conv1d_fn", causal_conv1d_fn, raising=False)
+    model = build(mamba, "cpu", torch.float32)
+    ids, mask = inputs("cpu")
+    want = logits(model, None, ids, mask)
+    try:
+        served = fst.use_flashscan_kernels(model)
+        assert served["modeling_mamba.causal_conv1d_fn"]
+        with torch.no_grad():  # an extra keyword the op does not take is dropped
+            got = model(input_ids=ids, attention_mask=mask, unused_kwarg=1).logits
+    finally:
+        fst._hf_mamba.uninstall(MAMBA)
+    assert seen == ["silu", "silu"]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
