@@ -180,13 +180,23 @@ def test_logits_match_eager(name: str, pad: str | None, device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("pad", [None, "left"])
 @pytest.mark.parametrize("name", sorted(ATTENTION_MODELS))
-def test_generate_matches_eager(name: str, pad: str | None, device: str) -> None:
-    """Greedy decoding with transformers' DynamicCache, past the sliding window."""
+def test_generate_matches_eager(name: str, pad: str | None, cache: str, device: str) -> None:
+    """Greedy decoding past the sliding window, with transformers' DynamicCache (k/v grow
+    each step) and StaticCache (k/v are the whole preallocated buffer, mostly empty slots:
+    generate passes no mask when nothing is padded, the mask function must say which slots
+    are filled)."""
     model = build(ATTENTION_MODELS[name], device, torch.float32)
-    ids, mask = inputs(device, seqlen=9, pad=pad)
-    kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    ids, mask = inputs(device, seqlen=7, pad=pad)
+    kw = dict(
+        attention_mask=mask,
+        max_new_tokens=8,
+        do_sample=False,
+        pad_token_id=0,
+        cache_implementation=cache,
+    )
     with torch.no_grad():
         model.set_attn_implementation("eager")
         want = model.generate(ids, **kw)
@@ -462,3 +472,50 @@ def test_a_padding_mask_is_read_once_per_forward_not_per_layer(monkeypatch: Any)
     b = _hf_attention._padded(q, kv, kv, m, 0.25, True, (-1, -1), 0.0)
     assert len(made) == 2  # the forward's plan served `a`; the changed mask got its own
     assert torch.equal(a[0], b[0]) and not torch.equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("pad", [None, "right"])
+def test_training_gradients_match_eager(pad: str | None) -> None:
+    """A training step (dropout 0): the loss's gradients through flashscan's attention (its
+    backward through flashscan.torch, the padding gather / scatter through torch) equal
+    eager's."""
+    model = build(llama, "cpu", torch.float32)
+    model.train()
+    ids, mask = inputs("cpu", pad=pad)
+    labels = ids.masked_fill(mask == 0, -100)
+    grads = {}
+    for impl in ("eager", fst.ATTN_IMPLEMENTATION):
+        model.zero_grad()
+        model.set_attn_implementation(impl)
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        grads[impl] = [p.grad.clone() for p in model.parameters()]
+    for got, want in zip(grads[fst.ATTN_IMPLEMENTATION], grads["eager"]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_an_op_flashscan_gains_later_joins_the_hook(monkeypatch: Any) -> None:
+    """The conv1d / SSD entries take flashscan's op as soon as the package has it (here a
+    stand-in with causal-conv1d's signature), passing only the keyword arguments it takes."""
+    import importlib
+
+    seen: list[Any] = []
+
+    def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, activation=None):  # noqa: ANN001
+        seen.append(activation)
+        return original(x, weight, bias, activation=activation)
+
+    mod = importlib.import_module(MAMBA)
+    original = mod.causal_conv1d_fn
+    monkeypatch.setattr(flashscan, "causal_conv1d_fn", causal_conv1d_fn, raising=False)
+    model = build(mamba, "cpu", torch.float32)
+    ids, mask = inputs("cpu")
+    want = logits(model, None, ids, mask)
+    try:
+        served = fst.use_flashscan_kernels(model)
+        assert served["modeling_mamba.causal_conv1d_fn"]
+        with torch.no_grad():  # an extra keyword the op does not take is dropped
+            got = model(input_ids=ids, attention_mask=mask, unused_kwarg=1).logits
+    finally:
+        fst._hf_mamba.uninstall(MAMBA)
+    assert seen == ["silu", "silu"]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -80,12 +80,28 @@ def mask_function(
             **kwargs,
         )
     if attention_mask is None:
-        return None
+        return _filled_slots(batch_size, q_length, kv_length, q_offset, kv_offset, kwargs)
     # keys only: a sliding-window cache holds the last kv_length positions of the mask
     attention_mask = attention_mask[:, -kv_length:]
     if attention_mask.shape[1] == kv_length and bool(attention_mask.all()):
         return None
     return attention_mask
+
+
+def _filled_slots(
+    batch_size: int, q_length: int, kv_length: int, q_offset: Any, kv_offset: Any, kw: Any
+) -> Tensor | None:
+    """No padding mask (generate drops an all-ones one), but a static cache hands over all
+    kv_length slots of which only the first q_offset + q_length are filled: an all-True mask
+    of the filled ones (shorter than k/v: the attention cuts k/v to it, as for a padded
+    static cache), or None when every slot is filled (a dynamic cache)."""
+    if isinstance(kv_offset, Tensor) or kv_offset != 0:
+        return None  # a sliding static layer: its slots are the window
+    filled = int(q_offset) + q_length  # a host read when the cache keeps it on the device
+    if filled >= kv_length:
+        return None
+    device = q_offset.device if isinstance(q_offset, Tensor) else kw.get("device", "cpu")
+    return torch.ones(batch_size, filled, dtype=torch.bool, device=device)
 
 
 def _needs_materialised_mask(q_length: int, kw: dict[str, Any]) -> bool:
@@ -182,8 +198,12 @@ def _window(sliding_window: int | None, causal: bool) -> tuple[int, int]:
 
 def _decode_route(q: Tensor) -> bool:
     """One query per sequence: the split-KV decode kernel serves it (fp16 / bf16 on the GPU;
-    the reference on the CPU)."""
-    return q.shape[1] == 1 and (q.dtype in _HALF or not q.is_cuda)
+    the reference on the CPU). It has no backward: not when a gradient is wanted."""
+    return (
+        q.shape[1] == 1
+        and (q.dtype in _HALF or not q.is_cuda)
+        and not (q.requires_grad and torch.is_grad_enabled())
+    )
 
 
 def _dense(

@@ -20,6 +20,7 @@ SSD chunk scan and the causal conv1d pair join by adding a factory each once fla
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -121,10 +122,23 @@ def _selective_state_update() -> Callable[..., Any]:
 
 def _flashscan_op(name: str) -> Callable[[], Callable[..., Any] | None]:
     """A factory for an op flashscan may not have yet: flashscan's function of the same
-    name and contract when it exists, else None (transformers' torch code stays)."""
+    name and contract (causal-conv1d's / mamba_ssm's) when it exists, else None
+    (transformers' torch code stays). The mixers pass their forward's extra keyword
+    arguments along; as transformers' own wrapper does, only those the op takes reach it."""
 
     def factory() -> Callable[..., Any] | None:
-        return getattr(flashscan, name, None)
+        op = getattr(flashscan, name, None)
+        if op is None:
+            return None
+        params = inspect.signature(op).parameters
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return op
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return op(*args, **{k: v for k, v in kwargs.items() if k in params})
+
+        call.__name__ = call.__qualname__ = name
+        return call
 
     return factory
 
