@@ -362,6 +362,7 @@ def conv_cases() -> int:
         if not (err < 0.05 and err_s == 0):
             print(f"conv update {dtype} ring={ring}: err {err}, state err {err_s}")
             bad += 1
+    return bad
 
 
 def ssd_cases() -> int:
