@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import subprocess
+import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
@@ -36,12 +38,31 @@ def cubins() -> dict[str, bytes]:
         return dict(zip(names, pool.map(lambda n: _native.compile_variant(n, "sm_90a"), names)))
 
 
-def _sass(cubin: bytes, tool: str) -> str:
+def _nvdisasm_dir(cuobjdump: str) -> str | None:
+    """Where `cuobjdump -sass` finds nvdisasm: on PATH, beside cuobjdump (the
+    nvidia-cuda-nvdisasm wheel installs next to nvidia-cuda-cuobjdump's), or triton's copy."""
+    found = shutil.which("nvdisasm")
+    if found:
+        return os.path.dirname(found)
+    here = os.path.dirname(cuobjdump)
+    if os.access(os.path.join(here, "nvdisasm"), os.X_OK):
+        return here
+    for entry in sys.path:
+        cand = os.path.join(entry or ".", "triton", "backends", "nvidia", "bin")
+        if os.access(os.path.join(cand, "nvdisasm"), os.X_OK):
+            return cand
+    return None
+
+
+def _sass(cubin: bytes, tool: str, nvdisasm_dir: str) -> str:
     fd, path = tempfile.mkstemp(suffix=".cubin", prefix="flashscan-")
+    env = dict(os.environ, PATH=f"{nvdisasm_dir}{os.pathsep}{os.environ.get('PATH', '')}")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(cubin)
-        done = subprocess.run([tool, "-sass", path], capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [tool, "-sass", path], capture_output=True, text=True, check=True, env=env
+        )
         return done.stdout
     finally:
         os.unlink(path)
@@ -72,7 +93,10 @@ def test_main_variant_runs_on_hgmma(cubins: dict[str, bytes]) -> None:
     tool = find_cuobjdump()
     if tool is None:
         pytest.skip(CUOBJDUMP_MISSING)
-    sass = _sass(cubins[MAIN], tool)
+    nvdisasm = _nvdisasm_dir(tool)
+    if nvdisasm is None:
+        pytest.skip("cuobjdump -sass needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
+    sass = _sass(cubins[MAIN], tool, nvdisasm)
     hgmma = [line for line in sass.splitlines() if "HGMMA.64x128x16.F32.BF16" in line]
     # S = Q K^T: 8 k-steps over head dim 128; O += P V: 8 k-steps over 128 keys, B transposed
     assert sum(".tnspB" not in line for line in hgmma) == 8, sass[-2000:]
