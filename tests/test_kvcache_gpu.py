@@ -762,3 +762,65 @@ def test_hot_path_decode_loop_matches_the_reference(paged: bool, rotary: bool) -
     ref, _ = reference(q, kn, vn, kc_h, vc_h, lens_h)
     err = (got.float().cpu() - torch.from_numpy(ref).float()).abs().max().item()
     assert err < 3e-2, f"graph replay: out differs from the reference by {err}"
+
+
+def test_hot_path_without_cache_seqlens_matches_the_reference() -> None:
+    """transformers' decode step: no cache_seqlens, no append, k/v the (batch, heads, seq, hd)
+    cache seen through a transpose. The first call of a signature records a plan, the next take
+    the hot path (zeros + capacity as the key counts); each equals the float64 reference over
+    every slot, NaN-poisoned out; a batch size first seen inside a graph capture replays right
+    and a later eager call of that batch size still reads true zeros."""
+    import flashscan
+    from flashscan import kvcache
+
+    g = gen()
+    h, hk, d = 8, 2, 64
+    dt = torch.bfloat16
+    kvcache._PLANS.clear()
+    kvcache._LAST = (None, None)
+    kvcache._ZEROS.clear()
+
+    def case(b: int, s: int) -> tuple[Any, Any, Any]:
+        q = randn((b, h, 1, d), dt, g).transpose(1, 2)
+        kt, vt = randn((b, hk, s, d), dt, g), randn((b, hk, s, d), dt, g)
+        return q, kt.transpose(1, 2), vt.transpose(1, 2)
+
+    def reference(q: Any, k: Any, v: Any) -> Any:
+        rep = h // hk
+        qd, kd, vd = (x.double().transpose(1, 2) for x in (q, k, v))
+        kd, vd = kd.repeat_interleave(rep, 1), vd.repeat_interleave(rep, 1)
+        p = torch.softmax(qd @ kd.transpose(-1, -2) / math.sqrt(d), dim=-1)
+        return (p @ vd).transpose(1, 2)
+
+    def check(got: Any, q: Any, k: Any, v: Any, what: str) -> None:
+        ref = reference(q, k, v)
+        base = (reference(q.float(), k.float(), v.float()).to(dt).double() - ref).abs().max()
+        err = (got.double() - ref).abs().max().item()
+        assert torch.isfinite(got).all(), f"{what}: unwritten (NaN) elements"
+        assert err <= 2 * base.item() + 2e-3, f"{what}: err {err} vs bf16 baseline {base}"
+
+    for s in (1, 63, 600, 600, 600, 1001):
+        q, k, v = case(3, s)
+        out = torch.full_like(q, NAN)
+        got = flashscan.flash_attn_with_kvcache(q, k, v, out=out, causal=True)
+        torch.cuda.synchronize()
+        check(got, q, k, v, f"s{s}")
+    assert kvcache._LAST[0] is not None and kvcache._LAST[0][7] is None  # the hot path's key
+
+    # batch 5 first seen inside a capture: its zeros are a node of the graph, not cached
+    q, k, v = case(5, 300)
+    flashscan.flash_attn_with_kvcache(q, k, v, causal=True)  # records the plan (general path)
+    kvcache._ZEROS.clear()
+    st = torch.cuda.Stream()
+    st.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(st), torch.cuda.graph(graph):
+        got = flashscan.flash_attn_with_kvcache(q, k, v, causal=True)
+    torch.cuda.current_stream().wait_stream(st)
+    assert not kvcache._ZEROS
+    graph.replay()
+    torch.cuda.synchronize()
+    check(got, q, k, v, "graph replay")
+    eager = flashscan.flash_attn_with_kvcache(q, k, v, causal=True)
+    torch.cuda.synchronize()
+    check(eager, q, k, v, "eager after the capture")

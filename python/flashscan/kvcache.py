@@ -325,10 +325,12 @@ def _options(
 def _signature(*arrays: Any) -> tuple[Any, ...] | None:
     """The plan key of a call whose arrays (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
     cache_seqlens, cache_batch_idx, cache_leftpad, block_table, out; None where not given) are
-    all torch tensors: each one's (shape, strides, dtype, device). None when one is not a torch
-    tensor (cache_seqlens given as an int or left out included) or has no strides: the general
-    path then serves (and says what is wrong)."""
-    if type(arrays[7]) not in TORCH_TYPES:
+    all torch tensors: each one's (shape, strides, dtype, device). cache_seqlens may be left
+    out when nothing is appended (every cache slot is a key: transformers' decode steps). None
+    when one is not a torch tensor (cache_seqlens given as an int included) or has no strides:
+    the general path then serves (and says what is wrong)."""
+    seqlens = arrays[7]
+    if type(seqlens) not in TORCH_TYPES and (seqlens is not None or arrays[3] is not None):
         return None
     key = []
     try:
@@ -347,7 +349,8 @@ def _signature(*arrays: Any) -> tuple[Any, ...] | None:
 def _plan(a: _Call, hq: Handler) -> tuple[Any, ...]:
     """What the hot path needs for a torch signature the general path just served on the GPU:
     (device, dtype name of each of the 12 arrays or None, out's shape and contiguous strides,
-    lse's, the stream lookup, torch.float32, seqlen_new, the default scale, rotary given)."""
+    lse's, the stream lookup, torch.float32, seqlen_new, the default scale, rotary given, the
+    cache capacity)."""
     q, _, dq = a.q
     b, sq, h, sn, _, _, _ = a.dims
     d = dq[1][3]
@@ -365,6 +368,7 @@ def _plan(a: _Call, hq: Handler) -> tuple[Any, ...]:
         sn,
         1.0 / math.sqrt(d),
         a.cos is not None,
+        a.dims[4],
     )
 
 
@@ -373,7 +377,9 @@ def _serve(
 ) -> tuple[Any, Any]:
     """The hot path's native calls for torch tensors of signature `key` (arrays in the
     `_signature` order): append (and rotate) when k/v or rotary are given, then attend."""
-    dev, names, o_shape, o_strides, l_shape, l_strides, current_stream, f32, sn, _, rot = plan
+    dev, names, o_shape, o_strides, l_shape, l_strides, current_stream, f32, sn, _, rot, cap_k = (
+        plan
+    )
     scale, wl, wr, cap, interleaved, splits, return_lse = opts
     stream = current_stream(dev)
     desc = [
@@ -382,6 +388,10 @@ def _serve(
     ]
     q = arrays[0]
     q_att = desc[0]
+    seqlens, k_add = desc[7], sn
+    if seqlens is None:
+        # no cache_seqlens (nothing appended): every slot is a key, as zeros + capacity
+        seqlens, k_add = _zero_lengths(q, o_shape[0], dev), cap_k
     if sn or rot:
         q_rot = qr = None
         if rot:
@@ -404,10 +414,32 @@ def _serve(
         lse = q.new_empty_strided(l_shape, l_strides, dtype=f32)
         la = (lse.data_ptr(), l_shape, l_strides, "float32", CUDA, dev)
     _native.flash_attn_kvcache(  # type: ignore[union-attr]
-        q_att, desc[1], desc[2], oa, la, desc[7], desc[8], desc[9], desc[10],
-        scale, wl, wr, cap, splits, stream, sn,
+        q_att, desc[1], desc[2], oa, la, seqlens, desc[8], desc[9], desc[10],
+        scale, wl, wr, cap, splits, stream, k_add,
     )  # fmt: skip
     return out, lse
+
+
+# (device, batch) -> a device int32 array of zeros and its descriptor: the cache_seqlens of the
+# hot path's calls that give none. Read-only for the kernels; made once, outside any capture.
+_ZEROS: dict[tuple[int, int], tuple[Any, tuple[Any, ...]]] = {}
+# zeros made while a CUDA graph was being captured: their fill is a node of that graph (it
+# runs at replay, not now), so they serve that capture only and live as long as the process
+_CAPTURED_ZEROS: list[Any] = []
+
+
+def _zero_lengths(q: Any, batch: int, dev: int) -> tuple[Any, ...]:
+    got = _ZEROS.get((dev, batch))
+    if got is None:
+        import torch
+
+        t = torch.zeros(batch, dtype=torch.int32, device=q.device)
+        got = (t, (t.data_ptr(), (batch,), (1,), "int32", CUDA, dev))
+        if torch.cuda.is_current_stream_capturing():
+            _CAPTURED_ZEROS.append(t)
+        else:
+            _ZEROS[(dev, batch)] = got
+    return got[1]
 
 
 def _describe(
