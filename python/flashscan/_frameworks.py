@@ -216,7 +216,9 @@ class TorchHandler(Handler):
 
     def from_host(self, a: np.ndarray, dtype: str, like: Any, desc: Desc) -> Any:
         t = self.torch.from_numpy(np.ascontiguousarray(a))
-        return t.to(device=like.device, dtype=self.from_name[dtype])
+        # non_blocking: a pageable source is staged by the driver before the call returns (so
+        # `a` may go), and torch skips the stream synchronisation a blocking copy ends with
+        return t.to(device=like.device, dtype=self.from_name[dtype], non_blocking=True)
 
     def copy_into(self, dst: Any, a: np.ndarray) -> None:
         src = self.torch.from_numpy(np.ascontiguousarray(a))
