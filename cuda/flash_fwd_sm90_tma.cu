@@ -313,27 +313,45 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
         int s = 0;
         u32 phase = 0;
 #if FS_SM90_PIPE
-        int s_prev = 0;
-        u32 phase_prev = 0;
-        for (int n = n_end - 1, i = 0; n >= n_begin; --n, ++i) {
+        // The first tile alone (nothing to overlap with), so that every iteration of the loop has
+        // the same two groups in flight: ptxas then sees that wait<1> completes S(i), and does
+        // not inject a wait for P(i-1) V(i-1) before the softmax (C7517), which it does when the
+        // first iteration is a branch inside the loop.
+        int n = n_end - 1;
+        {
             float acc_s[kSRegs];
             mbar_wait(sm.full_k(s), phase);
             issue_qk(acc_s, sQ_wg, sm.k(s));
-            if (i > 0) {
-                rescale_o(acc_o, alpha);
-                reg_fence(acc_o);
-                mbar_wait(sm.full_v(s_prev), phase_prev);
-                issue_pv(acc_o, pa, sm.v(s_prev));
-                wgmma_wait<1>();  // S(i) done; P(i-1) V(i-1) may still run
-            } else {
-                wgmma_wait<0>();
-            }
+            wgmma_wait<0>();
             reg_fence(acc_s);
             if (lane == 0) mbar_arrive(sm.empty_k(s));
             mask_softmax(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t, scale_log2);
+            pack_p(pa, acc_s);
+        }
+        int s_prev = s;
+        u32 phase_prev = phase;
+        if (++s == kStages) {
+            s = 0;
+            phase ^= 1;
+        }
+        for (--n; n >= n_begin; --n) {
+            float acc_s[kSRegs];
+            mbar_wait(sm.full_k(s), phase);
+            issue_qk(acc_s, sQ_wg, sm.k(s));
+            rescale_o(acc_o, alpha);
+            reg_fence(acc_o);
+            mbar_wait(sm.full_v(s_prev), phase_prev);
+            issue_pv(acc_o, pa, sm.v(s_prev));
+            wgmma_wait<1>();  // S(i) done; P(i-1) V(i-1) may still run
+            reg_fence(acc_s);
+            if (lane == 0) mbar_arrive(sm.empty_k(s));
+            mask_softmax(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t, scale_log2);
+            // Pins the exponentials before the wait: without it the compiler sinks them below
+            // wgmma_wait<0> (they are only read by pack_p), and nothing overlaps P V.
+            reg_fence(acc_s);
             wgmma_wait<0>();  // P(i-1) V(i-1) done: its V stage is free, its P registers reusable
             reg_fence(acc_o);
-            if (i > 0 && lane == 0) mbar_arrive(sm.empty_v(s_prev));
+            if (lane == 0) mbar_arrive(sm.empty_v(s_prev));
             pack_p(pa, acc_s);
             s_prev = s;
             phase_prev = phase;
