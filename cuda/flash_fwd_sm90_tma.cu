@@ -15,6 +15,10 @@
 //     while the other's GEMMs use the tensor cores. FS_SM90_PIPE=1 also overlaps inside each
 //     warpgroup: S(i) is issued before P(i-1) V(i-1), and the softmax of tile i runs while that
 //     P V is on the tensor cores (flash_fwd_sm90.cu's verified pipelined order).
+//     FS_SM90_PINGPONG=1 (on top of PIPE) makes the consumers take turns: each issue slot (S(i)
+//     and P(i-1) V(i-1) back to back) waits for the other warpgroup's previous slot (named
+//     barriers 3 and 4, 256 threads: 128 waiting + 128 arriving), so one warpgroup's softmax
+//     runs while the other's GEMMs hold the tensor cores (FlashAttention-3's ping-pong).
 //   Epilogue: O / rowsum and LSE; each consumer stages its rows in its own rows of the Q tile and
 //   stores them with 16-byte coalesced writes (named barrier per warpgroup).
 //
@@ -34,7 +38,7 @@
 // encodes the maps and falls back to flash_fwd_sm90.cu where the driver refuses one.
 //
 // The prelude defines FS_HEAD_DIM (64 or 128), FS_DTYPE (0 fp16, 1 bf16), FS_HAS_MASK, FS_ARCH (90),
-// FS_KV_STAGES (2 or 3), optionally FS_SM90_PIPE.
+// FS_KV_STAGES (2 or 3), optionally FS_SM90_PIPE and FS_SM90_PINGPONG.
 
 #include "common/convert.cuh"
 #include "common/copy.cuh"
@@ -48,6 +52,12 @@
 #endif
 #ifndef FS_SM90_PIPE
 #define FS_SM90_PIPE 0
+#endif
+#ifndef FS_SM90_PINGPONG
+#define FS_SM90_PINGPONG 0  // 1 (with FS_SM90_PIPE): the consumers take turns issuing GEMMs
+#endif
+#if FS_SM90_PINGPONG && !FS_SM90_PIPE
+#error "FS_SM90_PINGPONG builds on the FS_SM90_PIPE schedule"
 #endif
 
 // Same struct as flash_fwd_sm90.cu (host mirror: FlashFwdParams in src/ops/attention.rs).
@@ -309,6 +319,19 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
         float alpha[2];
         u32 pa[kBlockN / 16][4];
 
+#if FS_SM90_PINGPONG
+        // Turn-taking: consumer 0 issues first. Each warpgroup issues N + 1 slots (the first S,
+        // the loop's, the last P V); consumer 1's opening arrival stands in for its last one, so
+        // arrivals and waits balance on both barriers by the end.
+        const auto turn_wait = [&]() { named_bar_sync(3 + cw, 256); };
+        const auto turn_pass = [&](bool last) {
+            if (!(last && cw == 1)) named_bar_arrive(3 + (cw ^ 1), 256);
+        };
+        if (cw == 1) named_bar_arrive(3, 256);
+#elif FS_SM90_PIPE
+        const auto turn_wait = []() {};
+        const auto turn_pass = [](bool) {};
+#endif
         mbar_wait(sm.bar_q(), 0);
         int s = 0;
         u32 phase = 0;
@@ -321,7 +344,9 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
         {
             float acc_s[kSRegs];
             mbar_wait(sm.full_k(s), phase);
+            turn_wait();
             issue_qk(acc_s, sQ_wg, sm.k(s));
+            turn_pass(false);
             wgmma_wait<0>();
             reg_fence(acc_s);
             if (lane == 0) mbar_arrive(sm.empty_k(s));
@@ -337,11 +362,13 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
         for (--n; n >= n_begin; --n) {
             float acc_s[kSRegs];
             mbar_wait(sm.full_k(s), phase);
-            issue_qk(acc_s, sQ_wg, sm.k(s));
+            mbar_wait(sm.full_v(s_prev), phase_prev);
             rescale_o(acc_o, alpha);
             reg_fence(acc_o);
-            mbar_wait(sm.full_v(s_prev), phase_prev);
+            turn_wait();
+            issue_qk(acc_s, sQ_wg, sm.k(s));
             issue_pv(acc_o, pa, sm.v(s_prev));
+            turn_pass(false);
             wgmma_wait<1>();  // S(i) done; P(i-1) V(i-1) may still run
             reg_fence(acc_s);
             if (lane == 0) mbar_arrive(sm.empty_k(s));
@@ -363,7 +390,9 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
         rescale_o(acc_o, alpha);
         reg_fence(acc_o);
         mbar_wait(sm.full_v(s_prev), phase_prev);
+        turn_wait();
         issue_pv(acc_o, pa, sm.v(s_prev));
+        turn_pass(true);
         wgmma_wait<0>();
         reg_fence(acc_o);
         if (lane == 0) mbar_arrive(sm.empty_v(s_prev));

@@ -122,9 +122,16 @@ def test_main_variant_runs_on_hgmma(cubins: dict[str, bytes]) -> None:
 
 def test_tma_variants_cover_the_same_problems_on_sm90a_only() -> None:
     listed = _sm90_variants("sm_90a", TMA_FAMILY)
-    keys = ("FS_HEAD_DIM", "FS_DTYPE", "FS_HAS_MASK", "FS_SM90_PIPE")
+    keys = ("FS_HEAD_DIM", "FS_DTYPE", "FS_HAS_MASK", "FS_SM90_PIPE", "FS_SM90_PINGPONG")
     got = {tuple(v["defines"].get(d, 0) for d in keys) for v in listed}
-    assert got == set(itertools.product((64, 128), (0, 1), (0, 1), (0, 1)))
+    # schedules: plain, pipelined, ping-pong (which builds on the pipelined order)
+    schedules = {(0, 0), (1, 0), (1, 1)}
+    want = {
+        (hd, dt, m, *sch)
+        for hd, dt, m in itertools.product((64, 128), (0, 1), (0, 1))
+        for sch in schedules
+    }
+    assert got == want
     # ring depth: three K/V stages at head dim 64, two at 128 (227 KB of shared memory)
     assert all(
         v["defines"]["FS_KV_STAGES"] == (3 if v["defines"]["FS_HEAD_DIM"] == 64 else 2)
@@ -138,7 +145,7 @@ def test_tma_variants_compile_without_spills(tma_cubins: dict[str, bytes]) -> No
     tool = find_cuobjdump()
     if tool is None:
         pytest.skip(CUOBJDUMP_MISSING)
-    assert len(tma_cubins) == 16
+    assert len(tma_cubins) == 24
     for name, cubin in tma_cubins.items():
         assert cubin[:4] == b"\x7fELF", name
         for func, _regs, stack, local, _smem in resource_usage(cubin, tool):
@@ -164,3 +171,18 @@ def test_tma_main_variant_loads_by_tma_and_runs_on_hgmma(tma_cubins: dict[str, b
     # producer down, consumers up: both halves of the register reallocation are there
     assert any("USETMAXREG.DEALLOC" in line for line in lines)
     assert any("USETMAXREG.TRY_ALLOC" in line for line in lines)
+
+
+def test_tma_ping_pong_takes_turns_on_named_barriers(tma_cubins: dict[str, bytes]) -> None:
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip(CUOBJDUMP_MISSING)
+    nvdisasm = _nvdisasm_dir(tool)
+    if nvdisasm is None:
+        pytest.skip("cuobjdump -sass needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
+    name = TMA_MAIN.replace("]", ",FS_SM90_PIPE=1,FS_SM90_PINGPONG=1]")
+    sass = _sass(tma_cubins[name], tool, nvdisasm)
+    # 256-thread turns: a wait before each issue slot (first S, loop, last P V), an arrival after
+    turns = [ln for ln in sass.splitlines() if "BAR." in ln and "0x100" in ln]
+    assert sum("BAR.SYNC" in ln for ln in turns) == 3, turns
+    assert sum("BAR.ARV" in ln for ln in turns) >= 4, turns

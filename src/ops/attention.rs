@@ -294,11 +294,17 @@ fn sm90_pipe() -> bool {
 }
 
 /// FLASHSCAN_SM90_TMA=1 runs the warp-specialised TMA kernel (`cuda/flash_fwd_sm90_tma.cu`,
-/// `attention_tma`) wherever the wgmma kernel would run; FLASHSCAN_SM90_PIPE then selects its
-/// intra-warpgroup pipelined schedule. Opt-in until measured on a GPU. Read once.
+/// `attention_tma`) wherever the wgmma kernel would run; FLASHSCAN_SM90_PIPE=1 then selects its
+/// pipelined schedule and FLASHSCAN_SM90_PINGPONG=1 the ping-pong one. Opt-in until measured
+/// on a GPU. Read once.
 fn sm90_tma() -> bool {
     static TMA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *TMA.get_or_init(|| std::env::var("FLASHSCAN_SM90_TMA").is_ok_and(|v| v == "1"))
+}
+
+fn sm90_pingpong() -> bool {
+    static PP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PP.get_or_init(|| std::env::var("FLASHSCAN_SM90_PINGPONG").is_ok_and(|v| v == "1"))
 }
 
 /// The sm_90a wgmma variant and its dynamic shared memory, when it covers the problem: arch
@@ -366,9 +372,19 @@ pub fn specs_of(arch_num: i64, varlen: bool) -> Vec<KernelSpec> {
                             }
                             // the sm_90a wgmma kernel serves dense problems only
                             for pipe in [false, true].into_iter().filter(|_| !varlen) {
-                                let cp_async = sm90_spec(hd, dtype, mask, cap, arch_num, pipe);
-                                let tma = attention_tma::spec(hd, dtype, mask, cap, arch_num, pipe);
-                                for (s, _) in cp_async.into_iter().chain(tma) {
+                                if let Some((s, _)) =
+                                    sm90_spec(hd, dtype, mask, cap, arch_num, pipe)
+                                {
+                                    if !out.contains(&s) {
+                                        out.push(s);
+                                    }
+                                }
+                            }
+                            let schedules = attention_tma::Schedule::ALL;
+                            for sch in schedules.into_iter().filter(|_| !varlen) {
+                                if let Some((s, _)) =
+                                    attention_tma::spec(hd, dtype, mask, cap, arch_num, sch)
+                                {
                                     if !out.contains(&s) {
                                         out.push(s);
                                     }
@@ -489,7 +505,7 @@ pub(crate) fn launch(
             has_mask,
             softcap > 0.0,
             arch_num,
-            sm90_pipe(),
+            attention_tma::Schedule::from_env(sm90_pipe(), sm90_pingpong()),
         );
         if let (Some((spec, smem)), Ok(tp)) = (tma, attention_tma::params(&params, dtype)) {
             let kernel = dev.kernel(&spec)?;

@@ -37,6 +37,31 @@ pub fn smem_bytes(head_dim: i64, stages: i64) -> u32 {
     (1 + 2 * stages as u32) * tile + 1024 + 8 * (1 + 4 * stages as u32)
 }
 
+/// Which consumer schedule the kernel is built with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schedule {
+    /// Each warpgroup: S, softmax, P V in turn (the two warpgroups overlap each other freely).
+    Plain,
+    /// `FS_SM90_PIPE`: S(i) issued with P(i-1) V(i-1), the softmax between their waits.
+    Pipe,
+    /// `FS_SM90_PINGPONG` on top of Pipe: the warpgroups take turns issuing GEMMs.
+    PingPong,
+}
+
+impl Schedule {
+    pub const ALL: [Schedule; 3] = [Schedule::Plain, Schedule::Pipe, Schedule::PingPong];
+
+    /// FLASHSCAN_SM90_PINGPONG=1 (ping-pong, with the pipelined order), else
+    /// FLASHSCAN_SM90_PIPE=1 (pipelined), else plain.
+    pub fn from_env(pipe: bool, pingpong: bool) -> Schedule {
+        match (pipe, pingpong) {
+            (_, true) => Schedule::PingPong,
+            (true, false) => Schedule::Pipe,
+            _ => Schedule::Plain,
+        }
+    }
+}
+
 /// The variant and its dynamic shared memory, for the problems `attention::sm90_spec` covers.
 pub fn spec(
     head_dim: i64,
@@ -44,7 +69,7 @@ pub fn spec(
     has_mask: bool,
     softcap: bool,
     arch_num: i64,
-    pipe: bool,
+    schedule: Schedule,
 ) -> Option<(KernelSpec, u32)> {
     if arch_num != 90 || softcap || !(head_dim == 64 || head_dim == 128) {
         return None;
@@ -61,8 +86,11 @@ pub fn spec(
         ("FS_ARCH", arch_num),
         ("FS_KV_STAGES", stages),
     ];
-    if pipe {
+    if schedule != Schedule::Plain {
         defines.push(("FS_SM90_PIPE", 1));
+    }
+    if schedule == Schedule::PingPong {
+        defines.push(("FS_SM90_PINGPONG", 1));
     }
     Some((
         KernelSpec {
@@ -238,11 +266,34 @@ mod tests {
 
     #[test]
     fn covers_what_the_cp_async_wgmma_kernel_covers() {
-        assert!(spec(128, DType::BF16, true, false, 90, false).is_some());
-        assert!(spec(64, DType::F16, false, false, 90, true).is_some());
-        assert!(spec(128, DType::BF16, false, false, 80, false).is_none());
-        assert!(spec(128, DType::F32, false, false, 90, false).is_none());
-        assert!(spec(128, DType::BF16, false, true, 90, false).is_none());
-        assert!(spec(96, DType::BF16, false, false, 90, false).is_none());
+        use Schedule::*;
+        assert!(spec(128, DType::BF16, true, false, 90, Plain).is_some());
+        assert!(spec(64, DType::F16, false, false, 90, Pipe).is_some());
+        assert!(spec(128, DType::BF16, false, false, 80, Plain).is_none());
+        assert!(spec(128, DType::F32, false, false, 90, Plain).is_none());
+        assert!(spec(128, DType::BF16, false, true, 90, PingPong).is_none());
+        assert!(spec(96, DType::BF16, false, false, 90, Plain).is_none());
+    }
+
+    #[test]
+    fn ping_pong_builds_on_the_pipelined_order() {
+        let defines = |sch| {
+            spec(128, DType::BF16, false, false, 90, sch)
+                .expect("covered")
+                .0
+                .defines
+        };
+        let has = |d: &Vec<(&str, i64)>, k| d.contains(&(k, 1));
+        let (plain, pipe, pp) = (
+            defines(Schedule::Plain),
+            defines(Schedule::Pipe),
+            defines(Schedule::PingPong),
+        );
+        assert!(!has(&plain, "FS_SM90_PIPE") && !has(&plain, "FS_SM90_PINGPONG"));
+        assert!(has(&pipe, "FS_SM90_PIPE") && !has(&pipe, "FS_SM90_PINGPONG"));
+        assert!(has(&pp, "FS_SM90_PIPE") && has(&pp, "FS_SM90_PINGPONG"));
+        assert_eq!(Schedule::from_env(false, true), Schedule::PingPong);
+        assert_eq!(Schedule::from_env(true, false), Schedule::Pipe);
+        assert_eq!(Schedule::from_env(false, false), Schedule::Plain);
     }
 }
