@@ -373,9 +373,16 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
             reg_fence(acc_s);
             if (lane == 0) mbar_arrive(sm.empty_k(s));
             mask_softmax(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t, scale_log2);
-            // Pins the exponentials before the wait: without it the compiler sinks them below
-            // wgmma_wait<0> (they are only read by pack_p), and nothing overlaps P V.
             reg_fence(acc_s);
+            // ptxas schedules wgmma_wait<0> near the top of its basic block, i.e. before the
+            // exponentials, which then no longer overlap P V (seen in SASS). A side exit that
+            // never fires (row sums are >= 0 or NaN) ends the block here, so the wait stays
+            // after the softmax. Head dim 64 only: at 128 the live set (O 64 + P 32 + S 64
+            // registers) under the 168-register entry budget makes ptxas serialise every wgmma
+            // instead (C7512), so there the wait stays hoisted and ping-pong is the overlap.
+            if constexpr (kHeadDim == 64) {
+                if (row_sum[0] == -1.0f) __trap();
+            }
             wgmma_wait<0>();  // P(i-1) V(i-1) done: its V stage is free, its P registers reusable
             reg_fence(acc_o);
             if (lane == 0) mbar_arrive(sm.empty_v(s_prev));

@@ -186,3 +186,26 @@ def test_tma_ping_pong_takes_turns_on_named_barriers(tma_cubins: dict[str, bytes
     turns = [ln for ln in sass.splitlines() if "BAR." in ln and "0x100" in ln]
     assert sum("BAR.SYNC" in ln for ln in turns) == 3, turns
     assert sum("BAR.ARV" in ln for ln in turns) >= 4, turns
+
+
+def test_tma_hd64_pipelined_softmax_runs_while_p_v_is_in_flight(
+    tma_cubins: dict[str, bytes],
+) -> None:
+    """The point of the pipelined order: between the wait that completes S (wait_group 1) and the
+    one that completes P V (wait_group 0), the exponentials of the softmax. ptxas hoists the
+    second wait unless the kernel ends the basic block first (done at head dim 64)."""
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip(CUOBJDUMP_MISSING)
+    nvdisasm = _nvdisasm_dir(tool)
+    if nvdisasm is None:
+        pytest.skip("cuobjdump -sass needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
+    name = (
+        f"{TMA_FAMILY}.flash_fwd_sm90_tma_kernel"
+        "[FS_HEAD_DIM=64,FS_DTYPE=1,FS_HAS_MASK=0,FS_ARCH=90,FS_KV_STAGES=3,FS_SM90_PIPE=1]"
+    )
+    lines = _sass(tma_cubins[name], tool, nvdisasm).splitlines()
+    first = next(i for i, ln in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in ln)
+    last = next(i for i in range(first, len(lines)) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in lines[i])
+    exps = sum("MUFU.EX2" in ln for ln in lines[first:last])
+    assert exps >= 64, f"only {exps} exponentials between the two waits"
