@@ -51,11 +51,10 @@ for stage in "${stages[@]}"; do
       run check-pingpong 150 "${pingpong[@]}" -- python3 "$check" --check-only
       ;;
     sanitize)
-      for sched in tma pingpong; do
-        declare -n envs_ref=$sched
-        run "memcheck-$sched" 180 "${envs_ref[@]}" -- compute-sanitizer --tool memcheck --error-exitcode 9 \
+      for tool in memcheck synccheck; do
+        run "$tool-plain" 180 "${tma[@]}" -- compute-sanitizer --tool "$tool" --error-exitcode 9 \
           python3 "$check" --quick
-        run "synccheck-$sched" 180 "${envs_ref[@]}" -- compute-sanitizer --tool synccheck --error-exitcode 9 \
+        run "$tool-pingpong" 180 "${pingpong[@]}" -- compute-sanitizer --tool "$tool" --error-exitcode 9 \
           python3 "$check" --quick
       done
       ;;
