@@ -18,7 +18,7 @@ stages=("$@")
 python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site .dev/wheel/flashscan-*.whl || exit 1
 repo="$PWD"
 check="$repo/tools/sm90_fwd_check.py"
-export PYTHONPATH=/tmp/site FLASHSCAN_CACHE_DIR=/tmp/flashscan-cache FLASHSCAN_SM90_WGMMA=1
+export PYTHONPATH=/tmp/site FLASHSCAN_SM90_WGMMA=1
 cd /tmp || exit 1
 echo "wheel commit: $(cat "$repo/.dev/wheel/COMMIT" 2>/dev/null | tr '\n' ' ')"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
@@ -31,11 +31,17 @@ run() {
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done
   shift
   echo "=== $name"
-  env "${envs[@]}" timeout -s KILL "$limit" "$@" >"$OUT/$name.log" 2>&1
+  # a cache of its own per run: what it built says which kernel really ran (a refused tensor
+  # map falls back to the cp.async kernel silently)
+  local cache="/tmp/flashscan-cache-$name"
+  rm -rf "$cache"
+  env "${envs[@]}" FLASHSCAN_CACHE_DIR="$cache" timeout -s KILL "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   tail -n 40 "$OUT/$name.log"
-  echo "=== $name rc=$rc"
-  echo "$name rc=$rc" >>"$OUT/summary.txt"
+  local built
+  built="$(ls "$cache" 2>/dev/null | sed 's/-sm_.*//' | sort | uniq -c | tr '\n' ' ')"
+  echo "=== $name rc=$rc built: $built"
+  echo "$name rc=$rc built: $built" >>"$OUT/summary.txt"
 }
 
 tma=(FLASHSCAN_SM90_TMA=1)
