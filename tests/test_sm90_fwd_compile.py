@@ -1,6 +1,8 @@
-"""The Hopper wgmma forward (cuda/flash_fwd_sm90.cu) on the CPU: its variants are listed for
-sm_90a only, compile with NVRTC, spill nothing, and really run on the warpgroup tensor cores
-(HGMMA in the SASS, P V through the transposed-B form, no mma.sync HMMA left over)."""
+"""The Hopper wgmma forwards (cuda/flash_fwd_sm90.cu, cp.async; cuda/flash_fwd_sm90_tma.cu,
+TMA + producer warpgroup) on the CPU: their variants are listed for sm_90a only, compile with
+NVRTC, spill nothing, and really run on the warpgroup tensor cores (HGMMA in the SASS, P V
+through the transposed-B form, no mma.sync HMMA left over); the TMA kernel loads through the
+tensor memory accelerator (UTMALDG) and moves registers between warpgroups (USETMAXREG)."""
 
 from __future__ import annotations
 
@@ -25,17 +27,31 @@ pytestmark = pytest.mark.skipif(
 
 FAMILY = "flash_fwd_sm90"
 MAIN = f"{FAMILY}.flash_fwd_sm90_kernel[FS_HEAD_DIM=128,FS_DTYPE=1,FS_HAS_MASK=0,FS_ARCH=90]"
+TMA_FAMILY = "flash_fwd_sm90_tma"
+TMA_MAIN = (
+    f"{TMA_FAMILY}.flash_fwd_sm90_tma_kernel"
+    "[FS_HEAD_DIM=128,FS_DTYPE=1,FS_HAS_MASK=0,FS_ARCH=90,FS_KV_STAGES=2]"
+)
 
 
-def _sm90_variants(arch: str) -> list[dict]:
-    return [v for v in _native.kernel_variants(arch) if v["family"] == FAMILY]
+def _sm90_variants(arch: str, family: str = FAMILY) -> list[dict]:
+    return [v for v in _native.kernel_variants(arch) if v["family"] == family]
+
+
+def _compile_all(family: str) -> dict[str, bytes]:
+    names = [v["name"] for v in _sm90_variants("sm_90a", family)]
+    with ThreadPoolExecutor(2) as pool:  # compile_variant releases the GIL
+        return dict(zip(names, pool.map(lambda n: _native.compile_variant(n, "sm_90a"), names)))
 
 
 @pytest.fixture(scope="module")
 def cubins() -> dict[str, bytes]:
-    names = [v["name"] for v in _sm90_variants("sm_90a")]
-    with ThreadPoolExecutor(2) as pool:  # compile_variant releases the GIL
-        return dict(zip(names, pool.map(lambda n: _native.compile_variant(n, "sm_90a"), names)))
+    return _compile_all(FAMILY)
+
+
+@pytest.fixture(scope="module")
+def tma_cubins() -> dict[str, bytes]:
+    return _compile_all(TMA_FAMILY)
 
 
 def _nvdisasm_dir(cuobjdump: str) -> str | None:
@@ -102,3 +118,94 @@ def test_main_variant_runs_on_hgmma(cubins: dict[str, bytes]) -> None:
     assert sum(".tnspB" not in line for line in hgmma) == 8, sass[-2000:]
     assert sum(".tnspB" in line for line in hgmma) == 8, sass[-2000:]
     assert " HMMA" not in sass, "an mma.sync tensor-core op left in the wgmma kernel"
+
+
+def test_tma_variants_cover_the_same_problems_on_sm90a_only() -> None:
+    listed = _sm90_variants("sm_90a", TMA_FAMILY)
+    keys = ("FS_HEAD_DIM", "FS_DTYPE", "FS_HAS_MASK", "FS_SM90_PIPE", "FS_SM90_PINGPONG")
+    got = {tuple(v["defines"].get(d, 0) for d in keys) for v in listed}
+    # schedules: plain, pipelined, ping-pong (which builds on the pipelined order)
+    schedules = {(0, 0), (1, 0), (1, 1)}
+    want = {
+        (hd, dt, m, *sch)
+        for hd, dt, m in itertools.product((64, 128), (0, 1), (0, 1))
+        for sch in schedules
+    }
+    assert got == want
+    # ring depth: three K/V stages at head dim 64, two at 128 (227 KB of shared memory)
+    assert all(
+        v["defines"]["FS_KV_STAGES"] == (3 if v["defines"]["FS_HEAD_DIM"] == 64 else 2)
+        for v in listed
+    )
+    assert all(v["main"] for v in listed), "every TMA variant must stay spill-free"
+    assert _sm90_variants("sm_80", TMA_FAMILY) == []
+
+
+def test_tma_variants_compile_without_spills(tma_cubins: dict[str, bytes]) -> None:
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip(CUOBJDUMP_MISSING)
+    assert len(tma_cubins) == 24
+    for name, cubin in tma_cubins.items():
+        assert cubin[:4] == b"\x7fELF", name
+        for func, _regs, stack, local, _smem in resource_usage(cubin, tool):
+            assert stack == 0 and local == 0, f"{name} {func}: stack {stack} B, local {local} B"
+
+
+def test_tma_main_variant_loads_by_tma_and_runs_on_hgmma(tma_cubins: dict[str, bytes]) -> None:
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip(CUOBJDUMP_MISSING)
+    nvdisasm = _nvdisasm_dir(tool)
+    if nvdisasm is None:
+        pytest.skip("cuobjdump -sass needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
+    sass = _sass(tma_cubins[TMA_MAIN], tool, nvdisasm)
+    lines = sass.splitlines()
+    hgmma = [line for line in lines if "HGMMA.64x128x16.F32.BF16" in line]
+    assert sum(".tnspB" not in line for line in hgmma) == 8, sass[-2000:]
+    assert sum(".tnspB" in line for line in hgmma) == 8, sass[-2000:]
+    assert " HMMA" not in sass, "an mma.sync tensor-core op left in the wgmma kernel"
+    # Q, K and V each as two 64-column boxes of a rank-4 map; no cp.async (LDGSTS) left
+    assert sum("UTMALDG.4D" in line for line in lines) == 6, sass[-2000:]
+    assert "LDGSTS" not in sass
+    # producer down, consumers up: both halves of the register reallocation are there
+    assert any("USETMAXREG.DEALLOC" in line for line in lines)
+    assert any("USETMAXREG.TRY_ALLOC" in line for line in lines)
+
+
+def test_tma_ping_pong_takes_turns_on_named_barriers(tma_cubins: dict[str, bytes]) -> None:
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip(CUOBJDUMP_MISSING)
+    nvdisasm = _nvdisasm_dir(tool)
+    if nvdisasm is None:
+        pytest.skip("cuobjdump -sass needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
+    name = TMA_MAIN.replace("]", ",FS_SM90_PIPE=1,FS_SM90_PINGPONG=1]")
+    sass = _sass(tma_cubins[name], tool, nvdisasm)
+    # 256-thread turns: a wait before each issue slot (first S, loop, last P V), an arrival after
+    turns = [ln for ln in sass.splitlines() if "BAR." in ln and "0x100" in ln]
+    assert sum("BAR.SYNC" in ln for ln in turns) == 3, turns
+    assert sum("BAR.ARV" in ln for ln in turns) >= 4, turns
+
+
+def test_tma_hd64_pipelined_softmax_runs_while_p_v_is_in_flight(
+    tma_cubins: dict[str, bytes],
+) -> None:
+    """The point of the pipelined order: between the wait that completes S (wait_group 1) and the
+    one that completes P V (wait_group 0), the exponentials of the softmax. ptxas hoists the
+    second wait unless the kernel ends the basic block first (done at head dim 64)."""
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip(CUOBJDUMP_MISSING)
+    nvdisasm = _nvdisasm_dir(tool)
+    if nvdisasm is None:
+        pytest.skip("cuobjdump -sass needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
+    name = (
+        f"{TMA_FAMILY}.flash_fwd_sm90_tma_kernel"
+        "[FS_HEAD_DIM=64,FS_DTYPE=1,FS_HAS_MASK=0,FS_ARCH=90,FS_KV_STAGES=3,FS_SM90_PIPE=1]"
+    )
+    lines = _sass(tma_cubins[name], tool, nvdisasm).splitlines()
+    first = next(i for i, ln in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in ln)
+    last = next(i for i in range(first, len(lines)) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in lines[i])
+    exps = sum("MUFU.EX2" in ln for ln in lines[first:last])
+    assert exps >= 64, f"only {exps} exponentials between the two waits"

@@ -12,7 +12,9 @@ shape, 0: the mma.sync kernel), read once per process, so run this once per sett
     FLASHSCAN_SM90_WGMMA=0 python3 tools/sm90_fwd_check.py --time-only --ours-only
     FLASHSCAN_SM90_WGMMA=1 FLASHSCAN_SM90_PIPE=1 python3 tools/sm90_fwd_check.py --ours-only
 
-(the last: the experimental pipelined schedule, FS_SM90_PIPE=1).
+(the last: the experimental pipelined schedule, FS_SM90_PIPE=1). FLASHSCAN_SM90_TMA=1 runs the
+warp-specialised TMA kernel (cuda/flash_fwd_sm90_tma.cu) instead of the cp.async one; --quick
+checks two small odd-size cases only (for compute-sanitizer).
 """
 
 from __future__ import annotations
@@ -89,9 +91,12 @@ CASES = [
 ]
 
 
-def check(dtype) -> bool:
+QUICK = [CASES[6], CASES[3], CASES[10]]
+
+
+def check(dtype, cases=CASES) -> bool:
     ok = True
-    for b, sq, sk, h, hk, d, causal, window in CASES:
+    for b, sq, sk, h, hk, d, causal, window in cases:
         torch.manual_seed(sq * 7 + sk + d)
         q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
         k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
@@ -144,6 +149,8 @@ def bench(ours_only: bool) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     mode = os.environ.get("FLASHSCAN_SM90_WGMMA", "default")
+    tma, pipe = (os.environ.get(f"FLASHSCAN_SM90_{n}", "0") for n in ("TMA", "PIPE"))
+    mode += f", TMA={tma}, PIPE={pipe}"
     shapes = [
         (4, 4096, 16, 128, False),
         (4, 4096, 16, 128, True),
@@ -193,10 +200,18 @@ def main() -> int:
     ap.add_argument("--time-only", action="store_true")
     ap.add_argument("--check-only", action="store_true")
     ap.add_argument("--ours-only", action="store_true")
+    ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
-    mode = os.environ.get("FLASHSCAN_SM90_WGMMA")
-    print(torch.cuda.get_device_name(), "FLASHSCAN_SM90_WGMMA =", mode)
+    env = {
+        k: os.environ.get(k)
+        for k in ("FLASHSCAN_SM90_WGMMA", "FLASHSCAN_SM90_TMA", "FLASHSCAN_SM90_PIPE")
+    }
+    print(torch.cuda.get_device_name(), env)
     ok = True
+    if a.quick:
+        ok = check(torch.bfloat16, QUICK)
+        print("QUICK CORRECTNESS", "PASS" if ok else "FAIL", flush=True)
+        return 0 if ok else 1
     if not a.time_only:
         ok = check(torch.bfloat16)
         ok &= check(torch.float16)

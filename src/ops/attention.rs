@@ -1,6 +1,7 @@
 //! FlashAttention forward: argument checks, variant choice, launch of `cuda/flash_fwd.cu`.
 
 use crate::error::{unsupported, value_err, Error, Result};
+use crate::ops::attention_tma;
 use crate::ops::flash_tiles::{flash_fwd_tile, FlashTile, HEAD_DIM_TILES, SHORT_SEQLEN_Q};
 use crate::runtime::{runtime, KernelSpec, StreamChoice};
 use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
@@ -292,6 +293,20 @@ fn sm90_pipe() -> bool {
     *PIPE.get_or_init(|| std::env::var("FLASHSCAN_SM90_PIPE").is_ok_and(|v| v == "1"))
 }
 
+/// FLASHSCAN_SM90_TMA=1 runs the warp-specialised TMA kernel (`cuda/flash_fwd_sm90_tma.cu`,
+/// `attention_tma`) wherever the wgmma kernel would run; FLASHSCAN_SM90_PIPE=1 then selects its
+/// pipelined schedule and FLASHSCAN_SM90_PINGPONG=1 the ping-pong one. Opt-in until measured
+/// on a GPU. Read once.
+fn sm90_tma() -> bool {
+    static TMA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TMA.get_or_init(|| std::env::var("FLASHSCAN_SM90_TMA").is_ok_and(|v| v == "1"))
+}
+
+fn sm90_pingpong() -> bool {
+    static PP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PP.get_or_init(|| std::env::var("FLASHSCAN_SM90_PINGPONG").is_ok_and(|v| v == "1"))
+}
+
 /// The sm_90a wgmma variant and its dynamic shared memory, when it covers the problem: arch
 /// sm_90, fp16/bf16, head dim exactly 64 or 128, no softcap. Everything else takes `spec`.
 pub fn sm90_spec(
@@ -359,6 +374,16 @@ pub fn specs_of(arch_num: i64, varlen: bool) -> Vec<KernelSpec> {
                             for pipe in [false, true].into_iter().filter(|_| !varlen) {
                                 if let Some((s, _)) =
                                     sm90_spec(hd, dtype, mask, cap, arch_num, pipe)
+                                {
+                                    if !out.contains(&s) {
+                                        out.push(s);
+                                    }
+                                }
+                            }
+                            let schedules = attention_tma::Schedule::ALL;
+                            for sch in schedules.into_iter().filter(|_| !varlen) {
+                                if let Some((s, _)) =
+                                    attention_tma::spec(hd, dtype, mask, cap, arch_num, sch)
                                 {
                                     if !out.contains(&s) {
                                         out.push(s);
@@ -453,6 +478,54 @@ pub(crate) fn launch(
     } else {
         None
     };
+    params.batch = fits_i32("batch", p.batch)?;
+    params.nheads = fits_i32("nheads", p.nheads)?;
+    params.nheads_k = fits_i32("nheads_k", p.nheads_k)?;
+    params.seqlen_q = fits_i32("seqlen_q", p.seqlen_q)?;
+    params.seqlen_k = fits_i32("seqlen_k", p.seqlen_k)?;
+    params.head_dim = fits_i32("headdim", p.head_dim)?;
+    params.softmax_scale = softmax_scale;
+    params.softcap = softcap;
+    params.window_left = p.window_left as i32;
+    params.window_right = p.window_right as i32;
+    let grid_of = |block_m: i64| -> Result<(u32, u32, u32)> {
+        Ok((
+            u32::try_from((p.seqlen_q + block_m - 1) / block_m)
+                .map_err(|_| unsupported("seqlen_q too large"))?,
+            p.nheads as u32,
+            p.batch as u32,
+        ))
+    };
+    // The warp-specialised TMA kernel, where wanted and the driver encodes every tensor map;
+    // otherwise (a map refused) the cp.async wgmma kernel below.
+    if wgmma.is_some() && sm90_tma() {
+        let tma = attention_tma::spec(
+            p.head_dim,
+            dtype,
+            has_mask,
+            softcap > 0.0,
+            arch_num,
+            attention_tma::Schedule::from_env(sm90_pipe(), sm90_pingpong()),
+        );
+        if let (Some((spec, smem)), Ok(tp)) = (tma, attention_tma::params(&params, dtype)) {
+            let kernel = dev.kernel(&spec)?;
+            let s = dev.stream(stream)?;
+            let threads = attention_tma::THREADS;
+            // SAFETY: tp mirrors the kernel's struct; its maps address exactly the q / k / v
+            // tensors checked by the caller, and every pointer in params is on this device.
+            unsafe {
+                dev.launch(
+                    &kernel,
+                    grid_of(SM90_BLOCK_M)?,
+                    (threads, 1, 1),
+                    smem,
+                    s,
+                    &tp,
+                )?
+            };
+            return dev.finish(stream);
+        }
+    }
     let (spec, block_m, threads, smem) = match wgmma {
         Some((s, smem)) => (s, SM90_BLOCK_M, SM90_THREADS, smem),
         None => {
@@ -469,22 +542,7 @@ pub(crate) fn launch(
         }
     };
     let kernel = dev.kernel(&spec)?;
-    params.batch = fits_i32("batch", p.batch)?;
-    params.nheads = fits_i32("nheads", p.nheads)?;
-    params.nheads_k = fits_i32("nheads_k", p.nheads_k)?;
-    params.seqlen_q = fits_i32("seqlen_q", p.seqlen_q)?;
-    params.seqlen_k = fits_i32("seqlen_k", p.seqlen_k)?;
-    params.head_dim = fits_i32("headdim", p.head_dim)?;
-    params.softmax_scale = softmax_scale;
-    params.softcap = softcap;
-    params.window_left = p.window_left as i32;
-    params.window_right = p.window_right as i32;
-    let grid = (
-        u32::try_from((p.seqlen_q + block_m - 1) / block_m)
-            .map_err(|_| unsupported("seqlen_q too large"))?,
-        p.nheads as u32,
-        p.batch as u32,
-    );
+    let grid = grid_of(block_m)?;
     let s = dev.stream(stream)?;
     // SAFETY: params mirrors the kernel's struct; every pointer was checked by the caller to
     // be a CUDA tensor on this device with the shapes and strides the kernel indexes by.

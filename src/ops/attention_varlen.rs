@@ -371,6 +371,7 @@ pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::attention_tma;
     use crate::tensor::DeviceKind;
 
     fn view(shape: &[i64], ptr: u64, dtype: DType) -> TensorView {
@@ -524,7 +525,7 @@ mod tests {
         // the sm_90a wgmma kernel serves dense problems only
         let mma_sync = dense
             .iter()
-            .filter(|s| s.family != attention::FAMILY_SM90)
+            .filter(|s| s.family != attention::FAMILY_SM90 && s.family != attention_tma::FAMILY)
             .count();
         assert!(mma_sync < dense.len(), "sm_90 lists the wgmma variants");
         assert_eq!(

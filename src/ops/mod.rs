@@ -4,6 +4,7 @@
 pub mod attention;
 pub mod attention_bwd;
 pub mod attention_decode;
+pub mod attention_tma;
 pub mod attention_varlen;
 pub mod conv1d;
 pub mod flash_tiles;

@@ -410,3 +410,55 @@ pub fn pointer_device(ptr: u64) -> Result<i32> {
 pub unsafe fn copy_async(dst: u64, src: u64, bytes: usize, stream: Stream) -> Result<()> {
     result::memcpy_dtod_async(dst, src, bytes, stream.0).map_err(cuda_err("cuMemcpyDtoDAsync"))
 }
+
+/// A rank-4 tiled TMA tensor map of 16-bit elements (`bf16` selects bfloat16, else float16) with
+/// the 128-byte swizzle, zero fill out of bounds: `dims` innermost first (elements), `strides`
+/// of dims 1..3 in bytes, `box_dims` in elements. Returns the encoded 128 bytes; the driver
+/// checks alignment and ranges and answers CUDA_ERROR_INVALID_VALUE when one is off.
+pub fn encode_tensor_map_4d(
+    ptr: u64,
+    bf16: bool,
+    dims: [u64; 4],
+    strides: [u64; 3],
+    box_dims: [u32; 4],
+) -> Result<[u64; 16]> {
+    use sys::{
+        CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
+        CUtensorMapL2promotion, CUtensorMapSwizzle,
+    };
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+    let elem_strides = [1u32; 4];
+    let dtype = if bf16 {
+        CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+    } else {
+        CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+    };
+    // SAFETY: every array outlives the call and has the rank's length (strides rank - 1); the
+    // driver only reads them and writes the map. A missing symbol (a driver older than 12.0)
+    // panics inside cudarc's loader and is caught here.
+    let out = map.as_mut_ptr();
+    let rc = std::panic::catch_unwind(|| unsafe {
+        sys::cuTensorMapEncodeTiled(
+            out,
+            dtype,
+            4,
+            ptr as usize as *mut c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            box_dims.as_ptr(),
+            elem_strides.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    })
+    .map_err(|_| Error::Cuda {
+        call: "cuTensorMapEncodeTiled",
+        detail: "the driver has no cuTensorMapEncodeTiled".into(),
+    })?;
+    rc.result().map_err(cuda_err("cuTensorMapEncodeTiled"))?;
+    // SAFETY: the driver wrote the map (success above); zeroed before in any case.
+    let map = unsafe { map.assume_init() };
+    Ok(map.opaque)
+}

@@ -35,6 +35,7 @@ pub const HEADERS: &[(&str, &str)] = &[
         "common/wgmma.cuh",
         include_str!("../../cuda/common/wgmma.cuh"),
     ),
+    ("common/tma.cuh", include_str!("../../cuda/common/tma.cuh")),
     (
         "common/softcap.cuh",
         include_str!("../../cuda/common/softcap.cuh"),

@@ -1,0 +1,453 @@
+// flash_fwd_sm90_tma.cu: FlashAttention forward for Hopper (sm_90a), warp-specialised: a
+// producer warpgroup loads Q, K and V with TMA into a shared-memory ring guarded by mbarriers,
+// and two consumer warpgroups run wgmma and the online softmax (the math of flash_fwd_sm90.cu).
+//
+// One CTA computes one 128 x head_dim tile of the output for one (batch, head); 384 threads:
+//   warpgroup 0 (producer): setmaxnreg down to 24; one thread issues every TMA load:
+//       Q once (bar_q), then for each visible KV tile (last to first) K into ring stage s
+//       (full_k[s]) and V (full_v[s]), each after the consumers freed that stage (empty_k/v[s]).
+//   warpgroups 1, 2 (consumers): setmaxnreg up to 240; consumer c owns query rows [64 c, 64 c + 64):
+//       S = Q K^T   wgmma m64n128k16, A = Q and B = K from shared memory (K-major)  -> free K
+//       mask        (only tiles that cross seqlen_k or a window edge)
+//       softmax     (registers, exp2 with the scale folded into one FFMA)
+//       O += P V    wgmma m64nDk16, A = P from registers, B = V (MN-major)         -> free V
+//     The consumers never synchronise with each other inside the loop, so one's softmax runs
+//     while the other's GEMMs use the tensor cores. FS_SM90_PIPE=1 also overlaps inside each
+//     warpgroup: S(i) is issued before P(i-1) V(i-1), and the softmax of tile i runs while that
+//     P V is on the tensor cores (flash_fwd_sm90.cu's verified pipelined order).
+//     FS_SM90_PINGPONG=1 (on top of PIPE) makes the consumers take turns: each issue slot (S(i)
+//     and P(i-1) V(i-1) back to back) waits for the other warpgroup's previous slot (named
+//     barriers 3 and 4, 256 threads: 128 waiting + 128 arriving), so one warpgroup's softmax
+//     runs while the other's GEMMs hold the tensor cores (FlashAttention-3's ping-pong).
+//   Epilogue: O / rowsum and LSE; each consumer stages its rows in its own rows of the Q tile and
+//   stores them with 16-byte coalesced writes (named barrier per warpgroup).
+//
+// TMA: rank-4 tensor maps (head_dim, seqlen, heads, batch), box 64 x 128 x 1 x 1, 128-byte swizzle:
+// one box is exactly one 64-column block of common/wgmma.cuh's swizzled tile layout (128 rows x
+// 128 bytes, chunk c of row r at r * 128 + (c ^ r % 8) * 16), so the wgmma descriptors of the
+// cp.async kernel read it unchanged. Rows past seqlen (tails) are zero-filled by TMA and, for K,
+// masked; a box always delivers its full byte count, which is what expect_tx announces.
+//
+// Shared memory: [Q | K0 | V0 | K1 | V1 | ... ] (1 + 2 * FS_KV_STAGES tiles of 128 * head_dim * 2
+// bytes, 1024-byte aligned) then the mbarriers: bar_q, full_k[S], full_v[S], empty_k[S], empty_v[S].
+// Empty barriers count 8 arrivals: lane 0 of each consumer warp once its wgmmas on the stage
+// completed.
+//
+// Covered: fp16 / bf16, head_dim 64 or 128 exactly, causal / sliding windows (FS_HAS_MASK),
+// seqlen_q != seqlen_k (bottom-right aligned), GQA/MQA, LSE. The launcher (src/ops/attention.rs)
+// encodes the maps and falls back to flash_fwd_sm90.cu where the driver refuses one.
+//
+// The prelude defines FS_HEAD_DIM (64 or 128), FS_DTYPE (0 fp16, 1 bf16), FS_HAS_MASK, FS_ARCH (90),
+// FS_KV_STAGES (2 or 3), optionally FS_SM90_PIPE and FS_SM90_PINGPONG.
+
+#include "common/convert.cuh"
+#include "common/copy.cuh"
+#include "common/math.cuh"
+#include "common/mma.cuh"
+#include "common/tma.cuh"
+#include "common/wgmma.cuh"
+
+#if !defined(FS_HEAD_DIM) || !defined(FS_DTYPE) || !defined(FS_HAS_MASK) || !defined(FS_ARCH) || !defined(FS_KV_STAGES)
+#error "the prelude must define FS_HEAD_DIM, FS_DTYPE, FS_HAS_MASK, FS_ARCH and FS_KV_STAGES"
+#endif
+#ifndef FS_SM90_PIPE
+#define FS_SM90_PIPE 0
+#endif
+#ifndef FS_SM90_PINGPONG
+#define FS_SM90_PINGPONG 0  // 1 (with FS_SM90_PIPE): the consumers take turns issuing GEMMs
+#endif
+#if FS_SM90_PINGPONG && !FS_SM90_PIPE
+#error "FS_SM90_PINGPONG builds on the FS_SM90_PIPE schedule"
+#endif
+
+// Same struct as flash_fwd_sm90.cu (host mirror: FlashFwdParams in src/ops/attention.rs).
+struct FlashFwdParams {
+    const void* q;
+    const void* k;
+    const void* v;
+    void* o;
+    float* lse;
+    long long q_batch_stride, q_row_stride, q_head_stride;
+    long long k_batch_stride, k_row_stride, k_head_stride;
+    long long v_batch_stride, v_row_stride, v_head_stride;
+    long long o_batch_stride, o_row_stride, o_head_stride;
+    int batch, nheads, nheads_k, seqlen_q, seqlen_k, head_dim;
+    float softmax_scale;
+    float softcap;
+    int window_left, window_right;
+};
+
+// The kernel's one parameter (host mirror: FlashFwdTmaParams in src/ops/attention_tma.rs):
+// tensor maps first (64-byte aligned, 128 bytes each), then the plain parameters.
+struct FlashFwdTmaParams {
+    fs::TensorMap tm_q, tm_k, tm_v;
+    FlashFwdParams p;
+};
+
+namespace f90t {
+
+using namespace fs;
+
+static constexpr int kHeadDim = FS_HEAD_DIM;
+static constexpr int kBlockM = 128;                    // query rows per CTA
+static constexpr int kBlockN = 128;                    // keys per KV tile
+static constexpr int kStages = FS_KV_STAGES;           // K/V ring depth
+static constexpr int kThreads = 384;                   // producer + two consumer warpgroups
+static constexpr int kTileBytes = 128 * kHeadDim * 2;  // one swizzled 128-row tile
+static constexpr int kColBlockBytes = 128 * 128;       // one 64-column block of a tile
+static constexpr int kColBlocks = kHeadDim / 64;       // TMA boxes per tile
+static constexpr int kChunksPerRow = kHeadDim / 8;     // 16-byte chunks per row
+static constexpr int kSRegs = kBlockN / 2;             // S accumulator floats per thread
+static constexpr int kORegs = kHeadDim / 2;            // O accumulator floats per thread
+static constexpr int kProducerRegs = 24;
+static constexpr int kConsumerRegs = 240;              // 24 * 128 + 240 * 256 <= 64 K registers
+static constexpr u32 kEmptyArrivals = 8;               // one per consumer warp
+
+static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim tile is 64 or 128");
+static_assert(FS_DTYPE == 0 || FS_DTYPE == 1, "16-bit inputs only");
+static_assert(FS_ARCH == 90, "wgmma, TMA and setmaxnreg need sm_90a");
+static_assert(kStages >= 2 && kStages <= 3, "2 or 3 ring stages");
+static_assert((1 + 2 * kStages) * kTileBytes + 1024 + 8 * (1 + 4 * kStages) <= 232448, "smem");
+
+// Shared-memory addresses of one CTA's tiles and barriers.
+struct Smem {
+    u32 base;
+    __device__ u32 q() const { return base; }
+    __device__ u32 k(int s) const { return base + kTileBytes * (1 + 2 * s); }
+    __device__ u32 v(int s) const { return base + kTileBytes * (2 + 2 * s); }
+    __device__ u32 bar(int i) const { return base + kTileBytes * (1 + 2 * kStages) + 8 * i; }
+    __device__ u32 bar_q() const { return bar(0); }
+    __device__ u32 full_k(int s) const { return bar(1 + s); }
+    __device__ u32 full_v(int s) const { return bar(1 + kStages + s); }
+    __device__ u32 empty_k(int s) const { return bar(1 + 2 * kStages + s); }
+    __device__ u32 empty_v(int s) const { return bar(1 + 3 * kStages + s); }
+};
+
+// All boxes of one 128-row tile (rows row0.. of (head, batch)) into dst, completing on bar.
+__device__ __forceinline__ void tma_tile(u32 dst, const TensorMap* map, int row0, int head, int batch, u32 bar) {
+    mbar_arrive_expect_tx(bar, kTileBytes);
+#pragma unroll
+    for (int cb = 0; cb < kColBlocks; ++cb) tma_load_4d(dst + cb * kColBlockBytes, map, cb * 64, row0, head, batch, bar);
+}
+
+// S = Q K^T for this warpgroup's 64 rows (issued, committed, not waited for).
+__device__ __forceinline__ void issue_qk(float (&acc_s)[kSRegs], u32 sQ_wg, u32 sK) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        const u32 koff = (kk >> 2) * kColBlockBytes + (kk & 3) * 32;
+        wgmma_ss<kBlockN, FS_DTYPE, 0>(acc_s, wgmma_desc(sQ_wg + koff, 16, 1024), wgmma_desc(sK + koff, 16, 1024),
+                                       kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+}
+
+// O += P V (issued, committed, not waited for): 16 keys = 16 rows of 128 bytes per k-step; LBO
+// steps to the next 64-column block of head_dim.
+__device__ __forceinline__ void issue_pv(float (&acc_o)[kORegs], const u32 (&pa)[kBlockN / 16][4], u32 sV) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+        wgmma_rs<kHeadDim, FS_DTYPE, 1>(acc_o, pa[kk], wgmma_desc(sV + kk * 16 * 128, kColBlockBytes, 1024), 1);
+    wgmma_commit();
+}
+
+__device__ __forceinline__ void rescale_o(float (&acc_o)[kORegs], const float (&alpha)[2]) {
+#pragma unroll
+    for (int d = 0; d < kHeadDim / 8; ++d)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[4 * d + e] *= alpha[e >> 1];
+}
+
+// Masks (where the tile needs it) and turns S into P in place, updating the running max and sum;
+// alpha receives the factor O must be rescaled by.
+__device__ __forceinline__ void mask_softmax(float (&acc_s)[kSRegs], float (&row_max)[2], float (&row_sum)[2],
+                                             float (&alpha)[2], const FlashFwdParams& p, int n0, int m0, long long diag,
+                                             int row_in_tile, int t, float scale_log2) {
+    bool need_mask = n0 + kBlockN > p.seqlen_k;
+#if FS_HAS_MASK
+    {
+        const long long m0_diag = (long long)m0 + diag;
+        if (p.window_left >= 0 && n0 < m0_diag + kBlockM - 1 - p.window_left) need_mask = true;
+        if (p.window_right >= 0 && n0 + kBlockN - 1 > m0_diag + p.window_right) need_mask = true;
+    }
+#endif
+    if (need_mask) {
+        const int rel_lo = (FS_HAS_MASK && p.window_left >= 0) ? -p.window_left : -0x7fffffff;
+        const int rel_hi = (FS_HAS_MASK && p.window_right >= 0) ? p.window_right : 0x7fffffff;
+        const int row_diag = m0 + row_in_tile + (int)diag;
+        const int col0 = n0 + 2 * t;
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int col = col0 + j * 8 + (e & 1);
+                const int rel = col - (row_diag + 8 * (e >> 1));
+                if (col >= p.seqlen_k || rel < rel_lo || rel > rel_hi) acc_s[4 * j + e] = neg_inf();
+            }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float mx = row_max[h];
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(acc_s[4 * j + 2 * h], acc_s[4 * j + 2 * h + 1]));
+        mx = quad_max(mx);
+        // A row with nothing visible yet keeps max -inf: base 0 so exp2 gives 0, not NaN.
+        const float base = (mx == neg_inf()) ? 0.0f : mx * scale_log2;
+        alpha[h] = ex2(row_max[h] * scale_log2 - base);
+        row_max[h] = mx;
+        float sum = row_sum[h] * alpha[h];
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j) {
+            const float p0 = ex2(fmaf(acc_s[4 * j + 2 * h], scale_log2, -base));
+            const float p1 = ex2(fmaf(acc_s[4 * j + 2 * h + 1], scale_log2, -base));
+            acc_s[4 * j + 2 * h] = p0;
+            acc_s[4 * j + 2 * h + 1] = p1;
+            sum += p0 + p1;
+        }
+        row_sum[h] = sum;  // this thread's columns; quad-reduced at the end
+    }
+}
+
+// P (rounded to the input type) as the register A operand of O += P V.
+__device__ __forceinline__ void pack_p(u32 (&pa)[kBlockN / 16][4], const float (&acc_s)[kSRegs]) {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pa[kk][e] = pack2<FS_DTYPE>(acc_s[8 * kk + 2 * e], acc_s[8 * kk + 2 * e + 1]);
+}
+
+}  // namespace f90t
+
+// grid = (ceil(seqlen_q / 128), nheads, batch), block = 384, dynamic smem = sm90_tma_smem_bytes.
+extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
+    flash_fwd_sm90_tma_kernel(const __grid_constant__ FlashFwdTmaParams P) {
+    using namespace f90t;
+    const FlashFwdParams& p = P.p;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 raw_base = smem_u32(smem_raw);
+    const u32 s_base = (raw_base + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
+    unsigned char* smem = smem_raw + (s_base - raw_base);
+    const Smem sm{s_base};
+
+    const int tid = threadIdx.x;
+    const int wg = tid >> 7;
+    const int lane = tid & 31;
+
+    const int m_block = FS_HAS_MASK ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int head = blockIdx.y;
+    const int batch = blockIdx.z;
+    const int m0 = m_block * kBlockM;
+    const int rows_q = min(kBlockM, p.seqlen_q - m0);
+    const int seqlen_k = p.seqlen_k;
+    const long long diag = (long long)seqlen_k - p.seqlen_q;  // bottom-right alignment offset
+    const int head_k = head / (p.nheads / p.nheads_k);
+    char* o_ptr = static_cast<char*>(p.o) + ((long long)batch * p.o_batch_stride + (long long)head * p.o_head_stride +
+                                             (long long)m0 * p.o_row_stride) * 2;
+    float* lse_ptr = p.lse ? p.lse + ((long long)batch * p.nheads + head) * p.seqlen_q + m0 : nullptr;
+
+    // ---- KV tiles that hold at least one visible key for some row of this block ----
+    const int n_tiles = (seqlen_k + kBlockN - 1) / kBlockN;
+    int n_begin = 0, n_end = n_tiles;
+#if FS_HAS_MASK
+    if (p.window_left >= 0) {
+        const long long lo = (long long)m0 + diag - p.window_left;
+        if (lo > 0) n_begin = (int)min(lo / kBlockN, (long long)n_tiles);
+    }
+    if (p.window_right >= 0) {
+        const long long hi = (long long)m0 + rows_q - 1 + diag + p.window_right;
+        n_end = hi < 0 ? 0 : (int)min(hi / kBlockN + 1, (long long)n_tiles);
+    }
+#endif
+    if (n_begin >= n_end) {
+        // No key visible to any row of the block: output 0, LSE -inf (flash-attn behaviour).
+        const int c = tid % kChunksPerRow;
+        for (int r = tid / kChunksPerRow; r < rows_q; r += kThreads / kChunksPerRow)
+            *reinterpret_cast<uint4*>(o_ptr + r * p.o_row_stride * 2 + c * 16) = make_uint4(0u, 0u, 0u, 0u);
+        if (lse_ptr)
+            for (int r = tid; r < rows_q; r += kThreads) lse_ptr[r] = neg_inf();
+        return;
+    }
+
+    if (tid == 0) {
+        mbar_init(sm.bar_q(), 1);
+        for (int s = 0; s < kStages; ++s) {
+            mbar_init(sm.full_k(s), 1);
+            mbar_init(sm.full_v(s), 1);
+            mbar_init(sm.empty_k(s), kEmptyArrivals);
+            mbar_init(sm.empty_v(s), kEmptyArrivals);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        // ================= producer =================
+        setmaxnreg_dec<kProducerRegs>();
+        if (tid == 0) {
+            tma_tile(sm.q(), &P.tm_q, m0, head, batch, sm.bar_q());
+            int s = 0;
+            u32 phase = 0;
+            for (int n = n_end - 1; n >= n_begin; --n) {
+                // a fresh empty barrier passes parity 1 at once: the first lap does not wait
+                mbar_wait(sm.empty_k(s), phase ^ 1);
+                tma_tile(sm.k(s), &P.tm_k, n * kBlockN, head_k, batch, sm.full_k(s));
+                mbar_wait(sm.empty_v(s), phase ^ 1);
+                tma_tile(sm.v(s), &P.tm_v, n * kBlockN, head_k, batch, sm.full_v(s));
+                if (++s == kStages) {
+                    s = 0;
+                    phase ^= 1;
+                }
+            }
+        }
+    } else {
+        // ================= consumers =================
+        setmaxnreg_inc<kConsumerRegs>();
+        const int cw = wg - 1;  // query rows [64 cw, 64 cw + 64)
+        const int tid_wg = tid & 127;
+        const int warp_in_wg = tid_wg >> 5;
+        const int g = lane >> 2, t = lane & 3;
+        const int row_in_tile = cw * 64 + warp_in_wg * 16 + g;
+        const u32 sQ_wg = sm.q() + cw * 64 * 128;  // this warpgroup's 64 rows inside each column block
+        const float scale_log2 = p.softmax_scale * kLog2e;
+
+        float acc_o[kORegs];
+#pragma unroll
+        for (int i = 0; i < kORegs; ++i) acc_o[i] = 0.0f;
+        float row_max[2] = {neg_inf(), neg_inf()};
+        float row_sum[2] = {0.0f, 0.0f};
+        float alpha[2];
+        u32 pa[kBlockN / 16][4];
+
+#if FS_SM90_PINGPONG
+        // Turn-taking: consumer 0 issues first. Each warpgroup issues N + 1 slots (the first S,
+        // the loop's, the last P V); consumer 1's opening arrival stands in for its last one, so
+        // arrivals and waits balance on both barriers by the end.
+        const auto turn_wait = [&]() { named_bar_sync(3 + cw, 256); };
+        const auto turn_pass = [&](bool last) {
+            if (!(last && cw == 1)) named_bar_arrive(3 + (cw ^ 1), 256);
+        };
+        if (cw == 1) named_bar_arrive(3, 256);
+#elif FS_SM90_PIPE
+        const auto turn_wait = []() {};
+        const auto turn_pass = [](bool) {};
+#endif
+        mbar_wait(sm.bar_q(), 0);
+        int s = 0;
+        u32 phase = 0;
+#if FS_SM90_PIPE
+        // The first tile alone (nothing to overlap with), so that every iteration of the loop has
+        // the same two groups in flight: ptxas then sees that wait<1> completes S(i), and does
+        // not inject a wait for P(i-1) V(i-1) before the softmax (C7517), which it does when the
+        // first iteration is a branch inside the loop.
+        int n = n_end - 1;
+        {
+            float acc_s[kSRegs];
+            mbar_wait(sm.full_k(s), phase);
+            turn_wait();
+            issue_qk(acc_s, sQ_wg, sm.k(s));
+            turn_pass(false);
+            wgmma_wait<0>();
+            reg_fence(acc_s);
+            if (lane == 0) mbar_arrive(sm.empty_k(s));
+            mask_softmax(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t, scale_log2);
+            pack_p(pa, acc_s);
+        }
+        int s_prev = s;
+        u32 phase_prev = phase;
+        if (++s == kStages) {
+            s = 0;
+            phase ^= 1;
+        }
+        for (--n; n >= n_begin; --n) {
+            float acc_s[kSRegs];
+            mbar_wait(sm.full_k(s), phase);
+            mbar_wait(sm.full_v(s_prev), phase_prev);
+            rescale_o(acc_o, alpha);
+            reg_fence(acc_o);
+            turn_wait();
+            issue_qk(acc_s, sQ_wg, sm.k(s));
+            issue_pv(acc_o, pa, sm.v(s_prev));
+            turn_pass(false);
+            wgmma_wait<1>();  // S(i) done; P(i-1) V(i-1) may still run
+            reg_fence(acc_s);
+            if (lane == 0) mbar_arrive(sm.empty_k(s));
+            mask_softmax(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t, scale_log2);
+            reg_fence(acc_s);
+            // ptxas schedules wgmma_wait<0> near the top of its basic block, i.e. before the
+            // exponentials, which then no longer overlap P V (seen in SASS). A side exit that
+            // never fires (row sums are >= 0 or NaN) ends the block here, so the wait stays
+            // after the softmax. Head dim 64 only: at 128 the live set (O 64 + P 32 + S 64
+            // registers) under the 168-register entry budget makes ptxas serialise every wgmma
+            // instead (C7512), so there the wait stays hoisted and ping-pong is the overlap.
+            if constexpr (kHeadDim == 64) {
+                if (row_sum[0] == -1.0f) __trap();
+            }
+            wgmma_wait<0>();  // P(i-1) V(i-1) done: its V stage is free, its P registers reusable
+            reg_fence(acc_o);
+            if (lane == 0) mbar_arrive(sm.empty_v(s_prev));
+            pack_p(pa, acc_s);
+            s_prev = s;
+            phase_prev = phase;
+            if (++s == kStages) {
+                s = 0;
+                phase ^= 1;
+            }
+        }
+        rescale_o(acc_o, alpha);
+        reg_fence(acc_o);
+        mbar_wait(sm.full_v(s_prev), phase_prev);
+        turn_wait();
+        issue_pv(acc_o, pa, sm.v(s_prev));
+        turn_pass(true);
+        wgmma_wait<0>();
+        reg_fence(acc_o);
+        if (lane == 0) mbar_arrive(sm.empty_v(s_prev));
+#else
+        for (int n = n_end - 1; n >= n_begin; --n) {
+            float acc_s[kSRegs];
+            mbar_wait(sm.full_k(s), phase);
+            issue_qk(acc_s, sQ_wg, sm.k(s));
+            wgmma_wait<0>();
+            reg_fence(acc_s);
+            if (lane == 0) mbar_arrive(sm.empty_k(s));
+            mask_softmax(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t, scale_log2);
+            rescale_o(acc_o, alpha);
+            pack_p(pa, acc_s);
+            reg_fence(acc_o);
+            mbar_wait(sm.full_v(s), phase);
+            issue_pv(acc_o, pa, sm.v(s));
+            wgmma_wait<0>();
+            reg_fence(acc_o);
+            if (lane == 0) mbar_arrive(sm.empty_v(s));
+            if (++s == kStages) {
+                s = 0;
+                phase ^= 1;
+            }
+        }
+#endif
+
+        // ---- epilogue: normalise, LSE, stage O in this warpgroup's rows of the Q tile, store ----
+        // This warpgroup read only its own Q rows, and its last wgmma on them completed above.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float sum = quad_sum(row_sum[h]);
+            const float inv = sum > 0.0f ? rcp(sum) : 0.0f;
+            const int row = row_in_tile + 8 * h;
+            if (lse_ptr && t == 0 && row < rows_q)
+                lse_ptr[row] = sum > 0.0f ? (row_max[h] * scale_log2 + lg2(sum)) * kLn2 : neg_inf();
+#pragma unroll
+            for (int d = 0; d < kHeadDim / 8; ++d) {
+                const u32 v = pack2<FS_DTYPE>(acc_o[4 * d + 2 * h] * inv, acc_o[4 * d + 2 * h + 1] * inv);
+                *reinterpret_cast<u32*>(smem + swz_offset(128, row, d * 8 + 2 * t)) = v;
+            }
+        }
+        named_bar_sync(1 + cw, 128);
+        const int c = tid_wg % kChunksPerRow;
+        const int row_end = min(cw * 64 + 64, rows_q);
+        for (int r = cw * 64 + tid_wg / kChunksPerRow; r < row_end; r += 128 / kChunksPerRow) {
+            const uint4 val = *reinterpret_cast<const uint4*>(smem + swz_offset(128, r, c * 8));
+            *reinterpret_cast<uint4*>(o_ptr + r * p.o_row_stride * 2 + c * 16) = val;
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! The warp-specialised Hopper forward (`cuda/flash_fwd_sm90_tma.cu`): its variants, its shared
+//! memory, and the TMA tensor maps of Q, K and V that ride in its parameter.
+//!
+//! Opt-in (FLASHSCAN_SM90_TMA=1) until measured correct and faster on a GPU; where it is wanted,
+//! `attention::launch` runs it for every problem the cp.async wgmma kernel covers and falls back
+//! to that kernel when the driver refuses a tensor map (an unusual stride, an old driver).
+
+use crate::error::Result;
+use crate::ops::attention::FlashFwdParams;
+use crate::runtime::driver::encode_tensor_map_4d;
+use crate::runtime::KernelSpec;
+use crate::tensor::DType;
+
+pub const SOURCE: &str = include_str!("../../cuda/flash_fwd_sm90_tma.cu");
+pub const FAMILY: &str = "flash_fwd_sm90_tma";
+pub const ENTRY: &str = "flash_fwd_sm90_tma_kernel";
+/// A producer warpgroup and two consumer warpgroups.
+pub const THREADS: u32 = 384;
+/// Rows of a Q / K / V tile, and the 64-element (128-byte) column block one TMA box fills.
+const TILE_ROWS: u32 = 128;
+const BOX_COLS: u32 = 64;
+
+/// K/V ring depth: three stages where they fit beside Q in 227 KB with room to spare (head dim
+/// 64); two at head dim 128 (three would fit too, by 2 KB: untried).
+pub fn kv_stages(head_dim: i64) -> i64 {
+    if head_dim <= 64 {
+        3
+    } else {
+        2
+    }
+}
+
+/// Dynamic shared memory: Q and `stages` K/V pairs of 128 x head_dim 16-bit tiles, 1 KB to align
+/// the base to 1024, and the mbarriers (bar_q, full_k/v, empty_k/v per stage; 8 bytes each).
+pub fn smem_bytes(head_dim: i64, stages: i64) -> u32 {
+    let tile = TILE_ROWS * head_dim as u32 * 2;
+    (1 + 2 * stages as u32) * tile + 1024 + 8 * (1 + 4 * stages as u32)
+}
+
+/// Which consumer schedule the kernel is built with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schedule {
+    /// Each warpgroup: S, softmax, P V in turn (the two warpgroups overlap each other freely).
+    Plain,
+    /// `FS_SM90_PIPE`: S(i) issued with P(i-1) V(i-1), the softmax between their waits.
+    Pipe,
+    /// `FS_SM90_PINGPONG` on top of Pipe: the warpgroups take turns issuing GEMMs.
+    PingPong,
+}
+
+impl Schedule {
+    pub const ALL: [Schedule; 3] = [Schedule::Plain, Schedule::Pipe, Schedule::PingPong];
+
+    /// FLASHSCAN_SM90_PINGPONG=1 (ping-pong, with the pipelined order), else
+    /// FLASHSCAN_SM90_PIPE=1 (pipelined), else plain.
+    pub fn from_env(pipe: bool, pingpong: bool) -> Schedule {
+        match (pipe, pingpong) {
+            (_, true) => Schedule::PingPong,
+            (true, false) => Schedule::Pipe,
+            _ => Schedule::Plain,
+        }
+    }
+}
+
+/// The variant and its dynamic shared memory, for the problems `attention::sm90_spec` covers.
+pub fn spec(
+    head_dim: i64,
+    dtype: DType,
+    has_mask: bool,
+    softcap: bool,
+    arch_num: i64,
+    schedule: Schedule,
+) -> Option<(KernelSpec, u32)> {
+    if arch_num != 90 || softcap || !(head_dim == 64 || head_dim == 128) {
+        return None;
+    }
+    let code = match dtype {
+        DType::F16 | DType::BF16 => dtype.kernel_code().ok()?,
+        _ => return None,
+    };
+    let stages = kv_stages(head_dim);
+    let mut defines = vec![
+        ("FS_HEAD_DIM", head_dim),
+        ("FS_DTYPE", code),
+        ("FS_HAS_MASK", has_mask as i64),
+        ("FS_ARCH", arch_num),
+        ("FS_KV_STAGES", stages),
+    ];
+    if schedule != Schedule::Plain {
+        defines.push(("FS_SM90_PIPE", 1));
+    }
+    if schedule == Schedule::PingPong {
+        defines.push(("FS_SM90_PINGPONG", 1));
+    }
+    Some((
+        KernelSpec {
+            family: FAMILY,
+            source: SOURCE,
+            entry: ENTRY,
+            defines,
+        },
+        smem_bytes(head_dim, stages),
+    ))
+}
+
+/// Mirrors `struct FlashFwdTmaParams` in cuda/flash_fwd_sm90_tma.cu: three encoded tensor maps
+/// (64-byte aligned, 128 bytes each), then the plain parameters. The kernel's struct is 576
+/// bytes (its FlashFwdParams lacks the varlen tail); the driver copies that many from here.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug)]
+pub struct FlashFwdTmaParams {
+    pub tm_q: [u64; 16],
+    pub tm_k: [u64; 16],
+    pub tm_v: [u64; 16],
+    pub base: FlashFwdParams,
+}
+
+const _: () = assert!(std::mem::offset_of!(FlashFwdTmaParams, base) == 384);
+const _: () = assert!(std::mem::size_of::<FlashFwdTmaParams>() >= 576);
+
+/// What cuTensorMapEncodeTiled receives for one (batch, seqlen, heads, head_dim) operand:
+/// dims innermost first (head_dim, seqlen, heads, batch), the byte strides of dims 1..3, and the
+/// box (one 64-column block of 128 rows of one head).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapArgs {
+    pub dims: [u64; 4],
+    pub strides: [u64; 3],
+    pub box_dims: [u32; 4],
+}
+
+/// The map arguments of an operand with `rows` x `heads` x `batch` rows of `head_dim` 16-bit
+/// elements and the given element strides; None where TMA cannot address it (a negative
+/// stride, or one that is not a multiple of 16 bytes on a dimension longer than 1).
+pub fn map_args(
+    head_dim: i64,
+    rows: i64,
+    heads: i64,
+    batch: i64,
+    row_stride: i64,
+    head_stride: i64,
+    batch_stride: i64,
+) -> Option<MapArgs> {
+    const ES: i64 = 2;
+    let mut strides = [0u64; 3];
+    for (i, (n, s)) in [
+        (rows, row_stride),
+        (heads, head_stride),
+        (batch, batch_stride),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        strides[i] = if n == 1 {
+            // never stepped along: any legal value (a broadcast or odd stride is fine here)
+            (head_dim * ES).max(16) as u64
+        } else if s > 0 && (s * ES) % 16 == 0 && s * ES < (1i64 << 40) {
+            (s * ES) as u64
+        } else {
+            return None;
+        };
+    }
+    if head_dim % BOX_COLS as i64 != 0 || rows < 1 || heads < 1 || batch < 1 {
+        return None;
+    }
+    Some(MapArgs {
+        dims: [head_dim as u64, rows as u64, heads as u64, batch as u64],
+        strides,
+        box_dims: [BOX_COLS, TILE_ROWS, 1, 1],
+    })
+}
+
+fn encode(ptr: u64, bf16: bool, a: Option<MapArgs>) -> Result<[u64; 16]> {
+    let a = a.ok_or_else(|| crate::error::unsupported("a stride TMA cannot address"))?;
+    encode_tensor_map_4d(ptr, bf16, a.dims, a.strides, a.box_dims)
+}
+
+/// The kernel parameter for `params` (sizes already filled in): Q, K and V maps encoded by the
+/// driver. An error means "use the cp.async kernel", not a failed call.
+pub fn params(params: &FlashFwdParams, dtype: DType) -> Result<FlashFwdTmaParams> {
+    let bf16 = dtype == DType::BF16;
+    let hd = params.head_dim as i64;
+    let (b, sq, sk) = (
+        params.batch as i64,
+        params.seqlen_q as i64,
+        params.seqlen_k as i64,
+    );
+    let (h, hk) = (params.nheads as i64, params.nheads_k as i64);
+    let q = map_args(
+        hd,
+        sq,
+        h,
+        b,
+        params.q_row_stride,
+        params.q_head_stride,
+        params.q_batch_stride,
+    );
+    let k = map_args(
+        hd,
+        sk,
+        hk,
+        b,
+        params.k_row_stride,
+        params.k_head_stride,
+        params.k_batch_stride,
+    );
+    let v = map_args(
+        hd,
+        sk,
+        hk,
+        b,
+        params.v_row_stride,
+        params.v_head_stride,
+        params.v_batch_stride,
+    );
+    Ok(FlashFwdTmaParams {
+        tm_q: encode(params.q, bf16, q)?,
+        tm_k: encode(params.k, bf16, k)?,
+        tm_v: encode(params.v, bf16, v)?,
+        base: *params,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contiguous_bshd_maps_step_rows_heads_batches_in_bytes() {
+        // (batch 4, seqlen 4096, 16 heads, 128) contiguous bf16: row = 16 * 128 elements
+        let a = map_args(128, 4096, 16, 4, 16 * 128, 128, 4096 * 16 * 128).expect("addressable");
+        assert_eq!(a.dims, [128, 4096, 16, 4]);
+        assert_eq!(a.strides, [4096, 256, 4096 * 16 * 128 * 2]);
+        assert_eq!(a.box_dims, [64, 128, 1, 1]);
+        // head dim 64, GQA K with 2 heads, odd seqlen: the box still covers 128 rows (TMA
+        // zero-fills the tail)
+        let k = map_args(64, 333, 2, 3, 2 * 64, 64, 333 * 2 * 64).expect("addressable");
+        assert_eq!(k.dims, [64, 333, 2, 3]);
+        assert_eq!(k.strides, [256, 128, 333 * 256]);
+    }
+
+    #[test]
+    fn bhsd_views_and_size_one_dims_get_legal_strides() {
+        // a (b, s, h, d) view of a (b, h, s, d) tensor: row stride d, head stride s * d
+        let a = map_args(128, 1000, 8, 2, 128, 1000 * 128, 8 * 1000 * 128).expect("ok");
+        assert_eq!(a.strides, [256, 256_000, 2_048_000]);
+        // batch 1 with a broadcast (0) batch stride, and seqlen 1 with a stride never stepped
+        let b = map_args(64, 1, 4, 1, 0, 64, 0).expect("size-1 dims are never stepped");
+        assert_eq!(b.dims, [64, 1, 4, 1]);
+        assert_eq!(b.strides, [128, 128, 128]);
+    }
+
+    #[test]
+    fn unaddressable_strides_are_refused() {
+        assert_eq!(map_args(128, 10, 2, 2, 136, 128, -2720), None); // negative
+        assert_eq!(map_args(128, 10, 2, 2, 260, 128, 2600), None); // 520 bytes: not 16-aligned
+        assert_eq!(map_args(96, 10, 2, 2, 192, 96, 1920), None); // not whole 64-column boxes
+    }
+
+    #[test]
+    fn smem_fits_the_227_kb_opt_in_limit() {
+        assert_eq!(smem_bytes(128, 2), 5 * 32768 + 1024 + 72);
+        assert!(smem_bytes(128, kv_stages(128)) <= 232_448);
+        assert!(smem_bytes(64, kv_stages(64)) <= 232_448);
+        assert!(smem_bytes(128, 3) <= 232_448);
+    }
+
+    #[test]
+    fn covers_what_the_cp_async_wgmma_kernel_covers() {
+        use Schedule::*;
+        assert!(spec(128, DType::BF16, true, false, 90, Plain).is_some());
+        assert!(spec(64, DType::F16, false, false, 90, Pipe).is_some());
+        assert!(spec(128, DType::BF16, false, false, 80, Plain).is_none());
+        assert!(spec(128, DType::F32, false, false, 90, Plain).is_none());
+        assert!(spec(128, DType::BF16, false, true, 90, PingPong).is_none());
+        assert!(spec(96, DType::BF16, false, false, 90, Plain).is_none());
+    }
+
+    #[test]
+    fn ping_pong_builds_on_the_pipelined_order() {
+        let defines = |sch| {
+            spec(128, DType::BF16, false, false, 90, sch)
+                .expect("covered")
+                .0
+                .defines
+        };
+        let has = |d: &Vec<(&str, i64)>, k| d.contains(&(k, 1));
+        let (plain, pipe, pp) = (
+            defines(Schedule::Plain),
+            defines(Schedule::Pipe),
+            defines(Schedule::PingPong),
+        );
+        assert!(!has(&plain, "FS_SM90_PIPE") && !has(&plain, "FS_SM90_PINGPONG"));
+        assert!(has(&pipe, "FS_SM90_PIPE") && !has(&pipe, "FS_SM90_PINGPONG"));
+        assert!(has(&pp, "FS_SM90_PIPE") && has(&pp, "FS_SM90_PINGPONG"));
+        assert_eq!(Schedule::from_env(false, true), Schedule::PingPong);
+        assert_eq!(Schedule::from_env(true, false), Schedule::Pipe);
+        assert_eq!(Schedule::from_env(false, false), Schedule::Plain);
+    }
+}

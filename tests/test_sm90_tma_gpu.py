@@ -1,0 +1,117 @@
+"""GPU tests of the warp-specialised Hopper forward (cuda/flash_fwd_sm90_tma.cu): TMA loads by a
+producer warpgroup into an mbarrier ring, two consumer warpgroups, three schedules.
+
+The kernel is opt-in (FLASHSCAN_SM90_TMA=1, read once per process), so each schedule runs in a
+child process (this file run as a script) with its own kernel cache directory; the test then
+also checks that the TMA kernel was really built there (not the cp.async fallback). The child
+kills nothing: a deadlocked ring shows as the parent's timeout. Correctness rule of DESIGN.md
+(float64 reference, same-precision baseline, NaN-poisoned out=, LSE) over tails (seqlen not a
+multiple of 128, seqlen 1), seqlen_q != seqlen_k, GQA/MQA, causal and windows, head dims 64 and
+128, fp16 and bf16, and a (b, h, s, d) tensor seen as (b, s, h, d) (non-contiguous strides).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+# b, sq, sk, h, hk, d, causal, window, bhsd (q/k/v as permuted views)
+CASES = [
+    (2, 256, 256, 4, 4, 128, False, (-1, -1), False),
+    (2, 333, 333, 4, 4, 128, False, (-1, -1), False),
+    (1, 1000, 1000, 4, 2, 128, True, (-1, -1), False),
+    (2, 200, 517, 4, 4, 128, True, (-1, -1), False),
+    (2, 517, 200, 4, 1, 128, True, (-1, -1), False),
+    (1, 700, 700, 2, 2, 128, False, (100, 30), False),
+    (3, 17, 300, 2, 2, 128, False, (-1, -1), True),
+    (2, 1, 129, 4, 4, 128, True, (-1, -1), False),
+    (2, 129, 1, 2, 2, 128, False, (-1, -1), False),
+    (2, 256, 256, 4, 4, 64, False, (-1, -1), True),
+    (1, 777, 777, 4, 2, 64, True, (-1, -1), False),
+    (2, 300, 650, 2, 2, 64, False, (64, 0), False),
+]
+SCHEDULES = {
+    "plain": {},
+    "pipe": {"FLASHSCAN_SM90_PIPE": "1"},
+    "pingpong": {"FLASHSCAN_SM90_PINGPONG": "1"},
+}
+
+
+def run_cases() -> int:
+    """The child: every case in fp16 and bf16; prints one line per case, returns failures."""
+    import torch
+
+    sys.path.insert(0, str(HERE))
+    from conftest import check_rule
+    from test_attention_gpu import attention_torch
+
+    import flashscan
+
+    failures = 0
+    for dtype in (torch.bfloat16, torch.float16):
+        for b, sq, sk, h, hk, d, causal, window, bhsd in CASES:
+            torch.manual_seed(sq * 31 + sk * 7 + d + h)
+
+            shapes = [(sq, h), (sk, hk), (sk, hk)]
+            if bhsd:  # (b, h, s, d) storage seen as (b, s, h, d)
+                q, k, v = (
+                    torch.randn(b, n, s, d, device="cuda", dtype=dtype).transpose(1, 2)
+                    for s, n in shapes
+                )
+            else:
+                q, k, v = (torch.randn(b, s, n, d, device="cuda", dtype=dtype) for s, n in shapes)
+            out = torch.full((b, sq, h, d), float("nan"), device="cuda", dtype=dtype)
+            o, lse = flashscan.flash_attn_func(
+                q, k, v, causal=causal, window_size=window, return_lse=True, out=out
+            )
+            torch.cuda.synchronize()
+            ref, ref_lse = attention_torch(q, k, v, causal=causal, window=window)
+            base, base_lse = attention_torch(q, k, v, causal=causal, window=window, upcast=False)
+            name = (
+                f"{str(dtype)[6:]} b{b} sq{sq} sk{sk} h{h}/{hk} d{d} causal={causal} win={window}"
+            )
+            try:
+                r = check_rule(o, ref, base, atol=1e-3, name="out")
+                check_rule(lse, ref_lse, ref_lse, atol=1e-3, name="lse")
+                print(f"ok   {name}: {r}", flush=True)
+            except AssertionError as exc:
+                failures += 1
+                print(f"FAIL {name}: {exc}", flush=True)
+    return failures
+
+
+@pytest.fixture(scope="module")
+def hopper() -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TMA forward is sm_90a (H100 / H200) only")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+def test_tma_forward_matches_float64(schedule: str, hopper: None, tmp_path: Path) -> None:
+    env = dict(os.environ, FLASHSCAN_SM90_WGMMA="1", FLASHSCAN_SM90_TMA="1")
+    env.pop("FLASHSCAN_SM90_PIPE", None)
+    env.pop("FLASHSCAN_SM90_PINGPONG", None)
+    env.update(SCHEDULES[schedule], FLASHSCAN_CACHE_DIR=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, __file__],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,  # a deadlocked mbarrier ring or turn barrier hangs the child
+    )
+    print(done.stdout[-6000:], done.stderr[-3000:])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    built = [p.name for p in tmp_path.iterdir() if p.name.startswith("flash_fwd_sm90_tma-")]
+    assert built, f"the TMA kernel was not built (fallback taken?): {os.listdir(tmp_path)}"
+
+
+if __name__ == "__main__":
+    sys.exit(1 if run_cases() else 0)
