@@ -384,7 +384,7 @@ def test_use_flashscan_kernels_undo_and_errors(flashscan_mamba: Any) -> None:
 MAMBA2 = "transformers.models.mamba2.modeling_mamba2"
 
 
-def mamba2() -> Any:
+def mamba2(chunk_size: int = 8) -> Any:
     cfg = transformers.Mamba2Config(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -395,32 +395,51 @@ def mamba2() -> Any:
         num_heads=4,
         n_groups=2,
         conv_kernel=4,
-        chunk_size=8,
+        chunk_size=chunk_size,
     )
     return transformers.Mamba2ForCausalLM(cfg)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_mamba2_decode_step_on_flashscan(flashscan_mamba: Any, device: str) -> None:
-    """Mamba-2: the decode state update is flashscan's (multi-head state, stride-0 A / D /
-    dt_bias as the mixer passes them); the SSD prefill stays on transformers' code until
-    flashscan has it. Greedy tokens equal transformers' own."""
-    model = build(mamba2, device, torch.float32)
+@pytest.mark.parametrize("chunk", [8, 64])
+def test_mamba2_on_flashscan(flashscan_mamba: Any, device: str, chunk: int) -> None:
+    """Mamba-2: the SSD prefill is flashscan's `mamba_chunk_scan_combined` (on CUDA for the
+    chunk sizes its kernels cover, 64 here; chunk 8 there goes to transformers' own code per
+    call; on the CPU the reference takes any), the decode state update flashscan's
+    (multi-head state, stride-0 A / D / dt_bias as the mixer passes them). Greedy tokens equal
+    transformers' own; the prefill's logits follow the correctness rule."""
+    calls = {"ssd": 0}
+    real_ssd = flashscan.mamba_chunk_scan_combined
+
+    def ssd(*a: Any, **kw: Any) -> Any:
+        calls["ssd"] += 1
+        return real_ssd(*a, **kw)
+
+    model = build(lambda: mamba2(chunk), device, torch.float32)
     ids, mask = inputs(device, seqlen=9)
     kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(flashscan, "mamba_chunk_scan_combined", ssd)
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             want = model.generate(ids, **kw)
+            want_logits = model(ids, attention_mask=mask).logits
             served = fst.use_flashscan_kernels(model)
             got = model.generate(ids, **kw)
+            got_logits = model(ids, attention_mask=mask).logits
     finally:
         fst._hf_mamba.uninstall(MAMBA2)
+        mp.undo()
     assert served["modeling_mamba2.mamba2_selective_state_update"]
-    # the SSD prefill stays on transformers' code (no CUDA backward, chunk sizes 64/128/256)
-    assert not served["modeling_mamba2.mamba2_chunk_scan"]
+    assert served["modeling_mamba2.mamba2_chunk_scan"]
+    on_kernels = device == "cpu" or chunk == 64
+    # two layers, a prefill in generate and one plain forward
+    assert calls["ssd"] == (2 * 2 if on_kernels else 0)
     assert flashscan_mamba["step"] == 2 * 5  # layers x decode steps after the prefill
     assert torch.equal(got, want)
+    err = (got_logits - want_logits).abs().max().item()
+    assert err <= 1e-4 * max(1.0, want_logits.abs().max().item()), err
 
 
 def test_state_update_adapter_keeps_a_low_precision_cache_in_step() -> None:

@@ -8,13 +8,11 @@ it binds mamba_ssm's / causal_conv1d's function when that package imports, else 
 own torch code. The mixers' `forward` calls those module globals on every call, on any device.
 So the one supported hook is to rebind those globals: `install(module_name)` swaps in
 flashscan adapters (argument conversion, then the flashscan op) and keeps the originals, which
-`uninstall` puts back. It acts on the module, so on every model of that class in the process,
-as installing mamba_ssm would.
+`uninstall` puts back (and which an adapter calls for what flashscan cannot serve). It acts on
+the module, so on every model of that class in the process, as installing mamba_ssm would.
 
 Each entry of `KERNELS` names a global and the factory of its adapter; a factory returns None
-when this flashscan lacks the op (the global then keeps transformers' torch code): Mamba-2's
-SSD chunk scan and the causal conv1d pair join by adding a factory each once flashscan has
-`mamba_chunk_scan_combined` / `causal_conv1d_fn` / `causal_conv1d_update`.
+when this flashscan lacks the op (the global then keeps transformers' torch code).
 """
 
 from __future__ import annotations
@@ -120,6 +118,68 @@ def _selective_state_update() -> Callable[..., Any]:
     return selective_state_update
 
 
+_MAMBA2 = "transformers.models.mamba2.modeling_mamba2"
+# chunk sizes flashscan's SSD kernels are compiled for (CPU arrays take any: the reference)
+_SSD_CUDA_CHUNKS = (64, 128, 256)
+
+
+def _ssd_serves(x: Tensor, chunk_size: int, tensors: tuple[Tensor | None, ...]) -> bool:
+    """Whether flashscan's SSD can serve this call: on the CPU always (the NumPy reference);
+    on CUDA for its compiled chunk sizes, and when a gradient is wanted only with a native
+    core that has the SSD backward kernels."""
+    if not x.is_cuda:
+        return True
+    if int(chunk_size) not in _SSD_CUDA_CHUNKS:
+        return False
+    wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    from flashscan import _native
+
+    return not wants_grad or getattr(_native, "ssd_bwd", None) is not None
+
+
+def _mamba2_chunk_scan() -> Callable[..., Any] | None:
+    """mamba_ssm's `mamba_chunk_scan_combined` contract, as modeling_mamba2 calls it; what
+    flashscan's SSD cannot serve (see `_ssd_serves`, packed `cu_seqlens`) goes to
+    transformers' own function, any chunk size."""
+    op = getattr(flashscan, "mamba_chunk_scan_combined", None)
+    if op is None:
+        return None
+
+    def chunk_scan(
+        hidden_states: Tensor,
+        dt: Tensor,
+        A: Tensor,
+        B: Tensor,
+        C: Tensor,
+        chunk_size: int,
+        D: Tensor | None = None,
+        dt_bias: Tensor | None = None,
+        initial_states: Tensor | None = None,
+        dt_softplus: bool = False,
+        dt_limit: tuple[float, float] = (0.0, float("inf")),
+        return_final_states: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        tensors = (hidden_states, dt, A, B, C, D, dt_bias, initial_states)
+        if kwargs.get("cu_seqlens") is not None or not _ssd_serves(
+            hidden_states, chunk_size, tensors
+        ):
+            original = _ORIGINALS[_MAMBA2]["mamba2_chunk_scan"]
+            return original(
+                hidden_states, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias,
+                initial_states=initial_states, dt_softplus=dt_softplus, dt_limit=dt_limit,
+                return_final_states=return_final_states, **kwargs,
+            )  # fmt: skip
+        return op(
+            hidden_states, dt, A, B, C, int(chunk_size), D=D, dt_bias=dt_bias,
+            initial_states=initial_states, seq_idx=kwargs.get("seq_idx"),
+            dt_softplus=bool(dt_softplus), dt_limit=tuple(dt_limit),
+            return_final_states=bool(return_final_states),
+        )  # fmt: skip
+
+    return chunk_scan
+
+
 def _flashscan_op(name: str) -> Callable[[], Callable[..., Any] | None]:
     """A factory for an op flashscan may not have yet: flashscan's function of the same
     name and contract (causal-conv1d's / mamba_ssm's) when it exists, else None
@@ -156,9 +216,9 @@ KERNELS: dict[str, dict[str, Callable[[], Callable[..., Any] | None]]] = {
     },
     "transformers.models.mamba2.modeling_mamba2": {
         "mamba2_selective_state_update": _selective_state_update,
-        # not yet: flashscan's SSD has no CUDA backward and CUDA kernels for chunk sizes
-        # 64/128/256 only, where transformers' torch path trains and takes any chunk size
-        "mamba2_chunk_scan": lambda: None,
+        # the SSD prefill; chunk sizes without CUDA kernels (and training without the SSD
+        # backward kernels) keep transformers' code per call
+        "mamba2_chunk_scan": _mamba2_chunk_scan,
         "causal_conv1d_fn": _flashscan_op("causal_conv1d_fn"),
         "causal_conv1d_update": _flashscan_op("causal_conv1d_update"),
     },
