@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """transformers models on flashscan, end to end: greedy `generate` tokens/s and prefill
 tokens/s of random-weight models (no downloads) with attn_implementation = flashscan's
-("fscan"), "sdpa" and "eager"; and MambaForCausalLM with `use_flashscan_kernels` against
-transformers' torch path (and mamba_ssm when it is installed: it is what transformers binds
-then), in one run on this GPU.
+("fscan"), "sdpa" and "eager"; and MambaForCausalLM / Mamba2ForCausalLM with
+`use_flashscan_kernels` against transformers' torch path (and mamba_ssm when it is installed:
+it is what transformers binds then), in one run on this GPU.
 
     python benches/transformers_generate.py [--quick] [--out DIR]
 
@@ -63,6 +63,21 @@ def mamba(hidden: int, layers: int) -> Any:
         vocab_size=VOCAB, hidden_size=hidden, state_size=16, num_hidden_layers=layers
     )
     return transformers.MambaForCausalLM(cfg)
+
+
+def mamba2(hidden: int, layers: int) -> Any:
+    cfg = transformers.Mamba2Config(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        state_size=128,
+        num_hidden_layers=layers,
+        expand=2,
+        head_dim=64,
+        num_heads=2 * hidden // 64,
+        n_groups=1,
+        chunk_size=256,
+    )
+    return transformers.Mamba2ForCausalLM(cfg)
 
 
 def sync() -> None:
@@ -231,6 +246,11 @@ def main() -> None:
         (
             "mamba 24x768",
             lambda: mamba(768, 24),
+            [(1, 512), (8, 1024)] if not args.quick else [(1, 512)],
+        ),
+        (
+            "mamba2 24x768",
+            lambda: mamba2(768, 24),
             [(1, 512), (8, 1024)] if not args.quick else [(1, 512)],
         ),
     ]
