@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import flashscan
-from flashscan import _backend, _checks, _frameworks, attention, scan
+from flashscan import _backend, _checks, _frameworks, attention, kvcache, scan
 
 torch = pytest.importorskip("torch")
 
@@ -64,9 +64,9 @@ def norm(a: Any) -> Any:
 
 
 def forget_plans() -> None:
-    for d in (attention._PLANS, scan._SCAN_PLANS, scan._SSU_PLANS):
+    for d in (attention._PLANS, kvcache._PLANS, scan._SCAN_PLANS, scan._SSU_PLANS):
         d.clear()
-    attention._LAST = scan._SCAN_LAST = scan._SSU_LAST = (None, None)
+    attention._LAST = kvcache._LAST = scan._SCAN_LAST = scan._SSU_LAST = (None, None)
     fst = sys.modules.get("flashscan.torch")
     if fst is not None:  # flashscan.torch's lean plans (grad-requiring calls route there)
         fst._ATTN_LEAN.clear()
@@ -78,13 +78,13 @@ def forget_plans() -> None:
 def fake() -> Any:
     undo = fake_cuda()
     rec = Recorder()
-    saved = (attention._native, scan._native)
-    attention._native = scan._native = rec
+    saved = (attention._native, kvcache._native, scan._native)
+    attention._native = kvcache._native = scan._native = rec
     forget_plans()
     yield rec
     # the fake's plans are keyed on CPU devices: never leave them for later tests
     forget_plans()
-    attention._native, scan._native = saved
+    attention._native, kvcache._native, scan._native = saved
     undo()
 
 
@@ -94,6 +94,7 @@ def general_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         (attention, "_flash_attn_any"),
         (scan, "_scan_any"),
         (scan, "_state_update_any"),
+        (kvcache, "_on_gpu"),
     ):
         real = getattr(mod, name)
 
@@ -247,6 +248,99 @@ def test_unusable_device_falls_back(fake: Recorder, monkeypatch: Any) -> None:
         warnings.simplefilter("always")
         flashscan.flash_attn_func(q, k, v)
     assert len(fake.calls) == n
+
+
+def kvcache_call(append: bool, rotary: bool, dtype: Any = bf) -> Any:
+    """A decode step's call (b 2, cache 32, nheads 4 over nheads_k 2, headdim 16); returns
+    (call(**options), the input tensors' pointers)."""
+    b, cap, hk, d = 2, 32, 2, 16
+    q = rnd(b, 1, 4, d, dtype=dtype)
+    kc, vc = rnd(b, cap, hk, d, dtype=dtype), rnd(b, cap, hk, d, dtype=dtype)
+    lens = torch.tensor([5, 9], dtype=torch.int32)
+    extra: dict[str, Any] = {}
+    if append:
+        extra.update(k=rnd(b, 1, hk, d, dtype=dtype), v=rnd(b, 1, hk, d, dtype=dtype))
+    if rotary:
+        extra.update(rotary_cos=rnd(cap, d // 2, dtype=f32), rotary_sin=rnd(cap, d // 2, dtype=f32))
+    inputs = {t.data_ptr() for t in (q, kc, vc, lens, *extra.values())}
+
+    def call(**opts: Any) -> Any:
+        return flashscan.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, **extra, **opts)
+
+    return call, inputs
+
+
+@pytest.mark.parametrize("append,rotary", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},
+        {"causal": True, "return_lse": True},
+        {"window_size": (3, 0), "softcap": 2.0, "softmax_scale": 0.3, "num_splits": 2},
+        {
+            "causal": __import__("numpy").bool_(True),
+            "window_size": [4, 1],
+            "rotary_interleaved": 0,
+            "num_splits": __import__("numpy").int64(1),
+            "softmax_scale": 1,
+        },
+    ],
+)
+def test_kvcache_plan(
+    fake: Recorder, monkeypatch: Any, append: bool, rotary: bool, opts: dict
+) -> None:
+    """The decode loop's plan: the second call of a signature makes the same native calls (the
+    arrays it allocates aside) as the general path's first, and returns the same outputs."""
+    seen = general_calls(monkeypatch)
+    call, inputs = kvcache_call(append, rotary)
+    forget_plans()
+    fake.calls.clear()
+    r1 = call(**opts)
+    assert seen == ["_on_gpu"], "first call must take the general path"
+    first = list(fake.calls)
+    assert [n for n, _ in first] == (["kvcache_append"] if append else []) + ["flash_attn_kvcache"]
+    seen.clear()
+    fake.calls.clear()
+    r2 = call(**opts)
+    assert not seen, "second call must take the plan"
+    assert [n for n, _ in fake.calls] == [n for n, _ in first]
+    for (_, a1), (_, a2) in zip(first, fake.calls):
+        assert len(a1) == len(a2)
+        for x, y in zip(map(norm, a1), map(norm, a2)):
+            if isinstance(x, tuple) and len(x) == 6 and x[0] not in inputs:
+                assert x[1:] == y[1:]  # allocated by the call: out, lse, rotated q
+            else:
+                assert x == y, (x, y)
+                assert type(x) is type(y)
+    assert outs(r1) == outs(r2)
+
+
+def test_kvcache_bad_options_same_errors(fake: Recorder) -> None:
+    call, _ = kvcache_call(True, False)
+    bad = [
+        {"causal": "yes"},
+        {"return_lse": "no"},
+        {"window_size": (-2, 0)},
+        {"window_size": (1.5, 0)},
+        {"softcap": -1.0},
+        {"softmax_scale": float("inf")},
+        {"rotary_interleaved": "x"},
+        {"num_splits": -1},
+        {"num_splits": 1.5},
+        {"num_splits": True},
+    ]
+    msgs = []
+    for b in bad:
+        with pytest.raises(Exception) as e:
+            call(**b)
+        msgs.append((type(e.value), str(e.value)))
+    assert not kvcache._PLANS
+    call()  # records the plan
+    assert kvcache._PLANS
+    for b, (t, m) in zip(bad, msgs):
+        with pytest.raises(t) as e:
+            call(**b)
+        assert str(e.value) == m
 
 
 def scan_args(

@@ -42,7 +42,7 @@ __all__ = ["flash_attn_func"]
 _native = _backend.native
 _usable_devices = _backend.usable_devices
 _INF = math.inf
-_NO_WINDOW = (-1, -1)
+_NO_WINDOW = _checks.NO_WINDOW  # the default: `is` finds it without comparing
 _NO_DEVICES: frozenset[int] = frozenset()
 
 # signature -> plan (see `_plan`); bounded like the check memos. `_LAST` is the last (signature,
@@ -95,6 +95,8 @@ def flash_attn_func(
             and not ((q.requires_grad or k.requires_grad or v.requires_grad) and grad_enabled())
         ):
             # --- the hot path: a signature already checked and served -------------------------
+            # the options: `_checks.attention_options` inline (a call costs more than these
+            # lines take for plain values)
             dev, dts, d_scale, o_shape, o_strides, l_shape, l_strides, stream, f32 = plan
             if causal is not False and causal is not True:
                 causal = _checks.flag("causal", causal)
@@ -259,25 +261,9 @@ def _flash_attn_any(
     # a torch signature served once goes to a plan: the check memo would only duplicate it
     check = _checks.attention if key is not None else _checks.attention_memo
     b, sq, h, d, sk, _ = check(dq, dk, dv)
-
-    if causal is not False and causal is not True:
-        causal = _checks.flag("causal", causal)
-    if return_lse is not False and return_lse is not True:
-        return_lse = _checks.flag("return_lse", return_lse)
-    if window_size is _NO_WINDOW or (type(window_size) is tuple and window_size == _NO_WINDOW):
-        wl, wr = -1, (0 if causal else -1)
-    else:
-        wl, wr = _checks.window(window_size, causal)
-    if softmax_scale is None:
-        scale = 1.0 / math.sqrt(d)
-    elif type(softmax_scale) is float and -_INF < softmax_scale < _INF:
-        scale = softmax_scale
-    else:
-        scale = _checks.real("softmax_scale", softmax_scale)
-    if type(softcap) is float and 0.0 <= softcap < _INF:
-        cap = softcap
-    else:
-        cap = _checks.real("softcap", softcap, minimum=0.0)
+    scale, wl, wr, cap, causal, return_lse = _checks.attention_options(
+        d, causal, window_size, softmax_scale, softcap, return_lse
+    )
 
     ho: Handler | None = None
     do: Desc | None = None

@@ -464,16 +464,10 @@ def flash_attn_func(
             "q: expected a 4-D array (batch, seqlen, nheads, headdim), got shape "
             f"{_checks.fmt_shape(tuple(q.shape))} ({q.dim()}-D)"
         )
-    causal = _checks.flag("causal", causal)
-    return_lse = _checks.flag("return_lse", return_lse)
-    deterministic = _checks.flag("deterministic", deterministic)
-    wl, wr = _checks.window(window_size, causal)
-    scale = (
-        1.0 / math.sqrt(q.shape[-1])
-        if softmax_scale is None
-        else _checks.real("softmax_scale", softmax_scale)
+    scale, wl, wr, cap, causal, return_lse = _checks.attention_options(
+        q.shape[-1], causal, window_size, softmax_scale, softcap, return_lse
     )
-    cap = _checks.real("softcap", softcap, minimum=0.0)
+    deterministic = _checks.flag("deterministic", deterministic)
     if torch.compiler.is_compiling():
         out, lse = torch.ops.flashscan.flash_attn_fwd(q, k, v, scale, wl, wr, cap, deterministic)
         return (out, lse) if return_lse else out
@@ -695,16 +689,10 @@ def flash_attn_varlen_func(
             "q: expected a 3-D array (total_q, nheads, headdim), got shape "
             f"{_checks.fmt_shape(tuple(q.shape))} ({q.dim()}-D)"
         )
-    causal = _checks.flag("causal", causal)
-    return_lse = _checks.flag("return_lse", return_lse)
-    deterministic = _checks.flag("deterministic", deterministic)
-    wl, wr = _checks.window(window_size, causal)
-    scale = (
-        1.0 / math.sqrt(q.shape[-1])
-        if softmax_scale is None
-        else _checks.real("softmax_scale", softmax_scale)
+    scale, wl, wr, cap, causal, return_lse = _checks.attention_options(
+        q.shape[-1], causal, window_size, softmax_scale, softcap, return_lse
     )
-    cap = _checks.real("softcap", softcap, minimum=0.0)
+    deterministic = _checks.flag("deterministic", deterministic)
     max_q = _checks.nonnegative_int("max_seqlen_q", max_seqlen_q)
     max_k = _checks.nonnegative_int("max_seqlen_k", max_seqlen_k)
     out, lse = torch.ops.flashscan.flash_attn_varlen_fwd(

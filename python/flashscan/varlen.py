@@ -16,7 +16,6 @@ Torch calls that need gradients go to `flashscan.torch.flash_attn_varlen_func` (
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -28,8 +27,7 @@ from .kvcache import _check_indices_on_gpu
 __all__ = ["flash_attn_varlen_func"]
 
 _native = _backend.native
-_INF = math.inf
-_NO_WINDOW = (-1, -1)
+_NO_WINDOW = _checks.NO_WINDOW
 
 
 def flash_attn_varlen_func(
@@ -139,17 +137,9 @@ def varlen_any(
     max_q = _checks.nonnegative_int("max_seqlen_q", max_seqlen_q)
     max_k = _checks.nonnegative_int("max_seqlen_k", max_seqlen_k)
 
-    causal = _checks.flag("causal", causal)
-    return_lse = _checks.flag("return_lse", return_lse)
-    if window_size is _NO_WINDOW or (type(window_size) is tuple and window_size == _NO_WINDOW):
-        wl, wr = -1, (0 if causal else -1)
-    else:
-        wl, wr = _checks.window(window_size, causal)
-    if softmax_scale is None:
-        scale = 1.0 / math.sqrt(d)
-    else:
-        scale = _checks.real("softmax_scale", softmax_scale)
-    cap = _checks.real("softcap", softcap, minimum=0.0)
+    scale, wl, wr, cap, causal, return_lse = _checks.attention_options(
+        d, causal, window_size, softmax_scale, softcap, return_lse
+    )
 
     ho: Handler | None = None
     do = None
