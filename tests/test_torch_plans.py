@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import flashscan
-from flashscan import _backend, _checks, _frameworks, attention, kvcache, scan
+from flashscan import _backend, _checks, _frameworks, attention, kvcache, scan, varlen
 
 torch = pytest.importorskip("torch")
 
@@ -78,13 +78,13 @@ def forget_plans() -> None:
 def fake() -> Any:
     undo = fake_cuda()
     rec = Recorder()
-    saved = (attention._native, kvcache._native, scan._native)
-    attention._native = kvcache._native = scan._native = rec
+    saved = (attention._native, kvcache._native, scan._native, varlen._native)
+    attention._native = kvcache._native = scan._native = varlen._native = rec
     forget_plans()
     yield rec
     # the fake's plans are keyed on CPU devices: never leave them for later tests
     forget_plans()
-    attention._native, kvcache._native, scan._native = saved
+    attention._native, kvcache._native, scan._native, varlen._native = saved
     undo()
 
 
@@ -341,6 +341,36 @@ def test_kvcache_bad_options_same_errors(fake: Recorder) -> None:
         with pytest.raises(t) as e:
             call(**b)
         assert str(e.value) == m
+
+
+@pytest.mark.parametrize("return_lse", [False, True])
+@pytest.mark.parametrize("given_out", [False, True])
+def test_varlen_gpu_call(fake: Recorder, return_lse: bool, given_out: bool) -> None:
+    """flash_attn_varlen_func's GPU branch (no plan: every call takes it): the native call
+    gets each input's descriptor, out like q (the caller's when given), lse (nheads, total_q)
+    float32 when asked, the options and the stream; the caller gets those arrays back."""
+    q, k, v = rnd(9, 4, 16), rnd(11, 2, 16), rnd(11, 2, 16)
+    cu_q = torch.tensor([0, 4, 9], dtype=torch.int32)
+    cu_k = torch.tensor([0, 6, 11], dtype=torch.int32)
+    given = torch.empty_like(q) if given_out else None
+    r = flashscan.flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, 5, 6, causal=True, return_lse=return_lse, out=given
+    )
+    out, lse = r if return_lse else (r, None)
+    assert given is None or out is given
+    ((name, args),) = fake.calls
+    assert name == "flash_attn_varlen_fwd"
+    a = [norm(x) for x in args]
+    for x, t in zip(a[:5], (q, k, v, cu_q, cu_k)):
+        assert x == norm(_frameworks.handler_of(t, "t").describe(t, "t"))
+    assert a[5] == (out.data_ptr(), (9, 4, 16), (64, 16, 1), "bfloat16", 2, 0)
+    assert (out.shape, out.dtype) == (q.shape, q.dtype)
+    if return_lse:
+        assert a[6] == (lse.data_ptr(), (4, 9), (9, 1), "float32", 2, 0)
+        assert (lse.shape, lse.dtype) == ((4, 9), torch.float32)
+    else:
+        assert a[6] is None
+    assert a[7:] == [5, 6, 0.25, -1, 0, 0.0, 0]
 
 
 def scan_args(

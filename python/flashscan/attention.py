@@ -33,8 +33,10 @@ from ._frameworks import (
     Desc,
     Handler,
     _resolve,
+    finished,
     grad_enabled,
     needs_autograd,
+    out_and_lse,
 )
 
 __all__ = ["flash_attn_func"]
@@ -279,16 +281,9 @@ def _flash_attn_any(
             if key is not None:
                 _checks.remember(_PLANS, key, _plan(hq, dq, b, sq, h, d))
             stream = hq.stream(dq[5])
-            if out is None:
-                out = hq.empty(dq[1], dq[3], q, dq)
-                oa = hq.describe_new(out, dq[1], dq[3], dq) if hq.fast else out
-            else:
-                oa = do if ho.fast else out  # type: ignore[union-attr]
-            lse = la = None
-            if return_lse:
-                lse_shape = (b, h, sq)
-                lse = hq.empty(lse_shape, "float32", q, dq)
-                la = hq.describe_new(lse, lse_shape, "float32", dq) if hq.fast else lse
+            out, oa, lse, la = out_and_lse(
+                hq, q, dq, out, ho, do, (b, h, sq) if return_lse else None
+            )
             _native.flash_attn_fwd(  # type: ignore[union-attr]
                 dq if hq.fast else q,
                 dk if hk.fast else k,
@@ -301,10 +296,7 @@ def _flash_attn_any(
                 cap,
                 stream,
             )
-            if hq.needs_finish:
-                out = hq.finish(out)
-                if lse is not None:
-                    lse = hq.finish(lse)
+            out, lse = finished(hq, out, lse)
             return (out, lse) if return_lse else out
         _backend.on_fallback("flash_attn_func", _backend.device_reason(dq[5]), depth=2)
     elif dq[4] != CPU and dq[4] != CUDA:  # pragma: no cover - rejected by the checks

@@ -31,7 +31,17 @@ from typing import Any
 import numpy as np
 
 from . import _backend, _checks, reference_kvcache
-from ._frameworks import CPU, CUDA, TORCH_TYPES, Desc, Handler, handler_of
+from ._frameworks import (
+    CPU,
+    CUDA,
+    TORCH_TYPES,
+    Desc,
+    Handler,
+    finished,
+    handler_of,
+    new_output,
+    out_and_lse,
+)
 
 __all__ = ["flash_attn_with_kvcache"]
 
@@ -471,9 +481,8 @@ def _on_gpu(
     if a.k is not None or a.cos is not None:
         q_rot = None
         if a.cos is not None:
-            q_rot = hq.empty(dq[1], dq[3], q, dq)
-            keep.append(q_rot)
-            q_rot = hq.describe_new(q_rot, dq[1], dq[3], dq) if hq.fast else q_rot
+            rotated, q_rot = new_output(hq, dq[1], dq[3], q, dq)
+            keep.append(rotated)
         _native.kvcache_append(  # type: ignore[union-attr]
             arg(a.k),
             arg(a.v),
@@ -493,17 +502,7 @@ def _on_gpu(
         if q_rot is not None:
             q_att = q_rot
 
-    if out is None:
-        out = hq.empty(dq[1], dq[3], q, dq)
-        oa = hq.describe_new(out, dq[1], dq[3], dq) if hq.fast else out
-    else:
-        assert ho is not None
-        oa = do if ho.fast else out
-    lse = la = None
-    if return_lse:
-        lse_shape = (b, h, sq)
-        lse = hq.empty(lse_shape, "float32", q, dq)
-        la = hq.describe_new(lse, lse_shape, "float32", dq) if hq.fast else lse
+    out, oa, lse, la = out_and_lse(hq, q, dq, out, ho, do, (b, h, sq) if return_lse else None)
     _native.flash_attn_kvcache(  # type: ignore[union-attr]
         q_att,
         arg(a.k_cache),
@@ -522,11 +521,7 @@ def _on_gpu(
         stream,
         sn,
     )
-    if hq.needs_finish:
-        out = hq.finish(out)
-        if lse is not None:
-            lse = hq.finish(lse)
-    return out, lse
+    return finished(hq, out, lse)
 
 
 def _on_host(a: _Call, out: Any, ho: Handler | None) -> tuple[Any, Any]:
