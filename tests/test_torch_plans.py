@@ -13,6 +13,7 @@ import sys
 import warnings
 from typing import Any
 
+import numpy as np
 import pytest
 
 import flashscan
@@ -371,6 +372,87 @@ def test_varlen_gpu_call(fake: Recorder, return_lse: bool, given_out: bool) -> N
     else:
         assert a[6] is None
     assert a[7:] == [5, 6, 0.25, -1, 0, 0.0, 0]
+
+
+def _bwd_inputs(varlen: bool) -> tuple[list[Any], list[Any]]:
+    """(the backward impl's tensors dout, q, k, v, out, lse[, cu_seqlens_q, cu_seqlens_k],
+    its other arguments): bf16, GQA 4 over 2, headdim 16; varlen packs 2 sequences."""
+    if varlen:
+        q, k, v = rnd(9, 4, 16), rnd(11, 2, 16), rnd(11, 2, 16)
+        lse = torch.randn(4, 9)
+        cu = [
+            torch.tensor([0, 4, 9], dtype=torch.int32),
+            torch.tensor([0, 6, 11], dtype=torch.int32),
+        ]
+        rest = [5, 6, 0.3, 2, 0, 1.5, True]
+    else:
+        q, k, v = rnd(2, 7, 4, 16), rnd(2, 9, 2, 16), rnd(2, 9, 2, 16)
+        lse = torch.randn(2, 4, 7)
+        cu = []
+        rest = [0.3, 2, 0, 1.5, True]
+    return [rnd(*q.shape), q, k, v, rnd(*q.shape), lse, *cu], rest
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_attention_backward_gpu_call(fake: Recorder, monkeypatch: Any, varlen: bool) -> None:
+    """flashscan.torch's attention backward (the custom op's impl) on the GPU: one native call
+    with every tensor's descriptor, dq/dk/dv like q/k/v, the varlen extras, the options and
+    the stream; upstream gradients with a strided last dimension are made dense first."""
+    fst = pytest.importorskip("flashscan.torch")
+    monkeypatch.setattr(fst, "_native", fake)
+    tensors, rest = _bwd_inputs(varlen)
+    tensors[0] = torch.cat([tensors[0], tensors[0]], -1)[..., ::2]  # strided dout
+    impl = fst._varlen_bwd_impl if varlen else fst._attn_bwd_impl
+    dq, dk, dv = impl(*tensors, *rest)
+    ((name, args),) = fake.calls
+    assert name == ("flash_attn_varlen_bwd" if varlen else "flash_attn_bwd")
+    a = [norm(x) for x in args]
+    th = _frameworks.handler_of(tensors[1], "t")
+    assert a[0][1:] == norm(th.describe(tensors[0].contiguous(), "t"))[1:]
+    assert a[0][2][-1] == 1
+    for x, t in zip(a[1:6], tensors[1:6]):
+        assert x == norm(th.describe(t, "t"))
+    for x, g, t in zip(a[6:9], (dq, dk, dv), tensors[1:4]):
+        assert x == norm(th.describe(g, "t"))
+        assert (g.shape, g.dtype) == (t.shape, t.dtype)
+    cu = [norm(th.describe(t, "t")) for t in tensors[6:]]
+    assert a[9:] == cu + rest + [0]
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_attention_backward_fallback(fake: Recorder, monkeypatch: Any, varlen: bool) -> None:
+    """On a device the backend cannot serve: no native call, the reference's gradients, and
+    the one fallback warning pointing two frames above the impl (here: the test)."""
+    fst = pytest.importorskip("flashscan.torch")
+    monkeypatch.setattr(fst, "_native", fake)
+    monkeypatch.setattr(_backend, "_usable", frozenset())
+    monkeypatch.setattr(_backend, "_policy", "warn")
+    monkeypatch.setattr(_backend, "_warned", False)
+    tensors, rest = _bwd_inputs(varlen)
+    tensors = [t.float() if t.dtype == bf else t for t in tensors]
+    impl = fst._varlen_bwd_impl if varlen else fst._attn_bwd_impl
+
+    def call() -> Any:
+        return impl(*tensors, *rest)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        grads = call()
+    assert not fake.calls
+    fw = [w for w in caught if issubclass(w.category, flashscan.FallbackWarning)]
+    assert len(fw) == 1 and (fw[0].filename, fw[0].lineno) == (__file__, line)
+    from flashscan import reference_bwd, reference_varlen
+
+    ref = reference_varlen.flash_attn_varlen_bwd if varlen else reference_bwd.flash_attn_bwd
+    want = ref(
+        *(t.numpy() for t in tensors),
+        softmax_scale=rest[-5],
+        window_size=(rest[-4], rest[-3]),
+        softcap=rest[-2],
+    )
+    for g, w in zip(grads, want):
+        np.testing.assert_allclose(g.numpy(), w, rtol=1e-5, atol=1e-6)
 
 
 def scan_args(
