@@ -5,7 +5,7 @@
 use crate::error::{unsupported, value_err, Error, Result};
 use crate::ops::attention::{self, head_dim_tile, FlashFwdArgs, Problem};
 use crate::ops::flash_tiles::HEAD_DIM_TILES;
-use crate::runtime::{driver, runtime, KernelSpec, StreamChoice};
+use crate::runtime::{runtime, KernelSpec, StreamChoice, StreamScratch};
 use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
 
 pub const SOURCE: &str = include_str!("../../cuda/flash_bwd.cu");
@@ -581,10 +581,11 @@ pub(crate) fn launch(
     let pre_grid = aux_grid(pl.seqlen_q_pad)?;
     let conv_grid = aux_grid(p.seqlen_q)?;
     let s = dev.stream(stream)?;
-    let scratch = driver::alloc_async(pl.scratch_bytes as usize, s)?;
-    params.dq_accum = scratch;
-    params.dpsum = scratch + pl.dpsum_off as u64;
-    params.lse_log2 = scratch + pl.lse_off as u64;
+    let mut scratch = StreamScratch::new(s);
+    let base = scratch.alloc(pl.scratch_bytes as usize)?;
+    params.dq_accum = base;
+    params.dpsum = base + pl.dpsum_off as u64;
+    params.lse_log2 = base + pl.lse_off as u64;
     // SAFETY: params mirrors the kernel's struct; every tensor pointer was checked by the
     // caller (shape, dtype, strides, alignment, device); the scratch holds the plan's three
     // regions.
@@ -606,8 +607,7 @@ pub(crate) fn launch(
         }
         Ok(())
     })();
-    // SAFETY: allocated above on s; freed once, ordered after the launches on the same stream.
-    unsafe { driver::free_async(scratch, s)? };
+    scratch.free()?; // ordered after the launches on the same stream
     launched?;
     dev.finish(stream)
 }
