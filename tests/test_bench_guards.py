@@ -276,3 +276,62 @@ def test_committed_results_carry_no_machine_local_paths() -> None:
             text = f.read_text(encoding="utf-8", errors="replace")
             found = [b for b in bad if b in text]
             assert not found, f"{f.relative_to(REPO)}: {found}"
+
+
+def _varlen_bench() -> Any:
+    """benches/varlen.py as a module (its timed runs need the GPU; its guards do not)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_varlen", REPO / "benches" / "varlen.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("h,hk", [(4, 4), (4, 2)])
+def test_varlen_bench_dense_rows_are_guarded(causal: bool, h: int, hk: int) -> None:
+    """The varlen bench's dense rows: float32 SDPA on the padded batch matches our reference
+    (GQA heads grouped as flash-attn does), a correct bf16 output passes, a NaN or an offset
+    one fails, and a row whose guard did not run is never ok."""
+    import numpy as np
+
+    from flashscan import reference
+
+    vb = _varlen_bench()
+    b, s, d = 3, 9, 16
+    q = torch.randn(b, s, h, d).to(torch.bfloat16)
+    k = torch.randn(b, s, hk, d).to(torch.bfloat16)
+    v = torch.randn(b, s, hk, d).to(torch.bfloat16)
+    q[1, 6:] = k[1, 6:] = v[1, 6:] = 0  # a padded sequence
+    want = torch.from_numpy(
+        reference.flash_attn_func(
+            *(t.double().numpy() for t in (q, k, v)),
+            causal=causal,
+            accum_dtype=np.dtype(np.float64),
+        )
+    )
+    sdpa = vb.sdpa_float32(q, k, v, causal)
+    assert vb.rel_rms(sdpa, want) < 1e-5
+    got = want.to(torch.bfloat16)
+    err = vb.dense_error(got, q, k, v, causal, (0, b - 1))
+    assert err <= vb.TOL
+    assert vb.row_status({"status": "ok", "rel_rms": err}) == "ok"
+    bad = got.clone()
+    bad[b - 1, 2, 1, 3] = float("nan")
+    assert (
+        vb.row_status({"status": "ok", "rel_rms": vb.dense_error(bad, q, k, v, causal, (0, b - 1))})
+        == "FAILED"
+    )
+    off = got * 1.1
+    assert (
+        vb.row_status({"status": "ok", "rel_rms": vb.dense_error(off, q, k, v, causal, (0, b - 1))})
+        == "FAILED"
+    )
+    if h != hk:  # kv heads served to the wrong q heads: caught
+        swapped = vb.dense_error(got, q, k.flip(2), v.flip(2), causal, (0, b - 1))
+        assert not swapped <= vb.TOL
+    assert vb.row_status({"status": "ok"}) == "FAILED"  # never "ok (nan)"
+    assert vb.row_status({"status": "ok", "rel_rms": math.nan}) == "FAILED"
+    assert vb.row_status({"status": "FAILED", "rel_rms": 0.0}) == "FAILED"

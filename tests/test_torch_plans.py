@@ -13,10 +13,11 @@ import sys
 import warnings
 from typing import Any
 
+import numpy as np
 import pytest
 
 import flashscan
-from flashscan import _backend, _checks, _frameworks, attention, scan
+from flashscan import _backend, _checks, _frameworks, attention, kvcache, scan, varlen
 
 torch = pytest.importorskip("torch")
 
@@ -64,9 +65,9 @@ def norm(a: Any) -> Any:
 
 
 def forget_plans() -> None:
-    for d in (attention._PLANS, scan._SCAN_PLANS, scan._SSU_PLANS):
+    for d in (attention._PLANS, kvcache._PLANS, scan._SCAN_PLANS, scan._SSU_PLANS):
         d.clear()
-    attention._LAST = scan._SCAN_LAST = scan._SSU_LAST = (None, None)
+    attention._LAST = kvcache._LAST = scan._SCAN_LAST = scan._SSU_LAST = (None, None)
     fst = sys.modules.get("flashscan.torch")
     if fst is not None:  # flashscan.torch's lean plans (grad-requiring calls route there)
         fst._ATTN_LEAN.clear()
@@ -78,13 +79,13 @@ def forget_plans() -> None:
 def fake() -> Any:
     undo = fake_cuda()
     rec = Recorder()
-    saved = (attention._native, scan._native)
-    attention._native = scan._native = rec
+    saved = (attention._native, kvcache._native, scan._native, varlen._native)
+    attention._native = kvcache._native = scan._native = varlen._native = rec
     forget_plans()
     yield rec
     # the fake's plans are keyed on CPU devices: never leave them for later tests
     forget_plans()
-    attention._native, scan._native = saved
+    attention._native, kvcache._native, scan._native, varlen._native = saved
     undo()
 
 
@@ -94,6 +95,7 @@ def general_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         (attention, "_flash_attn_any"),
         (scan, "_scan_any"),
         (scan, "_state_update_any"),
+        (kvcache, "_on_gpu"),
     ):
         real = getattr(mod, name)
 
@@ -247,6 +249,210 @@ def test_unusable_device_falls_back(fake: Recorder, monkeypatch: Any) -> None:
         warnings.simplefilter("always")
         flashscan.flash_attn_func(q, k, v)
     assert len(fake.calls) == n
+
+
+def kvcache_call(append: bool, rotary: bool, dtype: Any = bf) -> Any:
+    """A decode step's call (b 2, cache 32, nheads 4 over nheads_k 2, headdim 16); returns
+    (call(**options), the input tensors' pointers)."""
+    b, cap, hk, d = 2, 32, 2, 16
+    q = rnd(b, 1, 4, d, dtype=dtype)
+    kc, vc = rnd(b, cap, hk, d, dtype=dtype), rnd(b, cap, hk, d, dtype=dtype)
+    lens = torch.tensor([5, 9], dtype=torch.int32)
+    extra: dict[str, Any] = {}
+    if append:
+        extra.update(k=rnd(b, 1, hk, d, dtype=dtype), v=rnd(b, 1, hk, d, dtype=dtype))
+    if rotary:
+        extra.update(rotary_cos=rnd(cap, d // 2, dtype=f32), rotary_sin=rnd(cap, d // 2, dtype=f32))
+    inputs = {t.data_ptr() for t in (q, kc, vc, lens, *extra.values())}
+
+    def call(**opts: Any) -> Any:
+        return flashscan.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, **extra, **opts)
+
+    return call, inputs
+
+
+@pytest.mark.parametrize("append,rotary", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},
+        {"causal": True, "return_lse": True},
+        {"window_size": (3, 0), "softcap": 2.0, "softmax_scale": 0.3, "num_splits": 2},
+        {
+            "causal": __import__("numpy").bool_(True),
+            "window_size": [4, 1],
+            "rotary_interleaved": 0,
+            "num_splits": __import__("numpy").int64(1),
+            "softmax_scale": 1,
+        },
+    ],
+)
+def test_kvcache_plan(
+    fake: Recorder, monkeypatch: Any, append: bool, rotary: bool, opts: dict
+) -> None:
+    """The decode loop's plan: the second call of a signature makes the same native calls (the
+    arrays it allocates aside) as the general path's first, and returns the same outputs."""
+    seen = general_calls(monkeypatch)
+    call, inputs = kvcache_call(append, rotary)
+    forget_plans()
+    fake.calls.clear()
+    r1 = call(**opts)
+    assert seen == ["_on_gpu"], "first call must take the general path"
+    first = list(fake.calls)
+    assert [n for n, _ in first] == (["kvcache_append"] if append else []) + ["flash_attn_kvcache"]
+    seen.clear()
+    fake.calls.clear()
+    r2 = call(**opts)
+    assert not seen, "second call must take the plan"
+    assert [n for n, _ in fake.calls] == [n for n, _ in first]
+    for (_, a1), (_, a2) in zip(first, fake.calls):
+        assert len(a1) == len(a2)
+        for x, y in zip(map(norm, a1), map(norm, a2)):
+            if isinstance(x, tuple) and len(x) == 6 and x[0] not in inputs:
+                assert x[1:] == y[1:]  # allocated by the call: out, lse, rotated q
+            else:
+                assert x == y, (x, y)
+                assert type(x) is type(y)
+    assert outs(r1) == outs(r2)
+
+
+def test_kvcache_bad_options_same_errors(fake: Recorder) -> None:
+    call, _ = kvcache_call(True, False)
+    bad = [
+        {"causal": "yes"},
+        {"return_lse": "no"},
+        {"window_size": (-2, 0)},
+        {"window_size": (1.5, 0)},
+        {"softcap": -1.0},
+        {"softmax_scale": float("inf")},
+        {"rotary_interleaved": "x"},
+        {"num_splits": -1},
+        {"num_splits": 1.5},
+        {"num_splits": True},
+    ]
+    msgs = []
+    for b in bad:
+        with pytest.raises(Exception) as e:
+            call(**b)
+        msgs.append((type(e.value), str(e.value)))
+    assert not kvcache._PLANS
+    call()  # records the plan
+    assert kvcache._PLANS
+    for b, (t, m) in zip(bad, msgs):
+        with pytest.raises(t) as e:
+            call(**b)
+        assert str(e.value) == m
+
+
+@pytest.mark.parametrize("return_lse", [False, True])
+@pytest.mark.parametrize("given_out", [False, True])
+def test_varlen_gpu_call(fake: Recorder, return_lse: bool, given_out: bool) -> None:
+    """flash_attn_varlen_func's GPU branch (no plan: every call takes it): the native call
+    gets each input's descriptor, out like q (the caller's when given), lse (nheads, total_q)
+    float32 when asked, the options and the stream; the caller gets those arrays back."""
+    q, k, v = rnd(9, 4, 16), rnd(11, 2, 16), rnd(11, 2, 16)
+    cu_q = torch.tensor([0, 4, 9], dtype=torch.int32)
+    cu_k = torch.tensor([0, 6, 11], dtype=torch.int32)
+    given = torch.empty_like(q) if given_out else None
+    r = flashscan.flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, 5, 6, causal=True, return_lse=return_lse, out=given
+    )
+    out, lse = r if return_lse else (r, None)
+    assert given is None or out is given
+    ((name, args),) = fake.calls
+    assert name == "flash_attn_varlen_fwd"
+    a = [norm(x) for x in args]
+    for x, t in zip(a[:5], (q, k, v, cu_q, cu_k)):
+        assert x == norm(_frameworks.handler_of(t, "t").describe(t, "t"))
+    assert a[5] == (out.data_ptr(), (9, 4, 16), (64, 16, 1), "bfloat16", 2, 0)
+    assert (out.shape, out.dtype) == (q.shape, q.dtype)
+    if return_lse:
+        assert a[6] == (lse.data_ptr(), (4, 9), (9, 1), "float32", 2, 0)
+        assert (lse.shape, lse.dtype) == ((4, 9), torch.float32)
+    else:
+        assert a[6] is None
+    assert a[7:] == [5, 6, 0.25, -1, 0, 0.0, 0]
+
+
+def _bwd_inputs(varlen: bool) -> tuple[list[Any], list[Any]]:
+    """(the backward impl's tensors dout, q, k, v, out, lse[, cu_seqlens_q, cu_seqlens_k],
+    its other arguments): bf16, GQA 4 over 2, headdim 16; varlen packs 2 sequences."""
+    if varlen:
+        q, k, v = rnd(9, 4, 16), rnd(11, 2, 16), rnd(11, 2, 16)
+        lse = torch.randn(4, 9)
+        cu = [
+            torch.tensor([0, 4, 9], dtype=torch.int32),
+            torch.tensor([0, 6, 11], dtype=torch.int32),
+        ]
+        rest = [5, 6, 0.3, 2, 0, 1.5, True]
+    else:
+        q, k, v = rnd(2, 7, 4, 16), rnd(2, 9, 2, 16), rnd(2, 9, 2, 16)
+        lse = torch.randn(2, 4, 7)
+        cu = []
+        rest = [0.3, 2, 0, 1.5, True]
+    return [rnd(*q.shape), q, k, v, rnd(*q.shape), lse, *cu], rest
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_attention_backward_gpu_call(fake: Recorder, monkeypatch: Any, varlen: bool) -> None:
+    """flashscan.torch's attention backward (the custom op's impl) on the GPU: one native call
+    with every tensor's descriptor, dq/dk/dv like q/k/v, the varlen extras, the options and
+    the stream; upstream gradients with a strided last dimension are made dense first."""
+    fst = pytest.importorskip("flashscan.torch")
+    monkeypatch.setattr(fst, "_native", fake)
+    tensors, rest = _bwd_inputs(varlen)
+    tensors[0] = torch.cat([tensors[0], tensors[0]], -1)[..., ::2]  # strided dout
+    impl = fst._varlen_bwd_impl if varlen else fst._attn_bwd_impl
+    dq, dk, dv = impl(*tensors, *rest)
+    ((name, args),) = fake.calls
+    assert name == ("flash_attn_varlen_bwd" if varlen else "flash_attn_bwd")
+    a = [norm(x) for x in args]
+    th = _frameworks.handler_of(tensors[1], "t")
+    assert a[0][1:] == norm(th.describe(tensors[0].contiguous(), "t"))[1:]
+    assert a[0][2][-1] == 1
+    for x, t in zip(a[1:6], tensors[1:6]):
+        assert x == norm(th.describe(t, "t"))
+    for x, g, t in zip(a[6:9], (dq, dk, dv), tensors[1:4]):
+        assert x == norm(th.describe(g, "t"))
+        assert (g.shape, g.dtype) == (t.shape, t.dtype)
+    cu = [norm(th.describe(t, "t")) for t in tensors[6:]]
+    assert a[9:] == cu + rest + [0]
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_attention_backward_fallback(fake: Recorder, monkeypatch: Any, varlen: bool) -> None:
+    """On a device the backend cannot serve: no native call, the reference's gradients, and
+    the one fallback warning pointing two frames above the impl (here: the test)."""
+    fst = pytest.importorskip("flashscan.torch")
+    monkeypatch.setattr(fst, "_native", fake)
+    monkeypatch.setattr(_backend, "_usable", frozenset())
+    monkeypatch.setattr(_backend, "_policy", "warn")
+    monkeypatch.setattr(_backend, "_warned", False)
+    tensors, rest = _bwd_inputs(varlen)
+    tensors = [t.float() if t.dtype == bf else t for t in tensors]
+    impl = fst._varlen_bwd_impl if varlen else fst._attn_bwd_impl
+
+    def call() -> Any:
+        return impl(*tensors, *rest)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        grads = call()
+    assert not fake.calls
+    fw = [w for w in caught if issubclass(w.category, flashscan.FallbackWarning)]
+    assert len(fw) == 1 and (fw[0].filename, fw[0].lineno) == (__file__, line)
+    from flashscan import reference_bwd, reference_varlen
+
+    ref = reference_varlen.flash_attn_varlen_bwd if varlen else reference_bwd.flash_attn_bwd
+    want = ref(
+        *(t.numpy() for t in tensors),
+        softmax_scale=rest[-5],
+        window_size=(rest[-4], rest[-3]),
+        softcap=rest[-2],
+    )
+    for g, w in zip(grads, want):
+        np.testing.assert_allclose(g.numpy(), w, rtol=1e-5, atol=1e-6)
 
 
 def scan_args(

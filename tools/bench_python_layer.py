@@ -95,6 +95,8 @@ def stub_native(*modules: types.ModuleType) -> Callable[[], None]:
         selective_scan_fwd=lambda *a, **kw: None,
         selective_scan_bwd=lambda *a, **kw: None,
         selective_state_update=lambda *a, **kw: None,
+        kvcache_append=lambda *a, **kw: None,
+        flash_attn_kvcache=lambda *a, **kw: None,
     )
     saved = [(m, m._native) for m in modules]  # type: ignore[attr-defined]
     for m in modules:
@@ -231,7 +233,7 @@ def main() -> None:
     clock = time.perf_counter if clock_name == "wall" else time.thread_time
 
     import flashscan
-    from flashscan import attention, scan
+    from flashscan import attention, kvcache, scan
 
     if device == "cuda" and not flashscan.available():
         raise SystemExit(
@@ -248,7 +250,7 @@ def main() -> None:
 
         undo_native = stub_native(attention, scan, fst)
     else:
-        undo_native = stub_native(attention, scan)
+        undo_native = stub_native(attention, kvcache, scan)
     try:
         if args.training:
             cases = training_cases(dev)
@@ -279,6 +281,20 @@ def main() -> None:
                     f"attention b{b} s60 h8 d64 causal, out=",
                     lambda q=q, k=k, v=v, o=out: flashscan.flash_attn_func(
                         q, k, v, causal=True, out=o
+                    ),
+                )
+            )
+        for b in (1, 32):
+            # one decode step: append one token to a 256-slot cache, attend over it
+            q1 = torch.randn(b, 1, 8, 64, device=dev).to(bf)
+            kc = torch.randn(b, 256, 8, 64, device=dev).to(bf)
+            vc = torch.randn_like(kc)
+            lens = torch.full((b,), 60, dtype=torch.int32, device=dev)
+            cases.append(
+                (
+                    f"kvcache decode b{b} cache256 h8 d64 causal, append 1",
+                    lambda a=(q1, kc, vc, q1, q1), n=lens: flashscan.flash_attn_with_kvcache(
+                        *a, cache_seqlens=n, causal=True
                     ),
                 )
             )

@@ -220,6 +220,46 @@ def window(window_size: Any, causal: bool) -> tuple[int, int]:
     return wl, wr
 
 
+NO_WINDOW = (-1, -1)
+_INF = math.inf
+
+
+def attention_options(
+    headdim: Any,
+    causal: Any,
+    window_size: Any,
+    softmax_scale: Any,
+    softcap: Any,
+    return_lse: Any,
+) -> tuple[float, int, int, float, bool, bool]:
+    """The options every attention entry takes (dense, varlen, kvcache; the torch and jax
+    adapters), checked in this order: causal, return_lse, window_size, softmax_scale, softcap.
+    Returns (scale, window_left, window_right, softcap, causal, return_lse) as the kernels take
+    them: scale defaults to 1/sqrt(headdim), causal sets window_right 0. Plain values (bools,
+    finite floats, the unbounded window) skip the checkers: the torch decode loop calls this
+    on every step. (`attention.flash_attn_func`'s plan path keeps a copy of these lines
+    inline: it cannot afford the call.)"""
+    if causal is not False and causal is not True:
+        causal = flag("causal", causal)
+    if return_lse is not False and return_lse is not True:
+        return_lse = flag("return_lse", return_lse)
+    if window_size is NO_WINDOW or (type(window_size) is tuple and window_size == NO_WINDOW):
+        wl, wr = -1, (0 if causal else -1)
+    else:
+        wl, wr = window(window_size, causal)
+    if softmax_scale is None:
+        scale = 1.0 / math.sqrt(headdim)
+    elif type(softmax_scale) is float and -_INF < softmax_scale < _INF:
+        scale = softmax_scale
+    else:
+        scale = real("softmax_scale", softmax_scale)
+    if type(softcap) is float and 0.0 <= softcap < _INF:
+        cap = softcap
+    else:
+        cap = real("softcap", softcap, minimum=0.0)
+    return scale, wl, wr, cap, causal, return_lse
+
+
 def varlen(
     dq: Desc, dk: Desc, dv: Desc, dcq: Desc, dck: Desc
 ) -> tuple[int, int, int, int, int, int]:

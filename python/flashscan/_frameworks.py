@@ -479,3 +479,50 @@ def handler_of(x: Any, arg: str) -> Handler:
     if h is None:
         h = _resolve(x, arg)
     return h
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs of a native call (the general paths of the attention ops)
+# ---------------------------------------------------------------------------------------------
+
+
+def new_output(h: Handler, shape: tuple[int, ...], dtype: str, like: Any, desc: Desc) -> Any:
+    """A new array of `h`'s framework on `like`'s device (`desc` describes `like`), and what
+    `_native` takes for it: its descriptor when `h` is fast, else the array itself."""
+    a = h.empty(shape, dtype, like, desc)
+    return a, (h.describe_new(a, shape, dtype, desc) if h.fast else a)
+
+
+def out_and_lse(
+    h: Handler,
+    q: Any,
+    dq: Desc,
+    out: Any,
+    ho: Handler | None,
+    do: Desc | None,
+    lse_shape: tuple[int, ...] | None,
+) -> tuple[Any, Any, Any, Any]:
+    """An attention call's outputs, allocated like q (handler `h`, descriptor `dq`): out (the
+    caller's `out=`, with its handler `ho` and descriptor `do`, when given; else new, q's
+    shape and dtype) and, with `lse_shape`, a new float32 lse. Returns (out, out for
+    `_native`, lse, lse for `_native`); the lse pair is None without lse_shape. After the
+    native call, `finished` turns them into the caller's arrays."""
+    if out is None:
+        out, oa = new_output(h, dq[1], dq[3], q, dq)
+    else:
+        assert ho is not None
+        oa = do if ho.fast else out
+    if lse_shape is None:
+        return out, oa, None, None
+    lse, la = new_output(h, lse_shape, "float32", q, dq)
+    return out, oa, lse, la
+
+
+def finished(h: Handler, out: Any, lse: Any) -> tuple[Any, Any]:
+    """`out_and_lse`'s arrays after the native call, as the caller gets them (jax wraps what
+    it allocated; lse may be None)."""
+    if h.needs_finish:
+        out = h.finish(out)
+        if lse is not None:
+            lse = h.finish(lse)
+    return out, lse

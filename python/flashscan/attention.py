@@ -33,8 +33,10 @@ from ._frameworks import (
     Desc,
     Handler,
     _resolve,
+    finished,
     grad_enabled,
     needs_autograd,
+    out_and_lse,
 )
 
 __all__ = ["flash_attn_func"]
@@ -42,7 +44,7 @@ __all__ = ["flash_attn_func"]
 _native = _backend.native
 _usable_devices = _backend.usable_devices
 _INF = math.inf
-_NO_WINDOW = (-1, -1)
+_NO_WINDOW = _checks.NO_WINDOW  # the default: `is` finds it without comparing
 _NO_DEVICES: frozenset[int] = frozenset()
 
 # signature -> plan (see `_plan`); bounded like the check memos. `_LAST` is the last (signature,
@@ -95,6 +97,8 @@ def flash_attn_func(
             and not ((q.requires_grad or k.requires_grad or v.requires_grad) and grad_enabled())
         ):
             # --- the hot path: a signature already checked and served -------------------------
+            # the options: `_checks.attention_options` inline (a call costs more than these
+            # lines take for plain values)
             dev, dts, d_scale, o_shape, o_strides, l_shape, l_strides, stream, f32 = plan
             if causal is not False and causal is not True:
                 causal = _checks.flag("causal", causal)
@@ -259,25 +263,9 @@ def _flash_attn_any(
     # a torch signature served once goes to a plan: the check memo would only duplicate it
     check = _checks.attention if key is not None else _checks.attention_memo
     b, sq, h, d, sk, _ = check(dq, dk, dv)
-
-    if causal is not False and causal is not True:
-        causal = _checks.flag("causal", causal)
-    if return_lse is not False and return_lse is not True:
-        return_lse = _checks.flag("return_lse", return_lse)
-    if window_size is _NO_WINDOW or (type(window_size) is tuple and window_size == _NO_WINDOW):
-        wl, wr = -1, (0 if causal else -1)
-    else:
-        wl, wr = _checks.window(window_size, causal)
-    if softmax_scale is None:
-        scale = 1.0 / math.sqrt(d)
-    elif type(softmax_scale) is float and -_INF < softmax_scale < _INF:
-        scale = softmax_scale
-    else:
-        scale = _checks.real("softmax_scale", softmax_scale)
-    if type(softcap) is float and 0.0 <= softcap < _INF:
-        cap = softcap
-    else:
-        cap = _checks.real("softcap", softcap, minimum=0.0)
+    scale, wl, wr, cap, causal, return_lse = _checks.attention_options(
+        d, causal, window_size, softmax_scale, softcap, return_lse
+    )
 
     ho: Handler | None = None
     do: Desc | None = None
@@ -293,16 +281,9 @@ def _flash_attn_any(
             if key is not None:
                 _checks.remember(_PLANS, key, _plan(hq, dq, b, sq, h, d))
             stream = hq.stream(dq[5])
-            if out is None:
-                out = hq.empty(dq[1], dq[3], q, dq)
-                oa = hq.describe_new(out, dq[1], dq[3], dq) if hq.fast else out
-            else:
-                oa = do if ho.fast else out  # type: ignore[union-attr]
-            lse = la = None
-            if return_lse:
-                lse_shape = (b, h, sq)
-                lse = hq.empty(lse_shape, "float32", q, dq)
-                la = hq.describe_new(lse, lse_shape, "float32", dq) if hq.fast else lse
+            out, oa, lse, la = out_and_lse(
+                hq, q, dq, out, ho, do, (b, h, sq) if return_lse else None
+            )
             _native.flash_attn_fwd(  # type: ignore[union-attr]
                 dq if hq.fast else q,
                 dk if hk.fast else k,
@@ -315,10 +296,7 @@ def _flash_attn_any(
                 cap,
                 stream,
             )
-            if hq.needs_finish:
-                out = hq.finish(out)
-                if lse is not None:
-                    lse = hq.finish(lse)
+            out, lse = finished(hq, out, lse)
             return (out, lse) if return_lse else out
         _backend.on_fallback("flash_attn_func", _backend.device_reason(dq[5]), depth=2)
     elif dq[4] != CPU and dq[4] != CUDA:  # pragma: no cover - rejected by the checks

@@ -29,7 +29,6 @@ Adding an op (Mamba-2 SSD, varlen attention, ...): its handler in `src/xla_ffi/h
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -295,16 +294,10 @@ def flash_attn_func(
     f64 = "float32" if _is_f64(q) else None
     dq, dk, dv = _desc(q, "q", f64), _desc(k, "k", f64), _desc(v, "v", f64)
     _b, _sq, _h, d, _sk, _hk = _checks.attention(dq, dk, dv)
-    causal = _checks.flag("causal", causal)
-    return_lse = _checks.flag("return_lse", return_lse)
-    deterministic = _checks.flag("deterministic", deterministic)
-    wl, wr = _checks.window(window_size, causal)
-    scale = (
-        1.0 / math.sqrt(d)
-        if softmax_scale is None
-        else _checks.real("softmax_scale", softmax_scale)
+    scale, wl, wr, cap, causal, return_lse = _checks.attention_options(
+        d, causal, window_size, softmax_scale, softcap, return_lse
     )
-    cap = _checks.real("softcap", softcap, minimum=0.0)
+    deterministic = _checks.flag("deterministic", deterministic)
     out, lse = _attention((scale, wl, wr, cap, deterministic), q, k, v)
     return (out, jax.lax.stop_gradient(lse)) if return_lse else out
 

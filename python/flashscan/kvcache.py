@@ -25,23 +25,31 @@ the native core: a block id out of range is never dereferenced, its row's output
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
 import numpy as np
 
 from . import _backend, _checks, reference_kvcache
-from ._frameworks import CPU, CUDA, TORCH_TYPES, Desc, Handler, handler_of
+from ._frameworks import (
+    CPU,
+    CUDA,
+    TORCH_TYPES,
+    Desc,
+    Handler,
+    finished,
+    handler_of,
+    new_output,
+    out_and_lse,
+)
 
 __all__ = ["flash_attn_with_kvcache"]
 
 _native = _backend.native
 _OP = "flash_attn_with_kvcache"
-_NO_WINDOW = (-1, -1)
+_NO_WINDOW = _checks.NO_WINDOW
 # Python / NumPy scalars given as cache_seqlens: ints are broadcast, others refused by name
 _SCALARS = (int, float, np.integer, np.floating, np.bool_)
-_INF = math.inf
 # set once the native core has refused float32 q (UnsupportedError): later float32 calls go to
 # the host without asking again
 _FP32_REFUSED: str | None = None
@@ -138,15 +146,21 @@ def flash_attn_with_kvcache(
             and not _check_indices_on_gpu()
         ):
             # --- the hot path: a torch signature already checked and served ------------------
-            opts = _options(
-                plan[9], causal, window_size, softmax_scale, softcap, num_splits,
-                rotary_interleaved, return_lse,
-            )  # fmt: skip
+            scale, wl, wr, cap, _, return_lse = _checks.attention_options(
+                plan[9], causal, window_size, softmax_scale, softcap, return_lse
+            )
+            if (
+                (rotary_interleaved is not True and rotary_interleaved is not False)
+                or type(num_splits) is not int
+                or num_splits < 0
+            ):
+                rotary_interleaved, num_splits = _decode_options(rotary_interleaved, num_splits)
             res = _serve(
-                plan, key, opts, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                plan, key, (scale, wl, wr, cap, rotary_interleaved, num_splits, return_lse),
+                q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                 cache_seqlens, cache_batch_idx, cache_leftpad, block_table, out,
             )  # fmt: skip
-            return res if opts[6] else res[0]
+            return res if return_lse else res[0]
 
     hq = handler_of(q, "q")
     dq = hq.describe(q, "q")
@@ -195,10 +209,10 @@ def flash_attn_with_kvcache(
             if not hx.always_writable:
                 _checks.writable(arg, x, hx)
 
-    scale, wl, wr, cap, rotary_interleaved, splits, return_lse = _options(
-        1.0 / math.sqrt(d), causal, window_size, softmax_scale, softcap, num_splits,
-        rotary_interleaved, return_lse,
-    )  # fmt: skip
+    scale, wl, wr, cap, _, return_lse = _checks.attention_options(
+        d, causal, window_size, softmax_scale, softcap, return_lse
+    )
+    rotary_interleaved, splits = _decode_options(rotary_interleaved, num_splits)
 
     ho: Handler | None = None
     do: Desc | None = None
@@ -282,44 +296,11 @@ class _Call:
             setattr(self, name, value)
 
 
-def _options(
-    d_scale: float,
-    causal: Any,
-    window_size: Any,
-    softmax_scale: Any,
-    softcap: Any,
-    num_splits: Any,
-    rotary_interleaved: Any,
-    return_lse: Any,
-) -> tuple[float, int, int, float, bool, int, bool]:
-    """The checked options, (scale, window_left, window_right, softcap, rotary_interleaved,
-    num_splits, return_lse); d_scale is the default scale 1/sqrt(headdim). Plain values skip
-    the checkers (the decode loop calls this every step)."""
-    if causal is not False and causal is not True:
-        causal = _checks.flag("causal", causal)
-    if return_lse is not False and return_lse is not True:
-        return_lse = _checks.flag("return_lse", return_lse)
-    if rotary_interleaved is not False and rotary_interleaved is not True:
-        rotary_interleaved = _checks.flag("rotary_interleaved", rotary_interleaved)
-    if window_size is _NO_WINDOW or (type(window_size) is tuple and window_size == _NO_WINDOW):
-        wl, wr = -1, (0 if causal else -1)
-    else:
-        wl, wr = _checks.window(window_size, causal)
-    if softmax_scale is None:
-        scale = d_scale
-    elif type(softmax_scale) is float and -_INF < softmax_scale < _INF:
-        scale = softmax_scale
-    else:
-        scale = _checks.real("softmax_scale", softmax_scale)
-    if type(softcap) is float and 0.0 <= softcap < _INF:
-        cap = softcap
-    else:
-        cap = _checks.real("softcap", softcap, minimum=0.0)
-    if type(num_splits) is int and num_splits >= 0:
-        splits = num_splits
-    else:
-        splits = _checks.nonnegative_int("num_splits", num_splits)
-    return scale, wl, wr, cap, rotary_interleaved, splits, return_lse
+def _decode_options(rotary_interleaved: Any, num_splits: Any) -> tuple[bool, int]:
+    """The decode call's own options, checked (the attention options are
+    `_checks.attention_options`'): (rotary_interleaved, num_splits)."""
+    rotary_interleaved = _checks.flag("rotary_interleaved", rotary_interleaved)
+    return rotary_interleaved, _checks.nonnegative_int("num_splits", num_splits)
 
 
 def _signature(*arrays: Any) -> tuple[Any, ...] | None:
@@ -349,8 +330,8 @@ def _signature(*arrays: Any) -> tuple[Any, ...] | None:
 def _plan(a: _Call, hq: Handler) -> tuple[Any, ...]:
     """What the hot path needs for a torch signature the general path just served on the GPU:
     (device, dtype name of each of the 12 arrays or None, out's shape and contiguous strides,
-    lse's, the stream lookup, torch.float32, seqlen_new, the default scale, rotary given, the
-    cache capacity)."""
+    lse's, the stream lookup, torch.float32, seqlen_new, the head dim, rotary given, the cache
+    capacity)."""
     q, _, dq = a.q
     b, sq, h, sn, _, _, _ = a.dims
     d = dq[1][3]
@@ -366,7 +347,7 @@ def _plan(a: _Call, hq: Handler) -> tuple[Any, ...]:
         hq.current_stream,  # type: ignore[attr-defined]
         hq.float32,  # type: ignore[attr-defined]
         sn,
-        1.0 / math.sqrt(d),
+        d,
         a.cos is not None,
         a.dims[4],
     )
@@ -532,9 +513,8 @@ def _on_gpu(
     if a.k is not None or a.cos is not None:
         q_rot = None
         if a.cos is not None:
-            q_rot = hq.empty(dq[1], dq[3], q, dq)
-            keep.append(q_rot)
-            q_rot = hq.describe_new(q_rot, dq[1], dq[3], dq) if hq.fast else q_rot
+            rotated, q_rot = new_output(hq, dq[1], dq[3], q, dq)
+            keep.append(rotated)
         _native.kvcache_append(  # type: ignore[union-attr]
             arg(a.k),
             arg(a.v),
@@ -554,17 +534,7 @@ def _on_gpu(
         if q_rot is not None:
             q_att = q_rot
 
-    if out is None:
-        out = hq.empty(dq[1], dq[3], q, dq)
-        oa = hq.describe_new(out, dq[1], dq[3], dq) if hq.fast else out
-    else:
-        assert ho is not None
-        oa = do if ho.fast else out
-    lse = la = None
-    if return_lse:
-        lse_shape = (b, h, sq)
-        lse = hq.empty(lse_shape, "float32", q, dq)
-        la = hq.describe_new(lse, lse_shape, "float32", dq) if hq.fast else lse
+    out, oa, lse, la = out_and_lse(hq, q, dq, out, ho, do, (b, h, sq) if return_lse else None)
     _native.flash_attn_kvcache(  # type: ignore[union-attr]
         q_att,
         arg(a.k_cache),
@@ -583,11 +553,7 @@ def _on_gpu(
         stream,
         sn,
     )
-    if hq.needs_finish:
-        out = hq.finish(out)
-        if lse is not None:
-            lse = hq.finish(lse)
-    return out, lse
+    return finished(hq, out, lse)
 
 
 def _on_host(a: _Call, out: Any, ho: Handler | None) -> tuple[Any, Any]:

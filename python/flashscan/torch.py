@@ -27,6 +27,7 @@ no gradient through it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Optional
 
 import numpy as np
@@ -67,15 +68,16 @@ _NO_DEVICES: frozenset[int] = frozenset()
 # ---------------------------------------------------------------------------------------------
 
 
-def _on_gpu(t: Tensor, op: str) -> bool:
+def _on_gpu(t: Tensor, op: str, depth: int = 3) -> bool:
     """True when `t`'s call runs on the CUDA kernels; False for the references (CPU, float64,
-    or a CUDA device the backend cannot serve: the fallback policy decides, and may raise)."""
+    or a CUDA device the backend cannot serve: the fallback policy decides, and may raise;
+    `depth` as `_backend.on_fallback`'s, counted from here)."""
     if not t.is_cuda or t.dtype == _F64:
         return False
     dev = t.get_device()
     if dev in _backend.usable_devices():
         return True
-    _backend.on_fallback(op, _backend.device_reason(dev), depth=3)
+    _backend.on_fallback(op, _backend.device_reason(dev), depth=depth)
     return False
 
 
@@ -205,10 +207,33 @@ def _attn_bwd_impl(
     deterministic: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) from the upstream gradient and the forward's out and lse."""
-    if _on_gpu(q, "flash_attn_bwd"):
+    return _attention_grads(
+        "flash_attn_bwd",
+        reference_bwd.flash_attn_bwd,
+        (dout, q, k, v, out, lse),
+        (softmax_scale, window_left, window_right, softcap, deterministic),
+    )
+
+
+def _attention_grads(
+    op: str,
+    reference_fn: Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]],
+    tensors: tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor],
+    options: tuple[float, int, int, float, bool],
+    cu_seqlens: tuple[Tensor, Tensor] | tuple[()] = (),
+    max_seqlens: tuple[int, int] | tuple[()] = (),
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The attention backward, dense or packed: (dq, dk, dv) from tensors (dout, q, k, v, out,
+    lse) and options (softmax_scale, window_left, window_right, softcap, deterministic). On the
+    GPU `_native.<op>` (the varlen one also takes cu_seqlens and max_seqlens); on the host
+    `reference_fn` (the varlen one also takes cu_seqlens)."""
+    dout, q, k, v, out, lse = tensors
+    scale, wl, wr, cap, deterministic = options
+    if _on_gpu(q, op, depth=4):
         dout = _dense(dout)
         dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-        _native.flash_attn_bwd(  # type: ignore[union-attr]
+        cu = [_desc(t, name) for t, name in zip(cu_seqlens, ("cu_seqlens_q", "cu_seqlens_k"))]
+        getattr(_native, op)(
             _desc(dout, "dout"),
             _desc(q, "q"),
             _desc(k, "k"),
@@ -218,25 +243,23 @@ def _attn_bwd_impl(
             _desc(dq, "dq"),
             _desc(dk, "dk"),
             _desc(dv, "dv"),
-            softmax_scale,
-            window_left,
-            window_right,
-            softcap,
+            *cu,
+            *max_seqlens,
+            scale,
+            wl,
+            wr,
+            cap,
             deterministic,
             _stream(q),
         )
         return dq, dk, dv
     acc = np.dtype(np.float64 if q.dtype == _F64 else np.float32)
-    gq, gk, gv = reference_bwd.flash_attn_bwd(
-        _host(dout),
-        _host(q),
-        _host(k),
-        _host(v),
-        _host(out),
-        _host(lse),
-        softmax_scale=softmax_scale,
-        window_size=(window_left, window_right),
-        softcap=softcap,
+    gq, gk, gv = reference_fn(
+        *(_host(t) for t in tensors),
+        *(_host(t) for t in cu_seqlens),
+        softmax_scale=scale,
+        window_size=(wl, wr),
+        softcap=cap,
         accum_dtype=acc,
     )
     return _from_host(gq, q), _from_host(gk, k), _from_host(gv, v)
@@ -464,16 +487,10 @@ def flash_attn_func(
             "q: expected a 4-D array (batch, seqlen, nheads, headdim), got shape "
             f"{_checks.fmt_shape(tuple(q.shape))} ({q.dim()}-D)"
         )
-    causal = _checks.flag("causal", causal)
-    return_lse = _checks.flag("return_lse", return_lse)
-    deterministic = _checks.flag("deterministic", deterministic)
-    wl, wr = _checks.window(window_size, causal)
-    scale = (
-        1.0 / math.sqrt(q.shape[-1])
-        if softmax_scale is None
-        else _checks.real("softmax_scale", softmax_scale)
+    scale, wl, wr, cap, causal, return_lse = _checks.attention_options(
+        q.shape[-1], causal, window_size, softmax_scale, softcap, return_lse
     )
-    cap = _checks.real("softcap", softcap, minimum=0.0)
+    deterministic = _checks.flag("deterministic", deterministic)
     if torch.compiler.is_compiling():
         out, lse = torch.ops.flashscan.flash_attn_fwd(q, k, v, scale, wl, wr, cap, deterministic)
         return (out, lse) if return_lse else out
@@ -579,47 +596,14 @@ def _varlen_bwd_impl(
     if q.shape[0] == 0 or k.shape[0] == 0 or len(cu_seqlens_q) < 2:
         # nothing attends (the forward ran the reference): every gradient is 0
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    if _on_gpu(q, "flash_attn_varlen_bwd"):
-        dout = _dense(dout)
-        dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-        _native.flash_attn_varlen_bwd(  # type: ignore[union-attr]
-            _desc(dout, "dout"),
-            _desc(q, "q"),
-            _desc(k, "k"),
-            _desc(v, "v"),
-            _desc(out, "out"),
-            _desc(lse, "lse"),
-            _desc(dq, "dq"),
-            _desc(dk, "dk"),
-            _desc(dv, "dv"),
-            _desc(cu_seqlens_q, "cu_seqlens_q"),
-            _desc(cu_seqlens_k, "cu_seqlens_k"),
-            max_seqlen_q,
-            max_seqlen_k,
-            softmax_scale,
-            window_left,
-            window_right,
-            softcap,
-            deterministic,
-            _stream(q),
-        )
-        return dq, dk, dv
-    acc = np.dtype(np.float64 if q.dtype == _F64 else np.float32)
-    gq, gk, gv = reference_varlen.flash_attn_varlen_bwd(
-        _host(dout),
-        _host(q),
-        _host(k),
-        _host(v),
-        _host(out),
-        _host(lse),
-        _host(cu_seqlens_q),
-        _host(cu_seqlens_k),
-        softmax_scale=softmax_scale,
-        window_size=(window_left, window_right),
-        softcap=softcap,
-        accum_dtype=acc,
+    return _attention_grads(
+        "flash_attn_varlen_bwd",
+        reference_varlen.flash_attn_varlen_bwd,
+        (dout, q, k, v, out, lse),
+        (softmax_scale, window_left, window_right, softcap, deterministic),
+        (cu_seqlens_q, cu_seqlens_k),
+        (max_seqlen_q, max_seqlen_k),
     )
-    return _from_host(gq, q), _from_host(gk, k), _from_host(gv, v)
 
 
 _varlen_bwd = torch.library.custom_op(
@@ -695,16 +679,10 @@ def flash_attn_varlen_func(
             "q: expected a 3-D array (total_q, nheads, headdim), got shape "
             f"{_checks.fmt_shape(tuple(q.shape))} ({q.dim()}-D)"
         )
-    causal = _checks.flag("causal", causal)
-    return_lse = _checks.flag("return_lse", return_lse)
-    deterministic = _checks.flag("deterministic", deterministic)
-    wl, wr = _checks.window(window_size, causal)
-    scale = (
-        1.0 / math.sqrt(q.shape[-1])
-        if softmax_scale is None
-        else _checks.real("softmax_scale", softmax_scale)
+    scale, wl, wr, cap, causal, return_lse = _checks.attention_options(
+        q.shape[-1], causal, window_size, softmax_scale, softcap, return_lse
     )
-    cap = _checks.real("softcap", softcap, minimum=0.0)
+    deterministic = _checks.flag("deterministic", deterministic)
     max_q = _checks.nonnegative_int("max_seqlen_q", max_seqlen_q)
     max_k = _checks.nonnegative_int("max_seqlen_k", max_seqlen_k)
     out, lse = torch.ops.flashscan.flash_attn_varlen_fwd(

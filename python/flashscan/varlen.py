@@ -16,20 +16,27 @@ Torch calls that need gradients go to `flashscan.torch.flash_attn_varlen_func` (
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
 from . import _backend, _checks, _routes, reference_varlen
-from ._frameworks import _HANDLERS, CPU, CUDA, Handler, _resolve, needs_autograd
+from ._frameworks import (
+    _HANDLERS,
+    CPU,
+    CUDA,
+    Handler,
+    _resolve,
+    finished,
+    needs_autograd,
+    out_and_lse,
+)
 from .kvcache import _check_indices_on_gpu
 
 __all__ = ["flash_attn_varlen_func"]
 
 _native = _backend.native
-_INF = math.inf
-_NO_WINDOW = (-1, -1)
+_NO_WINDOW = _checks.NO_WINDOW
 
 
 def flash_attn_varlen_func(
@@ -139,17 +146,9 @@ def varlen_any(
     max_q = _checks.nonnegative_int("max_seqlen_q", max_seqlen_q)
     max_k = _checks.nonnegative_int("max_seqlen_k", max_seqlen_k)
 
-    causal = _checks.flag("causal", causal)
-    return_lse = _checks.flag("return_lse", return_lse)
-    if window_size is _NO_WINDOW or (type(window_size) is tuple and window_size == _NO_WINDOW):
-        wl, wr = -1, (0 if causal else -1)
-    else:
-        wl, wr = _checks.window(window_size, causal)
-    if softmax_scale is None:
-        scale = 1.0 / math.sqrt(d)
-    else:
-        scale = _checks.real("softmax_scale", softmax_scale)
-    cap = _checks.real("softcap", softcap, minimum=0.0)
+    scale, wl, wr, cap, causal, return_lse = _checks.attention_options(
+        d, causal, window_size, softmax_scale, softcap, return_lse
+    )
 
     ho: Handler | None = None
     do = None
@@ -169,16 +168,9 @@ def varlen_any(
         refusal = _gpu_refusal(dq)
         if refusal is None:
             stream = hq.stream(dq[5])
-            if out is None:
-                out = hq.empty(dq[1], dq[3], q, dq)
-                oa = hq.describe_new(out, dq[1], dq[3], dq) if hq.fast else out
-            else:
-                oa = do if ho.fast else out  # type: ignore[union-attr]
-            lse = la = None
-            if return_lse:
-                lse_shape = (h, total_q)
-                lse = hq.empty(lse_shape, "float32", q, dq)
-                la = hq.describe_new(lse, lse_shape, "float32", dq) if hq.fast else lse
+            out, oa, lse, la = out_and_lse(
+                hq, q, dq, out, ho, do, (h, total_q) if return_lse else None
+            )
             _native.flash_attn_varlen_fwd(  # type: ignore[union-attr]
                 dq if hq.fast else q,
                 dk if hk.fast else k,
@@ -195,10 +187,7 @@ def varlen_any(
                 cap,
                 stream,
             )
-            if hq.needs_finish:
-                out = hq.finish(out)
-                if lse is not None:
-                    lse = hq.finish(lse)
+            out, lse = finished(hq, out, lse)
             return (out, lse) if return_lse else out
         _backend.on_fallback("flash_attn_varlen_func", refusal, depth=2)
 

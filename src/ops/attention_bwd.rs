@@ -5,7 +5,7 @@
 use crate::error::{unsupported, value_err, Error, Result};
 use crate::ops::attention::{self, head_dim_tile, FlashFwdArgs, Problem};
 use crate::ops::flash_tiles::HEAD_DIM_TILES;
-use crate::runtime::{driver, runtime, KernelSpec, StreamChoice};
+use crate::runtime::{runtime, KernelSpec, StreamChoice, StreamScratch};
 use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
 
 pub const SOURCE: &str = include_str!("../../cuda/flash_bwd.cu");
@@ -459,7 +459,20 @@ pub fn backward(a: &FlashBwdArgs, stream: StreamChoice) -> Result<()> {
     if p.batch == 0 || p.nheads == 0 || p.seqlen_k == 0 {
         return Ok(());
     }
-    let device = common_cuda_device(&[
+    let (device, params) =
+        device_and_params(a, &[], |t| [t.strides[0], t.strides[1], t.strides[2]])?;
+    launch(&p, params, &BwdRun::of(a, false), device, stream)
+}
+
+/// The common CUDA device of `a`'s nine tensors and of `extra` (the varlen call's
+/// cu_seqlens), and the params holding the nine pointers and, in the kernel's order (q, k, v,
+/// o, dout, dq, dk, dv), each tensor's (batch, row, head) strides as `strides_of` reads them.
+pub(crate) fn device_and_params(
+    a: &FlashBwdArgs,
+    extra: &[(&str, Option<&TensorView>)],
+    strides_of: fn(&TensorView) -> [i64; 3],
+) -> Result<(i32, FlashBwdParams)> {
+    let mut tensors = vec![
         ("dout", Some(a.dout)),
         ("q", Some(a.q)),
         ("k", Some(a.k)),
@@ -469,13 +482,15 @@ pub fn backward(a: &FlashBwdArgs, stream: StreamChoice) -> Result<()> {
         ("dq", Some(a.dq)),
         ("dk", Some(a.dk)),
         ("dv", Some(a.dv)),
-    ])?;
+    ];
+    tensors.extend_from_slice(extra);
+    let device = common_cuda_device(&tensors)?;
     let mut strides = [0i64; 24];
     for (i, t) in [a.q, a.k, a.v, a.out, a.dout, a.dq, a.dk, a.dv]
         .iter()
         .enumerate()
     {
-        strides[3 * i..3 * i + 3].copy_from_slice(&t.strides[..3]);
+        strides[3 * i..3 * i + 3].copy_from_slice(&strides_of(t));
     }
     let params = FlashBwdParams {
         q: a.q.ptr,
@@ -490,14 +505,7 @@ pub fn backward(a: &FlashBwdArgs, stream: StreamChoice) -> Result<()> {
         strides,
         ..Default::default()
     };
-    let run = BwdRun {
-        dtype: a.q.dtype,
-        softmax_scale: a.softmax_scale,
-        softcap: a.softcap,
-        deterministic: a.deterministic,
-        varlen: false,
-    };
-    launch(&p, params, &run, device, stream)
+    Ok((device, params))
 }
 
 /// What `launch` needs beyond the problem and the tensors' pointers and strides.
@@ -509,6 +517,18 @@ pub(crate) struct BwdRun {
     /// The packed-sequence build: `p.batch` sequences of at most `p.seqlen_q` / `p.seqlen_k`
     /// rows; `params` then carries cu_seqlens and the totals, batch strides 0.
     pub varlen: bool,
+}
+
+impl BwdRun {
+    pub(crate) fn of(a: &FlashBwdArgs, varlen: bool) -> BwdRun {
+        BwdRun {
+            dtype: a.q.dtype,
+            softmax_scale: a.softmax_scale,
+            softcap: a.softcap,
+            deterministic: a.deterministic,
+            varlen,
+        }
+    }
 }
 
 /// Plans and runs the three launches of a checked, non-empty problem `p` whose `params` hold
@@ -581,10 +601,11 @@ pub(crate) fn launch(
     let pre_grid = aux_grid(pl.seqlen_q_pad)?;
     let conv_grid = aux_grid(p.seqlen_q)?;
     let s = dev.stream(stream)?;
-    let scratch = driver::alloc_async(pl.scratch_bytes as usize, s)?;
-    params.dq_accum = scratch;
-    params.dpsum = scratch + pl.dpsum_off as u64;
-    params.lse_log2 = scratch + pl.lse_off as u64;
+    let mut scratch = StreamScratch::new(s);
+    let base = scratch.alloc(pl.scratch_bytes as usize)?;
+    params.dq_accum = base;
+    params.dpsum = base + pl.dpsum_off as u64;
+    params.lse_log2 = base + pl.lse_off as u64;
     // SAFETY: params mirrors the kernel's struct; every tensor pointer was checked by the
     // caller (shape, dtype, strides, alignment, device); the scratch holds the plan's three
     // regions.
@@ -606,8 +627,7 @@ pub(crate) fn launch(
         }
         Ok(())
     })();
-    // SAFETY: allocated above on s; freed once, ordered after the launches on the same stream.
-    unsafe { driver::free_async(scratch, s)? };
+    scratch.free()?; // ordered after the launches on the same stream
     launched?;
     dev.finish(stream)
 }
@@ -670,6 +690,40 @@ mod tests {
             softcap: 0.0,
             deterministic: det,
         }
+    }
+
+    #[test]
+    fn device_and_params_packs_pointers_and_strides_in_kernel_order() {
+        let mut v = views(7, 9, 4, 2, 64);
+        let a = args(&v, -1, -1, false);
+        let (dev, p) =
+            device_and_params(&a, &[], |t| [t.strides[0], t.strides[1], t.strides[2]]).unwrap();
+        assert_eq!(dev, 0);
+        assert_eq!(
+            (p.q, p.k, p.v, p.o, p.lse),
+            (a.q.ptr, a.k.ptr, a.v.ptr, a.out.ptr, a.lse.ptr)
+        );
+        assert_eq!(
+            (p.dout, p.dq, p.dk, p.dv),
+            (a.dout.ptr, a.dq.ptr, a.dk.ptr, a.dv.ptr)
+        );
+        // q, k, v, o, dout, dq, dk, dv: (batch, row, head) each
+        let (sq, sk) = ([7 * 256, 256, 64], [9 * 128, 128, 64]);
+        let want = [sq, sk, sk, sq, sq, sq, sk, sk].concat();
+        assert_eq!(p.strides.to_vec(), want);
+        let (_, p) = device_and_params(&a, &[], |t| [0, t.strides[1], t.strides[2]]).unwrap();
+        assert_eq!(p.strides[..6], [0, 256, 64, 0, 128, 64]);
+        // an extra tensor on another device, or one of the nine, is refused by name
+        let mut cu = view(&[3], 0xf000_0000, DType::I32);
+        cu.device_id = 1;
+        let err = device_and_params(&a, &[("cu_seqlens_q", Some(&cu))], |t| {
+            [0, t.strides[1], t.strides[2]]
+        });
+        assert!(format!("{:?}", err.unwrap_err()).contains("cu_seqlens_q"));
+        v.t[8].device_id = 1;
+        let a = args(&v, -1, -1, false);
+        let err = device_and_params(&a, &[], |t| [t.strides[0], t.strides[1], t.strides[2]]);
+        assert!(format!("{:?}", err.unwrap_err()).contains("dv"));
     }
 
     #[test]

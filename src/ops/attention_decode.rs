@@ -10,7 +10,7 @@
 use crate::error::{type_err, unsupported, value_err, Error, Result};
 use crate::ops::attention::head_dim_tile;
 use crate::ops::flash_tiles::HEAD_DIM_TILES;
-use crate::runtime::{driver, runtime, KernelSpec, StreamChoice};
+use crate::runtime::{runtime, KernelSpec, StreamChoice, StreamScratch};
 use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
 
 pub const SOURCE: &str = include_str!("../../cuda/flash_decode.cu");
@@ -766,16 +766,16 @@ pub fn attention(a: &KvcacheArgs, stream: StreamChoice) -> Result<()> {
         1,
         1,
     );
-    let scratch = driver::alloc_async(pl.scratch_bytes as usize, s)?;
-    params.o_partial = scratch;
-    params.lse_partial = scratch + pl.lse_off as u64;
+    let mut scratch = StreamScratch::new(s);
+    let base = scratch.alloc(pl.scratch_bytes as usize)?;
+    params.o_partial = base;
+    params.lse_partial = base + pl.lse_off as u64;
     // SAFETY: as above; the scratch holds the plan's partial O and LSE for num_splits splits.
     let launched = (|| unsafe {
         dev.launch(&main_k, pl.grid, block, pl.smem, s, &params)?;
         dev.launch(&combine_k, combine_grid, (AUX_THREADS, 1, 1), 0, s, &params)
     })();
-    // SAFETY: allocated above on s; freed once, ordered after both launches on the same stream.
-    unsafe { driver::free_async(scratch, s)? };
+    scratch.free()?; // ordered after both launches on the same stream
     launched?;
     dev.finish(stream)
 }

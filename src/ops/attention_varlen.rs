@@ -11,7 +11,7 @@
 
 use crate::error::{unsupported, value_err, Result};
 use crate::ops::attention::{self, FlashFwdArgs, FlashFwdParams, Problem};
-use crate::ops::attention_bwd::{self, expect_aligned_rows, BwdRun, FlashBwdParams};
+use crate::ops::attention_bwd::{self, expect_aligned_rows, BwdRun, FlashBwdArgs};
 use crate::runtime::{KernelSpec, StreamChoice};
 use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
 
@@ -311,54 +311,40 @@ pub fn backward(a: &VarlenBwdArgs, stream: StreamChoice) -> Result<()> {
     if p.batch == 0 || p.nheads == 0 || vp.total_k == 0 || p.seqlen_k == 0 {
         return Ok(());
     }
-    let device = common_cuda_device(&[
-        ("dout", Some(a.dout)),
-        ("q", Some(a.q)),
-        ("k", Some(a.k)),
-        ("v", Some(a.v)),
-        ("out", Some(a.out)),
-        ("lse", Some(a.lse)),
-        ("dq", Some(a.dq)),
-        ("dk", Some(a.dk)),
-        ("dv", Some(a.dv)),
-        ("cu_seqlens_q", Some(a.cu_seqlens_q)),
-        ("cu_seqlens_k", Some(a.cu_seqlens_k)),
-    ])?;
-    // The kernel's order: q, k, v, o, dout, dq, dk, dv, each (batch, row, head) with batch 0.
-    let mut strides = [0i64; 24];
-    for (i, t) in [a.q, a.k, a.v, a.out, a.dout, a.dq, a.dk, a.dv]
-        .iter()
-        .enumerate()
-    {
-        let (r, h) = rows(t);
-        strides[3 * i + 1] = r;
-        strides[3 * i + 2] = h;
-    }
-    let params = FlashBwdParams {
-        q: a.q.ptr,
-        k: a.k.ptr,
-        v: a.v.ptr,
-        o: a.out.ptr,
-        dout: a.dout.ptr,
-        lse: a.lse.ptr,
-        dq: a.dq.ptr,
-        dk: a.dk.ptr,
-        dv: a.dv.ptr,
-        strides,
-        cu_seqlens_q: a.cu_seqlens_q.ptr,
-        cu_seqlens_k: a.cu_seqlens_k.ptr,
-        total_q: attention::fits_i32("total_q", vp.total_q)?,
-        total_k: attention::fits_i32("total_k", vp.total_k)?,
-        ..Default::default()
-    };
-    let run = BwdRun {
-        dtype: a.q.dtype,
+    // the dense backward's tensors, device check and params; each tensor's (batch, row,
+    // head) strides with batch 0
+    let dense = FlashBwdArgs {
+        dout: a.dout,
+        q: a.q,
+        k: a.k,
+        v: a.v,
+        out: a.out,
+        lse: a.lse,
+        dq: a.dq,
+        dk: a.dk,
+        dv: a.dv,
         softmax_scale: a.softmax_scale,
+        window_left: a.window_left,
+        window_right: a.window_right,
         softcap: a.softcap,
         deterministic: a.deterministic,
-        varlen: true,
     };
-    attention_bwd::launch(&p, params, &run, device, stream)
+    let (device, mut params) = attention_bwd::device_and_params(
+        &dense,
+        &[
+            ("cu_seqlens_q", Some(a.cu_seqlens_q)),
+            ("cu_seqlens_k", Some(a.cu_seqlens_k)),
+        ],
+        |t| {
+            let (r, h) = rows(t);
+            [0, r, h]
+        },
+    )?;
+    params.cu_seqlens_q = a.cu_seqlens_q.ptr;
+    params.cu_seqlens_k = a.cu_seqlens_k.ptr;
+    params.total_q = attention::fits_i32("total_q", vp.total_q)?;
+    params.total_k = attention::fits_i32("total_k", vp.total_k)?;
+    attention_bwd::launch(&p, params, &BwdRun::of(&dense, true), device, stream)
 }
 
 /// Every varlen variant (forward and backward) for one arch.

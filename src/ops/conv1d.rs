@@ -3,7 +3,7 @@
 //! stride 1) and launch of `cuda/causal_conv1d.cu`.
 
 use crate::error::{type_err, unsupported, value_err, Error, Result};
-use crate::runtime::{driver, runtime, KernelSpec, StreamChoice};
+use crate::runtime::{runtime, KernelSpec, StreamChoice, StreamScratch};
 use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
 
 pub const SOURCE: &str = include_str!("../../cuda/causal_conv1d.cu");
@@ -470,8 +470,8 @@ pub fn backward(a: &Conv1dBwdArgs, stream: StreamChoice) -> Result<()> {
         .map_err(|_| unsupported("dim too large"))?;
     let s = dev.stream(stream)?;
     let bytes = (p.nparts.max(1) * p.dim * (width + 1) * 4) as usize;
-    let scratch = driver::alloc_async(bytes, s)?;
-    p.partials = scratch;
+    let mut scratch = StreamScratch::new(s);
+    p.partials = scratch.alloc(bytes)?;
     // SAFETY: params mirrors Conv1dParams; every tensor was checked above; the scratch holds
     // nparts * dim * (width + 1) floats, each written by the main kernel before the reduce reads it.
     let launched = (|| unsafe {
@@ -480,8 +480,7 @@ pub fn backward(a: &Conv1dBwdArgs, stream: StreamChoice) -> Result<()> {
         }
         dev.launch(&red_k, (red_grid, 1, 1), (THREADS as u32, 1, 1), 0, s, &p)
     })();
-    // SAFETY: allocated above on s; freed once, ordered after the launches on the same stream.
-    unsafe { driver::free_async(scratch, s)? };
+    scratch.free()?; // ordered after the launches on the same stream
     launched?;
     dev.finish(stream)
 }

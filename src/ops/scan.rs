@@ -4,7 +4,7 @@
 
 use crate::error::{unsupported, value_err, Error, Result};
 use crate::ops::next_pow2;
-use crate::runtime::{driver, runtime, KernelSpec, StreamChoice};
+use crate::runtime::{runtime, KernelSpec, StreamChoice, StreamScratch};
 use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
 
 pub const SOURCE: &str = include_str!("../../cuda/selective_scan.cu");
@@ -631,17 +631,9 @@ pub fn forward(a: &ScanArgs, stream: StreamChoice) -> Result<()> {
     // Chunked: scratch for each chunk's end state and dt sum, stream-ordered so it is safe
     // under graph capture and freed once the two launches have run.
     let rows = p.batch * p.dim * (pl.nchunks - 1);
-    let chunk_state = driver::alloc_async((rows * pl.tiles.dpad * 4) as usize, s)?;
-    let chunk_dtsum = match driver::alloc_async((rows * 4) as usize, s) {
-        Ok(p) => p,
-        Err(e) => {
-            // SAFETY: allocated just above on s, unused.
-            unsafe { driver::free_async(chunk_state, s)? };
-            return Err(e);
-        }
-    };
-    params.base.chunk_state = chunk_state;
-    params.base.chunk_dtsum = chunk_dtsum;
+    let mut scratch = StreamScratch::new(s);
+    params.base.chunk_state = scratch.alloc((rows * pl.tiles.dpad * 4) as usize)?;
+    params.base.chunk_dtsum = scratch.alloc((rows * 4) as usize)?;
     let state_k = dev.kernel(&spec(
         &pl.tiles,
         a.u.dtype,
@@ -662,11 +654,7 @@ pub fn forward(a: &ScanArgs, stream: StreamChoice) -> Result<()> {
         )?;
         launch(&fwd, (grid_x, pl.nchunks as u32, 1), pl.smem_fwd, &params)
     });
-    // SAFETY: freed once, ordered after the launches on the same stream.
-    unsafe {
-        driver::free_async(chunk_state, s)?;
-        driver::free_async(chunk_dtsum, s)?;
-    }
+    scratch.free()?; // ordered after the launches on the same stream
     launched?;
     dev.finish(stream)
 }

@@ -5,7 +5,7 @@
 use crate::error::{unsupported, value_err, Error, Result};
 use crate::ops::next_pow2;
 use crate::ops::scan::{self, Problem, ScanArgs, SAVE_CHUNK};
-use crate::runtime::{driver, runtime, KernelSpec, StreamChoice};
+use crate::runtime::{runtime, KernelSpec, StreamChoice, StreamScratch};
 use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
 
 pub const SOURCE: &str = include_str!("../../cuda/selective_scan_bwd.cu");
@@ -450,30 +450,6 @@ pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
     out
 }
 
-/// Frees stream-ordered scratch on drop (error paths included).
-struct Scratch {
-    ptrs: Vec<u64>,
-    stream: driver::Stream,
-}
-
-impl Scratch {
-    fn alloc(&mut self, bytes: i64) -> Result<u64> {
-        let p = driver::alloc_async(bytes.max(1) as usize, self.stream)?;
-        self.ptrs.push(p);
-        Ok(p)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        for &p in &self.ptrs {
-            // SAFETY: each pointer came from alloc_async on this stream and is freed once here,
-            // ordered after every launch queued on the stream that uses it.
-            let _ = unsafe { driver::free_async(p, self.stream) };
-        }
-    }
-}
-
 fn ptr(t: Option<&TensorView>) -> u64 {
     t.map_or(0, |t| t.ptr)
 }
@@ -630,16 +606,13 @@ pub fn backward(a: &ScanBwdArgs, stream: StreamChoice) -> Result<()> {
     }
     let bwd_k = dev.kernel(&kspec(ENTRY_BWD)?)?;
     let block = (pl.tiles.threads as u32, 1, 1);
-    let mut scratch = Scratch {
-        ptrs: Vec::new(),
-        stream: s,
-    };
-    params.ck = scratch.alloc(4 * pl.ck_floats)?;
+    let mut scratch = StreamScratch::new(s);
+    params.ck = scratch.alloc((4 * pl.ck_floats) as usize)?;
     // 2. chunk states, when the sequence has several chunks and the forward saved none.
     if pl.nsaved > 0 && a.saved_states.is_none() {
         let states_k = dev.kernel(&kspec(ENTRY_STATES)?)?;
         let n = p.batch * p.dim * pl.nsaved * p.dstate;
-        params.saved = scratch.alloc(4 * n)?;
+        params.saved = scratch.alloc((4 * n) as usize)?;
         params.saved_dstate = 1;
         params.saved_chunk = p.dstate;
         params.saved_dim = pl.nsaved * p.dstate;
@@ -671,7 +644,7 @@ pub fn backward(a: &ScanBwdArgs, stream: StreamChoice) -> Result<()> {
             &params,
         )?;
     }
-    drop(scratch);
+    scratch.free()?; // ordered after the launches on the same stream
     dev.finish(stream)
 }
 

@@ -6,6 +6,7 @@ pub mod cache;
 pub mod driver;
 pub mod kernel_source;
 pub mod nvrtc;
+pub mod scratch;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -13,6 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::{unsupported, Error, Result};
 pub use driver::{Kernel, Stream};
+pub use scratch::StreamScratch;
 
 /// One kernel variant: a family's source, the entry point, and the compile-time constants
 /// the generated prelude defines before the source.

@@ -123,6 +123,25 @@ fn launch(
 // Attention
 // ---------------------------------------------------------------------------------------------
 
+/// The attributes both attention handlers take, read in this order.
+struct AttnAttrs {
+    softmax_scale: f32,
+    window_left: i64,
+    window_right: i64,
+    softcap: f32,
+}
+
+impl AttnAttrs {
+    fn read(f: &Frame) -> Result<AttnAttrs> {
+        Ok(AttnAttrs {
+            softmax_scale: f.attr_f32("softmax_scale")?,
+            window_left: f.attr_i64("window_left")?,
+            window_right: f.attr_i64("window_right")?,
+            softcap: f.attr_f32("softcap")?,
+        })
+    }
+}
+
 /// Operands q, k, v; results out, lse (f32 (batch, nheads, seqlen_q)); attributes
 /// softmax_scale, window_left, window_right, softcap.
 fn attn_fwd(f: &Frame) -> Result<()> {
@@ -131,16 +150,17 @@ fn attn_fwd(f: &Frame) -> Result<()> {
     let (q, k, v) = (o.arg("q")?, o.arg("k")?, o.arg("v")?);
     let (out, lse) = (o.ret("out")?, o.ret("lse")?);
     o.finish()?;
+    let at = AttnAttrs::read(f)?;
     let args = ops::attention::FlashFwdArgs {
         q: &q,
         k: &k,
         v: &v,
         out: &out,
         lse: Some(&lse),
-        softmax_scale: f.attr_f32("softmax_scale")?,
-        window_left: f.attr_i64("window_left")?,
-        window_right: f.attr_i64("window_right")?,
-        softcap: f.attr_f32("softcap")?,
+        softmax_scale: at.softmax_scale,
+        window_left: at.window_left,
+        window_right: at.window_right,
+        softcap: at.softcap,
     };
     launch(
         stream,
@@ -159,6 +179,7 @@ fn attn_bwd(f: &Frame) -> Result<()> {
     let (out, lse) = (o.arg("out")?, o.arg("lse")?);
     let (dq, dk, dv) = (o.ret("dq")?, o.ret("dk")?, o.ret("dv")?);
     o.finish()?;
+    let at = AttnAttrs::read(f)?;
     let args = ops::attention_bwd::FlashBwdArgs {
         dout: &dout,
         q: &q,
@@ -169,10 +190,10 @@ fn attn_bwd(f: &Frame) -> Result<()> {
         dq: &dq,
         dk: &dk,
         dv: &dv,
-        softmax_scale: f.attr_f32("softmax_scale")?,
-        window_left: f.attr_i64("window_left")?,
-        window_right: f.attr_i64("window_right")?,
-        softcap: f.attr_f32("softcap")?,
+        softmax_scale: at.softmax_scale,
+        window_left: at.window_left,
+        window_right: at.window_right,
+        softcap: at.softcap,
         deterministic: f.attr_bool("deterministic")?,
     };
     launch(

@@ -340,3 +340,25 @@ fn names_missing_attributes_and_wrong_arity() {
         "{errors:?}"
     );
 }
+
+#[test]
+fn backward_reads_the_forwards_attributes_then_deterministic() {
+    let q = || buf(&[1, 4, 2, 16]);
+    let operands = || vec![q(), q(), q(), q(), q(), buf(&[1, 2, 4])];
+    let call = Call::new(operands(), vec![q(), q(), q()], &ATTN_ATTRS[1..]);
+    let mut frame = call.frame();
+    let (failed, errors) = run(handlers::flash_attn_bwd, &mut frame);
+    assert!(failed);
+    assert!(
+        errors[0].1.contains("attribute softcap is missing"),
+        "{errors:?}"
+    );
+    let call = Call::new(operands(), vec![q(), q(), q()], ATTN_ATTRS);
+    let mut frame = call.frame();
+    let (failed, errors) = run(handlers::flash_attn_bwd, &mut frame);
+    assert!(failed);
+    assert!(
+        errors[0].1.contains("attribute deterministic is missing"),
+        "{errors:?}"
+    );
+}
