@@ -243,10 +243,12 @@ def test_library_ops_opcheck():
                           test_utils=("test_schema", "test_faketensor"))  # fmt: skip
 
 
-def test_gpu_backward_is_refused_not_slow():
-    """The adapter's backward on CUDA tensors raises UnsupportedError (no host round trip);
-    checked here through the op's implementation with a stand-in that claims to be CUDA."""
-    x = torch.zeros(1, 1, 1, 1)
+def test_gpu_backward_without_a_usable_device_follows_the_fallback_policy(monkeypatch):
+    """The adapter's backward on CUDA tensors runs the kernels on a served device; on a device
+    the backend cannot serve it follows FLASHSCAN_FALLBACK (here `error`: a clear exception
+    naming the op, no silent host round trip). Checked through the op's implementation with a
+    stand-in that claims to be CUDA on no usable device."""
+    x = torch.ones(1, 1, 1, 1)
 
     class FakeCuda(torch.Tensor):
         @property
@@ -254,25 +256,12 @@ def test_gpu_backward_is_refused_not_slow():
             return True
 
     fx = x.as_subclass(FakeCuda)
-    with pytest.raises(flashscan.UnsupportedError, match="backward pass on CUDA"):
+    monkeypatch.setattr(flashscan._backend, "_policy", "error")
+    with pytest.raises(flashscan.FlashscanError, match="mamba_chunk_scan_combined_bwd"):
         fst._ssd_bwd_impl(
-            x,
-            None,
-            fx,
-            x[..., 0],
-            x.reshape(1),
-            x,
-            x,
-            1,
-            None,
-            None,
-            None,
-            None,
-            None,
-            False,
-            0.0,
-            1.0,
-        )
+            x, None, fx, x[..., 0], x.reshape(1), x, x, 1, None, None, None, None, None, False,
+            0.0, 1.0,
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize("api", [fst, flashscan], ids=["flashscan.torch", "flashscan"])

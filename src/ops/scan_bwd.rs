@@ -451,13 +451,13 @@ pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
 }
 
 /// Frees stream-ordered scratch on drop (error paths included).
-struct Scratch {
-    ptrs: Vec<u64>,
-    stream: driver::Stream,
+pub(crate) struct Scratch {
+    pub(crate) ptrs: Vec<u64>,
+    pub(crate) stream: driver::Stream,
 }
 
 impl Scratch {
-    fn alloc(&mut self, bytes: i64) -> Result<u64> {
+    pub(crate) fn alloc(&mut self, bytes: i64) -> Result<u64> {
         let p = driver::alloc_async(bytes.max(1) as usize, self.stream)?;
         self.ptrs.push(p);
         Ok(p)
