@@ -14,7 +14,8 @@ medians of triton.testing.do_bench; for the small real-time shape also the wall 
 from Python. Forward+backward rows ("fwd+bwd"): one training step's SSD part, the forward
 then torch.autograd.grad of every float input (x, dt, A, B, C, D, dt_bias) from a random dout,
 checked before timing the same way (each gradient's relative RMS error against mamba_ssm's, or
-without the peer against flashscan's float32 kernels on float32 copies; the worst one shown).
+without the peer against flashscan's float32 kernels on float32 copies, <= 5e-2; the worst one
+shown).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ SHAPES = [
     ("real-time b32 60", 32, 60, 8, 64, 64, 1, 256),
 ]
 TOL = 2e-2
+# The gradients of the small parameters (dA, ddt_bias, dD: sums over batch * seqlen of bf16
+# products) differ more between two correct bf16 implementations than the output does; the
+# guard is there to catch a broken kernel, not to rank precision (tests/test_ssd_gpu.py does).
+GRAD_TOL = 5e-2
 
 
 def do_bench(fn: Any) -> float:
@@ -148,7 +153,7 @@ def train_row(shape: tuple, peer: Any) -> dict[str, Any]:
     worst = max(errs, key=lambda k: errs[k])
     row["rel_rms"] = errs[worst]
     row["worst_grad"] = "d" + worst
-    row["ok"] = row["rel_rms"] <= TOL
+    row["ok"] = row["rel_rms"] <= GRAD_TOL
     if not row["ok"]:
         return row
     row["flashscan_us"] = do_bench(ours) * 1e6
