@@ -509,3 +509,41 @@ def test_backward_float64_cuda_runs_the_reference(rule: Any) -> None:
     got = grads_of(ours(a, 16), a, dout, dfinal)
     for k in ref:
         rule.rel(got[k], ref[k], 1e-10, atol=1e-12, name=f"d{k}")
+
+
+def test_backward_cuda_graph_capture_and_replay(rule: Any) -> None:
+    """Forward and backward captured in one CUDA graph (a training step's SSD part): the
+    backward's stream-ordered scratch and caller-allocated gradients replay on new inputs."""
+    a = ssd_inputs(4, 60, 8, 64, 1, 64, torch.bfloat16)  # the small real-time shape, batch 4
+    lv = leaves(a)
+    names = [k for k in GRAD_NAMES if lv.get(k) is not None]
+    dout, dfinal = upstream(a)
+    step = ours(a, 256)
+
+    def run() -> tuple[Any, ...]:
+        out, final = step(lv)
+        return torch.autograd.grad((out, final), [lv[k] for k in names], (dout, dfinal))
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        grads = run()
+    for _step in range(2):
+        fresh = ssd_inputs(4, 60, 8, 64, 1, 64, torch.bfloat16)
+        with torch.no_grad():
+            for k in ("x", "dt", "B", "C", "z", "initial_states"):
+                lv[k].copy_(fresh[k])
+                a[k] = fresh[k]
+            for t in grads:
+                t.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = ref_grads(a, 256, dout, dfinal)
+        got = dict(zip(names, grads))
+        base = grads_of(lambda lv2: baseline_lowp(lv2, 256, True), a, dout, dfinal)
+        check_grads(rule, got, ref, base, torch.bfloat16)
