@@ -156,8 +156,8 @@ KERNELS: dict[str, dict[str, Callable[[], Callable[..., Any] | None]]] = {
     },
     "transformers.models.mamba2.modeling_mamba2": {
         "mamba2_selective_state_update": _selective_state_update,
-        # not yet: flashscan's SSD has no CUDA backward and CUDA kernels for chunk sizes
-        # 64/128/256 only, where transformers' torch path trains and takes any chunk size
+        # not yet: flashscan's SSD (forward and backward) has CUDA kernels for chunk sizes
+        # 64/128/256 only, where transformers' torch path takes any chunk size
         "mamba2_chunk_scan": lambda: None,
         "causal_conv1d_fn": _flashscan_op("causal_conv1d_fn"),
         "causal_conv1d_update": _flashscan_op("causal_conv1d_update"),
