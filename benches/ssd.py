@@ -11,7 +11,11 @@ RMSNorm follows), chunk 256. Each row is checked before it is timed: flashscan's
 mamba_ssm's (relative RMS error <= 2e-2, every element finite; without the peer against
 flashscan's own float32 kernels on float32 copies); a failing row prints FAILED. Times: GPU
 medians of triton.testing.do_bench; for the small real-time shape also the wall time per call
-from Python. Forward+backward rows are absent: the SSD backward kernels do not exist yet.
+from Python. Forward+backward rows ("fwd+bwd"): one training step's SSD part, the forward
+then torch.autograd.grad of every float input (x, dt, A, B, C, D, dt_bias) from a random dout,
+checked before timing the same way (each gradient's relative RMS error against mamba_ssm's, or
+without the peer against flashscan's float32 kernels on float32 copies, <= 5e-2; the worst one
+shown).
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ SHAPES = [
     ("real-time b32 60", 32, 60, 8, 64, 64, 1, 256),
 ]
 TOL = 2e-2
+# The gradients of the small parameters (dA, ddt_bias, dD: sums over batch * seqlen of bf16
+# products) differ more between two correct bf16 implementations than the output does; the
+# guard is there to catch a broken kernel, not to rank precision (tests/test_ssd_gpu.py does).
+GRAD_TOL = 5e-2
 
 
 def do_bench(fn: Any) -> float:
@@ -111,6 +119,53 @@ def shape_row(shape: tuple, peer: Any) -> dict[str, Any]:
     return row
 
 
+GRAD_INPUTS = ("x", "dt", "A", "B", "C", "D", "dt_bias")
+
+
+def fwd_bwd(api: Any, a: dict[str, Any], dout: torch.Tensor, kw: dict[str, Any]) -> Any:
+    """A callable running api's forward and the gradients of every float input."""
+    lv = {k: v.detach().clone().requires_grad_(k in GRAD_INPUTS) for k, v in a.items()}
+    leaves = [lv[k] for k in GRAD_INPUTS]
+
+    def step() -> tuple[torch.Tensor, ...]:
+        out = api(**lv, **kw)
+        return torch.autograd.grad(out, leaves, dout.to(out.dtype))
+
+    return step
+
+
+def train_row(shape: tuple, peer: Any) -> dict[str, Any]:
+    name, b, L, h, p, n, g, chunk = shape
+    a = inputs(b, L, h, p, n, g)
+    kw = dict(chunk_size=chunk, dt_softplus=True)
+    row: dict[str, Any] = {"shape": f"{name} fwd+bwd", "batch": b, "seqlen": L, "nheads": h}
+    row.update(headdim=p, dstate=n, ngroups=g, chunk=chunk, dtype="bfloat16")
+    dout = torch.randn(a["x"].shape, device="cuda")
+    ours = fwd_bwd(flashscan.mamba_chunk_scan_combined, a, dout, kw)
+    if peer is not None:
+        ref_step = fwd_bwd(peer, a, dout, kw)
+        row["checked_against"] = "mamba_ssm"
+    else:
+        f32 = {k: v.float() for k, v in a.items()}
+        ref_step = fwd_bwd(flashscan.mamba_chunk_scan_combined, f32, dout, kw)
+        row["checked_against"] = "flashscan float32"
+    errs = {k: rel_rms(gv, rv) for k, gv, rv in zip(GRAD_INPUTS, ours(), ref_step())}
+    worst = max(errs, key=lambda k: errs[k])
+    row["rel_rms"] = errs[worst]
+    row["worst_grad"] = "d" + worst
+    row["ok"] = row["rel_rms"] <= GRAD_TOL
+    if not row["ok"]:
+        return row
+    row["flashscan_us"] = do_bench(ours) * 1e6
+    # the forward reads x, dt, B, C and writes out; the backward reads them and dout again
+    # and writes dx, ddt, dB, dC: about three forwards' worth of traffic at least
+    row["flashscan_GBps"] = 3 * bytes_moved(a) / 1e9 / (row["flashscan_us"] * 1e-6)
+    if peer is not None:
+        row["mamba_ssm_us"] = do_bench(ref_step) * 1e6
+        row["speedup"] = row["mamba_ssm_us"] / row["flashscan_us"]
+    return row
+
+
 def load_peer(src: str | None) -> tuple[Any, str]:
     if not src:
         return None, "no --mamba-src given"
@@ -134,8 +189,9 @@ def fmt(rows: list[dict[str, Any]], peer_note: str) -> str:
     ]
     for r in rows:
         if not r["ok"]:
+            worst = f" ({r['worst_grad']})" if "worst_grad" in r else ""
             lines.append(
-                f"| {r['shape']} | FAILED | | | | | rel RMS {r['rel_rms']:.2e} vs "
+                f"| {r['shape']} | FAILED | | | | | rel RMS {r['rel_rms']:.2e}{worst} vs "
                 f"{r['checked_against']} |"
             )
             continue
@@ -146,7 +202,9 @@ def fmt(rows: list[dict[str, Any]], peer_note: str) -> str:
             wall = f"{r['flashscan_wall_us']:.1f} / {r.get('mamba_ssm_wall_us', float('nan')):.1f}"
         lines.append(
             f"| {r['shape']} | {r['flashscan_us']:.1f} | {r['flashscan_GBps']:.0f} | {peer} | "
-            f"{sp} | {wall} | rel RMS {r['rel_rms']:.1e} vs {r['checked_against']} |"
+            f"{sp} | {wall} | rel RMS {r['rel_rms']:.1e}"
+            f"{' (' + r['worst_grad'] + ')' if 'worst_grad' in r else ''} vs "
+            f"{r['checked_against']} |"
         )
     return "\n".join(lines)
 
@@ -162,9 +220,10 @@ def main() -> int:
     peer, note = load_peer(args.mamba_src)
     rows = []
     for shape in SHAPES:
-        row = shape_row(shape, peer)
-        print(json.dumps(row), file=sys.stderr, flush=True)
-        rows.append(row)
+        for make in (shape_row, train_row):
+            row = make(shape, peer)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            rows.append(row)
     text = fmt(rows, note)
     print(text)
     if args.out:

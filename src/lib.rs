@@ -756,25 +756,115 @@ fn ssd_fwd(
     let states = import(states, "states", ch)?;
     let decay = import(decay, "decay", ch)?;
     let args = ops::ssd::SsdArgs {
-        x: &x.view,
-        dt: &dt.view,
-        a: &a.view,
-        b: &b.view,
-        c: &c.view,
-        d: view_of(&d),
-        z: view_of(&z),
-        dt_bias: view_of(&dt_bias),
-        initial_states: view_of(&init),
-        seq_idx: view_of(&seq_idx),
+        inputs: ops::ssd::SsdInputs {
+            x: &x.view,
+            dt: &dt.view,
+            a: &a.view,
+            b: &b.view,
+            c: &c.view,
+            d: view_of(&d),
+            z: view_of(&z),
+            dt_bias: view_of(&dt_bias),
+            initial_states: view_of(&init),
+            seq_idx: view_of(&seq_idx),
+            chunk_size,
+            dt_softplus,
+            dt_limit: (dt_min, dt_max),
+        },
         out: &out.view,
         final_states: view_of(&fin),
         states: &states.view,
         decay: &decay.view,
-        chunk_size,
-        dt_softplus,
-        dt_limit: (dt_min, dt_max),
     };
     Ok(ops::ssd::forward(&args, ch)?)
+}
+
+/// Mamba-2 SSD chunked scan backward: every gradient (dx, ddt, dA, dB, dC and, for the optional
+/// inputs given, dD, dz, ddt_bias, dinitial_states) from dout and the optional dfinal_states;
+/// the forward is recomputed inside (see ops::ssd_bwd).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, dout, dfinal_states, dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states, chunk_size, dt_softplus, dt_min, dt_max, stream))]
+#[allow(non_snake_case)]
+fn ssd_bwd(
+    x: &Bound<'_, PyAny>,
+    dt: &Bound<'_, PyAny>,
+    A: &Bound<'_, PyAny>,
+    B: &Bound<'_, PyAny>,
+    C: &Bound<'_, PyAny>,
+    D: Option<&Bound<'_, PyAny>>,
+    z: Option<&Bound<'_, PyAny>>,
+    dt_bias: Option<&Bound<'_, PyAny>>,
+    initial_states: Option<&Bound<'_, PyAny>>,
+    seq_idx: Option<&Bound<'_, PyAny>>,
+    dout: &Bound<'_, PyAny>,
+    dfinal_states: Option<&Bound<'_, PyAny>>,
+    dx: &Bound<'_, PyAny>,
+    ddt: &Bound<'_, PyAny>,
+    dA: &Bound<'_, PyAny>,
+    dB: &Bound<'_, PyAny>,
+    dC: &Bound<'_, PyAny>,
+    dD: Option<&Bound<'_, PyAny>>,
+    dz: Option<&Bound<'_, PyAny>>,
+    ddt_bias: Option<&Bound<'_, PyAny>>,
+    dinitial_states: Option<&Bound<'_, PyAny>>,
+    chunk_size: i64,
+    dt_softplus: bool,
+    dt_min: f64,
+    dt_max: f64,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let ch = stream_choice(stream);
+    let x = import(x, "x", ch)?;
+    let dt = import(dt, "dt", ch)?;
+    let a = import(A, "A", ch)?;
+    let b = import(B, "B", ch)?;
+    let c = import(C, "C", ch)?;
+    let d = import_opt(D, "D", ch)?;
+    let z = import_opt(z, "z", ch)?;
+    let dt_bias = import_opt(dt_bias, "dt_bias", ch)?;
+    let init = import_opt(initial_states, "initial_states", ch)?;
+    let seq_idx = import_opt(seq_idx, "seq_idx", ch)?;
+    let dout = import(dout, "dout", ch)?;
+    let dfin = import_opt(dfinal_states, "dfinal_states", ch)?;
+    let dx = import(dx, "dx", ch)?;
+    let ddt = import(ddt, "ddt", ch)?;
+    let da = import(dA, "dA", ch)?;
+    let db = import(dB, "dB", ch)?;
+    let dc = import(dC, "dC", ch)?;
+    let dd = import_opt(dD, "dD", ch)?;
+    let dz = import_opt(dz, "dz", ch)?;
+    let dbias = import_opt(ddt_bias, "ddt_bias", ch)?;
+    let dinit = import_opt(dinitial_states, "dinitial_states", ch)?;
+    let args = ops::ssd_bwd::SsdBwdArgs {
+        inputs: ops::ssd::SsdInputs {
+            x: &x.view,
+            dt: &dt.view,
+            a: &a.view,
+            b: &b.view,
+            c: &c.view,
+            d: view_of(&d),
+            z: view_of(&z),
+            dt_bias: view_of(&dt_bias),
+            initial_states: view_of(&init),
+            seq_idx: view_of(&seq_idx),
+            chunk_size,
+            dt_softplus,
+            dt_limit: (dt_min, dt_max),
+        },
+        dout: &dout.view,
+        dfinal_states: view_of(&dfin),
+        dx: &dx.view,
+        ddt: &ddt.view,
+        da: &da.view,
+        db: &db.view,
+        dc: &dc.view,
+        dd: view_of(&dd),
+        dz: view_of(&dz),
+        ddt_bias: view_of(&dbias),
+        dinitial_states: view_of(&dinit),
+    };
+    Ok(ops::ssd_bwd::backward(&args, ch)?)
 }
 
 /// XLA FFI handlers as PyCapsules of their function pointers, for
@@ -945,6 +1035,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(selective_scan_bwd, m)?)?;
     m.add_function(wrap_pyfunction!(selective_state_update, m)?)?;
     m.add_function(wrap_pyfunction!(ssd_fwd, m)?)?;
+    m.add_function(wrap_pyfunction!(ssd_bwd, m)?)?;
     m.add_function(wrap_pyfunction!(kernel_variants, m)?)?;
     m.add_function(wrap_pyfunction!(compile_variant, m)?)?;
     m.add_function(wrap_pyfunction!(precompile, m)?)?;

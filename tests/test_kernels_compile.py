@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-_BACKWARD_FAMILIES = ("flash_bwd.", "selective_scan_bwd.")
+_BACKWARD_FAMILIES = ("flash_bwd.", "selective_scan_bwd.", "ssd_bwd.")
 _BF16_DEFINES = ("FS_DTYPE=1,", "FS_IN_DTYPE=1,", "FS_DTYPE=1]", "FS_IN_DTYPE=1]")
 
 

@@ -243,10 +243,12 @@ def test_library_ops_opcheck():
                           test_utils=("test_schema", "test_faketensor"))  # fmt: skip
 
 
-def test_gpu_backward_is_refused_not_slow():
-    """The adapter's backward on CUDA tensors raises UnsupportedError (no host round trip);
-    checked here through the op's implementation with a stand-in that claims to be CUDA."""
-    x = torch.zeros(1, 1, 1, 1)
+def test_gpu_backward_without_a_usable_device_follows_the_fallback_policy(monkeypatch):
+    """The adapter's backward on CUDA tensors runs the kernels on a served device; on a device
+    the backend cannot serve it follows FLASHSCAN_FALLBACK (here `error`: a clear exception
+    naming the op, no silent host round trip). Checked through the op's implementation with a
+    stand-in that claims to be CUDA on no usable device."""
+    x = torch.ones(1, 1, 1, 1)
 
     class FakeCuda(torch.Tensor):
         @property
@@ -254,25 +256,12 @@ def test_gpu_backward_is_refused_not_slow():
             return True
 
     fx = x.as_subclass(FakeCuda)
-    with pytest.raises(flashscan.UnsupportedError, match="backward pass on CUDA"):
+    monkeypatch.setattr(flashscan._backend, "_policy", "error")
+    with pytest.raises(flashscan.FlashscanError, match="mamba_chunk_scan_combined_bwd"):
         fst._ssd_bwd_impl(
-            x,
-            None,
-            fx,
-            x[..., 0],
-            x.reshape(1),
-            x,
-            x,
-            1,
-            None,
-            None,
-            None,
-            None,
-            None,
-            False,
-            0.0,
-            1.0,
-        )
+            x, None, fx, x[..., 0], x.reshape(1), x, x, 1, None, None, None, None, None, False,
+            0.0, 1.0,
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize("api", [fst, flashscan], ids=["flashscan.torch", "flashscan"])
@@ -316,3 +305,50 @@ def test_hot_path_key_only_for_hashable_torch_calls():
     # CPU calls are never planned (only GPU-served signatures are)
     flashscan.mamba_chunk_scan_combined(**t, chunk_size=8)
     assert not any(k[0][3].type == "cpu" for k in ssd._PLANS)
+
+
+def _bwd_native_args(**over):
+    """Arguments of `_native.ssd_bwd` on host arrays (the checks run before the device one)."""
+    f = lambda *s: np.zeros(s, np.float32)  # noqa: E731
+    b, L, h, p, g, n = 1, 5, 2, 4, 1, 8
+    a = dict(
+        x=f(b, L, h, p), dt=f(b, L, h), A=f(h), B=f(b, L, g, n), C=f(b, L, g, n), D=None,
+        z=None, dt_bias=None, initial_states=None, seq_idx=None, dout=f(b, L, h, p),
+        dfinal_states=None, dx=f(b, L, h, p), ddt=f(b, L, h), dA=f(h), dB=f(b, L, g, n),
+        dC=f(b, L, g, n), dD=None, dz=None, ddt_bias=None, dinitial_states=None, chunk_size=64,
+        dt_softplus=False, dt_min=0.0, dt_max=math.inf, stream=None,
+    )  # fmt: skip
+    a.update(over)
+    return a
+
+
+@pytest.mark.parametrize(
+    "over, exc, match",
+    [
+        (dict(D=np.zeros(2, np.float32)), ValueError, "dD is missing: D was given"),
+        (dict(dz=np.zeros((1, 5, 2, 4), np.float32)), ValueError, "dz was given but z"),
+        (dict(dx=np.zeros((1, 5, 2, 4), np.float16)), Exception, "dx"),
+        (dict(dB=np.zeros((1, 5, 1, 7), np.float32)), ValueError, "dB"),
+        (dict(dout=np.zeros((1, 4, 2, 4), np.float32)), ValueError, "dout"),
+        (dict(dfinal_states=np.zeros((1, 2, 4, 9), np.float32)), ValueError, "dfinal_states"),
+        (dict(chunk_size=100), flashscan.UnsupportedError, "chunk_size"),
+        ({}, ValueError, "not a CUDA tensor"),
+    ],
+    ids=[
+        "dD-missing",
+        "dz-extra",
+        "dx-dtype",
+        "dB-shape",
+        "dout-shape",
+        "dfinal-shape",
+        "chunk",
+        "cpu",
+    ],  # fmt: skip
+)
+def test_native_backward_checks_name_the_argument(over, exc, match):
+    from flashscan import _native
+
+    if _native is None:
+        pytest.skip("no native module")
+    with pytest.raises(exc, match=match):
+        _native.ssd_bwd(**_bwd_native_args(**over))

@@ -1,4 +1,5 @@
-"""GPU tests of `mamba_chunk_scan_combined` (the SSD forward kernels of cuda/ssd.cu).
+"""GPU tests of `mamba_chunk_scan_combined` (the SSD forward kernels of cuda/ssd.cu and the
+backward kernels of cuda/ssd_bwd.cu).
 
 Reference: `flashscan.reference_ssd` in float64 on the host. Baseline for fp16/bf16 outputs (the
 correctness rule): a plain torch chunked SSD in the input dtype (C B^T, the masked weights, W x,
@@ -7,6 +8,10 @@ same-precision implementation gets; fp32 outputs: 1e-4 relative to the float64 r
 final states (fp32) are held to 1e-4 relative for fp32 inputs and to the rule against the
 baseline's states otherwise. Also: poisoned outputs, seq_idx resets, strided (Mamba-2 split)
 inputs, streaming with initial states, CUDA graph capture, the errors of the GPU path.
+Backward: every input's gradient (with dout and dfinal_states) against the float64 reference
+backward on the same (rounded) inputs; baseline = autograd through the plain torch SSD above
+in the input dtype; slack = half an output ulp of the largest reference element (the gradient
+is stored in its input's dtype).
 """
 
 from __future__ import annotations
@@ -295,8 +300,8 @@ def test_gpu_errors_are_clear() -> None:
         flashscan.mamba_chunk_scan_combined(**{**a, "A": a["A"].cpu()}, chunk_size=64)
     leaf = a["x"].clone().requires_grad_(True)
     out = flashscan.mamba_chunk_scan_combined(**{**a, "x": leaf}, chunk_size=64)
-    with pytest.raises(flashscan.UnsupportedError, match="backward pass on CUDA"):
-        out.sum().backward()
+    out.float().sum().backward()  # the backward kernels (no UnsupportedError any more)
+    assert leaf.grad is not None and bool(torch.isfinite(leaf.grad).all())
 
 
 def test_float64_cuda_runs_the_reference(rule: Any) -> None:
@@ -354,3 +359,191 @@ def test_hot_path_serves_a_repeated_signature(rule: Any) -> None:
     )
     assert torch.equal(out, first) and torch.equal(out2, out) and torch.equal(final2, final)
     check_case(rule, out2, final2, a, 256, True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward
+# ---------------------------------------------------------------------------------------------
+
+GRAD_NAMES = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
+# Half an ulp of the gradient's storage dtype, relative to the largest reference element.
+GRAD_RTOL = {torch.float32: 1e-4, torch.float16: 5e-4, torch.bfloat16: 4e-3}
+
+
+def leaves(a: dict[str, Any]) -> dict[str, Any]:
+    return {k: None if v is None else v.detach().clone().requires_grad_(True) for k, v in a.items()}
+
+
+def grads_of(fn: Any, a: dict[str, Any], dout: Any, dfinal: Any) -> dict[str, Any]:
+    """Every present input's gradient of <out, dout> + <final, dfinal> through fn(leaves)."""
+    lv = leaves(a)
+    out, final = fn(lv)
+    outs, gos = [out], [dout.to(out.dtype)]
+    if dfinal is not None:
+        outs.append(final)
+        gos.append(dfinal)
+    names = [k for k in GRAD_NAMES if lv.get(k) is not None]
+    gs = torch.autograd.grad(outs, [lv[k] for k in names], gos)
+    return dict(zip(names, gs))
+
+
+def ours(a: dict[str, Any], chunk: int, **kw: Any) -> Any:
+    import flashscan.torch as fst
+
+    return lambda lv: fst.mamba_chunk_scan_combined(
+        **lv, chunk_size=chunk, dt_softplus=True, return_final_states=True, **kw
+    )
+
+
+def ref_grads(a: dict[str, Any], chunk: int, dout: Any, dfinal: Any, **kw: Any) -> dict:
+    host = {k: None if v is None else v.detach().double().cpu().numpy() for k, v in a.items()}
+    g = reference_ssd.mamba_chunk_scan_combined_bwd(
+        dout.double().cpu().numpy(), host["x"], host["dt"], host["A"], host["B"], host["C"],
+        chunk, D=host.get("D"), z=host.get("z"), dt_bias=host.get("dt_bias"),
+        initial_states=host.get("initial_states"), dt_softplus=True,
+        dfinal_states=None if dfinal is None else dfinal.double().cpu().numpy(), **kw,
+    )  # fmt: skip
+    return {k: torch.from_numpy(v) for k, v in zip(GRAD_NAMES, g) if v is not None}
+
+
+def check_grads(rule: Any, got: dict, ref: dict, base: dict | None, dtype: Any) -> None:
+    assert set(got) == set(ref), (sorted(got), sorted(ref))
+    for k in ref:
+        assert got[k].shape == ref[k].shape, k
+        if base is None:
+            rule.rel(got[k], ref[k], GRAD_RTOL[dtype], atol=1e-6, name=f"d{k}")
+        else:
+            rule.check(got[k], ref[k], base[k], atol=1e-6, rtol=GRAD_RTOL[dtype], name=f"d{k}")
+
+
+def upstream(a: dict[str, Any], final: bool = True) -> tuple[Any, Any]:
+    x = a["x"]
+    b, _, h, p = x.shape
+    n = a["B"].shape[-1]
+    dout = torch.randn(x.shape, device=x.device).to(x.dtype)
+    dfinal = torch.randn(b, h, p, n, device=x.device) if final else None
+    return dout, dfinal
+
+
+# (dtype, ngroups, dstate, headdim, seqlen, chunk, D per channel)
+BWD_CASES = [
+    ("float32", 1, 16, 64, 1, 64, False),
+    ("bfloat16", 2, 64, 48, 100, 64, True),
+    ("float16", 1, 128, 64, 1000, 256, False),
+    ("float32", 2, 128, 48, 1000, 128, True),
+    ("bfloat16", 1, 16, 64, 1000, 128, False),
+    ("float16", 2, 64, 64, 100, 256, True),
+    ("bfloat16", 1, 128, 128, 300, 256, False),
+    ("float32", 1, 256, 256, 130, 64, False),
+    ("bfloat16", 2, 64, 64, 1, 256, False),
+]
+
+
+@pytest.mark.parametrize("case", BWD_CASES, ids=lambda c: "-".join(str(v) for v in c))
+def test_backward_matrix(case: tuple, rule: Any, poison: Any) -> None:
+    dt_name, g, n, p, L, chunk, D2 = case
+    dtype = DTYPES[dt_name]
+    b, h = 2, 4
+    a = ssd_inputs(b, L, h, p, g, n, dtype, D2=D2)
+    dout, dfinal = upstream(a)
+    ref = ref_grads(a, chunk, dout, dfinal)
+    base = grads_of(lambda lv: baseline_lowp(lv, chunk, True), a, dout, dfinal)
+    poison(b * L * h * p * a["x"].element_size(), b * L * g * n * a["B"].element_size())
+    got = grads_of(ours(a, chunk), a, dout, dfinal)
+    for k, v in got.items():
+        assert v.dtype == a[k].dtype, k
+    check_grads(rule, got, ref, base, dtype)
+
+
+@pytest.mark.parametrize("dt_name", ["float32", "bfloat16"])
+def test_backward_seq_idx_resets(dt_name: str, rule: Any) -> None:
+    dtype = DTYPES[dt_name]
+    a = ssd_inputs(2, 600, 4, 64, 2, 64, dtype)
+    cuts = torch.tensor([0, 1, 1, 5, 200, 256, 257, 511], device="cuda")
+    seq_idx = (torch.arange(600, device="cuda")[:, None] >= cuts).sum(-1).to(torch.int32) - 1
+    seq_idx = torch.stack([seq_idx, torch.zeros_like(seq_idx)])
+    dout, dfinal = upstream(a)
+    ref = ref_grads(a, 128, dout, dfinal, seq_idx=seq_idx.cpu().numpy())
+    base = grads_of(lambda lv: baseline_packed(lv, 128, seq_idx), a, dout, dfinal)
+    got = grads_of(ours(a, 128, seq_idx=seq_idx), a, dout, dfinal)
+    check_grads(rule, got, ref, base, dtype)
+
+
+def test_backward_without_optionals_and_dfinal(rule: Any) -> None:
+    """No D, z, dt_bias, initial_states; final states unused (dfinal None); int64 seq_idx and
+    a dt_limit clamp (no gradient where clamped)."""
+    a = ssd_inputs(2, 333, 4, 64, 1, 64, torch.float32, init=False)
+    bare = {k: a[k] for k in ("x", "dt", "A", "B", "C")}
+    seq_idx = torch.zeros(2, 333, dtype=torch.int64, device="cuda")
+    seq_idx[:, 150:] = 1
+    limit = (0.1, 0.3)
+    dout, _ = upstream(bare)
+    ref = ref_grads(bare, 128, dout, None, seq_idx=seq_idx.cpu().numpy(), dt_limit=limit)
+    got = grads_of(ours(bare, 128, seq_idx=seq_idx, dt_limit=limit), bare, dout, None)
+    check_grads(rule, got, ref, None, torch.float32)
+    assert bool((ref["dt"] == 0).any()), "the clamp should cut some dt gradients"
+
+
+@pytest.mark.parametrize("chunk", [64, 128, 256])
+def test_backward_chunk_sizes_agree(chunk: int, rule: Any) -> None:
+    a = ssd_inputs(1, 700, 4, 64, 2, 64, torch.float32)
+    dout, dfinal = upstream(a)
+    ref = ref_grads(a, 256, dout, dfinal)
+    got = grads_of(ours(a, chunk), a, dout, dfinal)
+    check_grads(rule, got, ref, None, torch.float32)
+
+
+def test_backward_is_deterministic() -> None:
+    a = ssd_inputs(2, 1000, 8, 64, 2, 128, torch.bfloat16)
+    dout, dfinal = upstream(a)
+    first = grads_of(ours(a, 256), a, dout, dfinal)
+    second = grads_of(ours(a, 256), a, dout, dfinal)
+    for k in first:
+        assert torch.equal(first[k], second[k]), k
+
+
+def test_backward_float64_cuda_runs_the_reference(rule: Any) -> None:
+    a = {k: v.double() for k, v in ssd_inputs(1, 40, 2, 8, 1, 4, torch.float64).items()}
+    dout, dfinal = upstream(a)
+    ref = ref_grads(a, 16, dout, dfinal)
+    got = grads_of(ours(a, 16), a, dout, dfinal)
+    for k in ref:
+        rule.rel(got[k], ref[k], 1e-10, atol=1e-12, name=f"d{k}")
+
+
+def test_backward_cuda_graph_capture_and_replay(rule: Any) -> None:
+    """Forward and backward captured in one CUDA graph (a training step's SSD part): the
+    backward's stream-ordered scratch and caller-allocated gradients replay on new inputs."""
+    a = ssd_inputs(4, 60, 8, 64, 1, 64, torch.bfloat16)  # the small real-time shape, batch 4
+    lv = leaves(a)
+    names = [k for k in GRAD_NAMES if lv.get(k) is not None]
+    dout, dfinal = upstream(a)
+    step = ours(a, 256)
+
+    def run() -> tuple[Any, ...]:
+        out, final = step(lv)
+        return torch.autograd.grad((out, final), [lv[k] for k in names], (dout, dfinal))
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        grads = run()
+    for _step in range(2):
+        fresh = ssd_inputs(4, 60, 8, 64, 1, 64, torch.bfloat16)
+        with torch.no_grad():
+            for k in ("x", "dt", "B", "C", "z", "initial_states"):
+                lv[k].copy_(fresh[k])
+                a[k] = fresh[k]
+            for t in grads:
+                t.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = ref_grads(a, 256, dout, dfinal)
+        got = dict(zip(names, grads))
+        base = grads_of(lambda lv2: baseline_lowp(lv2, 256, True), a, dout, dfinal)
+        check_grads(rule, got, ref, base, torch.bfloat16)

@@ -366,8 +366,8 @@ def conv_cases() -> int:
 
 
 def ssd_cases() -> int:
-    """mamba_chunk_scan_combined: every chunk size, each dtype, tail chunks, seq_idx, odd
-    headdim / dstate (partial tiles)."""
+    """mamba_chunk_scan_combined forward and backward: every chunk size, each dtype, tail
+    chunks, seq_idx, odd headdim / dstate (partial tiles)."""
     bad = 0
     for dtype, chunk in itertools.product(
         [torch.float32, torch.bfloat16, torch.float16], [64, 128, 256]
@@ -393,7 +393,26 @@ def ssd_cases() -> int:
         ref, ref_fin = flashscan.reference_ssd.mamba_chunk_scan_combined(
             *host, chunk, **hkw, dt_softplus=True, return_final_states=True
         )
-        for name, got, want in (("out", out, ref), ("final", fin, ref_fin)):
+        checks = [("out", out, ref), ("final", fin, ref_fin)]
+        # backward (the forward recomputed inside): every gradient, dout and dfinal given
+        names = ("x", "dt", "A", "B", "C", "D", "z", "initial_states")
+        leaves = [t.detach().clone().requires_grad_(True) for t in (x, dt, A, B, C, D, z, init)]
+        lv = dict(zip(names, leaves))
+        kw_g = {k: lv[k] for k in ("D", "z", "initial_states")}
+        o, f = flashscan.mamba_chunk_scan_combined(
+            lv["x"], lv["dt"], lv["A"], lv["B"], lv["C"], chunk, **kw_g, seq_idx=seq_idx,
+            dt_softplus=True, return_final_states=True,
+        )  # fmt: skip
+        dout, dfin = torch.randn_like(o), torch.randn_like(f)
+        grads = torch.autograd.grad((o, f), leaves, (dout, dfin))
+        want_g = flashscan.reference_ssd.mamba_chunk_scan_combined_bwd(
+            dout.float().cpu().numpy(), *host, chunk, D=hkw["D"], z=hkw["z"],
+            initial_states=hkw["initial_states"], seq_idx=hkw["seq_idx"], dt_softplus=True,
+            dfinal_states=dfin.cpu().numpy(),
+        )  # fmt: skip
+        want_g = [w for w in want_g if w is not None]  # no dt_bias given
+        checks += [("d" + n, gv, w) for n, gv, w in zip(names, grads, want_g)]
+        for name, got, want in checks:
             err = (got.float().cpu() - torch.from_numpy(want).float()).abs().max().item()
             if not err / max(1.0, float(abs(want).max())) < 0.05:
                 print(f"ssd {dtype} chunk={chunk} {name}: err {err}")

@@ -264,6 +264,40 @@ def ssd_fwd(
     (batch, nchunks, nheads, headdim, dstate) and decay (batch, nheads, nchunks) are float32
     contiguous workspaces; chunk_size 64, 128 or 256; B, C, z in x's dtype; seq_idx int32."""
 
+def ssd_bwd(
+    x: TensorArg,
+    dt: TensorArg,
+    A: TensorArg,
+    B: TensorArg,
+    C: TensorArg,
+    D: TensorArg | None,
+    z: TensorArg | None,
+    dt_bias: TensorArg | None,
+    initial_states: TensorArg | None,
+    seq_idx: TensorArg | None,
+    dout: TensorArg,
+    dfinal_states: TensorArg | None,
+    dx: TensorArg,
+    ddt: TensorArg,
+    dA: TensorArg,
+    dB: TensorArg,
+    dC: TensorArg,
+    dD: TensorArg | None,
+    dz: TensorArg | None,
+    ddt_bias: TensorArg | None,
+    dinitial_states: TensorArg | None,
+    chunk_size: int,
+    dt_softplus: bool,
+    dt_min: float,
+    dt_max: float,
+    stream: int | None,
+) -> None:
+    """Mamba-2 SSD chunked scan backward: every gradient, each like its input (shape and
+    dtype; dD, dz, ddt_bias, dinitial_states exactly when D, z, dt_bias, initial_states are
+    given), from dout (like x) and dfinal_states ((batch, nheads, headdim, dstate), or None).
+    The forward's chunk states are recomputed into stream-ordered fp32 scratch; no float
+    atomics (bitwise deterministic). Inputs as `ssd_fwd` takes them."""
+
 def kernel_variants(arch: str = "sm_90a") -> list[dict[str, Any]]:
     """Every kernel variant the package can emit for `arch`: {"family": str, "name": str,
     "defines": dict[str, int], "entry": str, "main": bool} ("main" marks the variants that

@@ -1286,6 +1286,7 @@ from ._torch_conv import causal_conv1d_fn  # noqa: E402
 # ---------------------------------------------------------------------------------------------
 
 _SSD_FLOATS = (*_checks.FLOAT_DTYPES, "float64")
+_SSD_NAMES = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
 
 
 def _ssd_fwd_impl(
@@ -1358,15 +1359,25 @@ def _ssd_bwd_impl(
     dt_max: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states), each in its input's dtype;
-    an absent input's gradient is an empty (0,) tensor. The reference on the host: float64
-    (any device) and CPU tensors only."""
-    if x.is_cuda and x.dtype != _F64:
-        # No backward kernels yet; a silent round trip of every activation through the host
-        # would be orders of magnitude slower than the forward, so say so instead.
-        raise _backend.UnsupportedError(
-            "mamba_chunk_scan_combined: the backward pass on CUDA tensors is not implemented "
-            "yet (no SSD backward kernels); run the forward under torch.no_grad(), or use CPU or "
-            "float64 tensors (NumPy reference)"
+    an absent input's gradient is an empty (0,) tensor. CUDA tensors (not float64, not empty)
+    run the backward kernels (`_native.ssd_bwd`, the forward recomputed inside); float64, CPU
+    and empty calls the NumPy reference on the host."""
+    likes = (x, dt, A, B, C, D, z, dt_bias, initial_states)
+    if x.numel() > 0 and _on_gpu(x, "mamba_chunk_scan_combined_bwd"):
+        grads = tuple(None if t is None else t.new_empty(t.shape) for t in likes)
+        dout = _dense(dout)
+        dfin = None if dfinal_states is None else _dense(dfinal_states)
+        seq = None if seq_idx is None or seq_idx.dtype == torch.int32 else seq_idx.int()
+        _native.ssd_bwd(  # type: ignore[union-attr]
+            *(_desc(t, n) for t, n in zip(likes, _SSD_NAMES)),
+            _desc(seq_idx if seq is None else seq, "seq_idx"),
+            _desc(dout, "dout"),
+            _desc(dfin, "dfinal_states"),
+            *(_desc(g, "d" + n) for g, n in zip(grads, _SSD_NAMES)),
+            chunk_size, dt_softplus, dt_min, dt_max, _stream(x),
+        )  # fmt: skip
+        return tuple(  # type: ignore[return-value]
+            _absent(x) if g is None else g for g in grads
         )
     host = reference_ssd.mamba_chunk_scan_combined_bwd(
         _host(dout), _host(x), _host(dt), _host(A), _host(B), _host(C), chunk_size,
@@ -1374,7 +1385,6 @@ def _ssd_bwd_impl(
         seq_idx=_host(seq_idx), dt_softplus=dt_softplus, dt_limit=(dt_min, dt_max),
         dfinal_states=_host(dfinal_states),
     )  # fmt: skip
-    likes = (x, dt, A, B, C, D, z, dt_bias, initial_states)
     return tuple(  # type: ignore[return-value]
         _absent(x) if g is None or like is None else _from_host(g, like)
         for g, like in zip(host, likes)
@@ -1451,8 +1461,8 @@ def mamba_chunk_scan_combined(
 
     Gradients reach x, dt, A, B, C, D, z, dt_bias and initial_states, also through the
     returned final states; varlen_states carry no gradient (as in mamba_ssm, whose backward
-    refuses them). float64 tensors run the NumPy reference (what gradcheck checks). The
-    backward of CUDA tensors raises UnsupportedError until the SSD backward kernels exist."""
+    refuses them). float64 tensors run the NumPy reference (what gradcheck checks); CUDA
+    tensors of the other dtypes run the SSD backward kernels."""
     for name, t in (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: flashscan.torch takes torch tensors, got {type(t).__name__}")

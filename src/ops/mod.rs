@@ -12,6 +12,7 @@ pub mod kvcache_append;
 pub mod scan;
 pub mod scan_bwd;
 pub mod ssd;
+pub mod ssd_bwd;
 pub mod state_update;
 
 use crate::runtime::KernelSpec;
@@ -67,6 +68,12 @@ pub fn all_variants(arch_num: i64) -> Vec<(KernelSpec, bool)> {
         let main = s.defines.iter().any(|&(k, v)| k == "FS_CHUNK" && v == 256)
             && s.defines.iter().any(|&(k, v)| k == "FS_DTYPE" && v != 2);
         out.push((s, main));
+    }
+    // SSD backward: one translation unit per (dtype, chunk) holding all eight kernels; bounded
+    // with the training variants (NVRTC 13.2, 2026-11-23: sm_80 spill-free; sm_90a an 8-16 B
+    // stack frame in ssd_bwd_chunk_dc at chunk 64, no local spills)
+    for s in ssd_bwd::all_specs(arch_num) {
+        out.push((s, false));
     }
     for s in state_update::all_specs(arch_num) {
         let main = s.defines.iter().any(|&(k, v)| k == "FS_DSTATE" && v == 16);

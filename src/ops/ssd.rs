@@ -4,7 +4,7 @@
 //! allocates nothing here and stays graph-capturable.
 
 use crate::error::{type_err, unsupported, value_err, Error, Result};
-use crate::runtime::{runtime, KernelSpec, StreamChoice};
+use crate::runtime::{runtime, DeviceCtx, KernelSpec, Stream, StreamChoice};
 use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
 
 pub const SOURCE: &str = include_str!("../../cuda/ssd.cu");
@@ -77,7 +77,8 @@ pub struct SsdParams {
 
 const _: () = assert!(std::mem::size_of::<SsdParams>() == 488);
 
-pub struct SsdArgs<'a> {
+/// The inputs and options of a call, shared by the forward and the backward (`ops::ssd_bwd`).
+pub struct SsdInputs<'a> {
     pub x: &'a TensorView,
     pub dt: &'a TensorView,
     pub a: &'a TensorView,
@@ -88,19 +89,23 @@ pub struct SsdArgs<'a> {
     pub dt_bias: Option<&'a TensorView>,
     pub initial_states: Option<&'a TensorView>,
     pub seq_idx: Option<&'a TensorView>,
+    pub chunk_size: i64,
+    pub dt_softplus: bool,
+    pub dt_limit: (f64, f64),
+}
+
+pub struct SsdArgs<'a> {
+    pub inputs: SsdInputs<'a>,
     pub out: &'a TensorView,
     pub final_states: Option<&'a TensorView>,
     /// (batch, nchunks, nheads, headdim, dstate) float32, contiguous
     pub states: &'a TensorView,
     /// (batch, nheads, nchunks) float32, contiguous
     pub decay: &'a TensorView,
-    pub chunk_size: i64,
-    pub dt_softplus: bool,
-    pub dt_limit: (f64, f64),
 }
 
-impl SsdArgs<'_> {
-    fn inputs(&self) -> [(&'static str, Option<&TensorView>); 10] {
+impl SsdInputs<'_> {
+    pub fn named(&self) -> [(&'static str, Option<&TensorView>); 10] {
         [
             ("x", Some(self.x)),
             ("dt", Some(self.dt)),
@@ -114,6 +119,9 @@ impl SsdArgs<'_> {
             ("seq_idx", self.seq_idx),
         ]
     }
+}
+
+impl SsdArgs<'_> {
     fn outputs(&self) -> [(&'static str, Option<&TensorView>); 4] {
         [
             ("out", Some(self.out)),
@@ -138,11 +146,11 @@ pub struct Problem {
 
 const FLOATS: [DType; 3] = [DType::F16, DType::BF16, DType::F32];
 
-fn s3(t: &TensorView) -> [i64; 3] {
+pub(crate) fn s3(t: &TensorView) -> [i64; 3] {
     [t.strides[0], t.strides[1], t.strides[2]]
 }
 
-fn s4(t: &TensorView) -> [i64; 4] {
+pub(crate) fn s4(t: &TensorView) -> [i64; 4] {
     [t.strides[0], t.strides[1], t.strides[2], t.strides[3]]
 }
 
@@ -153,7 +161,8 @@ fn per_head(t: &TensorView, arg: &str, nheads: i64) -> Result<i64> {
     Ok(t.strides[0])
 }
 
-pub fn check(a: &SsdArgs) -> Result<Problem> {
+/// Checks every input and option; the sizes of the call.
+pub fn check_inputs(a: &SsdInputs) -> Result<Problem> {
     a.x.expect_dtype("x", &FLOATS)?;
     let xs =
         a.x.expect_rank("x", "batch, seqlen, nheads, headdim")?
@@ -230,30 +239,7 @@ pub fn check(a: &SsdArgs) -> Result<Problem> {
         }
         t.expect_shape("seq_idx", &[batch, seqlen])?;
     }
-    a.out.expect_same_dtype("out", a.x, "x")?;
-    a.out.expect_shape("out", &xs)?;
-    a.out.expect_unit_stride("out", 3, "headdim")?;
-    a.out.expect_writable("out")?;
-    if let Some(t) = a.final_states {
-        t.expect_dtype("final_states", &[DType::F32])?;
-        t.expect_shape("final_states", &st_shape)?;
-        t.expect_writable("final_states")?;
-    }
     let nchunks = (seqlen + a.chunk_size - 1) / a.chunk_size;
-    for (name, t, shape) in [
-        (
-            "states",
-            a.states,
-            vec![batch, nchunks, nheads, headdim, dstate],
-        ),
-        ("decay", a.decay, vec![batch, nheads, nchunks]),
-    ] {
-        t.expect_dtype(name, &[DType::F32])?;
-        t.expect_shape(name, &shape)?;
-        t.expect_contiguous(name)?;
-        t.expect_writable(name)?;
-    }
-    expect_no_overlap(&a.outputs(), &a.inputs())?;
     let (lo, hi) = a.dt_limit;
     if lo.is_nan() || hi.is_nan() || lo > hi {
         return Err(value_err(format!(
@@ -274,7 +260,41 @@ pub fn check(a: &SsdArgs) -> Result<Problem> {
     })
 }
 
-fn spec(entry: &'static str, dtype: i64, chunk: i64, arch: i64) -> KernelSpec {
+/// Checks the forward's inputs, outputs and workspaces.
+pub fn check(a: &SsdArgs) -> Result<Problem> {
+    let p = check_inputs(&a.inputs)?;
+    let x = a.inputs.x;
+    let xs = x.shape.clone();
+    let (batch, nheads, headdim, dstate, nchunks) =
+        (p.batch, p.nheads, p.headdim, p.dstate, p.nchunks);
+    let st_shape = [batch, nheads, headdim, dstate];
+    a.out.expect_same_dtype("out", x, "x")?;
+    a.out.expect_shape("out", &xs)?;
+    a.out.expect_unit_stride("out", 3, "headdim")?;
+    a.out.expect_writable("out")?;
+    if let Some(t) = a.final_states {
+        t.expect_dtype("final_states", &[DType::F32])?;
+        t.expect_shape("final_states", &st_shape)?;
+        t.expect_writable("final_states")?;
+    }
+    for (name, t, shape) in [
+        (
+            "states",
+            a.states,
+            vec![batch, nchunks, nheads, headdim, dstate],
+        ),
+        ("decay", a.decay, vec![batch, nheads, nchunks]),
+    ] {
+        t.expect_dtype(name, &[DType::F32])?;
+        t.expect_shape(name, &shape)?;
+        t.expect_contiguous(name)?;
+        t.expect_writable(name)?;
+    }
+    expect_no_overlap(&a.outputs(), &a.inputs.named())?;
+    Ok(p)
+}
+
+pub(crate) fn spec(entry: &'static str, dtype: i64, chunk: i64, arch: i64) -> KernelSpec {
     KernelSpec {
         family: FAMILY,
         source: SOURCE,
@@ -284,7 +304,7 @@ fn spec(entry: &'static str, dtype: i64, chunk: i64, arch: i64) -> KernelSpec {
 }
 
 /// The state-passing kernel reads and writes fp32 only: one variant (FS_DTYPE / FS_CHUNK fixed).
-fn pass_spec(arch: i64) -> KernelSpec {
+pub(crate) fn pass_spec(arch: i64) -> KernelSpec {
     spec(ENTRY_PASS, 2, 64, arch)
 }
 
@@ -299,38 +319,22 @@ pub fn all_specs(arch: i64) -> Vec<KernelSpec> {
     out
 }
 
-fn dtype_code(t: Option<&TensorView>) -> Result<i32> {
+pub(crate) fn dtype_code(t: Option<&TensorView>) -> Result<i32> {
     Ok(match t {
         Some(t) => t.dtype.kernel_code()? as i32,
         None => 2,
     })
 }
 
-fn grid_u32(v: i64, what: &str) -> Result<u32> {
-    u32::try_from(v).map_err(|_| unsupported(format!("{what} too large for one launch")))
-}
-
-pub fn forward(a: &SsdArgs, stream: StreamChoice) -> Result<()> {
-    let p = check(a)?;
-    if p.batch == 0 || p.seqlen == 0 || p.nheads == 0 {
-        return Ok(());
-    }
-    let mut named = a.inputs().to_vec();
-    named.extend(a.outputs());
-    let device = common_cuda_device(&named)?;
-    let rt = runtime().map_err(Error::Unavailable)?;
-    let dev = rt.device(device)?;
-    let arch = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
-    let dtype = a.x.dtype.kernel_code()?;
-    let k_state = dev.kernel(&spec(ENTRY_STATE, dtype, a.chunk_size, arch))?;
-    let k_pass = dev.kernel(&pass_spec(arch))?;
-    let k_scan = dev.kernel(&spec(ENTRY_SCAN, dtype, a.chunk_size, arch))?;
+/// The parameter block of a checked call without its outputs and workspaces (null pointers:
+/// the caller sets them).
+pub fn params(a: &SsdInputs, p: &Problem) -> Result<SsdParams> {
     let d_s = match a.d {
         Some(d) if d.rank() == 2 => [d.strides[0], d.strides[1]],
         Some(d) => [d.strides[0], 0],
         None => [0, 0],
     };
-    let params = SsdParams {
+    Ok(SsdParams {
         x: a.x.ptr,
         dt: a.dt.ptr,
         a: a.a.ptr,
@@ -341,10 +345,10 @@ pub fn forward(a: &SsdArgs, stream: StreamChoice) -> Result<()> {
         dt_bias: a.dt_bias.map_or(0, |t| t.ptr),
         init: a.initial_states.map_or(0, |t| t.ptr),
         seq_idx: a.seq_idx.map_or(0, |t| t.ptr),
-        out: a.out.ptr,
-        states: a.states.ptr,
-        decay: a.decay.ptr,
-        final_states: a.final_states.map_or(0, |t| t.ptr),
+        out: 0,
+        states: 0,
+        decay: 0,
+        final_states: 0,
         batch: p.batch,
         seqlen: p.seqlen,
         nheads: p.nheads,
@@ -357,9 +361,9 @@ pub fn forward(a: &SsdArgs, stream: StreamChoice) -> Result<()> {
         b_s: s3(a.b),
         c_s: s3(a.c),
         z_s: a.z.map_or([0; 3], s3),
-        out_s: s3(a.out),
+        out_s: [0; 3],
         init_s: a.initial_states.map_or([0; 4], s4),
-        final_s: a.final_states.map_or([0; 4], s4),
+        final_s: [0; 4],
         seq_s: a.seq_idx.map_or([0; 2], |t| [t.strides[0], t.strides[1]]),
         d_s,
         a_s: a.a.strides[0],
@@ -378,48 +382,100 @@ pub fn forward(a: &SsdArgs, stream: StreamChoice) -> Result<()> {
         has_dt_bias: a.dt_bias.is_some() as i32,
         has_init: a.initial_states.is_some() as i32,
         has_seq: a.seq_idx.is_some() as i32,
-        has_final: a.final_states.is_some() as i32,
+        has_final: 0,
         softplus: a.dt_softplus as i32,
         pad_: 0,
-    };
-    let tiles = |n: i64| (n + TILE - 1) / TILE;
+    })
+}
+
+pub(crate) fn tiles(n: i64) -> i64 {
+    (n + TILE - 1) / TILE
+}
+
+pub(crate) fn grid_u32(v: i64, what: &str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| unsupported(format!("{what} too large for one launch")))
+}
+
+/// Kernels 1 and 2 (chunk states, state passing): `params.states` then holds the state entering
+/// each chunk, `params.decay` each chunk's decay (and `final_states` the last state, when set).
+///
+/// # Safety
+/// `params` must describe checked tensors and workspaces of the sizes `p` gives, on `dev`.
+pub(crate) unsafe fn launch_states(
+    dev: &DeviceCtx,
+    params: &SsdParams,
+    p: &Problem,
+    dtype: i64,
+    chunk: i64,
+    arch: i64,
+    st: Stream,
+) -> Result<()> {
+    let k_state = dev.kernel(&spec(ENTRY_STATE, dtype, chunk, arch))?;
+    let k_pass = dev.kernel(&pass_spec(arch))?;
     let bh = grid_u32(p.batch * p.nheads, "batch * nheads")?;
-    let nchunks = grid_u32(p.nchunks, "seqlen / chunk_size")?;
+    dev.launch(
+        &k_state,
+        (
+            grid_u32(p.nchunks, "seqlen / chunk_size")?,
+            grid_u32(tiles(p.headdim) * tiles(p.dstate), "headdim * dstate")?,
+            bh,
+        ),
+        (THREADS, 1, 1),
+        0,
+        st,
+        params,
+    )?;
+    dev.launch(
+        &k_pass,
+        (
+            grid_u32(
+                (p.headdim * p.dstate + PASS_THREADS - 1) / PASS_THREADS,
+                "headdim * dstate",
+            )?,
+            bh,
+            1,
+        ),
+        (PASS_THREADS as u32, 1, 1),
+        0,
+        st,
+        params,
+    )
+}
+
+pub fn forward(a: &SsdArgs, stream: StreamChoice) -> Result<()> {
+    let p = check(a)?;
+    if p.batch == 0 || p.seqlen == 0 || p.nheads == 0 {
+        return Ok(());
+    }
+    let inp = &a.inputs;
+    let mut named = inp.named().to_vec();
+    named.extend(a.outputs());
+    let device = common_cuda_device(&named)?;
+    let rt = runtime().map_err(Error::Unavailable)?;
+    let dev = rt.device(device)?;
+    let arch = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
+    let dtype = inp.x.dtype.kernel_code()?;
+    let k_scan = dev.kernel(&spec(ENTRY_SCAN, dtype, inp.chunk_size, arch))?;
+    let mut params = params(inp, &p)?;
+    params.out = a.out.ptr;
+    params.out_s = s3(a.out);
+    params.states = a.states.ptr;
+    params.decay = a.decay.ptr;
+    if let Some(t) = a.final_states {
+        params.final_states = t.ptr;
+        params.final_s = s4(t);
+        params.has_final = 1;
+    }
+    let bh = grid_u32(p.batch * p.nheads, "batch * nheads")?;
     let st = dev.stream(stream)?;
     // SAFETY: params mirrors SsdParams; shapes, dtypes, devices, strides and the workspaces'
     // sizes were checked; the three kernels run in order on one stream.
     unsafe {
-        dev.launch(
-            &k_state,
-            (
-                nchunks,
-                grid_u32(tiles(p.headdim) * tiles(p.dstate), "headdim * dstate")?,
-                bh,
-            ),
-            (THREADS, 1, 1),
-            0,
-            st,
-            &params,
-        )?;
-        dev.launch(
-            &k_pass,
-            (
-                grid_u32(
-                    (p.headdim * p.dstate + PASS_THREADS - 1) / PASS_THREADS,
-                    "headdim * dstate",
-                )?,
-                bh,
-                1,
-            ),
-            (PASS_THREADS as u32, 1, 1),
-            0,
-            st,
-            &params,
-        )?;
+        launch_states(dev, &params, &p, dtype, inp.chunk_size, arch, st)?;
         dev.launch(
             &k_scan,
             (
-                grid_u32(p.nchunks * (a.chunk_size / TILE), "seqlen / 64")?,
+                grid_u32(p.nchunks * (inp.chunk_size / TILE), "seqlen / 64")?,
                 grid_u32(tiles(p.headdim), "headdim")?,
                 bh,
             ),

@@ -40,6 +40,7 @@ pub const HEADERS: &[(&str, &str)] = &[
         "common/softcap.cuh",
         include_str!("../../cuda/common/softcap.cuh"),
     ),
+    ("common/ssd.cuh", include_str!("../../cuda/common/ssd.cuh")),
     (
         "common/opaque.cuh",
         include_str!("../../cuda/common/opaque.cuh"),

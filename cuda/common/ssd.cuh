@@ -1,0 +1,251 @@
+// common/ssd.cuh: what the Mamba-2 SSD families share (cuda/ssd.cu forward, cuda/ssd_bwd.cu
+// backward): the parameter block, the tile constants, the chunk prologue (dt', cum, seg of one
+// chunk), the warp-level tensor-core product over f32 shared-memory operands, and the chunk-output
+// product y_pre = C.H^T (carried state) + W x (intra-chunk) for one 64 x 64 tile. The math and the
+// decomposition are stated at the top of cuda/ssd.cu.
+#pragma once
+
+#if !defined(FS_DTYPE) || !defined(FS_CHUNK)
+#error "the host prelude must define FS_DTYPE and FS_CHUNK"
+#endif
+
+#include "common/copy.cuh"
+#include "common/math.cuh"
+#include "common/mma.cuh"
+
+using namespace fs;
+
+// One by-value parameter block for the three kernels (sizeof 488). Strides in elements; the last
+// dimension of x, z, out, B and C is contiguous (checked by the host).
+struct SsdParams {
+    const void* x;        // (batch, seqlen, nheads, headdim) FS_DTYPE
+    const void* dt;       // (batch, seqlen, nheads), dtype dt_dtype
+    const void* A;        // (nheads,), dtype A_dtype
+    const void* B;        // (batch, seqlen, ngroups, dstate) FS_DTYPE
+    const void* C;        // (batch, seqlen, ngroups, dstate) FS_DTYPE
+    const void* D;        // (nheads,) or (nheads, headdim), dtype D_dtype, or null
+    const void* z;        // like x, or null
+    const void* dt_bias;  // (nheads,), dtype bias_dtype, or null
+    const void* init;     // (batch, nheads, headdim, dstate), dtype init_dtype, or null
+    const int* seq_idx;   // (batch, seqlen) int32, or null
+    void* out;            // like x
+    float* states;        // workspace (batch, nchunks, nheads, headdim, dstate) fp32, contiguous
+    float* decay;         // workspace (batch, nheads, nchunks) fp32, contiguous
+    float* final_states;  // (batch, nheads, headdim, dstate) fp32, or null
+    i64 batch, seqlen, nheads, headdim, ngroups, dstate, nchunks;
+    i64 x_s[3], dt_s[3], B_s[3], C_s[3], z_s[3], out_s[3];  // (batch, seqlen, head or group)
+    i64 init_s[4], final_s[4];
+    i64 seq_s[2], D_s[2];  // D: (head, channel); channel stride 0 for a (nheads,) D
+    i64 A_s, bias_s;
+    float dt_min, dt_max;
+    int dt_dtype, A_dtype, D_dtype, bias_dtype, init_dtype, pad0_;
+    int has_D, has_z, has_dt_bias, has_init, has_seq, has_final, softplus, pad_;
+};
+static_assert(sizeof(SsdParams) == 488, "SsdParams layout changed: update the host mirror");
+
+constexpr int DT = FS_DTYPE;
+constexpr int kQ = FS_CHUNK;
+constexpr int kThreads = 128;
+constexpr int kTile = 64;  // rows and columns of an output tile; rows 16w .. 16w+15 belong to warp w
+constexpr int kK = 32;     // reduction step staged in shared memory (positions or states)
+constexpr int kPassThreads = 256;
+static_assert(kQ == 64 || kQ == 128 || kQ == 256, "FS_CHUNK: 64, 128 or 256");
+
+// A small array's element in the dtype given at run time (0 fp16, 1 bf16, 2 fp32): uniform branch.
+__device__ __forceinline__ float ld_any(const void* base, i64 idx, int code) {
+    if (code == 2) return ldg_f32<2>(base, idx);
+    if (code == 1) return ldg_f32<1>(base, idx);
+    return ldg_f32<0>(base, idx);
+}
+
+__device__ __forceinline__ int seq_at(const SsdParams& p, i64 b, i64 t) {
+    return __ldg(p.seq_idx + b * p.seq_s[0] + t * p.seq_s[1]);
+}
+
+// acc[NT][4] += A (16 x K) * B (K x 8 NT) for one warp; a(m, k), b(k, n) read f32 operands (shared
+// memory). Fragments per mma.cuh: lane 4g + t. fp16/bf16: m16n8k16, operands rounded by pack2;
+// fp32: m16n8k8 3xTF32 (A split once per k step, B split per mma).
+template <int K, int NT, class FA, class FB>
+__device__ __forceinline__ void warp_mma(float (&acc)[NT][4], const FA& a, const FB& b) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    if constexpr (DT == 2) {
+#pragma unroll
+        for (int k0 = 0; k0 < K; k0 += 8) {
+            const float af[4] = {a(g, k0 + t), a(g + 8, k0 + t), a(g, k0 + t + 4), a(g + 8, k0 + t + 4)};
+            u32 hi[4], lo[4];
+            split4(af, hi, lo);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) mma_3xtf32(acc[j], hi, lo, b(k0 + t, 8 * j + g), b(k0 + t + 4, 8 * j + g));
+        }
+    } else {
+#pragma unroll
+        for (int k0 = 0; k0 < K; k0 += 16) {
+            const int k = k0 + 2 * t;
+            const u32 af[4] = {pack2<DT>(a(g, k), a(g, k + 1)), pack2<DT>(a(g + 8, k), a(g + 8, k + 1)),
+                               pack2<DT>(a(g, k + 8), a(g, k + 9)), pack2<DT>(a(g + 8, k + 8), a(g + 8, k + 9))};
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const int n = 8 * j + g;
+                mma16<DT>(acc[j], af, pack2<DT>(b(k, n), b(k + 1, n)), pack2<DT>(b(k + 8, n), b(k + 9, n)));
+            }
+        }
+    }
+}
+
+// Row (within the 64-row tile) and column (within 8 NT columns) of accumulator element acc[j][e].
+__device__ __forceinline__ int acc_row(int e) { return 16 * (threadIdx.x >> 5) + ((threadIdx.x & 31) >> 2) + 8 * (e >> 1); }
+__device__ __forceinline__ int acc_col(int j, int e) { return 8 * j + 2 * (threadIdx.x & 3) + (e & 1); }
+
+// The chunk's dt', cum (inclusive cumulative sum of dt' A) and seg, positions 0..kQ-1 (those past
+// the sequence's end get dt' = 0 and repeat the last cum / seg). Warp 0: each lane scans kQ/32
+// consecutive positions, then the lanes' totals are scanned with shuffles. Ends with __syncthreads.
+__device__ __forceinline__ void chunk_prologue(const SsdParams& p, i64 b, i64 h, i64 c0, int len, float* s_dt,
+                                               float* s_cum, int* s_seg) {
+    constexpr int kPer = kQ / 32;
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        const float A = ld_any(p.A, h * p.A_s, p.A_dtype);
+        const float bias = p.has_dt_bias ? ld_any(p.dt_bias, h * p.bias_s, p.bias_dtype) : 0.f;
+        float d[kPer], cs[kPer];
+        int sg[kPer];
+        float run = 0.f;
+        int srun = 0;
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) {
+            const int pos = lane * kPer + i;
+            float v = 0.f;
+            int start = 0;
+            if (pos < len) {
+                const i64 t = c0 + pos;
+                v = ld_any(p.dt, b * p.dt_s[0] + t * p.dt_s[1] + h * p.dt_s[2], p.dt_dtype) + bias;
+                if (p.softplus) v = softplus(v);
+                v = fminf(fmaxf(v, p.dt_min), p.dt_max);
+                if (p.has_seq) start = seq_at(p, b, t) != (t > 0 ? seq_at(p, b, t - 1) : 0);
+            }
+            d[i] = v;
+            run += v * A;
+            cs[i] = run;
+            srun += start;
+            sg[i] = srun;
+        }
+        float tot = run;
+        int stot = srun;
+#pragma unroll
+        for (int off = 1; off < 32; off *= 2) {
+            const float o = __shfl_up_sync(0xffffffffu, tot, off);
+            const int so = __shfl_up_sync(0xffffffffu, stot, off);
+            if (lane >= off) {
+                tot += o;
+                stot += so;
+            }
+        }
+        const float ex = tot - run;
+        const int sex = stot - srun;
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) {
+            s_dt[lane * kPer + i] = d[i];
+            s_cum[lane * kPer + i] = cs[i] + ex;
+            s_seg[lane * kPer + i] = sg[i] + sex;
+        }
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ float ex(float v) { return ex2(v * kLog2e); }
+
+template <int NT>
+__device__ __forceinline__ void clear(float (&acc)[NT][4]) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+}
+
+// y_pre (before D and z) for rows m0 .. m0+63 of chunk c and channels p0 .. p0+63, into acc (warp w
+// owns rows 16w .. 16w+15 as in acc_row / acc_col): the carried state's C.H^T and, for each 64-wide
+// block of source positions s <= l, C B^T masked and scaled into W (shared memory), then W x. The
+// chunk prologue (s_dt, s_cum, s_seg) must have run; every thread of the block calls this.
+__device__ __forceinline__ void chunk_output(const SsdParams& p, i64 b, i64 h, i64 c, int m0, int p0, int len,
+                                             const float* s_dt, const float* s_cum, const int* s_seg,
+                                             float (&acc)[8][4]) {
+    constexpr int kLd = kK + 4, kLdw = kTile + 4;
+    // s_c (64 rows l x 32 states) and s_k (64 rows s x 32 states) while C B^T is formed; then the
+    // same bytes hold s_w (64 rows l x 64 columns s) for W x.
+    __shared__ __align__(16) float s_ck[2 * kTile * kLd];
+    __shared__ float s_x[kTile][kLdw];  // C H^T: states k x channels p; W x: positions s x channels p
+    float* s_c = s_ck;
+    float* s_k = s_ck + kTile * kLd;
+    float* s_w = s_ck;
+    static_assert(kTile * kLdw <= 2 * kTile * kLd, "s_w must fit in s_ck");
+    const i64 g = h / (p.nheads / p.ngroups);
+    const i64 c0 = c * kQ;
+    const int w16 = 16 * (threadIdx.x >> 5);
+    const i64 cb_base = b * p.C_s[0] + g * p.C_s[2];
+    const i64 bb_base = b * p.B_s[0] + g * p.B_s[2];
+
+    clear(acc);
+
+    // y_l += [seg_l == 0] exp(cum_l) C_l . H_c (skipped when H_c is 0: first chunk, no initial states)
+    if (c > 0 || p.has_init) {
+        const float* H = p.states + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate;
+        for (int n0 = 0; n0 < p.dstate; n0 += kK) {
+            for (int i = threadIdx.x; i < kTile * kK; i += kThreads) {
+                const int r = i / kK, k = i % kK, l = m0 + r;
+                float cv = 0.f;
+                if (l < len && n0 + k < p.dstate && s_seg[l] == 0)
+                    cv = ex(s_cum[l]) * ldg_f32<DT>(p.C, cb_base + (c0 + l) * p.C_s[1] + n0 + k);
+                s_c[r * kLd + k] = cv;
+            }
+            for (int i = threadIdx.x; i < kK * kTile; i += kThreads) {
+                const int k = i / kTile, col = i % kTile;
+                float hv = 0.f;
+                if (n0 + k < p.dstate && p0 + col < p.headdim) hv = H[(i64)(p0 + col) * p.dstate + n0 + k];
+                s_x[k][col] = hv;
+            }
+            __syncthreads();
+            warp_mma<kK, 8>(acc, [&](int m, int k) { return s_c[(w16 + m) * kLd + k]; },
+                            [&](int k, int n) { return s_x[k][n]; });
+            __syncthreads();
+        }
+    }
+
+    // y_l += sum_{s <= l} W[l, s] x_s, W = (C_l . B_s) exp(cum_l - cum_s) dt'_s on the same sequence
+    for (int s0 = 0; s0 <= m0; s0 += kTile) {
+        float cb[8][4];
+        clear(cb);
+        for (int n0 = 0; n0 < p.dstate; n0 += kK) {
+            for (int i = threadIdx.x; i < kTile * kK; i += kThreads) {
+                const int r = i / kK, k = i % kK;
+                const bool nk = n0 + k < p.dstate;
+                s_c[r * kLd + k] = nk && m0 + r < len ? ldg_f32<DT>(p.C, cb_base + (c0 + m0 + r) * p.C_s[1] + n0 + k) : 0.f;
+                s_k[r * kLd + k] = nk && s0 + r < len ? ldg_f32<DT>(p.B, bb_base + (c0 + s0 + r) * p.B_s[1] + n0 + k) : 0.f;
+            }
+            __syncthreads();
+            warp_mma<kK, 8>(cb, [&](int m, int k) { return s_c[(w16 + m) * kLd + k]; },
+                            [&](int k, int n) { return s_k[n * kLd + k]; });
+            __syncthreads();
+        }
+        // mask and scale in registers, then W to shared memory (each warp its own 16 rows)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = acc_row(e), col = acc_col(j, e), l = m0 + r, s = s0 + col;
+                float w = 0.f;
+                if (s <= l && l < len && s_seg[l] == s_seg[s]) w = cb[j][e] * ex(s_cum[l] - s_cum[s]) * s_dt[s];
+                s_w[r * kLdw + col] = w;
+            }
+        for (int i = threadIdx.x; i < kTile * kTile; i += kThreads) {
+            const int r = i / kTile, col = i % kTile, s = s0 + r;
+            float xv = 0.f;
+            if (s < len && p0 + col < p.headdim)
+                xv = ldg_f32<DT>(p.x, b * p.x_s[0] + (c0 + s) * p.x_s[1] + h * p.x_s[2] + p0 + col);
+            s_x[r][col] = xv;
+        }
+        __syncthreads();
+        warp_mma<kTile, 8>(acc, [&](int m, int k) { return s_w[(w16 + m) * kLdw + k]; },
+                           [&](int k, int n) { return s_x[k][n]; });
+        __syncthreads();
+    }
+
+}

@@ -1,0 +1,418 @@
+//! Mamba-2 SSD chunked scan, backward (`mamba_chunk_scan_combined`'s gradients): argument checks
+//! and the launches of `cuda/ssd_bwd.cu` on one stream, after the forward's chunk-state kernels
+//! (`ops::ssd::launch_states`) recompute the state entering each chunk. Every gradient is written
+//! once by one thread (no float atomics: the result is bitwise deterministic). The fp32 scratch
+//! (chunk states and their gradients, per-position and per-chunk partials) is stream-ordered
+//! (`cuMemAllocAsync`): a call allocates nothing else and stays graph-capturable.
+
+use crate::error::{unsupported, value_err, Error, Result};
+use crate::ops::ssd::{
+    self, check_inputs, dtype_code, grid_u32, s3, s4, tiles, Problem, SsdInputs, SsdParams,
+};
+use crate::runtime::{runtime, KernelSpec, StreamChoice, StreamScratch};
+use crate::tensor::{common_cuda_device, expect_no_overlap, TensorView};
+
+pub const SOURCE: &str = include_str!("../../cuda/ssd_bwd.cu");
+pub const FAMILY: &str = "ssd_bwd";
+pub const ENTRY_OUT: &str = "ssd_bwd_chunk_out";
+pub const ENTRY_DSTATE: &str = "ssd_bwd_chunk_dstate";
+pub const ENTRY_PASS: &str = "ssd_bwd_state_passing";
+pub const ENTRY_DX: &str = "ssd_bwd_chunk_dx";
+pub const ENTRY_DC: &str = "ssd_bwd_chunk_dc";
+pub const ENTRY_DB: &str = "ssd_bwd_chunk_db";
+pub const ENTRY_DT: &str = "ssd_bwd_dt";
+pub const ENTRY_REDUCE: &str = "ssd_bwd_reduce";
+/// Every entry of the family: one translation unit per (dtype, chunk) holds them all.
+const ENTRIES: [&str; 8] = [
+    ENTRY_OUT,
+    ENTRY_DSTATE,
+    ENTRY_PASS,
+    ENTRY_DX,
+    ENTRY_DC,
+    ENTRY_DB,
+    ENTRY_DT,
+    ENTRY_REDUCE,
+];
+const THREADS: u32 = 128;
+const PASS_THREADS: i64 = 256;
+const TILE: i64 = 64;
+/// Channel tiles of 64 the per-position partials keep (headdim <= 256).
+const ROW_TILES: i64 = 4;
+
+/// Mirrors `struct SsdBwdParams` in cuda/ssd_bwd.cu (912 bytes). Strides in elements.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SsdBwdParams {
+    pub f: SsdParams,
+    pub dout: u64,
+    pub dfinal: u64,
+    pub dx: u64,
+    pub ddt: u64,
+    pub da: u64,
+    pub db: u64,
+    pub dc: u64,
+    pub dd: u64,
+    pub dz: u64,
+    pub dbias: u64,
+    pub dinit: u64,
+    pub dstates: u64,
+    pub rowdot: u64,
+    pub x1: u64,
+    pub x2: u64,
+    pub dfpart: u64,
+    pub ddpart: u64,
+    pub dapart: u64,
+    pub dbpart: u64,
+    pub dout_s: [i64; 3],
+    pub dfinal_s: [i64; 4],
+    pub dx_s: [i64; 3],
+    pub ddt_s: [i64; 3],
+    pub db_s: [i64; 3],
+    pub dc_s: [i64; 3],
+    pub dz_s: [i64; 3],
+    pub dinit_s: [i64; 4],
+    pub dd_s: [i64; 2],
+    pub da_s: i64,
+    pub dbias_s: i64,
+    pub npass_tiles: i64,
+    pub nlblocks: i64,
+    pub dfinal_dtype: i32,
+    pub has_dfinal: i32,
+    pub ptiles: i32,
+    pub d_per_channel: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<SsdBwdParams>() == 912);
+
+pub struct SsdBwdArgs<'a> {
+    pub inputs: SsdInputs<'a>,
+    /// like x
+    pub dout: &'a TensorView,
+    /// (batch, nheads, headdim, dstate), any float dtype, or None (zero)
+    pub dfinal_states: Option<&'a TensorView>,
+    pub dx: &'a TensorView,
+    pub ddt: &'a TensorView,
+    pub da: &'a TensorView,
+    pub db: &'a TensorView,
+    pub dc: &'a TensorView,
+    /// present exactly when the input is
+    pub dd: Option<&'a TensorView>,
+    pub dz: Option<&'a TensorView>,
+    pub ddt_bias: Option<&'a TensorView>,
+    pub dinitial_states: Option<&'a TensorView>,
+}
+
+impl SsdBwdArgs<'_> {
+    fn read(&self) -> Vec<(&'static str, Option<&TensorView>)> {
+        let mut v = self.inputs.named().to_vec();
+        v.push(("dout", Some(self.dout)));
+        v.push(("dfinal_states", self.dfinal_states));
+        v
+    }
+    fn outputs(&self) -> [(&'static str, Option<&TensorView>); 9] {
+        [
+            ("dx", Some(self.dx)),
+            ("ddt", Some(self.ddt)),
+            ("dA", Some(self.da)),
+            ("dB", Some(self.db)),
+            ("dC", Some(self.dc)),
+            ("dD", self.dd),
+            ("dz", self.dz),
+            ("ddt_bias", self.ddt_bias),
+            ("dinitial_states", self.dinitial_states),
+        ]
+    }
+}
+
+/// A gradient like its input: same dtype and shape, writable; present exactly when the input is.
+fn like(
+    name: &str,
+    grad: Option<&TensorView>,
+    input_name: &str,
+    input: Option<&TensorView>,
+) -> Result<()> {
+    match (grad, input) {
+        (Some(g), Some(t)) => {
+            g.expect_same_dtype(name, t, input_name)?;
+            g.expect_shape(name, &t.shape)?;
+            g.expect_writable(name)
+        }
+        (None, None) => Ok(()),
+        (Some(_), None) => Err(value_err(format!(
+            "{name} was given but {input_name} was not"
+        ))),
+        (None, Some(_)) => Err(value_err(format!(
+            "{name} is missing: {input_name} was given"
+        ))),
+    }
+}
+
+pub fn check(a: &SsdBwdArgs) -> Result<Problem> {
+    let i = &a.inputs;
+    let p = check_inputs(i)?;
+    a.dout.expect_same_dtype("dout", i.x, "x")?;
+    a.dout.expect_shape("dout", &i.x.shape)?;
+    a.dout.expect_unit_stride("dout", 3, "headdim")?;
+    if let Some(t) = a.dfinal_states {
+        t.expect_dtype(
+            "dfinal_states",
+            &[
+                crate::tensor::DType::F16,
+                crate::tensor::DType::BF16,
+                crate::tensor::DType::F32,
+            ],
+        )?;
+        t.expect_shape("dfinal_states", &[p.batch, p.nheads, p.headdim, p.dstate])?;
+    }
+    like("dx", Some(a.dx), "x", Some(i.x))?;
+    like("ddt", Some(a.ddt), "dt", Some(i.dt))?;
+    like("dA", Some(a.da), "A", Some(i.a))?;
+    like("dB", Some(a.db), "B", Some(i.b))?;
+    like("dC", Some(a.dc), "C", Some(i.c))?;
+    like("dD", a.dd, "D", i.d)?;
+    like("dz", a.dz, "z", i.z)?;
+    like("ddt_bias", a.ddt_bias, "dt_bias", i.dt_bias)?;
+    like(
+        "dinitial_states",
+        a.dinitial_states,
+        "initial_states",
+        i.initial_states,
+    )?;
+    a.dx.expect_unit_stride("dx", 3, "headdim")?;
+    a.db.expect_unit_stride("dB", 3, "dstate")?;
+    a.dc.expect_unit_stride("dC", 3, "dstate")?;
+    if let Some(t) = a.dz {
+        t.expect_unit_stride("dz", 3, "headdim")?;
+    }
+    expect_no_overlap(&a.outputs(), &a.read())?;
+    if p.batch == 0 || p.seqlen == 0 || p.nheads == 0 {
+        return Err(unsupported(
+            "an empty SSD call has no CUDA backward (the reference computes it)",
+        ));
+    }
+    Ok(p)
+}
+
+fn spec(entry: &'static str, dtype: i64, chunk: i64, arch: i64) -> KernelSpec {
+    KernelSpec {
+        family: FAMILY,
+        source: SOURCE,
+        entry,
+        defines: vec![("FS_DTYPE", dtype), ("FS_CHUNK", chunk), ("FS_ARCH", arch)],
+    }
+}
+
+/// One variant per (dtype, chunk). The kernels that do not depend on the dtype (state passing,
+/// dt, reduce) are built with the call's defines too: every entry of a call then comes from one
+/// translation unit, one NVRTC compile (the disk cache is keyed by the translation unit, so
+/// the other entries load from it), and its CUBIN holds all eight kernels, which is what the
+/// compile test measures; listing each entry would compile the same unit eight times.
+pub fn all_specs(arch: i64) -> Vec<KernelSpec> {
+    let mut out = Vec::new();
+    for chunk in ssd::CHUNKS {
+        for dtype in [0, 1, 2] {
+            out.push(spec(ENTRY_OUT, dtype, chunk, arch));
+        }
+    }
+    out
+}
+
+/// Offsets (in floats, 16-byte aligned) of the scratch arrays in one allocation.
+struct Layout {
+    states: i64,
+    decay: i64,
+    dstates: i64,
+    rowdot: i64,
+    x1: i64,
+    x2: i64,
+    dfpart: i64,
+    ddpart: i64,
+    dapart: i64,
+    dbpart: i64,
+    total: i64,
+}
+
+fn layout(p: &Problem, chunk: i64, has_d: bool, npass_tiles: i64) -> Layout {
+    let bh = p.batch * p.nheads;
+    let mut at = 0i64;
+    let mut take = |n: i64| {
+        let o = at;
+        at += (n + 3) / 4 * 4;
+        o
+    };
+    let st = p.batch * p.nchunks * p.nheads * p.headdim * p.dstate;
+    let rows = bh * p.seqlen * ROW_TILES;
+    let states = take(st);
+    let decay = take(bh * p.nchunks);
+    let dstates = take(st);
+    let rowdot = take(rows);
+    let x1 = take(rows);
+    let x2 = take(rows);
+    let dfpart = take(bh * npass_tiles * p.nchunks);
+    let ddpart = if has_d {
+        take(bh * p.nchunks * (chunk / TILE) * p.headdim)
+    } else {
+        0
+    };
+    let dapart = take(bh * p.nchunks);
+    let dbpart = take(bh * p.nchunks);
+    Layout {
+        states,
+        decay,
+        dstates,
+        rowdot,
+        x1,
+        x2,
+        dfpart,
+        ddpart,
+        dapart,
+        dbpart,
+        total: at,
+    }
+}
+
+pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
+    let p = check(a)?;
+    let i = &a.inputs;
+    let mut named = a.read();
+    named.extend(a.outputs());
+    let device = common_cuda_device(&named)?;
+    let rt = runtime().map_err(Error::Unavailable)?;
+    let dev = rt.device(device)?;
+    // The device's context stays current for the whole call (loads, scratch, launches, frees).
+    let _bound = dev.bind()?;
+    let arch = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
+    let dtype = i.x.dtype.kernel_code()?;
+    let chunk = i.chunk_size;
+    let mut k = Vec::with_capacity(ENTRIES.len());
+    for entry in ENTRIES {
+        k.push(dev.kernel(&spec(entry, dtype, chunk, arch))?);
+    }
+    let [k_out, k_dstate, k_pass, k_dx, k_dc, k_db, k_dt, k_reduce] = &k[..] else {
+        return Err(unsupported("ssd_bwd: kernel list"));
+    };
+    let st = dev.stream(stream)?;
+
+    let npass_tiles = (p.headdim * p.dstate + PASS_THREADS - 1) / PASS_THREADS;
+    let lay = layout(&p, chunk, i.d.is_some(), npass_tiles);
+    let mut scratch = StreamScratch::new(st);
+    let base = scratch.alloc(4 * lay.total.max(1) as usize)?;
+    let at = |off: i64| base + 4 * off as u64;
+
+    let mut f = ssd::params(i, &p)?;
+    f.states = at(lay.states);
+    f.decay = at(lay.decay);
+    let opt = |t: Option<&TensorView>| t.map_or(0, |t| t.ptr);
+    let q = SsdBwdParams {
+        f,
+        dout: a.dout.ptr,
+        dfinal: opt(a.dfinal_states),
+        dx: a.dx.ptr,
+        ddt: a.ddt.ptr,
+        da: a.da.ptr,
+        db: a.db.ptr,
+        dc: a.dc.ptr,
+        dd: opt(a.dd),
+        dz: opt(a.dz),
+        dbias: opt(a.ddt_bias),
+        dinit: opt(a.dinitial_states),
+        dstates: at(lay.dstates),
+        rowdot: at(lay.rowdot),
+        x1: at(lay.x1),
+        x2: at(lay.x2),
+        dfpart: at(lay.dfpart),
+        ddpart: if i.d.is_some() { at(lay.ddpart) } else { 0 },
+        dapart: at(lay.dapart),
+        dbpart: at(lay.dbpart),
+        dout_s: s3(a.dout),
+        dfinal_s: a.dfinal_states.map_or([0; 4], s4),
+        dx_s: s3(a.dx),
+        ddt_s: s3(a.ddt),
+        db_s: s3(a.db),
+        dc_s: s3(a.dc),
+        dz_s: a.dz.map_or([0; 3], s3),
+        dinit_s: a.dinitial_states.map_or([0; 4], s4),
+        dd_s: match a.dd {
+            Some(t) if t.rank() == 2 => [t.strides[0], t.strides[1]],
+            Some(t) => [t.strides[0], 0],
+            None => [0, 0],
+        },
+        da_s: a.da.strides[0],
+        dbias_s: a.ddt_bias.map_or(0, |t| t.strides[0]),
+        npass_tiles,
+        nlblocks: p.nchunks * (chunk / TILE),
+        dfinal_dtype: dtype_code(a.dfinal_states)?,
+        has_dfinal: a.dfinal_states.is_some() as i32,
+        ptiles: tiles(p.headdim) as i32,
+        d_per_channel: i.d.is_some_and(|d| d.rank() == 2) as i32,
+    };
+    let bh = grid_u32(p.batch * p.nheads, "batch * nheads")?;
+    let bg = grid_u32(p.batch * p.ngroups, "batch * ngroups")?;
+    let nc = grid_u32(p.nchunks, "seqlen / chunk_size")?;
+    let rows = grid_u32(p.nchunks * (chunk / TILE), "seqlen / 64")?;
+    let pt = grid_u32(tiles(p.headdim), "headdim")?;
+    let nt = grid_u32(tiles(p.dstate), "dstate")?;
+    let block = (THREADS, 1, 1);
+    // SAFETY: q mirrors SsdBwdParams; every tensor's shape, dtype, device and strides were
+    // checked; the scratch holds `lay.total` floats and each array lies at its offset with the
+    // size `layout` gives it; the launches run in order on one stream, the scratch is freed
+    // after them in stream order.
+    unsafe {
+        ssd::launch_states(dev, &q.f, &p, dtype, chunk, arch, st)?;
+        dev.launch(k_out, (rows, pt, bh), block, 0, st, &q)?;
+        dev.launch(k_dstate, (nc, pt * nt, bh), block, 0, st, &q)?;
+        dev.launch(
+            k_pass,
+            (grid_u32(npass_tiles, "headdim * dstate")?, bh, 1),
+            (PASS_THREADS as u32, 1, 1),
+            0,
+            st,
+            &q,
+        )?;
+        dev.launch(k_dx, (rows, pt, bh), block, 0, st, &q)?;
+        dev.launch(k_dc, (rows, nt, bg), block, 0, st, &q)?;
+        dev.launch(k_db, (rows, nt, bg), block, 0, st, &q)?;
+        dev.launch(k_dt, (nc, bh, 1), (32, 1, 1), 0, st, &q)?;
+        dev.launch(
+            k_reduce,
+            (grid_u32(p.nheads, "nheads")?, 1, 1),
+            (PASS_THREADS as u32, 1, 1),
+            0,
+            st,
+            &q,
+        )?;
+    }
+    scratch.free()?;
+    dev.finish(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_cover_every_dtype_and_chunk() {
+        let s = all_specs(90);
+        assert_eq!(s.len(), 3 * ssd::CHUNKS.len());
+    }
+
+    #[test]
+    fn scratch_arrays_do_not_overlap() {
+        let p = Problem {
+            batch: 2,
+            seqlen: 100,
+            nheads: 3,
+            headdim: 48,
+            ngroups: 1,
+            dstate: 16,
+            nchunks: 2,
+        };
+        let l = layout(&p, 64, true, 3);
+        let offs = [
+            l.states, l.decay, l.dstates, l.rowdot, l.x1, l.x2, l.dfpart, l.ddpart, l.dapart,
+            l.dbpart, l.total,
+        ];
+        assert!(offs.windows(2).all(|w| w[0] < w[1]));
+        assert!(offs.iter().all(|o| o % 4 == 0));
+    }
+}
