@@ -1364,12 +1364,21 @@ def _ssd_bwd_impl(
     and empty calls the NumPy reference on the host."""
     likes = (x, dt, A, B, C, D, z, dt_bias, initial_states)
     if x.numel() > 0 and _on_gpu(x, "mamba_chunk_scan_combined_bwd"):
-        grads = tuple(None if t is None else t.new_empty(t.shape) for t in likes)
+        # The 16-bit backward kernels do not meet the correctness rule yet (H100, 2026-11-23:
+        # every float32 case passes, fp16 / bf16 miss in 6 of 9 matrix cases): x, B, C, z and
+        # dout of a 16-bit call run the float32 kernels as float32 copies, and dx, dB, dC, dz
+        # are cast back. (dt, A, D, dt_bias and the states keep their dtypes: the kernels read
+        # those in any float dtype.)
+        if x.dtype in (torch.float16, torch.bfloat16):
+            x, B, C, dout = x.float(), B.float(), C.float(), dout.float()
+            z = None if z is None else z.float()
+        kernel_in = (x, dt, A, B, C, D, z, dt_bias, initial_states)
+        grads = tuple(None if t is None else t.new_empty(t.shape) for t in kernel_in)
         dout = _dense(dout)
         dfin = None if dfinal_states is None else _dense(dfinal_states)
         seq = None if seq_idx is None or seq_idx.dtype == torch.int32 else seq_idx.int()
         _native.ssd_bwd(  # type: ignore[union-attr]
-            *(_desc(t, n) for t, n in zip(likes, _SSD_NAMES)),
+            *(_desc(t, n) for t, n in zip(kernel_in, _SSD_NAMES)),
             _desc(seq_idx if seq is None else seq, "seq_idx"),
             _desc(dout, "dout"),
             _desc(dfin, "dfinal_states"),
@@ -1377,7 +1386,8 @@ def _ssd_bwd_impl(
             chunk_size, dt_softplus, dt_min, dt_max, _stream(x),
         )  # fmt: skip
         return tuple(  # type: ignore[return-value]
-            _absent(x) if g is None else g for g in grads
+            _absent(likes[0]) if g is None else (g if g.dtype == like.dtype else g.to(like.dtype))
+            for g, like in zip(grads, likes)
         )
     host = reference_ssd.mamba_chunk_scan_combined_bwd(
         _host(dout), _host(x), _host(dt), _host(A), _host(B), _host(C), chunk_size,
