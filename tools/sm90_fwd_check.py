@@ -12,8 +12,9 @@ shape, 0: the mma.sync kernel), read once per process, so run this once per sett
     FLASHSCAN_SM90_WGMMA=0 python3 tools/sm90_fwd_check.py --time-only --ours-only
     FLASHSCAN_SM90_WGMMA=1 FLASHSCAN_SM90_PIPE=1 python3 tools/sm90_fwd_check.py --ours-only
 
-(the last: the experimental pipelined schedule, FS_SM90_PIPE=1). FLASHSCAN_SM90_TMA=1 runs the
-warp-specialised TMA kernel (cuda/flash_fwd_sm90_tma.cu) instead of the cp.async one; --quick
+(the last: the experimental pipelined schedule, FS_SM90_PIPE=1). The wgmma path runs the
+warp-specialised TMA kernel (cuda/flash_fwd_sm90_tma.cu; ping-pong unless FLASHSCAN_SM90_PIPE=1
+or FLASHSCAN_SM90_PINGPONG=0) unless FLASHSCAN_SM90_TMA=0 keeps the cp.async one; --quick
 checks two small odd-size cases only (for compute-sanitizer).
 """
 

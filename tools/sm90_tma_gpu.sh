@@ -44,7 +44,7 @@ run() {
   echo "$name rc=$rc built: $built" >>"$OUT/summary.txt"
 }
 
-tma=(FLASHSCAN_SM90_TMA=1)
+tma=(FLASHSCAN_SM90_TMA=1 FLASHSCAN_SM90_PINGPONG=0)
 pipe=(FLASHSCAN_SM90_TMA=1 FLASHSCAN_SM90_PIPE=1)
 pingpong=(FLASHSCAN_SM90_TMA=1 FLASHSCAN_SM90_PINGPONG=1)
 for stage in "${stages[@]}"; do

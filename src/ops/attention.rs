@@ -293,18 +293,24 @@ fn sm90_pipe() -> bool {
     *PIPE.get_or_init(|| std::env::var("FLASHSCAN_SM90_PIPE").is_ok_and(|v| v == "1"))
 }
 
-/// FLASHSCAN_SM90_TMA=1 runs the warp-specialised TMA kernel (`cuda/flash_fwd_sm90_tma.cu`,
-/// `attention_tma`) wherever the wgmma kernel would run; FLASHSCAN_SM90_PIPE=1 then selects its
-/// pipelined schedule and FLASHSCAN_SM90_PINGPONG=1 the ping-pong one. Opt-in until measured
-/// on a GPU. Read once.
+/// The warp-specialised TMA kernel (`cuda/flash_fwd_sm90_tma.cu`, `attention_tma`) runs wherever
+/// the wgmma kernel would: the default since it measured 595-661 TFLOP/s at hd128 on the H100
+/// (cuDNN 525-634 in the same run; the cp.async wgmma kernel 380-445) and passed its GPU tests
+/// in every schedule. FLASHSCAN_SM90_TMA=0 keeps the cp.async wgmma kernel. Read once.
 fn sm90_tma() -> bool {
     static TMA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *TMA.get_or_init(|| std::env::var("FLASHSCAN_SM90_TMA").is_ok_and(|v| v == "1"))
+    *TMA.get_or_init(|| !std::env::var("FLASHSCAN_SM90_TMA").is_ok_and(|v| v == "0"))
 }
 
-fn sm90_pingpong() -> bool {
-    static PP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *PP.get_or_init(|| std::env::var("FLASHSCAN_SM90_PINGPONG").is_ok_and(|v| v == "1"))
+/// The TMA kernel's schedule: FLASHSCAN_SM90_PINGPONG=1 ping-pong, =0 not; unset: ping-pong
+/// unless FLASHSCAN_SM90_PIPE=1 asks for the pipelined one (see `Schedule::from_env`).
+fn sm90_pingpong() -> Option<bool> {
+    static PP: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *PP.get_or_init(|| match std::env::var("FLASHSCAN_SM90_PINGPONG") {
+        Ok(v) if v == "1" => Some(true),
+        Ok(v) if v == "0" => Some(false),
+        _ => None,
+    })
 }
 
 /// The sm_90a wgmma variant and its dynamic shared memory, when it covers the problem: arch

@@ -51,13 +51,15 @@ pub enum Schedule {
 impl Schedule {
     pub const ALL: [Schedule; 3] = [Schedule::Plain, Schedule::Pipe, Schedule::PingPong];
 
-    /// FLASHSCAN_SM90_PINGPONG=1 (ping-pong, with the pipelined order), else
-    /// FLASHSCAN_SM90_PIPE=1 (pipelined), else plain.
-    pub fn from_env(pipe: bool, pingpong: bool) -> Schedule {
+    /// FLASHSCAN_SM90_PINGPONG=1: ping-pong (with the pipelined order); =0: pipelined with
+    /// FLASHSCAN_SM90_PIPE=1, else plain; unset: pipelined with FLASHSCAN_SM90_PIPE=1, else
+    /// ping-pong (the default: the fastest on the H100).
+    pub fn from_env(pipe: bool, pingpong: Option<bool>) -> Schedule {
         match (pipe, pingpong) {
-            (_, true) => Schedule::PingPong,
-            (true, false) => Schedule::Pipe,
-            _ => Schedule::Plain,
+            (_, Some(true)) => Schedule::PingPong,
+            (true, _) => Schedule::Pipe,
+            (false, Some(false)) => Schedule::Plain,
+            (false, None) => Schedule::PingPong,
         }
     }
 }
@@ -292,8 +294,12 @@ mod tests {
         assert!(!has(&plain, "FS_SM90_PIPE") && !has(&plain, "FS_SM90_PINGPONG"));
         assert!(has(&pipe, "FS_SM90_PIPE") && !has(&pipe, "FS_SM90_PINGPONG"));
         assert!(has(&pp, "FS_SM90_PIPE") && has(&pp, "FS_SM90_PINGPONG"));
-        assert_eq!(Schedule::from_env(false, true), Schedule::PingPong);
-        assert_eq!(Schedule::from_env(true, false), Schedule::Pipe);
-        assert_eq!(Schedule::from_env(false, false), Schedule::Plain);
+        assert_eq!(Schedule::from_env(false, Some(true)), Schedule::PingPong);
+        assert_eq!(Schedule::from_env(true, Some(true)), Schedule::PingPong);
+        assert_eq!(Schedule::from_env(true, Some(false)), Schedule::Pipe);
+        assert_eq!(Schedule::from_env(true, None), Schedule::Pipe);
+        assert_eq!(Schedule::from_env(false, Some(false)), Schedule::Plain);
+        // unset: the default, ping-pong
+        assert_eq!(Schedule::from_env(false, None), Schedule::PingPong);
     }
 }
