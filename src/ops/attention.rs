@@ -286,8 +286,9 @@ fn sm90_wanted(head_dim: i64, seqlen_q: i64) -> bool {
     forced.unwrap_or_else(|| sm90_default(head_dim, seqlen_q))
 }
 
-/// FLASHSCAN_SM90_PIPE=1 selects the experimental schedule of the wgmma kernel (softmax of
-/// tile i overlapping P V of tile i-1, `FS_SM90_PIPE`), not yet verified on a GPU. Read once.
+/// FLASHSCAN_SM90_PIPE=1 selects the pipelined schedule (softmax of tile i overlapping P V of
+/// tile i-1, `FS_SM90_PIPE`) of the TMA kernel, or of the cp.async wgmma kernel with
+/// FLASHSCAN_SM90_TMA=0 (correct on the H100; no faster there: ptxas hoists the wait). Read once.
 fn sm90_pipe() -> bool {
     static PIPE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *PIPE.get_or_init(|| std::env::var("FLASHSCAN_SM90_PIPE").is_ok_and(|v| v == "1"))
