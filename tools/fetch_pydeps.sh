@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Fills .dev/pydeps (git-ignored) with the wheels of transformers and its dependencies (and of
-# pytest-xdist) for the GPU machine, which reaches no package index: tools/gpu_check.sh installs them with --no-deps
-# beside the flashscan wheel. Targets that machine's CPython 3.12 on x86-64 Linux. What torch
-# already brings there (numpy, filelock, fsspec) is left out, so that the copies installed
-# ahead of site-packages on PYTHONPATH cannot shadow torch's own.
+# pytest-xdist) for the GPU machine, which reaches no package index: tools/gpu_check.sh
+# installs them with --no-deps beside the flashscan wheel. Targets that machine's CPython 3.12
+# on x86-64 Linux. What torch already brings there (numpy, filelock, fsspec) is left out, so
+# that the copies installed ahead of site-packages on PYTHONPATH cannot shadow torch's own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .dev/pydeps && mkdir -p .dev/pydeps
