@@ -314,6 +314,23 @@ fn sm90_pingpong() -> Option<bool> {
     })
 }
 
+/// What the sm_90a kernels (cp.async wgmma and TMA) cover — arch sm_90, fp16/bf16, head dim
+/// exactly 64 or 128, no softcap — as the dtype's kernel code; None for everything else.
+pub(crate) fn sm90_dtype_code(
+    head_dim: i64,
+    dtype: DType,
+    softcap: bool,
+    arch_num: i64,
+) -> Option<i64> {
+    if arch_num != 90 || softcap || !(head_dim == 64 || head_dim == 128) {
+        return None;
+    }
+    match dtype {
+        DType::F16 | DType::BF16 => dtype.kernel_code().ok(),
+        _ => None,
+    }
+}
+
 /// The sm_90a wgmma variant and its dynamic shared memory, when it covers the problem: arch
 /// sm_90, fp16/bf16, head dim exactly 64 or 128, no softcap. Everything else takes `spec`.
 pub fn sm90_spec(
@@ -324,13 +341,7 @@ pub fn sm90_spec(
     arch_num: i64,
     pipe: bool,
 ) -> Option<(KernelSpec, u32)> {
-    if arch_num != 90 || softcap || !(head_dim == 64 || head_dim == 128) {
-        return None;
-    }
-    let code = match dtype {
-        DType::F16 | DType::BF16 => dtype.kernel_code().ok()?,
-        _ => return None,
-    };
+    let code = sm90_dtype_code(head_dim, dtype, softcap, arch_num)?;
     // Q, then two stages of K and V: five 128-row tiles, plus 1 KB to align the base to 1024.
     let smem = 5 * 128 * head_dim as u32 * 2 + 1024;
     let mut defines = vec![

@@ -6,7 +6,7 @@
 //! to that kernel when the driver refuses a tensor map (an unusual stride, an old driver).
 
 use crate::error::Result;
-use crate::ops::attention::FlashFwdParams;
+use crate::ops::attention::{self, FlashFwdParams};
 use crate::runtime::driver::encode_tensor_map_4d;
 use crate::runtime::KernelSpec;
 use crate::tensor::DType;
@@ -73,13 +73,7 @@ pub fn spec(
     arch_num: i64,
     schedule: Schedule,
 ) -> Option<(KernelSpec, u32)> {
-    if arch_num != 90 || softcap || !(head_dim == 64 || head_dim == 128) {
-        return None;
-    }
-    let code = match dtype {
-        DType::F16 | DType::BF16 => dtype.kernel_code().ok()?,
-        _ => return None,
-    };
+    let code = attention::sm90_dtype_code(head_dim, dtype, softcap, arch_num)?;
     let stages = kv_stages(head_dim);
     let mut defines = vec![
         ("FS_HEAD_DIM", head_dim),
