@@ -17,12 +17,16 @@ pub const ENTRY_SM90: &str = "flash_fwd_sm90_kernel";
 /// Query rows per CTA and threads of the sm_90 kernel (two warpgroups of 64 rows).
 const SM90_BLOCK_M: i64 = 128;
 const SM90_THREADS: u32 = 256;
-/// Whether the wgmma kernel runs by default for a problem it covers: measured faster than the
-/// mma.sync kernel on the H100 (2026-11-23, benches/results/2026-11-23-h100-hopper-fwd.md) at
-/// head dim 128 (1.27x bf16 s4096), not yet at head dim 64 (0.92-0.98x), and unmeasured for
-/// short queries (the mma.sync kernel's 64-row tile serves seqlen_q <= 64).
-fn sm90_default(head_dim: i64, seqlen_q: i64) -> bool {
-    head_dim == 128 && seqlen_q > SHORT_SEQLEN_Q
+/// Whether the wgmma path runs by default for a problem it covers (`tma`: the TMA kernel serves
+/// it, see `sm90_tma`). Measured on the H100 (2026-11-23): at head dim 128 both sm_90a kernels
+/// beat the mma.sync kernel (cp.async wgmma 1.27x, TMA ping-pong 1.85x at bf16 s4096;
+/// benches/results/2026-11-23-h100-hopper-fwd.md and -hopper-tma/); at head dim 64 the cp.async
+/// wgmma kernel does not (0.92-0.98x) but the TMA kernel does (396 / 348 TFLOP/s bf16 s4096
+/// non-causal / causal vs the mma.sync kernel's 314 / 285 a lease earlier, SDPA FA2 steady
+/// across both leases), so hd64 follows the TMA switch. Short queries (seqlen_q <= 64) stay on
+/// the mma.sync kernel's 64-row tile (unmeasured on the 128-row wgmma tile).
+fn sm90_default(head_dim: i64, seqlen_q: i64, tma: bool) -> bool {
+    seqlen_q > SHORT_SEQLEN_Q && (head_dim == 128 || (head_dim == 64 && tma))
 }
 
 /// Mirrors `struct FlashFwdParams` in cuda/flash_fwd.cu field for field. Strides in elements.
@@ -283,7 +287,7 @@ fn sm90_wanted(head_dim: i64, seqlen_q: i64) -> bool {
         Ok(v) if v == "0" => Some(false),
         _ => None,
     });
-    forced.unwrap_or_else(|| sm90_default(head_dim, seqlen_q))
+    forced.unwrap_or_else(|| sm90_default(head_dim, seqlen_q, sm90_tma()))
 }
 
 /// FLASHSCAN_SM90_PIPE=1 selects the pipelined schedule (softmax of tile i overlapping P V of
@@ -621,11 +625,17 @@ mod tests {
     }
 
     #[test]
-    fn wgmma_default_is_hd128_with_long_queries() {
-        assert!(sm90_default(128, 4096));
-        assert!(sm90_default(128, SHORT_SEQLEN_Q + 1));
-        assert!(!sm90_default(128, SHORT_SEQLEN_Q));
-        assert!(!sm90_default(64, 4096));
+    fn wgmma_default_is_hd128_and_tma_hd64_with_long_queries() {
+        for tma in [true, false] {
+            assert!(sm90_default(128, 4096, tma));
+            assert!(sm90_default(128, SHORT_SEQLEN_Q + 1, tma));
+            assert!(!sm90_default(128, SHORT_SEQLEN_Q, tma));
+            assert!(!sm90_default(64, SHORT_SEQLEN_Q, tma));
+            assert!(!sm90_default(96, 4096, tma));
+        }
+        // hd64: only the TMA kernel beats the mma.sync kernel there
+        assert!(sm90_default(64, 4096, true));
+        assert!(!sm90_default(64, 4096, false));
     }
 
     #[test]
