@@ -265,6 +265,37 @@ def test_gradcheck_float64(width: int, layout: str) -> None:
     assert torch.autograd.gradcheck(f, args)
 
 
+@pytest.mark.parametrize("reach", ["out", "final"])
+def test_gradient_through_one_output_only(reach: str) -> None:
+    """The eager path (autograd.Function) gets None for the output the loss does not use; its
+    gradients must equal the custom op's (the compile path, zeros materialised)."""
+    torch = pytest.importorskip("torch")
+    import flashscan.torch as fst
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 3, 8, dtype=torch.float64, generator=g)
+    w = torch.randn(3, 4, dtype=torch.float64, generator=g)
+    b = torch.randn(3, dtype=torch.float64, generator=g)
+    init = torch.randn(2, 3, 3, dtype=torch.float64, generator=g)
+    up = torch.randn(2, 3, 8 if reach == "out" else 3, dtype=torch.float64, generator=g)
+
+    def grads(call: Any) -> list[Any]:
+        leaves = [t.clone().requires_grad_() for t in (x, w, b, init)]
+        out, fin = call(*leaves)
+        picked = out if reach == "out" else fin
+        return list(torch.autograd.grad((picked * up).sum(), leaves))
+
+    eager = grads(lambda *a: fst.causal_conv1d_fn(*a, return_final_states=True, activation="silu"))
+    op = grads(
+        lambda x, w, b, i: torch.ops.flashscan.causal_conv1d_fwd(x, w, b, i, None, True, True)
+    )
+    for e, o in zip(eager, op):
+        torch.testing.assert_close(e, o, rtol=1e-12, atol=1e-12)
+    if reach == "final":  # the final states are the last 3 inputs: no gradient to w, b
+        assert float(eager[1].abs().max()) == 0.0 and float(eager[2].abs().max()) == 0.0
+        assert float(eager[0][..., :5].abs().max()) == 0.0
+
+
 def test_gradcheck_float64_seq_idx() -> None:
     torch = pytest.importorskip("torch")
     import flashscan.torch as fst

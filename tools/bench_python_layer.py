@@ -18,7 +18,8 @@ that) and the real stream lookup (torch._C._cuda_getCurrentRawStream).
 
 `--training` times a training step through `flashscan.torch` instead: the forward of a call
 whose inputs require grad (the autograd path) alone, and forward + `torch.autograd.grad`, with
-the native forward and backward entries stubbed. With `--device fake` the tensors are CPU
+the native forward and backward entries stubbed (scan, attention, causal conv1d; the conv1d
+also through its custom op, the path torch.compile traces). With `--device fake` the tensors are CPU
 tensors, so the autograd engine runs the backward on the calling thread: the hand-off to the
 engine's CUDA device thread (part of `run_backward` on a GPU) is not in these numbers
 (tools/profile_overhead.py --backward measures it on a GPU). `--profile` adds a cProfile of
@@ -97,6 +98,8 @@ def stub_native(*modules: types.ModuleType) -> Callable[[], None]:
         selective_state_update=lambda *a, **kw: None,
         kvcache_append=lambda *a, **kw: None,
         flash_attn_kvcache=lambda *a, **kw: None,
+        causal_conv1d_fwd=lambda *a, **kw: None,
+        causal_conv1d_bwd=lambda *a, **kw: None,
     )
     saved = [(m, m._native) for m in modules]  # type: ignore[attr-defined]
     for m in modules:
@@ -170,6 +173,34 @@ def training_cases(dev: str) -> list[tuple[str, Callable[[], Any]]]:
                 ),
             )
         )
+    for b in (1, 32):
+        for layout in ("cf", "cl"):
+            # the conv1d row of benches/conv1d.py: d640 L60 width 4, bf16, SiLU, bias
+            xs = torch.randn(b, 60, 640, device=dev).to(bf).transpose(1, 2)
+            x = xs if layout == "cl" else xs.contiguous()
+            cl = [x.clone().requires_grad_() if layout == "cf" else x.detach().requires_grad_()]
+            cl += [t.requires_grad_() for t in (torch.randn(640, 4, device=dev).to(bf),)]
+            cl += [torch.randn(640, device=dev).to(bf).requires_grad_()]
+            gout = torch.randn_like(x)  # dout in x's layout (no transposing copy)
+            name = f"conv1d b{b} d640 L60 w4 {layout}"
+            cases.append(
+                (
+                    f"{name} fwd+bwd step",
+                    lambda cl=cl, g=gout: torch.autograd.grad(
+                        fst.causal_conv1d_fn(*cl, activation="silu"), cl, g
+                    ),
+                )
+            )
+            cases.append(
+                (
+                    f"  {name} fwd+bwd step through the custom op (the compile path)",
+                    lambda cl=cl, g=gout: torch.autograd.grad(
+                        torch.ops.flashscan.causal_conv1d_fwd(*cl, None, None, False, True)[0],
+                        cl,
+                        g,
+                    ),
+                )
+            )
     return cases
 
 
@@ -247,8 +278,9 @@ def main() -> None:
     cases: list[tuple[str, Callable[[], Any]]] = []
     if args.training:
         import flashscan.torch as fst
+        from flashscan import _torch_conv, conv
 
-        undo_native = stub_native(attention, scan, fst)
+        undo_native = stub_native(attention, scan, fst, conv, _torch_conv)
     else:
         undo_native = stub_native(attention, kvcache, scan)
     try:

@@ -1,7 +1,8 @@
 """The torch adapter of the causal conv1d (part of `flashscan.torch`, which imports it): the
 `torch.library` custom ops `flashscan::causal_conv1d_fwd` / `causal_conv1d_bwd` with fake
-implementations and an autograd formula, so eager calls, `torch.autograd.gradcheck` and
-`torch.compile(fullgraph=True)` all see one differentiable op.
+implementations and an autograd formula, which `torch.compile(fullgraph=True)` traces, and a
+lean `autograd.Function` over the same implementations for eager calls (the custom op's
+dispatch costs more than the rest of a small call).
 
 Where the work runs: CUDA tensors on a served device -> the CUDA kernels; CPU tensors and
 float64 tensors (any device) -> the NumPy references in float64 (what gradcheck checks); CUDA
@@ -229,6 +230,61 @@ def _grad(ctx: Any, dout: Tensor, dfinal: Tensor) -> tuple[Any, ...]:
 _fwd.register_autograd(_grad, setup_context=_setup)
 
 
+class _CausalConv1d(torch.autograd.Function):
+    """The eager path: the same two implementations as the custom ops, without the
+    `torch.library` dispatch around each (measured on the CPU harness,
+    tools/bench_python_layer.py --training: most of an eager real-time step was that
+    dispatch). torch.compile traces the custom ops instead (see `causal_conv1d_fn`)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        initial_states: Tensor | None,
+        seq_idx: Tensor | None,
+        return_final_states: bool,
+        silu: bool,
+    ) -> Any:
+        ctx.set_materialize_grads(False)
+        out, fin = _fwd_impl(x, weight, bias, initial_states, seq_idx, return_final_states, silu)
+        ctx.save_for_backward(x, weight, bias, initial_states, seq_idx)
+        ctx.silu = silu
+        ctx.final = return_final_states
+        if not return_final_states:
+            ctx.mark_non_differentiable(fin)
+        return out, fin
+
+    @staticmethod
+    def backward(ctx: Any, dout: Tensor | None, dfinal: Tensor | None) -> tuple[Any, ...]:  # type: ignore[override]
+        if dout is None and (dfinal is None or not ctx.final):
+            return (None,) * 7
+        x, weight, bias, initial_states, seq_idx = ctx.saved_tensors
+        if dout is None:  # only the final states reach the loss
+            dout = _empty_like_x(x).zero_()
+        dx, dw, db, dinit = _bwd_impl(
+            dout,
+            dfinal if ctx.final else None,
+            x,
+            weight,
+            bias,
+            initial_states,
+            seq_idx,
+            ctx.silu,
+        )
+        need = ctx.needs_input_grad
+        return (
+            dx if need[0] else None,
+            dw if need[1] else None,
+            db if bias is not None and need[2] else None,
+            dinit if initial_states is not None and need[3] else None,
+            None,
+            None,
+            None,
+        )
+
+
 def causal_conv1d_fn(
     x: Tensor,
     weight: Tensor,
@@ -248,9 +304,11 @@ def causal_conv1d_fn(
             raise TypeError(f"{name}: flashscan.torch takes torch tensors, got {type(t).__name__}")
     silu = _checks.conv_activation(activation)
     return_final_states = _checks.flag("return_final_states", return_final_states)
-    out, fin = torch.ops.flashscan.causal_conv1d_fwd(
-        x, weight, bias, initial_states, seq_idx, return_final_states, silu
-    )
+    args = (x, weight, bias, initial_states, seq_idx, return_final_states, silu)
+    if torch.compiler.is_compiling():
+        out, fin = torch.ops.flashscan.causal_conv1d_fwd(*args)
+    else:
+        out, fin = _CausalConv1d.apply(*args)
     if not return_final_states:
         return out
     if final_states_out is not None:
