@@ -18,12 +18,12 @@ that) and the real stream lookup (torch._C._cuda_getCurrentRawStream).
 
 `--training` times a training step through `flashscan.torch` instead: the forward of a call
 whose inputs require grad (the autograd path) alone, and forward + `torch.autograd.grad`, with
-the native forward and backward entries stubbed (scan, attention, causal conv1d; the conv1d
-also through its custom op, the path torch.compile traces). With `--device fake` the tensors are CPU
-tensors, so the autograd engine runs the backward on the calling thread: the hand-off to the
-engine's CUDA device thread (part of `run_backward` on a GPU) is not in these numbers
-(tools/profile_overhead.py --backward measures it on a GPU). `--profile` adds a cProfile of
-each step.
+the native forward and backward entries stubbed (scan, attention, causal conv1d, SSD, varlen
+attention; the last three also through their custom ops, the path torch.compile traces). With
+`--device fake` the tensors are CPU tensors, so the autograd engine runs the backward on the
+calling thread: the hand-off to the engine's CUDA device thread (part of `run_backward` on a
+GPU) is not in these numbers (tools/profile_overhead.py --backward measures it on a GPU).
+`--profile` adds a cProfile of each step.
 
 To compare two versions of the package, point PYTHONPATH at each in turn.
 """
@@ -100,6 +100,10 @@ def stub_native(*modules: types.ModuleType) -> Callable[[], None]:
         flash_attn_kvcache=lambda *a, **kw: None,
         causal_conv1d_fwd=lambda *a, **kw: None,
         causal_conv1d_bwd=lambda *a, **kw: None,
+        ssd_fwd=lambda *a, **kw: None,
+        ssd_bwd=lambda *a, **kw: None,
+        flash_attn_varlen_fwd=lambda *a, **kw: None,
+        flash_attn_varlen_bwd=lambda *a, **kw: None,
     )
     saved = [(m, m._native) for m in modules]  # type: ignore[attr-defined]
     for m in modules:
@@ -201,6 +205,65 @@ def training_cases(dev: str) -> list[tuple[str, Callable[[], Any]]]:
                     ),
                 )
             )
+    for b in (1, 32):
+        # Mamba-2's real-time SSD shape (issue 14): L60, 8 heads x 64, dstate 64, chunk 64;
+        # float32 (16-bit backward calls make float32 copies: on this harness real CPU copies)
+        h, p, n = 8, 64, 64
+        sl = [
+            torch.randn(b, 60, h, p, device=dev),
+            torch.rand(b, 60, h, device=dev),
+            -torch.rand(h, device=dev),
+            torch.randn(b, 60, 1, n, device=dev),
+            torch.randn(b, 60, 1, n, device=dev),
+        ]
+        sl = [t.requires_grad_() for t in sl]
+        sg = torch.randn_like(sl[0])
+        name = f"ssd b{b} L60 h8 p64 n64 chunk64 fp32"
+        cases.append(
+            (
+                f"{name} fwd+bwd step",
+                lambda sl=sl, g=sg: torch.autograd.grad(
+                    fst.mamba_chunk_scan_combined(*sl, 64, dt_softplus=True), sl, g
+                ),
+            )
+        )
+        cases.append(
+            (
+                f"  {name} fwd+bwd step through the custom op (the compile path)",
+                lambda sl=sl, g=sg: torch.autograd.grad(
+                    torch.ops.flashscan.mamba_chunk_scan_fwd(
+                        *sl, 64, None, None, None, None, None, True, 0.0, float("inf")
+                    )[0],
+                    sl,
+                    g,
+                ),
+            )
+        )
+    # packed attention: 4 sequences of 15 tokens, 8 heads, hd64, causal
+    cu = torch.tensor([0, 15, 30, 45, 60], dtype=torch.int32, device=dev)
+    vq = torch.randn(60, 8, 64, device=dev).to(bf)
+    vl = [t.requires_grad_() for t in (vq, torch.randn_like(vq), torch.randn_like(vq))]
+    vg = torch.randn_like(vq)
+    cases.append(
+        (
+            "varlen 4x15 h8 d64 causal fwd+bwd step",
+            lambda vl=vl, g=vg: torch.autograd.grad(
+                fst.flash_attn_varlen_func(*vl, cu, cu, 15, 15, causal=True), vl, g
+            ),
+        )
+    )
+    cases.append(
+        (
+            "  varlen 4x15 h8 d64 causal fwd+bwd step through the custom op (the compile path)",
+            lambda vl=vl, g=vg: torch.autograd.grad(
+                torch.ops.flashscan.flash_attn_varlen_fwd(
+                    *vl, cu, cu, 15, 15, 0.125, -1, 0, 0.0, False
+                )[0],
+                vl,
+                g,
+            ),
+        )
+    )
     return cases
 
 
@@ -278,9 +341,9 @@ def main() -> None:
     cases: list[tuple[str, Callable[[], Any]]] = []
     if args.training:
         import flashscan.torch as fst
-        from flashscan import _torch_conv, conv
+        from flashscan import _torch_conv, conv, ssd, varlen
 
-        undo_native = stub_native(attention, scan, fst, conv, _torch_conv)
+        undo_native = stub_native(attention, scan, fst, conv, _torch_conv, ssd, varlen)
     else:
         undo_native = stub_native(attention, kvcache, scan)
     try:

@@ -8,8 +8,9 @@
 Each operation is a `torch.library` custom op (`torch.ops.flashscan.*`) with a fake (meta)
 implementation and a registered autograd formula, so `torch.compile(fullgraph=True)` traces
 through it without a graph break and `torch.autograd.gradcheck` can check it. In eager mode the
-same functions run through a plain `torch.autograd.Function` instead: the custom-op dispatch
-costs more host time than the kernels take at real-time shapes. The top-level
+same functions run through a plain `torch.autograd.Function` instead (attention, varlen
+attention, the scan, the SSD and, in `_torch_conv`, the conv1d): the custom-op dispatch costs
+more host time than the kernels take at real-time shapes. The top-level
 `flashscan.flash_attn_func` / `flashscan.selective_scan_fn` come here by themselves when a torch
 input requires grad and grad mode is on: this module registers its ops in `_routes`, where the
 core ops (below it; they never import it) look them up.
@@ -651,6 +652,35 @@ def _varlen_grad(ctx: Any, dout: Tensor, _dlse: Tensor) -> tuple[Any, ...]:
 _varlen_fwd.register_autograd(_varlen_grad, setup_context=_varlen_setup)
 
 
+class _FlashAttnVarlen(torch.autograd.Function):
+    """The eager path of the packed attention (see `_FlashAttn`): the custom ops'
+    implementations without their dispatch."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, *args: Any
+    ) -> Any:  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        out, lse = _varlen_fwd_impl(q, k, v, cu_q, cu_k, *args)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.args = args
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx: Any, dout: Tensor | None, _dlse: Tensor | None) -> tuple[Any, ...]:  # type: ignore[override]
+        if dout is None:
+            return (None,) * 12
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = _varlen_bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args)
+        need = ctx.needs_input_grad
+        return (
+            dq if need[0] else None,
+            dk if need[1] else None,
+            dv if need[2] else None,
+        ) + (None,) * 9
+
+
 def flash_attn_varlen_func(
     q: Tensor,
     k: Tensor,
@@ -669,8 +699,7 @@ def flash_attn_varlen_func(
     """`flashscan.flash_attn_varlen_func` as a differentiable torch op (same arguments and
     layout). Gradients reach q, k and v (dk, dv summed over each GQA group); cu_seqlens and
     the lse get none. `deterministic=True` makes the backward bit-reproducible. float64
-    tensors run the NumPy references. (Eager calls go through the custom op: its dispatch
-    costs some tens of microseconds of host time per call.)"""
+    tensors run the NumPy references."""
     for name, t in (("q", q), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: flashscan.torch takes torch tensors, got {type(t).__name__}")
@@ -685,9 +714,11 @@ def flash_attn_varlen_func(
     deterministic = _checks.flag("deterministic", deterministic)
     max_q = _checks.nonnegative_int("max_seqlen_q", max_seqlen_q)
     max_k = _checks.nonnegative_int("max_seqlen_k", max_seqlen_k)
-    out, lse = torch.ops.flashscan.flash_attn_varlen_fwd(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, wl, wr, cap, deterministic
-    )
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, wl, wr, cap, deterministic)
+    if torch.compiler.is_compiling():
+        out, lse = torch.ops.flashscan.flash_attn_varlen_fwd(*args)
+    else:
+        out, lse = _FlashAttnVarlen.apply(*args)
     return (out, lse) if return_lse else out
 
 
@@ -1449,6 +1480,56 @@ def _ssd_grad(ctx: Any, dout: Tensor, dfinal: Tensor) -> tuple[Any, ...]:
 _ssd_fwd.register_autograd(_ssd_grad, setup_context=_ssd_setup)
 
 
+class _MambaChunkScan(torch.autograd.Function):
+    """The eager path of the SSD (see `_FlashAttn`): the same implementations as the custom
+    ops without their dispatch; an output the loss does not use gets no materialised zeros
+    (an unused final state is passed to the backward as None)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        x: Tensor,
+        dt: Tensor,
+        A: Tensor,
+        B: Tensor,
+        C: Tensor,
+        chunk_size: int,
+        D: Tensor | None,
+        z: Tensor | None,
+        dt_bias: Tensor | None,
+        initial_states: Tensor | None,
+        seq_idx: Tensor | None,
+        dt_softplus: bool,
+        dt_min: float,
+        dt_max: float,
+    ) -> Any:
+        ctx.set_materialize_grads(False)
+        out, final = _ssd_fwd_impl(
+            x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus,
+            dt_min, dt_max,
+        )  # fmt: skip
+        ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
+        ctx.options = (chunk_size, dt_softplus, dt_min, dt_max)
+        return out, final
+
+    @staticmethod
+    def backward(ctx: Any, dout: Tensor | None, dfinal: Tensor | None) -> tuple[Any, ...]:  # type: ignore[override]
+        if dout is None and dfinal is None:
+            return (None,) * 14
+        x, dt, A, B, C, D, z, dt_bias, init, seq_idx = ctx.saved_tensors
+        chunk, softplus, lo, hi = ctx.options
+        if dout is None:  # only the final states reach the loss
+            dout = torch.zeros_like(x)
+        grads = _ssd_bwd_impl(
+            dout, dfinal, x, dt, A, B, C, chunk, D, z, dt_bias, init, seq_idx, softplus, lo, hi
+        )
+        need = ctx.needs_input_grad
+        inputs = (x, dt, A, B, C, D, z, dt_bias, init)
+        g = [gi if t is not None and need[i if i < 5 else i + 1] else None
+             for i, (gi, t) in enumerate(zip(grads, inputs))]  # fmt: skip
+        return (*g[:5], None, *g[5:], None, None, None, None)
+
+
 def mamba_chunk_scan_combined(
     x: Tensor,
     dt: Tensor,
@@ -1481,9 +1562,11 @@ def mamba_chunk_scan_combined(
     lo, hi = _checks.dt_limit(dt_limit)
     return_final_states = _checks.flag("return_final_states", return_final_states)
     return_varlen_states = _checks.flag("return_varlen_states", return_varlen_states)
-    out, final = torch.ops.flashscan.mamba_chunk_scan_fwd(
-        x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus, lo, hi
-    )
+    args = (x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus)
+    if torch.compiler.is_compiling():
+        out, final = torch.ops.flashscan.mamba_chunk_scan_fwd(*args, lo, hi)
+    else:
+        out, final = _MambaChunkScan.apply(*args, lo, hi)
     result = [out]
     if return_final_states:
         result.append(final)
