@@ -23,27 +23,17 @@ import argparse
 import json
 import os
 import sys
-import time
 from typing import Any, Callable
 
 import torch
 
 import flashscan
 import flashscan.torch as fst
+from flashscan.bench.timing import best_wall_us
 
 
-def wall_us(fn: Callable[[], Any], n: int = 300) -> float:
-    for _ in range(30):
-        fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t) / n * 1e6)
-    return best
+def wall_us(fn: Callable[[], Any]) -> float:
+    return best_wall_us(fn, torch.cuda.synchronize, calls=300, warmup=30)
 
 
 def scan_case(b: int) -> tuple[Callable[..., Any], list[Any], Any]:

@@ -13,27 +13,17 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import time
 import types
 
 import torch
 
 import flashscan
 from flashscan import _native, attention, scan
+from flashscan.bench.timing import best_wall_us
 
 
-def wall_us(fn, n: int = 3000) -> float:
-    for _ in range(200):
-        fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t) / n * 1e6)
-    return best
+def wall_us(fn) -> float:
+    return best_wall_us(fn, torch.cuda.synchronize, calls=3000, warmup=200)
 
 
 def graph_us(fn, n: int = 200) -> float:

@@ -139,3 +139,26 @@ def rotate(fns: list[Callable[[], Any]]) -> Callable[[], Any]:
         return fns[0]
     it = itertools.cycle(fns)
     return lambda: next(it)()
+
+
+def best_wall_us(
+    fn: Callable[[], Any],
+    sync: Callable[[], Any],
+    calls: int,
+    warmup: int,
+    repeat: int = 3,
+) -> float:
+    """Microseconds per call of `calls` back-to-back calls closed by one `sync`, best of
+    `repeat` runs after `warmup` calls: what a caller's loop pays per call (host and GPU
+    overlapped), the figure the training-step and overhead scripts report."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
