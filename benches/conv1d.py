@@ -124,7 +124,7 @@ def backward_row(peer: Any, copy: float, name: str, b: int, d: int, n: int, layo
     x = make_x(b, d, n, layout).requires_grad_()
     w = (torch.randn(d, WIDTH, device="cuda", dtype=torch.bfloat16) / WIDTH).requires_grad_()
     bias = torch.randn(d, device="cuda", dtype=torch.bfloat16).requires_grad_()
-    dout = torch.randn(b, d, n, device="cuda", dtype=torch.bfloat16)
+    dout = make_x(b, d, n, layout)  # the gradient arrives in the output's layout, x's
     leaves = (x, w, bias)
     xf = [t.detach().float().requires_grad_() for t in leaves]
     ref = torch.autograd.grad(torch_conv(*xf), xf, dout.float())
