@@ -31,15 +31,16 @@
 //   | 2 stages x [lse_log2 (kBlockM floats) | D (kBlockM floats)]
 // hd128: 32 + 32 + 64 + 16 + 1 KB = 145 KB; hd64: 16 + 16 + 64 + 32 + 2 KB = 130 KB (+1 KB align).
 // Q / dO / lse_log2 / D are cp.async double-buffered: iteration it issues it + 1's loads into the
-// other stage right after the barrier that ends iteration it - 1 (whose wgmmas all completed).
+// other stage after the barrier that ends iteration it - 1 (whose wgmmas all completed), right
+// behind its own S^T / dP^T wgmmas so the address arithmetic runs while the tensor cores work.
 //
 // Synchronisation per iteration (every wgmma batch: wgmma.fence, issue, commit_group, and
 // wait_group before registers or shared memory they touch are reused):
 //   cp.async.wait_group 0; fence.proxy.async; __syncthreads      stage `st` (and K, V) visible
 //     to the tensor cores; every thread is done with iteration it - 1 (its dQ wgmma read dS^T and
 //     K, its dV / dK wgmma read the other stage's Q / dO, all waited for)
-//   issue loads of it + 1 into stage st ^ 1
-//   S^T group, dP^T group; wait_group 1 -> S^T; P^T; wait_group 0 -> dP^T; dS^T; mask
+//   S^T group, dP^T group; issue loads of it + 1 into stage st ^ 1 (under the wgmmas)
+//   wait_group 1 -> S^T; P^T; wait_group 0 -> dP^T; dS^T; mask
 //   dV, dK group (register A = packed P^T / dS^T; kept live until the wait below)
 //   st.shared dS^T; fence.proxy.async; __syncthreads             dS^T visible to both warpgroups'
 //     tensor cores
@@ -271,10 +272,6 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
         cp_async_wait<0>();   // stage st (and on it == 0 K, V) landed for this thread
         fence_proxy_async();  // ...and is visible to the tensor cores (async proxy)
         __syncthreads();      // ...for every thread; iteration it - 1 is done everywhere
-        if (it + 1 < n_iters) {
-            load_q(it + 1, st ^ 1);
-            cp_async_commit();
-        }
 
         // ---- S^T = K Q^T and dP^T = V dO^T: hd / 16 k-steps each, both operands K-major ----
         float acc_s[kSRegs], acc_dp[kSRegs];
@@ -295,6 +292,12 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
                                            wgmma_desc(sdO + q_off, 16, 1024), kk > 0 ? 1 : 0);
         }
         wgmma_commit();
+        // Q / dO / lse / D of it + 1 into the other stage (free: its last readers, iteration
+        // it - 1's wgmmas, were waited for before the barrier), issued under S^T / dP^T.
+        if (it + 1 < n_iters) {
+            load_q(it + 1, st ^ 1);
+            cp_async_commit();
+        }
 
         // ---- P^T = exp2(S^T scale log2e - lse_log2) (raw scores: the scale is applied to dK at the
         //      end and to dQ in the convert pass) while dP^T still runs ----
