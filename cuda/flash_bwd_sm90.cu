@@ -40,8 +40,9 @@
 //     to the tensor cores; every thread is done with iteration it - 1 (its dQ wgmma read dS^T and
 //     K, its dV / dK wgmma read the other stage's Q / dO, all waited for)
 //   S^T group, dP^T group; issue loads of it + 1 into stage st ^ 1 (under the wgmmas)
-//   wait_group 1 -> S^T; P^T; wait_group 0 -> dP^T; dS^T; mask
-//   dV, dK group (register A = packed P^T / dS^T; kept live until the wait below)
+//   wait_group 1 -> S^T; P^T; mask P^T; dV group (register A = packed P^T)
+//   wait_group 1 -> dP^T (dV may run on); dS^T; dK group (register A = packed dS^T)
+//   (pa / sa stay live and unmodified until the last wait below)
 //   st.shared dS^T; fence.proxy.async; __syncthreads             dS^T visible to both warpgroups'
 //     tensor cores
 //   dQ group; wait_group 0 (dQ, dV, dK done); red.add dQ
@@ -310,16 +311,9 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
             for (int e = 0; e < 4; ++e)
                 acc_s[4 * j + e] = ex2(fmaf(acc_s[4 * j + e], scale_log2, (e & 1) ? -l2.y : -l2.x));
         }
-        wgmma_wait<0>();
-        reg_fence(acc_dp);
-#pragma unroll
-        for (int j = 0; j < kBlockM / 8; ++j) {
-            const float2 dd = *reinterpret_cast<const float2*>(sD + 8 * j + 2 * t);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc_dp[4 * j + e] = acc_s[4 * j + e] * (acc_dp[4 * j + e] - ((e & 1) ? dd.y : dd.x));
-        }
 
-        // ---- mask: only blocks crossing seqlen_k or a window edge ----
+        // ---- mask P^T (only blocks crossing seqlen_k or a window edge); dS^T = P^T (dP^T - D)
+        //      then vanishes there too, dP^T and D being finite ----
         bool need_mask = n0 + kBlockN > seqlen_k;
 #if FS_HAS_MASK
         if (p.window_right >= 0 && n0 + kBlockN - 1 - (m0 + diag) > p.window_right) need_mask = true;
@@ -336,10 +330,7 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
                 for (int e = 0; e < 4; ++e) {
                     const int key = key0 + 8 * (e >> 1);
                     const int rel = key - (qd0 + 8 * j + (e & 1));
-                    if (key >= seqlen_k || rel < rel_lo || rel > rel_hi) {
-                        acc_s[4 * j + e] = 0.0f;
-                        acc_dp[4 * j + e] = 0.0f;
-                    }
+                    if (key >= seqlen_k || rel < rel_lo || rel > rel_hi) acc_s[4 * j + e] = 0.0f;
                 }
         }
 
@@ -349,18 +340,33 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
 #pragma unroll
         for (int kk = 0; kk < kPSteps; ++kk)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                pa[kk][e] = pack2<FS_DTYPE>(acc_s[8 * kk + 2 * e], acc_s[8 * kk + 2 * e + 1]);
-                sa[kk][e] = pack2<FS_DTYPE>(acc_dp[8 * kk + 2 * e], acc_dp[8 * kk + 2 * e + 1]);
-            }
+            for (int e = 0; e < 4; ++e) pa[kk][e] = pack2<FS_DTYPE>(acc_s[8 * kk + 2 * e], acc_s[8 * kk + 2 * e + 1]);
 
-        // ---- dV += P^T dO, dK += dS^T Q: B MN-major (rows = queries = K, columns = hd = N) ----
+        // ---- dV += P^T dO (B = dO MN-major: rows = queries = K, columns = hd = N), issued
+        //      before dP^T is waited for: the tensor cores run it under the dS^T arithmetic ----
         reg_fence(acc_dv);
-        reg_fence(acc_dk);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kPSteps; ++kk)  // 16 query rows of 128 bytes; LBO: next 64 hd columns
             wgmma_rs<kHeadDim, FS_DTYPE, 1>(acc_dv, pa[kk], wgmma_desc(sdO + kk * 16 * 128, kQColBlock, 1024), 1);
+        wgmma_commit();
+
+        wgmma_wait<1>();  // S^T, dP^T complete (dV may still run)
+        reg_fence(acc_dp);
+#pragma unroll
+        for (int j = 0; j < kBlockM / 8; ++j) {
+            const float2 dd = *reinterpret_cast<const float2*>(sD + 8 * j + 2 * t);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_dp[4 * j + e] = acc_s[4 * j + e] * (acc_dp[4 * j + e] - ((e & 1) ? dd.y : dd.x));
+        }
+#pragma unroll
+        for (int kk = 0; kk < kPSteps; ++kk)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sa[kk][e] = pack2<FS_DTYPE>(acc_dp[8 * kk + 2 * e], acc_dp[8 * kk + 2 * e + 1]);
+
+        // ---- dK += dS^T Q (B = Q MN-major) ----
+        reg_fence(acc_dk);
+        wgmma_fence();  // sa was written by ordinary instructions since the last fence
 #pragma unroll
         for (int kk = 0; kk < kPSteps; ++kk)
             wgmma_rs<kHeadDim, FS_DTYPE, 1>(acc_dk, sa[kk], wgmma_desc(sQ + kk * 16 * 128, kQColBlock, 1024), 1);
@@ -390,7 +396,7 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
             wgmma_ss_n64_tt(acc_dq, da, db, kk > 0 ? 1 : 0);
         }
         wgmma_commit();
-        wgmma_wait<0>();  // dQ, and dV / dK above, complete
+        wgmma_wait<0>();  // dQ, and dV, dK above, complete
         reg_fence(acc_dq);
         reg_fence(acc_dv);
         reg_fence(acc_dk);

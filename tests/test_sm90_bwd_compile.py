@@ -107,7 +107,40 @@ def test_every_product_runs_on_hgmma(sass_of, hd: int, dtype: int, mask: int) ->
     )
     assert mix == want, (dict(mix), sass[-1500:])
     assert " HMMA" not in sass, "an mma.sync tensor-core op left in the wgmma kernel"
-    # one warpgroup arrive per wgmma batch (S^T + dP^T, dV + dK, dQ): ptxas did not serialise
-    assert sum("WARPGROUP.ARRIVE" in line for line in sass.splitlines()) == 3
+    # the loop's schedule: one arrive per batch (S^T + dP^T, dV, dK, dQ) and the kernel's own
+    # waits, nothing ptxas added (it serialises wgmmas it cannot prove safe with extra waits)
+    events = [
+        m.group(1)
+        for m in (
+            re.search(
+                r"(HGMMA\.\w+|BAR\.SYNC|WARPGROUP\.ARRIVE|WARPGROUP\.DEPBAR\.LE gsb0, 0x\d)", x
+            )
+            for x in sass.splitlines()
+        )
+        if m is not None
+    ]
+    steps: list[str] = []
+    for ev in events:
+        if not (steps and steps[-1] == ev and ev.startswith("HGMMA")):
+            steps.append(ev)
+    sd, dv, dq = f"HGMMA.64x{block_m}x16", f"HGMMA.64x{hd}x16", "HGMMA.64x64x16"
+    wait1, wait0 = "WARPGROUP.DEPBAR.LE gsb0, 0x1", "WARPGROUP.DEPBAR.LE gsb0, 0x0"
+    arrive = "WARPGROUP.ARRIVE"
+    loop = [
+        "BAR.SYNC",
+        arrive,
+        sd,
+        wait1,
+        arrive,
+        dv,
+        wait1,
+        arrive,
+        dv,
+        "BAR.SYNC",
+        arrive,
+        dq,
+        wait0,
+    ]
+    assert steps[: len(loop)] == loop, steps
     # dQ partials: the vector reduction, 8 n8 slabs x 2 rows per thread
     assert sum("REDG.E.ADD.F32x2" in line for line in sass.splitlines()) == 16

@@ -187,13 +187,12 @@ def run_cta(
             col = 8 * j + 2 * (t % 32 % 4) + (e & 1)  # sL + 8 j + 2 t, .x / .y
             with np.errstate(over="ignore", invalid="ignore"):
                 acc_s = np.exp2(acc_s * np.float32(scale * LOG2E) - sL[col])
-                acc_dp = acc_s * (acc_dp - sD[col])
             need_mask = n0 + block_n > sk
             if has_mask and right >= 0 and n0 + block_n - 1 - (m0 + diag) > right:
                 need_mask = True
             if has_mask and left >= 0 and n0 - (m0 + block_m - 1 + diag) < -left:
                 need_mask = True
-            if need_mask:
+            if need_mask:  # P^T only: dS^T = P^T (dP^T - D) vanishes with it
                 rel_lo = -left if has_mask and left >= 0 else -0x7FFFFFFF
                 rel_hi = right if has_mask and right >= 0 else 0x7FFFFFFF
                 key_row = wg * 64 + (t // 32) * 16 + (t % 32) // 4
@@ -201,7 +200,7 @@ def run_cta(
                 rel = key - (m0 + 2 * (t % 32 % 4) + diag + 8 * j + (e & 1))
                 dead = (key >= sk) | (rel < rel_lo) | (rel > rel_hi)
                 acc_s = np.where(dead, 0.0, acc_s)
-                acc_dp = np.where(dead, 0.0, acc_dp)
+            acc_dp = acc_s * (acc_dp - sD[col])
             # pa[kk][e] = pack2(acc[8 kk + 2 e], acc[8 kk + 2 e + 1])
             pa = rnd(acc_s, dt).reshape(128, block_m // 16, 4, 2)
             sa = rnd(acc_dp, dt).reshape(128, block_m // 16, 4, 2)
