@@ -1,7 +1,8 @@
 """The NumPy model of the wgmma backward's index math (tools/sm90_bwd_model.py) on the CPU:
 tiles stored through swz_offset, operands read through the kernel's descriptors, register A and
 accumulators through the fragment layouts, masks and dQ addresses, every CTA and iteration of
-small odd problems (GQA, causal, windows, seqlen_q != seqlen_k, hd64 and hd128), against float64.
+seven small odd problems (GQA and MQA, causal, windows, seqlen_q != seqlen_k both ways, tails,
+hd64 and hd128), against float64.
 Shared memory starts as NaN, so a read of anything the kernel did not write fails the test. The
 model reads the verified forward's operands correctly too (its descriptor semantics)."""
 
