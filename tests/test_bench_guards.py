@@ -258,6 +258,27 @@ def test_training_report_never_shows_an_unchecked_row_as_ok() -> None:
     assert md.count("**FAILED**") >= 2 and "## Guard failures" in md
 
 
+def test_training_report_shows_the_sm90_backward_row_beside_ours() -> None:
+    from flashscan.bench.training import SM90_IMPL
+
+    meta = dict.fromkeys(("date", "device", "driver", "torch", "flashscan", "commit", "nvrtc"), "x")
+    meta["command"] = "python benches/backward.py --sm90-bwd"
+    shape = {"suite": "attention", "hd": 128, "causal": True, "seqlen": 4096}
+    timed = {"status": "ok", "guard_rel_rms": 1e-3, "step_ms": 1.0, "fwd_tflops": 600.0}
+    rows = [
+        shape | timed | {"impl": "flashscan", "step_tflops": 266.0, "bwd_tflops": 222.0},
+        shape
+        | {"impl": SM90_IMPL, "status": "FAILED", "guard_rel_rms": 0.5}
+        | {"step_ms": 0.5, "step_tflops": 555.0, "bwd_tflops": 512.0, "note": "dq off"},
+    ]
+    md = render(meta, rows)
+    assert "wgmma bwd fwd+bwd" in md
+    line = next(x for x in md.splitlines() if x.startswith("| 128 | 1 | 4096 |"))
+    assert "266" in line and "555 **FAILED**" in line and line.endswith("**FAILED** (5.0e-01) |")
+    # without the option the table keeps its columns
+    assert "wgmma" not in render(meta, rows[:1])
+
+
 def test_paths_are_made_neutral() -> None:
     root = "/work/checkout"
     assert neutral_path("/work/checkout/benches/x.py", root) == "benches/x.py"

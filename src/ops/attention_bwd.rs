@@ -1,6 +1,8 @@
 //! FlashAttention backward: argument checks, launch plan, the three launches of
 //! `cuda/flash_bwd.cu` (preprocess: D = rowsum(dO * O), lse in log2, zeroed dq accumulator;
 //! main: dK, dV per kv block and fp32 dq partials; convert: dq = scale * accumulator, cast).
+//! On sm_90a the main launch can instead run `cuda/flash_bwd_sm90.cu` (wgmma), opt-in through
+//! FLASHSCAN_SM90_BWD=1 until a GPU run has verified it (`main_choice`).
 
 use crate::error::{unsupported, value_err, Error, Result};
 use crate::ops::attention::{self, head_dim_tile, FlashFwdArgs, Problem};
@@ -13,6 +15,9 @@ pub const FAMILY: &str = "flash_bwd";
 pub const ENTRY_PRE: &str = "flash_bwd_preprocess";
 pub const ENTRY_MAIN: &str = "flash_bwd_kernel";
 pub const ENTRY_CONVERT: &str = "flash_bwd_dq_convert";
+pub const SOURCE_SM90: &str = include_str!("../../cuda/flash_bwd_sm90.cu");
+pub const FAMILY_SM90: &str = "flash_bwd_sm90";
+pub const ENTRY_SM90: &str = "flash_bwd_sm90_kernel";
 
 /// Rows per block of the preprocess and convert passes (256 threads, 8 per row).
 const AUX_ROWS: i64 = 32;
@@ -314,8 +319,19 @@ pub fn plan(
     sm_count: i64,
     deterministic: bool,
 ) -> Result<Plan> {
+    let tile = flash_bwd_tile(head_dim_tile(p.head_dim) as u32, dtype_code, arch);
+    plan_for_tile(p, tile, sm_count, deterministic)
+}
+
+/// `plan` for a given main-kernel tile (the sm_90a wgmma kernel's, `SM90_TILE_*`, or
+/// `flash_bwd_tile`'s): the padded query length follows its `block_m`.
+pub fn plan_for_tile(
+    p: &Problem,
+    tile: BwdTile,
+    sm_count: i64,
+    deterministic: bool,
+) -> Result<Plan> {
     let hdt = head_dim_tile(p.head_dim);
-    let tile = flash_bwd_tile(hdt as u32, dtype_code, arch);
     let bm = tile.block_m as i64;
     let seqlen_q_pad = cdiv(p.seqlen_q, bm) * bm;
     let n_kv_blocks = cdiv(p.seqlen_k, tile.block_n as i64);
@@ -393,6 +409,119 @@ pub fn main_spec(
         tile,
         smem,
     ))
+}
+
+/// The sm_90a wgmma kernel's tile (`cuda/flash_bwd_sm90.cu`): 128 keys per CTA, two warpgroups
+/// (8 warps) of 64 keys each, two Q / dO stages; 64 queries per step at hd128 (dK / dV
+/// accumulators of 64 x 128 per warpgroup), 128 at hd64.
+pub const SM90_TILE_HD128: BwdTile = BwdTile {
+    block_m: 64,
+    block_n: 128,
+    warps: 8,
+    stages: 2,
+    dsplit: 1,
+    min_blocks: 1,
+};
+pub const SM90_TILE_HD64: BwdTile = BwdTile {
+    block_m: 128,
+    ..SM90_TILE_HD128
+};
+
+/// The wgmma backward's variant, tile and dynamic shared memory when it covers the problem
+/// (sm_90a, fp16/bf16, head dim exactly 64 or 128, no softcap: `sm90_dtype_code`; dense,
+/// non-deterministic); None for everything else.
+pub fn sm90_main_spec(
+    head_dim: i64,
+    dtype: DType,
+    has_mask: bool,
+    softcap: bool,
+    arch_num: i64,
+    varlen: bool,
+    deterministic: bool,
+) -> Option<(KernelSpec, BwdTile, u32)> {
+    if varlen || deterministic {
+        return None;
+    }
+    let code = attention::sm90_dtype_code(head_dim, dtype, softcap, arch_num)?;
+    let tile = if head_dim == 128 {
+        SM90_TILE_HD128
+    } else {
+        SM90_TILE_HD64
+    };
+    // K, V (128 rows), 2 x (Q, dO) (block_m rows), dS^T (128 x block_m), 2 x 2 x block_m
+    // floats, 1 KB for aligning the base to the 1024-byte swizzle atom (kSmemBytes).
+    let (bm, hd) = (tile.block_m, head_dim as u32);
+    let smem = 2 * 128 * hd * 2 + 4 * bm * hd * 2 + 128 * bm * 2 + 4 * bm * 4 + 1024;
+    let defines = vec![
+        ("FS_HEAD_DIM", head_dim),
+        ("FS_DTYPE", code),
+        ("FS_HAS_MASK", has_mask as i64),
+        ("FS_ARCH", arch_num),
+    ];
+    Some((
+        KernelSpec {
+            family: FAMILY_SM90,
+            source: SOURCE_SM90,
+            entry: ENTRY_SM90,
+            defines,
+        },
+        tile,
+        smem,
+    ))
+}
+
+/// FLASHSCAN_SM90_BWD=1 opts in to the wgmma backward where it covers the problem (default off
+/// until a GPU run verifies it). Read on every call, not cached: the GPU tests switch it within
+/// one process.
+fn sm90_bwd_enabled() -> bool {
+    std::env::var("FLASHSCAN_SM90_BWD").is_ok_and(|v| v == "1")
+}
+
+/// The main kernel for a problem: the wgmma kernel when `sm90` is asked for and covers it, else
+/// `main_spec`'s (softcap, varlen, deterministic, other head dims / dtypes / archs).
+#[allow(clippy::too_many_arguments)]
+pub fn main_choice(
+    sm90: bool,
+    head_dim: i64,
+    dtype: DType,
+    has_mask: bool,
+    softcap: bool,
+    arch_num: i64,
+    varlen: bool,
+    deterministic: bool,
+) -> Result<(KernelSpec, BwdTile, u32)> {
+    if sm90 {
+        let spec = sm90_main_spec(
+            head_dim,
+            dtype,
+            has_mask,
+            softcap,
+            arch_num,
+            varlen,
+            deterministic,
+        );
+        if let Some(found) = spec {
+            return Ok(found);
+        }
+    }
+    main_spec(head_dim, dtype, has_mask, softcap, arch_num, varlen)
+}
+
+/// Every variant of the wgmma backward for one arch (none but sm_90).
+pub fn sm90_specs(arch_num: i64) -> Vec<KernelSpec> {
+    let mut out = Vec::new();
+    for hd in [64, 128] {
+        for dtype in [DType::F16, DType::BF16] {
+            for mask in [false, true] {
+                if let Some((s, _, _)) =
+                    sm90_main_spec(hd, dtype, mask, false, arch_num, false, false)
+                {
+                    out.push(s);
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The preprocess / convert variant (depends on dtype and head-dim tile only).
@@ -547,23 +676,19 @@ pub(crate) fn launch(
     // and the caller's is current again when this returns.
     let _bound = dev.bind()?;
     let arch_num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
-    let code = run.dtype.kernel_code()?;
-    let pl = plan(
-        p,
-        code as u32,
-        arch_num as u32,
-        dev.props.sm_count as i64,
-        run.deterministic,
-    )?;
     let has_mask = p.window_left >= 0 || p.window_right >= 0;
-    let (mspec, tile, smem) = main_spec(
+    let (mspec, tile, smem) = main_choice(
+        sm90_bwd_enabled(),
         p.head_dim,
         run.dtype,
         has_mask,
         run.softcap > 0.0,
         arch_num,
         run.varlen,
+        run.deterministic,
     )?;
+    // the scratch's padded query length follows the chosen kernel's block_m
+    let pl = plan_for_tile(p, tile, dev.props.sm_count as i64, run.deterministic)?;
     let main_k = dev.kernel(&mspec)?;
     let pre_k = dev.kernel(&aux_spec(
         p.head_dim, run.dtype, arch_num, ENTRY_PRE, run.varlen,
@@ -812,6 +937,88 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn sm90_switch_picks_the_wgmma_kernel_only_where_it_covers() {
+        let fam = |sm90, hd, dt, cap, arch, varlen, det| {
+            main_choice(sm90, hd, dt, true, cap, arch, varlen, det)
+                .expect("a variant")
+                .0
+                .family
+        };
+        // switched on: sm_90 fp16 / bf16 hd64 / hd128, dense, non-deterministic
+        for hd in [64, 128] {
+            for dt in [DType::F16, DType::BF16] {
+                assert_eq!(fam(true, hd, dt, false, 90, false, false), FAMILY_SM90);
+                // switched off: the mma.sync kernel
+                assert_eq!(fam(false, hd, dt, false, 90, false, false), FAMILY);
+            }
+        }
+        // everything it does not cover falls back even when switched on
+        assert_eq!(fam(true, 128, DType::F32, false, 90, false, false), FAMILY);
+        assert_eq!(fam(true, 96, DType::BF16, false, 90, false, false), FAMILY);
+        assert_eq!(fam(true, 120, DType::BF16, false, 90, false, false), FAMILY);
+        assert_eq!(fam(true, 256, DType::BF16, false, 90, false, false), FAMILY);
+        assert_eq!(fam(true, 128, DType::BF16, true, 90, false, false), FAMILY); // softcap
+        assert_eq!(fam(true, 128, DType::BF16, false, 90, true, false), FAMILY); // varlen
+        assert_eq!(fam(true, 128, DType::BF16, false, 90, false, true), FAMILY); // deterministic
+        assert_eq!(fam(true, 128, DType::BF16, false, 80, false, false), FAMILY);
+        assert_eq!(
+            fam(true, 128, DType::BF16, false, 100, false, false),
+            FAMILY
+        );
+        // the tile, block and shared memory the launcher uses
+        let (s, tile, smem) =
+            main_choice(true, 128, DType::BF16, false, false, 90, false, false).expect("covered");
+        assert_eq!(s.entry, ENTRY_SM90);
+        assert_eq!(tile, SM90_TILE_HD128);
+        assert_eq!(
+            (tile.block_m, tile.block_n, tile.warps * 32),
+            (64, 128, 256)
+        );
+        // K, V 32 KB each, 4 x 16 KB Q / dO, dS^T 16 KB, lse / D 1 KB, 1 KB alignment
+        assert_eq!(smem, 65536 + 65536 + 16384 + 1024 + 1024);
+        let (_, tile, smem) =
+            main_choice(true, 64, DType::F16, false, false, 90, false, false).expect("covered");
+        assert_eq!((tile.block_m, tile.block_n, tile.warps), (128, 128, 8));
+        assert_eq!(smem, 32768 + 65536 + 32768 + 2048 + 1024);
+        assert!(
+            smem <= 232_448 - 1024,
+            "fits sm_90's 227 KB with the static 1 KB"
+        );
+    }
+
+    #[test]
+    fn sm90_plan_pads_queries_to_its_block() {
+        // hd64 on the wgmma kernel steps 128 queries: the scratch pads seqlen_q to 128, not the
+        // mma.sync tile's 32
+        let v = views(1000, 1000, 8, 2, 64);
+        let p = check(&args(&v, -1, 0, false)).expect("valid");
+        let pl = plan_for_tile(&p, SM90_TILE_HD64, 132, false).expect("plan");
+        assert_eq!(pl.seqlen_q_pad, 1024);
+        assert_eq!(pl.grid_main, (8, 2, 2));
+        let v = views(1025, 1000, 8, 2, 64);
+        let p = check(&args(&v, -1, 0, false)).expect("valid");
+        assert_eq!(
+            plan_for_tile(&p, SM90_TILE_HD64, 132, false)
+                .expect("plan")
+                .seqlen_q_pad,
+            1024 + 128
+        );
+        assert_eq!(
+            plan(&p, 1, 90, 132, false).expect("plan").seqlen_q_pad,
+            1024 + 32
+        );
+    }
+
+    #[test]
+    fn sm90_specs_are_listed_for_sm90_only() {
+        let specs = sm90_specs(90);
+        assert_eq!(specs.len(), 8); // hd 64 / 128 x fp16 / bf16 x mask
+        assert!(specs.iter().all(|s| s.family == FAMILY_SM90));
+        assert!(sm90_specs(80).is_empty());
+        assert!(sm90_specs(100).is_empty());
     }
 
     #[test]

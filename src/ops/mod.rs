@@ -43,6 +43,10 @@ pub fn all_variants(arch_num: i64) -> Vec<(KernelSpec, bool)> {
     for s in attention_bwd::all_specs(arch_num) {
         out.push((s, false));
     }
+    // The sm_90a wgmma backward (opt-in, FLASHSCAN_SM90_BWD=1) is main: it must stay spill-free.
+    for s in attention_bwd::sm90_specs(arch_num) {
+        out.push((s, true));
+    }
     // Varlen: the packed-sequence builds of the attention kernels. None is "main": the 255-register
     // tiles spill a little in some (sm_90a bf16 hd64 128x128 masked forward: 32 B, measured
     // 2026-11-23); test_kernels_compile bounds their spills with the training variants.

@@ -3,7 +3,11 @@ backward, flashscan against torch SDPA's FlashAttention-2 and cuDNN backends in 
 (and mamba_ssm's selective_scan_fn when built from a checkout with --mamba-src; otherwise its
 rows are the issue's anchors).
 
-    python benches/backward.py [--quick] [--out DIR] [--suite attention,scan]
+    python benches/backward.py [--quick] [--out DIR] [--suite attention,scan] [--sm90-bwd]
+
+--sm90-bwd adds a `flashscan-sm90bwd` attention row: the same call with FLASHSCAN_SM90_BWD=1 (the
+opt-in wgmma backward, cuda/flash_bwd_sm90.cu, on sm_90), the plain `flashscan` row then runs with
+it set to 0, so both backwards are timed beside FA2 and cuDNN in one run.
 
 Every timed row is guarded before it is timed, at every seqlen, against float64: attention
 (flashscan and each SDPA backend) on its output and dq, dk, dv for the first and last batch and
@@ -20,11 +24,13 @@ backward 2.5x the forward, so forward+backward = 3.5x. Writes results.md and res
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import platform
 import sys
+from collections.abc import Iterator
 from typing import Any, Callable
 
 from . import mamba_src
@@ -43,6 +49,24 @@ SCAN_ANCHORS_MS = {(8, 2048, 2048): 2.41, (8, 2048, 8192): 9.50, (32, 512, 60): 
 ATTN_ANCHORS = {64: "FA2 291-296, cuDNN 444-459", 128: "FA2 311-320, cuDNN 536-556"}
 TOL = GUARD_RMS["bf16"]
 SCAN_GRADS = ("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias")
+SM90_BWD_ENV = "FLASHSCAN_SM90_BWD"  # read by the native launcher on every backward call
+SM90_IMPL = "flashscan-sm90bwd"
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str | None) -> Iterator[None]:
+    """`name` set to `value` (None: left as it is) for the duration, then restored."""
+    old = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if value is not None:
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
 
 
 def _ms(timer: Timer, fn: Callable[[], Any]) -> float:
@@ -59,22 +83,31 @@ def _ends(n: int) -> list[int]:
 # ---------------------------------------------------------------------------------------------
 
 
-def attention_rows(torch: Any, timer: Timer, quick: bool, log: Callable[[str], None]) -> list:
+def attention_rows(
+    torch: Any, timer: Timer, quick: bool, log: Callable[[str], None], sm90_bwd: bool = False
+) -> list:
     rows: list[dict] = []
     seqlens = [2048, 8192] if quick else [2048, 4096, 8192, 16384]
     for hd in (64, 128):
         for causal in (False, True):
             for sq in seqlens:
-                rows += attention_shape(torch, timer, hd, causal, sq, log)
+                rows += attention_shape(torch, timer, hd, causal, sq, log, sm90_bwd)
                 torch.cuda.empty_cache()
     return rows
 
 
 def attention_shape(
-    torch: Any, timer: Timer, hd: int, causal: bool, sq: int, log: Callable[[str], None]
+    torch: Any,
+    timer: Timer,
+    hd: int,
+    causal: bool,
+    sq: int,
+    log: Callable[[str], None],
+    sm90_bwd: bool = False,
 ) -> list[dict]:
     """flashscan, SDPA FA2 and SDPA cuDNN at one shape: forward and forward+backward, each
-    guarded on its output and gradients against float64."""
+    guarded on its output and gradients against float64 (`sm90_bwd`: flashscan twice, with the
+    wgmma backward off and on)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import flashscan.torch as fst
@@ -92,8 +125,12 @@ def attention_shape(
     def ours_fwd() -> Any:
         return fst.flash_attn_func(*leaves, causal=causal)
 
-    def ours_step() -> Any:
-        return torch.autograd.grad(ours_fwd(), leaves, dout)
+    def ours_step_with(switch: str | None) -> Callable[[], Any]:
+        def step() -> Any:
+            with _env(SM90_BWD_ENV, switch):
+                return torch.autograd.grad(ours_fwd(), leaves, dout)
+
+        return step
 
     def sdpa(backend: Any) -> tuple[Callable[[], Any], Callable[[], Any]]:
         def fwd() -> Any:
@@ -113,8 +150,10 @@ def attention_shape(
     except Exception as exc:  # the rows below then FAIL: nothing is timed unchecked
         ref_error = f"float64 reference failed: {type(exc).__name__}: {first_line(exc)}"
         torch.cuda.empty_cache()
-    impls = {
-        "flashscan": (ours_fwd, ours_step, False),
+    impls = {"flashscan": (ours_fwd, ours_step_with("0" if sm90_bwd else None), False)}
+    if sm90_bwd:
+        impls[SM90_IMPL] = (ours_fwd, ours_step_with("1"), False)
+    impls |= {
         "sdpa-flash": (*sdpa(SDPBackend.FLASH_ATTENTION), True),
         "sdpa-cudnn": (*sdpa(SDPBackend.CUDNN_ATTENTION), True),
     }
@@ -353,12 +392,17 @@ def render(meta: dict, rows: list[dict]) -> str:
         "a peer whose guard failed carries **FAILED** in its cell.",
         "",
     ]
+    att = [r for r in rows if r["suite"] == "attention"]
+    sm90 = any(r["impl"] == SM90_IMPL for r in att)
     out += [
         "| hd | causal | seqlen | flashscan fwd+bwd | SDPA FA2 fwd+bwd | cuDNN fwd+bwd "
         "| vs FA2 | flashscan fwd | flashscan bwd | FA2 bwd | guard |"
+        + (" wgmma bwd fwd+bwd | wgmma bwd | wgmma guard |" if sm90 else "")
     ]
-    out += ["|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    att = [r for r in rows if r["suite"] == "attention"]
+    out += [
+        "|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+        + ("---:|---:|---|" if sm90 else "")
+    ]
     for key in sorted({(r["hd"], r["causal"], r["seqlen"]) for r in att}):
         g = {r["impl"]: r for r in att if (r["hd"], r["causal"], r["seqlen"]) == key}
 
@@ -378,6 +422,12 @@ def render(meta: dict, rows: list[dict]) -> str:
             f"{cell('sdpa-flash', 'step_tflops')} | {cell('sdpa-cudnn', 'step_tflops')} | "
             f"{ratio} | {cell('flashscan', 'fwd_tflops')} | {cell('flashscan', 'bwd_tflops')} | "
             f"{cell('sdpa-flash', 'bwd_tflops')} | {guard_cell(fs_r)} |"
+            + (
+                f" {cell(SM90_IMPL, 'step_tflops')} | {cell(SM90_IMPL, 'bwd_tflops')} | "
+                f"{guard_cell(g.get(SM90_IMPL, {}))} |"
+                if sm90
+                else ""
+            )
         )
     out += ["", "Issue anchors (fwd+bwd TFLOP/s at seqlen 8k-16k):"]
     out += [f"hd64 {ATTN_ANCHORS[64]}; hd128 {ATTN_ANCHORS[128]}.", ""]
@@ -463,6 +513,11 @@ def main(argv: list[str] | None = None, *, results_root: str | None = None) -> i
         "(forward and training step) beside ours",
     )
     ap.add_argument("--mamba-build", default=None, help="build directory for --mamba-src")
+    ap.add_argument(
+        "--sm90-bwd",
+        action="store_true",
+        help=f"also time flashscan with {SM90_BWD_ENV}=1 (the wgmma backward on sm_90)",
+    )
     args = ap.parse_args(argv)
     import torch
 
@@ -494,7 +549,7 @@ def main(argv: list[str] | None = None, *, results_root: str | None = None) -> i
     rows: list[dict] = []
     suites = args.suite.split(",")
     if "attention" in suites:
-        rows += attention_rows(torch, timer, args.quick, log)
+        rows += attention_rows(torch, timer, args.quick, log, args.sm90_bwd)
     if "scan" in suites:
         rows += scan_rows(torch, fs, timer, args.quick, log, mamba)
     info = fs.info()
@@ -524,7 +579,7 @@ def main(argv: list[str] | None = None, *, results_root: str | None = None) -> i
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(md)
     print(md)
-    bad = [r for r in rows if r["impl"] == "flashscan" and r.get("status") != "ok"]
+    bad = [r for r in rows if r["impl"].startswith("flashscan") and r.get("status") != "ok"]
     if bad:
         print(f"{len(bad)} flashscan row(s) FAILED: " + "; ".join(_shape(r) for r in bad[:5]))
     return 1 if bad else 0

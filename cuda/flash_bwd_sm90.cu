@@ -1,0 +1,449 @@
+// flash_bwd_sm90.cu: FlashAttention backward main kernel for Hopper (sm_90a) on warpgroup MMA
+// (wgmma). Same algorithm, parameters and scratch as flash_bwd.cu's flash_bwd_kernel (whose
+// flash_bwd_preprocess and flash_bwd_dq_convert passes run before and after this one, unchanged):
+//
+//   one CTA = one block of 128 keys of one kv head (grid x = kv block, y = kv head, z = batch);
+//   it loops over every q head of the kv head's GQA group and every q block of kBlockM queries that
+//   sees one of its keys, and per (q head, q block):
+//       S^T  = K Q^T      wgmma m64 n{kBlockM} k16, A = K, B = Q, both shared memory, K-major
+//       dP^T = V dO^T     same with V and dO
+//       P^T  = exp2(S^T * scale*log2e - lse_log2),  dS^T = P^T (dP^T - D)    (registers)
+//       dV  += P^T dO     wgmma m64 n{hd} k16, A = P^T from registers, B = dO MN-major (transposed)
+//       dK  += dS^T Q     same with dS^T and Q
+//       dS^T -> shared memory (swizzled);  dQ_partial = dS K   wgmma m64n64k16, A = dS read
+//                         MN-major from the dS^T tile (transposed A), B = K MN-major
+//       dQ_partial -> red.global.add.v2.f32 into the fp32 accumulator
+//   and writes dK (times softmax_scale) and dV once, summed over the group, through shared memory.
+//
+// Threads: 256 = two warpgroups. Warpgroup wg owns keys [64 wg, 64 wg + 64) of the block for
+// S^T, dP^T, P^T, dS^T and the dK / dV accumulators (64 keys x hd, in registers: 2 x hd / 2 floats
+// per thread). dQ (kBlockM x hd per iteration) is split between the warpgroups:
+//   hd128 (kBlockM 64):  warpgroup wg computes dQ columns [64 wg, 64 wg + 64) over all 128 keys;
+//   hd64  (kBlockM 128): warpgroup wg computes dQ rows    [64 wg, 64 wg + 64) over all 128 keys;
+// so both are one m64n64 output per warpgroup, 8 k16 steps.
+// Register budget per thread (hd128): dK 64 + dV 64 + S^T 32 + dP^T 32 floats at the peak
+// (hd64: 32 + 32 + 64 + 64); dQ's 32 floats live only once S^T / dP^T are packed.
+//
+// Shared memory (base aligned to 1024 bytes; every tile in the 128-byte swizzle of
+// common/wgmma.cuh: hd / 64 column blocks of R rows x 128 bytes, blocks 1024-byte aligned):
+//   K (128 rows) | V (128 rows) | 2 stages x [Q (kBlockM rows) | dO (kBlockM rows)]
+//   | dS^T (128 key rows x kBlockM query columns: kBlockM / 64 column blocks)
+//   | 2 stages x [lse_log2 (kBlockM floats) | D (kBlockM floats)]
+// hd128: 32 + 32 + 64 + 16 + 1 KB = 145 KB; hd64: 16 + 16 + 64 + 32 + 2 KB = 130 KB (+1 KB align).
+// Q / dO / lse_log2 / D are cp.async double-buffered: iteration it issues it + 1's loads into the
+// other stage after the barrier that ends iteration it - 1 (whose wgmmas all completed), right
+// behind its own S^T / dP^T wgmmas so the address arithmetic runs while the tensor cores work.
+//
+// Synchronisation per iteration (every wgmma batch: wgmma.fence, issue, commit_group, and
+// wait_group before registers or shared memory they touch are reused):
+//   cp.async.wait_group 0; fence.proxy.async; __syncthreads      stage `st` (and K, V) visible
+//     to the tensor cores; every thread is done with iteration it - 1 (its dQ wgmma read dS^T and
+//     K, its dV / dK wgmma read the other stage's Q / dO, all waited for)
+//   S^T group, dP^T group; issue loads of it + 1 into stage st ^ 1 (under the wgmmas)
+//   wait_group 1 -> S^T; P^T; mask P^T; dV group (register A = packed P^T)
+//   wait_group 1 -> dP^T (dV may run on); dS^T; dK group (register A = packed dS^T)
+//   (pa / sa stay live and unmodified until the last wait below)
+//   st.shared dS^T; fence.proxy.async; __syncthreads             dS^T visible to both warpgroups'
+//     tensor cores
+//   dQ group; wait_group 0 (dQ, dV, dK done); red.add dQ
+// The descriptor / fence review for a first GPU run is in ARCHITECTURE.md ("Hopper backward").
+//
+// Covered (the launcher falls back to flash_bwd.cu otherwise): sm_90a, fp16 / bf16, head dim
+// exactly 64 or 128, dense (no varlen), causal / sliding windows (FS_HAS_MASK), seqlen_q !=
+// seqlen_k (bottom-right), GQA / MQA, non-deterministic (red.add). No softcap.
+//
+// The prelude defines FS_HEAD_DIM (64 or 128), FS_DTYPE (0 fp16, 1 bf16), FS_HAS_MASK, FS_ARCH (90).
+
+#include "common/convert.cuh"
+#include "common/copy.cuh"
+#include "common/math.cuh"
+#include "common/wgmma.cuh"
+
+#if !defined(FS_HEAD_DIM) || !defined(FS_DTYPE) || !defined(FS_HAS_MASK) || !defined(FS_ARCH)
+#error "the prelude must define FS_HEAD_DIM, FS_DTYPE, FS_HAS_MASK and FS_ARCH"
+#endif
+
+// The dense FlashBwdParams of flash_bwd.cu, field for field (host mirror: FlashBwdParams in
+// src/ops/attention_bwd.rs; the launcher passes the same struct to all three kernels).
+struct FlashBwdParams {
+    const void* q;
+    const void* k;
+    const void* v;
+    const void* o;
+    const void* dout;
+    const float* lse;
+    void* dq;
+    void* dk;
+    void* dv;
+    float* dq_accum;   // scratch [1][batch][nheads][seqlen_q_pad][FS_HEAD_DIM]
+    float* dpsum;      // scratch [batch][nheads][seqlen_q_pad]: D = rowsum(dO * O)
+    float* lse_log2;   // scratch [batch][nheads][seqlen_q_pad]
+    long long q_batch_stride, q_row_stride, q_head_stride;
+    long long k_batch_stride, k_row_stride, k_head_stride;
+    long long v_batch_stride, v_row_stride, v_head_stride;
+    long long o_batch_stride, o_row_stride, o_head_stride;
+    long long do_batch_stride, do_row_stride, do_head_stride;
+    long long dq_batch_stride, dq_row_stride, dq_head_stride;
+    long long dk_batch_stride, dk_row_stride, dk_head_stride;
+    long long dv_batch_stride, dv_row_stride, dv_head_stride;
+    int batch, nheads, nheads_k, seqlen_q, seqlen_k, head_dim;
+    int seqlen_q_pad;  // multiple of kBlockM
+    int nsplit;        // 1 here
+    int deterministic; // 0 here
+    float softmax_scale;
+    float softcap;
+    int window_left, window_right;  // normalised: -1 = unbounded
+};
+
+namespace fb90 {
+
+using namespace fs;
+
+static constexpr int kHeadDim = FS_HEAD_DIM;
+static constexpr int kBlockN = 128;                          // keys per CTA
+static constexpr int kBlockM = kHeadDim == 128 ? 64 : 128;   // queries per iteration
+static constexpr int kThreads = 256;                         // two warpgroups
+static constexpr int kChunksPerRow = kHeadDim / 8;           // 16-byte chunks per row
+static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+static constexpr int kKVColBlock = kBlockN * 128;            // one 64-column block of K / V
+static constexpr int kQColBlock = kBlockM * 128;             // one 64-column block of Q / dO
+static constexpr int kKVTile = kBlockN * kHeadDim * 2;
+static constexpr int kQTile = kBlockM * kHeadDim * 2;
+static constexpr int kSTile = kBlockN * kBlockM * 2;         // dS^T: 128 key rows x kBlockM queries
+static constexpr int kKOff = 0;
+static constexpr int kVOff = kKVTile;
+static constexpr int kQOff = 2 * kKVTile;                    // stage s: Q at + 2 s kQTile, dO after
+static constexpr int kSOff = kQOff + 4 * kQTile;
+static constexpr int kLOff = kSOff + kSTile;                 // stage s: lse_log2, then D
+static constexpr int kSmemBytes = kLOff + 2 * 2 * kBlockM * 4 + 1024;  // + 1 KB base alignment
+static constexpr int kSRegs = kBlockM / 2;                   // S^T / dP^T floats per thread
+static constexpr int kDRegs = kHeadDim / 2;                  // dK / dV floats per thread
+static constexpr int kPSteps = kBlockM / 16;                 // k16 steps of dV / dK (queries)
+
+static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim tile is 64 or 128");
+static_assert(FS_DTYPE == 0 || FS_DTYPE == 1, "16-bit inputs only");
+static_assert(FS_ARCH == 90, "wgmma needs sm_90a");
+static_assert(kKVTile % 1024 == 0 && kQTile % 1024 == 0 && kSTile % 1024 == 0, "swizzle atoms");
+static_assert(kBlockM % kRowsPerPass == 0 && kBlockN % kRowsPerPass == 0, "load passes");
+
+// dQ_partial (+)= dS K: m64n64k16, A = dS MN-major (transposed, read from the dS^T tile), B = K
+// MN-major (transposed). The two trailing immediates of wgmma are imm-trans-a and imm-trans-b.
+__device__ __forceinline__ void wgmma_ss_n64_tt(float (&d)[32], u64 desc_a, u64 desc_b, int accumulate) {
+#if FS_DTYPE == 0
+#define FB90_WGMMA_TYPES ".f32.f16.f16"
+#else
+#define FB90_WGMMA_TYPES ".f32.bf16.bf16"
+#endif
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16" FB90_WGMMA_TYPES
+        " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+          "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+          "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+#undef FB90_WGMMA_TYPES
+}
+
+// Keeps packed A fragments alive (and in place) until the wgmma reading them has been waited for.
+template <int N>
+__device__ __forceinline__ void reg_fence_u(u32 (&a)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
+}
+
+// cp.async ROWS rows of hd elements from src (row stride in elements) into the swizzled layout;
+// rows >= rows_valid are zero-filled without reading global memory.
+template <int ROWS>
+__device__ __forceinline__ void load_tile(u32 dst, const char* src, long long row_stride, int rows_valid) {
+    const int c = threadIdx.x % kChunksPerRow;
+    const int r0 = threadIdx.x / kChunksPerRow;
+#pragma unroll
+    for (int i = 0; i < ROWS / kRowsPerPass; ++i) {
+        const int row = r0 + i * kRowsPerPass;
+        const bool valid = row < rows_valid;
+        const char* s = src + (long long)row * row_stride * 2 + c * 16;
+        cp_async16(dst + swz_offset(ROWS, row, c * 8), valid ? s : src, valid);
+    }
+}
+
+}  // namespace fb90
+
+// grid = (ceil(seqlen_k / 128), nheads_k, batch), block = 256, dynamic smem = fb90::kSmemBytes.
+extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_kernel(const FlashBwdParams p) {
+    using namespace fb90;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 raw_base = smem_u32(smem_raw);
+    const u32 s_base = (raw_base + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
+    unsigned char* smem = smem_raw + (s_base - raw_base);
+    const u32 sK = s_base + kKOff, sV = s_base + kVOff, sS = s_base + kSOff;
+
+    const int tid = threadIdx.x;
+    const int wg = tid >> 7;                 // warpgroup: keys [64 wg, 64 wg + 64)
+    const int warp_in_wg = (tid >> 5) & 3;
+    const int lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+
+    const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    const int group = p.nheads / p.nheads_k;
+    const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
+    const int diag = seqlen_k - seqlen_q;    // bottom-right alignment: query i sits at key i + diag
+    const int n0 = n_block * kBlockN;
+    const int keys = min(kBlockN, seqlen_k - n0);
+
+    // ---- q blocks that see at least one key of this block ----
+    int m_begin = 0, m_end = (seqlen_q + kBlockM - 1) / kBlockM;
+#if FS_HAS_MASK
+    if (p.window_right >= 0) {  // query i sees key j only if j <= i + diag + right
+        const long long lo = (long long)n0 - diag - p.window_right;
+        if (lo > 0) m_begin = (int)min(lo / kBlockM, (long long)m_end);
+    }
+    if (p.window_left >= 0) {  // ... and j >= i + diag - left
+        const long long hi = (long long)n0 + keys - 1 - diag + p.window_left;
+        m_end = hi < 0 ? 0 : (int)min(hi / kBlockM + 1, (long long)m_end);
+    }
+#endif
+    const int nm = max(0, m_end - m_begin);
+    const int n_iters = nm * group;
+
+    const char* k_ptr = static_cast<const char*>(p.k) +
+                        ((long long)b * p.k_batch_stride + (long long)n0 * p.k_row_stride +
+                         (long long)hk * p.k_head_stride) * 2;
+    const char* v_ptr = static_cast<const char*>(p.v) +
+                        ((long long)b * p.v_batch_stride + (long long)n0 * p.v_row_stride +
+                         (long long)hk * p.v_head_stride) * 2;
+
+    // Q / dO / lse_log2 / D of iteration `it` into stage `st`.
+    auto load_q = [&](int it, int st) {
+        const int hq = hk * group + it / nm;
+        const int m0 = (m_begin + it % nm) * kBlockM;
+        const char* q_ptr = static_cast<const char*>(p.q) +
+                            ((long long)b * p.q_batch_stride + (long long)m0 * p.q_row_stride +
+                             (long long)hq * p.q_head_stride) * 2;
+        const char* do_ptr = static_cast<const char*>(p.dout) +
+                             ((long long)b * p.do_batch_stride + (long long)m0 * p.do_row_stride +
+                              (long long)hq * p.do_head_stride) * 2;
+        const u32 sQ = s_base + kQOff + st * 2 * kQTile;
+        load_tile<kBlockM>(sQ, q_ptr, p.q_row_stride, seqlen_q - m0);
+        load_tile<kBlockM>(sQ + kQTile, do_ptr, p.do_row_stride, seqlen_q - m0);
+        const long long roff = ((long long)b * p.nheads + hq) * p.seqlen_q_pad + m0;
+        const u32 sL = s_base + kLOff + st * 2 * kBlockM * 4;
+        // rows m0 .. m0 + kBlockM - 1 < seqlen_q_pad (a multiple of kBlockM): always in the scratch
+        if (tid < kBlockM / 4) cp_async16(sL + tid * 16, p.lse_log2 + roff + tid * 4, true);
+        else if (tid < kBlockM / 2)
+            cp_async16(sL + kBlockM * 4 + (tid - kBlockM / 4) * 16, p.dpsum + roff + (tid - kBlockM / 4) * 4, true);
+    };
+
+    load_tile<kBlockN>(sK, k_ptr, p.k_row_stride, keys);
+    load_tile<kBlockN>(sV, v_ptr, p.v_row_stride, keys);
+    if (n_iters > 0) load_q(0, 0);
+    cp_async_commit();
+
+    float acc_dk[kDRegs], acc_dv[kDRegs];
+#pragma unroll
+    for (int i = 0; i < kDRegs; ++i) {
+        acc_dk[i] = 0.0f;
+        acc_dv[i] = 0.0f;
+    }
+
+    const float scale_log2 = p.softmax_scale * kLog2e;
+    const u32 sK_wg = sK + wg * 64 * 128;    // this warpgroup's 64 key rows in each column block
+    const u32 sV_wg = sV + wg * 64 * 128;
+    const int key_row = wg * 64 + warp_in_wg * 16 + g;  // this thread's first key row in the block
+    // dQ split (see the header): A column block (query rows) and B column block (head-dim columns)
+    const u32 dq_a_off = kBlockM == 128 ? wg * (kBlockN * 128) : 0;
+    const u32 dq_b_off = kBlockM == 64 ? wg * kKVColBlock : 0;
+    const int dq_row0 = (kBlockM == 128 ? wg * 64 : 0) + warp_in_wg * 16 + g;
+    const int dq_col0 = (kBlockM == 64 ? wg * 64 : 0) + 2 * t;
+
+    for (int it = 0; it < n_iters; ++it) {
+        const int st = it & 1;
+        const int hq = hk * group + it / nm;
+        const int m0 = (m_begin + it % nm) * kBlockM;
+        const u32 sQ = s_base + kQOff + st * 2 * kQTile;
+        const u32 sdO = sQ + kQTile;
+        const float* sL = reinterpret_cast<const float*>(smem + kLOff + st * 2 * kBlockM * 4);
+        const float* sD = sL + kBlockM;
+
+        cp_async_wait<0>();   // stage st (and on it == 0 K, V) landed for this thread
+        fence_proxy_async();  // ...and is visible to the tensor cores (async proxy)
+        __syncthreads();      // ...for every thread; iteration it - 1 is done everywhere
+
+        // ---- S^T = K Q^T and dP^T = V dO^T: hd / 16 k-steps each, both operands K-major ----
+        float acc_s[kSRegs], acc_dp[kSRegs];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+            const u32 kv_off = (kk >> 2) * kKVColBlock + (kk & 3) * 32;
+            const u32 q_off = (kk >> 2) * kQColBlock + (kk & 3) * 32;
+            wgmma_ss<kBlockM, FS_DTYPE, 0>(acc_s, wgmma_desc(sK_wg + kv_off, 16, 1024),
+                                           wgmma_desc(sQ + q_off, 16, 1024), kk > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+            const u32 kv_off = (kk >> 2) * kKVColBlock + (kk & 3) * 32;
+            const u32 q_off = (kk >> 2) * kQColBlock + (kk & 3) * 32;
+            wgmma_ss<kBlockM, FS_DTYPE, 0>(acc_dp, wgmma_desc(sV_wg + kv_off, 16, 1024),
+                                           wgmma_desc(sdO + q_off, 16, 1024), kk > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+        // Q / dO / lse / D of it + 1 into the other stage (free: its last readers, iteration
+        // it - 1's wgmmas, were waited for before the barrier), issued under S^T / dP^T.
+        if (it + 1 < n_iters) {
+            load_q(it + 1, st ^ 1);
+            cp_async_commit();
+        }
+
+        // ---- P^T = exp2(S^T scale log2e - lse_log2) (raw scores: the scale is applied to dK at the
+        //      end and to dQ in the convert pass) while dP^T still runs ----
+        wgmma_wait<1>();
+        reg_fence(acc_s);
+#pragma unroll
+        for (int j = 0; j < kBlockM / 8; ++j) {
+            const float2 l2 = *reinterpret_cast<const float2*>(sL + 8 * j + 2 * t);
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                acc_s[4 * j + e] = ex2(fmaf(acc_s[4 * j + e], scale_log2, (e & 1) ? -l2.y : -l2.x));
+        }
+
+        // ---- mask P^T (only blocks crossing seqlen_k or a window edge); dS^T = P^T (dP^T - D)
+        //      then vanishes there too, dP^T and D being finite ----
+        bool need_mask = n0 + kBlockN > seqlen_k;
+#if FS_HAS_MASK
+        if (p.window_right >= 0 && n0 + kBlockN - 1 - (m0 + diag) > p.window_right) need_mask = true;
+        if (p.window_left >= 0 && n0 - (m0 + kBlockM - 1 + diag) < -p.window_left) need_mask = true;
+#endif
+        if (need_mask) {
+            const int rel_lo = (FS_HAS_MASK && p.window_left >= 0) ? -p.window_left : -0x7fffffff;
+            const int rel_hi = (FS_HAS_MASK && p.window_right >= 0) ? p.window_right : 0x7fffffff;
+            const int key0 = n0 + key_row;
+            const int qd0 = m0 + 2 * t + diag;
+#pragma unroll
+            for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = key0 + 8 * (e >> 1);
+                    const int rel = key - (qd0 + 8 * j + (e & 1));
+                    if (key >= seqlen_k || rel < rel_lo || rel > rel_hi) acc_s[4 * j + e] = 0.0f;
+                }
+        }
+
+        // ---- P^T, dS^T rounded to the input type as register A operands: n8 slabs 2kk, 2kk + 1
+        //      of the accumulator are k16 step kk of A (common/wgmma.cuh) ----
+        u32 pa[kPSteps][4], sa[kPSteps][4];
+#pragma unroll
+        for (int kk = 0; kk < kPSteps; ++kk)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) pa[kk][e] = pack2<FS_DTYPE>(acc_s[8 * kk + 2 * e], acc_s[8 * kk + 2 * e + 1]);
+
+        // ---- dV += P^T dO (B = dO MN-major: rows = queries = K, columns = hd = N), issued
+        //      before dP^T is waited for: the tensor cores run it under the dS^T arithmetic ----
+        reg_fence(acc_dv);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kPSteps; ++kk)  // 16 query rows of 128 bytes; LBO: next 64 hd columns
+            wgmma_rs<kHeadDim, FS_DTYPE, 1>(acc_dv, pa[kk], wgmma_desc(sdO + kk * 16 * 128, kQColBlock, 1024), 1);
+        wgmma_commit();
+
+        wgmma_wait<1>();  // S^T, dP^T complete (dV may still run)
+        reg_fence(acc_dp);
+#pragma unroll
+        for (int j = 0; j < kBlockM / 8; ++j) {
+            const float2 dd = *reinterpret_cast<const float2*>(sD + 8 * j + 2 * t);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_dp[4 * j + e] = acc_s[4 * j + e] * (acc_dp[4 * j + e] - ((e & 1) ? dd.y : dd.x));
+        }
+#pragma unroll
+        for (int kk = 0; kk < kPSteps; ++kk)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sa[kk][e] = pack2<FS_DTYPE>(acc_dp[8 * kk + 2 * e], acc_dp[8 * kk + 2 * e + 1]);
+
+        // ---- dK += dS^T Q (B = Q MN-major) ----
+        reg_fence(acc_dk);
+        wgmma_fence();  // sa was written by ordinary instructions since the last fence
+#pragma unroll
+        for (int kk = 0; kk < kPSteps; ++kk)
+            wgmma_rs<kHeadDim, FS_DTYPE, 1>(acc_dk, sa[kk], wgmma_desc(sQ + kk * 16 * 128, kQColBlock, 1024), 1);
+        wgmma_commit();
+
+        // ---- dS^T -> shared memory (key rows, query columns; the packed pairs of sa) ----
+#pragma unroll
+        for (int kk = 0; kk < kPSteps; ++kk)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = key_row + 8 * (e & 1);             // a1, a3: row + 8
+                const int col = 16 * kk + 8 * (e >> 1) + 2 * t;     // a2, a3: column + 8
+                *reinterpret_cast<u32*>(smem + kSOff + swz_offset(kBlockN, row, col)) = sa[kk][e];
+            }
+        fence_proxy_async();  // the st.shared above are read next by the tensor cores
+        __syncthreads();      // dS^T complete: each warpgroup's dQ reads both warpgroups' keys
+
+        // ---- dQ_partial = dS K: m64n64, 8 k16 steps over the 128 keys ----
+        float acc_dq[32];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+            // A: dS^T tile, 16 key rows (K) from row 16 kk, 64 queries (M) of one column block;
+            // B: K tile, 16 key rows (K), 64 head-dim columns (N) of one column block.
+            const u64 da = wgmma_desc(sS + dq_a_off + kk * 16 * 128, kBlockN * 128, 1024);
+            const u64 db = wgmma_desc(sK + dq_b_off + kk * 16 * 128, kKVColBlock, 1024);
+            wgmma_ss_n64_tt(acc_dq, da, db, kk > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();  // dQ, and dV, dK above, complete
+        reg_fence(acc_dq);
+        reg_fence(acc_dv);
+        reg_fence(acc_dk);
+        reg_fence_u(pa);
+        reg_fence_u(sa);
+
+        // ---- dQ_partial -> fp32 accumulator (rows past seqlen_q hold zeros: skipped) ----
+        float* accum = p.dq_accum + (((long long)b * p.nheads + hq) * p.seqlen_q_pad + m0 + dq_row0) * kHeadDim + dq_col0;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            if (m0 + dq_row0 + 8 * h < seqlen_q) {
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    red_add2(accum + 8 * h * kHeadDim + 8 * j, acc_dq[4 * j + 2 * h], acc_dq[4 * j + 2 * h + 1]);
+            }
+        }
+    }
+
+    // ---- epilogue: dK * scale and dV staged in the K / V tiles (swizzled), 16-byte stores ----
+    cp_async_wait<0>();  // with no iteration the K / V loads may still be landing
+    __syncthreads();     // every wgmma reading K / V completed (waited) in every thread
+    {
+        const float sc = p.softmax_scale;
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int j = 0; j < kHeadDim / 8; ++j) {
+                const u32 off = swz_offset(kBlockN, key_row + 8 * h, 8 * j + 2 * t);
+                *reinterpret_cast<u32*>(smem + kKOff + off) =
+                    pack2<FS_DTYPE>(acc_dk[4 * j + 2 * h] * sc, acc_dk[4 * j + 2 * h + 1] * sc);
+                *reinterpret_cast<u32*>(smem + kVOff + off) =
+                    pack2<FS_DTYPE>(acc_dv[4 * j + 2 * h], acc_dv[4 * j + 2 * h + 1]);
+            }
+    }
+    __syncthreads();
+    {
+        char* dk = static_cast<char*>(p.dk) + ((long long)b * p.dk_batch_stride + (long long)n0 * p.dk_row_stride +
+                                              (long long)hk * p.dk_head_stride) * 2;
+        char* dv = static_cast<char*>(p.dv) + ((long long)b * p.dv_batch_stride + (long long)n0 * p.dv_row_stride +
+                                              (long long)hk * p.dv_head_stride) * 2;
+        const int c = tid % kChunksPerRow;
+        for (int r = tid / kChunksPerRow; r < keys; r += kRowsPerPass) {
+            const u32 off = swz_offset(kBlockN, r, c * 8);
+            *reinterpret_cast<uint4*>(dk + (long long)r * p.dk_row_stride * 2 + c * 16) =
+                *reinterpret_cast<const uint4*>(smem + kKOff + off);
+            *reinterpret_cast<uint4*>(dv + (long long)r * p.dv_row_stride * 2 + c * 16) =
+                *reinterpret_cast<const uint4*>(smem + kVOff + off);
+        }
+    }
+}

@@ -1,0 +1,146 @@
+"""The Hopper wgmma backward (cuda/flash_bwd_sm90.cu, opt-in: FLASHSCAN_SM90_BWD=1) on the CPU:
+its variants are listed for sm_90a only and as main (spill-free), compile with NVRTC, spill
+nothing, and run all five products on the warpgroup tensor cores: S^T and dP^T K-major from
+shared memory, dV and dK with the register A operand and B transposed, dQ with both operands
+transposed (A = dS read from the dS^T tile), no mma.sync HMMA, dQ through the vector RED."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from test_sm90_fwd_compile import _nvdisasm_dir, _sass
+
+from flashscan._resources import CUOBJDUMP_MISSING, find_cuobjdump, resource_usage
+
+_native = pytest.importorskip("flashscan._native")
+
+pytestmark = pytest.mark.skipif(
+    _native.backend_status()["nvrtc_version"] is None,
+    reason="NVRTC not installed (pip install nvidia-cuda-nvrtc)",
+)
+
+FAMILY = "flash_bwd_sm90"
+
+
+def _name(hd: int, dtype: int, mask: int) -> str:
+    return (
+        f"{FAMILY}.flash_bwd_sm90_kernel"
+        f"[FS_HEAD_DIM={hd},FS_DTYPE={dtype},FS_HAS_MASK={mask},FS_ARCH=90]"
+    )
+
+
+def _variants(arch: str) -> list[dict]:
+    return [v for v in _native.kernel_variants(arch) if v["family"] == FAMILY]
+
+
+@pytest.fixture(scope="module")
+def cubins() -> dict[str, bytes]:
+    names = [v["name"] for v in _variants("sm_90a")]
+    with ThreadPoolExecutor(2) as pool:  # compile_variant releases the GIL
+        return dict(zip(names, pool.map(lambda n: _native.compile_variant(n, "sm_90a"), names)))
+
+
+@pytest.fixture(scope="module")
+def sass_of(cubins: dict[str, bytes]):  # noqa: ANN201
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip(CUOBJDUMP_MISSING)
+    nvdisasm = _nvdisasm_dir(tool)
+    if nvdisasm is None:
+        pytest.skip("cuobjdump -sass needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
+    return lambda name: _sass(cubins[name], tool, nvdisasm)
+
+
+def test_variants_cover_hd64_hd128_dtypes_masks_on_sm90a_only() -> None:
+    listed = _variants("sm_90a")
+    keys = ("FS_HEAD_DIM", "FS_DTYPE", "FS_HAS_MASK")
+    got = {tuple(v["defines"][d] for d in keys) for v in listed}
+    assert got == set(itertools.product((64, 128), (0, 1), (0, 1)))
+    assert all(v["main"] for v in listed), "every wgmma backward variant must stay spill-free"
+    assert _variants("sm_80") == [], "wgmma needs sm_90a: no variant for sm_80"
+
+
+def test_variants_compile_without_spills(cubins: dict[str, bytes]) -> None:
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip(CUOBJDUMP_MISSING)
+    assert len(cubins) == 8
+    for name, cubin in cubins.items():
+        assert cubin[:4] == b"\x7fELF", name
+        for func, regs, stack, local, _smem in resource_usage(cubin, tool):
+            assert stack == 0 and local == 0, f"{name} {func}: stack {stack} B, local {local} B"
+            assert regs <= 255, f"{name} {func}: {regs} registers"
+
+
+def _hgmma_mix(sass: str) -> Counter:
+    """HGMMA instructions by shape and operand form: 'ss' (A from shared memory), 'rs' (A from
+    registers), with the transpose flags the descriptors carry."""
+    mix: Counter = Counter()
+    for line in sass.splitlines():
+        m = re.search(r"HGMMA\.(\d+x\d+x\d+)\.F32\S*\s+(\S+),\s*(\S+)", line)
+        if m is None:
+            continue
+        a_regs = not m.group(3).startswith("gdesc")
+        flags = "".join(f for f in (".tnspA", ".tnspB") if f in line)
+        mix[(m.group(1), "rs" if a_regs else "ss", flags)] += 1
+    return mix
+
+
+@pytest.mark.parametrize("hd,dtype,mask", [(128, 1, 0), (128, 0, 1), (64, 1, 0), (64, 0, 1)])
+def test_every_product_runs_on_hgmma(sass_of, hd: int, dtype: int, mask: int) -> None:  # noqa: ANN001
+    sass = sass_of(_name(hd, dtype, mask))
+    block_m = 64 if hd == 128 else 128
+    mix = _hgmma_mix(sass)
+    want = Counter(
+        {
+            # S^T = K Q^T and dP^T = V dO^T: hd / 16 k-steps each, m64 n{block_m}, K-major
+            (f"64x{block_m}x16", "ss", ""): 2 * hd // 16,
+            # dV += P^T dO, dK += dS^T Q: block_m / 16 k-steps each, m64 n{hd}, B transposed
+            (f"64x{hd}x16", "rs", ".tnspB"): 2 * block_m // 16,
+            # dQ = dS K: 128 keys / 16 k-steps, m64n64, A and B transposed
+            ("64x64x16", "ss", ".tnspA.tnspB"): 8,
+        }
+    )
+    assert mix == want, (dict(mix), sass[-1500:])
+    assert " HMMA" not in sass, "an mma.sync tensor-core op left in the wgmma kernel"
+    # the loop's schedule: one arrive per batch (S^T + dP^T, dV, dK, dQ) and the kernel's own
+    # waits, nothing ptxas added (it serialises wgmmas it cannot prove safe with extra waits)
+    events = [
+        m.group(1)
+        for m in (
+            re.search(
+                r"(HGMMA\.\w+|BAR\.SYNC|WARPGROUP\.ARRIVE|WARPGROUP\.DEPBAR\.LE gsb0, 0x\d)", x
+            )
+            for x in sass.splitlines()
+        )
+        if m is not None
+    ]
+    steps: list[str] = []
+    for ev in events:
+        if not (steps and steps[-1] == ev and ev.startswith("HGMMA")):
+            steps.append(ev)
+    sd, dv, dq = f"HGMMA.64x{block_m}x16", f"HGMMA.64x{hd}x16", "HGMMA.64x64x16"
+    wait1, wait0 = "WARPGROUP.DEPBAR.LE gsb0, 0x1", "WARPGROUP.DEPBAR.LE gsb0, 0x0"
+    arrive = "WARPGROUP.ARRIVE"
+    loop = [
+        "BAR.SYNC",
+        arrive,
+        sd,
+        wait1,
+        arrive,
+        dv,
+        wait1,
+        arrive,
+        dv,
+        "BAR.SYNC",
+        arrive,
+        dq,
+        wait0,
+    ]
+    assert steps[: len(loop)] == loop, steps
+    # dQ partials: the vector reduction, 8 n8 slabs x 2 rows per thread
+    assert sum("REDG.E.ADD.F32x2" in line for line in sass.splitlines()) == 16
