@@ -7,7 +7,7 @@
 use crate::error::{unsupported, value_err, Error, Result};
 use crate::ops::attention::{self, head_dim_tile, FlashFwdArgs, Problem};
 use crate::ops::flash_tiles::HEAD_DIM_TILES;
-use crate::runtime::{runtime, KernelSpec, StreamChoice, StreamScratch};
+use crate::runtime::{runtime, KernelSpec, StreamChoice};
 use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
 
 pub const SOURCE: &str = include_str!("../../cuda/flash_bwd.cu");
@@ -726,7 +726,7 @@ pub(crate) fn launch(
     let pre_grid = aux_grid(pl.seqlen_q_pad)?;
     let conv_grid = aux_grid(p.seqlen_q)?;
     let s = dev.stream(stream)?;
-    let mut scratch = StreamScratch::new(s);
+    let mut scratch = dev.scratch(s)?;
     let base = scratch.alloc(pl.scratch_bytes as usize)?;
     params.dq_accum = base;
     params.dpsum = base + pl.dpsum_off as u64;

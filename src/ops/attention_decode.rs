@@ -10,7 +10,7 @@
 use crate::error::{type_err, unsupported, value_err, Error, Result};
 use crate::ops::attention::head_dim_tile;
 use crate::ops::flash_tiles::HEAD_DIM_TILES;
-use crate::runtime::{runtime, KernelSpec, StreamChoice, StreamScratch};
+use crate::runtime::{runtime, KernelSpec, StreamChoice};
 use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
 
 pub const SOURCE: &str = include_str!("../../cuda/flash_decode.cu");
@@ -766,7 +766,7 @@ pub fn attention(a: &KvcacheArgs, stream: StreamChoice) -> Result<()> {
         1,
         1,
     );
-    let mut scratch = StreamScratch::new(s);
+    let mut scratch = dev.scratch(s)?;
     let base = scratch.alloc(pl.scratch_bytes as usize)?;
     params.o_partial = base;
     params.lse_partial = base + pl.lse_off as u64;

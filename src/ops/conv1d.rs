@@ -3,7 +3,7 @@
 //! stride 1) and launch of `cuda/causal_conv1d.cu`.
 
 use crate::error::{type_err, unsupported, value_err, Error, Result};
-use crate::runtime::{runtime, KernelSpec, StreamChoice, StreamScratch};
+use crate::runtime::{runtime, KernelSpec, StreamChoice};
 use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
 
 pub const SOURCE: &str = include_str!("../../cuda/causal_conv1d.cu");
@@ -470,7 +470,7 @@ pub fn backward(a: &Conv1dBwdArgs, stream: StreamChoice) -> Result<()> {
         .map_err(|_| unsupported("dim too large"))?;
     let s = dev.stream(stream)?;
     let bytes = (p.nparts.max(1) * p.dim * (width + 1) * 4) as usize;
-    let mut scratch = StreamScratch::new(s);
+    let mut scratch = dev.scratch(s)?;
     p.partials = scratch.alloc(bytes)?;
     // SAFETY: params mirrors Conv1dParams; every tensor was checked above; the scratch holds
     // nparts * dim * (width + 1) floats, each written by the main kernel before the reduce reads it.

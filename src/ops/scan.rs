@@ -4,7 +4,7 @@
 
 use crate::error::{unsupported, value_err, Error, Result};
 use crate::ops::next_pow2;
-use crate::runtime::{runtime, KernelSpec, StreamChoice, StreamScratch};
+use crate::runtime::{runtime, KernelSpec, StreamChoice};
 use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
 
 pub const SOURCE: &str = include_str!("../../cuda/selective_scan.cu");
@@ -631,7 +631,7 @@ pub fn forward(a: &ScanArgs, stream: StreamChoice) -> Result<()> {
     // Chunked: scratch for each chunk's end state and dt sum, stream-ordered so it is safe
     // under graph capture and freed once the two launches have run.
     let rows = p.batch * p.dim * (pl.nchunks - 1);
-    let mut scratch = StreamScratch::new(s);
+    let mut scratch = dev.scratch(s)?;
     params.base.chunk_state = scratch.alloc((rows * pl.tiles.dpad * 4) as usize)?;
     params.base.chunk_dtsum = scratch.alloc((rows * 4) as usize)?;
     let state_k = dev.kernel(&spec(

@@ -5,7 +5,7 @@
 use crate::error::{unsupported, value_err, Error, Result};
 use crate::ops::next_pow2;
 use crate::ops::scan::{self, Problem, ScanArgs, SAVE_CHUNK};
-use crate::runtime::{runtime, KernelSpec, StreamChoice, StreamScratch};
+use crate::runtime::{runtime, KernelSpec, StreamChoice};
 use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
 
 pub const SOURCE: &str = include_str!("../../cuda/selective_scan_bwd.cu");
@@ -606,7 +606,7 @@ pub fn backward(a: &ScanBwdArgs, stream: StreamChoice) -> Result<()> {
     }
     let bwd_k = dev.kernel(&kspec(ENTRY_BWD)?)?;
     let block = (pl.tiles.threads as u32, 1, 1);
-    let mut scratch = StreamScratch::new(s);
+    let mut scratch = dev.scratch(s)?;
     params.ck = scratch.alloc((4 * pl.ck_floats) as usize)?;
     // 2. chunk states, when the sequence has several chunks and the forward saved none.
     if pl.nsaved > 0 && a.saved_states.is_none() {

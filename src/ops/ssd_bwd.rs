@@ -9,7 +9,7 @@ use crate::error::{unsupported, value_err, Error, Result};
 use crate::ops::ssd::{
     self, check_inputs, dtype_code, grid_u32, s3, s4, tiles, Problem, SsdInputs, SsdParams,
 };
-use crate::runtime::{runtime, KernelSpec, StreamChoice, StreamScratch};
+use crate::runtime::{runtime, KernelSpec, StreamChoice};
 use crate::tensor::{common_cuda_device, expect_no_overlap, TensorView};
 
 pub const SOURCE: &str = include_str!("../../cuda/ssd_bwd.cu");
@@ -295,7 +295,7 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
 
     let npass_tiles = (p.headdim * p.dstate + PASS_THREADS - 1) / PASS_THREADS;
     let lay = layout(&p, chunk, i.d.is_some(), npass_tiles);
-    let mut scratch = StreamScratch::new(st);
+    let mut scratch = dev.scratch(st)?;
     let base = scratch.alloc(4 * lay.total.max(1) as usize)?;
     let at = |off: i64| base + 4 * off as u64;
 

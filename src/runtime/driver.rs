@@ -252,93 +252,78 @@ impl Stream {
     }
 }
 
-/// Bytes our scratch pool keeps reserved across synchronisations (see `scratch_pool`).
+/// Bytes our scratch pool keeps reserved across synchronisations (see `ScratchPool::create`).
 const SCRATCH_KEEP_BYTES: u64 = 256 << 20;
 
-/// A stream-ordered memory pool of our own on one device (never destroyed: process lifetime).
-#[derive(Clone, Copy)]
-struct Pool(sys::CUmemoryPool);
+/// A stream-ordered memory pool of our own on one device (never destroyed: process lifetime;
+/// `DeviceCtx` holds one per device, see `ScratchPool::create`).
+#[derive(Clone, Copy, Debug)]
+pub struct ScratchPool(sys::CUmemoryPool);
 
 // SAFETY: a CUmemoryPool handle may be used from any thread.
-unsafe impl Send for Pool {}
-unsafe impl Sync for Pool {}
+unsafe impl Send for ScratchPool {}
+unsafe impl Sync for ScratchPool {}
 
-/// The scratch pool of the current context's device, made on first use; None where the
-/// device has no memory pools (then the default pool serves). Why not the default pool: its
-/// release threshold is 0, so every host synchronisation (a `.item()`, a pageable copy, the
-/// end of a generate step) hands its memory back to the OS and the next cuMemAllocAsync maps
-/// fresh pages, ~140 us on the H100 — paid by the first op of every real-time frame. Our pool
-/// keeps up to SCRATCH_KEEP_BYTES; setting the default pool's threshold instead would change
-/// it for every library in the process.
-fn scratch_pool() -> Result<Option<Pool>> {
-    static POOLS: std::sync::Mutex<Vec<(i32, Option<Pool>)>> = std::sync::Mutex::new(Vec::new());
-    let mut dev: sys::CUdevice = 0;
-    // SAFETY: out-pointer to a local; a context is current (every op binds one).
-    unsafe { sys::cuCtxGetDevice(&mut dev) }
-        .result()
-        .map_err(cuda_err("cuCtxGetDevice"))?;
-    let mut pools = POOLS.lock().map_err(|_| Error::Cuda {
-        call: "scratch pool",
-        detail: "the pool registry's lock was poisoned by a panic".into(),
-    })?;
-    if let Some((_, pool)) = pools.iter().find(|(d, _)| *d == dev) {
-        return Ok(*pool);
-    }
-    let pool = create_pool(dev)?;
-    pools.push((dev, pool));
-    Ok(pool)
-}
-
-fn create_pool(dev: sys::CUdevice) -> Result<Option<Pool>> {
-    let supported = {
-        // SAFETY: dev is the current context's device.
+impl ScratchPool {
+    /// The scratch pool of device `ordinal`; None where the device has no memory pools (then
+    /// the default pool serves). Why not the default pool: its release threshold is 0, so
+    /// every host synchronisation (a `.item()`, a pageable copy, the end of a generate step)
+    /// hands its memory back to the OS and the next cuMemAllocAsync maps fresh pages, ~140 us
+    /// on the H100 — paid by the first op of every real-time frame. Our pool keeps up to
+    /// SCRATCH_KEEP_BYTES; setting the default pool's threshold instead would change it for
+    /// every library in the process.
+    pub fn create(ordinal: i32) -> Result<Option<ScratchPool>> {
+        let dev = result::device::get(ordinal).map_err(cuda_err("cuDeviceGet"))?;
+        let supported = {
+            // SAFETY: dev is a valid device handle.
+            unsafe {
+                result::device::get_attribute(
+                    dev,
+                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+                )
+            }
+            .map_err(cuda_err("cuDeviceGetAttribute"))?
+        };
+        if supported == 0 {
+            return Ok(None);
+        }
+        // SAFETY: an all-zero CUmemPoolProps is the documented default (no handle types, no
+        // max size); the fields that matter are set below.
+        let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+        props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = dev;
+        let mut raw: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; props is fully initialised.
+        unsafe { sys::cuMemPoolCreate(&mut raw, &props) }
+            .result()
+            .map_err(cuda_err("cuMemPoolCreate"))?;
+        let mut keep: u64 = SCRATCH_KEEP_BYTES;
+        // SAFETY: raw is the pool just created; the attribute takes a pointer to a u64.
         unsafe {
-            result::device::get_attribute(
-                dev,
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+            sys::cuMemPoolSetAttribute(
+                raw,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut keep as *mut u64).cast(),
             )
         }
-        .map_err(cuda_err("cuDeviceGetAttribute"))?
-    };
-    if supported == 0 {
-        return Ok(None);
-    }
-    // SAFETY: an all-zero CUmemPoolProps is the documented default (no handle types, no
-    // max size); the fields that matter are set below.
-    let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
-    props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-    props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
-    props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-    props.location.id = dev;
-    let mut raw: sys::CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: out-pointer to a local; props is fully initialised.
-    unsafe { sys::cuMemPoolCreate(&mut raw, &props) }
         .result()
-        .map_err(cuda_err("cuMemPoolCreate"))?;
-    let mut keep: u64 = SCRATCH_KEEP_BYTES;
-    // SAFETY: raw is the pool just created; the attribute takes a pointer to a u64.
-    unsafe {
-        sys::cuMemPoolSetAttribute(
-            raw,
-            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-            (&mut keep as *mut u64).cast(),
-        )
+        .map_err(cuda_err("cuMemPoolSetAttribute"))?;
+        Ok(Some(ScratchPool(raw)))
     }
-    .result()
-    .map_err(cuda_err("cuMemPoolSetAttribute"))?;
-    Ok(Some(Pool(raw)))
 }
 
-/// Stream-ordered allocation (graph-capturable) from our scratch pool: usable by work queued
-/// on `stream` after this. The current context must be the stream's device's. Under stream
-/// capture the default pool serves (the graph owns what it allocates; no release threshold
-/// is involved there).
-pub fn alloc_async(bytes: usize, stream: Stream) -> Result<u64> {
+/// Stream-ordered allocation (graph-capturable) from `pool` (the stream's device's scratch
+/// pool; None: the default pool): usable by work queued on `stream` after this. The current
+/// context must be the stream's device's. Under stream capture the default pool serves (the
+/// graph owns what it allocates; no release threshold is involved there).
+pub fn alloc_async(bytes: usize, stream: Stream, pool: Option<ScratchPool>) -> Result<u64> {
     // a failed query (the legacy stream while another thread captures) keeps the default pool
     let pool = if is_capturing(stream).unwrap_or(true) {
         None
     } else {
-        scratch_pool()?
+        pool
     };
     let Some(pool) = pool else {
         // SAFETY: returns a fresh allocation ordered on a stream of the current context.

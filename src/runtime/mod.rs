@@ -221,6 +221,7 @@ pub struct DeviceCtx {
     ctx: driver::Context,
     kernels: Mutex<KernelMap>,
     own_stream: OnceLock<std::result::Result<Stream, Error>>,
+    scratch_pool: OnceLock<std::result::Result<Option<driver::ScratchPool>, Error>>,
 }
 
 pub struct LoadedKernel {
@@ -246,6 +247,7 @@ impl DeviceCtx {
             ctx,
             kernels: Mutex::new(KernelMap::default()),
             own_stream: OnceLock::new(),
+            scratch_pool: OnceLock::new(),
         })
     }
 
@@ -268,6 +270,16 @@ impl DeviceCtx {
                 })
                 .clone(),
         }
+    }
+
+    /// The scratch buffers of one call on `stream` (a stream of this device), from this
+    /// device's scratch pool (made on first use; see `driver::ScratchPool::create`).
+    pub fn scratch(&self, stream: Stream) -> Result<StreamScratch> {
+        let pool = self
+            .scratch_pool
+            .get_or_init(|| driver::ScratchPool::create(self.props.ordinal))
+            .clone()?;
+        Ok(StreamScratch::new(stream, pool))
     }
 
     /// Ends a call: synchronises our own stream when the caller has none to order on.

@@ -3,31 +3,34 @@
 //! after the launches that use it, on every path.
 
 use crate::error::Result;
-use crate::runtime::driver::{self, Stream};
+use crate::runtime::driver::{self, ScratchPool, Stream};
 
 /// The scratch buffers of one call on one stream. `free` releases them once the launches are
 /// queued and reports a failed free; on an early return (an error before `free`) dropping the
 /// guard releases them, quietly (the call already fails with the first error).
 ///
 /// The device's context must be current wherever the guard allocates, frees or is dropped
-/// (ops hold `DeviceCtx::bind`'s guard for the whole call: declare it before this one).
+/// (ops hold `DeviceCtx::bind`'s guard for the whole call: declare it before this one). Made
+/// by `DeviceCtx::scratch`, which passes the device's scratch pool.
 pub struct StreamScratch {
     ptrs: Vec<u64>,
     stream: Stream,
+    pool: Option<ScratchPool>,
 }
 
 impl StreamScratch {
-    pub fn new(stream: Stream) -> StreamScratch {
+    pub fn new(stream: Stream, pool: Option<ScratchPool>) -> StreamScratch {
         StreamScratch {
             ptrs: Vec::new(),
             stream,
+            pool,
         }
     }
 
     /// A new buffer of `bytes` bytes (at least one), usable by work queued on the stream
     /// after this call and until `free`.
     pub fn alloc(&mut self, bytes: usize) -> Result<u64> {
-        let p = driver::alloc_async(bytes, self.stream)?;
+        let p = driver::alloc_async(bytes, self.stream, self.pool)?;
         self.ptrs.push(p);
         Ok(p)
     }
@@ -66,8 +69,8 @@ mod tests {
     #[test]
     fn empty_scratch_frees_without_the_driver() {
         // no buffer: neither free nor drop calls cuMemFreeAsync (no GPU here)
-        let s = StreamScratch::new(Stream::from_raw(0));
+        let s = StreamScratch::new(Stream::from_raw(0), None);
         assert!(s.free().is_ok());
-        drop(StreamScratch::new(Stream::from_raw(0)));
+        drop(StreamScratch::new(Stream::from_raw(0), None));
     }
 }
