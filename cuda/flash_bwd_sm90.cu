@@ -41,9 +41,10 @@
 //     K, its dV / dK wgmma read the other stage's Q / dO, all waited for)
 //   S^T group, dP^T group; issue loads of it + 1 into stage st ^ 1 (under the wgmmas)
 //   wait_group 1 -> S^T; P^T; mask P^T; dV group (register A = packed P^T)
-//   wait_group 1 -> dP^T (dV may run on); dS^T; dK group (register A = packed dS^T)
-//   (pa / sa stay live and unmodified until the last wait below)
-//   st.shared dS^T; fence.proxy.async; __syncthreads             dS^T visible to both warpgroups'
+//   wait_group 1 -> dP^T (dV may run on); dS^T; st.shared dS^T (before the dK issue: pa / sa
+//   are not touched at all, not even read, between their wgmma and its wait, PTX ISA
+//   wgmma.wait_group); dK group (register A = packed dS^T)
+//   fence.proxy.async; __syncthreads                              dS^T visible to both warpgroups'
 //     tensor cores
 //   dQ group; wait_group 0 (dQ, dV, dK done); red.add dQ
 // The descriptor / fence review for a first GPU run is in ARCHITECTURE.md ("Hopper backward").
@@ -364,15 +365,9 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
 #pragma unroll
             for (int e = 0; e < 4; ++e) sa[kk][e] = pack2<FS_DTYPE>(acc_dp[8 * kk + 2 * e], acc_dp[8 * kk + 2 * e + 1]);
 
-        // ---- dK += dS^T Q (B = Q MN-major) ----
-        reg_fence(acc_dk);
-        wgmma_fence();  // sa was written by ordinary instructions since the last fence
-#pragma unroll
-        for (int kk = 0; kk < kPSteps; ++kk)
-            wgmma_rs<kHeadDim, FS_DTYPE, 1>(acc_dk, sa[kk], wgmma_desc(sQ + kk * 16 * 128, kQColBlock, 1024), 1);
-        wgmma_commit();
-
-        // ---- dS^T -> shared memory (key rows, query columns; the packed pairs of sa) ----
+        // ---- dS^T -> shared memory (key rows, query columns; the packed pairs of sa), before
+        //      the dK wgmma takes sa as its register A: the PTX ISA (wgmma.wait_group) makes any access
+        //      to an in-flight wgmma's A registers, reads included, undefined ----
 #pragma unroll
         for (int kk = 0; kk < kPSteps; ++kk)
 #pragma unroll
@@ -381,6 +376,15 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
                 const int col = 16 * kk + 8 * (e >> 1) + 2 * t;     // a2, a3: column + 8
                 *reinterpret_cast<u32*>(smem + kSOff + swz_offset(kBlockN, row, col)) = sa[kk][e];
             }
+
+        // ---- dK += dS^T Q (B = Q MN-major) ----
+        reg_fence(acc_dk);
+        wgmma_fence();  // sa was written by ordinary instructions since the last fence
+#pragma unroll
+        for (int kk = 0; kk < kPSteps; ++kk)
+            wgmma_rs<kHeadDim, FS_DTYPE, 1>(acc_dk, sa[kk], wgmma_desc(sQ + kk * 16 * 128, kQColBlock, 1024), 1);
+        wgmma_commit();
+
         fence_proxy_async();  // the st.shared above are read next by the tensor cores
         __syncthreads();      // dS^T complete: each warpgroup's dQ reads both warpgroups' keys
 

@@ -144,3 +144,76 @@ def test_every_product_runs_on_hgmma(sass_of, hd: int, dtype: int, mask: int) ->
     assert steps[: len(loop)] == loop, steps
     # dQ partials: the vector reduction, 8 n8 slabs x 2 rows per thread
     assert sum("REDG.E.ADD.F32x2" in line for line in sass.splitlines()) == 16
+
+
+_INS = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
+_REG = re.compile(r"(?<![A-Za-z_])R(\d+)(\.64|\.128)?(?![0-9])")
+
+
+def wgmma_register_hazards(sass: str) -> list[str]:
+    """Instructions other than HGMMA that touch (read or write) an accumulator or register-A
+    register of an HGMMA not yet completed by a WARPGROUP.DEPBAR, walking the SASS in text order:
+    the PTX ISA (wgmma.wait_group) makes any such access undefined, reads included. Commit
+    groups end at the HGMMA carrying gsb0; DEPBAR.LE gsb0, N leaves the N most recent pending."""
+    pending: list[set[int]] = []  # committed groups in flight, oldest first
+    open_group: set[int] = set()
+    bad = []
+    for line in sass.splitlines():
+        m = _INS.search(line)
+        if m is None:
+            continue
+        ins = re.sub(r"^@!?U?P\w+\s+", "", m.group(1))
+        op = ins.split()[0]
+        args = ins[len(op) :]
+        if op.startswith("HGMMA"):
+            n = int(re.match(r"HGMMA\.64x(\d+)x16", op).group(1))
+            ops = [o.strip() for o in args.split(",")]
+            d = int(ops[0][1:])
+            open_group |= set(range(d, d + n // 2))
+            a = re.fullmatch(r"R(\d+)", ops[1])
+            if a:  # register A: four 32-bit registers
+                open_group |= set(range(int(a.group(1)), int(a.group(1)) + 4))
+            if "gsb0" in ins:
+                pending.append(open_group)
+                open_group = set()
+            continue
+        w = re.match(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x(\d)", ins)
+        if w:
+            keep = int(w.group(1))
+            pending = pending[len(pending) - keep :] if keep else []
+            continue
+        busy = set().union(open_group, *pending)
+        if not busy:
+            continue
+        width = 4 if ".128" in op else 2 if ".64" in op else 1
+        used: set[int] = set()
+        for r in _REG.finditer(args):
+            span = {".64": 2, ".128": 4}.get(r.group(2) or "", 1)
+            before = args[: r.start()]
+            if before.count("[") <= before.count("]"):  # a data register, not an address
+                span = max(span, width)
+            used |= set(range(int(r.group(1)), int(r.group(1)) + span))
+        if used & busy:
+            bad.append(f"{ins}  <- in-flight wgmma registers {sorted(used & busy)}")
+    return bad
+
+
+def test_register_hazard_check_can_fail() -> None:
+    """The first version of the kernel stored dS^T from sa right after the dK wgmma took sa as
+    its register A (before the wait): that SASS shape is reported; stored before, it is not."""
+    hgmma = "/*5b50*/ HGMMA.64x128x16.F32.BF16 R88, R196, gdesc[UR24].tnspB, R88, gsb0 ;"
+    sts = "/*5b60*/ STS [R163+0x20000], R197 ;"
+    wait = "/*63a0*/ WARPGROUP.DEPBAR.LE gsb0, 0x0 ;"
+    assert len(wgmma_register_hazards("\n".join([hgmma, sts, wait]))) == 1
+    assert wgmma_register_hazards("\n".join([sts, hgmma, wait])) == []
+    assert wgmma_register_hazards("\n".join([hgmma, wait, sts])) == []
+
+
+@pytest.mark.parametrize("hd,dtype,mask", [(128, 1, 0), (128, 0, 1), (64, 1, 0), (64, 0, 1)])
+def test_no_register_touched_under_an_inflight_wgmma(
+    sass_of, hd: int, dtype: int, mask: int
+) -> None:  # noqa: ANN001
+    """No instruction reads or writes the accumulators or register-A operands (pa, sa) of a wgmma
+    before the wait that completes it (the verified forwards pass this check too)."""
+    bad = wgmma_register_hazards(sass_of(_name(hd, dtype, mask)))
+    assert bad == [], "\n".join(bad[:20])

@@ -3,10 +3,14 @@
 # H100 / H200, with the wheel built here carried in .dev/wheel (bash tools/build_wheel.sh).
 # Stages (each Python run killed after its limit, so a hang shows as rc 137; the device tool
 # allows 600 s per command, so run them as separate calls on one warm machine, e.g.
+#   bash tools/sm90_bwd_gpu.sh sass            (< 300 s; first: this machine's ptxas)
 #   bash tools/sm90_bwd_gpu.sh quick check     (< 600 s)
 #   bash tools/sm90_bwd_gpu.sh time            (< 600 s)
 #   bash tools/sm90_bwd_gpu.sh sanitize        (< 480 s)
 #   bash tools/sm90_bwd_gpu.sh fallback        (< 600 s; the lead's gpu_check tests cover it too)
+#   sass      tests/test_sm90_bwd_compile.py with this machine's NVRTC (its ptxas may schedule
+#             differently from the one the CPU checks ran with): no spills, the HGMMA mix and
+#             loop schedule, no instruction touching an in-flight wgmma's registers (< 300 s)
 #   quick     the child-process test (its own cache: the wgmma backward must be what was built)
 #             and tools/sm90_bwd_small.py's four odd shapes: a wrong descriptor shows in seconds
 #   check     tests/test_backward_gpu.py -k sm90: the dense hd64 / hd128 matrix, poisoned
@@ -50,6 +54,9 @@ for stage in "${stages[@]}"; do
         -k "sm90_kernel_is_what_runs"
       run quick-small 90 env FLASHSCAN_SM90_BWD=1 python3 "$small"
       ;;
+    sass)
+      run sass 290 python3 -m pytest "$repo/tests/test_sm90_bwd_compile.py" -q -p no:cacheprovider
+      ;;
     check)
       run check-sm90 280 python3 -m pytest "$repo/tests/test_backward_gpu.py" -q -p no:cacheprovider \
         -k "sm90" --maxfail=10
@@ -75,6 +82,6 @@ for stage in "${stages[@]}"; do
 done
 echo "=== summary"
 cat "$OUT/summary.txt"
-grep -h "passed\|failed" "$OUT"/quick-*.log "$OUT"/check-*.log 2>/dev/null | tail -5
+grep -h "passed\|failed" "$OUT"/sass.log "$OUT"/quick-*.log "$OUT"/check-*.log 2>/dev/null | tail -5
 grep -h "ERROR SUMMARY" "$OUT"/sanitize-*.log 2>/dev/null
 grep -h "^| " "$OUT"/time*.log 2>/dev/null | head -40
