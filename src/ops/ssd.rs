@@ -9,6 +9,16 @@ use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
 
 pub const SOURCE: &str = include_str!("../../cuda/ssd.cu");
 pub const FAMILY: &str = "ssd";
+/// The second forward path (`cuda/ssd_fwd2.cu`, fp16 / bf16): C B^T once per group into the
+/// `cb` workspace, cp.async + ldmatrix operands. Chosen when the caller passes `cb`
+/// (python/flashscan/ssd.py does so under FLASHSCAN_SSD_FWD=2); not yet measured on a GPU.
+pub const SOURCE2: &str = include_str!("../../cuda/ssd_fwd2.cu");
+pub const FAMILY2: &str = "ssd_fwd2";
+pub const ENTRY2_CB: &str = "ssd2_chunk_cb";
+pub const ENTRY2_STATE: &str = "ssd2_chunk_state";
+pub const ENTRY2_SCAN: &str = "ssd2_chunk_scan";
+/// ssd2_chunk_state's tile of states per CTA (channels x states: 64 x 128).
+const STATE2_TILE_N: i64 = 128;
 pub const ENTRY_STATE: &str = "ssd_chunk_state";
 pub const ENTRY_PASS: &str = "ssd_state_passing";
 pub const ENTRY_SCAN: &str = "ssd_chunk_scan";
@@ -77,6 +87,20 @@ pub struct SsdParams {
 
 const _: () = assert!(std::mem::size_of::<SsdParams>() == 488);
 
+/// Mirrors `struct Ssd2Params` in cuda/ssd_fwd2.cu (512 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Ssd2Params {
+    pub p: SsdParams,
+    pub cb: u64,
+    pub vec_x: i32,
+    pub vec_bc: i32,
+    pub vec_z: i32,
+    pub vec_out: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<Ssd2Params>() == 512);
+
 /// The inputs and options of a call, shared by the forward and the backward (`ops::ssd_bwd`).
 pub struct SsdInputs<'a> {
     pub x: &'a TensorView,
@@ -102,6 +126,9 @@ pub struct SsdArgs<'a> {
     pub states: &'a TensorView,
     /// (batch, nheads, nchunks) float32, contiguous
     pub decay: &'a TensorView,
+    /// (batch, nchunks, ngroups, chunk_size, chunk_size) float32, contiguous: given, the second
+    /// forward path runs (fp16 / bf16 x; an fp32 x ignores it and runs the default path)
+    pub cb: Option<&'a TensorView>,
 }
 
 impl SsdInputs<'_> {
@@ -122,12 +149,13 @@ impl SsdInputs<'_> {
 }
 
 impl SsdArgs<'_> {
-    fn outputs(&self) -> [(&'static str, Option<&TensorView>); 4] {
+    fn outputs(&self) -> [(&'static str, Option<&TensorView>); 5] {
         [
             ("out", Some(self.out)),
             ("final_states", self.final_states),
             ("states", Some(self.states)),
             ("decay", Some(self.decay)),
+            ("cb", self.cb),
         ]
     }
 }
@@ -277,6 +305,9 @@ pub fn check(a: &SsdArgs) -> Result<Problem> {
         t.expect_shape("final_states", &st_shape)?;
         t.expect_writable("final_states")?;
     }
+    let q = a.inputs.chunk_size;
+    let cb =
+        a.cb.map(|t| ("cb", t, vec![batch, nchunks, p.ngroups, q, q]));
     for (name, t, shape) in [
         (
             "states",
@@ -284,7 +315,10 @@ pub fn check(a: &SsdArgs) -> Result<Problem> {
             vec![batch, nchunks, nheads, headdim, dstate],
         ),
         ("decay", a.decay, vec![batch, nheads, nchunks]),
-    ] {
+    ]
+    .into_iter()
+    .chain(cb)
+    {
         t.expect_dtype(name, &[DType::F32])?;
         t.expect_shape(name, &shape)?;
         t.expect_contiguous(name)?;
@@ -308,12 +342,34 @@ pub(crate) fn pass_spec(arch: i64) -> KernelSpec {
     spec(ENTRY_PASS, 2, 64, arch)
 }
 
+pub(crate) fn spec2(entry: &'static str, dtype: i64, chunk: i64, arch: i64) -> KernelSpec {
+    KernelSpec {
+        family: FAMILY2,
+        source: SOURCE2,
+        entry,
+        defines: vec![("FS_DTYPE", dtype), ("FS_CHUNK", chunk), ("FS_ARCH", arch)],
+    }
+}
+
 pub fn all_specs(arch: i64) -> Vec<KernelSpec> {
     let mut out = vec![pass_spec(arch)];
     for chunk in CHUNKS {
         for dtype in [0, 1, 2] {
             out.push(spec(ENTRY_STATE, dtype, chunk, arch));
             out.push(spec(ENTRY_SCAN, dtype, chunk, arch));
+        }
+    }
+    out
+}
+
+/// The second path's variants (16-bit data only).
+pub fn all_specs2(arch: i64) -> Vec<KernelSpec> {
+    let mut out = Vec::new();
+    for chunk in CHUNKS {
+        for dtype in [0, 1] {
+            for entry in [ENTRY2_CB, ENTRY2_STATE, ENTRY2_SCAN] {
+                out.push(spec2(entry, dtype, chunk, arch));
+            }
         }
     }
     out
@@ -468,6 +524,19 @@ pub fn forward(a: &SsdArgs, stream: StreamChoice) -> Result<()> {
     }
     let bh = grid_u32(p.batch * p.nheads, "batch * nheads")?;
     let st = dev.stream(stream)?;
+    if let (Some(cb), true) = (a.cb, dtype != 2) {
+        let q = Ssd2Params {
+            p: params,
+            cb: cb.ptr,
+            vec_x: rows16(inp.x, p.headdim),
+            vec_bc: (rows16(inp.b, p.dstate) == 1 && rows16(inp.c, p.dstate) == 1) as i32,
+            vec_z: inp.z.map_or(0, |z| rows16(z, p.headdim)),
+            vec_out: rows16(a.out, p.headdim),
+        };
+        // SAFETY: as below; cb was checked (shape, fp32, contiguous, no overlap).
+        unsafe { launch2(dev, &q, &p, dtype, inp.chunk_size, arch, st)? };
+        return dev.finish(stream);
+    }
     // SAFETY: params mirrors SsdParams; shapes, dtypes, devices, strides and the workspaces'
     // sizes were checked; the three kernels run in order on one stream.
     unsafe {
@@ -488,6 +557,90 @@ pub fn forward(a: &SsdArgs, stream: StreamChoice) -> Result<()> {
     dev.finish(stream)
 }
 
+/// 1 when every row of a 16-bit (.., last) tensor starts 16-byte aligned and `last` is a
+/// multiple of 8 elements: ssd_fwd2's cp.async / vector accesses are then valid.
+fn rows16(t: &TensorView, last: i64) -> i32 {
+    let n = t.strides.len();
+    let strides_ok = t.strides[..n - 1].iter().all(|s| s % 8 == 0);
+    (t.ptr % 16 == 0 && last % 8 == 0 && strides_ok) as i32
+}
+
+/// The second path's four launches: C B^T per group, chunk states (64 x 128 tiles), the default
+/// path's state passing, chunk outputs.
+///
+/// # Safety
+/// `q` must describe checked tensors and workspaces (cb included) of the sizes `p` gives, on `dev`.
+unsafe fn launch2(
+    dev: &DeviceCtx,
+    q: &Ssd2Params,
+    p: &Problem,
+    dtype: i64,
+    chunk: i64,
+    arch: i64,
+    st: Stream,
+) -> Result<()> {
+    let k_cb = dev.kernel(&spec2(ENTRY2_CB, dtype, chunk, arch))?;
+    let k_state = dev.kernel(&spec2(ENTRY2_STATE, dtype, chunk, arch))?;
+    let k_pass = dev.kernel(&pass_spec(arch))?;
+    let k_scan = dev.kernel(&spec2(ENTRY2_SCAN, dtype, chunk, arch))?;
+    let bh = grid_u32(p.batch * p.nheads, "batch * nheads")?;
+    let nchunks = grid_u32(p.nchunks, "seqlen / chunk_size")?;
+    let nb = chunk / TILE;
+    let block = (THREADS, 1, 1);
+    dev.launch(
+        &k_cb,
+        (
+            grid_u32(p.nchunks * (nb * (nb + 1) / 2), "seqlen / chunk_size")?,
+            grid_u32(p.ngroups, "ngroups")?,
+            grid_u32(p.batch, "batch")?,
+        ),
+        block,
+        0,
+        st,
+        q,
+    )?;
+    let n_tiles = (p.dstate + STATE2_TILE_N - 1) / STATE2_TILE_N;
+    dev.launch(
+        &k_state,
+        (
+            nchunks,
+            grid_u32(tiles(p.headdim) * n_tiles, "headdim * dstate")?,
+            bh,
+        ),
+        block,
+        0,
+        st,
+        q,
+    )?;
+    dev.launch(
+        &k_pass,
+        (
+            grid_u32(
+                (p.headdim * p.dstate + PASS_THREADS - 1) / PASS_THREADS,
+                "headdim * dstate",
+            )?,
+            bh,
+            1,
+        ),
+        (PASS_THREADS as u32, 1, 1),
+        0,
+        st,
+        &q.p,
+    )?;
+    dev.launch(
+        &k_scan,
+        (
+            grid_u32(p.nchunks * nb, "seqlen / 64")?,
+            grid_u32(tiles(p.headdim), "headdim")?,
+            bh,
+        ),
+        block,
+        0,
+        st,
+        q,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -497,5 +650,8 @@ mod tests {
         let s = all_specs(90);
         assert_eq!(s.len(), 1 + 2 * 3 * CHUNKS.len());
         assert!(s.iter().any(|k| k.entry == ENTRY_PASS));
+        let s2 = all_specs2(90);
+        assert_eq!(s2.len(), 3 * 2 * CHUNKS.len());
+        assert!(s2.iter().all(|k| k.family == FAMILY2));
     }
 }
