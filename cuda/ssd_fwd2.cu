@@ -165,7 +165,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_cb(const Ssd2P
 // ---- 1. chunk states --------------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ssd2Params q) {
     const SsdParams& p = q.p;
-    __shared__ float s_dt[kQ], s_cum[kQ], s_w[kQ];
+    __shared__ float s_dt[kQ], s_cum[kQ];
+    __shared__ __align__(8) float s_w[kQ];
     __shared__ int s_seg[kQ];
     __shared__ __align__(16) u16 s_x[2][32 * kLd64];   // positions s x channels p
     __shared__ __align__(16) u16 s_b[2][32 * kLd128];  // positions s x states n
@@ -245,8 +246,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ss
 // ---- 3. chunk outputs -------------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_scan(const Ssd2Params q) {
     const SsdParams& p = q.p;
-    __shared__ float s_dt[kQ], s_cum[kQ];
-    __shared__ int s_seg[kQ];
+    __shared__ __align__(8) float s_dt[kQ];
+    __shared__ __align__(8) float s_cum[kQ];
+    __shared__ __align__(8) int s_seg[kQ];
     __shared__ __align__(16) u16 s_x[2][kRows * kLd64];  // source positions s x channels p
     __shared__ __align__(16) u16 s_c[kRows * kLd64];     // positions l x states n
     __shared__ __align__(16) u16 s_h[kRows * kLd64];     // channels p x states n (H_c, rounded)
@@ -350,14 +352,19 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_scan(const Ssd
         // W in the accumulator layout = the A layout: a[kk] from n8 tiles 2 kk, 2 kk + 1
         float wv[8][4];
 #pragma unroll
-        for (int jn = 0; jn < 8; ++jn)
+        for (int jn = 0; jn < 8; ++jn) {
+            const int s = j * kRows + 8 * jn + t2;  // even: columns s, s + 1 by 8-byte reads
+            const float2 cum_s = *(const float2*)(s_cum + s), dt_s = *(const float2*)(s_dt + s);
+            const int2 seg_s = *(const int2*)(s_seg + s);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int hh = e >> 1, s = j * kRows + 8 * jn + t2 + (e & 1);
-                const float cbe = (e & 1) ? cbv[jn][hh].y : cbv[jn][hh].x;
-                const int l = l_of[hh];
-                wv[jn][e] = s <= l && l < len && s_seg[s] == seg_l[hh] ? cbe * ex(cum_l[hh] - s_cum[s]) * s_dt[s] : 0.f;
+                const int hh = e >> 1, l = l_of[hh], odd = e & 1;
+                const float cbe = odd ? cbv[jn][hh].y : cbv[jn][hh].x;
+                const float cs = odd ? cum_s.y : cum_s.x, ds_ = odd ? dt_s.y : dt_s.x;
+                const int sg = odd ? seg_s.y : seg_s.x;
+                wv[jn][e] = s + odd <= l && l < len && sg == seg_l[hh] ? cbe * ex(cum_l[hh] - cs) * ds_ : 0.f;
             }
+        }
         __syncthreads();
         const u32 b_base = smem_u32(s_x[j & 1]) + xb_lane;
 #pragma unroll

@@ -561,7 +561,11 @@ pub fn forward(a: &SsdArgs, stream: StreamChoice) -> Result<()> {
 /// multiple of 8 elements: ssd_fwd2's cp.async / vector accesses are then valid.
 fn rows16(t: &TensorView, last: i64) -> i32 {
     let n = t.strides.len();
-    let strides_ok = t.strides[..n - 1].iter().all(|s| s % 8 == 0);
+    // a size-1 dimension's stride is never stepped over: any value will do
+    let strides_ok = t.strides[..n - 1]
+        .iter()
+        .zip(&t.shape)
+        .all(|(s, &d)| d == 1 || s % 8 == 0);
     (t.ptr % 16 == 0 && last % 8 == 0 && strides_ok) as i32
 }
 
