@@ -658,4 +658,34 @@ mod tests {
         assert_eq!(s2.len(), 3 * 2 * CHUNKS.len());
         assert!(s2.iter().all(|k| k.family == FAMILY2));
     }
+
+    fn view(shape: &[i64], strides: &[i64], ptr: u64) -> TensorView {
+        TensorView {
+            ptr,
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            dtype: DType::BF16,
+            device: crate::tensor::DeviceKind::Cuda,
+            device_id: 0,
+            readonly: true,
+        }
+    }
+
+    #[test]
+    fn rows16_wants_aligned_rows_and_a_last_dim_of_eights() {
+        let dense = [2, 100, 4, 64];
+        let st = crate::dlpack::compact_strides(&dense);
+        assert_eq!(rows16(&view(&dense, &st, 0x1000), 64), 1);
+        assert_eq!(rows16(&view(&dense, &st, 0x1008), 64), 0); // 8-byte aligned start
+        let odd = [2, 100, 4, 33];
+        let st = crate::dlpack::compact_strides(&odd);
+        assert_eq!(rows16(&view(&odd, &st, 0x1000), 33), 0);
+        // a Mamba-2 split view: row stride 644 elements (not a multiple of 8)
+        assert_eq!(rows16(&view(&dense, &[64_400, 644, 64, 1], 0x1000), 64), 0);
+        // a size-1 dimension's stride does not matter
+        assert_eq!(
+            rows16(&view(&[2, 100, 1, 64], &[6400, 64, 3, 1], 0x1000), 64),
+            1
+        );
+    }
 }
