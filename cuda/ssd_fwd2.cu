@@ -15,8 +15,9 @@
 //                        + sum over 64-wide source blocks s <= l of W x, W = CB * exp(cum_l - cum_s)
 //                        dt'_s * [s <= l, seg_s == seg_l] built in registers straight from the CB
 //                        workspace in the accumulator layout, which is the A layout of the next mma
-//                        (no shared-memory round trip for W); x tiles double-buffered; D x reads the
-//                        diagonal block's x tile (already in shared memory), then z and the store.
+//                        (no shared-memory round trip for W); x tiles double-buffered; z prefetched
+//                        by cp.async during W x; D x reads the diagonal block's x tile (already in
+//                        shared memory), then silu(z) and the store.
 //
 // Operands: 16-bit tiles in the input dtype, global -> shared by 16-byte cp.async (LDGSTS, zero-fill
 // past the tile's valid rows / columns) when the tensor's rows are 16-byte aligned (host flags vec_*;
@@ -32,6 +33,11 @@
 //                    16 p x 128 n, acc[16][4]; K = the chunk's positions, 32 per step, 2 stages
 //   ssd2_chunk_scan  grid (nchunks * kQ / 64, ceil(headdim/64), batch * nheads); warp tile 16 l x 64 p,
 //                    acc[8][4]; C.H^T 64 states per step, then the (i + 1) source blocks of l-block i
+//
+// NVRTC 13.2 (2026-11-23, CPU only): sm_90a / sm_80 registers cb 96 / 96, state 132 / 134, scan 128
+// (chunk 128, 256; 104-120 at chunk 64); no stack or local bytes; static shared memory 21, 32, 40 KB:
+// 3 state CTAs and 4 scan CTAs per SM (capping state at 128 registers spills 16 bytes). SASS: LDGSTS
+// for every tile, LDSM (.MT88 for x^T, B and x in W x), HMMA.16816.F32.
 //
 // PREDICTION for b8 L2048 nheads 80 headdim 64 dstate 128 ngroups 1 chunk 256 bf16 on H100 — NOT YET
 // MEASURED (the default path takes 7809 us there, Triton 741 us):
@@ -250,7 +256,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_scan(const Ssd
     __shared__ __align__(8) float s_cum[kQ];
     __shared__ __align__(8) int s_seg[kQ];
     __shared__ __align__(16) u16 s_x[2][kRows * kLd64];  // source positions s x channels p
-    __shared__ __align__(16) u16 s_c[kRows * kLd64];     // positions l x states n
+    __shared__ __align__(16) u16 s_c[kRows * kLd64];     // positions l x states n; then z (l x p)
     __shared__ __align__(16) u16 s_h[kRows * kLd64];     // channels p x states n (H_c, rounded)
 
     const i64 b = blockIdx.z / p.nheads, h = blockIdx.z % p.nheads;
@@ -335,7 +341,15 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_scan(const Ssd
         cum_l[hh] = s_cum[lc];
         seg_l[hh] = s_seg[lc];
     }
+    // z (rows l x channels p) into s_c, free after C.H^T (its loop ended with __syncthreads): in
+    // flight during the W x blocks, whose first wait and barrier cover it
+    if (p.has_z) {
+        const u16* gz = (const u16*)p.z + b * p.z_s[0] + (c0 + m0) * p.z_s[1] + h * p.z_s[2] + p0;
+        load_tile<kRows, 64, kLd64>(s_c, gz, p.z_s[1], len - m0, hd, q.vec_z);
+        cp_async_commit();
+    }
     const u32 xb_lane = lane_bt(lane, kLd64) * 2;
+#pragma unroll 1
     for (int j = 0; j <= i; ++j) {
         // CB block (rows r0, r0 + 8; columns 8 jn + t2, + 1) into registers before waiting on x
         float2 cbv[8][2];
@@ -349,36 +363,38 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_scan(const Ssd
         } else {
             cp_async_wait<0>();
         }
-        // W in the accumulator layout = the A layout: a[kk] from n8 tiles 2 kk, 2 kk + 1
-        float wv[8][4];
-#pragma unroll
-        for (int jn = 0; jn < 8; ++jn) {
-            const int s = j * kRows + 8 * jn + t2;  // even: columns s, s + 1 by 8-byte reads
-            const float2 cum_s = *(const float2*)(s_cum + s), dt_s = *(const float2*)(s_dt + s);
-            const int2 seg_s = *(const int2*)(s_seg + s);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int hh = e >> 1, l = l_of[hh], odd = e & 1;
-                const float cbe = odd ? cbv[jn][hh].y : cbv[jn][hh].x;
-                const float cs = odd ? cum_s.y : cum_s.x, ds_ = odd ? dt_s.y : dt_s.x;
-                const int sg = odd ? seg_s.y : seg_s.x;
-                wv[jn][e] = s + odd <= l && l < len && sg == seg_l[hh] ? cbe * ex(cum_l[hh] - cs) * ds_ : 0.f;
-            }
-        }
         __syncthreads();
+        // W in the accumulator layout = the A layout: the A fragment of k16 block kk from n8 tiles
+        // 2 kk, 2 kk + 1, built just before its mma (so cbv dies as it is used)
         const u32 b_base = smem_u32(s_x[j & 1]) + xb_lane;
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
+            float wv[2][4];
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                const int jn = 2 * kk + u, s = j * kRows + 8 * jn + t2;  // s even: 8-byte reads
+                const float2 cum_s = *(const float2*)(s_cum + s), dt_s = *(const float2*)(s_dt + s);
+                const int2 seg_s = *(const int2*)(s_seg + s);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int hh = e >> 1, l = l_of[hh], odd = e & 1;
+                    const float cbe = odd ? cbv[jn][hh].y : cbv[jn][hh].x;
+                    const float cs = odd ? cum_s.y : cum_s.x, ds_ = odd ? dt_s.y : dt_s.x;
+                    const int sg = odd ? seg_s.y : seg_s.x;
+                    wv[u][e] = s + odd <= l && l < len && sg == seg_l[hh] ? cbe * ex(cum_l[hh] - cs) * ds_ : 0.f;
+                }
+            }
             u32 a[4];
-            acc_to_a<DT>(a, wv[2 * kk], wv[2 * kk + 1]);
+            acc_to_a<DT>(a, wv[0], wv[1]);
             mma_row<8, true>(acc, a, b_base + kk * 16 * kLd64 * 2, 16 * 2);
         }
         if (j < i) __syncthreads();  // stage j & 1 is refilled by the next iteration's load
     }
 
-    // epilogue: D x (x of row l from the diagonal block's tile, still in s_x[i & 1]), silu(z), store
+    // epilogue: D x (x of row l from the diagonal block's tile, still in s_x[i & 1]), silu(z) (z from
+    // s_c), store
     const u16* xd = s_x[i & 1];
-    const i64 z_row = b * p.z_s[0] + h * p.z_s[2] + p0, o_row = b * p.out_s[0] + h * p.out_s[2] + p0;
+    const i64 o_row = b * p.out_s[0] + h * p.out_s[2] + p0;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         const int r = r0 + 8 * hh, l = m0 + r;
@@ -395,15 +411,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_scan(const Ssd
                 if (col + 1 < hd) v1 += ld_any(p.D, h * p.D_s[0] + (p0 + col + 1) * p.D_s[1], p.D_dtype) * xv.y;
             }
             if (p.has_z) {
-                const i64 zi = z_row + t * p.z_s[1] + col;
-                if (q.vec_z) {
-                    const float2 zv = unpack2<DT>(__ldg((const u32*)((const u16*)p.z + zi)));
-                    v0 *= silu(zv.x);
-                    v1 *= silu(zv.y);
-                } else {
-                    v0 *= silu(ldg_f32<DT>(p.z, zi));
-                    if (col + 1 < hd) v1 *= silu(ldg_f32<DT>(p.z, zi + 1));
-                }
+                const float2 zv = unpack2<DT>(*(const u32*)(s_c + r * kLd64 + col));
+                v0 *= silu(zv.x);
+                v1 *= silu(zv.y);
             }
             const i64 oi = o_row + t * p.out_s[1] + col;
             if (q.vec_out) {
