@@ -41,6 +41,8 @@ def fwd_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     default path)."""
     if request.param == "2":
         monkeypatch.setenv("FLASHSCAN_SSD_FWD", "2")
+        if "float32" in request.node.name:
+            pytest.skip("float32 data stays on the default forward path")
     else:
         monkeypatch.delenv("FLASHSCAN_SSD_FWD", raising=False)
     return request.param
