@@ -10,7 +10,8 @@
 //                        dstate <= 128) = sum_s x_s^T (w_s B_s), w_s = [seg_s == seg_end]
 //                        exp(cum_end - cum_s) dt'_s computed once per chunk into shared memory and
 //                        applied to the A fragments of x^T (8 multiplies per k16 step per thread).
-//   2. ssd_state_passing cuda/ssd.cu's kernel, unchanged (fp32, one element per thread).
+//   2. ssd2_state_passing cuda/ssd.cu's recurrence (fp32), 4 consecutive elements per thread and the
+//                        next chunk's S in flight while the current H is stored.
 //   3. ssd2_chunk_scan   y (64 positions l x 64 channels p per CTA) = [seg_l == 0] exp(cum_l) C_l . H_c
 //                        + sum over 64-wide source blocks s <= l of W x, W = CB * exp(cum_l - cum_s)
 //                        dt'_s * [s <= l, seg_s == seg_l] built in registers straight from the CB
@@ -31,10 +32,11 @@
 //                    (l-block i, s-block j <= i); warp tile 16 l x 64 s, acc[8][4]
 //   ssd2_chunk_state grid (nchunks, ceil(headdim/64) * ceil(dstate/128), batch * nheads); warp tile
 //                    16 p x 128 n, acc[16][4]; K = the chunk's positions, 32 per step, 2 stages
+//   ssd2_state_passing grid (ceil(headdim * dstate / 1024), batch * nheads), 256 threads x 4 elements
 //   ssd2_chunk_scan  grid (nchunks * kQ / 64, ceil(headdim/64), batch * nheads); warp tile 16 l x 64 p,
 //                    acc[8][4]; C.H^T 64 states per step, then the (i + 1) source blocks of l-block i
 //
-// NVRTC 13.2 (2026-11-23, CPU only): sm_90a / sm_80 registers cb 96 / 96, state 132 / 134, scan 128
+// NVRTC 13.2 (2026-11-23, CPU only): sm_90a / sm_80 registers cb 96 / 96, state 132 / 134, pass 40, scan 128
 // (chunk 128, 256; 104-120 at chunk 64); no stack or local bytes; static shared memory 21, 32, 40 KB:
 // 3 state CTAs and 4 scan CTAs per SM (capping state at 128 registers spills 16 bytes). SASS: LDGSTS
 // for every tile, LDSM (.MT88 for x^T, B and x in W x), HMMA.16816.F32.
@@ -43,7 +45,7 @@
 // MEASURED (the default path takes 7809 us there, Triton 741 us):
 //   ssd2_chunk_cb      ~10 us  (0.7 GFLOP, 8 MB in / 17 MB out)
 //   ssd2_chunk_state   ~110 us (x 168 MB + B in, states 168 MB out fp32; 21 GFLOP)
-//   ssd_state_passing  ~120 us (states 336 MB read + written, unchanged kernel)
+//   ssd2_state_passing ~120 us (states 336 MB read + written at ~2.8 TB/s)
 //   ssd2_chunk_scan    ~250 us (states 168 MB, x 168 MB (+ L2 re-reads), z 168 MB, out 168 MB; CB 0.8 GB
 //                       from L2; 48 GFLOP of mma.sync)
 //   total              ~0.5 ms (~1.5x faster than Triton; the 2x target needs fused state passing)
@@ -247,6 +249,65 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ss
         }
     if (blockIdx.y == 0 && threadIdx.x == 0)
         p.decay[(b * p.nheads + h) * p.nchunks + c] = seg_end == 0 ? ex(cum_end) : 0.f;
+}
+
+// ---- 2. state passing ---------------------------------------------------------------------------------
+// cuda/ssd.cu's recurrence with 4 consecutive state elements per thread (LDG.128 / STG.128 where
+// headdim * dstate is a multiple of 4) and the next chunk's S loaded before the current H is
+// stored, so a load is always in flight (the default kernel waits one DRAM round trip per chunk).
+extern "C" __global__ void __launch_bounds__(kPassThreads) ssd2_state_passing(const Ssd2Params q) {
+    const SsdParams& p = q.p;
+    const i64 pn = p.headdim * p.dstate;
+    const i64 e0 = ((i64)blockIdx.x * kPassThreads + threadIdx.x) * 4;
+    if (e0 >= pn) return;
+    const i64 b = blockIdx.y / p.nheads, h = blockIdx.y % p.nheads;
+    const int nv = (int)min((i64)4, pn - e0);
+    const bool vec = (pn & 3) == 0;  // then every 4-element group is 16-byte aligned and whole
+    float H[4] = {0.f, 0.f, 0.f, 0.f};
+    if (p.has_init)
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            if (u < nv) {
+                const i64 e = e0 + u, pp = e / p.dstate, nn = e % p.dstate;
+                H[u] = ld_any(p.init, b * p.init_s[0] + h * p.init_s[1] + pp * p.init_s[2] + nn * p.init_s[3], p.init_dtype);
+            }
+    const float* decay = p.decay + (b * p.nheads + h) * p.nchunks;
+    const i64 step = p.nheads * pn;  // from one chunk's states to the next
+    float* ptr = p.states + (b * p.nchunks * p.nheads + h) * pn + e0;
+    auto load = [&](const float* src, float (&v)[4]) {
+        if (vec) {
+            const float4 f = *(const float4*)src;
+            v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+        } else {
+#pragma unroll
+            for (int u = 0; u < 4; ++u) v[u] = u < nv ? src[u] : 0.f;
+        }
+    };
+    float nxt[4];
+    load(ptr, nxt);
+    for (i64 c = 0; c < p.nchunks; ++c, ptr += step) {
+        float S[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) S[u] = nxt[u];
+        if (c + 1 < p.nchunks) load(ptr + step, nxt);
+        if (vec) {
+            *(float4*)ptr = make_float4(H[0], H[1], H[2], H[3]);
+        } else {
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (u < nv) ptr[u] = H[u];
+        }
+        const float d = decay[c];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) H[u] = d * H[u] + S[u];
+    }
+    if (p.has_final)
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            if (u < nv) {
+                const i64 e = e0 + u, pp = e / p.dstate, nn = e % p.dstate;
+                p.final_states[b * p.final_s[0] + h * p.final_s[1] + pp * p.final_s[2] + nn * p.final_s[3]] = H[u];
+            }
 }
 
 // ---- 3. chunk outputs -------------------------------------------------------------------------------

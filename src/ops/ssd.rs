@@ -16,6 +16,7 @@ pub const SOURCE2: &str = include_str!("../../cuda/ssd_fwd2.cu");
 pub const FAMILY2: &str = "ssd_fwd2";
 pub const ENTRY2_CB: &str = "ssd2_chunk_cb";
 pub const ENTRY2_STATE: &str = "ssd2_chunk_state";
+pub const ENTRY2_PASS: &str = "ssd2_state_passing";
 pub const ENTRY2_SCAN: &str = "ssd2_chunk_scan";
 /// ssd2_chunk_state's tile of states per CTA (channels x states: 64 x 128).
 const STATE2_TILE_N: i64 = 128;
@@ -367,7 +368,7 @@ pub fn all_specs2(arch: i64) -> Vec<KernelSpec> {
     let mut out = Vec::new();
     for chunk in CHUNKS {
         for dtype in [0, 1] {
-            for entry in [ENTRY2_CB, ENTRY2_STATE, ENTRY2_SCAN] {
+            for entry in [ENTRY2_CB, ENTRY2_STATE, ENTRY2_PASS, ENTRY2_SCAN] {
                 out.push(spec2(entry, dtype, chunk, arch));
             }
         }
@@ -569,8 +570,8 @@ fn rows16(t: &TensorView, last: i64) -> i32 {
     (t.ptr % 16 == 0 && last % 8 == 0 && strides_ok) as i32
 }
 
-/// The second path's four launches: C B^T per group, chunk states (64 x 128 tiles), the default
-/// path's state passing, chunk outputs.
+/// The second path's four launches: C B^T per group, chunk states (64 x 128 tiles), state
+/// passing (4 elements per thread), chunk outputs.
 ///
 /// # Safety
 /// `q` must describe checked tensors and workspaces (cb included) of the sizes `p` gives, on `dev`.
@@ -585,7 +586,7 @@ unsafe fn launch2(
 ) -> Result<()> {
     let k_cb = dev.kernel(&spec2(ENTRY2_CB, dtype, chunk, arch))?;
     let k_state = dev.kernel(&spec2(ENTRY2_STATE, dtype, chunk, arch))?;
-    let k_pass = dev.kernel(&pass_spec(arch))?;
+    let k_pass = dev.kernel(&spec2(ENTRY2_PASS, dtype, chunk, arch))?;
     let k_scan = dev.kernel(&spec2(ENTRY2_SCAN, dtype, chunk, arch))?;
     let bh = grid_u32(p.batch * p.nheads, "batch * nheads")?;
     let nchunks = grid_u32(p.nchunks, "seqlen / chunk_size")?;
@@ -616,11 +617,13 @@ unsafe fn launch2(
         st,
         q,
     )?;
+    // four state elements per thread
+    let per_cta = 4 * PASS_THREADS;
     dev.launch(
         &k_pass,
         (
             grid_u32(
-                (p.headdim * p.dstate + PASS_THREADS - 1) / PASS_THREADS,
+                (p.headdim * p.dstate + per_cta - 1) / per_cta,
                 "headdim * dstate",
             )?,
             bh,
@@ -629,7 +632,7 @@ unsafe fn launch2(
         (PASS_THREADS as u32, 1, 1),
         0,
         st,
-        &q.p,
+        q,
     )?;
     dev.launch(
         &k_scan,
@@ -655,7 +658,7 @@ mod tests {
         assert_eq!(s.len(), 1 + 2 * 3 * CHUNKS.len());
         assert!(s.iter().any(|k| k.entry == ENTRY_PASS));
         let s2 = all_specs2(90);
-        assert_eq!(s2.len(), 3 * 2 * CHUNKS.len());
+        assert_eq!(s2.len(), 4 * 2 * CHUNKS.len());
         assert!(s2.iter().all(|k| k.family == FAMILY2));
     }
 
