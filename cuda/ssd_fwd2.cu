@@ -36,10 +36,11 @@
 //   ssd2_chunk_scan  grid (nchunks * kQ / 64, ceil(headdim/64), batch * nheads); warp tile 16 l x 64 p,
 //                    acc[8][4]; C.H^T 64 states per step, then the (i + 1) source blocks of l-block i
 //
-// NVRTC 13.2 (2026-11-23, CPU only): sm_90a / sm_80 registers cb 96 / 96, state 132 / 134, pass 40, scan 128
-// (chunk 128, 256; 104-120 at chunk 64); no stack or local bytes; static shared memory 21, 32, 40 KB:
-// 3 state CTAs and 4 scan CTAs per SM (capping state at 128 registers spills 16 bytes). SASS: LDGSTS
-// for every tile, LDSM (.MT88 for x^T, B and x in W x), HMMA.16816.F32.
+// NVRTC 13.2 (2026-11-23, CPU only): sm_90a / sm_80 registers cb 96 / 96, state 132 / 134, pass 40,
+// scan 128 (chunk 128, 256; 104-120 at chunk 64); no stack or local bytes; static shared memory 21,
+// 32, 0, 40 KB: 3 state CTAs and 4 scan CTAs per SM (capping state at 128 registers spills 16 bytes).
+// SASS: LDGSTS for every tile, LDSM (.MT88 for x^T, B and x in W x), HMMA.16816.F32, LDG/STG.128 in
+// the state passing.
 //
 // PREDICTION for b8 L2048 nheads 80 headdim 64 dstate 128 ngroups 1 chunk 256 bf16 on H100 — NOT YET
 // MEASURED (the default path takes 7809 us there, Triton 741 us):
@@ -47,8 +48,10 @@
 //   ssd2_chunk_state   ~110 us (x 168 MB + B in, states 168 MB out fp32; 21 GFLOP)
 //   ssd2_state_passing ~120 us (states 336 MB read + written at ~2.8 TB/s)
 //   ssd2_chunk_scan    ~250 us (states 168 MB, x 168 MB (+ L2 re-reads), z 168 MB, out 168 MB; CB 0.8 GB
-//                       from L2; 48 GFLOP of mma.sync)
-//   total              ~0.5 ms (~1.5x faster than Triton; the 2x target needs fused state passing)
+//                       from L2; 48 GFLOP of mma.sync); ~200 us without z (benches/ssd.py passes none)
+//   total              ~0.45-0.5 ms (~1.5x faster than Triton). The traffic floor of this 4-kernel design
+//                      is ~0.4 ms; the 2x target needs the state passing fused into the chunk states
+//                      (one fp32 states pass less) or 16-bit carried states for the scan.
 //
 // Compile-time constants (host prelude): FS_DTYPE (0 fp16, 1 bf16), FS_CHUNK (64, 128 or 256).
 
