@@ -10,8 +10,10 @@
 //                        dstate <= 128) = sum_s x_s^T (w_s B_s), w_s = [seg_s == seg_end]
 //                        exp(cum_end - cum_s) dt'_s computed once per chunk into shared memory and
 //                        applied to the A fragments of x^T (8 multiplies per k16 step per thread).
-//   2. ssd2_state_passing cuda/ssd.cu's recurrence (fp32), 4 consecutive elements per thread and the
-//                        next chunk's S in flight while the current H is stored.
+//   2. ssd2_state_passing cuda/ssd.cu's recurrence (fp32 in registers), one CTA per (batch, head), 4
+//                        consecutive elements per thread, the next S in flight; H_c written in x's
+//                        dtype over chunk c's slot (in place, race-free: see the kernel), so the scan
+//                        reads 2 bytes per state element instead of 4.
 //   3. ssd2_chunk_scan   y (64 positions l x 64 channels p per CTA) = [seg_l == 0] exp(cum_l) C_l . H_c
 //                        + sum over 64-wide source blocks s <= l of W x, W = CB * exp(cum_l - cum_s)
 //                        dt'_s * [s <= l, seg_s == seg_l] built in registers straight from the CB
@@ -24,34 +26,34 @@
 // past the tile's valid rows / columns) when the tensor's rows are 16-byte aligned (host flags vec_*;
 // otherwise element loads), rows padded by 8 elements (row pitch = 16 bytes mod 128: ldmatrix rows hit
 // distinct banks), fragments by ldmatrix (.trans where the operand is stored K-major: x^T and B in 1,
-// x in W x). The fp32 carried states H are converted to the input dtype on their way into shared
-// memory (as in the default path, where they enter the 16-bit product rounded).
+// x in W x). The carried states H enter the scan in the input dtype (rounded by the state passing;
+// the default path rounds them as its fragments are built: the same values).
 //
 // Work split (128 threads = 4 warps; warp w owns rows 16w .. 16w + 15 of the CTA's 64-row tile):
 //   ssd2_chunk_cb    grid (nchunks * nb (nb + 1) / 2, ngroups, batch), nb = kQ / 64: one lower block
 //                    (l-block i, s-block j <= i); warp tile 16 l x 64 s, acc[8][4]
 //   ssd2_chunk_state grid (nchunks, ceil(headdim/64) * ceil(dstate/128), batch * nheads); warp tile
 //                    16 p x 128 n, acc[16][4]; K = the chunk's positions, 32 per step, 2 stages
-//   ssd2_state_passing grid (ceil(headdim * dstate / 1024), batch * nheads), 256 threads x 4 elements
+//   ssd2_state_passing grid (batch * nheads), 256 threads x 4 elements per 1024-element block
 //   ssd2_chunk_scan  grid (nchunks * kQ / 64, ceil(headdim/64), batch * nheads); warp tile 16 l x 64 p,
 //                    acc[8][4]; C.H^T 64 states per step, then the (i + 1) source blocks of l-block i
 //
-// NVRTC 13.2 (2026-11-23, CPU only): sm_90a / sm_80 registers cb 96 / 96, state 132 / 134, pass 40,
-// scan 128 (chunk 128, 256; 104-120 at chunk 64); no stack or local bytes; static shared memory 21,
-// 32, 0, 40 KB: 3 state CTAs and 4 scan CTAs per SM (capping state at 128 registers spills 16 bytes).
-// SASS: LDGSTS for every tile, LDSM (.MT88 for x^T, B and x in W x), HMMA.16816.F32, LDG/STG.128 in
-// the state passing.
+// NVRTC 13.2 (2026-11-23, CPU only): sm_90a / sm_80 registers cb 96-123, state 132 / 134, pass 48,
+// scan <= 128 (__launch_bounds__(128, 4): sm_80 took 166 without it); no stack or local bytes; static
+// shared memory 21, 32, 0, 40 KB: 3 state CTAs and 4 scan CTAs per SM (capping state at 128 registers
+// spills 16 bytes). SASS: LDGSTS for every tile, LDSM (.MT88 for x^T, B and x in W x),
+// HMMA.16816.F32, LDG.128 / 8-byte stores in the state passing.
 //
 // PREDICTION for b8 L2048 nheads 80 headdim 64 dstate 128 ngroups 1 chunk 256 bf16 on H100 — NOT YET
 // MEASURED (the default path takes 7809 us there, Triton 741 us):
 //   ssd2_chunk_cb      ~10 us  (0.7 GFLOP, 8 MB in / 17 MB out)
 //   ssd2_chunk_state   ~110 us (x 168 MB + B in, states 168 MB out fp32; 21 GFLOP)
-//   ssd2_state_passing ~120 us (states 336 MB read + written at ~2.8 TB/s)
-//   ssd2_chunk_scan    ~250 us (states 168 MB, x 168 MB (+ L2 re-reads), z 168 MB, out 168 MB; CB 0.8 GB
-//                       from L2; 48 GFLOP of mma.sync); ~200 us without z (benches/ssd.py passes none)
-//   total              ~0.45-0.5 ms (~1.5x faster than Triton). The traffic floor of this 4-kernel design
-//                      is ~0.4 ms; the 2x target needs the state passing fused into the chunk states
-//                      (one fp32 states pass less) or 16-bit carried states for the scan.
+//   ssd2_state_passing ~90 us  (states 168 MB read, 84 MB written in 16 bits)
+//   ssd2_chunk_scan    ~230 us (H 84 MB, x 168 MB (+ L2 re-reads), z 168 MB, out 168 MB; CB 0.8 GB
+//                       from L2; 48 GFLOP of mma.sync); ~180 us without z (benches/ssd.py passes none)
+//   total              ~0.4-0.45 ms (~1.7x faster than Triton). The traffic floor of this 4-kernel design
+//                      is ~0.35 ms; the 2x target likely needs the state passing fused into the chunk
+//                      states (the fp32 states written and read once less).
 //
 // Compile-time constants (host prelude): FS_DTYPE (0 fp16, 1 bf16), FS_CHUNK (64, 128 or 256).
 
@@ -59,15 +61,17 @@
 
 static_assert(DT != 2, "ssd_fwd2 covers fp16 / bf16; fp32 data uses cuda/ssd.cu");
 
-// The default path's parameter block plus this path's workspace and alignment flags (sizeof 512).
+// The default path's parameter block plus this path's workspace and alignment flags (sizeof 520).
 struct Ssd2Params {
     SsdParams p;
     float* cb;  // (batch, nchunks, ngroups, kQ, kQ) fp32 workspace: C_l . B_s
     // 1: every row of the tensor starts 16-byte aligned and its last dimension is a multiple of 8
     // (cp.async / vector path); 0: element loads and stores
     int vec_x, vec_bc, vec_z, vec_out;
+    int vec_states;  // 1: the states workspace starts 16-byte aligned
+    int pad_;
 };
-static_assert(sizeof(Ssd2Params) == 512, "Ssd2Params layout changed: update the host mirror");
+static_assert(sizeof(Ssd2Params) == 520, "Ssd2Params layout changed: update the host mirror");
 
 constexpr int kRows = 64;       // rows of every CTA tile (4 warps x 16)
 constexpr int kLd32 = 32 + 8;   // row pitch (elements) of a 32-wide 16-bit tile: 80 bytes
@@ -255,66 +259,82 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ss
 }
 
 // ---- 2. state passing ---------------------------------------------------------------------------------
-// cuda/ssd.cu's recurrence with 4 consecutive state elements per thread (LDG.128 / STG.128 where
-// headdim * dstate is a multiple of 4) and the next chunk's S loaded before the current H is
-// stored, so a load is always in flight (the default kernel waits one DRAM round trip per chunk).
+// One CTA per (batch, head) walks the head's states in blocks of kPassBlock elements (4 per thread),
+// each block through every chunk: S_c read (fp32), the fp32 recurrence H_{c+1} = f_c H_c + S_c carried
+// in registers, and H_c (the state entering chunk c) written OVER chunk c's slot as 16-bit values
+// packed at the slot's start (element e at u16 index e, in x's dtype: the scan rounds it so anyway),
+// final states in fp32. The scan then reads half the bytes, by cp.async.
+// In place without a race (tests/test_ssd_fwd2_model.py replays the order): block k's 16-bit H
+// covers the bytes of fp32 elements [k B / 2, (k + 1) B / 2) of the slot, all in blocks <= k: read in
+// an earlier block, or, for block k, consumed by every thread (the FFMA of H_{c+1} waits for the load)
+// before the step's barrier. The prefetch of the next step reads chunk c + 1's slot or block k + 1
+// (elements >= (k + 1) B): never bytes written before.
+constexpr int kPassBlock = 4 * kPassThreads;
 extern "C" __global__ void __launch_bounds__(kPassThreads) ssd2_state_passing(const Ssd2Params q) {
     const SsdParams& p = q.p;
     const i64 pn = p.headdim * p.dstate;
-    const i64 e0 = ((i64)blockIdx.x * kPassThreads + threadIdx.x) * 4;
-    if (e0 >= pn) return;
-    const i64 b = blockIdx.y / p.nheads, h = blockIdx.y % p.nheads;
-    const int nv = (int)min((i64)4, pn - e0);
-    const bool vec = (pn & 3) == 0;  // then every 4-element group is 16-byte aligned and whole
-    float H[4] = {0.f, 0.f, 0.f, 0.f};
-    if (p.has_init)
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-            if (u < nv) {
-                const i64 e = e0 + u, pp = e / p.dstate, nn = e % p.dstate;
-                H[u] = ld_any(p.init, b * p.init_s[0] + h * p.init_s[1] + pp * p.init_s[2] + nn * p.init_s[3], p.init_dtype);
-            }
+    const i64 b = blockIdx.x / p.nheads, h = blockIdx.x % p.nheads;
+    const bool vec = q.vec_states && (pn & 3) == 0;  // every 4-element group 16-byte aligned and whole
     const float* decay = p.decay + (b * p.nheads + h) * p.nchunks;
-    const i64 step = p.nheads * pn;  // from one chunk's states to the next
-    float* ptr = p.states + (b * p.nchunks * p.nheads + h) * pn + e0;
-    auto load = [&](const float* src, float (&v)[4]) {
-        if (vec) {
+    const i64 step = p.nheads * pn;  // from one chunk's slot to the next
+    float* slot0 = p.states + (b * p.nchunks * p.nheads + h) * pn;
+    const int nblocks = (int)((pn + kPassBlock - 1) / kPassBlock), nc = (int)p.nchunks;
+    auto load = [&](int k, int c, float (&v)[4]) {
+        const i64 e0 = (i64)k * kPassBlock + 4 * threadIdx.x;
+        const float* src = slot0 + c * step + e0;
+        if (vec && e0 < pn) {
             const float4 f = *(const float4*)src;
             v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
         } else {
 #pragma unroll
-            for (int u = 0; u < 4; ++u) v[u] = u < nv ? src[u] : 0.f;
+            for (int u = 0; u < 4; ++u) v[u] = e0 + u < pn ? src[u] : 0.f;
         }
     };
     float nxt[4];
-    load(ptr, nxt);
-    for (i64 c = 0; c < p.nchunks; ++c, ptr += step) {
-        float S[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) S[u] = nxt[u];
-        if (c + 1 < p.nchunks) load(ptr + step, nxt);
-        if (vec) {
-            *(float4*)ptr = make_float4(H[0], H[1], H[2], H[3]);
-        } else {
+    load(0, 0, nxt);
+    for (int k = 0; k < nblocks; ++k) {
+        const i64 e0 = (i64)k * kPassBlock + 4 * threadIdx.x;
+        const int nv = (int)max((i64)0, min((i64)4, pn - e0));
+        float H[4] = {0.f, 0.f, 0.f, 0.f};
+        if (p.has_init)
 #pragma unroll
             for (int u = 0; u < 4; ++u)
-                if (u < nv) ptr[u] = H[u];
-        }
-        const float d = decay[c];
+                if (u < nv) {
+                    const i64 e = e0 + u, pp = e / p.dstate, nn = e % p.dstate;
+                    H[u] = ld_any(p.init, b * p.init_s[0] + h * p.init_s[1] + pp * p.init_s[2] + nn * p.init_s[3],
+                                  p.init_dtype);
+                }
+        for (int c = 0; c < nc; ++c) {
+            const float d = decay[c];
+            float Hn[4];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) H[u] = d * H[u] + S[u];
-    }
-    if (p.has_final)
+            for (int u = 0; u < 4; ++u) Hn[u] = d * H[u] + nxt[u];  // consumes S_c before the barrier
+            if (c + 1 < nc) load(k, c + 1, nxt);
+            else if (k + 1 < nblocks) load(k + 1, 0, nxt);
+            __syncthreads();  // every thread's S_c of block k is read: the 16-bit H may overwrite it
+            u16* dst = (u16*)(slot0 + c * step) + e0;
+            if (vec && nv == 4) {
+                *(uint2*)dst = make_uint2(pack2<DT>(H[0], H[1]), pack2<DT>(H[2], H[3]));
+            } else {
 #pragma unroll
-        for (int u = 0; u < 4; ++u)
-            if (u < nv) {
-                const i64 e = e0 + u, pp = e / p.dstate, nn = e % p.dstate;
-                p.final_states[b * p.final_s[0] + h * p.final_s[1] + pp * p.final_s[2] + nn * p.final_s[3]] = H[u];
+                for (int u = 0; u < 4; ++u)
+                    if (u < nv) dst[u] = f32_to_half<DT>(H[u]);
             }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) H[u] = Hn[u];
+        }
+        if (p.has_final)
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (u < nv) {
+                    const i64 e = e0 + u, pp = e / p.dstate, nn = e % p.dstate;
+                    p.final_states[b * p.final_s[0] + h * p.final_s[1] + pp * p.final_s[2] + nn * p.final_s[3]] = H[u];
+                }
+    }
 }
 
 // ---- 3. chunk outputs -------------------------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_scan(const Ssd2Params q) {
+extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const Ssd2Params q) {
     const SsdParams& p = q.p;
     __shared__ __align__(8) float s_dt[kQ];
     __shared__ __align__(8) float s_cum[kQ];
@@ -346,29 +366,14 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_scan(const Ssd
     // y_l += [seg_l == 0] exp(cum_l) C_l . H_c (skipped when H_c is 0: first chunk, no initial states)
     if (c > 0 || p.has_init) {
         const u16* gc = (const u16*)p.C + b * p.C_s[0] + (c0 + m0) * p.C_s[1] + g * p.C_s[2];
-        const float* H = p.states + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate + (i64)p0 * ds;
-        const bool h_vec = (ds & 3) == 0;
+        // H_c in x's dtype, packed at the start of chunk c's fp32 slot by ssd2_state_passing
+        const u16* gh = (const u16*)(p.states + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate) +
+                        (i64)p0 * ds;
+        const bool h_vec = q.vec_states && (ds & 7) == 0;
         for (int n0 = 0; n0 < ds; n0 += 64) {
             load_tile<kRows, 64, kLd64>(s_c, gc + n0, p.C_s[1], len - m0, ds - n0, q.vec_bc);
+            load_tile<kRows, 64, kLd64>(s_h, gh + n0, ds, hd, ds - n0, h_vec);
             cp_async_commit();
-            // H (fp32, p rows x n) -> s_h in the input dtype, through registers
-#pragma unroll 4
-            for (int e = threadIdx.x; e < kRows * 16; e += kThreads) {
-                const int r = e >> 4, c4 = (e & 15) * 4;
-                float v[4] = {0.f, 0.f, 0.f, 0.f};
-                if (r < hd) {
-                    const float* src = H + (i64)r * ds + n0 + c4;
-                    if (h_vec && n0 + c4 < ds) {
-                        const float4 f = __ldg((const float4*)src);
-                        v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
-                    } else if (!h_vec) {
-#pragma unroll
-                        for (int u = 0; u < 4; ++u)
-                            if (n0 + c4 + u < ds) v[u] = __ldg(src + u);
-                    }
-                }
-                *(uint2*)(s_h + r * kLd64 + c4) = make_uint2(pack2<DT>(v[0], v[1]), pack2<DT>(v[2], v[3]));
-            }
             cp_async_wait<0>();
             __syncthreads();
             const u32 a_base = smem_u32(s_c + w16 * kLd64 + lane_a(lane, kLd64));

@@ -226,3 +226,50 @@ def test_model_matches_the_reference(case: tuple) -> None:
     assert not np.isnan(out).any(), "an output element was never stored or read a poisoned block"
     np.testing.assert_allclose(out, want, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(final, want_final, rtol=1e-9, atol=1e-9)
+
+
+def _replay_state_passing(pn: int, nc: int, threads: int = 256) -> None:
+    """ssd2_state_passing's memory order for one (batch, head), bytes of each chunk's slot:
+    step (k, c) consumes S_c of block k (loaded by the previous step), issues the next step's load
+    (not consumed until after this step's barrier), then, after the barrier, writes block k's
+    16-bit H over slot c. Asserted: a load never reads a byte written before it, nor one this
+    step writes (the prefetch may still be in flight); a write only covers fp32 elements already
+    read; every S element is read exactly once."""
+    block = 4 * threads
+    nblocks = _ceil(pn, block)
+    reads = np.zeros((nc, pn), dtype=np.int64)
+    written = np.zeros((nc, 4 * pn), dtype=bool)
+
+    def elems(k: int) -> np.ndarray:
+        return np.arange(k * block, min((k + 1) * block, pn))
+
+    def load(k: int, c: int) -> np.ndarray:
+        e = elems(k)
+        span = (4 * e[:, None] + np.arange(4)).ravel()
+        assert not written[c, span].any(), f"block {k} of chunk {c} read after being overwritten"
+        reads[c, e] += 1
+        return span
+
+    load(0, 0)
+    for k in range(nblocks):
+        for c in range(nc):
+            if c + 1 < nc:
+                pending = (c + 1, load(k, c + 1))
+            elif k + 1 < nblocks:
+                pending = (0, load(k + 1, 0))
+            else:
+                pending = None
+            e = elems(k)
+            span = (2 * e[:, None] + np.arange(2)).ravel()  # u16 element e: bytes 2e, 2e + 1
+            assert (reads[c, np.unique(span // 4)] > 0).all(), f"block {k}: H over unread S"
+            if pending is not None and pending[0] == c:
+                assert not np.isin(pending[1], span).any(), "prefetch overlaps this step's write"
+            written[c, span] = True
+    assert (reads == 1).all()
+
+
+@pytest.mark.parametrize(
+    "pn, nc", [(64 * 128, 8), (8 * 16, 3), (70 * 136, 5), (33 * 130, 1), (256 * 256, 2), (5, 4)]
+)
+def test_state_passing_overwrites_in_place_without_a_race(pn: int, nc: int) -> None:
+    _replay_state_passing(pn, nc)

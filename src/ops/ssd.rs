@@ -88,7 +88,7 @@ pub struct SsdParams {
 
 const _: () = assert!(std::mem::size_of::<SsdParams>() == 488);
 
-/// Mirrors `struct Ssd2Params` in cuda/ssd_fwd2.cu (512 bytes).
+/// Mirrors `struct Ssd2Params` in cuda/ssd_fwd2.cu (520 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Ssd2Params {
@@ -98,9 +98,11 @@ pub struct Ssd2Params {
     pub vec_bc: i32,
     pub vec_z: i32,
     pub vec_out: i32,
+    pub vec_states: i32,
+    pub pad_: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<Ssd2Params>() == 512);
+const _: () = assert!(std::mem::size_of::<Ssd2Params>() == 520);
 
 /// The inputs and options of a call, shared by the forward and the backward (`ops::ssd_bwd`).
 pub struct SsdInputs<'a> {
@@ -123,7 +125,8 @@ pub struct SsdArgs<'a> {
     pub inputs: SsdInputs<'a>,
     pub out: &'a TensorView,
     pub final_states: Option<&'a TensorView>,
-    /// (batch, nchunks, nheads, headdim, dstate) float32, contiguous
+    /// (batch, nchunks, nheads, headdim, dstate) float32, contiguous (the second path leaves the
+    /// 16-bit H_c packed at the start of each chunk's slot: scratch, not a result)
     pub states: &'a TensorView,
     /// (batch, nheads, nchunks) float32, contiguous
     pub decay: &'a TensorView,
@@ -533,6 +536,8 @@ pub fn forward(a: &SsdArgs, stream: StreamChoice) -> Result<()> {
             vec_bc: (rows16(inp.b, p.dstate) == 1 && rows16(inp.c, p.dstate) == 1) as i32,
             vec_z: inp.z.map_or(0, |z| rows16(z, p.headdim)),
             vec_out: rows16(a.out, p.headdim),
+            vec_states: (a.states.ptr % 16 == 0) as i32,
+            pad_: 0,
         };
         // SAFETY: as below; cb was checked (shape, fp32, contiguous, no overlap).
         unsafe { launch2(dev, &q, &p, dtype, inp.chunk_size, arch, st)? };
@@ -571,7 +576,7 @@ fn rows16(t: &TensorView, last: i64) -> i32 {
 }
 
 /// The second path's four launches: C B^T per group, chunk states (64 x 128 tiles), state
-/// passing (4 elements per thread), chunk outputs.
+/// passing (one CTA per (batch, head); H_c left in x's dtype over chunk c's slot), chunk outputs.
 ///
 /// # Safety
 /// `q` must describe checked tensors and workspaces (cb included) of the sizes `p` gives, on `dev`.
@@ -617,23 +622,8 @@ unsafe fn launch2(
         st,
         q,
     )?;
-    // four state elements per thread
-    let per_cta = 4 * PASS_THREADS;
-    dev.launch(
-        &k_pass,
-        (
-            grid_u32(
-                (p.headdim * p.dstate + per_cta - 1) / per_cta,
-                "headdim * dstate",
-            )?,
-            bh,
-            1,
-        ),
-        (PASS_THREADS as u32, 1, 1),
-        0,
-        st,
-        q,
-    )?;
+    // one CTA per (batch, head): it overwrites each chunk's slot with the 16-bit H in place
+    dev.launch(&k_pass, (bh, 1, 1), (PASS_THREADS as u32, 1, 1), 0, st, q)?;
     dev.launch(
         &k_scan,
         (
