@@ -122,7 +122,8 @@ def model_forward(
                     if by == 0:
                         decay[b, h, c] = np.exp(cum_end) if seg_end == 0 else 0.0
 
-    # 2. ssd_state_passing (cuda/ssd.cu): H_c = state entering chunk c
+    # 2. ssd2_state_passing: H_c = state entering chunk c (the kernel leaves it in x's dtype over
+    # chunk c's slot; its in-place order is replayed by _replay_state_passing below)
     final = np.zeros((batch, nheads, hd_all, ds))
     for b in range(batch):
         for h in range(nheads):
