@@ -2,7 +2,7 @@
 """Mamba-2 SSD chunked scan forward (issue 14's shapes): flashscan.mamba_chunk_scan_combined
 against mamba_ssm's Triton `mamba_chunk_scan_combined` from a source checkout, in one run.
 
-    python benches/ssd.py --mamba-src DIR [--out DIR]
+    python benches/ssd.py --mamba-src DIR [--out DIR] [--fwd-paths 1,2]
 
 The checkout needs no build (its Triton SSD imports only triton, einops and packaging; its
 `__init__` is bypassed, see flashscan.bench.mamba_src.register_package). Inputs as a Mamba-2
@@ -15,7 +15,9 @@ from Python. Forward+backward rows ("fwd+bwd"): one training step's SSD part, th
 then torch.autograd.grad of every float input (x, dt, A, B, C, D, dt_bias) from a random dout,
 checked before timing the same way (each gradient's relative RMS error against mamba_ssm's, or
 without the peer against flashscan's float32 kernels on float32 copies, <= 5e-2; the worst one
-shown).
+shown). --fwd-paths (default 1,2): the forward rows once per SSD forward path, the default
+(cuda/ssd.cu) and FLASHSCAN_SSD_FWD=2 (cuda/ssd_fwd2.cu), each checked and timed beside the same
+peer in this one run ("[fwd2]" marks the second path's rows); the fwd+bwd rows use the default.
 """
 
 from __future__ import annotations
@@ -88,20 +90,31 @@ def bytes_moved(a: dict[str, Any]) -> int:
     )
 
 
-def shape_row(shape: tuple, peer: Any) -> dict[str, Any]:
+def set_fwd_path(path: str) -> None:
+    """FLASHSCAN_SSD_FWD for the calls that follow (flashscan.ssd reads it on every call)."""
+    if path == "1":
+        os.environ.pop("FLASHSCAN_SSD_FWD", None)
+    else:
+        os.environ["FLASHSCAN_SSD_FWD"] = path
+
+
+def shape_row(shape: tuple, peer: Any, path: str = "1") -> dict[str, Any]:
     name, b, L, h, p, n, g, chunk = shape
     a = inputs(b, L, h, p, n, g)
     kw = dict(chunk_size=chunk, dt_softplus=True)
-    row: dict[str, Any] = {"shape": name, "batch": b, "seqlen": L, "nheads": h, "headdim": p}
-    row.update(dstate=n, ngroups=g, chunk=chunk, dtype="bfloat16")
-    ours = flashscan.mamba_chunk_scan_combined(**a, **kw)
+    label = name if path == "1" else f"{name} [fwd{path}]"
+    row: dict[str, Any] = {"shape": label, "batch": b, "seqlen": L, "nheads": h, "headdim": p}
+    row.update(dstate=n, ngroups=g, chunk=chunk, dtype="bfloat16", fwd_path=path)
     if peer is not None:
         ref = peer(**a, **kw)
         row["checked_against"] = "mamba_ssm"
     else:
+        set_fwd_path("1")  # the float32 check runs the default path (the second is 16-bit only)
         f32 = {k: v.float() for k, v in a.items()}
         ref = flashscan.mamba_chunk_scan_combined(**f32, **kw)
         row["checked_against"] = "flashscan float32"
+    set_fwd_path(path)
+    ours = flashscan.mamba_chunk_scan_combined(**a, **kw)
     row["rel_rms"] = rel_rms(ours, ref)
     row["ok"] = row["rel_rms"] <= TOL
     if not row["ok"]:
@@ -213,15 +226,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mamba-src", default=None, help="a mamba source checkout (no build needed)")
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--fwd-paths", default="1,2", help="SSD forward paths to time (FLASHSCAN_SSD_FWD values)"
+    )
     args = ap.parse_args()
+    paths = [v.strip() for v in args.fwd_paths.split(",") if v.strip()]
     if not (torch.cuda.is_available() and flashscan.available()):
         print("no usable CUDA GPU: nothing to benchmark")
         return 0
     peer, note = load_peer(args.mamba_src)
     rows = []
     for shape in SHAPES:
-        for make in (shape_row, train_row):
-            row = make(shape, peer)
+        made = [shape_row(shape, peer, path) for path in paths]
+        set_fwd_path("1")
+        made.append(train_row(shape, peer))
+        for row in made:
             print(json.dumps(row), file=sys.stderr, flush=True)
             rows.append(row)
     text = fmt(rows, note)

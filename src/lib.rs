@@ -714,10 +714,11 @@ fn selective_state_update(
 
 /// Mamba-2 SSD chunked scan forward: out (and final_states) from x, dt, A, B, C and the
 /// optional D, z, dt_bias, initial_states, seq_idx; `states` and `decay` are the caller's fp32
-/// workspaces (see ops::ssd).
+/// workspaces (see ops::ssd); `cb` (batch, nchunks, ngroups, chunk, chunk) fp32, when given,
+/// selects the second forward path for fp16 / bf16 data (ops::ssd::SOURCE2).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, out, final_states, states, decay, chunk_size, dt_softplus, dt_min, dt_max, stream))]
+#[pyo3(signature = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, out, final_states, states, decay, chunk_size, dt_softplus, dt_min, dt_max, stream, cb=None))]
 #[allow(non_snake_case)]
 fn ssd_fwd(
     x: &Bound<'_, PyAny>,
@@ -739,6 +740,7 @@ fn ssd_fwd(
     dt_min: f64,
     dt_max: f64,
     stream: Option<u64>,
+    cb: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     let ch = stream_choice(stream);
     let x = import(x, "x", ch)?;
@@ -755,6 +757,7 @@ fn ssd_fwd(
     let fin = import_opt(final_states, "final_states", ch)?;
     let states = import(states, "states", ch)?;
     let decay = import(decay, "decay", ch)?;
+    let cb = import_opt(cb, "cb", ch)?;
     let args = ops::ssd::SsdArgs {
         inputs: ops::ssd::SsdInputs {
             x: &x.view,
@@ -775,6 +778,7 @@ fn ssd_fwd(
         final_states: view_of(&fin),
         states: &states.view,
         decay: &decay.view,
+        cb: view_of(&cb),
     };
     Ok(ops::ssd::forward(&args, ch)?)
 }

@@ -77,6 +77,23 @@ def test_main_variants_do_not_spill(compiled: tuple[str, dict[str, bytes]]) -> N
             assert regs <= 255, f"{name} ({arch}) {func}: {regs} registers"
 
 
+def test_ssd_fwd2_variants_do_not_spill(compiled: tuple[str, dict[str, bytes]]) -> None:
+    """The second SSD forward (FLASHSCAN_SSD_FWD=2) is off by default, so not a main variant,
+    but it is meant to become the default: held to the main variants' rule already."""
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip(CUOBJDUMP_MISSING)
+    arch, cubins = compiled
+    names = sorted(n for n in cubins if n.startswith("ssd_fwd2."))
+    assert names, "no ssd_fwd2 variants listed"
+    for name in names:
+        for func, regs, stack, local, _smem in resource_usage(cubins[name], tool):
+            assert stack == 0 and local == 0, (
+                f"{name} ({arch}) {func}: stack frame {stack} B, local {local} B (spills)"
+            )
+            assert regs <= 255, f"{name} ({arch}) {func}: {regs} registers"
+
+
 # Training variants' spill bound (bytes of stack/local per kernel); measured 2026-11-23 with
 # NVRTC 13.5: at most ~130 B (fp32 attention backward), most 0-16 B.
 TRAINING_SPILL_BOUND = 256

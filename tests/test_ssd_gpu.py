@@ -34,6 +34,20 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 FP32_RTOL = 1e-4
 
 
+@pytest.fixture(params=["1", "2"], ids=["fwd1", "fwd2"])
+def fwd_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a forward test under both SSD forward paths: the default (cuda/ssd.cu) and
+    FLASHSCAN_SSD_FWD=2 (cuda/ssd_fwd2.cu; float16 / bfloat16 only, float32 stays on the
+    default path)."""
+    if request.param == "2":
+        monkeypatch.setenv("FLASHSCAN_SSD_FWD", "2")
+        if "float32" in request.node.name:
+            pytest.skip("float32 data stays on the default forward path")
+    else:
+        monkeypatch.delenv("FLASHSCAN_SSD_FWD", raising=False)
+    return request.param
+
+
 def ssd_inputs(b, L, h, p, g, n, dtype, *, D2=False, init=True, device="cuda"):
     def rnd(*s, scale=1.0):
         return (torch.randn(*s, device=device) * scale).to(dtype)
@@ -135,7 +149,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(str(v) for v in c))
-def test_forward_matrix(case: tuple, rule: Any, poison: Any) -> None:
+def test_forward_matrix(case: tuple, rule: Any, poison: Any, fwd_path: str) -> None:
     dt_name, g, n, p, L, chunk, D2 = case
     dtype = DTYPES[dt_name]
     b, h = (2, 4) if L <= 4097 else (1, 2)
@@ -146,6 +160,45 @@ def test_forward_matrix(case: tuple, rule: Any, poison: Any) -> None:
     )
     assert out.dtype == dtype and out.shape == a["x"].shape and final.dtype == torch.float32
     check_case(rule, out, final, a, chunk, True)
+
+
+# Shapes off every tile of cuda/ssd_fwd2.cu: headdim / dstate not multiples of 8 (its element
+# path, no cp.async), of 64 / 128 (masked tile tails), seqlen tails inside a 64-row block,
+# several groups. (dtype, ngroups, nheads, dstate, headdim, seqlen, chunk, D per channel)
+ODD_CASES = [
+    ("bfloat16", 2, 4, 20, 33, 300, 64, True),
+    ("float16", 1, 2, 130, 70, 517, 128, False),
+    ("bfloat16", 2, 6, 136, 40, 1000, 256, True),
+    ("float16", 3, 3, 8, 128, 77, 256, False),
+    ("bfloat16", 1, 2, 256, 8, 260, 64, False),
+]
+
+
+@pytest.mark.parametrize("case", ODD_CASES, ids=lambda c: "-".join(str(v) for v in c))
+def test_forward_odd_shapes(case: tuple, rule: Any, poison: Any, fwd_path: str) -> None:
+    dt_name, g, h, n, p, L, chunk, D2 = case
+    dtype = DTYPES[dt_name]
+    a = ssd_inputs(2, L, h, p, g, n, dtype, D2=D2)
+    poison(2 * L * h * p * a["x"].element_size(), 2 * h * p * n * 4)
+    out, final = flashscan.mamba_chunk_scan_combined(
+        **a, chunk_size=chunk, dt_softplus=True, return_final_states=True
+    )
+    check_case(rule, out, final, a, chunk, True)
+
+
+def test_fwd2_family_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FLASHSCAN_SSD_FWD=2 really runs cuda/ssd_fwd2.cu for 16-bit data: its family's CUBIN is
+    in the kernel cache after a call (the cache is on in the test runs: tools/gpu_check.sh)."""
+    from pathlib import Path
+
+    from flashscan import _native
+
+    monkeypatch.setenv("FLASHSCAN_SSD_FWD", "2")
+    a = ssd_inputs(1, 100, 2, 64, 1, 64, torch.bfloat16)
+    flashscan.mamba_chunk_scan_combined(**a, chunk_size=64, dt_softplus=True)
+    torch.cuda.synchronize()
+    built = list(Path(_native.cache_dir()).glob("ssd_fwd2-*.cubin"))
+    assert built, f"no ssd_fwd2 CUBIN in {_native.cache_dir()}"
 
 
 def test_chunk_sizes_agree_and_optionals_absent(rule: Any) -> None:
@@ -184,7 +237,7 @@ def baseline_packed(a: dict[str, Any], chunk: int, seq_idx: Any) -> tuple[Any, A
 
 
 @pytest.mark.parametrize("dt_name", ["float32", "bfloat16"])
-def test_seq_idx_resets(dt_name: str, rule: Any) -> None:
+def test_seq_idx_resets(dt_name: str, rule: Any, fwd_path: str) -> None:
     dtype = DTYPES[dt_name]
     a = ssd_inputs(2, 600, 4, 64, 2, 64, dtype)
     cuts = torch.tensor([0, 1, 1, 5, 200, 256, 257, 511], device="cuda")
@@ -216,7 +269,7 @@ def test_dt_limit_and_int64_seq_idx(rule: Any) -> None:
     rule.rel(out, torch.from_numpy(ref_y), FP32_RTOL, atol=1e-6)
 
 
-def test_strided_inputs_like_mamba2_split(rule: Any) -> None:
+def test_strided_inputs_like_mamba2_split(rule: Any, fwd_path: str) -> None:
     """x, B, C (and z) as views of one projection, as Mamba-2 splits zxbcdt: last dim contiguous,
     other strides not."""
     b, L, h, p, g, n = 2, 300, 4, 64, 1, 64
@@ -260,7 +313,7 @@ def test_streaming_with_initial_states_equals_one_call(rule: Any) -> None:
     rule.rel(h, h_whole, 1e-4, atol=1e-6, name="final_states")
 
 
-def test_cuda_graph_capture_and_replay(rule: Any) -> None:
+def test_cuda_graph_capture_and_replay(rule: Any, fwd_path: str) -> None:
     a = ssd_inputs(32, 60, 8, 64, 1, 64, torch.bfloat16)  # the small real-time shape
     kw = dict(chunk_size=256, dt_softplus=True, return_final_states=True)
     s = torch.cuda.Stream()
@@ -340,7 +393,7 @@ def test_prefill_then_state_update_step_equals_one_scan(rule: Any) -> None:
     rule.rel(state, fin_whole, FP32_RTOL, atol=1e-6, name="state")
 
 
-def test_hot_path_serves_a_repeated_signature(rule: Any) -> None:
+def test_hot_path_serves_a_repeated_signature(rule: Any, fwd_path: str) -> None:
     """The second call of a signature takes the plan (no checks) and gives the same bits;
     final states only when asked."""
     from flashscan import ssd

@@ -4,6 +4,7 @@
 # tool, e.g.
 #   bash tools/gpu_check.sh precompile tests sanitize bench-quick base-bench-quick pack
 # On 2+ GPUs (nvidia-h200-x2): bash tools/gpu_check.sh info multi-gpu multi-gpu-sanitize pack
+# The second SSD forward (FLASHSCAN_SSD_FWD=2) alone: bash tools/gpu_check.sh info ssd-fwd2 pack
 # with `.dev/wheel` carried (`bash tools/build_wheel.sh`). Optional carried folders:
 #   .dev/pydeps      wheels the machine lacks (tools/fetch_pydeps.sh): transformers for the
 #                    tests-transformers and bench-transformers[-quick] stages
@@ -136,6 +137,20 @@ for stage in "${stages[@]}"; do
         python3 "$repo/tests/ring_cases.py" --quick 2>&1 | tee "$OUT/sanitize_ring_memcheck.log" | tail -8
       echo "compute-sanitizer memcheck (ring, rank 0) exit: ${PIPESTATUS[0]}"
       wait
+      ;;
+    ssd-fwd2)
+      # issue 14's second SSD forward (FLASHSCAN_SSD_FWD=2, cuda/ssd_fwd2.cu) in one call: the SSD
+      # forward GPU tests under both paths, its kernels under memcheck / racecheck / synccheck,
+      # then both paths timed beside mamba_ssm's Triton SSD (benches/ssd.py --fwd-paths 1,2)
+      python3 -m pytest "$repo/tests/test_ssd_gpu.py" -q -p no:cacheprovider -k "not backward" -rs \
+        2>&1 | tee "$OUT/ssd_fwd2_tests.log" | tail -30
+      for tool in memcheck racecheck synccheck; do
+        compute-sanitizer --tool "$tool" --error-exitcode 9 python3 "$repo/tools/sanitize_cases.py" ssd_fwd2 \
+          2>&1 | tee "$OUT/sanitize_ssd_fwd2_$tool.log" | tail -8
+        echo "compute-sanitizer $tool (ssd_fwd2) exit: ${PIPESTATUS[0]}"
+      done
+      python3 "$repo/benches/ssd.py" "${mamba[@]:0:2}" --fwd-paths 1,2 --out "$OUT/bench_ssd" \
+        2>"$OUT/bench_ssd_progress.log" | tail -20
       ;;
     bench-ssd)
       # Mamba-2 SSD forward vs mamba_ssm's Triton SSD (the checkout needs no build)

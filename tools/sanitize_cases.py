@@ -6,6 +6,7 @@ corrupts output is caught as well."""
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 
 import torch
@@ -420,6 +421,51 @@ def ssd_cases() -> int:
     return bad
 
 
+def ssd_fwd2_cases() -> int:
+    """The second SSD forward path (FLASHSCAN_SSD_FWD=2, cuda/ssd_fwd2.cu; 16-bit data): every
+    chunk size, tail chunks, seq_idx, initial states, partial tiles on its cp.async path
+    (headdim 40, dstate 24) and on its element path (headdim 33, dstate 20: rows not 16-byte
+    aligned)."""
+    bad = 0
+    os.environ["FLASHSCAN_SSD_FWD"] = "2"
+    try:
+        for dtype, chunk, (p, n) in itertools.product(
+            [torch.bfloat16, torch.float16], [64, 128, 256], [(40, 24), (33, 20)]
+        ):
+            b, L, h, g = 2, 2 * chunk + 37, 4, 2
+            x = torch.randn(b, L, h, p, device="cuda", dtype=dtype)
+            dt = torch.rand(b, L, h, device="cuda") - 1.5
+            A = -torch.rand(h, device="cuda") - 0.2
+            B = (torch.randn(b, L, g, n, device="cuda") * 0.5).to(dtype)
+            C = (torch.randn(b, L, g, n, device="cuda") * 0.5).to(dtype)
+            D = torch.randn(h, p, device="cuda")
+            z = torch.randn_like(x)
+            init = torch.randn(b, h, p, n, device="cuda")
+            seq_idx = (torch.arange(L, device="cuda") >= chunk + 5).to(torch.int32)[None]
+            seq_idx = seq_idx.repeat(b, 1)
+            kw = dict(D=D, z=z, initial_states=init, seq_idx=seq_idx, dt_softplus=True)
+            out, fin = flashscan.mamba_chunk_scan_combined(
+                x, dt, A, B, C, chunk, **kw, return_final_states=True
+            )
+            host = [t.float().cpu().numpy() for t in (x, dt, A, B, C)]
+            hkw = {
+                k: (v.float() if v.is_floating_point() else v).cpu().numpy()
+                for k, v in kw.items()
+                if k != "dt_softplus"
+            }
+            ref, ref_fin = flashscan.reference_ssd.mamba_chunk_scan_combined(
+                *host, chunk, **hkw, dt_softplus=True, return_final_states=True
+            )
+            for name, got, want in (("out", out, ref), ("final", fin, ref_fin)):
+                err = (got.float().cpu() - torch.from_numpy(want).float()).abs().max().item()
+                if not err / max(1.0, float(abs(want).max())) < 0.05:
+                    print(f"ssd fwd2 {dtype} chunk={chunk} p={p} n={n} {name}: err {err}")
+                    bad += 1
+    finally:
+        os.environ.pop("FLASHSCAN_SSD_FWD", None)
+    return bad
+
+
 GROUPS = {
     "attention": attention_cases,
     "scan": scan_cases,
@@ -428,6 +474,7 @@ GROUPS = {
     "varlen": varlen_cases,
     "conv": conv_cases,
     "ssd": ssd_cases,
+    "ssd_fwd2": ssd_fwd2_cases,
 }
 
 if __name__ == "__main__":

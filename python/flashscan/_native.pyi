@@ -259,10 +259,13 @@ def ssd_fwd(
     dt_min: float,
     dt_max: float,
     stream: int | None,
+    cb: TensorArg | None = None,
 ) -> None:
     """Mamba-2 SSD chunked scan forward into out (and final_states, float32). states
     (batch, nchunks, nheads, headdim, dstate) and decay (batch, nheads, nchunks) are float32
-    contiguous workspaces; chunk_size 64, 128 or 256; B, C, z in x's dtype; seq_idx int32."""
+    contiguous workspaces; chunk_size 64, 128 or 256; B, C, z in x's dtype; seq_idx int32.
+    cb (batch, nchunks, ngroups, chunk_size, chunk_size) float32 contiguous, when given,
+    selects the second forward path for float16 / bfloat16 x (cuda/ssd_fwd2.cu)."""
 
 def ssd_bwd(
     x: TensorArg,

@@ -10,6 +10,7 @@ needs gradients goes to the differentiable op `flashscan.torch` registers in `_r
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 from . import _backend, _checks, _routes, reference_ssd
@@ -38,6 +39,17 @@ _PLANS: dict[Any, tuple[Any, ...]] = {}
 _ARGS = (
     "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx", "cu_seqlens",
 )  # fmt: skip
+
+# FLASHSCAN_SSD_FWD=2 selects the second forward path (cuda/ssd_fwd2.cu: C B^T once per group,
+# cp.async + ldmatrix operands) for float16 / bfloat16 x: the native call runs it when given the
+# C B^T workspace. Off by default until a GPU run has shown it correct and faster; read on every
+# call (a dict lookup) so that tests and benchmarks can switch it within one process.
+_FWD2_DTYPES = ("float16", "bfloat16")
+
+
+def _fwd2(dtype_name: str) -> bool:
+    """Whether this call takes the second forward path (see FLASHSCAN_SSD_FWD above)."""
+    return dtype_name in _FWD2_DTYPES and os.environ.get("FLASHSCAN_SSD_FWD") == "2"
 
 
 def mamba_chunk_scan_combined(
@@ -229,9 +241,13 @@ def _gpu_forward(
     final, n_final = new(st_shape, "float32") if return_final_states else (None, None)
     _, n_states = new((batch, nchunks, nheads, headdim, dstate), "float32")
     _, n_decay = new((batch, nheads, nchunks), "float32")
+    n_cb = None
+    if _fwd2(dx[3]):
+        ngroups = int(descs[3][1][2])  # type: ignore[index]
+        _, n_cb = new((batch, nchunks, ngroups, chunk_size, chunk_size), "float32")
     _native.ssd_fwd(  # type: ignore[union-attr]
         *nargs, n_out, n_final, n_states, n_decay, chunk_size, dt_softplus, limit[0], limit[1],
-        hx.stream(dx[5]),
+        hx.stream(dx[5]), n_cb,
     )  # fmt: skip
     if hx.needs_finish:
         out = hx.finish(out)
@@ -267,11 +283,12 @@ def _record(
 ) -> tuple[Any, ...]:
     """What the hot path needs for a checked signature served on the GPU: the device, each
     array's dtype name (None when absent), the shapes of out, final states (or None) and the
-    workspaces, the options as the native call takes them, and the stream lookup."""
+    workspaces (the C B^T one of the second path last), the options as the native call takes
+    them, and the stream lookup."""
     dx = descs[0]
     assert dx is not None
     batch, seqlen, nheads, headdim = (int(v) for v in dx[1])
-    dstate = int(descs[3][1][3])  # type: ignore[index]
+    ngroups, dstate = (int(v) for v in descs[3][1][2:])  # type: ignore[index]
     nchunks = -(-seqlen // chunk)
     return (
         dx[5],
@@ -285,13 +302,27 @@ def _record(
         limit,
         hx.current_stream,  # type: ignore[attr-defined]
         hx.float32,  # type: ignore[attr-defined]
+        (batch, nchunks, ngroups, chunk, chunk),
     )
 
 
 def _serve(plan: tuple[Any, ...], tensors: tuple[Any, ...]) -> tuple[Any, Any]:
     """The hot path: allocate, describe from the plan, one `_native.ssd_fwd` call.
     (out, final states or None); final states only when the key asked for them."""
-    dev, names, o_shape, f_shape, s_shape, d_shape, chunk, softplus, limit, stream, f32 = plan
+    (
+        dev,
+        names,
+        o_shape,
+        f_shape,
+        s_shape,
+        d_shape,
+        chunk,
+        softplus,
+        limit,
+        stream,
+        f32,
+        cb_shape,
+    ) = plan
     x = tensors[0]
     descs = [
         None if t is None else (t.data_ptr(), t.shape, t.stride(), n, CUDA, dev)
@@ -308,7 +339,9 @@ def _serve(plan: tuple[Any, ...], tensors: tuple[Any, ...]) -> tuple[Any, Any]:
         final, d_final = new(f_shape, f32, "float32")
     _, d_states = new(s_shape, f32, "float32")
     _, d_decay = new(d_shape, f32, "float32")
+    d_cb = new(cb_shape, f32, "float32")[1] if _fwd2(names[0]) else None
     _native.ssd_fwd(  # type: ignore[union-attr]
-        *descs, d_out, d_final, d_states, d_decay, chunk, softplus, limit[0], limit[1], stream(dev)
-    )
+        *descs, d_out, d_final, d_states, d_decay, chunk, softplus, limit[0], limit[1], stream(dev),
+        d_cb,
+    )  # fmt: skip
     return out, final

@@ -73,6 +73,10 @@ pub fn all_variants(arch_num: i64) -> Vec<(KernelSpec, bool)> {
             && s.defines.iter().any(|&(k, v)| k == "FS_DTYPE" && v != 2);
         out.push((s, main));
     }
+    // SSD forward, second path (FLASHSCAN_SSD_FWD=2, off by default until a GPU run): not main
+    for s in ssd::all_specs2(arch_num) {
+        out.push((s, false));
+    }
     // SSD backward: one translation unit per (dtype, chunk) holding all eight kernels; bounded
     // with the training variants (NVRTC 13.2, 2026-11-23: sm_80 spill-free; sm_90a an 8-16 B
     // stack frame in ssd_bwd_chunk_dc at chunk 64, no local spills)

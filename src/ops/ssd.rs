@@ -9,6 +9,17 @@ use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
 
 pub const SOURCE: &str = include_str!("../../cuda/ssd.cu");
 pub const FAMILY: &str = "ssd";
+/// The second forward path (`cuda/ssd_fwd2.cu`, fp16 / bf16): C B^T once per group into the
+/// `cb` workspace, cp.async + ldmatrix operands. Chosen when the caller passes `cb`
+/// (python/flashscan/ssd.py does so under FLASHSCAN_SSD_FWD=2); not yet measured on a GPU.
+pub const SOURCE2: &str = include_str!("../../cuda/ssd_fwd2.cu");
+pub const FAMILY2: &str = "ssd_fwd2";
+pub const ENTRY2_CB: &str = "ssd2_chunk_cb";
+pub const ENTRY2_STATE: &str = "ssd2_chunk_state";
+pub const ENTRY2_PASS: &str = "ssd2_state_passing";
+pub const ENTRY2_SCAN: &str = "ssd2_chunk_scan";
+/// ssd2_chunk_state's tile of states per CTA (channels x states: 64 x 128).
+const STATE2_TILE_N: i64 = 128;
 pub const ENTRY_STATE: &str = "ssd_chunk_state";
 pub const ENTRY_PASS: &str = "ssd_state_passing";
 pub const ENTRY_SCAN: &str = "ssd_chunk_scan";
@@ -77,6 +88,22 @@ pub struct SsdParams {
 
 const _: () = assert!(std::mem::size_of::<SsdParams>() == 488);
 
+/// Mirrors `struct Ssd2Params` in cuda/ssd_fwd2.cu (520 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Ssd2Params {
+    pub p: SsdParams,
+    pub cb: u64,
+    pub vec_x: i32,
+    pub vec_bc: i32,
+    pub vec_z: i32,
+    pub vec_out: i32,
+    pub vec_states: i32,
+    pub pad_: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<Ssd2Params>() == 520);
+
 /// The inputs and options of a call, shared by the forward and the backward (`ops::ssd_bwd`).
 pub struct SsdInputs<'a> {
     pub x: &'a TensorView,
@@ -98,10 +125,14 @@ pub struct SsdArgs<'a> {
     pub inputs: SsdInputs<'a>,
     pub out: &'a TensorView,
     pub final_states: Option<&'a TensorView>,
-    /// (batch, nchunks, nheads, headdim, dstate) float32, contiguous
+    /// (batch, nchunks, nheads, headdim, dstate) float32, contiguous (the second path leaves the
+    /// 16-bit H_c packed at the start of each chunk's slot: scratch, not a result)
     pub states: &'a TensorView,
     /// (batch, nheads, nchunks) float32, contiguous
     pub decay: &'a TensorView,
+    /// (batch, nchunks, ngroups, chunk_size, chunk_size) float32, contiguous: given, the second
+    /// forward path runs (fp16 / bf16 x; an fp32 x ignores it and runs the default path)
+    pub cb: Option<&'a TensorView>,
 }
 
 impl SsdInputs<'_> {
@@ -122,12 +153,13 @@ impl SsdInputs<'_> {
 }
 
 impl SsdArgs<'_> {
-    fn outputs(&self) -> [(&'static str, Option<&TensorView>); 4] {
+    fn outputs(&self) -> [(&'static str, Option<&TensorView>); 5] {
         [
             ("out", Some(self.out)),
             ("final_states", self.final_states),
             ("states", Some(self.states)),
             ("decay", Some(self.decay)),
+            ("cb", self.cb),
         ]
     }
 }
@@ -277,6 +309,9 @@ pub fn check(a: &SsdArgs) -> Result<Problem> {
         t.expect_shape("final_states", &st_shape)?;
         t.expect_writable("final_states")?;
     }
+    let q = a.inputs.chunk_size;
+    let cb =
+        a.cb.map(|t| ("cb", t, vec![batch, nchunks, p.ngroups, q, q]));
     for (name, t, shape) in [
         (
             "states",
@@ -284,7 +319,10 @@ pub fn check(a: &SsdArgs) -> Result<Problem> {
             vec![batch, nchunks, nheads, headdim, dstate],
         ),
         ("decay", a.decay, vec![batch, nheads, nchunks]),
-    ] {
+    ]
+    .into_iter()
+    .chain(cb)
+    {
         t.expect_dtype(name, &[DType::F32])?;
         t.expect_shape(name, &shape)?;
         t.expect_contiguous(name)?;
@@ -308,12 +346,34 @@ pub(crate) fn pass_spec(arch: i64) -> KernelSpec {
     spec(ENTRY_PASS, 2, 64, arch)
 }
 
+pub(crate) fn spec2(entry: &'static str, dtype: i64, chunk: i64, arch: i64) -> KernelSpec {
+    KernelSpec {
+        family: FAMILY2,
+        source: SOURCE2,
+        entry,
+        defines: vec![("FS_DTYPE", dtype), ("FS_CHUNK", chunk), ("FS_ARCH", arch)],
+    }
+}
+
 pub fn all_specs(arch: i64) -> Vec<KernelSpec> {
     let mut out = vec![pass_spec(arch)];
     for chunk in CHUNKS {
         for dtype in [0, 1, 2] {
             out.push(spec(ENTRY_STATE, dtype, chunk, arch));
             out.push(spec(ENTRY_SCAN, dtype, chunk, arch));
+        }
+    }
+    out
+}
+
+/// The second path's variants (16-bit data only).
+pub fn all_specs2(arch: i64) -> Vec<KernelSpec> {
+    let mut out = Vec::new();
+    for chunk in CHUNKS {
+        for dtype in [0, 1] {
+            for entry in [ENTRY2_CB, ENTRY2_STATE, ENTRY2_PASS, ENTRY2_SCAN] {
+                out.push(spec2(entry, dtype, chunk, arch));
+            }
         }
     }
     out
@@ -468,6 +528,21 @@ pub fn forward(a: &SsdArgs, stream: StreamChoice) -> Result<()> {
     }
     let bh = grid_u32(p.batch * p.nheads, "batch * nheads")?;
     let st = dev.stream(stream)?;
+    if let (Some(cb), true) = (a.cb, dtype != 2) {
+        let q = Ssd2Params {
+            p: params,
+            cb: cb.ptr,
+            vec_x: rows16(inp.x, p.headdim),
+            vec_bc: (rows16(inp.b, p.dstate) == 1 && rows16(inp.c, p.dstate) == 1) as i32,
+            vec_z: inp.z.map_or(0, |z| rows16(z, p.headdim)),
+            vec_out: rows16(a.out, p.headdim),
+            vec_states: (a.states.ptr % 16 == 0) as i32,
+            pad_: 0,
+        };
+        // SAFETY: as below; cb was checked (shape, fp32, contiguous, no overlap).
+        unsafe { launch2(dev, &q, &p, dtype, inp.chunk_size, arch, st)? };
+        return dev.finish(stream);
+    }
     // SAFETY: params mirrors SsdParams; shapes, dtypes, devices, strides and the workspaces'
     // sizes were checked; the three kernels run in order on one stream.
     unsafe {
@@ -488,6 +563,81 @@ pub fn forward(a: &SsdArgs, stream: StreamChoice) -> Result<()> {
     dev.finish(stream)
 }
 
+/// 1 when every row of a 16-bit (.., last) tensor starts 16-byte aligned and `last` is a
+/// multiple of 8 elements: ssd_fwd2's cp.async / vector accesses are then valid.
+fn rows16(t: &TensorView, last: i64) -> i32 {
+    let n = t.strides.len();
+    // a size-1 dimension's stride is never stepped over: any value will do
+    let strides_ok = t.strides[..n - 1]
+        .iter()
+        .zip(&t.shape)
+        .all(|(s, &d)| d == 1 || s % 8 == 0);
+    (t.ptr % 16 == 0 && last % 8 == 0 && strides_ok) as i32
+}
+
+/// The second path's four launches: C B^T per group, chunk states (64 x 128 tiles), state
+/// passing (one CTA per (batch, head); H_c left in x's dtype over chunk c's slot), chunk outputs.
+///
+/// # Safety
+/// `q` must describe checked tensors and workspaces (cb included) of the sizes `p` gives, on `dev`.
+unsafe fn launch2(
+    dev: &DeviceCtx,
+    q: &Ssd2Params,
+    p: &Problem,
+    dtype: i64,
+    chunk: i64,
+    arch: i64,
+    st: Stream,
+) -> Result<()> {
+    let k_cb = dev.kernel(&spec2(ENTRY2_CB, dtype, chunk, arch))?;
+    let k_state = dev.kernel(&spec2(ENTRY2_STATE, dtype, chunk, arch))?;
+    let k_pass = dev.kernel(&spec2(ENTRY2_PASS, dtype, chunk, arch))?;
+    let k_scan = dev.kernel(&spec2(ENTRY2_SCAN, dtype, chunk, arch))?;
+    let bh = grid_u32(p.batch * p.nheads, "batch * nheads")?;
+    let nchunks = grid_u32(p.nchunks, "seqlen / chunk_size")?;
+    let nb = chunk / TILE;
+    let block = (THREADS, 1, 1);
+    dev.launch(
+        &k_cb,
+        (
+            grid_u32(p.nchunks * (nb * (nb + 1) / 2), "seqlen / chunk_size")?,
+            grid_u32(p.ngroups, "ngroups")?,
+            grid_u32(p.batch, "batch")?,
+        ),
+        block,
+        0,
+        st,
+        q,
+    )?;
+    let n_tiles = (p.dstate + STATE2_TILE_N - 1) / STATE2_TILE_N;
+    dev.launch(
+        &k_state,
+        (
+            nchunks,
+            grid_u32(tiles(p.headdim) * n_tiles, "headdim * dstate")?,
+            bh,
+        ),
+        block,
+        0,
+        st,
+        q,
+    )?;
+    // one CTA per (batch, head): it overwrites each chunk's slot with the 16-bit H in place
+    dev.launch(&k_pass, (bh, 1, 1), (PASS_THREADS as u32, 1, 1), 0, st, q)?;
+    dev.launch(
+        &k_scan,
+        (
+            grid_u32(p.nchunks * nb, "seqlen / 64")?,
+            grid_u32(tiles(p.headdim), "headdim")?,
+            bh,
+        ),
+        block,
+        0,
+        st,
+        q,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -497,5 +647,38 @@ mod tests {
         let s = all_specs(90);
         assert_eq!(s.len(), 1 + 2 * 3 * CHUNKS.len());
         assert!(s.iter().any(|k| k.entry == ENTRY_PASS));
+        let s2 = all_specs2(90);
+        assert_eq!(s2.len(), 4 * 2 * CHUNKS.len());
+        assert!(s2.iter().all(|k| k.family == FAMILY2));
+    }
+
+    fn view(shape: &[i64], strides: &[i64], ptr: u64) -> TensorView {
+        TensorView {
+            ptr,
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            dtype: DType::BF16,
+            device: crate::tensor::DeviceKind::Cuda,
+            device_id: 0,
+            readonly: true,
+        }
+    }
+
+    #[test]
+    fn rows16_wants_aligned_rows_and_a_last_dim_of_eights() {
+        let dense = [2, 100, 4, 64];
+        let st = crate::dlpack::compact_strides(&dense);
+        assert_eq!(rows16(&view(&dense, &st, 0x1000), 64), 1);
+        assert_eq!(rows16(&view(&dense, &st, 0x1008), 64), 0); // 8-byte aligned start
+        let odd = [2, 100, 4, 33];
+        let st = crate::dlpack::compact_strides(&odd);
+        assert_eq!(rows16(&view(&odd, &st, 0x1000), 33), 0);
+        // a Mamba-2 split view: row stride 644 elements (not a multiple of 8)
+        assert_eq!(rows16(&view(&dense, &[64_400, 644, 64, 1], 0x1000), 64), 0);
+        // a size-1 dimension's stride does not matter
+        assert_eq!(
+            rows16(&view(&[2, 100, 1, 64], &[6400, 64, 3, 1], 0x1000), 64),
+            1
+        );
     }
 }

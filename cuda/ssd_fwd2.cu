@@ -1,0 +1,496 @@
+// Mamba-2 SSD chunked scan, forward, second path (FLASHSCAN_SSD_FWD=2; fp16 / bf16 only, fp32 data
+// stays on cuda/ssd.cu). Same math and decomposition as cuda/ssd.cu (read its header first); what
+// changes is where each product is formed and how operands reach the tensor cores:
+//
+//   0. ssd2_chunk_cb     CB[b, c, g, l, s] = C_l . B_s, once per (batch, chunk, GROUP) instead of once
+//                        per head and row block: fp32 workspace (batch, nchunks, ngroups, kQ, kQ), only
+//                        the 64 x 64 blocks with s-block <= l-block are written (the others are never
+//                        read). K = dstate, 32 per step, double-buffered.
+//   1. ssd2_chunk_state  S_c (64 channels p x 128 states n per CTA, so x is read once per chunk for
+//                        dstate <= 128) = sum_s x_s^T (w_s B_s), w_s = [seg_s == seg_end]
+//                        exp(cum_end - cum_s) dt'_s computed once per chunk into shared memory and
+//                        applied to the A fragments of x^T (8 multiplies per k16 step per thread).
+//   2. ssd2_state_passing cuda/ssd.cu's recurrence (fp32 in registers), one CTA per (batch, head), 4
+//                        consecutive elements per thread, the next S in flight; H_c written in x's
+//                        dtype over chunk c's slot (in place, race-free: see the kernel), so the scan
+//                        reads 2 bytes per state element instead of 4.
+//   3. ssd2_chunk_scan   y (64 positions l x 64 channels p per CTA) = [seg_l == 0] exp(cum_l) C_l . H_c
+//                        + sum over 64-wide source blocks s <= l of W x, W = CB * exp(cum_l - cum_s)
+//                        dt'_s * [s <= l, seg_s == seg_l] built in registers straight from the CB
+//                        workspace in the accumulator layout, which is the A layout of the next mma
+//                        (no shared-memory round trip for W); x tiles double-buffered; z prefetched
+//                        by cp.async during W x; D x reads the diagonal block's x tile (already in
+//                        shared memory), then silu(z) and the store.
+//
+// Operands: 16-bit tiles in the input dtype, global -> shared by 16-byte cp.async (LDGSTS, zero-fill
+// past the tile's valid rows / columns) when the tensor's rows are 16-byte aligned (host flags vec_*;
+// otherwise element loads), rows padded by 8 elements (row pitch = 16 bytes mod 128: ldmatrix rows hit
+// distinct banks), fragments by ldmatrix (.trans where the operand is stored K-major: x^T and B in 1,
+// x in W x). The carried states H enter the scan in the input dtype (rounded by the state passing;
+// the default path rounds them as its fragments are built: the same values).
+//
+// Work split (128 threads = 4 warps; warp w owns rows 16w .. 16w + 15 of the CTA's 64-row tile):
+//   ssd2_chunk_cb    grid (nchunks * nb (nb + 1) / 2, ngroups, batch), nb = kQ / 64: one lower block
+//                    (l-block i, s-block j <= i); warp tile 16 l x 64 s, acc[8][4]
+//   ssd2_chunk_state grid (nchunks, ceil(headdim/64) * ceil(dstate/128), batch * nheads); warp tile
+//                    16 p x 128 n, acc[16][4]; K = the chunk's positions, 32 per step, 2 stages
+//   ssd2_state_passing grid (batch * nheads), 256 threads x 4 elements per 1024-element block
+//   ssd2_chunk_scan  grid (nchunks * kQ / 64, ceil(headdim/64), batch * nheads); warp tile 16 l x 64 p,
+//                    acc[8][4]; C.H^T 64 states per step, then the (i + 1) source blocks of l-block i
+//
+// NVRTC 13.2 (2026-11-23, CPU only): sm_90a / sm_80 registers cb 96-123, state 132 / 134, pass 48,
+// scan <= 128 (__launch_bounds__(128, 4): sm_80 took 166 without it); no stack or local bytes; static
+// shared memory 21, 32, 0, 40 KB: 3 state CTAs and 4 scan CTAs per SM (capping state at 128 registers
+// spills 16 bytes). SASS: LDGSTS for every tile, LDSM (.MT88 for x^T, B and x in W x),
+// HMMA.16816.F32, LDG.128 / 8-byte stores in the state passing.
+//
+// PREDICTION for b8 L2048 nheads 80 headdim 64 dstate 128 ngroups 1 chunk 256 bf16 on H100 — NOT YET
+// MEASURED (the default path takes 7809 us there, Triton 741 us):
+//   ssd2_chunk_cb      ~10 us  (0.7 GFLOP, 8 MB in / 17 MB out)
+//   ssd2_chunk_state   ~110 us (x 168 MB + B in, states 168 MB out fp32; 21 GFLOP)
+//   ssd2_state_passing ~90 us  (states 168 MB read, 84 MB written in 16 bits)
+//   ssd2_chunk_scan    ~230 us (H 84 MB, x 168 MB (+ L2 re-reads), z 168 MB, out 168 MB; CB 0.8 GB
+//                       from L2; 48 GFLOP of mma.sync); ~180 us without z (benches/ssd.py passes none)
+//   total              ~0.4-0.45 ms (~1.7x faster than Triton). The traffic floor of this 4-kernel design
+//                      is ~0.35 ms; the 2x target likely needs the state passing fused into the chunk
+//                      states (the fp32 states written and read once less).
+//
+// Compile-time constants (host prelude): FS_DTYPE (0 fp16, 1 bf16), FS_CHUNK (64, 128 or 256).
+
+#include "common/ssd.cuh"
+
+static_assert(DT != 2, "ssd_fwd2 covers fp16 / bf16; fp32 data uses cuda/ssd.cu");
+
+// The default path's parameter block plus this path's workspace and alignment flags (sizeof 520).
+struct Ssd2Params {
+    SsdParams p;
+    float* cb;  // (batch, nchunks, ngroups, kQ, kQ) fp32 workspace: C_l . B_s
+    // 1: every row of the tensor starts 16-byte aligned and its last dimension is a multiple of 8
+    // (cp.async / vector path); 0: element loads and stores
+    int vec_x, vec_bc, vec_z, vec_out;
+    int vec_states;  // 1: the states workspace starts 16-byte aligned
+    int pad_;
+};
+static_assert(sizeof(Ssd2Params) == 520, "Ssd2Params layout changed: update the host mirror");
+
+constexpr int kRows = 64;       // rows of every CTA tile (4 warps x 16)
+constexpr int kLd32 = 32 + 8;   // row pitch (elements) of a 32-wide 16-bit tile: 80 bytes
+constexpr int kLd64 = 64 + 8;   // 64-wide: 144 bytes
+constexpr int kLd128 = 128 + 8; // 128-wide: 272 bytes
+constexpr int kNb = kQ / kRows; // 64-row blocks per chunk
+constexpr int kPairs = kNb * (kNb + 1) / 2;
+
+// A kR x kC 16-bit tile into shared memory (row pitch kLd): row r (< valid_rows) from g + r * stride
+// elements, columns < valid_cols (the rest and the invalid rows zero). vec: 16-byte cp.async chunks
+// (valid_cols a multiple of 8; the caller commits and waits), else element loads (synchronous).
+template <int kR, int kC, int kLd>
+__device__ __forceinline__ void load_tile(u16* s, const u16* g, i64 stride, int valid_rows, int valid_cols, bool vec) {
+    if (vec) {
+        constexpr int kPerRow = kC / 8;
+#pragma unroll
+        for (int i = threadIdx.x; i < kR * kPerRow; i += kThreads) {
+            const int r = i / kPerRow, c8 = (i % kPerRow) * 8;
+            const bool ok = r < valid_rows && c8 < valid_cols;
+            cp_async16(smem_u32(s + r * kLd + c8), ok ? g + r * stride + c8 : g, ok);
+        }
+    } else {
+        for (int i = threadIdx.x; i < kR * kC; i += kThreads) {
+            const int r = i / kC, col = i % kC;
+            s[r * kLd + col] = r < valid_rows && col < valid_cols ? __ldg(g + r * stride + col) : (u16)0;
+        }
+    }
+}
+
+// ldmatrix lane addresses (elements from the tile origin) for a 16 x 16 block at (row0, col0):
+// A operand stored [m][k] (non-trans) or B operand stored [n][k] (non-trans, two n8 tiles).
+__device__ __forceinline__ int lane_a(int lane, int ld) { return (lane & 15) * ld + (lane >> 4) * 8; }
+__device__ __forceinline__ int lane_bn(int lane, int ld) { return ((lane & 7) + ((lane >> 4) << 3)) * ld + ((lane >> 3) & 1) * 8; }
+// A operand stored [k][m] (.trans) and B operand stored [k][n] (.trans, two n8 tiles).
+__device__ __forceinline__ int lane_at(int lane, int ld) { return ((lane & 7) + ((lane >> 4) << 3)) * ld + ((lane >> 3) & 1) * 8; }
+__device__ __forceinline__ int lane_bt(int lane, int ld) { return ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 8; }
+
+// acc[NT][4] += A (16 x 16 k-block kk) B for one warp, A from ldsm_x4 at a_addr, B (NT n8 tiles) by
+// NT / 2 ldmatrix at b_addr + np * b_step bytes (trans or not).
+template <int NT, bool kTransB>
+__device__ __forceinline__ void mma_row(float (&acc)[NT][4], const u32 (&a)[4], u32 b_addr, u32 b_step) {
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+        u32 bf[4];
+        if constexpr (kTransB) ldsm_x4_trans(bf, b_addr + np * b_step);
+        else ldsm_x4(bf, b_addr + np * b_step);
+        mma16_x2<DT>(acc[2 * np], acc[2 * np + 1], a, bf);
+    }
+}
+
+// ---- 0. C B^T per (batch, chunk, group) -----------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_cb(const Ssd2Params q) {
+    const SsdParams& p = q.p;
+    __shared__ __align__(16) u16 s_c[2][kRows * kLd32];
+    __shared__ __align__(16) u16 s_b[2][kRows * kLd32];
+    int j = blockIdx.x % kPairs, i = 0;
+    while (j > i) j -= ++i;  // pair index -> (i, j), j <= i
+    const int c = blockIdx.x / kPairs, g = blockIdx.y;
+    const i64 b = blockIdx.z;
+    const i64 c0 = (i64)c * kQ;
+    const int len = (int)min((i64)kQ, p.seqlen - c0);
+    if (i * kRows >= len) return;  // uniform: a tail chunk's unused blocks (never read)
+    const u16* gc = (const u16*)p.C + b * p.C_s[0] + (c0 + i * kRows) * p.C_s[1] + g * p.C_s[2];
+    const u16* gb = (const u16*)p.B + b * p.B_s[0] + (c0 + j * kRows) * p.B_s[1] + g * p.B_s[2];
+    const int rows_c = len - i * kRows, rows_b = len - j * kRows, ds = (int)p.dstate;
+    const bool vec = q.vec_bc;
+    const int lane = threadIdx.x & 31, w16 = 16 * (threadIdx.x >> 5);
+    const int nsteps = (ds + 31) / 32;
+
+    float acc[8][4];
+    clear(acc);
+    auto load = [&](int k, int st) {
+        load_tile<kRows, 32, kLd32>(s_c[st], gc + 32 * k, p.C_s[1], rows_c, ds - 32 * k, vec);
+        load_tile<kRows, 32, kLd32>(s_b[st], gb + 32 * k, p.B_s[1], rows_b, ds - 32 * k, vec);
+        cp_async_commit();
+    };
+    load(0, 0);
+    for (int k = 0; k < nsteps; ++k) {
+        if (k + 1 < nsteps) {
+            load(k + 1, (k + 1) & 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const u32 a_base = smem_u32(s_c[k & 1] + w16 * kLd32 + lane_a(lane, kLd32));
+        const u32 b_base = smem_u32(s_b[k & 1] + lane_bn(lane, kLd32));
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+            u32 a[4];
+            ldsm_x4(a, a_base + kk * 32);
+            mma_row<8, false>(acc, a, b_base + kk * 32, 16 * kLd32 * 2);
+        }
+        __syncthreads();
+    }
+    float* out = q.cb + (((b * p.nchunks + c) * p.ngroups + g) * kQ + i * kRows) * kQ + j * kRows;
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = acc_row(2 * h), col = acc_col(jn, 0);
+            *(float2*)(out + r * kQ + col) = make_float2(acc[jn][2 * h], acc[jn][2 * h + 1]);
+        }
+}
+
+// ---- 1. chunk states --------------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ssd2Params q) {
+    const SsdParams& p = q.p;
+    __shared__ float s_dt[kQ], s_cum[kQ];
+    __shared__ __align__(8) float s_w[kQ];
+    __shared__ int s_seg[kQ];
+    __shared__ __align__(16) u16 s_x[2][32 * kLd64];   // positions s x channels p
+    __shared__ __align__(16) u16 s_b[2][32 * kLd128];  // positions s x states n
+
+    const i64 b = blockIdx.z / p.nheads, h = blockIdx.z % p.nheads, c = blockIdx.x;
+    const i64 g = h / (p.nheads / p.ngroups);
+    const int ntn = (int)((p.dstate + 127) / 128);
+    const int p0 = (blockIdx.y / ntn) * 64, n0 = (blockIdx.y % ntn) * 128;
+    const i64 c0 = c * kQ;
+    const int len = (int)min((i64)kQ, p.seqlen - c0);
+    const int hd = (int)p.headdim - p0, ds = (int)p.dstate - n0;  // valid columns of the tiles
+    const u16* gx = (const u16*)p.x + b * p.x_s[0] + c0 * p.x_s[1] + h * p.x_s[2] + p0;
+    const u16* gb = (const u16*)p.B + b * p.B_s[0] + c0 * p.B_s[1] + g * p.B_s[2] + n0;
+    auto load = [&](int k, int st) {
+        load_tile<32, 64, kLd64>(s_x[st], gx + 32 * k * p.x_s[1], p.x_s[1], len - 32 * k, hd, q.vec_x);
+        load_tile<32, 128, kLd128>(s_b[st], gb + 32 * k * p.B_s[1], p.B_s[1], len - 32 * k, ds, q.vec_bc);
+        cp_async_commit();
+    };
+    load(0, 0);  // in flight while the prologue runs
+    chunk_prologue(p, b, h, c0, len, s_dt, s_cum, s_seg);
+    const float cum_end = s_cum[len - 1];
+    const int seg_end = s_seg[len - 1];
+    for (int s = threadIdx.x; s < kQ; s += kThreads)
+        s_w[s] = s < len && s_seg[s] == seg_end ? ex(cum_end - s_cum[s]) * s_dt[s] : 0.f;
+    // (the first __syncthreads of the loop publishes s_w)
+
+    const int lane = threadIdx.x & 31, w16 = 16 * (threadIdx.x >> 5), t2 = 2 * (lane & 3);
+    const int nsteps = (len + 31) / 32;
+    float acc[16][4];
+    clear(acc);
+    for (int k = 0; k < nsteps; ++k) {
+        if (k + 1 < nsteps) {
+            load(k + 1, (k + 1) & 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const u32 a_base = smem_u32(s_x[k & 1] + w16 + lane_at(lane, kLd64));
+        const u32 b_base = smem_u32(s_b[k & 1] + lane_bt(lane, kLd128));
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+            u32 a[4];
+            ldsm_x4_trans(a, a_base + kk * 16 * kLd64 * 2);
+            // scale x^T's k columns (positions) by w_s: a[0], a[1] hold k = 2t, 2t+1; a[2], a[3] k + 8
+            const float* w = s_w + 32 * k + 16 * kk + t2;
+            const float2 wl = *(const float2*)w, wh = *(const float2*)(w + 8);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float2 v = unpack2<DT>(a[e]), f = e < 2 ? wl : wh;
+                a[e] = pack2<DT>(v.x * f.x, v.y * f.y);
+            }
+            mma_row<16, true>(acc, a, b_base + kk * 16 * kLd128 * 2, 16 * 2);
+        }
+        __syncthreads();
+    }
+    float* out = p.states + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate;
+    const bool pair = (p.dstate & 1) == 0;
+#pragma unroll
+    for (int jn = 0; jn < 16; ++jn)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int pp = acc_row(2 * hh), nn = acc_col(jn, 0);
+            if (pp >= hd || nn >= ds) continue;
+            float* o = out + (i64)(p0 + pp) * p.dstate + n0 + nn;
+            if (pair) {
+                *(float2*)o = make_float2(acc[jn][2 * hh], acc[jn][2 * hh + 1]);
+            } else {
+                o[0] = acc[jn][2 * hh];
+                if (nn + 1 < ds) o[1] = acc[jn][2 * hh + 1];
+            }
+        }
+    if (blockIdx.y == 0 && threadIdx.x == 0)
+        p.decay[(b * p.nheads + h) * p.nchunks + c] = seg_end == 0 ? ex(cum_end) : 0.f;
+}
+
+// ---- 2. state passing ---------------------------------------------------------------------------------
+// One CTA per (batch, head) walks the head's states in blocks of kPassBlock elements (4 per thread),
+// each block through every chunk: S_c read (fp32), the fp32 recurrence H_{c+1} = f_c H_c + S_c carried
+// in registers, and H_c (the state entering chunk c) written OVER chunk c's slot as 16-bit values
+// packed at the slot's start (element e at u16 index e, in x's dtype: the scan rounds it so anyway),
+// final states in fp32. The scan then reads half the bytes, by cp.async.
+// In place without a race (tests/test_ssd_fwd2_model.py replays the order): block k's 16-bit H
+// covers the bytes of fp32 elements [k B / 2, (k + 1) B / 2) of the slot, all in blocks <= k: read in
+// an earlier block, or, for block k, consumed by every thread (the FFMA of H_{c+1} waits for the load)
+// before the step's barrier. The prefetch of the next step reads chunk c + 1's slot or block k + 1
+// (elements >= (k + 1) B): never bytes written before.
+constexpr int kPassBlock = 4 * kPassThreads;
+extern "C" __global__ void __launch_bounds__(kPassThreads) ssd2_state_passing(const Ssd2Params q) {
+    const SsdParams& p = q.p;
+    const i64 pn = p.headdim * p.dstate;
+    const i64 b = blockIdx.x / p.nheads, h = blockIdx.x % p.nheads;
+    const bool vec = q.vec_states && (pn & 3) == 0;  // every 4-element group 16-byte aligned and whole
+    const float* decay = p.decay + (b * p.nheads + h) * p.nchunks;
+    const i64 step = p.nheads * pn;  // from one chunk's slot to the next
+    float* slot0 = p.states + (b * p.nchunks * p.nheads + h) * pn;
+    const int nblocks = (int)((pn + kPassBlock - 1) / kPassBlock), nc = (int)p.nchunks;
+    auto load = [&](int k, int c, float (&v)[4]) {
+        const i64 e0 = (i64)k * kPassBlock + 4 * threadIdx.x;
+        const float* src = slot0 + c * step + e0;
+        if (vec && e0 < pn) {
+            const float4 f = *(const float4*)src;
+            v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+        } else {
+#pragma unroll
+            for (int u = 0; u < 4; ++u) v[u] = e0 + u < pn ? src[u] : 0.f;
+        }
+    };
+    float nxt[4];
+    load(0, 0, nxt);
+    for (int k = 0; k < nblocks; ++k) {
+        const i64 e0 = (i64)k * kPassBlock + 4 * threadIdx.x;
+        const int nv = (int)max((i64)0, min((i64)4, pn - e0));
+        float H[4] = {0.f, 0.f, 0.f, 0.f};
+        if (p.has_init)
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (u < nv) {
+                    const i64 e = e0 + u, pp = e / p.dstate, nn = e % p.dstate;
+                    H[u] = ld_any(p.init, b * p.init_s[0] + h * p.init_s[1] + pp * p.init_s[2] + nn * p.init_s[3],
+                                  p.init_dtype);
+                }
+        for (int c = 0; c < nc; ++c) {
+            const float d = decay[c];
+            float Hn[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) Hn[u] = d * H[u] + nxt[u];  // consumes S_c before the barrier
+            if (c + 1 < nc) load(k, c + 1, nxt);
+            else if (k + 1 < nblocks) load(k + 1, 0, nxt);
+            __syncthreads();  // every thread's S_c of block k is read: the 16-bit H may overwrite it
+            u16* dst = (u16*)(slot0 + c * step) + e0;
+            if (vec && nv == 4) {
+                *(uint2*)dst = make_uint2(pack2<DT>(H[0], H[1]), pack2<DT>(H[2], H[3]));
+            } else {
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+                    if (u < nv) dst[u] = f32_to_half<DT>(H[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) H[u] = Hn[u];
+        }
+        if (p.has_final)
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (u < nv) {
+                    const i64 e = e0 + u, pp = e / p.dstate, nn = e % p.dstate;
+                    p.final_states[b * p.final_s[0] + h * p.final_s[1] + pp * p.final_s[2] + nn * p.final_s[3]] = H[u];
+                }
+    }
+}
+
+// ---- 3. chunk outputs -------------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const Ssd2Params q) {
+    const SsdParams& p = q.p;
+    __shared__ __align__(8) float s_dt[kQ];
+    __shared__ __align__(8) float s_cum[kQ];
+    __shared__ __align__(8) int s_seg[kQ];
+    __shared__ __align__(16) u16 s_x[2][kRows * kLd64];  // source positions s x channels p
+    __shared__ __align__(16) u16 s_c[kRows * kLd64];     // positions l x states n; then z (l x p)
+    __shared__ __align__(16) u16 s_h[kRows * kLd64];     // channels p x states n (H_c, rounded)
+
+    const i64 b = blockIdx.z / p.nheads, h = blockIdx.z % p.nheads;
+    const int c = blockIdx.x / kNb, i = blockIdx.x % kNb, m0 = i * kRows, p0 = blockIdx.y * 64;
+    const i64 g = h / (p.nheads / p.ngroups);
+    const i64 c0 = (i64)c * kQ;
+    const int len = (int)min((i64)kQ, p.seqlen - c0);
+    if (m0 >= len) return;  // uniform per block: a tail chunk's empty row blocks
+    const int hd = (int)p.headdim - p0, ds = (int)p.dstate;
+    const u16* gx = (const u16*)p.x + b * p.x_s[0] + c0 * p.x_s[1] + h * p.x_s[2] + p0;
+    auto load_x = [&](int j, int st) {
+        load_tile<kRows, 64, kLd64>(s_x[st], gx + (i64)j * kRows * p.x_s[1], p.x_s[1], len - j * kRows, hd, q.vec_x);
+        cp_async_commit();
+    };
+    load_x(0, 0);  // in flight while the prologue and C.H^T run
+    chunk_prologue(p, b, h, c0, len, s_dt, s_cum, s_seg);
+
+    const int lane = threadIdx.x & 31, w16 = 16 * (threadIdx.x >> 5), t2 = 2 * (lane & 3);
+    const int r0 = w16 + (lane >> 2);  // this thread's rows r0, r0 + 8 of the tile
+    float acc[8][4];
+    clear(acc);
+
+    // y_l += [seg_l == 0] exp(cum_l) C_l . H_c (skipped when H_c is 0: first chunk, no initial states)
+    if (c > 0 || p.has_init) {
+        const u16* gc = (const u16*)p.C + b * p.C_s[0] + (c0 + m0) * p.C_s[1] + g * p.C_s[2];
+        // H_c in x's dtype, packed at the start of chunk c's fp32 slot by ssd2_state_passing
+        const u16* gh = (const u16*)(p.states + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate) +
+                        (i64)p0 * ds;
+        const bool h_vec = q.vec_states && (ds & 7) == 0;
+        for (int n0 = 0; n0 < ds; n0 += 64) {
+            load_tile<kRows, 64, kLd64>(s_c, gc + n0, p.C_s[1], len - m0, ds - n0, q.vec_bc);
+            load_tile<kRows, 64, kLd64>(s_h, gh + n0, ds, hd, ds - n0, h_vec);
+            cp_async_commit();
+            cp_async_wait<0>();
+            __syncthreads();
+            const u32 a_base = smem_u32(s_c + w16 * kLd64 + lane_a(lane, kLd64));
+            const u32 b_base = smem_u32(s_h + lane_bn(lane, kLd64));
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                u32 a[4];
+                ldsm_x4(a, a_base + kk * 32);
+                mma_row<8, false>(acc, a, b_base + kk * 32, 16 * kLd64 * 2);
+            }
+            __syncthreads();
+        }
+        // the row factor [seg_l == 0] exp(cum_l), rows r0 and r0 + 8
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int l = m0 + r0 + 8 * hh;
+            const float f = l < len && s_seg[l] == 0 ? ex(s_cum[l]) : 0.f;
+#pragma unroll
+            for (int jn = 0; jn < 8; ++jn) {
+                acc[jn][2 * hh] *= f;
+                acc[jn][2 * hh + 1] *= f;
+            }
+        }
+    }
+
+    // y_l += sum_{s <= l} W[l, s] x_s, W = CB[l, s] exp(cum_l - cum_s) dt'_s on the same sequence
+    const float* cbp = q.cb + (((b * p.nchunks + c) * p.ngroups + g) * kQ + m0 + r0) * kQ + t2;
+    float cum_l[2];
+    int seg_l[2], l_of[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        l_of[hh] = m0 + r0 + 8 * hh;
+        const int lc = min(l_of[hh], len - 1);
+        cum_l[hh] = s_cum[lc];
+        seg_l[hh] = s_seg[lc];
+    }
+    // z (rows l x channels p) into s_c, free after C.H^T (its loop ended with __syncthreads): in
+    // flight during the W x blocks, whose first wait and barrier cover it
+    if (p.has_z) {
+        const u16* gz = (const u16*)p.z + b * p.z_s[0] + (c0 + m0) * p.z_s[1] + h * p.z_s[2] + p0;
+        load_tile<kRows, 64, kLd64>(s_c, gz, p.z_s[1], len - m0, hd, q.vec_z);
+        cp_async_commit();
+    }
+    const u32 xb_lane = lane_bt(lane, kLd64) * 2;
+#pragma unroll 1
+    for (int j = 0; j <= i; ++j) {
+        // CB block (rows r0, r0 + 8; columns 8 jn + t2, + 1) into registers before waiting on x
+        float2 cbv[8][2];
+#pragma unroll
+        for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) cbv[jn][hh] = __ldg((const float2*)(cbp + 8 * hh * kQ + j * kRows + 8 * jn));
+        if (j < i) {
+            load_x(j + 1, (j + 1) & 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        // W in the accumulator layout = the A layout: the A fragment of k16 block kk from n8 tiles
+        // 2 kk, 2 kk + 1, built just before its mma (so cbv dies as it is used)
+        const u32 b_base = smem_u32(s_x[j & 1]) + xb_lane;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            float wv[2][4];
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                const int jn = 2 * kk + u, s = j * kRows + 8 * jn + t2;  // s even: 8-byte reads
+                const float2 cum_s = *(const float2*)(s_cum + s), dt_s = *(const float2*)(s_dt + s);
+                const int2 seg_s = *(const int2*)(s_seg + s);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int hh = e >> 1, l = l_of[hh], odd = e & 1;
+                    const float cbe = odd ? cbv[jn][hh].y : cbv[jn][hh].x;
+                    const float cs = odd ? cum_s.y : cum_s.x, ds_ = odd ? dt_s.y : dt_s.x;
+                    const int sg = odd ? seg_s.y : seg_s.x;
+                    wv[u][e] = s + odd <= l && l < len && sg == seg_l[hh] ? cbe * ex(cum_l[hh] - cs) * ds_ : 0.f;
+                }
+            }
+            u32 a[4];
+            acc_to_a<DT>(a, wv[0], wv[1]);
+            mma_row<8, true>(acc, a, b_base + kk * 16 * kLd64 * 2, 16 * 2);
+        }
+        if (j < i) __syncthreads();  // stage j & 1 is refilled by the next iteration's load
+    }
+
+    // epilogue: D x (x of row l from the diagonal block's tile, still in s_x[i & 1]), silu(z) (z from
+    // s_c), store
+    const u16* xd = s_x[i & 1];
+    const i64 o_row = b * p.out_s[0] + h * p.out_s[2] + p0;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int r = r0 + 8 * hh, l = m0 + r;
+        if (l >= len) continue;
+        const i64 t = c0 + l;
+#pragma unroll
+        for (int jn = 0; jn < 8; ++jn) {
+            const int col = 8 * jn + t2;
+            if (col >= hd) continue;
+            float v0 = acc[jn][2 * hh], v1 = acc[jn][2 * hh + 1];
+            if (p.has_D) {
+                const float2 xv = unpack2<DT>(*(const u32*)(xd + r * kLd64 + col));
+                v0 += ld_any(p.D, h * p.D_s[0] + (p0 + col) * p.D_s[1], p.D_dtype) * xv.x;
+                if (col + 1 < hd) v1 += ld_any(p.D, h * p.D_s[0] + (p0 + col + 1) * p.D_s[1], p.D_dtype) * xv.y;
+            }
+            if (p.has_z) {
+                const float2 zv = unpack2<DT>(*(const u32*)(s_c + r * kLd64 + col));
+                v0 *= silu(zv.x);
+                v1 *= silu(zv.y);
+            }
+            const i64 oi = o_row + t * p.out_s[1] + col;
+            if (q.vec_out) {
+                *(u32*)((u16*)p.out + oi) = pack2<DT>(v0, v1);
+            } else {
+                st_f32<DT>(p.out, oi, v0);
+                if (col + 1 < hd) st_f32<DT>(p.out, oi + 1, v1);
+            }
+        }
+    }
+}

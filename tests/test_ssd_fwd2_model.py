@@ -1,0 +1,276 @@
+"""A NumPy model of cuda/ssd_fwd2.cu (the second SSD forward path, FLASHSCAN_SSD_FWD=2) against
+the float64 reference: the decomposition (C B^T once per GROUP into a workspace, the per-head
+decay exp(cum_l - cum_s) dt'_s and the sequence mask applied when W is built, the chunk-state
+weight w_s applied to x), the kernels' grids, tile loops, early exits and tail masks, written
+the way the kernels do them. Workspaces and the output start poisoned (NaN), so a block the
+model's kernels read but never wrote, or an output element never stored, fails the comparison.
+
+The arithmetic is float64 here (the kernels round operands to the input dtype: that is the GPU
+tests' business, tests/test_ssd_gpu.py); what this checks is which terms are summed where.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from flashscan import reference_ssd as ref
+
+ROWS = 64  # kRows: rows of every CTA tile
+STATE_N = 128  # ssd2_chunk_state's states per CTA
+K_CB = 32  # ssd2_chunk_cb's dstate step
+K_STATE = 32  # ssd2_chunk_state's position step
+K_SCAN = 64  # ssd2_chunk_scan's dstate step (C . H^T)
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _tile(src: np.ndarray, r0: int, c0: int, rows: int, cols: int, vrows: int, vcols: int):
+    """load_tile: rows x cols from src[r0:, c0:], rows >= vrows and columns >= vcols zero."""
+    t = np.zeros((rows, cols))
+    vr, vc = max(0, min(rows, vrows)), max(0, min(cols, vcols))
+    t[:vr, :vc] = src[r0 : r0 + vr, c0 : c0 + vc]
+    return t
+
+
+def _prologue(dtp: np.ndarray, A: float, seqv: np.ndarray | None, c0: int, Q: int, length: int):
+    """chunk_prologue: dt' (0 past the end), the in-chunk inclusive cumsum of dt' A and seg (the
+    sequence starts at or before l inside the chunk), positions past the end repeating the last."""
+    d = np.zeros(Q)
+    d[:length] = dtp[c0 : c0 + length]
+    start = np.zeros(Q, dtype=np.int64)
+    if seqv is not None:
+        for pos in range(length):
+            t = c0 + pos
+            start[pos] = seqv[t] != (seqv[t - 1] if t > 0 else 0)
+    return d, np.cumsum(d * A), np.cumsum(start)
+
+
+def model_forward(
+    x, dt, A, B, C, Q, D=None, z=None, dt_bias=None, init=None, seq_idx=None,
+    softplus=False, limit=(0.0, math.inf),
+):  # fmt: skip
+    batch, L, nheads, hd_all = x.shape
+    ngroups, ds = B.shape[2], B.shape[3]
+    nchunks = _ceil(L, Q)
+    nb = Q // ROWS
+    hpg = nheads // ngroups
+    dtp, _, _ = ref._dt_forward(dt, dt_bias, softplus, limit)
+    nan = np.nan
+    cb = np.full((batch, nchunks, ngroups, Q, Q), nan)
+    states = np.full((batch, nchunks, nheads, hd_all, ds), nan)
+    decay = np.full((batch, nheads, nchunks), nan)
+    out = np.full(x.shape, nan)
+    Dfull = (
+        None if D is None else (np.broadcast_to(D[:, None], (nheads, hd_all)) if D.ndim == 1 else D)
+    )
+
+    # 0. ssd2_chunk_cb: grid (nchunks * nb (nb + 1) / 2, ngroups, batch)
+    for b in range(batch):
+        for g in range(ngroups):
+            for bx in range(nchunks * nb * (nb + 1) // 2):
+                j, i = bx % (nb * (nb + 1) // 2), 0
+                while j > i:
+                    i += 1
+                    j -= i
+                c = bx // (nb * (nb + 1) // 2)
+                c0 = c * Q
+                length = min(Q, L - c0)
+                if i * ROWS >= length:
+                    continue
+                acc = np.zeros((ROWS, ROWS))
+                for k in range(_ceil(ds, K_CB)):
+                    n0 = K_CB * k
+                    tc = _tile(
+                        C[b, :, g], c0 + i * ROWS, n0, ROWS, K_CB, length - i * ROWS, ds - n0
+                    )
+                    tb = _tile(
+                        B[b, :, g], c0 + j * ROWS, n0, ROWS, K_CB, length - j * ROWS, ds - n0
+                    )
+                    acc += tc @ tb.T
+                cb[b, c, g, i * ROWS : (i + 1) * ROWS, j * ROWS : (j + 1) * ROWS] = acc
+
+    # 1. ssd2_chunk_state: grid (nchunks, ceil(headdim/64) * ceil(dstate/128), batch * nheads)
+    ntn = _ceil(ds, STATE_N)
+    for b in range(batch):
+        for h in range(nheads):
+            g = h // hpg
+            seqv = None if seq_idx is None else seq_idx[b]
+            for c in range(nchunks):
+                c0 = c * Q
+                length = min(Q, L - c0)
+                d, cum, seg = _prologue(dtp[b, :, h], A[h], seqv, c0, Q, length)
+                cum_end, seg_end = cum[length - 1], seg[length - 1]
+                w = np.where(
+                    (np.arange(Q) < length) & (seg == seg_end), np.exp(cum_end - cum) * d, 0.0
+                )
+                for by in range(_ceil(hd_all, 64) * ntn):
+                    p0, n0 = (by // ntn) * 64, (by % ntn) * STATE_N
+                    hd, dsv = hd_all - p0, ds - n0
+                    acc = np.zeros((64, STATE_N))
+                    for k in range(_ceil(length, K_STATE)):
+                        s0 = K_STATE * k
+                        tx = _tile(x[b, :, h], c0 + s0, p0, K_STATE, 64, length - s0, hd)
+                        tb = _tile(B[b, :, g], c0 + s0, n0, K_STATE, STATE_N, length - s0, dsv)
+                        acc += (tx * w[s0 : s0 + K_STATE, None]).T @ tb
+                    vp, vn = min(64, hd), min(STATE_N, dsv)
+                    states[b, c, h, p0 : p0 + vp, n0 : n0 + vn] = acc[:vp, :vn]
+                    if by == 0:
+                        decay[b, h, c] = np.exp(cum_end) if seg_end == 0 else 0.0
+
+    # 2. ssd2_state_passing: H_c = state entering chunk c (the kernel leaves it in x's dtype over
+    # chunk c's slot; its in-place order is replayed by _replay_state_passing below)
+    final = np.zeros((batch, nheads, hd_all, ds))
+    for b in range(batch):
+        for h in range(nheads):
+            H = np.zeros((hd_all, ds)) if init is None else init[b, h].copy()
+            for c in range(nchunks):
+                S = states[b, c, h].copy()
+                states[b, c, h] = H
+                H = decay[b, h, c] * H + S
+            final[b, h] = H
+
+    # 3. ssd2_chunk_scan: grid (nchunks * nb, ceil(headdim/64), batch * nheads)
+    for b in range(batch):
+        for h in range(nheads):
+            g = h // hpg
+            seqv = None if seq_idx is None else seq_idx[b]
+            for bx in range(nchunks * nb):
+                c, i = bx // nb, bx % nb
+                m0, c0 = i * ROWS, c * Q
+                length = min(Q, L - c0)
+                if m0 >= length:
+                    continue
+                d, cum, seg = _prologue(dtp[b, :, h], A[h], seqv, c0, Q, length)
+                for by in range(_ceil(hd_all, 64)):
+                    p0 = by * 64
+                    hd = hd_all - p0
+                    acc = np.zeros((ROWS, 64))
+                    if c > 0 or init is not None:
+                        for n0 in range(0, ds, K_SCAN):
+                            tc = _tile(C[b, :, g], c0 + m0, n0, ROWS, K_SCAN, length - m0, ds - n0)
+                            th = _tile(states[b, c, h], p0, n0, 64, K_SCAN, hd, ds - n0)
+                            acc += tc @ th.T
+                        ls = m0 + np.arange(ROWS)
+                        lc = np.minimum(ls, length - 1)
+                        f = np.where((ls < length) & (seg[lc] == 0), np.exp(cum[lc]), 0.0)
+                        acc *= f[:, None]
+                    ls = m0 + np.arange(ROWS)
+                    lc = np.minimum(ls, length - 1)
+                    for j in range(i + 1):
+                        ss = j * ROWS + np.arange(ROWS)
+                        cbb = cb[b, c, g, m0 : m0 + ROWS, j * ROWS : (j + 1) * ROWS]
+                        keep = (ss[None, :] <= ls[:, None]) & (ls[:, None] < length)
+                        keep &= seg[ss][None, :] == seg[lc][:, None]
+                        decay_ls = np.exp(cum[lc][:, None] - cum[ss][None, :]) * d[ss][None, :]
+                        W = np.where(keep, cbb * np.where(keep, decay_ls, 0.0), 0.0)
+                        tx = _tile(x[b, :, h], c0 + j * ROWS, p0, ROWS, 64, length - j * ROWS, hd)
+                        acc += W @ tx
+                    # epilogue; the x of row l is the diagonal block's tile (the last one loaded)
+                    vr, vc = min(ROWS, length - m0), min(64, hd)
+                    y = acc[:vr, :vc]
+                    if Dfull is not None:
+                        y = y + Dfull[h, p0 : p0 + vc] * tx[:vr, :vc]
+                    if z is not None:
+                        zz = z[b, c0 + m0 : c0 + m0 + vr, h, p0 : p0 + vc]
+                        y = y * zz / (1.0 + np.exp(-zz))
+                    out[b, c0 + m0 : c0 + m0 + vr, h, p0 : p0 + vc] = y
+    return out, final
+
+
+def _case(rng, b, L, h, p, g, n, *, seq, init, D2):
+    x = rng.standard_normal((b, L, h, p))
+    dt = rng.standard_normal((b, L, h)) * 0.5
+    A = -np.exp(rng.standard_normal(h) * 0.5)
+    B = rng.standard_normal((b, L, g, n)) * 0.5
+    C = rng.standard_normal((b, L, g, n)) * 0.5
+    D = rng.standard_normal((h, p) if D2 else h)
+    z = rng.standard_normal((b, L, h, p))
+    bias = rng.standard_normal(h) * 0.3
+    h0 = rng.standard_normal((b, h, p, n)) if init else None
+    seq_idx = np.sort(rng.integers(0, 4, (b, L)), axis=1).astype(np.int32) if seq else None
+    return x, dt, A, B, C, D, z, bias, h0, seq_idx
+
+
+# (chunk, seqlen, nheads, headdim, ngroups, dstate, seq_idx, initial states, D 2-D): tails in every
+# tile dimension (headdim 70: two channel blocks, the second 6 wide; dstate 136: two state tiles in
+# 1, three 64-wide steps in 3; seqlen not a multiple of the chunk nor of 64 or 32), several groups.
+CASES = [
+    (64, 150, 4, 70, 2, 136, True, True, False),
+    (128, 300, 2, 40, 1, 16, False, True, True),
+    (256, 293, 4, 64, 2, 24, True, False, False),
+    (256, 530, 2, 33, 2, 130, True, True, True),
+    (128, 37, 2, 8, 1, 5, False, False, False),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(str(v) for v in c))
+def test_model_matches_the_reference(case: tuple) -> None:
+    Q, L, h, p, g, n, seq, init, D2 = case
+    rng = np.random.default_rng(sum(case[:6]))
+    x, dt, A, B, C, D, z, bias, h0, seq_idx = _case(
+        rng, 2, L, h, p, g, n, seq=seq, init=init, D2=D2
+    )
+    limit = (0.01, 2.0)
+    out, final = model_forward(
+        x, dt, A, B, C, Q, D=D, z=z, dt_bias=bias, init=h0, seq_idx=seq_idx, softplus=True,
+        limit=limit,
+    )  # fmt: skip
+    want, want_final = ref.mamba_chunk_scan_combined(
+        x, dt, A, B, C, Q, D=D, z=z, dt_bias=bias, initial_states=h0, seq_idx=seq_idx,
+        dt_softplus=True, dt_limit=limit, return_final_states=True,
+    )  # fmt: skip
+    assert not np.isnan(out).any(), "an output element was never stored or read a poisoned block"
+    np.testing.assert_allclose(out, want, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(final, want_final, rtol=1e-9, atol=1e-9)
+
+
+def _replay_state_passing(pn: int, nc: int, threads: int = 256) -> None:
+    """ssd2_state_passing's memory order for one (batch, head), bytes of each chunk's slot:
+    step (k, c) consumes S_c of block k (loaded by the previous step), issues the next step's load
+    (not consumed until after this step's barrier), then, after the barrier, writes block k's
+    16-bit H over slot c. Asserted: a load never reads a byte written before it, nor one this
+    step writes (the prefetch may still be in flight); a write only covers fp32 elements already
+    read; every S element is read exactly once."""
+    block = 4 * threads
+    nblocks = _ceil(pn, block)
+    reads = np.zeros((nc, pn), dtype=np.int64)
+    written = np.zeros((nc, 4 * pn), dtype=bool)
+
+    def elems(k: int) -> np.ndarray:
+        return np.arange(k * block, min((k + 1) * block, pn))
+
+    def load(k: int, c: int) -> np.ndarray:
+        e = elems(k)
+        span = (4 * e[:, None] + np.arange(4)).ravel()
+        assert not written[c, span].any(), f"block {k} of chunk {c} read after being overwritten"
+        reads[c, e] += 1
+        return span
+
+    load(0, 0)
+    for k in range(nblocks):
+        for c in range(nc):
+            if c + 1 < nc:
+                pending = (c + 1, load(k, c + 1))
+            elif k + 1 < nblocks:
+                pending = (0, load(k + 1, 0))
+            else:
+                pending = None
+            e = elems(k)
+            span = (2 * e[:, None] + np.arange(2)).ravel()  # u16 element e: bytes 2e, 2e + 1
+            assert (reads[c, np.unique(span // 4)] > 0).all(), f"block {k}: H over unread S"
+            if pending is not None and pending[0] == c:
+                assert not np.isin(pending[1], span).any(), "prefetch overlaps this step's write"
+            written[c, span] = True
+    assert (reads == 1).all()
+
+
+@pytest.mark.parametrize(
+    "pn, nc", [(64 * 128, 8), (8 * 16, 3), (70 * 136, 5), (33 * 130, 1), (256 * 256, 2), (5, 4)]
+)
+def test_state_passing_overwrites_in_place_without_a_race(pn: int, nc: int) -> None:
+    _replay_state_passing(pn, nc)
