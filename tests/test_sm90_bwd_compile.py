@@ -12,9 +12,14 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from test_sm90_fwd_compile import _nvdisasm_dir, _sass
 
-from flashscan._resources import CUOBJDUMP_MISSING, find_cuobjdump, resource_usage
+from flashscan._resources import (
+    CUOBJDUMP_MISSING,
+    find_cuobjdump,
+    find_nvdisasm_dir,
+    resource_usage,
+)
+from flashscan._resources import sass as _sass
 
 _native = pytest.importorskip("flashscan._native")
 
@@ -49,7 +54,7 @@ def sass_of(cubins: dict[str, bytes]):  # noqa: ANN201
     tool = find_cuobjdump()
     if tool is None:
         pytest.skip(CUOBJDUMP_MISSING)
-    nvdisasm = _nvdisasm_dir(tool)
+    nvdisasm = find_nvdisasm_dir(tool)
     if nvdisasm is None:
         pytest.skip("cuobjdump -sass needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
     return lambda name: _sass(cubins[name], tool, nvdisasm)

@@ -7,16 +7,17 @@ tensor memory accelerator (UTMALDG) and moves registers between warpgroups (USET
 from __future__ import annotations
 
 import itertools
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from flashscan._resources import CUOBJDUMP_MISSING, find_cuobjdump, resource_usage
+from flashscan._resources import (
+    CUOBJDUMP_MISSING,
+    find_cuobjdump,
+    find_nvdisasm_dir,
+    resource_usage,
+)
+from flashscan._resources import sass as _sass
 
 _native = pytest.importorskip("flashscan._native")
 
@@ -54,36 +55,6 @@ def tma_cubins() -> dict[str, bytes]:
     return _compile_all(TMA_FAMILY)
 
 
-def _nvdisasm_dir(cuobjdump: str) -> str | None:
-    """Where `cuobjdump -sass` finds nvdisasm: on PATH, beside cuobjdump (the
-    nvidia-cuda-nvdisasm wheel installs next to nvidia-cuda-cuobjdump's), or triton's copy."""
-    found = shutil.which("nvdisasm")
-    if found:
-        return os.path.dirname(found)
-    here = os.path.dirname(cuobjdump)
-    if os.access(os.path.join(here, "nvdisasm"), os.X_OK):
-        return here
-    for entry in sys.path:
-        cand = os.path.join(entry or ".", "triton", "backends", "nvidia", "bin")
-        if os.access(os.path.join(cand, "nvdisasm"), os.X_OK):
-            return cand
-    return None
-
-
-def _sass(cubin: bytes, tool: str, nvdisasm_dir: str) -> str:
-    fd, path = tempfile.mkstemp(suffix=".cubin", prefix="flashscan-")
-    env = dict(os.environ, PATH=f"{nvdisasm_dir}{os.pathsep}{os.environ.get('PATH', '')}")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(cubin)
-        done = subprocess.run(
-            [tool, "-sass", path], capture_output=True, text=True, check=True, env=env
-        )
-        return done.stdout
-    finally:
-        os.unlink(path)
-
-
 def test_variants_cover_hd64_hd128_dtypes_masks_schedules_on_sm90a_only() -> None:
     listed = _sm90_variants("sm_90a")
     keys = ("FS_HEAD_DIM", "FS_DTYPE", "FS_HAS_MASK", "FS_SM90_PIPE")
@@ -109,7 +80,7 @@ def test_main_variant_runs_on_hgmma(cubins: dict[str, bytes]) -> None:
     tool = find_cuobjdump()
     if tool is None:
         pytest.skip(CUOBJDUMP_MISSING)
-    nvdisasm = _nvdisasm_dir(tool)
+    nvdisasm = find_nvdisasm_dir(tool)
     if nvdisasm is None:
         pytest.skip("cuobjdump -sass needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
     sass = _sass(cubins[MAIN], tool, nvdisasm)
@@ -156,7 +127,7 @@ def test_tma_main_variant_loads_by_tma_and_runs_on_hgmma(tma_cubins: dict[str, b
     tool = find_cuobjdump()
     if tool is None:
         pytest.skip(CUOBJDUMP_MISSING)
-    nvdisasm = _nvdisasm_dir(tool)
+    nvdisasm = find_nvdisasm_dir(tool)
     if nvdisasm is None:
         pytest.skip("cuobjdump -sass needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
     sass = _sass(tma_cubins[TMA_MAIN], tool, nvdisasm)
@@ -177,7 +148,7 @@ def test_tma_ping_pong_takes_turns_on_named_barriers(tma_cubins: dict[str, bytes
     tool = find_cuobjdump()
     if tool is None:
         pytest.skip(CUOBJDUMP_MISSING)
-    nvdisasm = _nvdisasm_dir(tool)
+    nvdisasm = find_nvdisasm_dir(tool)
     if nvdisasm is None:
         pytest.skip("cuobjdump -sass needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
     name = TMA_MAIN.replace("]", ",FS_SM90_PIPE=1,FS_SM90_PINGPONG=1]")
@@ -197,7 +168,7 @@ def test_tma_hd64_pipelined_softmax_runs_while_p_v_is_in_flight(
     tool = find_cuobjdump()
     if tool is None:
         pytest.skip(CUOBJDUMP_MISSING)
-    nvdisasm = _nvdisasm_dir(tool)
+    nvdisasm = find_nvdisasm_dir(tool)
     if nvdisasm is None:
         pytest.skip("cuobjdump -sass needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
     name = (

@@ -27,11 +27,13 @@ __all__ = [
     "Usage",
     "VariantUsage",
     "find_cuobjdump",
+    "find_nvdisasm_dir",
     "format_table",
     "measure",
     "normalize_arch",
     "parse_resource_usage",
     "resource_usage",
+    "sass",
     "select_variants",
 ]
 
@@ -128,6 +130,38 @@ def resource_usage(cubin: bytes, cuobjdump: str | None = None) -> list[Usage]:
     finally:
         os.unlink(path)
     return parse_resource_usage(out)
+
+
+def find_nvdisasm_dir(cuobjdump: str) -> str | None:
+    """The folder `cuobjdump -sass` needs on PATH for nvdisasm: where it already is on PATH,
+    beside cuobjdump (the nvidia-cuda-nvdisasm wheel installs next to nvidia-cuda-cuobjdump's),
+    or triton's copy; None when none is found."""
+    found = shutil.which("nvdisasm")
+    if found:
+        return os.path.dirname(found)
+    here = os.path.dirname(cuobjdump)
+    if os.access(os.path.join(here, "nvdisasm"), os.X_OK):
+        return here
+    for entry in sys.path:
+        cand = os.path.join(entry or ".", "triton", "backends", "nvidia", "bin")
+        if os.access(os.path.join(cand, "nvdisasm"), os.X_OK):
+            return cand
+    return None
+
+
+def sass(cubin: bytes, cuobjdump: str, nvdisasm_dir: str) -> str:
+    """The SASS listing of a CUBIN (`cuobjdump -sass`, nvdisasm found in `nvdisasm_dir`)."""
+    fd, path = tempfile.mkstemp(suffix=".cubin", prefix="flashscan-")
+    env = dict(os.environ, PATH=f"{nvdisasm_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(cubin)
+        done = subprocess.run(
+            [cuobjdump, "-sass", path], capture_output=True, text=True, check=True, env=env
+        )
+        return done.stdout
+    finally:
+        os.unlink(path)
 
 
 def normalize_arch(arch: str) -> str:
