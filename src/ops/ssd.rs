@@ -131,7 +131,8 @@ pub struct SsdArgs<'a> {
     /// (batch, nheads, nchunks) float32, contiguous
     pub decay: &'a TensorView,
     /// (batch, nchunks, ngroups, chunk_size, chunk_size) float32, contiguous: given, the second
-    /// forward path runs (fp16 / bf16 x; an fp32 x ignores it and runs the default path)
+    /// forward path runs (fp16 / bf16 x; an fp32 x ignores it and runs the default path); then
+    /// `cb` and `states` must start 8-byte aligned (its float2 accesses)
     pub cb: Option<&'a TensorView>,
 }
 
@@ -328,8 +329,25 @@ pub fn check(a: &SsdArgs) -> Result<Problem> {
         t.expect_contiguous(name)?;
         t.expect_writable(name)?;
     }
+    if let (Some(cb), true) = (a.cb, x.dtype != DType::F32) {
+        fwd2_workspaces_aligned(cb, a.states)?;
+    }
     expect_no_overlap(&a.outputs(), &a.inputs.named())?;
     Ok(p)
+}
+
+/// The second path stores float2 pairs into the `cb` and `states` workspaces (ssd2_chunk_cb,
+/// ssd2_chunk_state) and reads `cb` by float2: both must start 8-byte aligned (a misaligned
+/// vector access is a CUDA error, not a slow path). ssd.py's fresh allocations always are.
+fn fwd2_workspaces_aligned(cb: &TensorView, states: &TensorView) -> Result<()> {
+    for (name, t) in [("cb", cb), ("states", states)] {
+        if t.ptr % 8 != 0 {
+            return Err(value_err(format!(
+                "{name} must start 8-byte aligned for the second SSD forward path (FLASHSCAN_SSD_FWD=2)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn spec(entry: &'static str, dtype: i64, chunk: i64, arch: i64) -> KernelSpec {
@@ -515,7 +533,6 @@ pub fn forward(a: &SsdArgs, stream: StreamChoice) -> Result<()> {
     let dev = rt.device(device)?;
     let arch = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
     let dtype = inp.x.dtype.kernel_code()?;
-    let k_scan = dev.kernel(&spec(ENTRY_SCAN, dtype, inp.chunk_size, arch))?;
     let mut params = params(inp, &p)?;
     params.out = a.out.ptr;
     params.out_s = s3(a.out);
@@ -543,6 +560,8 @@ pub fn forward(a: &SsdArgs, stream: StreamChoice) -> Result<()> {
         unsafe { launch2(dev, &q, &p, dtype, inp.chunk_size, arch, st)? };
         return dev.finish(stream);
     }
+    // compiled here, not above: the second path never runs the default scan
+    let k_scan = dev.kernel(&spec(ENTRY_SCAN, dtype, inp.chunk_size, arch))?;
     // SAFETY: params mirrors SsdParams; shapes, dtypes, devices, strides and the workspaces'
     // sizes were checked; the three kernels run in order on one stream.
     unsafe {
@@ -662,6 +681,20 @@ mod tests {
             device_id: 0,
             readonly: true,
         }
+    }
+
+    #[test]
+    fn fwd2_workspaces_must_start_8_byte_aligned() {
+        let mut cb = view(&[1, 1, 1, 64, 64], &[4096, 4096, 4096, 64, 1], 0x1000);
+        let mut states = view(&[1, 1, 1, 64, 64], &[4096, 4096, 4096, 64, 1], 0x2000);
+        cb.dtype = DType::F32;
+        states.dtype = DType::F32;
+        assert!(fwd2_workspaces_aligned(&cb, &states).is_ok());
+        states.ptr = 0x2004; // a float32 view one element in: float2 stores would fault
+        assert!(fwd2_workspaces_aligned(&cb, &states).is_err());
+        states.ptr = 0x2008;
+        cb.ptr = 0x1004;
+        assert!(fwd2_workspaces_aligned(&cb, &states).is_err());
     }
 
     #[test]
