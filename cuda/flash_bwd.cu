@@ -57,6 +57,7 @@
 
 #include "common/convert.cuh"
 #include "common/copy.cuh"
+#include "common/flash_params.cuh"
 #include "common/math.cuh"
 #include "common/mma.cuh"
 #include "common/softcap.cuh"
@@ -80,41 +81,6 @@
 #define FS_VARLEN 0
 #endif
 
-// One by-value parameter block for the three entries (host mirror: src/ops/attention_bwd.rs).
-struct FlashBwdParams {
-    const void* q;
-    const void* k;
-    const void* v;
-    const void* o;
-    const void* dout;
-    const float* lse;  // (batch, nheads, seqlen_q) contiguous, natural log, from the forward
-    void* dq;
-    void* dk;
-    void* dv;
-    float* dq_accum;   // scratch [nsplit][batch][nheads][seqlen_q_pad][FS_HEAD_DIM]
-    float* dpsum;      // scratch [batch][nheads][seqlen_q_pad]: D = rowsum(dO * O)
-    float* lse_log2;   // scratch [batch][nheads][seqlen_q_pad]
-    long long q_batch_stride, q_row_stride, q_head_stride;
-    long long k_batch_stride, k_row_stride, k_head_stride;
-    long long v_batch_stride, v_row_stride, v_head_stride;
-    long long o_batch_stride, o_row_stride, o_head_stride;
-    long long do_batch_stride, do_row_stride, do_head_stride;
-    long long dq_batch_stride, dq_row_stride, dq_head_stride;
-    long long dk_batch_stride, dk_row_stride, dk_head_stride;
-    long long dv_batch_stride, dv_row_stride, dv_head_stride;
-    int batch, nheads, nheads_k, seqlen_q, seqlen_k, head_dim;
-    int seqlen_q_pad;  // multiple of FS_BLOCK_M
-    int nsplit;        // accumulator slices (1 unless deterministic)
-    int deterministic;
-    float softmax_scale;
-    float softcap;
-    int window_left, window_right;  // normalised: -1 = unbounded
-#if FS_VARLEN
-    const int* cu_seqlens_q;  // (batch + 1) int32
-    const int* cu_seqlens_k;
-    int total_q, total_k;     // rows of q / k: every row bound is clamped to these
-#endif
-};
 
 namespace fb {
 

@@ -57,6 +57,7 @@
 
 #include "common/convert.cuh"
 #include "common/copy.cuh"
+#include "common/flash_params.cuh"
 #include "common/math.cuh"
 #include "common/wgmma.cuh"
 
@@ -64,37 +65,6 @@
 #error "the prelude must define FS_HEAD_DIM, FS_DTYPE, FS_HAS_MASK and FS_ARCH"
 #endif
 
-// The dense FlashBwdParams of flash_bwd.cu, field for field (host mirror: FlashBwdParams in
-// src/ops/attention_bwd.rs; the launcher passes the same struct to all three kernels).
-struct FlashBwdParams {
-    const void* q;
-    const void* k;
-    const void* v;
-    const void* o;
-    const void* dout;
-    const float* lse;
-    void* dq;
-    void* dk;
-    void* dv;
-    float* dq_accum;   // scratch [1][batch][nheads][seqlen_q_pad][FS_HEAD_DIM]
-    float* dpsum;      // scratch [batch][nheads][seqlen_q_pad]: D = rowsum(dO * O)
-    float* lse_log2;   // scratch [batch][nheads][seqlen_q_pad]
-    long long q_batch_stride, q_row_stride, q_head_stride;
-    long long k_batch_stride, k_row_stride, k_head_stride;
-    long long v_batch_stride, v_row_stride, v_head_stride;
-    long long o_batch_stride, o_row_stride, o_head_stride;
-    long long do_batch_stride, do_row_stride, do_head_stride;
-    long long dq_batch_stride, dq_row_stride, dq_head_stride;
-    long long dk_batch_stride, dk_row_stride, dk_head_stride;
-    long long dv_batch_stride, dv_row_stride, dv_head_stride;
-    int batch, nheads, nheads_k, seqlen_q, seqlen_k, head_dim;
-    int seqlen_q_pad;  // multiple of kBlockM
-    int nsplit;        // 1 here
-    int deterministic; // 0 here
-    float softmax_scale;
-    float softcap;
-    int window_left, window_right;  // normalised: -1 = unbounded
-};
 
 namespace fb90 {
 

@@ -52,6 +52,7 @@
 
 #include "common/convert.cuh"
 #include "common/copy.cuh"
+#include "common/flash_params.cuh"
 #include "common/math.cuh"
 #include "common/mma.cuh"
 #include "common/softcap.cuh"
@@ -75,27 +76,6 @@
 #define FS_VARLEN 0
 #endif
 
-// The kernel's one by-value parameter (host mirror: FlashFwdParams in src/ops/attention.rs).
-struct FlashFwdParams {
-    const void* q;
-    const void* k;
-    const void* v;
-    void* o;
-    float* lse;  // nullable; (batch, nheads, seqlen_q) contiguous, natural-log LSE
-    long long q_batch_stride, q_row_stride, q_head_stride;
-    long long k_batch_stride, k_row_stride, k_head_stride;
-    long long v_batch_stride, v_row_stride, v_head_stride;
-    long long o_batch_stride, o_row_stride, o_head_stride;
-    int batch, nheads, nheads_k, seqlen_q, seqlen_k, head_dim;
-    float softmax_scale;
-    float softcap;
-    int window_left, window_right;
-#if FS_VARLEN
-    const int* cu_seqlens_q;  // (batch + 1) int32
-    const int* cu_seqlens_k;
-    int total_q, total_k;     // rows of q / k: every row index is clamped to these
-#endif
-};
 
 namespace ff {
 

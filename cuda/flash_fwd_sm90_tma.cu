@@ -42,6 +42,7 @@
 
 #include "common/convert.cuh"
 #include "common/copy.cuh"
+#include "common/flash_params.cuh"
 #include "common/math.cuh"
 #include "common/mma.cuh"
 #include "common/tma.cuh"
@@ -60,22 +61,6 @@
 #error "FS_SM90_PINGPONG builds on the FS_SM90_PIPE schedule"
 #endif
 
-// Same struct as flash_fwd_sm90.cu (host mirror: FlashFwdParams in src/ops/attention.rs).
-struct FlashFwdParams {
-    const void* q;
-    const void* k;
-    const void* v;
-    void* o;
-    float* lse;
-    long long q_batch_stride, q_row_stride, q_head_stride;
-    long long k_batch_stride, k_row_stride, k_head_stride;
-    long long v_batch_stride, v_row_stride, v_head_stride;
-    long long o_batch_stride, o_row_stride, o_head_stride;
-    int batch, nheads, nheads_k, seqlen_q, seqlen_k, head_dim;
-    float softmax_scale;
-    float softcap;
-    int window_left, window_right;
-};
 
 // The kernel's one parameter (host mirror: FlashFwdTmaParams in src/ops/attention_tma.rs):
 // tensor maps first (64-byte aligned, 128 bytes each), then the plain parameters.

@@ -42,6 +42,10 @@ pub const HEADERS: &[(&str, &str)] = &[
     ),
     ("common/ssd.cuh", include_str!("../../cuda/common/ssd.cuh")),
     (
+        "common/flash_params.cuh",
+        include_str!("../../cuda/common/flash_params.cuh"),
+    ),
+    (
         "common/opaque.cuh",
         include_str!("../../cuda/common/opaque.cuh"),
     ),
@@ -224,7 +228,7 @@ mod tests {
                 }
                 let mut edited: Vec<(&str, String)> =
                     HEADERS.iter().map(|(n, t)| (*n, t.to_string())).collect();
-                edited[i].1 = edited[i].1.replacen("fs", "fz", 1);
+                edited[i].1.push_str("// one more byte\n");
                 let edited: Vec<(&str, &str)> =
                     edited.iter().map(|(n, t)| (*n, t.as_str())).collect();
                 let changed = expand(&file, src, &edited).expect("expands");
