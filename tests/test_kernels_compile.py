@@ -8,11 +8,10 @@ forward, the varlen builds) stay within a small bound."""
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from flashscan._resources import CUOBJDUMP_MISSING, find_cuobjdump, resource_usage
+from flashscan._resources import CUOBJDUMP_MISSING, compile_variants, find_cuobjdump, resource_usage
 
 _native = pytest.importorskip("flashscan._native")
 
@@ -41,11 +40,8 @@ def _variants(arch: str) -> list[dict]:
 
 
 def _compile_all(arch: str) -> dict[str, bytes]:
-    variants = _variants(arch)
-    workers = max(1, min(8, os.cpu_count() or 1))
-    with ThreadPoolExecutor(workers) as pool:  # compile_variant releases the GIL
-        cubins = list(pool.map(lambda v: _native.compile_variant(v["name"], arch), variants))
-    return {v["name"]: c for v, c in zip(variants, cubins)}
+    names = [v["name"] for v in _variants(arch)]
+    return compile_variants(names, arch, workers=max(1, min(8, os.cpu_count() or 1)))
 
 
 @pytest.fixture(scope="module", params=ARCHS)

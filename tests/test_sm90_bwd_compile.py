@@ -9,12 +9,12 @@ from __future__ import annotations
 import itertools
 import re
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from flashscan._resources import (
     CUOBJDUMP_MISSING,
+    compile_variants,
     find_cuobjdump,
     find_nvdisasm_dir,
     resource_usage,
@@ -44,9 +44,7 @@ def _variants(arch: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def cubins() -> dict[str, bytes]:
-    names = [v["name"] for v in _variants("sm_90a")]
-    with ThreadPoolExecutor(2) as pool:  # compile_variant releases the GIL
-        return dict(zip(names, pool.map(lambda n: _native.compile_variant(n, "sm_90a"), names)))
+    return compile_variants([v["name"] for v in _variants("sm_90a")], "sm_90a")
 
 
 @pytest.fixture(scope="module")

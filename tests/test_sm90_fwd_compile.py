@@ -7,12 +7,12 @@ tensor memory accelerator (UTMALDG) and moves registers between warpgroups (USET
 from __future__ import annotations
 
 import itertools
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from flashscan._resources import (
     CUOBJDUMP_MISSING,
+    compile_variants,
     find_cuobjdump,
     find_nvdisasm_dir,
     resource_usage,
@@ -40,9 +40,7 @@ def _sm90_variants(arch: str, family: str = FAMILY) -> list[dict]:
 
 
 def _compile_all(family: str) -> dict[str, bytes]:
-    names = [v["name"] for v in _sm90_variants("sm_90a", family)]
-    with ThreadPoolExecutor(2) as pool:  # compile_variant releases the GIL
-        return dict(zip(names, pool.map(lambda n: _native.compile_variant(n, "sm_90a"), names)))
+    return compile_variants([v["name"] for v in _sm90_variants("sm_90a", family)], "sm_90a")
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ __all__ = [
     "CUOBJDUMP_MISSING",
     "Usage",
     "VariantUsage",
+    "compile_variants",
     "find_cuobjdump",
     "find_nvdisasm_dir",
     "format_table",
@@ -199,6 +200,14 @@ def select_variants(
     if main_only:
         variants = [v for v in variants if v["main"]]
     return variants
+
+
+def compile_variants(names: list[str], arch: str, workers: int = 2) -> dict[str, bytes]:
+    """The CUBIN of each named variant for `arch`, compiled by NVRTC on `workers` threads (the
+    compile releases the GIL), keyed by name in `names` order."""
+    native = _native()
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        return dict(zip(names, pool.map(lambda n: native.compile_variant(n, arch), names)))
 
 
 def measure(
