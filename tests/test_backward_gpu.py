@@ -112,8 +112,16 @@ def check_attention_grads(rule: Any, case: tuple, deterministic: bool = False) -
         rule.check(g, r, bs, atol=slack, name=f"{name} ({dt})")
 
 
+@pytest.fixture
+def mma_bwd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mma.sync backward for this test: on sm_90 the wgmma kernel is the default where it
+    covers the call (its own matrix below), so the general matrix pins the kernel every other
+    arch runs and that sm_90 keeps for softcap, varlen, deterministic and other head dims."""
+    monkeypatch.setenv("FLASHSCAN_SM90_BWD", "0")
+
+
 @pytest.mark.parametrize("case", ATTN_CASES, ids=[_attn_id(c) for c in ATTN_CASES])
-def test_attention_backward_matrix(case: tuple, rule: Any) -> None:
+def test_attention_backward_matrix(case: tuple, rule: Any, mma_bwd: None) -> None:
     check_attention_grads(rule, case)
 
 
@@ -218,7 +226,8 @@ def test_attention_forward_backward_in_a_cuda_graph(rule: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Attention on the sm_90a wgmma backward (cuda/flash_bwd_sm90.cu, FLASHSCAN_SM90_BWD=1)
+# Attention on the sm_90a wgmma backward (cuda/flash_bwd_sm90.cu; the default on sm_90a,
+# FLASHSCAN_SM90_BWD=0 turns it off)
 # ---------------------------------------------------------------------------------------------
 
 SM90_ENV = "FLASHSCAN_SM90_BWD"
@@ -257,8 +266,8 @@ SM90_CASES = _sm90_cases()
 
 @pytest.fixture
 def sm90_bwd(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The wgmma backward switched on for this test (read by the launcher on every call); only
-    meaningful on an sm_90 GPU, where it is the kernel that runs."""
+    """The wgmma backward for this test, set explicitly (the default, but a caller's
+    FLASHSCAN_SM90_BWD=0 must not turn these tests into mma.sync runs); sm_90 GPUs only."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma backward runs on sm_90 (H100 / H200) only")
     monkeypatch.setenv(SM90_ENV, "1")
@@ -300,22 +309,30 @@ print("ok")
 """
 
 
-def test_attention_backward_sm90_kernel_is_what_runs(tmp_path: Any) -> None:
-    """A child with its own kernel cache and the switch on builds the wgmma backward (hd64 and
-    hd128 variants): the switch really reaches the launcher, no silent fallback."""
+@pytest.mark.parametrize("switch", [None, "1", "0"])
+def test_attention_backward_sm90_kernel_is_what_runs(tmp_path: Any, switch: str | None) -> None:
+    """A child with its own kernel cache builds the wgmma backward (hd64 and hd128 variants) by
+    default and with the switch at 1, and none of it at 0: the switch reaches the launcher and
+    the default is what it says, no silent fallback."""
     import os
     import subprocess
     import sys
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma backward runs on sm_90 (H100 / H200) only")
-    env = dict(os.environ, FLASHSCAN_CACHE_DIR=str(tmp_path), **{SM90_ENV: "1"})
+    env = {k: v for k, v in os.environ.items() if k != SM90_ENV}
+    env["FLASHSCAN_CACHE_DIR"] = str(tmp_path)
+    if switch is not None:
+        env[SM90_ENV] = switch
     done = subprocess.run(
         [sys.executable, "-c", _SM90_CHILD], env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
     built = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("flash_bwd_sm90-"))
-    assert len(built) == 2, f"wgmma backward not built: {sorted(os.listdir(tmp_path))}"
+    want = 0 if switch == "0" else 2
+    assert len(built) == want, f"wgmma backward builds: {sorted(os.listdir(tmp_path))}"
+    if switch == "0":  # the mma.sync main kernel ran instead
+        assert any(p.name.startswith("flash_bwd-") for p in tmp_path.iterdir())
 
 
 def test_attention_compiled_training_step_matches_eager() -> None:

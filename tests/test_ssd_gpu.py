@@ -421,6 +421,11 @@ def test_hot_path_serves_a_repeated_signature(rule: Any, fwd_path: str) -> None:
 GRAD_NAMES = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
 # Half an ulp of the gradient's storage dtype, relative to the largest reference element.
 GRAD_RTOL = {torch.float32: 1e-4, torch.float16: 5e-4, torch.bfloat16: 4e-3}
+# Per-head gradients summed over batch, time, headdim and dstate (float32 runs): their rounding
+# grows with the summed terms, not with the result (the scan backward's SUM_RTOL). Measured on
+# the H100: ddt_bias 1.6e-4 of max|ref| at seqlen 700, chunk 256 (2.1e-3 on 13.0).
+SUMMED = ("A", "dt_bias", "D")
+SUM_RTOL_F32 = 1e-3
 
 
 def leaves(a: dict[str, Any]) -> dict[str, Any]:
@@ -464,7 +469,8 @@ def check_grads(rule: Any, got: dict, ref: dict, base: dict | None, dtype: Any) 
     for k in ref:
         assert got[k].shape == ref[k].shape, k
         if base is None:
-            rule.rel(got[k], ref[k], GRAD_RTOL[dtype], atol=1e-6, name=f"d{k}")
+            rtol = SUM_RTOL_F32 if k in SUMMED and dtype == torch.float32 else GRAD_RTOL[dtype]
+            rule.rel(got[k], ref[k], rtol, atol=1e-6, name=f"d{k}")
         else:
             rule.check(got[k], ref[k], base[k], atol=1e-6, rtol=GRAD_RTOL[dtype], name=f"d{k}")
 

@@ -239,16 +239,19 @@ def _gpu_forward(
     st_shape = (batch, nheads, headdim, dstate)
     out, n_out = new(tuple(dx[1]), dx[3])
     final, n_final = new(st_shape, "float32") if return_final_states else (None, None)
-    _, n_states = new((batch, nchunks, nheads, headdim, dstate), "float32")
-    _, n_decay = new((batch, nheads, nchunks), "float32")
-    n_cb = None
+    # the workspaces stay referenced until the launch: a dropped one goes back to the framework's
+    # allocator, and the next workspace may be carved from the same bytes
+    states, n_states = new((batch, nchunks, nheads, headdim, dstate), "float32")
+    decay, n_decay = new((batch, nheads, nchunks), "float32")
+    cb = n_cb = None
     if _fwd2(dx[3]):
         ngroups = int(descs[3][1][2])  # type: ignore[index]
-        _, n_cb = new((batch, nchunks, ngroups, chunk_size, chunk_size), "float32")
+        cb, n_cb = new((batch, nchunks, ngroups, chunk_size, chunk_size), "float32")
     _native.ssd_fwd(  # type: ignore[union-attr]
         *nargs, n_out, n_final, n_states, n_decay, chunk_size, dt_softplus, limit[0], limit[1],
         hx.stream(dx[5]), n_cb,
     )  # fmt: skip
+    del states, decay, cb  # released after the launch (stream-ordered reuse from here on)
     if hx.needs_finish:
         out = hx.finish(out)
         if final is not None:
@@ -337,11 +340,13 @@ def _serve(plan: tuple[Any, ...], tensors: tuple[Any, ...]) -> tuple[Any, Any]:
     final = d_final = None
     if f_shape is not None:
         final, d_final = new(f_shape, f32, "float32")
-    _, d_states = new(s_shape, f32, "float32")
-    _, d_decay = new(d_shape, f32, "float32")
-    d_cb = new(cb_shape, f32, "float32")[1] if _fwd2(names[0]) else None
+    # workspaces referenced until the launch (a dropped one may be reused by the next allocation)
+    states, d_states = new(s_shape, f32, "float32")
+    decay, d_decay = new(d_shape, f32, "float32")
+    cb, d_cb = new(cb_shape, f32, "float32") if _fwd2(names[0]) else (None, None)
     _native.ssd_fwd(  # type: ignore[union-attr]
         *descs, d_out, d_final, d_states, d_decay, chunk, softplus, limit[0], limit[1], stream(dev),
         d_cb,
     )  # fmt: skip
+    del states, decay, cb
     return out, final

@@ -43,7 +43,7 @@ pub fn all_variants(arch_num: i64) -> Vec<(KernelSpec, bool)> {
     for s in attention_bwd::all_specs(arch_num) {
         out.push((s, false));
     }
-    // The sm_90a wgmma backward (opt-in, FLASHSCAN_SM90_BWD=1) is main: it must stay spill-free.
+    // The sm_90a wgmma backward (the default on sm_90a) is main: it must stay spill-free.
     for s in attention_bwd::sm90_specs(arch_num) {
         out.push((s, true));
     }

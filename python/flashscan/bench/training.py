@@ -6,8 +6,9 @@ rows are the issue's anchors).
     python benches/backward.py [--quick] [--out DIR] [--suite attention,scan] [--sm90-bwd]
 
 --sm90-bwd adds a `flashscan-sm90bwd` attention row: the same call with FLASHSCAN_SM90_BWD=1 (the
-opt-in wgmma backward, cuda/flash_bwd_sm90.cu, on sm_90), the plain `flashscan` row then runs with
-it set to 0, so both backwards are timed beside FA2 and cuDNN in one run.
+wgmma backward, cuda/flash_bwd_sm90.cu, the default on sm_90), the plain `flashscan` row then runs
+with it set to 0 (the mma.sync backward), so both backwards are timed beside FA2 and cuDNN in one
+run.
 
 Every timed row is guarded before it is timed, at every seqlen, against float64: attention
 (flashscan and each SDPA backend) on its output and dq, dk, dv for the first and last batch and
@@ -516,7 +517,7 @@ def main(argv: list[str] | None = None, *, results_root: str | None = None) -> i
     ap.add_argument(
         "--sm90-bwd",
         action="store_true",
-        help=f"also time flashscan with {SM90_BWD_ENV}=1 (the wgmma backward on sm_90)",
+        help=f"time flashscan with {SM90_BWD_ENV}=0 and =1 (mma.sync vs wgmma backward on sm_90)",
     )
     args = ap.parse_args(argv)
     import torch
