@@ -15,9 +15,10 @@ from Python. Forward+backward rows ("fwd+bwd"): one training step's SSD part, th
 then torch.autograd.grad of every float input (x, dt, A, B, C, D, dt_bias) from a random dout,
 checked before timing the same way (each gradient's relative RMS error against mamba_ssm's, or
 without the peer against flashscan's float32 kernels on float32 copies, <= 5e-2; the worst one
-shown). --fwd-paths (default 1,2): the forward rows once per SSD forward path, the default
-(cuda/ssd.cu) and FLASHSCAN_SSD_FWD=2 (cuda/ssd_fwd2.cu), each checked and timed beside the same
-peer in this one run ("[fwd2]" marks the second path's rows); the fwd+bwd rows use the default.
+shown). --fwd-paths (default 1,2): the forward rows once per SSD forward path, FLASHSCAN_SSD_FWD=1
+(cuda/ssd.cu) and 2 (cuda/ssd_fwd2.cu, the 16-bit default), each checked and timed beside the
+same peer in this one run ("[fwd2]" marks the second path's rows); the fwd+bwd rows use the
+default.
 """
 
 from __future__ import annotations
@@ -92,10 +93,7 @@ def bytes_moved(a: dict[str, Any]) -> int:
 
 def set_fwd_path(path: str) -> None:
     """FLASHSCAN_SSD_FWD for the calls that follow (flashscan.ssd reads it on every call)."""
-    if path == "1":
-        os.environ.pop("FLASHSCAN_SSD_FWD", None)
-    else:
-        os.environ["FLASHSCAN_SSD_FWD"] = path
+    os.environ["FLASHSCAN_SSD_FWD"] = path
 
 
 def shape_row(shape: tuple, peer: Any, path: str = "1") -> dict[str, Any]:

@@ -74,8 +74,8 @@ def test_main_variants_do_not_spill(compiled: tuple[str, dict[str, bytes]]) -> N
 
 
 def test_ssd_fwd2_variants_do_not_spill(compiled: tuple[str, dict[str, bytes]]) -> None:
-    """The second SSD forward (FLASHSCAN_SSD_FWD=2) is off by default, so not a main variant,
-    but it is meant to become the default: held to the main variants' rule already."""
+    """The second SSD forward (cuda/ssd_fwd2.cu, the 16-bit default): held to the main
+    variants' rule, no spilled bytes."""
     tool = find_cuobjdump()
     if tool is None:
         pytest.skip(CUOBJDUMP_MISSING)

@@ -1,4 +1,4 @@
-"""The Hopper wgmma backward (cuda/flash_bwd_sm90.cu, opt-in: FLASHSCAN_SM90_BWD=1) on the CPU:
+"""The Hopper wgmma backward (cuda/flash_bwd_sm90.cu, the default on sm_90a) on the CPU:
 its variants are listed for sm_90a only and as main (spill-free), compile with NVRTC, spill
 nothing, and run all five products on the warpgroup tensor cores: S^T and dP^T K-major from
 shared memory, dV and dK with the register A operand and B transposed, dQ with both operands

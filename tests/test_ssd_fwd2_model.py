@@ -1,4 +1,4 @@
-"""A NumPy model of cuda/ssd_fwd2.cu (the second SSD forward path, FLASHSCAN_SSD_FWD=2) against
+"""A NumPy model of cuda/ssd_fwd2.cu (the second SSD forward path, the 16-bit default) against
 the float64 reference: the decomposition (C B^T once per GROUP into a workspace, the per-head
 decay exp(cum_l - cum_s) dt'_s and the sequence mask applied when W is built, the chunk-state
 weight w_s applied to x), the kernels' grids, tile loops, early exits and tail masks, written

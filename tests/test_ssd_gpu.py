@@ -36,15 +36,12 @@ FP32_RTOL = 1e-4
 
 @pytest.fixture(params=["1", "2"], ids=["fwd1", "fwd2"])
 def fwd_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Runs a forward test under both SSD forward paths: the default (cuda/ssd.cu) and
-    FLASHSCAN_SSD_FWD=2 (cuda/ssd_fwd2.cu; float16 / bfloat16 only, float32 stays on the
-    default path)."""
-    if request.param == "2":
-        monkeypatch.setenv("FLASHSCAN_SSD_FWD", "2")
-        if "float32" in request.node.name:
-            pytest.skip("float32 data stays on the default forward path")
-    else:
-        monkeypatch.delenv("FLASHSCAN_SSD_FWD", raising=False)
+    """Runs a forward test under both SSD forward paths, each named explicitly:
+    FLASHSCAN_SSD_FWD=1 (cuda/ssd.cu, what float32 always runs) and 2 (cuda/ssd_fwd2.cu, the
+    default for float16 / bfloat16)."""
+    monkeypatch.setenv("FLASHSCAN_SSD_FWD", request.param)
+    if request.param == "2" and "float32" in request.node.name:
+        pytest.skip("float32 data stays on the first forward path")
     return request.param
 
 
@@ -186,14 +183,19 @@ def test_forward_odd_shapes(case: tuple, rule: Any, poison: Any, fwd_path: str) 
     check_case(rule, out, final, a, chunk, True)
 
 
-def test_fwd2_family_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
-    """FLASHSCAN_SSD_FWD=2 really runs cuda/ssd_fwd2.cu for 16-bit data: its family's CUBIN is
-    in the kernel cache after a call (the cache is on in the test runs: tools/gpu_check.sh)."""
+@pytest.mark.parametrize("switch", [None, "2"])
+def test_fwd2_family_is_built(monkeypatch: pytest.MonkeyPatch, switch: str | None) -> None:
+    """16-bit data really runs cuda/ssd_fwd2.cu, by default and under FLASHSCAN_SSD_FWD=2: its
+    family's CUBIN is in the kernel cache after a call (the cache is on in the test runs:
+    tools/gpu_check.sh)."""
     from pathlib import Path
 
     from flashscan import _native
 
-    monkeypatch.setenv("FLASHSCAN_SSD_FWD", "2")
+    if switch is None:
+        monkeypatch.delenv("FLASHSCAN_SSD_FWD", raising=False)
+    else:
+        monkeypatch.setenv("FLASHSCAN_SSD_FWD", switch)
     a = ssd_inputs(1, 100, 2, 64, 1, 64, torch.bfloat16)
     flashscan.mamba_chunk_scan_combined(**a, chunk_size=64, dt_softplus=True)
     torch.cuda.synchronize()

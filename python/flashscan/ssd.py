@@ -40,16 +40,18 @@ _ARGS = (
     "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "seq_idx", "cu_seqlens",
 )  # fmt: skip
 
-# FLASHSCAN_SSD_FWD=2 selects the second forward path (cuda/ssd_fwd2.cu: C B^T once per group,
-# cp.async + ldmatrix operands) for float16 / bfloat16 x: the native call runs it when given the
-# C B^T workspace. Off by default until a GPU run has shown it correct and faster; read on every
-# call (a dict lookup) so that tests and benchmarks can switch it within one process.
+# float16 / bfloat16 x run the second forward path (cuda/ssd_fwd2.cu: C B^T once per group,
+# cp.async + ldmatrix operands): the native call runs it when given the C B^T workspace. Its
+# first H100 run (b51813a) passed the forward matrix and the sanitizers and took 1.25 ms against
+# the first path's 7.75 ms (b8 L2048, 80 heads x 64, state 128). FLASHSCAN_SSD_FWD=1 keeps the
+# first path (cuda/ssd.cu, which float32 always takes); read on every call (a dict lookup) so
+# that tests and benchmarks can switch it within one process.
 _FWD2_DTYPES = ("float16", "bfloat16")
 
 
 def _fwd2(dtype_name: str) -> bool:
     """Whether this call takes the second forward path (see FLASHSCAN_SSD_FWD above)."""
-    return dtype_name in _FWD2_DTYPES and os.environ.get("FLASHSCAN_SSD_FWD") == "2"
+    return dtype_name in _FWD2_DTYPES and os.environ.get("FLASHSCAN_SSD_FWD") != "1"
 
 
 def mamba_chunk_scan_combined(

@@ -73,7 +73,7 @@ pub fn all_variants(arch_num: i64) -> Vec<(KernelSpec, bool)> {
             && s.defines.iter().any(|&(k, v)| k == "FS_DTYPE" && v != 2);
         out.push((s, main));
     }
-    // SSD forward, second path (FLASHSCAN_SSD_FWD=2, off by default until a GPU run): not main
+    // SSD forward, second path (the 16-bit default; test_kernels_compile bounds its spills to 0)
     for s in ssd::all_specs2(arch_num) {
         out.push((s, false));
     }

@@ -11,7 +11,7 @@ pub const SOURCE: &str = include_str!("../../cuda/ssd.cu");
 pub const FAMILY: &str = "ssd";
 /// The second forward path (`cuda/ssd_fwd2.cu`, fp16 / bf16): C B^T once per group into the
 /// `cb` workspace, cp.async + ldmatrix operands. Chosen when the caller passes `cb`
-/// (python/flashscan/ssd.py does so under FLASHSCAN_SSD_FWD=2); not yet measured on a GPU.
+/// (python/flashscan/ssd.py does so for 16-bit x unless FLASHSCAN_SSD_FWD=1).
 pub const SOURCE2: &str = include_str!("../../cuda/ssd_fwd2.cu");
 pub const FAMILY2: &str = "ssd_fwd2";
 pub const ENTRY2_CB: &str = "ssd2_chunk_cb";
@@ -343,7 +343,7 @@ fn fwd2_workspaces_aligned(cb: &TensorView, states: &TensorView) -> Result<()> {
     for (name, t) in [("cb", cb), ("states", states)] {
         if t.ptr % 8 != 0 {
             return Err(value_err(format!(
-                "{name} must start 8-byte aligned for the second SSD forward path (FLASHSCAN_SSD_FWD=2)"
+                "{name} must start 8-byte aligned for the second SSD forward path (cuda/ssd_fwd2.cu)"
             )));
         }
     }

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Per-kernel GPU time of the Mamba-2 SSD (forward on both paths, forward+backward) and of the
+channel-last conv1d forward, from torch.profiler's CUDA activity: which launch holds the time,
+so that tuning starts where the time is. GPU only.
+
+    python tools/ssd_profile.py [--shape 2k|8k|rt] [--reps 5]
+
+Prints one table per measured call: kernel name, launches per call, GPU us per call, share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections import defaultdict
+from typing import Any, Callable
+
+SHAPES = {
+    # batch, seqlen, nheads, headdim, dstate, ngroups, chunk (issue 14's shapes)
+    "2k": (8, 2048, 80, 64, 128, 1, 256),
+    "8k": (8, 8192, 80, 64, 128, 1, 256),
+    "rt": (32, 60, 8, 64, 64, 1, 256),
+}
+
+
+def ssd_inputs(torch: Any, shape: tuple[int, ...], dtype: Any) -> dict[str, Any]:
+    b, L, h, p, n, g, _ = shape
+    dev = "cuda"
+    return {
+        "x": torch.randn(b, L, h, p, device=dev, dtype=dtype),
+        "dt": torch.randn(b, L, h, device=dev, dtype=dtype) * 0.5 - 1.0,
+        "A": -torch.rand(h, device=dev) * 2.0 - 0.5,
+        "B": torch.randn(b, L, g, n, device=dev, dtype=dtype),
+        "C": torch.randn(b, L, g, n, device=dev, dtype=dtype),
+        "D": torch.randn(h, device=dev),
+        "dt_bias": torch.randn(h, device=dev) * 0.1,
+    }
+
+
+def profile(torch: Any, name: str, fn: Callable[[], Any], reps: int) -> None:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
+
+    fn()
+    torch.cuda.synchronize()
+    with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    per: dict[str, list[float]] = defaultdict(list)
+    for ev in prof.events():
+        if getattr(ev, "device_type", None) is not None and "CUDA" in str(ev.device_type):
+            per[ev.name].append(ev.device_time_total if hasattr(ev, "device_time_total") else 0.0)
+    rows = []
+    for k, ts in per.items():
+        rows.append((sum(ts) / reps, len(ts) / reps, k))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows) or 1.0
+    print(f"\n## {name}: {total:.1f} us of kernels per call ({reps} calls)\n")
+    print("| kernel | launches/call | us/call | share |")
+    print("| --- | ---: | ---: | ---: |")
+    for us, n, k in rows[:20]:
+        print(f"| `{k[:90]}` | {n:.1f} | {us:.1f} | {100 * us / total:.0f}% |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--shape", default="2k", choices=sorted(SHAPES))
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args()
+    import torch
+
+    import flashscan.torch as fst
+
+    shape = SHAPES[args.shape]
+    chunk = shape[-1]
+    a = ssd_inputs(torch, shape, torch.bfloat16)
+    for path in ("1", "2"):
+        os.environ["FLASHSCAN_SSD_FWD"] = path
+
+        def fwd() -> Any:
+            return fst.mamba_chunk_scan_combined(**a, chunk_size=chunk, dt_softplus=True)
+
+        profile(torch, f"SSD forward {args.shape} bf16, FLASHSCAN_SSD_FWD={path}", fwd, args.reps)
+    os.environ.pop("FLASHSCAN_SSD_FWD", None)
+    leaves = {k: v.clone().requires_grad_(True) for k, v in a.items()}
+    dout = torch.randn_like(a["x"])
+
+    def step() -> Any:
+        out = fst.mamba_chunk_scan_combined(**leaves, chunk_size=chunk, dt_softplus=True)
+        return torch.autograd.grad(out, list(leaves.values()), dout)
+
+    name = f"SSD forward+backward {args.shape} bf16 (default paths)"
+    profile(torch, name, step, max(2, args.reps // 2))
+
+    # Mamba-2 channel-last conv1d forward (x as (b, d, L) with stride 1 on d)
+    b, L = shape[0], shape[1]
+    d = 5376 if args.shape != "rt" else 640
+    x = torch.randn(b, L, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    w = torch.randn(d, 4, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(d, device="cuda", dtype=torch.bfloat16)
+    profile(
+        torch,
+        f"conv1d forward channel-last b{b} L{L} d{d} silu",
+        lambda: fst.causal_conv1d_fn(x, w, bias, activation="silu"),
+        args.reps,
+    )
+
+
+if __name__ == "__main__":
+    main()
