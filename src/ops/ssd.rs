@@ -594,8 +594,17 @@ fn rows16(t: &TensorView, last: i64) -> i32 {
     (t.ptr % 16 == 0 && last % 8 == 0 && strides_ok) as i32
 }
 
+/// Whether the second path's chunk states and state passing must run: more than one chunk, or
+/// initial states to carry in, or final states to write out.
+fn needs_carried_states(nchunks: i64, has_init: i32, has_final: i32) -> bool {
+    nchunks > 1 || has_init != 0 || has_final != 0
+}
+
 /// The second path's four launches: C B^T per group, chunk states (64 x 128 tiles), state
 /// passing (one CTA per (batch, head); H_c left in x's dtype over chunk c's slot), chunk outputs.
+/// A call of one chunk with neither initial nor final states skips the middle two: the scan
+/// reads no carried state in chunk 0 without initial states (the real-time shape, b32 L60: 16 of
+/// its 32 us of kernels went to them on the H100).
 ///
 /// # Safety
 /// `q` must describe checked tensors and workspaces (cb included) of the sizes `p` gives, on `dev`.
@@ -628,21 +637,23 @@ unsafe fn launch2(
         st,
         q,
     )?;
-    let n_tiles = (p.dstate + STATE2_TILE_N - 1) / STATE2_TILE_N;
-    dev.launch(
-        &k_state,
-        (
-            nchunks,
-            grid_u32(tiles(p.headdim) * n_tiles, "headdim * dstate")?,
-            bh,
-        ),
-        block,
-        0,
-        st,
-        q,
-    )?;
-    // one CTA per (batch, head): it overwrites each chunk's slot with the 16-bit H in place
-    dev.launch(&k_pass, (bh, 1, 1), (PASS_THREADS as u32, 1, 1), 0, st, q)?;
+    if needs_carried_states(p.nchunks, q.p.has_init, q.p.has_final) {
+        let n_tiles = (p.dstate + STATE2_TILE_N - 1) / STATE2_TILE_N;
+        dev.launch(
+            &k_state,
+            (
+                nchunks,
+                grid_u32(tiles(p.headdim) * n_tiles, "headdim * dstate")?,
+                bh,
+            ),
+            block,
+            0,
+            st,
+            q,
+        )?;
+        // one CTA per (batch, head): it overwrites each chunk's slot with the 16-bit H in place
+        dev.launch(&k_pass, (bh, 1, 1), (PASS_THREADS as u32, 1, 1), 0, st, q)?;
+    }
     dev.launch(
         &k_scan,
         (
@@ -669,6 +680,14 @@ mod tests {
         let s2 = all_specs2(90);
         assert_eq!(s2.len(), 4 * 2 * CHUNKS.len());
         assert!(s2.iter().all(|k| k.family == FAMILY2));
+    }
+
+    #[test]
+    fn one_chunk_without_carried_states_skips_state_launches() {
+        assert!(!needs_carried_states(1, 0, 0));
+        assert!(needs_carried_states(2, 0, 0));
+        assert!(needs_carried_states(1, 1, 0));
+        assert!(needs_carried_states(1, 0, 1));
     }
 
     fn view(shape: &[i64], strides: &[i64], ptr: u64) -> TensorView {
