@@ -1483,7 +1483,9 @@ _ssd_fwd.register_autograd(_ssd_grad, setup_context=_ssd_setup)
 class _MambaChunkScan(torch.autograd.Function):
     """The eager path of the SSD (see `_FlashAttn`): the same implementations as the custom
     ops without their dispatch; an output the loss does not use gets no materialised zeros
-    (an unused final state is passed to the backward as None)."""
+    (an unused final state is passed to the backward as None). `want_final` False: the final
+    states are not computed (None; the backward recomputes what it needs), so a one-chunk call
+    skips the chunk-state and state-passing launches."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -1502,11 +1504,12 @@ class _MambaChunkScan(torch.autograd.Function):
         dt_softplus: bool,
         dt_min: float,
         dt_max: float,
+        want_final: bool,
     ) -> Any:
         ctx.set_materialize_grads(False)
-        out, final = _ssd_fwd_impl(
-            x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus,
-            dt_min, dt_max,
+        out, final, _ = _ssd.ssd_any(
+            x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, None, dt_softplus,
+            (dt_min, dt_max), want_final, False, floats=_SSD_FLOATS,
         )  # fmt: skip
         ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
         ctx.options = (chunk_size, dt_softplus, dt_min, dt_max)
@@ -1515,7 +1518,7 @@ class _MambaChunkScan(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, dout: Tensor | None, dfinal: Tensor | None) -> tuple[Any, ...]:  # type: ignore[override]
         if dout is None and dfinal is None:
-            return (None,) * 14
+            return (None,) * 15
         x, dt, A, B, C, D, z, dt_bias, init, seq_idx = ctx.saved_tensors
         chunk, softplus, lo, hi = ctx.options
         if dout is None:  # only the final states reach the loss
@@ -1527,7 +1530,7 @@ class _MambaChunkScan(torch.autograd.Function):
         inputs = (x, dt, A, B, C, D, z, dt_bias, init)
         g = [gi if t is not None and need[i if i < 5 else i + 1] else None
              for i, (gi, t) in enumerate(zip(grads, inputs))]  # fmt: skip
-        return (*g[:5], None, *g[5:], None, None, None, None)
+        return (*g[:5], None, *g[5:], None, None, None, None, None)
 
 
 def mamba_chunk_scan_combined(
@@ -1566,7 +1569,7 @@ def mamba_chunk_scan_combined(
     if torch.compiler.is_compiling():
         out, final = torch.ops.flashscan.mamba_chunk_scan_fwd(*args, lo, hi)
     else:
-        out, final = _MambaChunkScan.apply(*args, lo, hi)
+        out, final = _MambaChunkScan.apply(*args, lo, hi, return_final_states)
     result = [out]
     if return_final_states:
         result.append(final)
