@@ -16,9 +16,15 @@
 // - channel-first (seqlen stride 1): block = one (channel c, chunk of kChunk positions, batch b);
 //   thread i owns kItems = 2 * kVec consecutive positions (two 16-byte loads / stores), and reads
 //   the H positions on each side it needs (the neighbours' data: L1 hits) element by element.
-// - channel-last (dim stride 1): block = 4 warps x 32 lanes; lane l owns kVec consecutive channels
-//   (one 16-byte access per row), warp w a range of kT positions, walked in order with the last H
-//   inputs (and in the backward the last H dy) kept in registers; kU rows are loaded before use.
+// - channel-last (dim stride 1): block = 4 warps x 32 lanes; lane l owns kVecF = 4 consecutive
+//   channels in the forward (one 8-byte access per row for 16-bit x) and kVec in the backward (16
+//   bytes), warp w a range of kT positions, walked in order with the last H inputs (and in the
+//   backward the last H dy) kept in registers. The forward loads rows in steps of kU, the next
+//   step's before this step's math and stores: it is bound by the bytes in flight per SM, and the
+//   narrower lanes (119-124 registers for 16-bit x against 167-176 at kVec, so 4 CTAs per SM, not
+//   3) with two steps in flight measured 173 us against 180 us at b8 L2048 d5376 bf16 (H100; 68%
+//   of copy bandwidth) and 15.6 against 19.9 us at b32 L60 d640; 16-byte lanes with the same
+//   pipelining took 188 registers and 189 us.
 // Backward dweight / dbias: each block reduces its own partial sums (shuffles, then shared memory
 // across warps) and writes them to partials[part][c][W + 1] (part = b * blocks along time + block);
 // causal_conv1d_dw_reduce sums the parts per (c, k) in a fixed order: deterministic, no atomics.
@@ -86,9 +92,12 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kItems = 2 * kVec;          // channel-first: positions per thread
 constexpr int kChunk = kThreads * kItems; // channel-first: positions per block
 constexpr int kT = 32;                    // channel-last: positions per warp
-// channel-last forward: rows loaded ahead (fp16's cvt unpacking needs more registers: at 4 rows
-// the fp16 width-4 variant put 8 bytes on the stack at 168 registers)
-constexpr int kU = DT == 0 ? 2 : 4;
+// channel-last forward: kVecF channels per lane (4: one 8-byte access per row for 16-bit x, 16 bytes
+// for fp32; half of kVec for 16-bit so the weights / history take half the registers and more
+// CTAs fit per SM), kU rows per step, the next step's rows loaded before this step's math and
+// stores (two steps of loads in flight per lane: the kernel is bound by bytes in flight)
+constexpr int kVecF = 4;
+constexpr int kU = 4;
 constexpr int kUB = 2;                    // channel-last backward: rows (of x and dout) loaded ahead
 static_assert(kW >= 2 && kW <= 4, "FS_WIDTH: 2..4");
 static_assert(kT % kU == 0 && kT % kUB == 0, "kT must be a multiple of kU and kUB");
@@ -201,57 +210,65 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cf(cons
 #endif
 
 // ==== channel-last forward =========================================================================
-// grid (ceil(dim / (32 kVec)), ceil(seqlen / (kWarps kT)), batch), block kThreads. Lane l of warp w:
-// channels c0 .. c0 + kVec - 1 (c0 = (blockIdx.x * 32 + l) * kVec) at positions ts .. ts + kT - 1
-// (ts = (blockIdx.y * kWarps + w) * kT), in order; h[j] holds the input at t - H + j.
+// grid (ceil(dim / (32 kVecF)), ceil(seqlen / (kWarps kT)), batch), block kThreads. Lane l of warp w:
+// channels c0 .. c0 + kVecF - 1 (c0 = (blockIdx.x * 32 + l) * kVecF) at positions ts .. ts + kT - 1
+// (ts = (blockIdx.y * kWarps + w) * kT), in order; h[j] holds the input at t - H + j. Rows go in
+// steps of kU: step i + 1's loads are issued before step i's math and stores.
 #if FS_HAS_ENTRY(1)
+// Loads the kU rows of the step at t0 (rows at or past te: none, zero-filled) and their seq_idx.
+__device__ __forceinline__ void load_step_cl(Raw<kVecF, kES> (&xr)[kU], int (&sr)[kU], const Conv1dParams& p,
+                                             i64 b, i64 xb, i64 t0, i64 te, i64 ts, i64 nc) {
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const i64 t = t0 + u;
+    const char* q = elem_ptr(p.x, xb + (t < te ? t : ts) * p.x_s[2]);
+    load_raw<kVecF, kES>(xr[u], q, t < te ? (int)(nc < kVecF ? nc : kVecF) : 0, align_of(q));
+    sr[u] = p.has_seq ? seq_at(p, b, t < te ? t : -1) : 0;
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cl(const Conv1dParams p) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const i64 c0 = ((i64)blockIdx.x * 32 + lane) * kVec;
+  const i64 c0 = ((i64)blockIdx.x * 32 + lane) * kVecF;
   const i64 ts = ((i64)blockIdx.y * kWarps + warp) * kT;
   const i64 b = blockIdx.z;
   if (c0 >= p.dim || ts >= p.seqlen) return;
-  const i64 nc = p.dim - c0;             // channels of this lane that exist (>= kVec: all)
+  const i64 nc = p.dim - c0;             // channels of this lane that exist (>= kVecF: all)
   const i64 te = ts + kT < p.seqlen ? ts + kT : p.seqlen;
-  float w[kW][kVec], bias[kVec], h[kH][kVec];
+  const i64 xb = b * p.x_s[0] + c0;
+  Raw<kVecF, kES> xr[kU], xn[kU];   // packed: half the registers of floats for 16-bit x
+  int sr[kU], sn[kU];
+  load_step_cl(xr, sr, p, b, xb, ts, te, ts, nc);
+  float w[kW][kVecF], bias[kVecF], h[kH][kVecF];
   int hs[kH];
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) {
+  for (int i = 0; i < kVecF; ++i) {
     const i64 c = c0 + i < p.dim ? c0 + i : p.dim - 1;
 #pragma unroll
     for (int k = 0; k < kW; ++k) w[k][i] = ldg_f32<WDT>(p.weight, c * p.w_s[0] + k * p.w_s[1]);
     bias[i] = p.has_bias ? ldg_f32<WDT>(p.bias, c * p.bias_s) : 0.f;
   }
-  const i64 xb = b * p.x_s[0] + c0;
 #pragma unroll
   for (int j = 0; j < kH; ++j) {
     const i64 pos = ts - kH + j;
     if (pos >= 0) {
-      load_f32<kVec>(h[j], p.x, xb + pos * p.x_s[2], nc);
+      load_f32<kVecF>(h[j], p.x, xb + pos * p.x_s[2], nc);
     } else {
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) h[j][i] = c0 + i < p.dim ? before_x(p, b, c0 + i, pos) : 0.f;
+      for (int i = 0; i < kVecF; ++i) h[j][i] = c0 + i < p.dim ? before_x(p, b, c0 + i, pos) : 0.f;
     }
     hs[j] = p.has_seq ? seq_at(p, b, pos) : 0;
   }
   const i64 ob = b * p.out_s[0] + c0;
   for (i64 t0 = ts; t0 < te; t0 += kU) {
-    Raw<kVec, kES> xr[kU];   // packed: half the registers of floats for 16-bit x
-    int sr[kU];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const i64 t = t0 + u;
-      const char* q = elem_ptr(p.x, xb + (t < te ? t : ts) * p.x_s[2]);
-      load_raw<kVec, kES>(xr[u], q, t < te ? (int)(nc < kVec ? nc : kVec) : 0, align_of(q));
-      sr[u] = p.has_seq ? seq_at(p, b, t < te ? t : -1) : 0;
-    }
+    if (t0 + kU < te) load_step_cl(xn, sn, p, b, xb, t0 + kU, te, ts, nc);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const i64 t = t0 + u;
       if (t >= te) break;
-      float o[kVec];
+      float o[kVecF];
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) {
+      for (int i = 0; i < kVecF; ++i) {
         float acc = bias[i];
 #pragma unroll
         for (int k = 0; k < kH; ++k) {
@@ -262,19 +279,24 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cl(cons
         acc = fmaf(w[kH][i], v, acc);
         o[i] = p.silu ? silu(acc) : acc;
       }
-      store_f32<kVec>(p.out, ob + t * p.out_s[2], o, nc);
+      store_f32<kVecF>(p.out, ob + t * p.out_s[2], o, nc);
 #pragma unroll
       for (int j = 0; j < kH; ++j) {
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) h[j][i] = j + 1 < kH ? h[j + 1][i] : elem<DT>(xr[u], i);
+        for (int i = 0; i < kVecF; ++i) h[j][i] = j + 1 < kH ? h[j + 1][i] : elem<DT>(xr[u], i);
         hs[j] = j + 1 < kH ? hs[j + 1] : sr[u];
       }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      xr[u] = xn[u];
+      sr[u] = sn[u];
     }
   }
   if (p.has_final && te == p.seqlen) {
     // h holds positions L - H .. L - 1: the final states
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) {
+    for (int i = 0; i < kVecF; ++i) {
       if (c0 + i >= p.dim) break;
       const i64 f0 = b * p.final_s[0] + (c0 + i) * p.final_s[1];
 #pragma unroll
