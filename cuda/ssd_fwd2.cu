@@ -1,4 +1,4 @@
-// Mamba-2 SSD chunked scan, forward, second path (FLASHSCAN_SSD_FWD=2; fp16 / bf16 only, fp32 data
+// Mamba-2 SSD chunked scan, forward, second path (the fp16 / bf16 default; fp32 data
 // stays on cuda/ssd.cu). Same math and decomposition as cuda/ssd.cu (read its header first); what
 // changes is where each product is formed and how operands reach the tensor cores:
 //
@@ -44,8 +44,11 @@
 // spills 16 bytes). SASS: LDGSTS for every tile, LDSM (.MT88 for x^T, B and x in W x),
 // HMMA.16816.F32, LDG.128 / 8-byte stores in the state passing.
 //
-// PREDICTION for b8 L2048 nheads 80 headdim 64 dstate 128 ngroups 1 chunk 256 bf16 on H100 — NOT YET
-// MEASURED (the default path takes 7809 us there, Triton 741 us):
+// PREDICTION for b8 L2048 nheads 80 headdim 64 dstate 128 ngroups 1 chunk 256 bf16 on H100, written
+// before the first run (the first path takes 7809 us there, Triton 741 us). MEASURED 2026-11-23 (H100,
+// torch.profiler, tools/ssd_profile.py): cb 11 us, chunk_state 239, state_passing 101, chunk_scan 902
+// = 1253 us; ncu: the scan at 45% memory / 39% SM throughput (latency-bound), chunk_state at 18.75%
+// occupancy. The scan is where the prediction failed (3.9x):
 //   ssd2_chunk_cb      ~10 us  (0.7 GFLOP, 8 MB in / 17 MB out)
 //   ssd2_chunk_state   ~110 us (x 168 MB + B in, states 168 MB out fp32; 21 GFLOP)
 //   ssd2_state_passing ~90 us  (states 168 MB read, 84 MB written in 16 bits)
