@@ -18,7 +18,9 @@ without the peer against flashscan's float32 kernels on float32 copies, <= 5e-2;
 shown). --fwd-paths (default 1,2): the forward rows once per SSD forward path, FLASHSCAN_SSD_FWD=1
 (cuda/ssd.cu) and 2 (cuda/ssd_fwd2.cu, the 16-bit default), each checked and timed beside the
 same peer in this one run ("[fwd2]" marks the second path's rows); the fwd+bwd rows use the
-default.
+default forward. --bwd-paths (default 1,2): the fwd+bwd rows once per SSD backward path,
+FLASHSCAN_SSD_BWD=1 (per-head chunk_dc / chunk_db) and 2 (cuda/ssd_bwd.cu section 8: CB and a
+head-summed dCB), "[bwd2]" marking the second's rows.
 """
 
 from __future__ import annotations
@@ -145,12 +147,15 @@ def fwd_bwd(api: Any, a: dict[str, Any], dout: torch.Tensor, kw: dict[str, Any])
     return step
 
 
-def train_row(shape: tuple, peer: Any) -> dict[str, Any]:
+def train_row(shape: tuple, peer: Any, bwd: str = "1") -> dict[str, Any]:
     name, b, L, h, p, n, g, chunk = shape
     a = inputs(b, L, h, p, n, g)
     kw = dict(chunk_size=chunk, dt_softplus=True)
-    row: dict[str, Any] = {"shape": f"{name} fwd+bwd", "batch": b, "seqlen": L, "nheads": h}
-    row.update(headdim=p, dstate=n, ngroups=g, chunk=chunk, dtype="bfloat16")
+    os.environ.pop("FLASHSCAN_SSD_FWD", None)  # the default forward
+    os.environ["FLASHSCAN_SSD_BWD"] = bwd
+    label = f"{name} fwd+bwd" + ("" if bwd == "1" else f" [bwd{bwd}]")
+    row: dict[str, Any] = {"shape": label, "batch": b, "seqlen": L, "nheads": h}
+    row.update(headdim=p, dstate=n, ngroups=g, chunk=chunk, dtype="bfloat16", bwd_path=bwd)
     dout = torch.randn(a["x"].shape, device="cuda")
     ours = fwd_bwd(flashscan.mamba_chunk_scan_combined, a, dout, kw)
     if peer is not None:
@@ -227,8 +232,12 @@ def main() -> int:
     ap.add_argument(
         "--fwd-paths", default="1,2", help="SSD forward paths to time (FLASHSCAN_SSD_FWD values)"
     )
+    ap.add_argument(
+        "--bwd-paths", default="1,2", help="SSD backward paths to time (FLASHSCAN_SSD_BWD values)"
+    )
     args = ap.parse_args()
     paths = [v.strip() for v in args.fwd_paths.split(",") if v.strip()]
+    bwd_paths = [v.strip() for v in args.bwd_paths.split(",") if v.strip()]
     if not (torch.cuda.is_available() and flashscan.available()):
         print("no usable CUDA GPU: nothing to benchmark")
         return 0
@@ -236,8 +245,7 @@ def main() -> int:
     rows = []
     for shape in SHAPES:
         made = [shape_row(shape, peer, path) for path in paths]
-        set_fwd_path("1")
-        made.append(train_row(shape, peer))
+        made.extend(train_row(shape, peer, bwd) for bwd in bwd_paths)
         for row in made:
             print(json.dumps(row), file=sys.stderr, flush=True)
             rows.append(row)

@@ -70,8 +70,20 @@ struct SsdBwdParams {
     i64 dA_s, dbias_s;
     i64 npass_tiles, nlblocks;
     int dfinal_dtype, has_dfinal, ptiles, d_per_channel;  // D (nheads, headdim) vs (nheads,)
+    // The second path's workspaces (section 8; null on the first path):
+    float* cb;    // (batch, nchunks, ngroups, kQ, kQ): C_l . B_s, lower 64 x 64 blocks only
+    float* dcb;   // the same shape: dCB[l, s] summed over the group's heads, masked
+    float* pdt;   // (batch*nheads, nchunks, kQ): dt' (0 past the sequence's end)
+    float* pcum;  // the same: cum
+    int* pseg;    // (batch, nchunks, kQ): seg
+    // 1: products may round their fp32 operands to tf32 once (the call's data came from 16-bit
+    // tensors, exact in tf32) instead of the 3xTF32 split; 16-bit kernels ignore it
+    int tf32x1;
+    // 1: x, dout, z rows (vec_x) / B, C rows (vec_bc) start 16-byte aligned and hold a multiple of
+    // 4 elements (fp32 data): 16-byte loads; 0: element loads
+    int vec_x, vec_bc, pad2_;
 };
-static_assert(sizeof(SsdBwdParams) == 912, "SsdBwdParams layout changed: update the host mirror");
+static_assert(sizeof(SsdBwdParams) == 968, "SsdBwdParams layout changed: update the host mirror");
 
 constexpr int kMBlocks = kQ / kTile;
 constexpr int kTiles = 4;  // channel tiles of 64 (headdim <= 256): the row partials' last dimension
@@ -124,8 +136,182 @@ __device__ __forceinline__ void store_rows(float (&rs)[2], float* dst, i64 c0, i
     }
 }
 
+// ---- helpers of the second path (section 8) ---------------------------------------------------------
+constexpr int kNb2 = kQ / kTile;
+constexpr int kPairs2 = kNb2 * (kNb2 + 1) / 2;
+constexpr int kLd2 = kK + 4;     // fp32 pitch of a 32-wide tile: fragment reads hit distinct banks
+constexpr int kLdw2 = kTile + 4;  // of a 64-wide tile
+
+// acc[NT][4] += A (16 x K) * B (K x 8 NT), f32 shared-memory operands as warp_mma; fp32 data with
+// `fast` rounds each operand to tf32 once (one m16n8k8 per tile instead of three).
+template <int K, int NT, class FA, class FB>
+__device__ __forceinline__ void warp_mma_q(float (&acc)[NT][4], const FA& a, const FB& b, bool fast) {
+    if constexpr (DT == 2) {
+        if (fast) {
+            const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+            for (int k0 = 0; k0 < K; k0 += 8) {
+                const u32 af[4] = {to_tf32(a(g, k0 + t)), to_tf32(a(g + 8, k0 + t)), to_tf32(a(g, k0 + t + 4)),
+                                   to_tf32(a(g + 8, k0 + t + 4))};
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const int n = 8 * j + g;
+                    mma_tf32(acc[j], af, to_tf32(b(k0 + t, n)), to_tf32(b(k0 + t + 4, n)));
+                }
+            }
+            return;
+        }
+    }
+    warp_mma<K, NT>(acc, a, b);
+}
+
+// s[r * ld + k] = f(r, k) for a 64 x kK tile: rows 0..63, columns k0 .. k0 + kK - 1 of the source.
+// vec (fp32 data): f4(r, k) gives columns k .. k + 3 at once (16-byte loads; the caller zeroes
+// groups past the valid rows / columns, whole since the column count is a multiple of 4); else
+// f1(r, k), one element.
+template <class F4, class F1>
+__device__ __forceinline__ void fill_rows(float* s, bool vec, const F4& f4, const F1& f1) {
+    if (DT == 2 && vec) {
+        constexpr int kPer = kK / 4;
+#pragma unroll
+        for (int i = threadIdx.x; i < kTile * kPer; i += kThreads) {
+            const int r = i / kPer, k = (i % kPer) * 4;
+            *(float4*)(s + r * kLd2 + k) = f4(r, k);
+        }
+    } else {
+        for (int i = threadIdx.x; i < kTile * kK; i += kThreads) {
+            const int r = i / kK, k = i % kK;
+            s[r * kLd2 + k] = f1(r, k);
+        }
+    }
+}
+
+__device__ __forceinline__ float4 scale4(float4 v, float f) { return make_float4(v.x * f, v.y * f, v.z * f, v.w * f); }
+__device__ __forceinline__ float4 zero4() { return make_float4(0.f, 0.f, 0.f, 0.f); }
+
+// 4 channels pp .. pp + 3 of x (row t, head h) / of g = dout * silu(z), vector path
+__device__ __forceinline__ float4 ld_x4(const SsdParams& p, i64 b, i64 t, i64 h, int pp) {
+    return ldg4_f32<DT>(p.x, b * p.x_s[0] + t * p.x_s[1] + h * p.x_s[2] + pp);
+}
+__device__ __forceinline__ float4 ld_g4(const SsdBwdParams& q, i64 b, i64 t, i64 h, int pp) {
+    float4 g = ldg4_f32<DT>(q.dout, b * q.dout_s[0] + t * q.dout_s[1] + h * q.dout_s[2] + pp);
+    if (q.f.has_z) {
+        const float4 z = ldg4_f32<DT>(q.f.z, b * q.f.z_s[0] + t * q.f.z_s[1] + h * q.f.z_s[2] + pp);
+        g = make_float4(g.x * silu(z.x), g.y * silu(z.y), g.z * silu(z.z), g.w * silu(z.w));
+    }
+    return g;
+}
+
+// The chunk prologue of (b, h, c) from the second path's workspaces (ssd_bwd_prologue): every
+// thread loads; ends with __syncthreads.
+__device__ __forceinline__ void load_prologue(const SsdBwdParams& q, i64 b, i64 h, i64 c, float* s_dt, float* s_cum,
+                                              int* s_seg) {
+    const SsdParams& p = q.f;
+    const i64 pro = ((b * p.nheads + h) * p.nchunks + c) * kQ;
+    const int* seg = q.pseg + (b * p.nchunks + c) * kQ;
+    for (int i = threadIdx.x; i < kQ; i += kThreads) {
+        s_dt[i] = q.pdt[pro + i];
+        s_cum[i] = q.pcum[pro + i];
+        s_seg[i] = seg[i];
+    }
+    __syncthreads();
+}
+
+// 64 rows (p0 + r, r < rows) x 32 states (n0 ..) of a (.., dstate) fp32 state matrix (H_c or dS_c,
+// row-major [p][n]) into s (pitch kLd2): coalesced along n (the first path read it along p).
+__device__ __forceinline__ void fill_state_rows(float* s, const float* S, i64 dstate, int p0, int rows, int n0) {
+    const int nv = (int)dstate - n0;
+    fill_rows(
+        s, (dstate & 3) == 0,
+        [&](int r, int k) { return r < rows && k < nv ? *(const float4*)(S + (i64)(p0 + r) * dstate + n0 + k) : zero4(); },
+        [&](int r, int k) { return r < rows && k < nv ? S[(i64)(p0 + r) * dstate + n0 + k] : 0.f; });
+}
+
+// chunk_output (common/ssd.cuh) for the second path: C . H^T with H read along its rows, and W
+// built from the CB workspace instead of C B^T per head and source block. Same contract: rows m0 ..
+// m0 + 63 of chunk c, channels p0 .. p0 + 63, into acc; the prologue arrays loaded.
+__device__ __forceinline__ void chunk_output2(const SsdBwdParams& q, i64 b, i64 h, i64 c, int m0, int p0, int len,
+                                              const float* s_dt, const float* s_cum, const int* s_seg,
+                                              float (&acc)[8][4]) {
+    const SsdParams& p = q.f;
+    // C . H^T: s_a (64 rows l x 32 states) and s_h (64 rows p x 32 states); W x: s_w (64 rows l x
+    // 64 s), s_x (64 rows s x 64 channels p), over the same bytes
+    __shared__ __align__(16) float s_buf[2 * kTile * kLdw2];
+    float* s_a = s_buf;
+    float* s_h = s_buf + kTile * kLd2;
+    float* s_w = s_buf;
+    float* s_x = s_buf + kTile * kLdw2;
+    const i64 g = h / (p.nheads / p.ngroups);
+    const i64 c0 = c * kQ;
+    const int w16 = 16 * (threadIdx.x >> 5);
+    const bool fast = q.tf32x1;
+    const int hd = (int)p.headdim - p0, rows_l = len - m0;
+    const i64 cbase = b * p.C_s[0] + g * p.C_s[2];
+    clear(acc);
+
+    // y_l += [seg_l == 0] exp(cum_l) C_l . H_c (skipped when H_c is 0: first chunk, no initial states)
+    if (c > 0 || p.has_init) {
+        const float* H = p.states + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate;
+        for (int n0 = 0; n0 < p.dstate; n0 += kK) {
+            const int nv = (int)p.dstate - n0;
+            fill_rows(
+                s_a, q.vec_bc,
+                [&](int r, int k) {
+                    const int l = m0 + r;
+                    return r < rows_l && k < nv && s_seg[l] == 0
+                               ? scale4(ldg4_f32<DT>(p.C, cbase + (c0 + l) * p.C_s[1] + n0 + k), ex(s_cum[l]))
+                               : zero4();
+                },
+                [&](int r, int k) {
+                    const int l = m0 + r;
+                    return r < rows_l && k < nv && s_seg[l] == 0
+                               ? ex(s_cum[l]) * ldg_f32<DT>(p.C, cbase + (c0 + l) * p.C_s[1] + n0 + k)
+                               : 0.f;
+                });
+            fill_state_rows(s_h, H, p.dstate, p0, hd, n0);
+            __syncthreads();
+            warp_mma_q<kK, 8>(acc, [&](int m, int k) { return s_a[(w16 + m) * kLd2 + k]; },
+                              [&](int k, int n) { return s_h[n * kLd2 + k]; }, fast);
+            __syncthreads();
+        }
+    }
+
+    // y_l += sum_{s <= l} W[l, s] x_s, W = CB[l, s] exp(cum_l - cum_s) dt'_s on the same sequence
+    const float* cb = q.cb + (((b * p.nchunks + c) * p.ngroups + g) * kQ + m0) * kQ;
+    for (int s0 = 0; s0 <= m0; s0 += kTile) {
+        for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
+            const int r = e / kTile, col = e % kTile, l = m0 + r, s = s0 + col;
+            float w = 0.f;
+            if (s <= l && l < len && s_seg[l] == s_seg[s]) w = cb[(i64)r * kQ + s] * ex(s_cum[l] - s_cum[s]) * s_dt[s];
+            s_w[r * kLdw2 + col] = w;
+        }
+        const int rows_s = len - s0;
+        for (int e = threadIdx.x; e < kTile * kTile / 4; e += kThreads) {
+            const int r = e / (kTile / 4), col = (e % (kTile / 4)) * 4;
+            float4 v = zero4();
+            if (r < rows_s) {
+                const i64 xi = b * p.x_s[0] + (c0 + s0 + r) * p.x_s[1] + h * p.x_s[2] + p0 + col;
+                if (DT == 2 && q.vec_x) {
+                    if (col < hd) v = ldg4_f32<DT>(p.x, xi);
+                } else {
+                    v.x = col < hd ? ldg_f32<DT>(p.x, xi) : 0.f;
+                    v.y = col + 1 < hd ? ldg_f32<DT>(p.x, xi + 1) : 0.f;
+                    v.z = col + 2 < hd ? ldg_f32<DT>(p.x, xi + 2) : 0.f;
+                    v.w = col + 3 < hd ? ldg_f32<DT>(p.x, xi + 3) : 0.f;
+                }
+            }
+            *(float4*)(s_x + r * kLdw2 + col) = v;
+        }
+        __syncthreads();
+        warp_mma_q<kTile, 8>(acc, [&](int m, int k) { return s_w[(w16 + m) * kLdw2 + k]; },
+                             [&](int k, int n) { return s_x[k * kLdw2 + n]; }, fast);
+        __syncthreads();
+    }
+}
+
 // ---- 1. y_pre again: dz, R_l, dD partials --------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_out(const SsdBwdParams q) {
+template <bool kSecond>
+__device__ __forceinline__ void chunk_out(const SsdBwdParams& q) {
     const SsdParams& p = q.f;
     __shared__ float s_dt[kQ], s_cum[kQ];
     __shared__ int s_seg[kQ];
@@ -142,9 +328,14 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_out(const S
                 if (p0 + i < p.headdim) ddpart[p0 + i] = 0.f;
         return;
     }
-    chunk_prologue(p, b, h, c0, len, s_dt, s_cum, s_seg);
     float acc[8][4];
-    chunk_output(p, b, h, c, m0, p0, len, s_dt, s_cum, s_seg, acc);
+    if constexpr (kSecond) {
+        load_prologue(q, b, h, c, s_dt, s_cum, s_seg);
+        chunk_output2(q, b, h, c, m0, p0, len, s_dt, s_cum, s_seg, acc);
+    } else {
+        chunk_prologue(p, b, h, c0, len, s_dt, s_cum, s_seg);
+        chunk_output(p, b, h, c, m0, p0, len, s_dt, s_cum, s_seg, acc);
+    }
 
     float rs[2] = {0.f, 0.f};
     float dd[8][2];
@@ -199,6 +390,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_out(const S
         }
     }
 }
+
+extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_out(const SsdBwdParams q) { chunk_out<false>(q); }
+extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_out2(const SsdBwdParams q) { chunk_out<true>(q); }
 
 // ---- 2. L_c = sum_l e_l g_l C_l^T ----------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate(const SsdBwdParams q) {
@@ -278,7 +472,10 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_state_passing
 }
 
 // ---- 4. dx, X1, X2 -------------------------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dx(const SsdBwdParams q) {
+// kSecond: B_s . C_l from the CB workspace (transposed) instead of per head and l-block, dS read
+// along its rows, the prologue from its workspace.
+template <bool kSecond>
+__device__ __forceinline__ void chunk_dx(const SsdBwdParams& q) {
     const SsdParams& p = q.f;
     constexpr int kLd = kK + 4, kLdw = kTile + 4;
     __shared__ float s_dt[kQ], s_cum[kQ];
@@ -298,16 +495,31 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dx(const Ss
     const i64 c0 = c * kQ;
     const int len = (int)min((i64)kQ, p.seqlen - c0);
     if (m0 >= len) return;
-    chunk_prologue(p, b, h, c0, len, s_dt, s_cum, s_seg);
+    if constexpr (kSecond) {
+        load_prologue(q, b, h, c, s_dt, s_cum, s_seg);
+    } else {
+        chunk_prologue(p, b, h, c0, len, s_dt, s_cum, s_seg);
+    }
     const int w16 = 16 * (threadIdx.x >> 5);
     const i64 cb_base = b * p.C_s[0] + g * p.C_s[2];
     const i64 bb_base = b * p.B_s[0] + g * p.B_s[2];
+    const bool fast = q.tf32x1;
 
     float acc_i[8][4], acc_s[8][4];
     clear(acc_i);
     clear(acc_s);
     // dxu_intra_s = sum_{l >= s} (B_s.C_l) decay(l, s) g_l
     for (int l0 = m0; l0 < len; l0 += kTile) {
+        if constexpr (kSecond) {
+            // s_w[r = s][col = l] from CB[l, s] (block (l0, m0) of the workspace): coalesced along s
+            const float* cb = q.cb + (((b * p.nchunks + c) * p.ngroups + g) * kQ + l0) * kQ + m0;
+            for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
+                const int lr = e / kTile, sc = e % kTile, s = m0 + sc, l = l0 + lr;
+                float w = 0.f;
+                if (s <= l && l < len && s_seg[l] == s_seg[s]) w = cb[(i64)lr * kQ + sc] * ex(s_cum[l] - s_cum[s]);
+                s_w[sc * kLdw + lr] = w;
+            }
+        } else {
         float bc[8][4];
         clear(bc);
         for (int n0 = 0; n0 < p.dstate; n0 += kK) {
@@ -331,13 +543,14 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dx(const Ss
                 if (s <= l && l < len && s_seg[l] == s_seg[s]) w = bc[j][e] * ex(s_cum[l] - s_cum[s]);
                 s_w[r * kLdw + col] = w;
             }
+        }
         for (int i = threadIdx.x; i < kTile * kTile; i += kThreads) {
             const int r = i / kTile, col = i % kTile, l = l0 + r;
             s_x[r][col] = l < len && p0 + col < p.headdim ? ld_g(q, b, c0 + l, h, p0 + col) : 0.f;
         }
         __syncthreads();
-        warp_mma<kTile, 8>(acc_i, [&](int m, int k) { return s_w[(w16 + m) * kLdw + k]; },
-                           [&](int k, int n) { return s_x[k][n]; });
+        warp_mma_q<kTile, 8>(acc_i, [&](int m, int k) { return s_w[(w16 + m) * kLdw + k]; },
+                             [&](int k, int n) { return s_x[k][n]; }, kSecond && fast);
         __syncthreads();
     }
     // dxu_state_s = v_s dS_c B_s (dS of the last chunk is dfinal: zero without it)
@@ -353,13 +566,21 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dx(const Ss
                     bv = ex(cum_end - s_cum[s]) * ldg_f32<DT>(p.B, bb_base + (c0 + s) * p.B_s[1] + n0 + k);
                 s_b[r * kLd + k] = bv;
             }
-            for (int i = threadIdx.x; i < kK * kTile; i += kThreads) {
-                const int k = i / kTile, col = i % kTile;
-                s_x[k][col] = n0 + k < p.dstate && p0 + col < p.headdim ? dS[(i64)(p0 + col) * p.dstate + n0 + k] : 0.f;
+            if constexpr (kSecond) {
+                float* s_h = s_c;  // rows p x 32 states (pitch kLd == kLd2)
+                fill_state_rows(s_h, dS, p.dstate, p0, (int)p.headdim - p0, n0);
+                __syncthreads();
+                warp_mma_q<kK, 8>(acc_s, [&](int m, int k) { return s_b[(w16 + m) * kLd + k]; },
+                                  [&](int k, int n) { return s_h[n * kLd + k]; }, fast);
+            } else {
+                for (int i = threadIdx.x; i < kK * kTile; i += kThreads) {
+                    const int k = i / kTile, col = i % kTile;
+                    s_x[k][col] = n0 + k < p.dstate && p0 + col < p.headdim ? dS[(i64)(p0 + col) * p.dstate + n0 + k] : 0.f;
+                }
+                __syncthreads();
+                warp_mma<kK, 8>(acc_s, [&](int m, int k) { return s_b[(w16 + m) * kLd + k]; },
+                                [&](int k, int n) { return s_x[k][n]; });
             }
-            __syncthreads();
-            warp_mma<kK, 8>(acc_s, [&](int m, int k) { return s_b[(w16 + m) * kLd + k]; },
-                            [&](int k, int n) { return s_x[k][n]; });
             __syncthreads();
         }
     }
@@ -382,6 +603,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dx(const Ss
     store_rows(r1, q.x1 + row0, c0, m0, len);
     store_rows(r2, q.x2 + row0, c0, m0, len);
 }
+
+extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dx(const SsdBwdParams q) { chunk_dx<false>(q); }
+extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dx2(const SsdBwdParams q) { chunk_dx<true>(q); }
 
 // ---- 5. dC (kDB false) and dB (kDB true), the group's heads summed ------------------------------
 // Rows r of the tile are positions l (dC) or s (dB); "other" positions o run over s <= l (dC) or
@@ -636,3 +860,256 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_reduce(const 
         if (threadIdx.x == 0) st_any(q.dD, h * q.dD_s[0], p.D_dtype, dsum);
     }
 }
+
+// ==== 8. Second path (FLASHSCAN_SSD_BWD=2): dC and dB from a dCB formed once per group ============
+// The first path's chunk_dc / chunk_db form each head's g x^T (64 x 64 over headdim) again in both
+// kernels and for every 64-state tile (4 times), each CTA walking the group's heads one after the
+// other with a chunk prologue per head. Here:
+//   ssd_bwd_prologue  grid (nchunks, batch*nheads), one warp: the chunk prologue once per (batch,
+//                     head, chunk) into q.pdt / q.pcum (and q.pseg, head 0)
+//   ssd_bwd_cb_dcb    grid (nchunks * kPairs, ngroups, batch): one lower 64 x 64 block (l-block i,
+//                     s-block j <= i) of CB = C_l . B_s (over dstate) and of
+//                     dCB[l, s] = sum_heads (g_l . x_s) exp(cum_l - cum_s) dt'_s (over headdim),
+//                     masked (s <= l, same sequence, inside the chunk); both fp32 workspaces
+//   ssd_bwd_chunk_dc2 / _db2  grid (nchunks * kNb, n tiles, batch*ngroups): rows l (dC) / s (dB),
+//                     64 states; the intra-chunk part as plain products over the dCB blocks
+//                     (dC = dCB B over s-blocks <= i, dB = dCB^T C over l-blocks >= i), then the
+//                     state term per head (the only head loop left: one K = headdim product each)
+// 128 threads = 4 warps, warp w owns rows 16w .. 16w + 15 of each 64 x 64 tile (acc_row / acc_col).
+// fp32 data (what every call uses today: 16-bit calls come as fp32 copies) loads 16-byte rows when
+// q.vec_x / q.vec_bc allow, and with q.tf32x1 rounds operands to tf32 once instead of 3xTF32.
+// PREDICTION (b8 L2048 nheads 80 headdim 64 dstate 128 ngroups 1 chunk 256, 1xTF32; the first
+// path's dc + db take 36.0 ms there): the g x^T products are 27 GFLOP (lower blocks) once, the state
+// terms 2 x 21 GFLOP; ~0.4 ms cb_dcb, ~0.5 ms each of dc2 / db2 (load- and latency-bound, not mma).
+
+// ---- 8a. the chunk prologue, once per (batch, head, chunk) ------------------------------------------
+extern "C" __global__ void __launch_bounds__(32) ssd_bwd_prologue(const SsdBwdParams q) {
+    const SsdParams& p = q.f;
+    __shared__ float s_dt[kQ], s_cum[kQ];
+    __shared__ int s_seg[kQ];
+    const i64 bh = blockIdx.y, b = bh / p.nheads, h = bh % p.nheads, c = blockIdx.x;
+    const i64 c0 = c * kQ;
+    const int len = (int)min((i64)kQ, p.seqlen - c0);
+    chunk_prologue(p, b, h, c0, len, s_dt, s_cum, s_seg);
+    const i64 o = (bh * p.nchunks + c) * kQ;
+    for (int i = threadIdx.x; i < kQ; i += 32) {
+        q.pdt[o + i] = s_dt[i];
+        q.pcum[o + i] = s_cum[i];
+        if (h == 0) q.pseg[(b * p.nchunks + c) * kQ + i] = s_seg[i];
+    }
+}
+
+// ---- 8b. CB and the head-summed dCB, one lower 64 x 64 block per CTA ------------------------------
+extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_cb_dcb(const SsdBwdParams q) {
+    const SsdParams& p = q.f;
+    __shared__ __align__(16) float s_a[kTile * kLd2];  // rows l: C (CB), then g (dCB)
+    __shared__ __align__(16) float s_o[kTile * kLd2];  // rows s: B (CB), then x (dCB)
+    __shared__ float s_cl[kTile], s_cs[kTile], s_ds[kTile];  // this head: cum of rows l; cum, dt' of columns s
+    int j = blockIdx.x % kPairs2, i = 0;
+    while (j > i) j -= ++i;  // pair index -> (i, j), j <= i
+    const i64 c = blockIdx.x / kPairs2, g = blockIdx.y, b = blockIdx.z;
+    const i64 c0 = c * kQ;
+    const int len = (int)min((i64)kQ, p.seqlen - c0);
+    const int m0 = i * kTile, s0 = j * kTile;
+    if (m0 >= len) return;  // a tail chunk's unused blocks (never read)
+    const int rows_l = len - m0, rows_s = len - s0;
+    const bool fast = q.tf32x1;
+    const int w16 = 16 * (threadIdx.x >> 5);
+    const i64 blk = (((b * p.nchunks + c) * p.ngroups + g) * kQ + m0) * kQ + s0;
+
+    // CB[l, s] over dstate
+    float acc[8][4];
+    clear(acc);
+    const i64 cbase = b * p.C_s[0] + g * p.C_s[2], bbase = b * p.B_s[0] + g * p.B_s[2];
+    for (int n0 = 0; n0 < p.dstate; n0 += kK) {
+        const int nv = (int)p.dstate - n0;
+        fill_rows(
+            s_a, q.vec_bc,
+            [&](int r, int k) { return r < rows_l && k < nv ? ldg4_f32<DT>(p.C, cbase + (c0 + m0 + r) * p.C_s[1] + n0 + k) : zero4(); },
+            [&](int r, int k) { return r < rows_l && k < nv ? ldg_f32<DT>(p.C, cbase + (c0 + m0 + r) * p.C_s[1] + n0 + k) : 0.f; });
+        fill_rows(
+            s_o, q.vec_bc,
+            [&](int r, int k) { return r < rows_s && k < nv ? ldg4_f32<DT>(p.B, bbase + (c0 + s0 + r) * p.B_s[1] + n0 + k) : zero4(); },
+            [&](int r, int k) { return r < rows_s && k < nv ? ldg_f32<DT>(p.B, bbase + (c0 + s0 + r) * p.B_s[1] + n0 + k) : 0.f; });
+        __syncthreads();
+        warp_mma_q<kK, 8>(acc, [&](int m, int k) { return s_a[(w16 + m) * kLd2 + k]; },
+                          [&](int k, int n) { return s_o[n * kLd2 + k]; }, fast);
+        __syncthreads();
+    }
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int r = acc_row(2 * hh), col = acc_col(jn, 0);
+            *(float2*)(q.cb + blk + (i64)r * kQ + col) = make_float2(acc[jn][2 * hh], acc[jn][2 * hh + 1]);
+        }
+
+    // dCB[l, s] = sum over the group's heads of (g_l . x_s) exp(cum_l - cum_s) dt'_s, s <= l
+    clear(acc);
+    const i64 hpg = p.nheads / p.ngroups;
+    for (i64 hh = 0; hh < hpg; ++hh) {
+        const i64 h = g * hpg + hh;
+        const i64 pro = ((b * p.nheads + h) * p.nchunks + c) * kQ;
+        __syncthreads();  // the previous head's scaling has read s_cl / s_cs / s_ds
+        if (threadIdx.x < kTile) {
+            s_cl[threadIdx.x] = q.pcum[pro + m0 + threadIdx.x];
+        } else {
+            const int k = threadIdx.x - kTile;
+            s_cs[k] = q.pcum[pro + s0 + k];
+            s_ds[k] = q.pdt[pro + s0 + k];
+        }
+        float dw[8][4];
+        clear(dw);
+        for (int k0 = 0; k0 < p.headdim; k0 += kK) {
+            const int kv = (int)p.headdim - k0;
+            fill_rows(
+                s_a, q.vec_x,
+                [&](int r, int k) { return r < rows_l && k < kv ? ld_g4(q, b, c0 + m0 + r, h, k0 + k) : zero4(); },
+                [&](int r, int k) { return r < rows_l && k < kv ? ld_g(q, b, c0 + m0 + r, h, k0 + k) : 0.f; });
+            fill_rows(
+                s_o, q.vec_x,
+                [&](int r, int k) { return r < rows_s && k < kv ? ld_x4(p, b, c0 + s0 + r, h, k0 + k) : zero4(); },
+                [&](int r, int k) { return r < rows_s && k < kv ? ld_x(p, b, c0 + s0 + r, h, k0 + k) : 0.f; });
+            __syncthreads();
+            warp_mma_q<kK, 8>(dw, [&](int m, int k) { return s_a[(w16 + m) * kLd2 + k]; },
+                              [&](int k, int n) { return s_o[n * kLd2 + k]; }, fast);
+            __syncthreads();
+        }
+#pragma unroll
+        for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = acc_row(e), col = acc_col(jn, e);
+                // exp only where s <= l: cum is per chunk, so cum_l - cum_s has no sign guarantee above
+                if (i > j || col <= r) acc[jn][e] += dw[jn][e] * ex(s_cl[r] - s_cs[col]) * s_ds[col];
+            }
+    }
+    // mask: same sequence, both inside the chunk (loaded rows past len are zero already)
+    const int* seg = q.pseg + (b * p.nchunks + c) * kQ;
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int r = acc_row(2 * hh), col = acc_col(jn, 0), l = m0 + r, s = s0 + col;
+            const int sl = seg[min(l, kQ - 1)];
+            const bool ok0 = l < len && s < len && seg[s] == sl;
+            const bool ok1 = l < len && s + 1 < len && seg[s + 1] == sl;
+            *(float2*)(q.dcb + blk + (i64)r * kQ + col) =
+                make_float2(ok0 ? acc[jn][2 * hh] : 0.f, ok1 ? acc[jn][2 * hh + 1] : 0.f);
+        }
+}
+
+// ---- 8c. dC (kDB false) and dB (kDB true) from the dCB blocks, then the per-head state term ----------
+template <bool kDB>
+__device__ __forceinline__ void chunk_dcdb2(const SsdBwdParams& q) {
+    const SsdParams& p = q.f;
+    __shared__ __align__(16) float s_w[kTile * kLdw2];  // dCB block (dC) or its transpose (dB); then A rows
+    __shared__ __align__(16) float s_m[kTile * kLdw2];  // B / C rows o x states n; then S rows p x states n
+    __shared__ float s_f[kTile];                        // the state term's row factors (this head)
+
+    const i64 b = blockIdx.z / p.ngroups, g = blockIdx.z % p.ngroups;
+    const i64 hpg = p.nheads / p.ngroups;
+    const i64 c = blockIdx.x / kNb2;
+    const int i = blockIdx.x % kNb2, m0 = i * kTile, n0 = blockIdx.y * kTile;
+    const i64 c0 = c * kQ;
+    const int len = (int)min((i64)kQ, p.seqlen - c0);
+    if (m0 >= len) return;
+    const bool fast = q.tf32x1;
+    const int w16 = 16 * (threadIdx.x >> 5);
+    const int nv = (int)p.dstate - n0;  // valid state columns of the tile
+    const void* M = kDB ? p.C : p.B;
+    const i64 m_base = kDB ? b * p.C_s[0] + g * p.C_s[2] : b * p.B_s[0] + g * p.B_s[2];
+    const i64 m_t = kDB ? p.C_s[1] : p.B_s[1];
+    const float* dcb = q.dcb + ((b * p.nchunks + c) * p.ngroups + g) * kQ * kQ;
+
+    float acc[8][4];
+    clear(acc);
+    // intra-chunk: dC rows l: sum_{s-blocks j <= i} dCB[l, s] B_s; dB rows s: sum_{l-blocks j >= i} dCB[l, s] C_l
+    const int j_begin = kDB ? i : 0, j_end = kDB ? (len + kTile - 1) / kTile : i + 1;
+    for (int jb = j_begin; jb < j_end; ++jb) {
+        const int o0 = jb * kTile;
+        if (kDB) {  // s_w[r = s][col = l] = dCB[l, s]: coalesced reads along s, transposed stores
+            for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
+                const int lr = e / kTile, sc = e % kTile;
+                s_w[sc * kLdw2 + lr] = dcb[(i64)(o0 + lr) * kQ + m0 + sc];
+            }
+        } else {
+            for (int e = threadIdx.x; e < kTile * kTile / 4; e += kThreads) {
+                const int r = e / (kTile / 4), col = (e % (kTile / 4)) * 4;
+                *(float4*)(s_w + r * kLdw2 + col) = *(const float4*)(dcb + (i64)(m0 + r) * kQ + o0 + col);
+            }
+        }
+        for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
+            const int r = e / kTile, col = e % kTile, o = o0 + r;
+            s_m[r * kLdw2 + col] = o < len && col < nv ? ldg_f32<DT>(M, m_base + (c0 + o) * m_t + n0 + col) : 0.f;
+        }
+        __syncthreads();
+        warp_mma_q<kTile, 8>(acc, [&](int m, int k) { return s_w[(w16 + m) * kLdw2 + k]; },
+                             [&](int k, int n) { return s_m[k * kLdw2 + n]; }, fast);
+        __syncthreads();
+    }
+
+    // state term, per head: dC += e_l g_l^T H_c (H_c = 0 in chunk 0 without initial states);
+    // dB += v_s dt'_s x_s^T dS_c (dS of the last chunk = dfinal, zero without it)
+    const bool term = kDB ? (c < p.nchunks - 1 || q.has_dfinal) : (c > 0 || p.has_init);
+    if (term) {
+        const int rows = len - m0;
+        const int* seg = q.pseg + (b * p.nchunks + c) * kQ;
+        const int seg_end = seg[len - 1];
+        float* s_a = s_w;  // rows r x channels k (pitch kLd2)
+        float* s_s = s_m;  // channels k x states n (pitch kLdw2)
+        for (i64 hh = 0; hh < hpg; ++hh) {
+            const i64 h = g * hpg + hh;
+            const i64 pro = ((b * p.nheads + h) * p.nchunks + c) * kQ;
+            if (threadIdx.x < kTile) {
+                const int r = threadIdx.x, l = m0 + r;
+                float f = 0.f;
+                if (r < rows) {
+                    if (kDB) {
+                        if (seg[l] == seg_end) f = ex(q.pcum[pro + len - 1] - q.pcum[pro + l]) * q.pdt[pro + l];
+                    } else if (seg[l] == 0) {
+                        f = ex(q.pcum[pro + l]);
+                    }
+                }
+                s_f[r] = f;
+            }
+            __syncthreads();
+            const float* S = (kDB ? q.dstates : p.states) + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate;
+            for (int k0 = 0; k0 < p.headdim; k0 += kK) {
+                const int kv = (int)p.headdim - k0;
+                if (kDB) {
+                    fill_rows(
+                        s_a, q.vec_x,
+                        [&](int r, int k) { return r < rows && k < kv ? scale4(ld_x4(p, b, c0 + m0 + r, h, k0 + k), s_f[r]) : zero4(); },
+                        [&](int r, int k) { return r < rows && k < kv ? s_f[r] * ld_x(p, b, c0 + m0 + r, h, k0 + k) : 0.f; });
+                } else {
+                    fill_rows(
+                        s_a, q.vec_x,
+                        [&](int r, int k) { return r < rows && k < kv ? scale4(ld_g4(q, b, c0 + m0 + r, h, k0 + k), s_f[r]) : zero4(); },
+                        [&](int r, int k) { return r < rows && k < kv ? s_f[r] * ld_g(q, b, c0 + m0 + r, h, k0 + k) : 0.f; });
+                }
+                for (int e = threadIdx.x; e < kK * kTile; e += kThreads) {
+                    const int k = e / kTile, col = e % kTile;
+                    s_s[k * kLdw2 + col] = k < kv && col < nv ? S[(i64)(k0 + k) * p.dstate + n0 + col] : 0.f;
+                }
+                __syncthreads();
+                warp_mma_q<kK, 8>(acc, [&](int m, int k) { return s_a[(w16 + m) * kLd2 + k]; },
+                                  [&](int k, int n) { return s_s[k * kLdw2 + n]; }, fast);
+                __syncthreads();
+            }
+        }
+    }
+    void* out = kDB ? q.dB : q.dC;
+    const i64 os0 = kDB ? q.dB_s[0] : q.dC_s[0], os1 = kDB ? q.dB_s[1] : q.dC_s[1];
+    const i64 os2 = kDB ? q.dB_s[2] : q.dC_s[2];
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = m0 + acc_row(e), col = acc_col(jn, e);
+            if (r < len && col < nv) st_f32<DT>(out, b * os0 + (c0 + r) * os1 + g * os2 + n0 + col, acc[jn][e]);
+        }
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dc2(const SsdBwdParams q) { chunk_dcdb2<false>(q); }
+extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_db2(const SsdBwdParams q) { chunk_dcdb2<true>(q); }

@@ -788,7 +788,7 @@ fn ssd_fwd(
 /// the forward is recomputed inside (see ops::ssd_bwd).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, dout, dfinal_states, dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states, chunk_size, dt_softplus, dt_min, dt_max, stream))]
+#[pyo3(signature = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, dout, dfinal_states, dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states, chunk_size, dt_softplus, dt_min, dt_max, stream, tf32 = false))]
 #[allow(non_snake_case)]
 fn ssd_bwd(
     x: &Bound<'_, PyAny>,
@@ -817,6 +817,7 @@ fn ssd_bwd(
     dt_min: f64,
     dt_max: f64,
     stream: Option<u64>,
+    tf32: bool,
 ) -> PyResult<()> {
     let ch = stream_choice(stream);
     let x = import(x, "x", ch)?;
@@ -867,6 +868,7 @@ fn ssd_bwd(
         dz: view_of(&dz),
         ddt_bias: view_of(&dbias),
         dinitial_states: view_of(&dinit),
+        tf32,
     };
     Ok(ops::ssd_bwd::backward(&args, ch)?)
 }

@@ -430,6 +430,15 @@ SUMMED = ("A", "dt_bias", "D")
 SUM_RTOL_F32 = 1e-3
 
 
+@pytest.fixture(params=["1", "2"], ids=["bwd1", "bwd2"])
+def bwd_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a backward test under both SSD backward paths, each named explicitly:
+    FLASHSCAN_SSD_BWD=1 (dC / dB per head in chunk_dc / chunk_db) and 2 (cuda/ssd_bwd.cu
+    section 8: CB and a head-summed dCB once per group, tf32 operands for 16-bit data)."""
+    monkeypatch.setenv("FLASHSCAN_SSD_BWD", request.param)
+    return request.param
+
+
 def leaves(a: dict[str, Any]) -> dict[str, Any]:
     return {k: None if v is None else v.detach().clone().requires_grad_(True) for k, v in a.items()}
 
@@ -497,11 +506,12 @@ BWD_CASES = [
     ("bfloat16", 1, 128, 128, 300, 256, False),
     ("float32", 1, 256, 256, 130, 64, False),
     ("bfloat16", 2, 64, 64, 1, 256, False),
+    ("float16", 2, 18, 30, 77, 64, True),  # rows not a multiple of 4: element loads on path 2
 ]
 
 
 @pytest.mark.parametrize("case", BWD_CASES, ids=lambda c: "-".join(str(v) for v in c))
-def test_backward_matrix(case: tuple, rule: Any, poison: Any) -> None:
+def test_backward_matrix(case: tuple, rule: Any, poison: Any, bwd_path: str) -> None:
     dt_name, g, n, p, L, chunk, D2 = case
     dtype = DTYPES[dt_name]
     b, h = 2, 4
@@ -517,7 +527,7 @@ def test_backward_matrix(case: tuple, rule: Any, poison: Any) -> None:
 
 
 @pytest.mark.parametrize("dt_name", ["float32", "bfloat16"])
-def test_backward_seq_idx_resets(dt_name: str, rule: Any) -> None:
+def test_backward_seq_idx_resets(dt_name: str, rule: Any, bwd_path: str) -> None:
     dtype = DTYPES[dt_name]
     a = ssd_inputs(2, 600, 4, 64, 2, 64, dtype)
     cuts = torch.tensor([0, 1, 1, 5, 200, 256, 257, 511], device="cuda")
@@ -530,7 +540,7 @@ def test_backward_seq_idx_resets(dt_name: str, rule: Any) -> None:
     check_grads(rule, got, ref, base, dtype)
 
 
-def test_backward_without_optionals_and_dfinal(rule: Any) -> None:
+def test_backward_without_optionals_and_dfinal(rule: Any, bwd_path: str) -> None:
     """No D, z, dt_bias, initial_states; final states unused (dfinal None); int64 seq_idx and
     a dt_limit clamp (no gradient where clamped)."""
     a = ssd_inputs(2, 333, 4, 64, 1, 64, torch.float32, init=False)
@@ -546,7 +556,7 @@ def test_backward_without_optionals_and_dfinal(rule: Any) -> None:
 
 
 @pytest.mark.parametrize("chunk", [64, 128, 256])
-def test_backward_chunk_sizes_agree(chunk: int, rule: Any) -> None:
+def test_backward_chunk_sizes_agree(chunk: int, rule: Any, bwd_path: str) -> None:
     a = ssd_inputs(1, 700, 4, 64, 2, 64, torch.float32)
     dout, dfinal = upstream(a)
     ref = ref_grads(a, 256, dout, dfinal)
@@ -554,13 +564,35 @@ def test_backward_chunk_sizes_agree(chunk: int, rule: Any) -> None:
     check_grads(rule, got, ref, None, torch.float32)
 
 
-def test_backward_is_deterministic() -> None:
+def test_backward_is_deterministic(bwd_path: str) -> None:
     a = ssd_inputs(2, 1000, 8, 64, 2, 128, torch.bfloat16)
     dout, dfinal = upstream(a)
     first = grads_of(ours(a, 256), a, dout, dfinal)
     second = grads_of(ours(a, 256), a, dout, dfinal)
     for k in first:
         assert torch.equal(first[k], second[k]), k
+
+
+@pytest.mark.parametrize("switch", ["1", "2"])
+def test_backward_path_switch_selects_kernels(monkeypatch: pytest.MonkeyPatch, switch: str) -> None:
+    """FLASHSCAN_SSD_BWD=2 runs the second path's kernels (and not chunk_dc / chunk_db), 1 the
+    first's: the kernel names in a profiler trace of one backward."""
+    from torch.profiler import ProfilerActivity, profile
+
+    monkeypatch.setenv("FLASHSCAN_SSD_BWD", switch)
+    a = ssd_inputs(1, 300, 4, 64, 1, 64, torch.bfloat16)
+    dout, dfinal = upstream(a)
+    grads_of(ours(a, 128), a, dout, dfinal)  # compiled and warm
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        grads_of(ours(a, 128), a, dout, dfinal)
+        torch.cuda.synchronize()
+    names = {e.name for e in prof.events()}
+    second = {"ssd_bwd_cb_dcb", "ssd_bwd_chunk_dc2", "ssd_bwd_chunk_db2", "ssd_bwd_chunk_out2"}
+    first = {"ssd_bwd_chunk_dc", "ssd_bwd_chunk_db", "ssd_bwd_chunk_out"}
+    want, unwanted = (second, first) if switch == "2" else (first, second)
+    assert want <= names, sorted(n for n in names if n.startswith("ssd"))
+    assert not (unwanted & names), sorted(unwanted & names)
 
 
 def test_backward_float64_cuda_runs_the_reference(rule: Any) -> None:
@@ -572,7 +604,7 @@ def test_backward_float64_cuda_runs_the_reference(rule: Any) -> None:
         rule.rel(got[k], ref[k], 1e-10, atol=1e-12, name=f"d{k}")
 
 
-def test_backward_cuda_graph_capture_and_replay(rule: Any) -> None:
+def test_backward_cuda_graph_capture_and_replay(rule: Any, bwd_path: str) -> None:
     """Forward and backward captured in one CUDA graph (a training step's SSD part): the
     backward's stream-ordered scratch and caller-allocated gradients replay on new inputs."""
     a = ssd_inputs(4, 60, 8, 64, 1, 64, torch.bfloat16)  # the small real-time shape, batch 4

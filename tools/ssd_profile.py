@@ -90,8 +90,11 @@ def main() -> None:
         out = fst.mamba_chunk_scan_combined(**leaves, chunk_size=chunk, dt_softplus=True)
         return torch.autograd.grad(out, list(leaves.values()), dout)
 
-    name = f"SSD forward+backward {args.shape} bf16 (default paths)"
-    profile(torch, name, step, max(2, args.reps // 2))
+    for bwd in ("1", "2"):
+        os.environ["FLASHSCAN_SSD_BWD"] = bwd
+        name = f"SSD forward+backward {args.shape} bf16 (default forward, FLASHSCAN_SSD_BWD={bwd})"
+        profile(torch, name, step, max(2, args.reps // 2))
+    os.environ.pop("FLASHSCAN_SSD_BWD", None)
 
     # Mamba-2 channel-last conv1d forward (x as (b, d, L) with stride 1 on d)
     b, L = shape[0], shape[1]

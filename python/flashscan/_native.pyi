@@ -294,12 +294,15 @@ def ssd_bwd(
     dt_min: float,
     dt_max: float,
     stream: int | None,
+    tf32: bool = False,
 ) -> None:
     """Mamba-2 SSD chunked scan backward: every gradient, each like its input (shape and
     dtype; dD, dz, ddt_bias, dinitial_states exactly when D, z, dt_bias, initial_states are
     given), from dout (like x) and dfinal_states ((batch, nheads, headdim, dstate), or None).
     The forward's chunk states are recomputed into stream-ordered fp32 scratch; no float
-    atomics (bitwise deterministic). Inputs as `ssd_fwd` takes them."""
+    atomics (bitwise deterministic). Inputs as `ssd_fwd` takes them. tf32: the float32 data
+    came from 16-bit tensors (exact in tf32), so the second backward path
+    (FLASHSCAN_SSD_BWD=2) may round product operands to tf32 once instead of 3xTF32."""
 
 def kernel_variants(arch: str = "sm_90a") -> list[dict[str, Any]]:
     """Every kernel variant the package can emit for `arch`: {"family": str, "name": str,

@@ -1400,7 +1400,8 @@ def _ssd_bwd_impl(
         # dout of a 16-bit call run the float32 kernels as float32 copies, and dx, dB, dC, dz
         # are cast back. (dt, A, D, dt_bias and the states keep their dtypes: the kernels read
         # those in any float dtype.)
-        if x.dtype in (torch.float16, torch.bfloat16):
+        tf32 = x.dtype in (torch.float16, torch.bfloat16)
+        if tf32:
             x, B, C, dout = x.float(), B.float(), C.float(), dout.float()
             z = None if z is None else z.float()
         kernel_in = (x, dt, A, B, C, D, z, dt_bias, initial_states)
@@ -1414,7 +1415,7 @@ def _ssd_bwd_impl(
             _desc(dout, "dout"),
             _desc(dfin, "dfinal_states"),
             *(_desc(g, "d" + n) for g, n in zip(grads, _SSD_NAMES)),
-            chunk_size, dt_softplus, dt_min, dt_max, _stream(x),
+            chunk_size, dt_softplus, dt_min, dt_max, _stream(x), tf32,
         )  # fmt: skip
         return tuple(  # type: ignore[return-value]
             _absent(likes[0]) if g is None else (g if g.dtype == like.dtype else g.to(like.dtype))

@@ -22,8 +22,14 @@ pub const ENTRY_DC: &str = "ssd_bwd_chunk_dc";
 pub const ENTRY_DB: &str = "ssd_bwd_chunk_db";
 pub const ENTRY_DT: &str = "ssd_bwd_dt";
 pub const ENTRY_REDUCE: &str = "ssd_bwd_reduce";
+pub const ENTRY_PROLOGUE: &str = "ssd_bwd_prologue";
+pub const ENTRY_CB_DCB: &str = "ssd_bwd_cb_dcb";
+pub const ENTRY_DC2: &str = "ssd_bwd_chunk_dc2";
+pub const ENTRY_DB2: &str = "ssd_bwd_chunk_db2";
+pub const ENTRY_OUT2: &str = "ssd_bwd_chunk_out2";
+pub const ENTRY_DX2: &str = "ssd_bwd_chunk_dx2";
 /// Every entry of the family: one translation unit per (dtype, chunk) holds them all.
-const ENTRIES: [&str; 8] = [
+const ENTRIES: [&str; 14] = [
     ENTRY_OUT,
     ENTRY_DSTATE,
     ENTRY_PASS,
@@ -32,6 +38,12 @@ const ENTRIES: [&str; 8] = [
     ENTRY_DB,
     ENTRY_DT,
     ENTRY_REDUCE,
+    ENTRY_PROLOGUE,
+    ENTRY_CB_DCB,
+    ENTRY_DC2,
+    ENTRY_DB2,
+    ENTRY_OUT2,
+    ENTRY_DX2,
 ];
 const THREADS: u32 = 128;
 const PASS_THREADS: i64 = 256;
@@ -39,7 +51,7 @@ const TILE: i64 = 64;
 /// Channel tiles of 64 the per-position partials keep (headdim <= 256).
 const ROW_TILES: i64 = 4;
 
-/// Mirrors `struct SsdBwdParams` in cuda/ssd_bwd.cu (912 bytes). Strides in elements.
+/// Mirrors `struct SsdBwdParams` in cuda/ssd_bwd.cu (968 bytes). Strides in elements.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SsdBwdParams {
@@ -80,9 +92,18 @@ pub struct SsdBwdParams {
     pub has_dfinal: i32,
     pub ptiles: i32,
     pub d_per_channel: i32,
+    pub cb: u64,
+    pub dcb: u64,
+    pub pdt: u64,
+    pub pcum: u64,
+    pub pseg: u64,
+    pub tf32x1: i32,
+    pub vec_x: i32,
+    pub vec_bc: i32,
+    pub pad2: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<SsdBwdParams>() == 912);
+const _: () = assert!(std::mem::size_of::<SsdBwdParams>() == 968);
 
 pub struct SsdBwdArgs<'a> {
     pub inputs: SsdInputs<'a>,
@@ -100,6 +121,26 @@ pub struct SsdBwdArgs<'a> {
     pub dz: Option<&'a TensorView>,
     pub ddt_bias: Option<&'a TensorView>,
     pub dinitial_states: Option<&'a TensorView>,
+    /// the fp32 data came from 16-bit tensors (exact in tf32): products may round their
+    /// operands to tf32 once instead of the 3xTF32 split (second path only)
+    pub tf32: bool,
+}
+
+/// Which backward path a call takes: FLASHSCAN_SSD_BWD=2 selects the second (dC and dB from a
+/// head-summed dCB, cuda/ssd_bwd.cu section 8), anything else the first. Read per call.
+fn second_path() -> bool {
+    std::env::var("FLASHSCAN_SSD_BWD").as_deref() == Ok("2")
+}
+
+/// 1 when every row of an fp32 (.., last) tensor starts 16-byte aligned and `last` is a multiple
+/// of 4 elements: the second path's 16-byte loads are then valid.
+fn rows16_f32(t: &TensorView, last: i64) -> bool {
+    let n = t.strides.len();
+    let strides_ok = t.strides[..n - 1]
+        .iter()
+        .zip(&t.shape)
+        .all(|(s, &d)| d == 1 || s % 4 == 0);
+    t.dtype == crate::tensor::DType::F32 && t.ptr % 16 == 0 && last % 4 == 0 && strides_ok
 }
 
 impl SsdBwdArgs<'_> {
@@ -229,10 +270,16 @@ struct Layout {
     ddpart: i64,
     dapart: i64,
     dbpart: i64,
+    /// second path only (0 sized otherwise)
+    cb: i64,
+    dcb: i64,
+    pdt: i64,
+    pcum: i64,
+    pseg: i64,
     total: i64,
 }
 
-fn layout(p: &Problem, chunk: i64, has_d: bool, npass_tiles: i64) -> Layout {
+fn layout(p: &Problem, chunk: i64, has_d: bool, npass_tiles: i64, second: bool) -> Layout {
     let bh = p.batch * p.nheads;
     let mut at = 0i64;
     let mut take = |n: i64| {
@@ -256,6 +303,13 @@ fn layout(p: &Problem, chunk: i64, has_d: bool, npass_tiles: i64) -> Layout {
     };
     let dapart = take(bh * p.nchunks);
     let dbpart = take(bh * p.nchunks);
+    let k = second as i64;
+    let blocks = k * p.batch * p.nchunks * p.ngroups * chunk * chunk;
+    let cb = take(blocks);
+    let dcb = take(blocks);
+    let pdt = take(k * bh * p.nchunks * chunk);
+    let pcum = take(k * bh * p.nchunks * chunk);
+    let pseg = take(k * p.batch * p.nchunks * chunk);
     Layout {
         states,
         decay,
@@ -267,6 +321,11 @@ fn layout(p: &Problem, chunk: i64, has_d: bool, npass_tiles: i64) -> Layout {
         ddpart,
         dapart,
         dbpart,
+        cb,
+        dcb,
+        pdt,
+        pcum,
+        pseg,
         total: at,
     }
 }
@@ -288,13 +347,16 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
     for entry in ENTRIES {
         k.push(dev.kernel(&spec(entry, dtype, chunk, arch))?);
     }
-    let [k_out, k_dstate, k_pass, k_dx, k_dc, k_db, k_dt, k_reduce] = &k[..] else {
+    let [k_out, k_dstate, k_pass, k_dx, k_dc, k_db, k_dt, k_reduce, k_pro, k_cbdcb, k_dc2, k_db2, k_out2, k_dx2] =
+        &k[..]
+    else {
         return Err(unsupported("ssd_bwd: kernel list"));
     };
     let st = dev.stream(stream)?;
 
     let npass_tiles = (p.headdim * p.dstate + PASS_THREADS - 1) / PASS_THREADS;
-    let lay = layout(&p, chunk, i.d.is_some(), npass_tiles);
+    let second = second_path();
+    let lay = layout(&p, chunk, i.d.is_some(), npass_tiles, second);
     let mut scratch = dev.scratch(st)?;
     let base = scratch.alloc(4 * lay.total.max(1) as usize)?;
     let at = |off: i64| base + 4 * off as u64;
@@ -345,6 +407,17 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         has_dfinal: a.dfinal_states.is_some() as i32,
         ptiles: tiles(p.headdim) as i32,
         d_per_channel: i.d.is_some_and(|d| d.rank() == 2) as i32,
+        cb: if second { at(lay.cb) } else { 0 },
+        dcb: if second { at(lay.dcb) } else { 0 },
+        pdt: if second { at(lay.pdt) } else { 0 },
+        pcum: if second { at(lay.pcum) } else { 0 },
+        pseg: if second { at(lay.pseg) } else { 0 },
+        tf32x1: a.tf32 as i32,
+        vec_x: (rows16_f32(i.x, p.headdim)
+            && rows16_f32(a.dout, p.headdim)
+            && i.z.map_or(true, |z| rows16_f32(z, p.headdim))) as i32,
+        vec_bc: (rows16_f32(i.b, p.dstate) && rows16_f32(i.c, p.dstate)) as i32,
+        pad2: 0,
     };
     let bh = grid_u32(p.batch * p.nheads, "batch * nheads")?;
     let bg = grid_u32(p.batch * p.ngroups, "batch * ngroups")?;
@@ -359,7 +432,27 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
     // after them in stream order.
     unsafe {
         ssd::launch_states(dev, &q.f, &p, dtype, chunk, arch, st)?;
-        dev.launch(k_out, (rows, pt, bh), block, 0, st, &q)?;
+        if second {
+            // the prologue and CB workspaces first: chunk_out2 and chunk_dx2 read them
+            let pairs = chunk / TILE * (chunk / TILE + 1) / 2;
+            let g = grid_u32(p.ngroups, "ngroups")?;
+            let b = grid_u32(p.batch, "batch")?;
+            dev.launch(k_pro, (nc, bh, 1), (32, 1, 1), 0, st, &q)?;
+            dev.launch(
+                k_cbdcb,
+                (grid_u32(p.nchunks * pairs, "seqlen / chunk_size")?, g, b),
+                block,
+                0,
+                st,
+                &q,
+            )?;
+        }
+        let (k_o, k_x) = if second {
+            (k_out2, k_dx2)
+        } else {
+            (k_out, k_dx)
+        };
+        dev.launch(k_o, (rows, pt, bh), block, 0, st, &q)?;
         dev.launch(k_dstate, (nc, pt * nt, bh), block, 0, st, &q)?;
         dev.launch(
             k_pass,
@@ -369,9 +462,14 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
             st,
             &q,
         )?;
-        dev.launch(k_dx, (rows, pt, bh), block, 0, st, &q)?;
-        dev.launch(k_dc, (rows, nt, bg), block, 0, st, &q)?;
-        dev.launch(k_db, (rows, nt, bg), block, 0, st, &q)?;
+        dev.launch(k_x, (rows, pt, bh), block, 0, st, &q)?;
+        if second {
+            dev.launch(k_dc2, (rows, nt, bg), block, 0, st, &q)?;
+            dev.launch(k_db2, (rows, nt, bg), block, 0, st, &q)?;
+        } else {
+            dev.launch(k_dc, (rows, nt, bg), block, 0, st, &q)?;
+            dev.launch(k_db, (rows, nt, bg), block, 0, st, &q)?;
+        }
         dev.launch(k_dt, (nc, bh, 1), (32, 1, 1), 0, st, &q)?;
         dev.launch(
             k_reduce,
@@ -407,12 +505,16 @@ mod tests {
             dstate: 16,
             nchunks: 2,
         };
-        let l = layout(&p, 64, true, 3);
+        let l = layout(&p, 64, true, 3, true);
         let offs = [
             l.states, l.decay, l.dstates, l.rowdot, l.x1, l.x2, l.dfpart, l.ddpart, l.dapart,
-            l.dbpart, l.total,
+            l.dbpart, l.cb, l.dcb, l.pdt, l.pcum, l.pseg, l.total,
         ];
         assert!(offs.windows(2).all(|w| w[0] < w[1]));
         assert!(offs.iter().all(|o| o % 4 == 0));
+        // the second path's arrays take no room on the first
+        let first = layout(&p, 64, true, 3, false);
+        assert_eq!(first.total, first.cb);
+        assert_eq!(l.dcb - l.cb, 2 * 2 * 64 * 64);
     }
 }
