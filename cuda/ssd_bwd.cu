@@ -27,7 +27,8 @@
 //   ssd_bwd_chunk_dstate  grid (nchunks, p tiles * n tiles, batch*nheads): L_c (64 x 64 tile of
 //                         g^T (e C), positions 32 per step)
 //   ssd_bwd_state_passing grid (ceil(headdim*dstate/256), batch*nheads), 256 threads: one state
-//                         element per thread, chunks in reverse: dS_c over L_c, df_c partials, dinit
+//                         element per thread, chunks in reverse: dS_c over L_c, df_c partials per
+//                         warp, dinit
 //   ssd_bwd_chunk_dx      grid (nchunks * kQ/64, p tiles, batch*nheads): rows s, channels p; per
 //                         64-block of l >= s: B C^T (dstate 32 per step), mask, times g; then
 //                         (v B) dS^T; epilogue dx, X1 / X2 partials per channel tile
@@ -62,7 +63,7 @@ struct SsdBwdParams {
     float* rowdot;        // (batch*nheads, seqlen, 4): R_l per 64-channel tile
     float* x1;            // (batch*nheads, seqlen, 4): X1_s per channel tile
     float* x2;            // (batch*nheads, seqlen, 4): X2_s per channel tile
-    float* dfpart;        // (batch*nheads, npass_tiles, nchunks): df_c per element tile
+    float* dfpart;        // (batch*nheads, npass_tiles, nchunks): df_c per warp of the state passing
     float* ddpart;        // (batch*nheads, nlblocks, headdim): dD per 64-row block, or null
     float* dapart;        // (batch*nheads, nchunks)
     float* dbpart;        // (batch*nheads, nchunks)
@@ -72,7 +73,7 @@ struct SsdBwdParams {
     int dfinal_dtype, has_dfinal, ptiles, d_per_channel;  // D (nheads, headdim) vs (nheads,)
     // The second path's workspaces (section 8; null on the first path):
     float* cb;    // (batch, nchunks, ngroups, kQ, kQ): C_l . B_s, lower 64 x 64 blocks only
-    float* dcb;   // the same shape: dCB[l, s] summed over the group's heads, masked
+    float* dcb;   // dcb_splits such arrays: dCB[l, s] summed over one share of the group's heads
     float* pdt;   // (batch*nheads, nchunks, kQ): dt' (0 past the sequence's end)
     float* pcum;  // the same: cum
     int* pseg;    // (batch, nchunks, kQ): seg
@@ -81,7 +82,8 @@ struct SsdBwdParams {
     int tf32x1;
     // 1: x, dout, z rows (vec_x) / B, C rows (vec_bc) start 16-byte aligned and hold a multiple of
     // 4 elements (fp32 data): 16-byte loads; 0: element loads
-    int vec_x, vec_bc, pad2_;
+    int vec_x, vec_bc;
+    int dcb_splits;  // ssd_bwd_cb_dcb's head shares per group (each its own dcb array); >= 1
 };
 static_assert(sizeof(SsdBwdParams) == 968, "SsdBwdParams layout changed: update the host mirror");
 
@@ -244,7 +246,10 @@ __device__ __forceinline__ void chunk_output2(const SsdBwdParams& q, i64 b, i64 
     const i64 g = h / (p.nheads / p.ngroups);
     const i64 c0 = c * kQ;
     const int w16 = 16 * (threadIdx.x >> 5);
-    const bool fast = q.tf32x1;
+    // never 1xTF32 here: y_pre feeds R_l = g_l . y_pre_l, which the d cum sums set against
+    // dt'_l X1_l (chunk_dx); the two nearly cancel, so tf32 rounding of either (2^-11 of each
+    // term) showed as 1.4% of dA on the H100 (2026-11-24; baseline error 0.16%)
+    constexpr bool fast = false;
     const int hd = (int)p.headdim - p0, rows_l = len - m0;
     const i64 cbase = b * p.C_s[0] + g * p.C_s[2];
     clear(acc);
@@ -441,9 +446,13 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate(cons
 }
 
 // ---- 3. reverse state passing: dS_c, df_c partials, dinitial_states ------------------------------
+// One state element per thread, chunks in reverse with the next chunk's L and H loaded ahead; the
+// df_c partial of each warp (its 32 elements' G H, summed by shuffles) goes to
+// dfpart[(bh, 8 * tile + warp, c)] (q.npass_tiles counts those partials), summed by ssd_bwd_dt in a
+// fixed order: no block-wide barrier per chunk.
 extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_state_passing(const SsdBwdParams q) {
     const SsdParams& p = q.f;
-    __shared__ float s_red[kPassThreads / 32];
+    constexpr int kWarps = kPassThreads / 32;
     const i64 pn = p.headdim * p.dstate;
     const i64 e = (i64)blockIdx.x * kPassThreads + threadIdx.x;
     const bool valid = e < pn;
@@ -454,18 +463,28 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_state_passing
         G = ld_any(q.dfinal, b * q.dfinal_s[0] + h * q.dfinal_s[1] + pp * q.dfinal_s[2] + nn * q.dfinal_s[3],
                    q.dfinal_dtype);
     const float* decay = p.decay + (b * p.nheads + h) * p.nchunks;
-    float* dfpart = q.dfpart + ((i64)blockIdx.y * q.npass_tiles + blockIdx.x) * p.nchunks;
-    for (i64 c = p.nchunks - 1; c >= 0; --c) {
-        const i64 idx = ((b * p.nchunks + c) * p.nheads + h) * pn + e;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    float* dfpart = q.dfpart + ((i64)blockIdx.y * q.npass_tiles + (i64)blockIdx.x * kWarps + w) * p.nchunks;
+    const i64 step = p.nheads * pn;  // from one chunk's slot to the next
+    i64 idx = ((b * p.nchunks + p.nchunks - 1) * p.nheads + h) * pn + e;
+    float L = valid ? q.dstates[idx] : 0.f, H = valid ? p.states[idx] : 0.f;
+    for (i64 c = p.nchunks - 1; c >= 0; --c, idx -= step) {
+        float Ln = 0.f, Hn = 0.f;
+        if (valid && c > 0) {  // chunk c - 1's slot: not written yet
+            Ln = q.dstates[idx - step];
+            Hn = p.states[idx - step];
+        }
         float part = 0.f;
         if (valid) {
-            const float L = q.dstates[idx];
-            part = G * p.states[idx];
+            part = G * H;
             q.dstates[idx] = G;
             G = L + decay[c] * G;
         }
-        const float tot = block_sum(part, s_red);
-        if (threadIdx.x == 0) dfpart[c] = tot;
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) part += __shfl_xor_sync(0xffffffffu, part, off);
+        if (lane == 0) dfpart[c] = part;
+        L = Ln;
+        H = Hn;
     }
     if (valid && p.has_init)
         st_any(q.dinit, b * q.dinit_s[0] + h * q.dinit_s[1] + pp * q.dinit_s[2] + nn * q.dinit_s[3], p.init_dtype, G);
@@ -503,7 +522,7 @@ __device__ __forceinline__ void chunk_dx(const SsdBwdParams& q) {
     const int w16 = 16 * (threadIdx.x >> 5);
     const i64 cb_base = b * p.C_s[0] + g * p.C_s[2];
     const i64 bb_base = b * p.B_s[0] + g * p.B_s[2];
-    const bool fast = q.tf32x1;
+    constexpr bool fast = false;  // X1 / X2 feed the d cum sums: see chunk_output2
 
     float acc_i[8][4], acc_s[8][4];
     clear(acc_i);
@@ -550,7 +569,7 @@ __device__ __forceinline__ void chunk_dx(const SsdBwdParams& q) {
         }
         __syncthreads();
         warp_mma_q<kTile, 8>(acc_i, [&](int m, int k) { return s_w[(w16 + m) * kLdw + k]; },
-                             [&](int k, int n) { return s_x[k][n]; }, kSecond && fast);
+                             [&](int k, int n) { return s_x[k][n]; }, fast);
         __syncthreads();
     }
     // dxu_state_s = v_s dS_c B_s (dS of the last chunk is dfinal: zero without it)
@@ -867,13 +886,16 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_reduce(const 
 // other with a chunk prologue per head. Here:
 //   ssd_bwd_prologue  grid (nchunks, batch*nheads), one warp: the chunk prologue once per (batch,
 //                     head, chunk) into q.pdt / q.pcum (and q.pseg, head 0)
-//   ssd_bwd_cb_dcb    grid (nchunks * kPairs, ngroups, batch): one lower 64 x 64 block (l-block i,
-//                     s-block j <= i) of CB = C_l . B_s (over dstate) and of
-//                     dCB[l, s] = sum_heads (g_l . x_s) exp(cum_l - cum_s) dt'_s (over headdim),
-//                     masked (s <= l, same sequence, inside the chunk); both fp32 workspaces
+//   ssd_bwd_cb_dcb    grid (nchunks * kPairs, ngroups * dcb_splits, batch): one lower 64 x 64 block
+//                     (l-block i, s-block j <= i) of CB = C_l . B_s (over dstate; share 0 only) and
+//                     of dCB[l, s] = sum_heads (g_l . x_s) exp(cum_l - cum_s) dt'_s (over headdim)
+//                     over one share of the group's heads, masked (s <= l, same sequence, inside
+//                     the chunk); fp32 workspaces. The shares (80 heads: 5 of 16) cut each CTA's
+//                     serial head loop: one share per group took 1.66 ms at the shape below.
 //   ssd_bwd_chunk_dc2 / _db2  grid (nchunks * kNb, n tiles, batch*ngroups): rows l (dC) / s (dB),
 //                     64 states; the intra-chunk part as plain products over the dCB blocks
-//                     (dC = dCB B over s-blocks <= i, dB = dCB^T C over l-blocks >= i), then the
+//                     (dC = dCB B over s-blocks <= i, dB = dCB^T C over l-blocks >= i, the shares
+//                     summed as the blocks load, in a fixed order), then the
 //                     state term per head (the only head loop left: one K = headdim product each)
 // 128 threads = 4 warps, warp w owns rows 16w .. 16w + 15 of each 64 x 64 tile (acc_row / acc_col).
 // fp32 data (what every call uses today: 16-bit calls come as fp32 copies) loads 16-byte rows when
@@ -907,7 +929,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_cb_dcb(const SsdB
     __shared__ float s_cl[kTile], s_cs[kTile], s_ds[kTile];  // this head: cum of rows l; cum, dt' of columns s
     int j = blockIdx.x % kPairs2, i = 0;
     while (j > i) j -= ++i;  // pair index -> (i, j), j <= i
-    const i64 c = blockIdx.x / kPairs2, g = blockIdx.y, b = blockIdx.z;
+    const i64 c = blockIdx.x / kPairs2, g = blockIdx.y / q.dcb_splits, b = blockIdx.z;
+    const int share = blockIdx.y % q.dcb_splits;
     const i64 c0 = c * kQ;
     const int len = (int)min((i64)kQ, p.seqlen - c0);
     const int m0 = i * kTile, s0 = j * kTile;
@@ -917,8 +940,10 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_cb_dcb(const SsdB
     const int w16 = 16 * (threadIdx.x >> 5);
     const i64 blk = (((b * p.nchunks + c) * p.ngroups + g) * kQ + m0) * kQ + s0;
 
-    // CB[l, s] over dstate
+    const i64 split_stride = p.batch * p.nchunks * p.ngroups * kQ * kQ;  // one share's dcb array
     float acc[8][4];
+    // CB[l, s] over dstate (share 0)
+    if (share == 0) {
     clear(acc);
     const i64 cbase = b * p.C_s[0] + g * p.C_s[2], bbase = b * p.B_s[0] + g * p.B_s[2];
     for (int n0 = 0; n0 < p.dstate; n0 += kK) {
@@ -943,11 +968,14 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_cb_dcb(const SsdB
             const int r = acc_row(2 * hh), col = acc_col(jn, 0);
             *(float2*)(q.cb + blk + (i64)r * kQ + col) = make_float2(acc[jn][2 * hh], acc[jn][2 * hh + 1]);
         }
+    }
 
     // dCB[l, s] = sum over the group's heads of (g_l . x_s) exp(cum_l - cum_s) dt'_s, s <= l
     clear(acc);
     const i64 hpg = p.nheads / p.ngroups;
-    for (i64 hh = 0; hh < hpg; ++hh) {
+    const i64 per = (hpg + q.dcb_splits - 1) / q.dcb_splits;
+    const i64 h_end = min(hpg, (share + 1) * per);
+    for (i64 hh = share * per; hh < h_end; ++hh) {
         const i64 h = g * hpg + hh;
         const i64 pro = ((b * p.nheads + h) * p.nchunks + c) * kQ;
         __syncthreads();  // the previous head's scaling has read s_cl / s_cs / s_ds
@@ -994,7 +1022,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_cb_dcb(const SsdB
             const int sl = seg[min(l, kQ - 1)];
             const bool ok0 = l < len && s < len && seg[s] == sl;
             const bool ok1 = l < len && s + 1 < len && seg[s + 1] == sl;
-            *(float2*)(q.dcb + blk + (i64)r * kQ + col) =
+            *(float2*)(q.dcb + share * split_stride + blk + (i64)r * kQ + col) =
                 make_float2(ok0 ? acc[jn][2 * hh] : 0.f, ok1 ? acc[jn][2 * hh + 1] : 0.f);
         }
 }
@@ -1021,6 +1049,13 @@ __device__ __forceinline__ void chunk_dcdb2(const SsdBwdParams& q) {
     const i64 m_base = kDB ? b * p.C_s[0] + g * p.C_s[2] : b * p.B_s[0] + g * p.B_s[2];
     const i64 m_t = kDB ? p.C_s[1] : p.B_s[1];
     const float* dcb = q.dcb + ((b * p.nchunks + c) * p.ngroups + g) * kQ * kQ;
+    const i64 split_stride = p.batch * p.nchunks * p.ngroups * kQ * kQ;
+    // dCB[l, s]: the head shares summed in order
+    auto dcb_at = [&](i64 off) {
+        float v = dcb[off];
+        for (int k = 1; k < q.dcb_splits; ++k) v += dcb[k * split_stride + off];
+        return v;
+    };
 
     float acc[8][4];
     clear(acc);
@@ -1031,12 +1066,18 @@ __device__ __forceinline__ void chunk_dcdb2(const SsdBwdParams& q) {
         if (kDB) {  // s_w[r = s][col = l] = dCB[l, s]: coalesced reads along s, transposed stores
             for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
                 const int lr = e / kTile, sc = e % kTile;
-                s_w[sc * kLdw2 + lr] = dcb[(i64)(o0 + lr) * kQ + m0 + sc];
+                s_w[sc * kLdw2 + lr] = dcb_at((i64)(o0 + lr) * kQ + m0 + sc);
             }
         } else {
             for (int e = threadIdx.x; e < kTile * kTile / 4; e += kThreads) {
                 const int r = e / (kTile / 4), col = (e % (kTile / 4)) * 4;
-                *(float4*)(s_w + r * kLdw2 + col) = *(const float4*)(dcb + (i64)(m0 + r) * kQ + o0 + col);
+                const i64 off = (i64)(m0 + r) * kQ + o0 + col;
+                float4 v = *(const float4*)(dcb + off);
+                for (int k = 1; k < q.dcb_splits; ++k) {
+                    const float4 u = *(const float4*)(dcb + k * split_stride + off);
+                    v = make_float4(v.x + u.x, v.y + u.y, v.z + u.z, v.w + u.w);
+                }
+                *(float4*)(s_w + r * kLdw2 + col) = v;
             }
         }
         for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {

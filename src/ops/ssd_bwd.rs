@@ -100,7 +100,7 @@ pub struct SsdBwdParams {
     pub tf32x1: i32,
     pub vec_x: i32,
     pub vec_bc: i32,
-    pub pad2: i32,
+    pub dcb_splits: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<SsdBwdParams>() == 968);
@@ -279,7 +279,14 @@ struct Layout {
     total: i64,
 }
 
-fn layout(p: &Problem, chunk: i64, has_d: bool, npass_tiles: i64, second: bool) -> Layout {
+/// ssd_bwd_cb_dcb's head shares per group: about 16 heads each, at most 8 (each share its own
+/// dcb array, summed by chunk_dc2 / chunk_db2 as they load it).
+fn dcb_splits(p: &Problem) -> i64 {
+    let hpg = p.nheads / p.ngroups.max(1);
+    ((hpg + 15) / 16).clamp(1, 8)
+}
+
+fn layout(p: &Problem, chunk: i64, has_d: bool, npass_parts: i64, second: bool) -> Layout {
     let bh = p.batch * p.nheads;
     let mut at = 0i64;
     let mut take = |n: i64| {
@@ -295,7 +302,7 @@ fn layout(p: &Problem, chunk: i64, has_d: bool, npass_tiles: i64, second: bool) 
     let rowdot = take(rows);
     let x1 = take(rows);
     let x2 = take(rows);
-    let dfpart = take(bh * npass_tiles * p.nchunks);
+    let dfpart = take(bh * npass_parts * p.nchunks);
     let ddpart = if has_d {
         take(bh * p.nchunks * (chunk / TILE) * p.headdim)
     } else {
@@ -306,7 +313,7 @@ fn layout(p: &Problem, chunk: i64, has_d: bool, npass_tiles: i64, second: bool) 
     let k = second as i64;
     let blocks = k * p.batch * p.nchunks * p.ngroups * chunk * chunk;
     let cb = take(blocks);
-    let dcb = take(blocks);
+    let dcb = take(blocks * dcb_splits(p));
     let pdt = take(k * bh * p.nchunks * chunk);
     let pcum = take(k * bh * p.nchunks * chunk);
     let pseg = take(k * p.batch * p.nchunks * chunk);
@@ -355,8 +362,10 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
     let st = dev.stream(stream)?;
 
     let npass_tiles = (p.headdim * p.dstate + PASS_THREADS - 1) / PASS_THREADS;
+    // the state passing leaves one df partial per warp
+    let npass_parts = npass_tiles * (PASS_THREADS / 32);
     let second = second_path();
-    let lay = layout(&p, chunk, i.d.is_some(), npass_tiles, second);
+    let lay = layout(&p, chunk, i.d.is_some(), npass_parts, second);
     let mut scratch = dev.scratch(st)?;
     let base = scratch.alloc(4 * lay.total.max(1) as usize)?;
     let at = |off: i64| base + 4 * off as u64;
@@ -401,7 +410,7 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         },
         da_s: a.da.strides[0],
         dbias_s: a.ddt_bias.map_or(0, |t| t.strides[0]),
-        npass_tiles,
+        npass_tiles: npass_parts,
         nlblocks: p.nchunks * (chunk / TILE),
         dfinal_dtype: dtype_code(a.dfinal_states)?,
         has_dfinal: a.dfinal_states.is_some() as i32,
@@ -417,7 +426,7 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
             && rows16_f32(a.dout, p.headdim)
             && i.z.map_or(true, |z| rows16_f32(z, p.headdim))) as i32,
         vec_bc: (rows16_f32(i.b, p.dstate) && rows16_f32(i.c, p.dstate)) as i32,
-        pad2: 0,
+        dcb_splits: dcb_splits(&p) as i32,
     };
     let bh = grid_u32(p.batch * p.nheads, "batch * nheads")?;
     let bg = grid_u32(p.batch * p.ngroups, "batch * ngroups")?;
@@ -435,7 +444,7 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         if second {
             // the prologue and CB workspaces first: chunk_out2 and chunk_dx2 read them
             let pairs = chunk / TILE * (chunk / TILE + 1) / 2;
-            let g = grid_u32(p.ngroups, "ngroups")?;
+            let g = grid_u32(p.ngroups * dcb_splits(&p), "ngroups")?;
             let b = grid_u32(p.batch, "batch")?;
             dev.launch(k_pro, (nc, bh, 1), (32, 1, 1), 0, st, &q)?;
             dev.launch(
@@ -495,6 +504,25 @@ mod tests {
     }
 
     #[test]
+    fn dcb_shares_take_about_16_heads() {
+        let mut p = Problem {
+            batch: 1,
+            seqlen: 1,
+            nheads: 80,
+            headdim: 64,
+            ngroups: 1,
+            dstate: 128,
+            nchunks: 1,
+        };
+        assert_eq!(dcb_splits(&p), 5);
+        p.ngroups = 80;
+        assert_eq!(dcb_splits(&p), 1);
+        p.ngroups = 1;
+        p.nheads = 1024;
+        assert_eq!(dcb_splits(&p), 8);
+    }
+
+    #[test]
     fn scratch_arrays_do_not_overlap() {
         let p = Problem {
             batch: 2,
@@ -516,5 +544,6 @@ mod tests {
         let first = layout(&p, 64, true, 3, false);
         assert_eq!(first.total, first.cb);
         assert_eq!(l.dcb - l.cb, 2 * 2 * 64 * 64);
+        assert_eq!(l.pdt - l.dcb, 2 * 2 * 64 * 64 * dcb_splits(&p));
     }
 }
