@@ -397,7 +397,7 @@ __device__ __forceinline__ void chunk_out(const SsdBwdParams& q) {
 }
 
 extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_out(const SsdBwdParams q) { chunk_out<false>(q); }
-extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_out2(const SsdBwdParams q) { chunk_out<true>(q); }
+extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_out2(const SsdBwdParams q) { chunk_out<true>(q); }
 
 // ---- 2. L_c = sum_l e_l g_l C_l^T ----------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate(const SsdBwdParams q) {
@@ -624,7 +624,7 @@ __device__ __forceinline__ void chunk_dx(const SsdBwdParams& q) {
 }
 
 extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dx(const SsdBwdParams q) { chunk_dx<false>(q); }
-extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dx2(const SsdBwdParams q) { chunk_dx<true>(q); }
+extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_dx2(const SsdBwdParams q) { chunk_dx<true>(q); }
 
 // ---- 5. dC (kDB false) and dB (kDB true), the group's heads summed ------------------------------
 // Rows r of the tile are positions l (dC) or s (dB); "other" positions o run over s <= l (dC) or
@@ -922,7 +922,7 @@ extern "C" __global__ void __launch_bounds__(32) ssd_bwd_prologue(const SsdBwdPa
 }
 
 // ---- 8b. CB and the head-summed dCB, one lower 64 x 64 block per CTA ------------------------------
-extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_cb_dcb(const SsdBwdParams q) {
+extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_cb_dcb(const SsdBwdParams q) {
     const SsdParams& p = q.f;
     __shared__ __align__(16) float s_a[kTile * kLd2];  // rows l: C (CB), then g (dCB)
     __shared__ __align__(16) float s_o[kTile * kLd2];  // rows s: B (CB), then x (dCB)
@@ -1153,4 +1153,4 @@ __device__ __forceinline__ void chunk_dcdb2(const SsdBwdParams& q) {
 }
 
 extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dc2(const SsdBwdParams q) { chunk_dcdb2<false>(q); }
-extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_db2(const SsdBwdParams q) { chunk_dcdb2<true>(q); }
+extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_db2(const SsdBwdParams q) { chunk_dcdb2<true>(q); }

@@ -573,13 +573,19 @@ def test_backward_is_deterministic(bwd_path: str) -> None:
         assert torch.equal(first[k], second[k]), k
 
 
-@pytest.mark.parametrize("switch", ["1", "2"])
-def test_backward_path_switch_selects_kernels(monkeypatch: pytest.MonkeyPatch, switch: str) -> None:
-    """FLASHSCAN_SSD_BWD=2 runs the second path's kernels (and not chunk_dc / chunk_db), 1 the
-    first's: the kernel names in a profiler trace of one backward."""
+@pytest.mark.parametrize("switch", [None, "1", "2"])
+def test_backward_path_switch_selects_kernels(
+    monkeypatch: pytest.MonkeyPatch, switch: str | None
+) -> None:
+    """The second path's kernels run by default and under FLASHSCAN_SSD_BWD=2 (and not
+    chunk_dc / chunk_db), the first's under 1: the kernel names in a profiler trace of one
+    backward."""
     from torch.profiler import ProfilerActivity, profile
 
-    monkeypatch.setenv("FLASHSCAN_SSD_BWD", switch)
+    if switch is None:
+        monkeypatch.delenv("FLASHSCAN_SSD_BWD", raising=False)
+    else:
+        monkeypatch.setenv("FLASHSCAN_SSD_BWD", switch)
     a = ssd_inputs(1, 300, 4, 64, 1, 64, torch.bfloat16)
     dout, dfinal = upstream(a)
     grads_of(ours(a, 128), a, dout, dfinal)  # compiled and warm
@@ -590,7 +596,7 @@ def test_backward_path_switch_selects_kernels(monkeypatch: pytest.MonkeyPatch, s
     names = {e.name for e in prof.events()}
     second = {"ssd_bwd_cb_dcb", "ssd_bwd_chunk_dc2", "ssd_bwd_chunk_db2", "ssd_bwd_chunk_out2"}
     first = {"ssd_bwd_chunk_dc", "ssd_bwd_chunk_db", "ssd_bwd_chunk_out"}
-    want, unwanted = (second, first) if switch == "2" else (first, second)
+    want, unwanted = (first, second) if switch == "1" else (second, first)
     assert want <= names, sorted(n for n in names if n.startswith("ssd"))
     assert not (unwanted & names), sorted(unwanted & names)
 

@@ -301,8 +301,9 @@ def ssd_bwd(
     given), from dout (like x) and dfinal_states ((batch, nheads, headdim, dstate), or None).
     The forward's chunk states are recomputed into stream-ordered fp32 scratch; no float
     atomics (bitwise deterministic). Inputs as `ssd_fwd` takes them. tf32: the float32 data
-    came from 16-bit tensors (exact in tf32), so the second backward path
-    (FLASHSCAN_SSD_BWD=2) may round product operands to tf32 once instead of 3xTF32."""
+    came from 16-bit tensors (exact in tf32), so the second backward path (the default;
+    FLASHSCAN_SSD_BWD=1 takes the first) may round the operands of its dC / dB products to tf32
+    once instead of 3xTF32."""
 
 def kernel_variants(arch: str = "sm_90a") -> list[dict[str, Any]]:
     """Every kernel variant the package can emit for `arch`: {"family": str, "name": str,
