@@ -903,6 +903,10 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_reduce(const 
 // PREDICTION (b8 L2048 nheads 80 headdim 64 dstate 128 ngroups 1 chunk 256, 1xTF32; the first
 // path's dc + db take 36.0 ms there): the g x^T products are 27 GFLOP (lower blocks) once, the state
 // terms 2 x 21 GFLOP; ~0.4 ms cb_dcb, ~0.5 ms each of dc2 / db2 (load- and latency-bound, not mma).
+// MEASURED (H100, 2026-11-24, benches/results/2026-11-24-h100-ssd-bwd2/): cb_dcb 1.25 ms (1.66 with
+// one head share per group), dc2 0.95, db2 1.02 (the first path's dc + db: 35.9 ms); chunk_out2 3.9
+// and chunk_dx2 4.2 ms (3xTF32, ~18.75-25% occupancy, latency-bound per ncu); forward+backward
+// 17.2 ms of kernels against 58.6 on the first path (Triton 3.5 ms in the same lease).
 
 // ---- 8a. the chunk prologue, once per (batch, head, chunk) ------------------------------------------
 extern "C" __global__ void __launch_bounds__(32) ssd_bwd_prologue(const SsdBwdParams q) {

@@ -356,3 +356,18 @@ def test_varlen_bench_dense_rows_are_guarded(causal: bool, h: int, hk: int) -> N
     assert vb.row_status({"status": "ok"}) == "FAILED"  # never "ok (nan)"
     assert vb.row_status({"status": "ok", "rel_rms": math.nan}) == "FAILED"
     assert vb.row_status({"status": "FAILED", "rel_rms": 0.0}) == "FAILED"
+
+
+def test_peer_commit_is_the_snapshots_not_the_enclosing_repository(tmp_path: Path) -> None:
+    """A peer snapshot carried inside our work tree (.peers/mamba) must not report our commit:
+    its COMMIT file wins, and a folder that is not its own repository's top is 'unknown'."""
+    import subprocess
+
+    from flashscan.bench.mamba_src import source_commit
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    inner = tmp_path / "peers" / "mamba"
+    inner.mkdir(parents=True)
+    assert source_commit(str(inner)) == "unknown"
+    (inner / "COMMIT").write_text("e9594ce\n", encoding="utf-8")
+    assert source_commit(str(inner)) == "e9594ce"

@@ -129,7 +129,7 @@ pub struct SsdBwdArgs<'a> {
 /// Which backward path a call takes: the second (cuda/ssd_bwd.cu section 8: the prologue once,
 /// CB and a head-summed dCB once per group, dC / dB as plain products over it) unless
 /// FLASHSCAN_SSD_BWD=1 asks for the first (dC / dB per head in chunk_dc / chunk_db). Read per
-/// call. H100, b8 L2048 80 x 64 heads, dstate 128, bf16 (2026-11-24): forward+backward 18.3 ms
+/// call. H100, b8 L2048 80 x 64 heads, dstate 128, bf16 (2026-11-24): forward+backward 17.2 ms
 /// of kernels against the first path's 58.6 ms; both pass the backward GPU matrix.
 fn second_path() -> bool {
     std::env::var("FLASHSCAN_SSD_BWD").as_deref() != Ok("1")

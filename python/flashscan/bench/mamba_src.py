@@ -40,8 +40,22 @@ _NVCC_FLAGS = [
 
 
 def source_commit(src: str) -> str:
-    """The checkout's commit: `git rev-parse`, else a COMMIT file beside it, else 'unknown'."""
+    """The checkout's commit: a COMMIT file in it (a snapshot carried inside another work tree,
+    where `git -C src` would name the enclosing repository's commit), else `git rev-parse` of a
+    checkout that is its own repository, else 'unknown'."""
+    path = os.path.join(src, "COMMIT")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip() or "unknown"
     try:
+        top = subprocess.run(
+            ["git", "-C", src, "rev-parse", "--show-toplevel"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if top.returncode != 0 or os.path.realpath(top.stdout.strip()) != os.path.realpath(src):
+            return "unknown"
         out = subprocess.run(
             ["git", "-C", src, "rev-parse", "--short", "HEAD"],
             capture_output=True,
@@ -52,10 +66,6 @@ def source_commit(src: str) -> str:
             return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    path = os.path.join(src, "COMMIT")
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip() or "unknown"
     return "unknown"
 
 
