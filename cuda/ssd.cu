@@ -98,11 +98,17 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_state_passing(con
     if (p.has_init)
         H = ld_any(p.init, b * p.init_s[0] + h * p.init_s[1] + pp * p.init_s[2] + nn * p.init_s[3], p.init_dtype);
     const float* decay = p.decay + (b * p.nheads + h) * p.nchunks;
-    for (i64 c = 0; c < p.nchunks; ++c) {
-        const i64 idx = ((b * p.nchunks + c) * p.nheads + h) * pn + e;
-        const float S = p.states[idx];
+    // the next chunk's S loaded before this chunk's H is stored (the compiler cannot move the load
+    // above a store to the same array): one load in flight per step instead of none
+    const i64 step = p.nheads * pn;
+    i64 idx = (b * p.nchunks * p.nheads + h) * pn + e;
+    float S = p.states[idx];
+    for (i64 c = 0; c < p.nchunks; ++c, idx += step) {
+        const float Sn = c + 1 < p.nchunks ? p.states[idx + step] : 0.f;
+        const float d = decay[c];
         p.states[idx] = H;
-        H = decay[c] * H + S;
+        H = d * H + S;
+        S = Sn;
     }
     if (p.has_final) p.final_states[b * p.final_s[0] + h * p.final_s[1] + pp * p.final_s[2] + nn * p.final_s[3]] = H;
 }
