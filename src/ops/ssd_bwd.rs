@@ -282,11 +282,21 @@ struct Layout {
     total: i64,
 }
 
-/// ssd_bwd_cb_dcb's head shares per group: about 16 heads each, at most 8 (each share its own
-/// dcb array, summed by chunk_dc2 / chunk_db2 as they load it).
-fn dcb_splits(p: &Problem) -> i64 {
-    let hpg = p.nheads / p.ngroups.max(1);
-    ((hpg + 15) / 16).clamp(1, 8)
+/// ssd_bwd_cb_dcb's head shares per group (each share its own dcb array, summed by chunk_dc2 /
+/// chunk_db2 as they load it): at most 16 heads each, and enough shares for about two CTAs per
+/// SM when the blocks alone are few (the real-time shape, b32 L60 8 heads: 32 live blocks, its
+/// one share of 8 heads took 71 us on the H100); at most 8 shares, at most one per head.
+fn dcb_splits(p: &Problem, chunk: i64) -> i64 {
+    let hpg = (p.nheads / p.ngroups.max(1)).max(1);
+    let pairs = |rows: i64| {
+        let nb = (rows + TILE - 1) / TILE;
+        nb * (nb + 1) / 2
+    };
+    let tail = p.seqlen - (p.nchunks - 1) * chunk;
+    let live = p.batch * p.ngroups * ((p.nchunks - 1) * pairs(chunk) + pairs(tail));
+    let for_loop = (hpg + 15) / 16;
+    let for_sms = (264 + live - 1) / live.max(1);
+    for_loop.max(for_sms).clamp(1, 8.min(hpg))
 }
 
 fn layout(p: &Problem, chunk: i64, has_d: bool, npass_parts: i64, second: bool) -> Layout {
@@ -316,7 +326,7 @@ fn layout(p: &Problem, chunk: i64, has_d: bool, npass_parts: i64, second: bool) 
     let k = second as i64;
     let blocks = k * p.batch * p.nchunks * p.ngroups * chunk * chunk;
     let cb = take(blocks);
-    let dcb = take(blocks * dcb_splits(p));
+    let dcb = take(blocks * dcb_splits(p, chunk));
     let pdt = take(k * bh * p.nchunks * chunk);
     let pcum = take(k * bh * p.nchunks * chunk);
     let pseg = take(k * p.batch * p.nchunks * chunk);
@@ -429,7 +439,7 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
             && rows16_f32(a.dout, p.headdim)
             && i.z.map_or(true, |z| rows16_f32(z, p.headdim))) as i32,
         vec_bc: (rows16_f32(i.b, p.dstate) && rows16_f32(i.c, p.dstate)) as i32,
-        dcb_splits: dcb_splits(&p) as i32,
+        dcb_splits: dcb_splits(&p, chunk) as i32,
     };
     let bh = grid_u32(p.batch * p.nheads, "batch * nheads")?;
     let bg = grid_u32(p.batch * p.ngroups, "batch * ngroups")?;
@@ -447,7 +457,7 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         if second {
             // the prologue and CB workspaces first: chunk_out2 and chunk_dx2 read them
             let pairs = chunk / TILE * (chunk / TILE + 1) / 2;
-            let g = grid_u32(p.ngroups * dcb_splits(&p), "ngroups")?;
+            let g = grid_u32(p.ngroups * dcb_splits(&p, chunk), "ngroups")?;
             let b = grid_u32(p.batch, "batch")?;
             dev.launch(k_pro, (nc, bh, 1), (32, 1, 1), 0, st, &q)?;
             dev.launch(
@@ -507,22 +517,44 @@ mod tests {
     }
 
     #[test]
-    fn dcb_shares_take_about_16_heads() {
+    fn dcb_shares_bound_the_head_loop_and_fill_the_gpu() {
+        // b8 L2048 80 heads, chunk 256: 640 live blocks; the loop bound gives 5 shares of 16
         let mut p = Problem {
-            batch: 1,
-            seqlen: 1,
+            batch: 8,
+            seqlen: 2048,
             nheads: 80,
             headdim: 64,
             ngroups: 1,
             dstate: 128,
-            nchunks: 1,
+            nchunks: 8,
         };
-        assert_eq!(dcb_splits(&p), 5);
-        p.ngroups = 80;
-        assert_eq!(dcb_splits(&p), 1);
+        assert_eq!(dcb_splits(&p, 256), 5);
+        p.ngroups = 80; // one head per group
+        assert_eq!(dcb_splits(&p, 256), 1);
         p.ngroups = 1;
         p.nheads = 1024;
-        assert_eq!(dcb_splits(&p), 8);
+        assert_eq!(dcb_splits(&p, 256), 8);
+        // the real-time shape: 32 live blocks, 8 heads: one share per head
+        let rt = Problem {
+            batch: 32,
+            seqlen: 60,
+            nheads: 8,
+            headdim: 64,
+            ngroups: 1,
+            dstate: 64,
+            nchunks: 1,
+        };
+        assert_eq!(dcb_splits(&rt, 256), 8);
+        // a tail chunk counts only its live blocks: 1 chunk of 130 positions = 3 pairs
+        let tail = Problem {
+            batch: 100,
+            seqlen: 130,
+            nheads: 2,
+            ngroups: 1,
+            nchunks: 1,
+            ..rt
+        };
+        assert_eq!(dcb_splits(&tail, 256), 1);
     }
 
     #[test]
@@ -547,6 +579,6 @@ mod tests {
         let first = layout(&p, 64, true, 3, false);
         assert_eq!(first.total, first.cb);
         assert_eq!(l.dcb - l.cb, 2 * 2 * 64 * 64);
-        assert_eq!(l.pdt - l.dcb, 2 * 2 * 64 * 64 * dcb_splits(&p));
+        assert_eq!(l.pdt - l.dcb, 2 * 2 * 64 * 64 * dcb_splits(&p, 64));
     }
 }
