@@ -183,6 +183,67 @@ def test_forward_odd_shapes(case: tuple, rule: Any, poison: Any, fwd_path: str) 
     check_case(rule, out, final, a, chunk, True)
 
 
+# One 64-row block without initial states: ssd2_chunk_scan_one forms its C B^T block itself
+# (no ssd2_chunk_cb launch). (dtype, ngroups, nheads, dstate, headdim, seqlen, chunk)
+ONE_BLOCK_CASES = [
+    ("bfloat16", 1, 8, 64, 64, 60, 256),  # the real-time shape's heads (batch 4 here)
+    ("float16", 2, 4, 20, 33, 37, 64),  # element loads: dstate / headdim not multiples of 8
+    ("bfloat16", 2, 4, 256, 128, 64, 128),  # 4 dstate steps, 2 channel tiles, a full block
+    ("float16", 1, 2, 130, 70, 1, 256),  # one position, a 3-step dstate with a tail
+]
+
+
+def kernels_of(call: Any) -> set[str]:
+    """The CUDA kernel names one (already warm) call launches, from a profiler trace."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events()}
+
+
+@pytest.mark.parametrize("seq", [False, True])
+@pytest.mark.parametrize("final", [False, True])
+@pytest.mark.parametrize("case", ONE_BLOCK_CASES, ids=lambda c: "-".join(str(v) for v in c))
+def test_forward_one_block_fused_cb(
+    case: tuple, final: bool, seq: bool, rule: Any, poison: Any, fwd_path: str
+) -> None:
+    dt_name, g, h, n, p, L, chunk = case
+    dtype = DTYPES[dt_name]
+    a = ssd_inputs(4, L, h, p, g, n, dtype, D2=True, init=False)
+    kw: dict[str, Any] = dict(chunk_size=chunk, dt_softplus=True, return_final_states=final)
+    if seq:  # rows 0 / 1 cut at L // 3 and 1; rows 2 / 3 one sequence
+        seq_idx = torch.zeros(4, L, dtype=torch.int32, device="cuda")
+        seq_idx[0, L // 3 :] = 1
+        seq_idx[1, min(1, L - 1) :] = 1
+        kw["seq_idx"] = seq_idx
+    poison(4 * L * h * p * a["x"].element_size(), 4 * h * p * n * 4)
+    flashscan.mamba_chunk_scan_combined(**a, **kw)  # compiled and warm
+    res: Any = None
+
+    def call() -> None:
+        nonlocal res
+        res = flashscan.mamba_chunk_scan_combined(**a, **kw)
+
+    names = kernels_of(call)
+    if fwd_path == "2":
+        assert "ssd2_chunk_scan_one" in names and "ssd2_chunk_cb" not in names, sorted(names)
+    out, fin = res if final else (res, None)
+    ref_kw = {"seq_idx": kw["seq_idx"].cpu().numpy()} if seq else {}
+    ref_y, ref_h = ref64(a, chunk, dt_softplus=True, **ref_kw)
+    if seq:
+        base_y, base_h = baseline_packed(a, chunk, kw["seq_idx"])
+    else:
+        base_y, base_h = baseline_lowp(a, chunk, True)
+    rule.check(
+        out, torch.from_numpy(ref_y), base_y, atol=1e-5 * max(float(np.abs(ref_y).max()), 1.0)
+    )
+    if final:
+        rule.check(fin, torch.from_numpy(ref_h), base_h, atol=1e-5, name="final_states")
+
+
 @pytest.mark.parametrize("switch", [None, "2"])
 def test_fwd2_family_is_built(monkeypatch: pytest.MonkeyPatch, switch: str | None) -> None:
     """16-bit data really runs cuda/ssd_fwd2.cu, by default and under FLASHSCAN_SSD_FWD=2: its

@@ -366,14 +366,81 @@ pub fn small_grid_tiles(t: Tiles) -> Tiles {
     }
 }
 
-pub fn plan(p: &Problem, sm_count: i64) -> Plan {
-    let mut t = tiles(p.dstate);
+/// A tuning override of the forward's tiles, `FLASHSCAN_SCAN_TILES=nsplit,tile,threads,min_blocks`
+/// (read once; for sweeps on a GPU, not a user setting): None when unset, Err when malformed.
+fn tiles_override() -> &'static Option<std::result::Result<[i64; 4], String>> {
+    static O: std::sync::OnceLock<Option<std::result::Result<[i64; 4], String>>> =
+        std::sync::OnceLock::new();
+    O.get_or_init(|| {
+        let v = std::env::var("FLASHSCAN_SCAN_TILES").ok()?;
+        Some(parse_tiles(&v))
+    })
+}
+
+fn parse_tiles(v: &str) -> std::result::Result<[i64; 4], String> {
+    let bad = || format!("FLASHSCAN_SCAN_TILES={v:?}: want nsplit,tile,threads,min_blocks");
+    let n: Vec<i64> = v
+        .split(',')
+        .map(|x| x.trim().parse::<i64>())
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|_| bad())?;
+    <[i64; 4]>::try_from(n).map_err(|_| bad())
+}
+
+/// Whether an override's tiles satisfy the kernel's static asserts for a padded dstate.
+fn override_fits(o: &[i64; 4], dpad: i64) -> bool {
+    let [nsplit, tile, threads, min_blocks] = *o;
+    (1..=32).contains(&nsplit)
+        && nsplit & (nsplit - 1) == 0
+        && dpad % nsplit == 0
+        && tile >= 8
+        && tile % 8 == 0
+        && tile % nsplit == 0
+        && SAVE_CHUNK % tile == 0
+        && (32..=1024).contains(&threads)
+        && threads % 32 == 0
+        && threads % tile == 0
+        && (1..=32).contains(&min_blocks)
+}
+
+/// The forward's tiles: the override when set (an error if it does not fit this dstate), else
+/// `tiles` (or `small_grid_tiles` for small grids).
+fn forward_tiles(p: &Problem, sm_count: i64) -> Result<Tiles> {
+    let t = tiles(p.dstate);
+    if let Some(o) = tiles_override() {
+        let o = o.as_ref().map_err(|e| value_err(e.clone()))?;
+        if !override_fits(o, t.dpad) {
+            return Err(value_err(format!(
+                "FLASHSCAN_SCAN_TILES {o:?} does not fit dstate {} (padded {})",
+                p.dstate, t.dpad
+            )));
+        }
+        return Ok(Tiles {
+            nsplit: o[0],
+            tile: o[1],
+            threads: o[2],
+            min_blocks: o[3],
+            ..t
+        });
+    }
     if t.dpad == 16
         && p.seqlen < 2 * CHUNK_MIN_LEN
         && p.batch * cdiv(p.dim, t.threads / t.nsplit) < sm_count
     {
-        t = small_grid_tiles(t);
+        return Ok(small_grid_tiles(t));
     }
+    Ok(t)
+}
+
+pub fn plan(p: &Problem, sm_count: i64) -> Plan {
+    let t = match forward_tiles(p, sm_count) {
+        Ok(t) => t,
+        Err(_) => tiles(p.dstate), // forward() reports a bad override before planning
+    };
+    plan_with(p, t, sm_count)
+}
+
+fn plan_with(p: &Problem, t: Tiles, sm_count: i64) -> Plan {
     let chans = t.threads / t.nsplit; // one channel per lane group (channels per thread = 1)
     let dpg = p.dim / p.ngroups;
     let cpb = if (p.b.varying || p.c.varying) && p.ngroups > 1 {
@@ -519,7 +586,11 @@ pub fn forward(a: &ScanArgs, stream: StreamChoice) -> Result<()> {
     // and the caller's is current again when this returns.
     let _bound = dev.bind()?;
     let arch = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
-    let pl = plan(&p, dev.props.sm_count as i64);
+    let pl = plan_with(
+        &p,
+        forward_tiles(&p, dev.props.sm_count as i64)?,
+        dev.props.sm_count as i64,
+    );
     let grid_x = u32::try_from(pl.blocks_per_row * p.batch)
         .map_err(|_| unsupported("batch * dim too large for one launch"))?;
     if pl.nchunks > 65535 {
@@ -678,6 +749,19 @@ mod tests {
             c: f,
             ngroups: 1,
         }
+    }
+
+    #[test]
+    fn tile_override_parses_and_is_checked() {
+        assert_eq!(parse_tiles("8, 16,128,8"), Ok([8, 16, 128, 8]));
+        assert!(parse_tiles("8,16,128").is_err());
+        assert!(parse_tiles("8,x,128,8").is_err());
+        assert!(override_fits(&[8, 16, 128, 8], 16));
+        assert!(override_fits(&[16, 16, 64, 8], 16));
+        assert!(!override_fits(&[32, 32, 128, 4], 16)); // more lanes than states
+        assert!(!override_fits(&[4, 12, 128, 4], 16)); // tile not a multiple of 8
+        assert!(!override_fits(&[4, 64, 96, 4], 16)); // threads not a multiple of the tile
+        assert!(!override_fits(&[3, 24, 96, 4], 48));
     }
 
     #[test]

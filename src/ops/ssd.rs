@@ -18,6 +18,9 @@ pub const ENTRY2_CB: &str = "ssd2_chunk_cb";
 pub const ENTRY2_STATE: &str = "ssd2_chunk_state";
 pub const ENTRY2_PASS: &str = "ssd2_state_passing";
 pub const ENTRY2_SCAN: &str = "ssd2_chunk_scan";
+/// ssd2_chunk_cb + ssd2_chunk_scan in one kernel for a single block of <= 64 positions
+/// (`one_block`).
+pub const ENTRY2_SCAN_ONE: &str = "ssd2_chunk_scan_one";
 /// ssd2_chunk_state's tile of states per CTA (channels x states: 64 x 128).
 const STATE2_TILE_N: i64 = 128;
 pub const ENTRY_STATE: &str = "ssd_chunk_state";
@@ -389,7 +392,13 @@ pub fn all_specs2(arch: i64) -> Vec<KernelSpec> {
     let mut out = Vec::new();
     for chunk in CHUNKS {
         for dtype in [0, 1] {
-            for entry in [ENTRY2_CB, ENTRY2_STATE, ENTRY2_PASS, ENTRY2_SCAN] {
+            for entry in [
+                ENTRY2_CB,
+                ENTRY2_STATE,
+                ENTRY2_PASS,
+                ENTRY2_SCAN,
+                ENTRY2_SCAN_ONE,
+            ] {
                 out.push(spec2(entry, dtype, chunk, arch));
             }
         }
@@ -600,11 +609,19 @@ fn needs_carried_states(nchunks: i64, has_init: i32, has_final: i32) -> bool {
     nchunks > 1 || has_init != 0 || has_final != 0
 }
 
+/// Whether the whole call is one 64-row block without initial states: ssd2_chunk_scan_one then
+/// forms its C B^T block itself and ssd2_chunk_cb is not launched (the real-time shape, b32 L60:
+/// the CB launch was 3.8 of its 15.7 us of kernels on the H100).
+fn one_block(p: &Problem, has_init: i32) -> bool {
+    p.nchunks == 1 && p.seqlen <= TILE && has_init == 0
+}
+
 /// The second path's four launches: C B^T per group, chunk states (64 x 128 tiles), state
 /// passing (one CTA per (batch, head); H_c left in x's dtype over chunk c's slot), chunk outputs.
 /// A call of one chunk with neither initial nor final states skips the middle two: the scan
 /// reads no carried state in chunk 0 without initial states (the real-time shape, b32 L60: 16 of
-/// its 32 us of kernels went to them on the H100).
+/// its 32 us of kernels went to them on the H100). A call of one 64-row block (`one_block`) runs
+/// C B^T and the outputs as one kernel.
 ///
 /// # Safety
 /// `q` must describe checked tensors and workspaces (cb included) of the sizes `p` gives, on `dev`.
@@ -617,27 +634,29 @@ unsafe fn launch2(
     arch: i64,
     st: Stream,
 ) -> Result<()> {
-    let k_cb = dev.kernel(&spec2(ENTRY2_CB, dtype, chunk, arch))?;
-    let k_state = dev.kernel(&spec2(ENTRY2_STATE, dtype, chunk, arch))?;
-    let k_pass = dev.kernel(&spec2(ENTRY2_PASS, dtype, chunk, arch))?;
-    let k_scan = dev.kernel(&spec2(ENTRY2_SCAN, dtype, chunk, arch))?;
     let bh = grid_u32(p.batch * p.nheads, "batch * nheads")?;
     let nchunks = grid_u32(p.nchunks, "seqlen / chunk_size")?;
     let nb = chunk / TILE;
     let block = (THREADS, 1, 1);
-    dev.launch(
-        &k_cb,
-        (
-            grid_u32(p.nchunks * (nb * (nb + 1) / 2), "seqlen / chunk_size")?,
-            grid_u32(p.ngroups, "ngroups")?,
-            grid_u32(p.batch, "batch")?,
-        ),
-        block,
-        0,
-        st,
-        q,
-    )?;
+    let fused = one_block(p, q.p.has_init);
+    if !fused {
+        let k_cb = dev.kernel(&spec2(ENTRY2_CB, dtype, chunk, arch))?;
+        dev.launch(
+            &k_cb,
+            (
+                grid_u32(p.nchunks * (nb * (nb + 1) / 2), "seqlen / chunk_size")?,
+                grid_u32(p.ngroups, "ngroups")?,
+                grid_u32(p.batch, "batch")?,
+            ),
+            block,
+            0,
+            st,
+            q,
+        )?;
+    }
     if needs_carried_states(p.nchunks, q.p.has_init, q.p.has_final) {
+        let k_state = dev.kernel(&spec2(ENTRY2_STATE, dtype, chunk, arch))?;
+        let k_pass = dev.kernel(&spec2(ENTRY2_PASS, dtype, chunk, arch))?;
         let n_tiles = (p.dstate + STATE2_TILE_N - 1) / STATE2_TILE_N;
         dev.launch(
             &k_state,
@@ -654,10 +673,16 @@ unsafe fn launch2(
         // one CTA per (batch, head): it overwrites each chunk's slot with the 16-bit H in place
         dev.launch(&k_pass, (bh, 1, 1), (PASS_THREADS as u32, 1, 1), 0, st, q)?;
     }
+    let (entry, row_blocks) = if fused {
+        (ENTRY2_SCAN_ONE, 1)
+    } else {
+        (ENTRY2_SCAN, p.nchunks * nb)
+    };
+    let k_scan = dev.kernel(&spec2(entry, dtype, chunk, arch))?;
     dev.launch(
         &k_scan,
         (
-            grid_u32(p.nchunks * nb, "seqlen / 64")?,
+            grid_u32(row_blocks, "seqlen / 64")?,
             grid_u32(tiles(p.headdim), "headdim")?,
             bh,
         ),
@@ -678,13 +703,31 @@ mod tests {
         assert_eq!(s.len(), 1 + 2 * 3 * CHUNKS.len());
         assert!(s.iter().any(|k| k.entry == ENTRY_PASS));
         let s2 = all_specs2(90);
-        assert_eq!(s2.len(), 4 * 2 * CHUNKS.len());
+        assert_eq!(s2.len(), 5 * 2 * CHUNKS.len());
         assert!(s2.iter().all(|k| k.family == FAMILY2));
     }
 
     #[test]
     fn one_chunk_without_carried_states_skips_state_launches() {
         assert!(!needs_carried_states(1, 0, 0));
+        let mut p = Problem {
+            batch: 32,
+            seqlen: 60,
+            nheads: 8,
+            headdim: 64,
+            ngroups: 1,
+            dstate: 64,
+            nchunks: 1,
+        };
+        assert!(one_block(&p, 0));
+        assert!(!one_block(&p, 1));
+        p.seqlen = 64;
+        assert!(one_block(&p, 0));
+        p.seqlen = 65;
+        assert!(!one_block(&p, 0));
+        p.seqlen = 300;
+        p.nchunks = 2;
+        assert!(!one_block(&p, 0));
         assert!(needs_carried_states(2, 0, 0));
         assert!(needs_carried_states(1, 1, 0));
         assert!(needs_carried_states(1, 0, 1));
