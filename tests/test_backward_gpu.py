@@ -396,9 +396,26 @@ def check_grad(rule: Any, got: Any, ref: Any, name: str, summed: bool) -> None:
 
 @pytest.mark.parametrize("case", SCAN_CASES, ids=[_scan_id(c) for c in SCAN_CASES])
 def test_scan_backward_matrix(case: tuple, rule: Any) -> None:
+    check_scan_backward(case, *_size(case[0], case[2]), rule)
+
+
+# Short sequences at dstate 16 around the backward's small-grid plan (16 lanes a channel while
+# the grid has <= one block per SM, src/ops/scan_bwd.rs `small_grid_tiles`): (case, batch, dim)
+SHORT_BWD = [
+    ((60, "bfloat16", 16, "varying", 1, True, True, False), 1, 523),  # 16 lanes
+    ((64, "float32", 16, "grouped", 2, True, True, True), 4, 512),  # 16 lanes, 128 blocks
+    ((33, "float16", 16, "grouped", 4, True, False, True), 8, 512),  # 8 lanes (256 blocks)
+]
+
+
+@pytest.mark.parametrize("short", SHORT_BWD, ids=lambda s: f"{_scan_id(s[0])}-b{s[1]}-d{s[2]}")
+def test_scan_backward_short_sequence_plans(short: tuple, rule: Any) -> None:
+    check_scan_backward(*short, rule)
+
+
+def check_scan_backward(case: tuple, batch: int, dim: int, rule: Any) -> None:
     L, dt, n, bc, g, extras, softplus, init = case
     dtype = DTYPES[dt]
-    batch, dim = _size(L, n)
     x = scan_inputs(batch, dim, L, n, dtype, bc, g)
     args = {
         "u": x["u"],

@@ -278,6 +278,34 @@ def test_scan_matrix(case: tuple, rule: Any, poison: Any) -> None:
     check_out(rule, only, ref_y)
 
 
+# The short-sequence plans (dstate 16, <= 64 steps: 16 / 8 / 4 lanes a channel by grid size,
+# src/ops/scan.rs `short_seq_tiles`), each with a dim that leaves a block's last channels idle
+# (batch, dim, seqlen, dtype, B/C form, groups)
+SHORT_CASES = [
+    (1, 523, 60, "bfloat16", "varying", 1),  # 16 lanes, one tile of 64
+    (2, 1000, 64, "float16", "grouped", 2),  # 16 lanes, a full tile, 5 channels a block
+    (1, 4100, 33, "bfloat16", "grouped", 4),  # 8 lanes, tile 32 (+ a 1-step tail tile)
+    (3, 1000, 64, "float16", "varying", 1),  # 8 lanes, two full tiles
+    (9, 1028, 60, "float32", "fixed", 1),  # 4 lanes, tile 16
+    (33, 516, 1, "bfloat16", "varying", 1),
+]
+
+
+@pytest.mark.parametrize("case", SHORT_CASES, ids=lambda c: "-".join(str(v) for v in c))
+def test_scan_short_sequence_plans(case: tuple, rule: Any, poison: Any) -> None:
+    batch, dim, L, dt, bc, g = case
+    a = scan_inputs(batch, dim, L, 16, DTYPES[dt], bc, g)
+    x0 = torch.randn(batch, dim, 16, device="cuda")
+    poison(a["u"].numel() * a["u"].element_size(), batch * dim * 16 * 4)
+    out, last = flashscan.selective_scan_fn(
+        **a, delta_softplus=True, return_last_state=True, initial_state=x0
+    )
+    torch.cuda.synchronize()
+    ref_y, ref_x = scan_ref(**a, delta_softplus=True, initial_state=x0)
+    check_out(rule, out, ref_y)
+    rule.rel(last, ref_x, STATE_RTOL, atol=1e-6, name="last_state")
+
+
 def test_reference_helper_matches_numpy_reference() -> None:
     """Self-check of this file's float64 torch scan against flashscan.reference."""
     for bc, g in (("fixed", 1), ("varying", 1), ("grouped", 2)):

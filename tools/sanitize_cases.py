@@ -46,10 +46,13 @@ def attention_cases() -> int:
 
 def scan_cases() -> int:
     bad = 0
-    for dtype, dstate, varying in itertools.product(
-        [torch.float32, torch.bfloat16], [1, 16, 64], [False, True]
+    for dtype, dstate, varying, (b, d, L) in itertools.product(
+        [torch.float32, torch.bfloat16],
+        [1, 16, 64],
+        [False, True],
+        # L <= 64 at dstate 16 takes the short-sequence tiles: 16 / 8 / 4 lanes a channel
+        [(2, 24, 67), (2, 24, 33), (1, 4100, 60), (2, 8200, 17)],
     ):
-        b, d, L = 2, 24, 67
         u = torch.randn(b, d, L, device="cuda", dtype=dtype)
         delta = torch.rand(b, d, L, device="cuda", dtype=dtype)
         A = -torch.rand(d, dstate, device="cuda")
@@ -111,7 +114,13 @@ def backward_cases() -> int:
             if not err < 0.05 * max(1.0, float(abs(r).max())):
                 print(f"attention bwd hd={hd} {dtype} causal={causal} det={det}: err {err}")
                 bad += 1
-    for dtype, L in [(torch.bfloat16, 300), (torch.float32, 67)]:
+    # L 60 / 33 at dstate 16: the short-sequence forward plans and the 16-lane backward
+    for dtype, L in [
+        (torch.bfloat16, 300),
+        (torch.float32, 67),
+        (torch.bfloat16, 60),
+        (torch.float16, 33),
+    ]:
         b, d, n = 2, 24, 16
         args = [
             torch.randn(b, d, L, device="cuda", dtype=dtype),

@@ -18,6 +18,8 @@ const SCAN_THREADS: i64 = 128;
 const CHUNK_MIN_LEN: i64 = 512;
 /// Chunk only when fewer busy lanes per SM than this (one warp per scheduler) remain.
 const CHUNK_LANES_LOW: i64 = 128;
+/// Sequences up to this many steps take `short_seq_tiles` at dstate 16 (the measured range).
+const SHORT_SEQ: i64 = 64;
 pub const MAX_DSTATE: i64 = 256;
 /// Saved-state spacing for the backward (steps): the forward, given `saved_states`, writes the
 /// state at the end of every SAVE_CHUNK-step chunk but the last. A multiple of every tile (8..32).
@@ -366,6 +368,31 @@ pub fn small_grid_tiles(t: Tiles) -> Tiles {
     }
 }
 
+/// Sequences of at most 64 steps at dstate 16 (the real-time shapes): lanes per channel by how
+/// many 128-thread blocks the grid would have. Measured on the H100 (2026-11-24, d512 L60 bf16,
+/// kernel us; `benches/results/2026-11-24-h100-realtime/`): b1 / b2 / b4 / b8 / b16 / b32 —
+/// 16 lanes, tile 64: 4.41 / 4.56 / 5.32 / 9.58 / 14.4 / 26.5; 8 lanes, tile 32: 5.21 / 5.20 /
+/// 5.38 / 6.13 / 8.18 / 14.9; 4 lanes, tile 16: 6.98 / 7.03 / 7.06 / 7.24 / 8.68 / 12.2; the
+/// plans before: 5.87 / 5.88 / 5.98 / 7.0 / 9.32 / 13.3. 16 lanes pay up to ~2 blocks per SM
+/// (b4: 256 blocks), 8 lanes up to ~4 (b16: 512 blocks).
+pub fn short_seq_tiles(t: Tiles, channels: i64, sm_count: i64) -> Tiles {
+    let blocks = |nsplit: i64| cdiv(channels * nsplit, SCAN_THREADS);
+    let (nsplit, tile) = if blocks(16) <= 2 * sm_count {
+        (16, 64)
+    } else if blocks(8) <= 4 * sm_count {
+        (8, 32)
+    } else {
+        (4, 16)
+    };
+    Tiles {
+        nsplit,
+        tile,
+        threads: SCAN_THREADS,
+        min_blocks: 4,
+        ..t
+    }
+}
+
 /// A tuning override of the forward's tiles, `FLASHSCAN_SCAN_TILES=nsplit,tile,threads,min_blocks`
 /// (read once; for sweeps on a GPU, not a user setting): None when unset, Err when malformed.
 fn tiles_override() -> &'static Option<std::result::Result<[i64; 4], String>> {
@@ -377,8 +404,8 @@ fn tiles_override() -> &'static Option<std::result::Result<[i64; 4], String>> {
     })
 }
 
-fn parse_tiles(v: &str) -> std::result::Result<[i64; 4], String> {
-    let bad = || format!("FLASHSCAN_SCAN_TILES={v:?}: want nsplit,tile,threads,min_blocks");
+pub(crate) fn parse_tiles(v: &str) -> std::result::Result<[i64; 4], String> {
+    let bad = || format!("tile override {v:?}: want nsplit,tile,threads,min_blocks");
     let n: Vec<i64> = v
         .split(',')
         .map(|x| x.trim().parse::<i64>())
@@ -422,6 +449,9 @@ fn forward_tiles(p: &Problem, sm_count: i64) -> Result<Tiles> {
             min_blocks: o[3],
             ..t
         });
+    }
+    if t.dpad == 16 && p.seqlen <= SHORT_SEQ {
+        return Ok(short_seq_tiles(t, p.batch * p.dim, sm_count));
     }
     if t.dpad == 16
         && p.seqlen < 2 * CHUNK_MIN_LEN
@@ -526,7 +556,14 @@ pub fn all_specs(arch: i64) -> Vec<KernelSpec> {
         .map(|&d| tiles(d))
         .collect();
     all_tiles.push(small_grid_tiles(tiles(16)));
-    for t in all_tiles {
+    // the short-sequence tiles (16 / 8 / 4 lanes a channel): <= 64 steps never save states
+    let short: Vec<Tiles> = [1, 8192, 1 << 20]
+        .iter()
+        .map(|&channels| short_seq_tiles(tiles(16), channels, 132))
+        .collect();
+    let n_long = all_tiles.len();
+    all_tiles.extend(short);
+    for (i, t) in all_tiles.into_iter().enumerate() {
         for in_dt in [DType::F16, DType::BF16, DType::F32] {
             let bcs: &[DType] = if in_dt == DType::F32 {
                 &[DType::F32]
@@ -536,6 +573,9 @@ pub fn all_specs(arch: i64) -> Vec<KernelSpec> {
             for &bc in bcs {
                 for (bv, cv) in [(false, false), (false, true), (true, false), (true, true)] {
                     for save in [false, true] {
+                        if save && i >= n_long {
+                            continue;
+                        }
                         if let Ok(s) = spec(&t, in_dt, bc, bv, cv, save, arch, ENTRY_FWD) {
                             out.push(s);
                         }
@@ -766,11 +806,25 @@ mod tests {
 
     #[test]
     fn plan_matches_the_kernel_notes() {
-        // game shape: one pass, 32 channels per block of 128 threads, 45.6 KB of smem at dstate 16
+        // game shape: one pass, 32 channels per block of 128 threads (4 lanes each), tile 16
         let pl = plan(&problem(32, 512, 60, 16), 132);
         assert_eq!(pl.nchunks, 1);
         assert_eq!(pl.chans_per_block, 32);
-        assert_eq!(pl.smem_fwd, 4 * (2 * 2 * 32 * 20 + 4 * 32 * 33 + 128 * 36));
+        assert_eq!((pl.tiles.nsplit, pl.tiles.tile), (4, 16));
+        assert_eq!(pl.smem_fwd, 4 * (2 * 2 * 16 * 20 + 4 * 32 * 17 + 128 * 20));
+        // the same at batch 1 / 8: 16 lanes a channel, one tile of 64; 8 lanes, tile 32
+        let pl = plan(&problem(1, 512, 60, 16), 132);
+        assert_eq!(
+            (pl.tiles.nsplit, pl.tiles.tile, pl.chans_per_block),
+            (16, 64, 8)
+        );
+        let pl = plan(&problem(8, 512, 60, 16), 132);
+        assert_eq!((pl.tiles.nsplit, pl.tiles.tile), (8, 32));
+        // longer small grids keep the small-grid tiles; other dstates the default
+        let pl = plan(&problem(1, 512, 65, 16), 132);
+        assert_eq!((pl.tiles.nsplit, pl.tiles.tile), (8, 16));
+        let pl = plan(&problem(1, 512, 60, 64), 132);
+        assert_eq!(pl.tiles, tiles(64));
         // long sequence, few channels: chunked into a multiple of the tile
         let pl = plan(&problem(1, 1024, 65536, 16), 132);
         assert!(pl.nchunks > 1 && pl.chunk_len % pl.tiles.tile == 0);

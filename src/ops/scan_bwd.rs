@@ -362,8 +362,76 @@ pub struct BwdPlan {
     pub ck_floats: i64,
 }
 
-pub fn plan(p: &Problem, sm_count: i64) -> BwdPlan {
+/// A tuning override of the backward's tiles, `FLASHSCAN_SCAN_BWD_TILES=nsplit,tile,threads,
+/// min_blocks` (read once; for sweeps on a GPU, not a user setting): None when unset.
+fn tiles_override() -> &'static Option<std::result::Result<[i64; 4], String>> {
+    static O: std::sync::OnceLock<Option<std::result::Result<[i64; 4], String>>> =
+        std::sync::OnceLock::new();
+    O.get_or_init(|| {
+        let v = std::env::var("FLASHSCAN_SCAN_BWD_TILES").ok()?;
+        Some(scan::parse_tiles(&v))
+    })
+}
+
+/// Whether an override's tiles satisfy the backward kernel's static asserts for a padded dstate.
+fn override_fits(o: &[i64; 4], dpad: i64) -> bool {
+    let [nsplit, tile, threads, min_blocks] = *o;
+    (1..=32).contains(&nsplit)
+        && nsplit & (nsplit - 1) == 0
+        && dpad % nsplit == 0
+        && tile >= 4
+        && tile % 4 == 0
+        && SAVE_CHUNK % tile == 0
+        && (32..=1024).contains(&threads)
+        && threads % 32 == 0
+        && (1..=32).contains(&min_blocks)
+}
+
+/// Small grids of short sequences at dstate 16: one state a lane (16 lanes a channel) while the
+/// grid stays within one block per SM. Measured on the H100 (2026-11-24, d512 L60 bf16, kernel us,
+/// `benches/results/2026-11-24-h100-realtime/`): b1 15.7 vs 19.9 with 8 lanes; at b32 (1024
+/// blocks) 72.1 vs 51.4, so not there.
+fn small_grid_tiles(p: &Problem, sm_count: i64) -> BwdTiles {
     let t = tiles(p.dstate);
+    let wide = BwdTiles { nsplit: 16, ..t };
+    let blocks = p.batch * cdiv(p.dim, wide.threads / wide.nsplit);
+    if t.dpad == 16 && p.seqlen <= 64 && blocks <= sm_count {
+        wide
+    } else {
+        t
+    }
+}
+
+/// The backward's tiles: the override when set (an error if it does not fit this dstate), else
+/// `small_grid_tiles` (`tiles` outside its cases).
+fn bwd_tiles(p: &Problem, sm_count: i64) -> Result<BwdTiles> {
+    let t = small_grid_tiles(p, sm_count);
+    match tiles_override() {
+        None => Ok(t),
+        Some(o) => {
+            let o = o.as_ref().map_err(|e| value_err(e.clone()))?;
+            if !override_fits(o, t.dpad) {
+                return Err(value_err(format!(
+                    "FLASHSCAN_SCAN_BWD_TILES {o:?} does not fit dstate {} (padded {})",
+                    p.dstate, t.dpad
+                )));
+            }
+            Ok(BwdTiles {
+                nsplit: o[0],
+                tile: o[1],
+                threads: o[2],
+                min_blocks: o[3],
+                ..t
+            })
+        }
+    }
+}
+
+pub fn plan(p: &Problem, sm_count: i64) -> BwdPlan {
+    plan_with(p, small_grid_tiles(p, sm_count), sm_count)
+}
+
+fn plan_with(p: &Problem, t: BwdTiles, sm_count: i64) -> BwdPlan {
     let chans = t.threads / t.nsplit;
     let dpg = p.dim / p.ngroups;
     let cpb = if (p.b.varying || p.c.varying) && p.ngroups > 1 {
@@ -430,8 +498,15 @@ pub fn spec(
 /// Every variant (one translation unit per define set; its three entries live in it).
 pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
     let mut out = Vec::new();
-    for d in [1, 2, 4, 8, 16, 32, 64, 128, 256] {
-        let t = tiles(d);
+    let mut all: Vec<BwdTiles> = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+        .iter()
+        .map(|&d| tiles(d))
+        .collect();
+    all.push(BwdTiles {
+        nsplit: 16,
+        ..tiles(16)
+    }); // small_grid_tiles
+    for t in all {
         for in_dt in [DType::F16, DType::BF16, DType::F32] {
             let bcs: &[DType] = if in_dt == DType::F32 {
                 &[DType::F32]
@@ -474,7 +549,8 @@ pub fn backward(a: &ScanBwdArgs, stream: StreamChoice) -> Result<()> {
     // and the caller's is current again when this returns.
     let _bound = dev.bind()?;
     let arch = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
-    let pl = plan(&p, dev.props.sm_count as i64);
+    let sm_count = dev.props.sm_count as i64;
+    let pl = plan_with(&p, bwd_tiles(&p, sm_count)?, sm_count);
     let nitems = i32::try_from(pl.nitems)
         .map_err(|_| unsupported("batch * dim too large for one launch"))?;
     let in_dt = a.u.dtype;
@@ -794,6 +870,40 @@ mod tests {
         );
         assert_eq!(pl.ck_floats, pl.grid * (256 / 16) * 256 * 2);
         assert_eq!(pl.nsaved, 7);
+    }
+
+    #[test]
+    fn small_grids_of_short_sequences_take_16_lanes() {
+        let p = |batch, seqlen, dstate| {
+            let f = scan::BcForm {
+                varying: true,
+                ngroups: 1,
+                strides: [0; 4],
+            };
+            Problem {
+                batch,
+                dim: 512,
+                seqlen,
+                dstate,
+                b: f,
+                c: f,
+                ngroups: 1,
+            }
+        };
+        assert_eq!(plan(&p(1, 60, 16), 132).tiles.nsplit, 16);
+        assert_eq!(plan(&p(4, 60, 16), 132).tiles.nsplit, 16); // 128 blocks
+        assert_eq!(plan(&p(8, 60, 16), 132).tiles.nsplit, 8);
+        assert_eq!(plan(&p(1, 65, 16), 132).tiles.nsplit, 8);
+        assert_eq!(plan(&p(1, 60, 64), 132).tiles, tiles(64));
+    }
+
+    #[test]
+    fn tile_override_is_checked() {
+        assert!(override_fits(&[8, 16, 256, 2], 16));
+        assert!(override_fits(&[16, 8, 128, 4], 16));
+        assert!(!override_fits(&[32, 16, 256, 2], 16)); // more lanes than states
+        assert!(!override_fits(&[8, 6, 256, 2], 16)); // tile not a multiple of 4
+        assert!(!override_fits(&[8, 16, 100, 2], 16)); // not whole warps
     }
 
     #[test]
