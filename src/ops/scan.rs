@@ -393,18 +393,23 @@ pub fn short_seq_tiles(t: Tiles, channels: i64, sm_count: i64) -> Tiles {
     }
 }
 
-/// A tuning override of the forward's tiles, `FLASHSCAN_SCAN_TILES=nsplit,tile,threads,min_blocks`
-/// (read once; for sweeps on a GPU, not a user setting): None when unset, Err when malformed.
-fn tiles_override() -> &'static Option<std::result::Result<[i64; 4], String>> {
-    static O: std::sync::OnceLock<Option<std::result::Result<[i64; 4], String>>> =
-        std::sync::OnceLock::new();
-    O.get_or_init(|| {
-        let v = std::env::var("FLASHSCAN_SCAN_TILES").ok()?;
-        Some(parse_tiles(&v))
-    })
+/// A `nsplit,tile,threads,min_blocks` tuning override of a scan launch's tiles (for sweeps on a
+/// GPU, not a user setting): None when unset, Err when malformed.
+pub(crate) type TileOverride = Option<std::result::Result<[i64; 4], String>>;
+
+/// The override in environment variable `var` (each caller reads it once, into a `OnceLock`).
+pub(crate) fn tiles_from_env(var: &str) -> TileOverride {
+    let v = std::env::var(var).ok()?;
+    Some(parse_tiles(&v))
 }
 
-pub(crate) fn parse_tiles(v: &str) -> std::result::Result<[i64; 4], String> {
+/// `FLASHSCAN_SCAN_TILES`: the forward's override.
+fn tiles_override() -> &'static TileOverride {
+    static O: std::sync::OnceLock<TileOverride> = std::sync::OnceLock::new();
+    O.get_or_init(|| tiles_from_env("FLASHSCAN_SCAN_TILES"))
+}
+
+fn parse_tiles(v: &str) -> std::result::Result<[i64; 4], String> {
     let bad = || format!("tile override {v:?}: want nsplit,tile,threads,min_blocks");
     let n: Vec<i64> = v
         .split(',')
@@ -430,44 +435,48 @@ fn override_fits(o: &[i64; 4], dpad: i64) -> bool {
         && (1..=32).contains(&min_blocks)
 }
 
-/// The forward's tiles: the override when set (an error if it does not fit this dstate), else
-/// `tiles` (or `small_grid_tiles` for small grids).
-fn forward_tiles(p: &Problem, sm_count: i64) -> Result<Tiles> {
+/// The forward's tiles without an override: `short_seq_tiles` for <= 64 steps at dstate 16,
+/// `small_grid_tiles` for other small grids there, else `tiles`.
+fn default_tiles(p: &Problem, sm_count: i64) -> Tiles {
     let t = tiles(p.dstate);
-    if let Some(o) = tiles_override() {
-        let o = o.as_ref().map_err(|e| value_err(e.clone()))?;
-        if !override_fits(o, t.dpad) {
-            return Err(value_err(format!(
-                "FLASHSCAN_SCAN_TILES {o:?} does not fit dstate {} (padded {})",
-                p.dstate, t.dpad
-            )));
-        }
-        return Ok(Tiles {
-            nsplit: o[0],
-            tile: o[1],
-            threads: o[2],
-            min_blocks: o[3],
-            ..t
-        });
-    }
     if t.dpad == 16 && p.seqlen <= SHORT_SEQ {
-        return Ok(short_seq_tiles(t, p.batch * p.dim, sm_count));
+        return short_seq_tiles(t, p.batch * p.dim, sm_count);
     }
     if t.dpad == 16
         && p.seqlen < 2 * CHUNK_MIN_LEN
         && p.batch * cdiv(p.dim, t.threads / t.nsplit) < sm_count
     {
-        return Ok(small_grid_tiles(t));
+        return small_grid_tiles(t);
     }
-    Ok(t)
+    t
 }
 
-pub fn plan(p: &Problem, sm_count: i64) -> Plan {
-    let t = match forward_tiles(p, sm_count) {
-        Ok(t) => t,
-        Err(_) => tiles(p.dstate), // forward() reports a bad override before planning
+/// The forward's tiles: the override when set (an error if it does not fit this dstate), else
+/// `default_tiles`.
+fn forward_tiles(p: &Problem, sm_count: i64) -> Result<Tiles> {
+    let Some(o) = tiles_override() else {
+        return Ok(default_tiles(p, sm_count));
     };
-    plan_with(p, t, sm_count)
+    let o = o.as_ref().map_err(|e| value_err(e.clone()))?;
+    let t = tiles(p.dstate);
+    if !override_fits(o, t.dpad) {
+        return Err(value_err(format!(
+            "FLASHSCAN_SCAN_TILES {o:?} does not fit dstate {} (padded {})",
+            p.dstate, t.dpad
+        )));
+    }
+    Ok(Tiles {
+        nsplit: o[0],
+        tile: o[1],
+        threads: o[2],
+        min_blocks: o[3],
+        ..t
+    })
+}
+
+/// The plan without an override (what `forward` runs when `FLASHSCAN_SCAN_TILES` is unset).
+pub fn plan(p: &Problem, sm_count: i64) -> Plan {
+    plan_with(p, default_tiles(p, sm_count), sm_count)
 }
 
 fn plan_with(p: &Problem, t: Tiles, sm_count: i64) -> Plan {

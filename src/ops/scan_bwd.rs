@@ -362,15 +362,10 @@ pub struct BwdPlan {
     pub ck_floats: i64,
 }
 
-/// A tuning override of the backward's tiles, `FLASHSCAN_SCAN_BWD_TILES=nsplit,tile,threads,
-/// min_blocks` (read once; for sweeps on a GPU, not a user setting): None when unset.
-fn tiles_override() -> &'static Option<std::result::Result<[i64; 4], String>> {
-    static O: std::sync::OnceLock<Option<std::result::Result<[i64; 4], String>>> =
-        std::sync::OnceLock::new();
-    O.get_or_init(|| {
-        let v = std::env::var("FLASHSCAN_SCAN_BWD_TILES").ok()?;
-        Some(scan::parse_tiles(&v))
-    })
+/// `FLASHSCAN_SCAN_BWD_TILES`: the backward's tuning override (`scan::TileOverride`).
+fn tiles_override() -> &'static scan::TileOverride {
+    static O: std::sync::OnceLock<scan::TileOverride> = std::sync::OnceLock::new();
+    O.get_or_init(|| scan::tiles_from_env("FLASHSCAN_SCAN_BWD_TILES"))
 }
 
 /// Whether an override's tiles satisfy the backward kernel's static asserts for a padded dstate.
@@ -393,13 +388,18 @@ fn override_fits(o: &[i64; 4], dpad: i64) -> bool {
 /// blocks) 72.1 vs 51.4, so not there.
 fn small_grid_tiles(p: &Problem, sm_count: i64) -> BwdTiles {
     let t = tiles(p.dstate);
-    let wide = BwdTiles { nsplit: 16, ..t };
+    let wide = wide_tiles(t);
     let blocks = p.batch * cdiv(p.dim, wide.threads / wide.nsplit);
     if t.dpad == 16 && p.seqlen <= 64 && blocks <= sm_count {
         wide
     } else {
         t
     }
+}
+
+/// `tiles` with 16 lanes a channel (one state a lane at dstate 16): `small_grid_tiles`' choice.
+fn wide_tiles(t: BwdTiles) -> BwdTiles {
+    BwdTiles { nsplit: 16, ..t }
 }
 
 /// The backward's tiles: the override when set (an error if it does not fit this dstate), else
@@ -502,10 +502,7 @@ pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
         .iter()
         .map(|&d| tiles(d))
         .collect();
-    all.push(BwdTiles {
-        nsplit: 16,
-        ..tiles(16)
-    }); // small_grid_tiles
+    all.push(wide_tiles(tiles(16))); // small_grid_tiles' choice
     for t in all {
         for in_dt in [DType::F16, DType::BF16, DType::F32] {
             let bcs: &[DType] = if in_dt == DType::F32 {
