@@ -2,6 +2,8 @@
 // stays on cuda/ssd.cu). Same math and decomposition as cuda/ssd.cu (read its header first); what
 // changes is where each product is formed and how operands reach the tensor cores:
 //
+//   p. ssd2_chunk_prep   chunk_prologue (dt', cum, seg) once per (batch, head, chunk) into scratch records
+//                        (the host's stream-ordered scratch) that 1 and 3 load by cp.async
 //   0. ssd2_chunk_cb     CB[b, c, g, l, s] = C_l . B_s, once per (batch, chunk, GROUP) instead of once
 //                        per head and row block: fp32 workspace (batch, nchunks, ngroups, kQ, kQ), only
 //                        the 64 x 64 blocks with s-block <= l-block are written (the others are never
@@ -39,8 +41,10 @@
 //   ssd2_chunk_state grid (nchunks, ceil(headdim/64) * ceil(dstate/128), batch * nheads); warp tile
 //                    16 p x 128 n, acc[16][4]; K = the chunk's positions, 32 per step, 2 stages
 //   ssd2_state_passing grid (batch * nheads), 256 threads x 4 elements per 1024-element block
+//   ssd2_chunk_prep  grid (nchunks, batch * nheads); warp 0 scans the chunk, all four warps store
 //   ssd2_chunk_scan  grid (nchunks * kQ / 64, ceil(headdim/64), batch * nheads); warp tile 16 l x 64 p,
-//                    acc[8][4]; C.H^T 64 states per step, then the (i + 1) source blocks of l-block i
+//                    acc[8][4]; C.H^T 64 states per step (two stages), then the (i + 1) source blocks
+//                    of l-block i (those below the diagonal unmasked when there is no seq_idx)
 //
 // NVRTC 13.2 (2026-11-23, CPU only): sm_90a / sm_80 registers cb 96-123, state 132 / 134, pass 48,
 // scan <= 128 (__launch_bounds__(128, 4): sm_80 took 166 without it); no stack or local bytes; static
@@ -62,23 +66,32 @@
 //                      is ~0.35 ms; the 2x target likely needs the state passing fused into the chunk
 //                      states (the fp32 states written and read once less).
 //
+// MEASURED 2026-11-27 (H100, same lease, tools-style profile of b8 L2048 as above): after ncu showed
+// the scan issuing 329 M warp instructions (integer index arithmetic of the tile loads and the
+// epilogue, the 12-instruction masked W element, a 20% barrier stall behind the one-warp prologue):
+// tile loads with per-thread bases, the epilogue's D and row pointers hoisted, W = CB 2^(cl2 - lw)
+// unmasked below the diagonal, the prologue once per chunk (prep) and a two-stage C.H^T:
+// chunk_scan 908 -> 515 us (203 M instructions), chunk_state 241 -> 167 us, prep 24.5 us; forward
+// 1248 -> 823 us of kernels, against Triton's 740 (its chunk_scan 464, chunk_state 162).
+//
 // Compile-time constants (host prelude): FS_DTYPE (0 fp16, 1 bf16), FS_CHUNK (64, 128 or 256).
 
 #include "common/ssd.cuh"
 
 static_assert(DT != 2, "ssd_fwd2 covers fp16 / bf16; fp32 data uses cuda/ssd.cu");
 
-// The default path's parameter block plus this path's workspace and alignment flags (sizeof 520).
+// The default path's parameter block plus this path's workspaces and alignment flags (sizeof 528).
 struct Ssd2Params {
     SsdParams p;
-    float* cb;  // (batch, nchunks, ngroups, kQ, kQ) fp32 workspace: C_l . B_s
+    float* cb;    // (batch, nchunks, ngroups, kQ, kQ) fp32 workspace: C_l . B_s
+    float* prep;  // (batch * nheads, nchunks, 3, kQ) 4-byte words: ssd2_chunk_prep's records
     // 1: every row of the tensor starts 16-byte aligned and its last dimension is a multiple of 8
     // (cp.async / vector path); 0: element loads and stores
     int vec_x, vec_bc, vec_z, vec_out;
     int vec_states;  // 1: the states workspace starts 16-byte aligned
     int pad_;
 };
-static_assert(sizeof(Ssd2Params) == 520, "Ssd2Params layout changed: update the host mirror");
+static_assert(sizeof(Ssd2Params) == 528, "Ssd2Params layout changed: update the host mirror");
 
 constexpr int kRows = 64;       // rows of every CTA tile (4 warps x 16)
 constexpr int kLd32 = 32 + 8;   // row pitch (elements) of a 32-wide 16-bit tile: 80 bytes
@@ -93,12 +106,23 @@ constexpr int kPairs = kNb * (kNb + 1) / 2;
 template <int kR, int kC, int kLd>
 __device__ __forceinline__ void load_tile(u16* s, const u16* g, i64 stride, int valid_rows, int valid_cols, bool vec) {
     if (vec) {
-        constexpr int kPerRow = kC / 8;
+        // thread t copies chunk (t % kPerRow) of rows t / kPerRow + kRowStep k: its column, source
+        // pointer and shared address are set once, each pass adds a constant (ncu 2026-11-27: the
+        // per-chunk 64-bit index arithmetic of a strided loop cost ~120 instructions per warp per
+        // 64 x 64 tile, a quarter of ssd2_chunk_scan's instructions with the epilogue's)
+        constexpr int kPerRow = kC / 8;  // 16-byte chunks per row
+        static_assert(kThreads % kPerRow == 0 && (kR * kPerRow) % kThreads == 0, "tile / thread shape");
+        constexpr int kRowStep = kThreads / kPerRow, kPasses = kR * kPerRow / kThreads;
+        const int r0 = threadIdx.x / kPerRow, c8 = (threadIdx.x % kPerRow) * 8;
+        const bool col_ok = c8 < valid_cols;
+        const u16* src = g + r0 * stride + c8;
+        const i64 step = kRowStep * stride;
+        const u32 dst = smem_u32(s + r0 * kLd + c8);
 #pragma unroll
-        for (int i = threadIdx.x; i < kR * kPerRow; i += kThreads) {
-            const int r = i / kPerRow, c8 = (i % kPerRow) * 8;
-            const bool ok = r < valid_rows && c8 < valid_cols;
-            cp_async16(smem_u32(s + r * kLd + c8), ok ? g + r * stride + c8 : g, ok);
+        for (int k = 0; k < kPasses; ++k) {
+            const bool ok = col_ok && r0 + k * kRowStep < valid_rows;
+            cp_async16(dst + k * kRowStep * kLd * 2, ok ? src : g, ok);
+            src += step;
         }
     } else {
         for (int i = threadIdx.x; i < kR * kC; i += kThreads) {
@@ -126,6 +150,57 @@ __device__ __forceinline__ void mma_row(float (&acc)[NT][4], const u32 (&a)[4], 
         if constexpr (kTransB) ldsm_x4_trans(bf, b_addr + np * b_step);
         else ldsm_x4(bf, b_addr + np * b_step);
         mma16_x2<DT>(acc[2 * np], acc[2 * np + 1], a, bf);
+    }
+}
+
+// W[l, s] = CB[l, s] exp(cum_l - cum_s) dt'_s [s <= l, seg_s == seg_l, l < len], formed as
+// CB 2^(cl2_l - lw_s) with cl2_l = cum_l log2 e and lw_s = cum_s log2 e - log2 dt'_s (+inf where
+// dt'_s = 0, so W = 0): one FADD, MUFU and FMUL an element (ssd2_chunk_scan; ssd2_chunk_state's w_s alike).
+// to_log2_weights turns chunk_prologue's s_dt into lw in place, each thread its own positions
+// s = threadIdx.x + kThreads k (a later barrier publishes it to the others); ssd2_chunk_prep
+// writes the same formula into its records.
+__device__ __forceinline__ void to_log2_weights(float* s_dt, const float* s_cum) {
+    for (int s = threadIdx.x; s < kQ; s += kThreads) {
+        const float d = s_dt[s];
+        s_dt[s] = d > 0.f ? s_cum[s] * kLog2e - lg2(d) : pos_inf();
+    }
+}
+
+// ---- prep: the chunk prologue once per (batch, head, chunk) ---------------------------------------
+// chunk_prologue's dt', cum and seg of one chunk, for ssd2_chunk_state and ssd2_chunk_scan, which
+// ran it themselves before (one warp working while three waited at the barrier: 20% of the scan's
+// stall samples on the H100, 2026-11-27, and four times per chunk at chunk 256). Record of
+// (bh, c) at prep + (bh * nchunks + c) * 3 kQ: [0, kQ) lw = cum log2 e - log2 dt' (+inf where
+// dt' = 0: a weight 2^(x - lw) of 0), [kQ, 2 kQ) cum, [2 kQ, 3 kQ) seg (int bits).
+// Grid (nchunks, batch * nheads), 128 threads: warp 0 scans, all four store (coalesced). H100
+// b8 L2048 80 heads chunk 256: 24.5 us; a warp per chunk storing its lanes' own 8 positions took
+// 40.4 (uncoalesced stores).
+extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_prep(const Ssd2Params q) {
+    const SsdParams& p = q.p;
+    __shared__ float s_dt[kQ], s_cum[kQ];
+    __shared__ int s_seg[kQ];
+    const i64 bh = blockIdx.y, b = bh / p.nheads, h = bh % p.nheads, c = blockIdx.x;
+    const i64 c0 = c * kQ;
+    const int len = (int)min((i64)kQ, p.seqlen - c0);
+    chunk_prologue(p, b, h, c0, len, s_dt, s_cum, s_seg);
+    to_log2_weights(s_dt, s_cum);  // the same positions per thread as the stores below
+    float* out = q.prep + (bh * p.nchunks + c) * 3 * kQ;
+    for (int s = threadIdx.x; s < kQ; s += kThreads) {
+        out[s] = s_dt[s];
+        out[kQ + s] = s_cum[s];
+        out[2 * kQ + s] = __int_as_float(s_seg[s]);
+    }
+}
+
+// The (bh, c) prep record into shared memory (16-byte aligned arrays of kQ words) by cp.async;
+// the caller commits and waits.
+__device__ __forceinline__ void load_prep(const Ssd2Params& q, i64 bh, i64 c, float* s_lw, float* s_cum, int* s_seg) {
+    const float* src = q.prep + (bh * q.p.nchunks + c) * 3 * kQ;
+    constexpr int kPer = kQ / 4;  // 16-byte chunks per array
+    for (int i = threadIdx.x; i < 3 * kPer; i += kThreads) {
+        const int a = i / kPer, o = (i % kPer) * 4;
+        float* dst = a == 0 ? s_lw : a == 1 ? s_cum : (float*)s_seg;
+        cp_async16(smem_u32(dst + o), src + a * kQ + o, true);
     }
 }
 
@@ -187,9 +262,10 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_cb(const Ssd2P
 // ---- 1. chunk states --------------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ssd2Params q) {
     const SsdParams& p = q.p;
-    __shared__ float s_dt[kQ], s_cum[kQ];
+    __shared__ __align__(16) float s_lw[kQ];  // the prep record (ssd2_chunk_prep)
+    __shared__ __align__(16) float s_cum[kQ];
+    __shared__ __align__(16) int s_seg[kQ];
     __shared__ __align__(8) float s_w[kQ];
-    __shared__ int s_seg[kQ];
     __shared__ __align__(16) u16 s_x[2][32 * kLd64];   // positions s x channels p
     __shared__ __align__(16) u16 s_b[2][32 * kLd128];  // positions s x states n
 
@@ -207,12 +283,16 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ss
         load_tile<32, 128, kLd128>(s_b[st], gb + 32 * k * p.B_s[1], p.B_s[1], len - 32 * k, ds, q.vec_bc);
         cp_async_commit();
     };
-    load(0, 0);  // in flight while the prologue runs
-    chunk_prologue(p, b, h, c0, len, s_dt, s_cum, s_seg);
-    const float cum_end = s_cum[len - 1];
+    load_prep(q, blockIdx.z, c, s_lw, s_cum, s_seg);
+    cp_async_commit();
+    load(0, 0);  // in flight while the weights are formed
+    cp_async_wait<1>();
+    __syncthreads();
+    const float cum_end = s_cum[len - 1], cl2_end = cum_end * kLog2e;
     const int seg_end = s_seg[len - 1];
+    // w_s = exp(cum_end - cum_s) dt'_s on the last position's sequence, as 2^(cl2_end - lw_s)
     for (int s = threadIdx.x; s < kQ; s += kThreads)
-        s_w[s] = s < len && s_seg[s] == seg_end ? ex(cum_end - s_cum[s]) * s_dt[s] : 0.f;
+        s_w[s] = s < len && s_seg[s] == seg_end ? ex2(cl2_end - s_lw[s]) : 0.f;
     // (the first __syncthreads of the loop publishes s_w)
 
     const int lane = threadIdx.x & 31, w16 = 16 * (threadIdx.x >> 5), t2 = 2 * (lane & 3);
@@ -341,14 +421,16 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd2_state_passing(co
 }
 
 // ---- 3. chunk outputs -------------------------------------------------------------------------------
-// acc += W x for one 64 x 64 source block starting at position s0: W[l, s] = CB[l, s]
-// exp(cum_l - cum_s) dt'_s [s <= l, seg_s == seg_l, l < len] built in the accumulator layout
-// (cbv[jn][e]: row r0 + 8 (e >> 1), column 8 jn + t2 + (e & 1)), which is the A layout of the next
-// mma: the A fragment of k16 block kk from n8 tiles 2 kk, 2 kk + 1, built just before its mma (so
-// cbv dies as it is used). xb: the x tile's (.trans B operand) lane address in shared memory.
+// acc += W x for one 64 x 64 source block starting at position s0, W built in the accumulator
+// layout (cbv[jn][e]: row r0 + 8 (e >> 1), column 8 jn + t2 + (e & 1)), which is the A layout of the
+// next mma: the A fragment of k16 block kk from n8 tiles 2 kk, 2 kk + 1, built just before its mma
+// (so cbv dies as it is used). xb: the x tile's (.trans B operand) lane address in shared memory.
+// kMasked = false: a block strictly below the diagonal of a call without seq_idx, where every mask
+// term holds (s < l; one segment; rows l >= len are never stored and their CB rows are finite).
+template <bool kMasked>
 __device__ __forceinline__ void accumulate_wx(float (&acc)[8][4], const float (&cbv)[8][4], int s0, const int (&l_of)[2],
-                                              const float (&cum_l)[2], const int (&seg_l)[2], int len,
-                                              const float* s_cum, const float* s_dt, const int* s_seg, u32 xb) {
+                                              const float (&cl2)[2], const int (&seg_l)[2], int len, const float* s_lw,
+                                              const int* s_seg, u32 xb) {
     const int t2 = 2 * (threadIdx.x & 3);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
@@ -356,14 +438,19 @@ __device__ __forceinline__ void accumulate_wx(float (&acc)[8][4], const float (&
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
             const int jn = 2 * kk + u, s = s0 + 8 * jn + t2;  // s even: 8-byte reads
-            const float2 cum_s = *(const float2*)(s_cum + s), dt_s = *(const float2*)(s_dt + s);
-            const int2 seg_s = *(const int2*)(s_seg + s);
+            const float2 lw = *(const float2*)(s_lw + s);
+            int2 seg_s = make_int2(0, 0);
+            if constexpr (kMasked) seg_s = *(const int2*)(s_seg + s);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int hh = e >> 1, l = l_of[hh], odd = e & 1;
-                const float cs = odd ? cum_s.y : cum_s.x, ds_ = odd ? dt_s.y : dt_s.x;
-                const int sg = odd ? seg_s.y : seg_s.x;
-                wv[u][e] = s + odd <= l && l < len && sg == seg_l[hh] ? cbv[jn][e] * ex(cum_l[hh] - cs) * ds_ : 0.f;
+                const int hh = e >> 1, odd = e & 1;
+                const float w = cbv[jn][e] * ex2(cl2[hh] - (odd ? lw.y : lw.x));
+                if constexpr (kMasked) {
+                    const int l = l_of[hh];
+                    wv[u][e] = s + odd <= l && l < len && (odd ? seg_s.y : seg_s.x) == seg_l[hh] ? w : 0.f;
+                } else {
+                    wv[u][e] = w;
+                }
             }
         }
         u32 a[4];
@@ -374,36 +461,41 @@ __device__ __forceinline__ void accumulate_wx(float (&acc)[8][4], const float (&
 
 // The output tile: rows r0, r0 + 8 of positions t0 + r (r < rows), channels p0 + col (col < hd):
 // acc + D x (x of row r from xd, the diagonal block's x tile), times silu(z) (z tile zt), stored.
+// D is read once per column and each row's output pointer formed once (per element they were most
+// of the epilogue's instructions).
 __device__ __forceinline__ void store_y(const Ssd2Params& q, const float (&acc)[8][4], const u16* xd, const u16* zt,
                                        i64 b, i64 h, i64 t0, int rows, int p0, int hd, int r0, int t2) {
     const SsdParams& p = q.p;
-    const i64 o_row = b * p.out_s[0] + h * p.out_s[2] + p0;
+    float dv[8][2];
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int col = 8 * jn + t2 + u;
+            dv[jn][u] = p.has_D && col < hd ? ld_any(p.D, h * p.D_s[0] + (p0 + col) * p.D_s[1], p.D_dtype) : 0.f;
+        }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         const int r = r0 + 8 * hh;
         if (r >= rows) continue;
-        const i64 t = t0 + r;
+        const i64 orow = b * p.out_s[0] + (t0 + r) * p.out_s[1] + h * p.out_s[2] + p0;
+        u16* const o16 = (u16*)p.out + orow;
 #pragma unroll
         for (int jn = 0; jn < 8; ++jn) {
             const int col = 8 * jn + t2;
             if (col >= hd) continue;
-            float v0 = acc[jn][2 * hh], v1 = acc[jn][2 * hh + 1];
-            if (p.has_D) {
-                const float2 xv = unpack2<DT>(*(const u32*)(xd + r * kLd64 + col));
-                v0 += ld_any(p.D, h * p.D_s[0] + (p0 + col) * p.D_s[1], p.D_dtype) * xv.x;
-                if (col + 1 < hd) v1 += ld_any(p.D, h * p.D_s[0] + (p0 + col + 1) * p.D_s[1], p.D_dtype) * xv.y;
-            }
+            const float2 xv = unpack2<DT>(*(const u32*)(xd + r * kLd64 + col));
+            float v0 = acc[jn][2 * hh] + dv[jn][0] * xv.x, v1 = acc[jn][2 * hh + 1] + dv[jn][1] * xv.y;
             if (p.has_z) {
                 const float2 zv = unpack2<DT>(*(const u32*)(zt + r * kLd64 + col));
                 v0 *= silu(zv.x);
                 v1 *= silu(zv.y);
             }
-            const i64 oi = o_row + t * p.out_s[1] + col;
             if (q.vec_out) {
-                *(u32*)((u16*)p.out + oi) = pack2<DT>(v0, v1);
+                *(u32*)(o16 + col) = pack2<DT>(v0, v1);
             } else {
-                st_f32<DT>(p.out, oi, v0);
-                if (col + 1 < hd) st_f32<DT>(p.out, oi + 1, v1);
+                o16[col] = f32_to_half<DT>(v0);
+                if (col + 1 < hd) o16[col + 1] = f32_to_half<DT>(v1);
             }
         }
     }
@@ -411,12 +503,12 @@ __device__ __forceinline__ void store_y(const Ssd2Params& q, const float (&acc)[
 
 extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const Ssd2Params q) {
     const SsdParams& p = q.p;
-    __shared__ __align__(8) float s_dt[kQ];
-    __shared__ __align__(8) float s_cum[kQ];
-    __shared__ __align__(8) int s_seg[kQ];
+    __shared__ __align__(16) float s_lw[kQ];  // the prep record (ssd2_chunk_prep)
+    __shared__ __align__(16) float s_cum[kQ];
+    __shared__ __align__(16) int s_seg[kQ];
     __shared__ __align__(16) u16 s_x[2][kRows * kLd64];  // source positions s x channels p
     __shared__ __align__(16) u16 s_c[kRows * kLd64];     // positions l x states n; then z (l x p)
-    __shared__ __align__(16) u16 s_h[kRows * kLd64];     // channels p x states n (H_c, rounded)
+    __shared__ __align__(16) u16 s_h[2][kRows * kLd64];  // channels p x states n (H_c, rounded)
 
     const i64 b = blockIdx.z / p.nheads, h = blockIdx.z % p.nheads;
     const int c = blockIdx.x / kNb, i = blockIdx.x % kNb, m0 = i * kRows, p0 = blockIdx.y * 64;
@@ -430,8 +522,23 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
         load_tile<kRows, 64, kLd64>(s_x[st], gx + (i64)j * kRows * p.x_s[1], p.x_s[1], len - j * kRows, hd, q.vec_x);
         cp_async_commit();
     };
-    load_x(0, 0);  // in flight while the prologue and C.H^T run
-    chunk_prologue(p, b, h, c0, len, s_dt, s_cum, s_seg);
+    load_prep(q, blockIdx.z, c, s_lw, s_cum, s_seg);
+    load_x(0, 0);  // one group with the prep record, in flight while C.H^T runs
+
+    // C.H^T operands, 64 states a step, two stages: (C, H) into (s_c, s_h[0]) and (s_x[1], s_h[1]),
+    // s_x[1] being free until the W x loop; the first step in flight during the prologue
+    const bool has_h = c > 0 || p.has_init;
+    const u16* gc = (const u16*)p.C + b * p.C_s[0] + (c0 + m0) * p.C_s[1] + g * p.C_s[2];
+    // H_c in x's dtype, packed at the start of chunk c's fp32 slot by ssd2_state_passing
+    const u16* gh =
+        (const u16*)(p.states + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate) + (i64)p0 * ds;
+    const bool h_vec = q.vec_states && (ds & 7) == 0;
+    auto load_ch = [&](int n0, int st) {
+        load_tile<kRows, 64, kLd64>(st ? s_x[1] : s_c, gc + n0, p.C_s[1], len - m0, ds - n0, q.vec_bc);
+        load_tile<kRows, 64, kLd64>(s_h[st], gh + n0, ds, hd, ds - n0, h_vec);
+        cp_async_commit();
+    };
+    if (has_h) load_ch(0, 0);
 
     const int lane = threadIdx.x & 31, w16 = 16 * (threadIdx.x >> 5), t2 = 2 * (lane & 3);
     const int r0 = w16 + (lane >> 2);  // this thread's rows r0, r0 + 8 of the tile
@@ -439,27 +546,25 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
     clear(acc);
 
     // y_l += [seg_l == 0] exp(cum_l) C_l . H_c (skipped when H_c is 0: first chunk, no initial states)
-    if (c > 0 || p.has_init) {
-        const u16* gc = (const u16*)p.C + b * p.C_s[0] + (c0 + m0) * p.C_s[1] + g * p.C_s[2];
-        // H_c in x's dtype, packed at the start of chunk c's fp32 slot by ssd2_state_passing
-        const u16* gh = (const u16*)(p.states + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate) +
-                        (i64)p0 * ds;
-        const bool h_vec = q.vec_states && (ds & 7) == 0;
-        for (int n0 = 0; n0 < ds; n0 += 64) {
-            load_tile<kRows, 64, kLd64>(s_c, gc + n0, p.C_s[1], len - m0, ds - n0, q.vec_bc);
-            load_tile<kRows, 64, kLd64>(s_h, gh + n0, ds, hd, ds - n0, h_vec);
-            cp_async_commit();
-            cp_async_wait<0>();
+    if (has_h) {
+        const int nsteps = (ds + 63) / 64;
+        for (int k = 0; k < nsteps; ++k) {
+            if (k + 1 < nsteps) {
+                load_ch(64 * (k + 1), (k + 1) & 1);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
             __syncthreads();
-            const u32 a_base = smem_u32(s_c + w16 * kLd64 + lane_a(lane, kLd64));
-            const u32 b_base = smem_u32(s_h + lane_bn(lane, kLd64));
+            const u32 a_base = smem_u32(((k & 1) ? s_x[1] : s_c) + w16 * kLd64 + lane_a(lane, kLd64));
+            const u32 b_base = smem_u32(s_h[k & 1] + lane_bn(lane, kLd64));
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
                 u32 a[4];
                 ldsm_x4(a, a_base + kk * 32);
                 mma_row<8, false>(acc, a, b_base + kk * 32, 16 * kLd64 * 2);
             }
-            __syncthreads();
+            __syncthreads();  // the stage is refilled two steps on (or by z / x after the loop)
         }
         // the row factor [seg_l == 0] exp(cum_l), rows r0 and r0 + 8
 #pragma unroll
@@ -475,14 +580,18 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
     }
 
     // y_l += sum_{s <= l} W[l, s] x_s, W = CB[l, s] exp(cum_l - cum_s) dt'_s on the same sequence
+    if (!has_h) {  // the prep record's group (with x's first tile) is not waited on yet
+        cp_async_wait<0>();
+        __syncthreads();
+    }
     const float* cbp = q.cb + (((b * p.nchunks + c) * p.ngroups + g) * kQ + m0 + r0) * kQ + t2;
-    float cum_l[2];
+    float cl2[2];
     int seg_l[2], l_of[2];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         l_of[hh] = m0 + r0 + 8 * hh;
         const int lc = min(l_of[hh], len - 1);
-        cum_l[hh] = s_cum[lc];
+        cl2[hh] = s_cum[lc] * kLog2e;
         seg_l[hh] = s_seg[lc];
     }
     // z (rows l x channels p) into s_c, free after C.H^T (its loop ended with __syncthreads): in
@@ -493,6 +602,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
         cp_async_commit();
     }
     const u32 xb_lane = lane_bt(lane, kLd64) * 2;
+    const bool fast = !p.has_seq;  // blocks below the diagonal skip the mask (accumulate_wx<false>)
 #pragma unroll 1
     for (int j = 0; j <= i; ++j) {
         // CB block (rows r0, r0 + 8; columns 8 jn + t2, + 1) into registers before waiting on x
@@ -512,7 +622,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
             cp_async_wait<0>();
         }
         __syncthreads();
-        accumulate_wx(acc, cbv, j * kRows, l_of, cum_l, seg_l, len, s_cum, s_dt, s_seg, smem_u32(s_x[j & 1]) + xb_lane);
+        const u32 xb = smem_u32(s_x[j & 1]) + xb_lane;
+        if (fast && j < i)
+            accumulate_wx<false>(acc, cbv, j * kRows, l_of, cl2, seg_l, len, s_lw, s_seg, xb);
+        else
+            accumulate_wx<true>(acc, cbv, j * kRows, l_of, cl2, seg_l, len, s_lw, s_seg, xb);
         if (j < i) __syncthreads();  // stage j & 1 is refilled by the next iteration's load
     }
 
@@ -557,6 +671,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan_one(co
     load_tile<kRows, 64, kLd64>(s_b, gb, p.B_s[1], len, ds, q.vec_bc);
     cp_async_commit();
     chunk_prologue(p, b, h, 0, len, s_dt, s_cum, s_seg);
+    to_log2_weights(s_dt, s_cum);  // published by the first C B^T step's barrier
 
     const int lane = threadIdx.x & 31, w16 = 16 * (threadIdx.x >> 5), t2 = 2 * (lane & 3);
     const int r0 = w16 + (lane >> 2);
@@ -581,17 +696,17 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan_one(co
         if (n0 + 64 < ds) __syncthreads();
     }
 
-    float cum_l[2];
+    float cl2[2];
     int seg_l[2], l_of[2];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         l_of[hh] = r0 + 8 * hh;
         const int lc = min(l_of[hh], len - 1);
-        cum_l[hh] = s_cum[lc];
+        cl2[hh] = s_cum[lc] * kLog2e;
         seg_l[hh] = s_seg[lc];
     }
     float acc[8][4];
     clear(acc);
-    accumulate_wx(acc, cbv, 0, l_of, cum_l, seg_l, len, s_cum, s_dt, s_seg, smem_u32(s_x) + lane_bt(lane, kLd64) * 2);
+    accumulate_wx<true>(acc, cbv, 0, l_of, cl2, seg_l, len, s_dt, s_seg, smem_u32(s_x) + lane_bt(lane, kLd64) * 2);
     store_y(q, acc, s_x, s_z, b, h, 0, len, p0, hd, r0, t2);
 }

@@ -244,6 +244,48 @@ def test_forward_one_block_fused_cb(
         rule.check(fin, torch.from_numpy(ref_h), base_h, atol=1e-5, name="final_states")
 
 
+@pytest.mark.parametrize("seq", [False, True])
+@pytest.mark.parametrize("L", [100, 300])
+def test_forward_chunked_reads_prep_records(
+    L: int, seq: bool, rule: Any, poison: Any, fwd_path: str
+) -> None:
+    """Past one 64-row block the second path runs ssd2_chunk_prep once per (batch, head, chunk)
+    and the scan (and, with several chunks, the state kernels) read its records instead of
+    forming the prologue themselves: the kernel names of one warm call, and its output, for one
+    chunk (no carried state: the scan waits on the record itself) and three, with seq_idx cuts
+    (masked blocks) and without (blocks below the diagonal unmasked)."""
+    a = ssd_inputs(2, L, 3, 64, 1, 48, torch.bfloat16, D2=True, init=False)
+    kw: dict[str, Any] = dict(chunk_size=128, dt_softplus=True)
+    if seq:
+        seq_idx = torch.zeros(2, L, dtype=torch.int32, device="cuda")
+        seq_idx[0, L // 3 :] = 1
+        seq_idx[0, L // 2 :] = 2
+        kw["seq_idx"] = seq_idx
+    poison(2 * L * 3 * 64 * 2, 2 * 3 * 64 * 48 * 4)
+    flashscan.mamba_chunk_scan_combined(**a, **kw)  # compiled and warm
+    res: Any = None
+
+    def call() -> None:
+        nonlocal res
+        res = flashscan.mamba_chunk_scan_combined(**a, **kw)
+
+    names = kernels_of(call)
+    if fwd_path == "2":
+        want = {"ssd2_chunk_prep", "ssd2_chunk_cb", "ssd2_chunk_scan"}
+        if L > 128:
+            want |= {"ssd2_chunk_state", "ssd2_state_passing"}
+        assert want <= names and "ssd2_chunk_scan_one" not in names, sorted(names)
+    ref_kw = {"seq_idx": kw["seq_idx"].cpu().numpy()} if seq else {}
+    ref_y, _ = ref64(a, 128, dt_softplus=True, **ref_kw)
+    if seq:
+        base_y, _ = baseline_packed(a, 128, kw["seq_idx"])
+    else:
+        base_y, _ = baseline_lowp(a, 128, True)
+    rule.check(
+        res, torch.from_numpy(ref_y), base_y, atol=1e-5 * max(float(np.abs(ref_y).max()), 1.0)
+    )
+
+
 @pytest.mark.parametrize("switch", [None, "2"])
 def test_fwd2_family_is_built(monkeypatch: pytest.MonkeyPatch, switch: str | None) -> None:
     """16-bit data really runs cuda/ssd_fwd2.cu, by default and under FLASHSCAN_SSD_FWD=2: its

@@ -434,12 +434,16 @@ def ssd_fwd2_cases() -> int:
     """The second SSD forward path (FLASHSCAN_SSD_FWD=2, cuda/ssd_fwd2.cu; 16-bit data): every
     chunk size, tail chunks, seq_idx, initial states, partial tiles on its cp.async path
     (headdim 40, dstate 24) and on its element path (headdim 33, dstate 20: rows not 16-byte
-    aligned)."""
+    aligned), and headdim 64 / dstate 200 (four C.H^T steps through both stages). With and without
+    seq_idx: blocks below the diagonal of a call without it skip the mask."""
     bad = 0
     os.environ["FLASHSCAN_SSD_FWD"] = "2"
     try:
-        for dtype, chunk, (p, n) in itertools.product(
-            [torch.bfloat16, torch.float16], [64, 128, 256], [(40, 24), (33, 20)]
+        for dtype, chunk, (p, n), cut in itertools.product(
+            [torch.bfloat16, torch.float16],
+            [64, 128, 256],
+            [(40, 24), (33, 20), (64, 200)],
+            [True, False],
         ):
             b, L, h, g = 2, 2 * chunk + 37, 4, 2
             x = torch.randn(b, L, h, p, device="cuda", dtype=dtype)
@@ -453,6 +457,8 @@ def ssd_fwd2_cases() -> int:
             seq_idx = (torch.arange(L, device="cuda") >= chunk + 5).to(torch.int32)[None]
             seq_idx = seq_idx.repeat(b, 1)
             kw = dict(D=D, z=z, initial_states=init, seq_idx=seq_idx, dt_softplus=True)
+            if not cut:
+                del kw["seq_idx"]
             out, fin = flashscan.mamba_chunk_scan_combined(
                 x, dt, A, B, C, chunk, **kw, return_final_states=True
             )
@@ -468,7 +474,8 @@ def ssd_fwd2_cases() -> int:
             for name, got, want in (("out", out, ref), ("final", fin, ref_fin)):
                 err = (got.float().cpu() - torch.from_numpy(want).float()).abs().max().item()
                 if not err / max(1.0, float(abs(want).max())) < 0.05:
-                    print(f"ssd fwd2 {dtype} chunk={chunk} p={p} n={n} {name}: err {err}")
+                    where = f"{dtype} chunk={chunk} p={p} n={n} seq_idx={cut}"
+                    print(f"ssd fwd2 {where} {name}: err {err}")
                     bad += 1
     finally:
         os.environ.pop("FLASHSCAN_SSD_FWD", None)

@@ -96,6 +96,53 @@ __device__ __forceinline__ void warp_mma(float (&acc)[NT][4], const FA& a, const
 __device__ __forceinline__ int acc_row(int e) { return 16 * (threadIdx.x >> 5) + ((threadIdx.x & 31) >> 2) + 8 * (e >> 1); }
 __device__ __forceinline__ int acc_col(int j, int e) { return 8 * j + 2 * (threadIdx.x & 3) + (e & 1); }
 
+// One warp's share of chunk_prologue: lane `lane` gets positions lane * kQ/32 + i (i < kQ/32) in
+// registers (dt' in d, cum in cs, seg in sg), the warp-wide prefix already added.
+__device__ __forceinline__ void warp_chunk_prologue(const SsdParams& p, i64 b, i64 h, i64 c0, int len, int lane,
+                                                    float (&d)[kQ / 32], float (&cs)[kQ / 32], int (&sg)[kQ / 32]) {
+    constexpr int kPer = kQ / 32;
+    const float A = ld_any(p.A, h * p.A_s, p.A_dtype);
+    const float bias = p.has_dt_bias ? ld_any(p.dt_bias, h * p.bias_s, p.bias_dtype) : 0.f;
+    float run = 0.f;
+    int srun = 0;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+        const int pos = lane * kPer + i;
+        float v = 0.f;
+        int start = 0;
+        if (pos < len) {
+            const i64 t = c0 + pos;
+            v = ld_any(p.dt, b * p.dt_s[0] + t * p.dt_s[1] + h * p.dt_s[2], p.dt_dtype) + bias;
+            if (p.softplus) v = softplus(v);
+            v = fminf(fmaxf(v, p.dt_min), p.dt_max);
+            if (p.has_seq) start = seq_at(p, b, t) != (t > 0 ? seq_at(p, b, t - 1) : 0);
+        }
+        d[i] = v;
+        run += v * A;
+        cs[i] = run;
+        srun += start;
+        sg[i] = srun;
+    }
+    float tot = run;
+    int stot = srun;
+#pragma unroll
+    for (int off = 1; off < 32; off *= 2) {
+        const float o = __shfl_up_sync(0xffffffffu, tot, off);
+        const int so = __shfl_up_sync(0xffffffffu, stot, off);
+        if (lane >= off) {
+            tot += o;
+            stot += so;
+        }
+    }
+    const float ex = tot - run;
+    const int sex = stot - srun;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+        cs[i] += ex;
+        sg[i] += sex;
+    }
+}
+
 // The chunk's dt', cum (inclusive cumulative sum of dt' A) and seg, positions 0..kQ-1 (those past
 // the sequence's end get dt' = 0 and repeat the last cum / seg). Warp 0: each lane scans kQ/32
 // consecutive positions, then the lanes' totals are scanned with shuffles. Ends with __syncthreads.
@@ -104,48 +151,14 @@ __device__ __forceinline__ void chunk_prologue(const SsdParams& p, i64 b, i64 h,
     constexpr int kPer = kQ / 32;
     if (threadIdx.x < 32) {
         const int lane = threadIdx.x;
-        const float A = ld_any(p.A, h * p.A_s, p.A_dtype);
-        const float bias = p.has_dt_bias ? ld_any(p.dt_bias, h * p.bias_s, p.bias_dtype) : 0.f;
         float d[kPer], cs[kPer];
         int sg[kPer];
-        float run = 0.f;
-        int srun = 0;
-#pragma unroll
-        for (int i = 0; i < kPer; ++i) {
-            const int pos = lane * kPer + i;
-            float v = 0.f;
-            int start = 0;
-            if (pos < len) {
-                const i64 t = c0 + pos;
-                v = ld_any(p.dt, b * p.dt_s[0] + t * p.dt_s[1] + h * p.dt_s[2], p.dt_dtype) + bias;
-                if (p.softplus) v = softplus(v);
-                v = fminf(fmaxf(v, p.dt_min), p.dt_max);
-                if (p.has_seq) start = seq_at(p, b, t) != (t > 0 ? seq_at(p, b, t - 1) : 0);
-            }
-            d[i] = v;
-            run += v * A;
-            cs[i] = run;
-            srun += start;
-            sg[i] = srun;
-        }
-        float tot = run;
-        int stot = srun;
-#pragma unroll
-        for (int off = 1; off < 32; off *= 2) {
-            const float o = __shfl_up_sync(0xffffffffu, tot, off);
-            const int so = __shfl_up_sync(0xffffffffu, stot, off);
-            if (lane >= off) {
-                tot += o;
-                stot += so;
-            }
-        }
-        const float ex = tot - run;
-        const int sex = stot - srun;
+        warp_chunk_prologue(p, b, h, c0, len, lane, d, cs, sg);
 #pragma unroll
         for (int i = 0; i < kPer; ++i) {
             s_dt[lane * kPer + i] = d[i];
-            s_cum[lane * kPer + i] = cs[i] + ex;
-            s_seg[lane * kPer + i] = sg[i] + sex;
+            s_cum[lane * kPer + i] = cs[i];
+            s_seg[lane * kPer + i] = sg[i];
         }
     }
     __syncthreads();

@@ -18,6 +18,9 @@ pub const ENTRY2_CB: &str = "ssd2_chunk_cb";
 pub const ENTRY2_STATE: &str = "ssd2_chunk_state";
 pub const ENTRY2_PASS: &str = "ssd2_state_passing";
 pub const ENTRY2_SCAN: &str = "ssd2_chunk_scan";
+/// chunk_prologue (dt', cum, seg) once per (batch, head, chunk) into a scratch record that
+/// ssd2_chunk_state and ssd2_chunk_scan load (every launch but `one_block`'s).
+pub const ENTRY2_PREP: &str = "ssd2_chunk_prep";
 /// ssd2_chunk_cb + ssd2_chunk_scan in one kernel for a single block of <= 64 positions
 /// (`one_block`).
 pub const ENTRY2_SCAN_ONE: &str = "ssd2_chunk_scan_one";
@@ -91,12 +94,14 @@ pub struct SsdParams {
 
 const _: () = assert!(std::mem::size_of::<SsdParams>() == 488);
 
-/// Mirrors `struct Ssd2Params` in cuda/ssd_fwd2.cu (520 bytes).
+/// Mirrors `struct Ssd2Params` in cuda/ssd_fwd2.cu (528 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Ssd2Params {
     pub p: SsdParams,
     pub cb: u64,
+    /// stream-ordered scratch of `prep_bytes` for ssd2_chunk_prep's records (set by `launch2`)
+    pub prep: u64,
     pub vec_x: i32,
     pub vec_bc: i32,
     pub vec_z: i32,
@@ -105,7 +110,7 @@ pub struct Ssd2Params {
     pub pad_: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<Ssd2Params>() == 520);
+const _: () = assert!(std::mem::size_of::<Ssd2Params>() == 528);
 
 /// The inputs and options of a call, shared by the forward and the backward (`ops::ssd_bwd`).
 pub struct SsdInputs<'a> {
@@ -393,6 +398,7 @@ pub fn all_specs2(arch: i64) -> Vec<KernelSpec> {
     for chunk in CHUNKS {
         for dtype in [0, 1] {
             for entry in [
+                ENTRY2_PREP,
                 ENTRY2_CB,
                 ENTRY2_STATE,
                 ENTRY2_PASS,
@@ -540,6 +546,7 @@ pub fn forward(a: &SsdArgs, stream: StreamChoice) -> Result<()> {
     let device = common_cuda_device(&named)?;
     let rt = runtime().map_err(Error::Unavailable)?;
     let dev = rt.device(device)?;
+    let _bound = dev.bind()?; // current for the second path's scratch (declared before it)
     let arch = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
     let dtype = inp.x.dtype.kernel_code()?;
     let mut params = params(inp, &p)?;
@@ -558,6 +565,7 @@ pub fn forward(a: &SsdArgs, stream: StreamChoice) -> Result<()> {
         let q = Ssd2Params {
             p: params,
             cb: cb.ptr,
+            prep: 0,
             vec_x: rows16(inp.x, p.headdim),
             vec_bc: (rows16(inp.b, p.dstate) == 1 && rows16(inp.c, p.dstate) == 1) as i32,
             vec_z: inp.z.map_or(0, |z| rows16(z, p.headdim)),
@@ -616,12 +624,18 @@ fn one_block(p: &Problem, has_init: i32) -> bool {
     p.nchunks == 1 && p.seqlen <= TILE && has_init == 0
 }
 
-/// The second path's four launches: C B^T per group, chunk states (64 x 128 tiles), state
-/// passing (one CTA per (batch, head); H_c left in x's dtype over chunk c's slot), chunk outputs.
-/// A call of one chunk with neither initial nor final states skips the middle two: the scan
-/// reads no carried state in chunk 0 without initial states (the real-time shape, b32 L60: 16 of
-/// its 32 us of kernels went to them on the H100). A call of one 64-row block (`one_block`) runs
-/// C B^T and the outputs as one kernel.
+/// Bytes of ssd2_chunk_prep's records: 3 kQ 4-byte words per (batch, head, chunk).
+fn prep_bytes(p: &Problem, chunk: i64) -> usize {
+    (p.batch * p.nheads * p.nchunks * 3 * chunk * 4) as usize
+}
+
+/// The second path's launches: the chunk prologue records (scratch), C B^T per group, chunk
+/// states (64 x 128 tiles), state passing (one CTA per (batch, head); H_c left in x's dtype over
+/// chunk c's slot), chunk outputs. A call of one chunk with neither initial nor final states
+/// skips the chunk states and the state passing: the scan reads no carried state in chunk 0
+/// without initial states (the real-time shape, b32 L60: 16 of its 32 us of kernels went to them
+/// on the H100). A call of one 64-row block (`one_block`) runs C B^T and the outputs as one
+/// kernel with its own prologue; it needs the records only for the final states' kernels.
 ///
 /// # Safety
 /// `q` must describe checked tensors and workspaces (cb included) of the sizes `p` gives, on `dev`.
@@ -634,63 +648,100 @@ unsafe fn launch2(
     arch: i64,
     st: Stream,
 ) -> Result<()> {
-    let bh = grid_u32(p.batch * p.nheads, "batch * nheads")?;
-    let nchunks = grid_u32(p.nchunks, "seqlen / chunk_size")?;
-    let nb = chunk / TILE;
-    let block = (THREADS, 1, 1);
     let fused = one_block(p, q.p.has_init);
-    if !fused {
-        let k_cb = dev.kernel(&spec2(ENTRY2_CB, dtype, chunk, arch))?;
-        dev.launch(
-            &k_cb,
-            (
+    let states = needs_carried_states(p.nchunks, q.p.has_init, q.p.has_final);
+    let launch = Launch2 {
+        dev,
+        dtype,
+        chunk,
+        arch,
+        st,
+        bh: grid_u32(p.batch * p.nheads, "batch * nheads")?,
+        nchunks: grid_u32(p.nchunks, "seqlen / chunk_size")?,
+    };
+    if fused && !states {
+        // SAFETY: as the caller's; the fused kernel reads no records
+        return unsafe { launch.scan(q, p, true) };
+    }
+    let mut q = *q;
+    let mut scratch = dev.scratch(st)?;
+    q.prep = scratch.alloc(prep_bytes(p, chunk))?;
+    // SAFETY: as the caller's; ssd2_chunk_prep writes the records before the state and scan
+    // kernels read them (one stream), and they are freed after those launches.
+    let launched = (|| unsafe {
+        launch.one(ENTRY2_PREP, (launch.nchunks, launch.bh, 1), THREADS, &q)?;
+        if !fused {
+            let nb = chunk / TILE;
+            let g_cb = (
                 grid_u32(p.nchunks * (nb * (nb + 1) / 2), "seqlen / chunk_size")?,
                 grid_u32(p.ngroups, "ngroups")?,
                 grid_u32(p.batch, "batch")?,
-            ),
-            block,
-            0,
-            st,
-            q,
-        )?;
-    }
-    if needs_carried_states(p.nchunks, q.p.has_init, q.p.has_final) {
-        let k_state = dev.kernel(&spec2(ENTRY2_STATE, dtype, chunk, arch))?;
-        let k_pass = dev.kernel(&spec2(ENTRY2_PASS, dtype, chunk, arch))?;
-        let n_tiles = (p.dstate + STATE2_TILE_N - 1) / STATE2_TILE_N;
-        dev.launch(
-            &k_state,
-            (
-                nchunks,
+            );
+            launch.one(ENTRY2_CB, g_cb, THREADS, &q)?;
+        }
+        if states {
+            let n_tiles = (p.dstate + STATE2_TILE_N - 1) / STATE2_TILE_N;
+            let g_state = (
+                launch.nchunks,
                 grid_u32(tiles(p.headdim) * n_tiles, "headdim * dstate")?,
-                bh,
-            ),
-            block,
-            0,
-            st,
-            q,
-        )?;
-        // one CTA per (batch, head): it overwrites each chunk's slot with the 16-bit H in place
-        dev.launch(&k_pass, (bh, 1, 1), (PASS_THREADS as u32, 1, 1), 0, st, q)?;
+                launch.bh,
+            );
+            launch.one(ENTRY2_STATE, g_state, THREADS, &q)?;
+            // one CTA per (batch, head): it overwrites each chunk's slot with the 16-bit H in place
+            launch.one(ENTRY2_PASS, (launch.bh, 1, 1), PASS_THREADS as u32, &q)?;
+        }
+        launch.scan(&q, p, fused)
+    })();
+    scratch.free()?; // ordered after the launches on the same stream
+    launched
+}
+
+/// What every launch of one second-path call shares.
+struct Launch2<'a> {
+    dev: &'a DeviceCtx,
+    dtype: i64,
+    chunk: i64,
+    arch: i64,
+    st: Stream,
+    bh: u32,
+    nchunks: u32,
+}
+
+impl Launch2<'_> {
+    /// # Safety
+    /// `q` must describe checked tensors and workspaces for `entry`'s reads and writes.
+    unsafe fn one(
+        &self,
+        entry: &'static str,
+        grid: (u32, u32, u32),
+        threads: u32,
+        q: &Ssd2Params,
+    ) -> Result<()> {
+        let k = self
+            .dev
+            .kernel(&spec2(entry, self.dtype, self.chunk, self.arch))?;
+        // SAFETY: as the caller's
+        unsafe { self.dev.launch(&k, grid, (threads, 1, 1), 0, self.st, q) }
     }
-    let (entry, row_blocks) = if fused {
-        (ENTRY2_SCAN_ONE, 1)
-    } else {
-        (ENTRY2_SCAN, p.nchunks * nb)
-    };
-    let k_scan = dev.kernel(&spec2(entry, dtype, chunk, arch))?;
-    dev.launch(
-        &k_scan,
-        (
+
+    /// The chunk outputs: ssd2_chunk_scan, or ssd2_chunk_scan_one for a `one_block` call.
+    ///
+    /// # Safety
+    /// As `one`'s.
+    unsafe fn scan(&self, q: &Ssd2Params, p: &Problem, fused: bool) -> Result<()> {
+        let (entry, row_blocks) = if fused {
+            (ENTRY2_SCAN_ONE, 1)
+        } else {
+            (ENTRY2_SCAN, p.nchunks * (self.chunk / TILE))
+        };
+        let grid = (
             grid_u32(row_blocks, "seqlen / 64")?,
             grid_u32(tiles(p.headdim), "headdim")?,
-            bh,
-        ),
-        block,
-        0,
-        st,
-        q,
-    )
+            self.bh,
+        );
+        // SAFETY: as the caller's
+        unsafe { self.one(entry, grid, THREADS, q) }
+    }
 }
 
 #[cfg(test)]
@@ -703,8 +754,9 @@ mod tests {
         assert_eq!(s.len(), 1 + 2 * 3 * CHUNKS.len());
         assert!(s.iter().any(|k| k.entry == ENTRY_PASS));
         let s2 = all_specs2(90);
-        assert_eq!(s2.len(), 5 * 2 * CHUNKS.len());
+        assert_eq!(s2.len(), 6 * 2 * CHUNKS.len());
         assert!(s2.iter().all(|k| k.family == FAMILY2));
+        assert!(s2.iter().any(|k| k.entry == ENTRY2_PREP));
     }
 
     #[test]
