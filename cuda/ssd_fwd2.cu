@@ -41,7 +41,7 @@
 //   ssd2_chunk_state grid (nchunks, ceil(headdim/64) * ceil(dstate/128), batch * nheads); warp tile
 //                    16 p x 128 n, acc[16][4]; K = the chunk's positions, 32 per step, 2 stages
 //   ssd2_state_passing grid (batch * nheads), 256 threads x 4 elements per 1024-element block
-//   ssd2_chunk_prep  grid (nchunks, batch * nheads); warp 0 scans the chunk, all four warps store
+//   ssd2_chunk_prep  grid (nchunks, batch * nheads), one warp: it scans the chunk and stores the record
 //   ssd2_chunk_scan  grid (nchunks * kQ / 64, ceil(headdim/64), batch * nheads); warp tile 16 l x 64 p,
 //                    acc[8][4]; C.H^T 64 states per step (two stages), then the (i + 1) source blocks
 //                    of l-block i (those below the diagonal unmasked when there is no seq_idx)
@@ -72,7 +72,9 @@
 // tile loads with per-thread bases, the epilogue's D and row pointers hoisted, W = CB 2^(cl2 - lw)
 // unmasked below the diagonal, the prologue once per chunk (prep) and a two-stage C.H^T:
 // chunk_scan 908 -> 515 us (203 M instructions), chunk_state 241 -> 167 us, prep 24.5 us; forward
-// 1248 -> 823 us of kernels, against Triton's 740 (its chunk_scan 464, chunk_state 162).
+// 1248 -> 823 us of kernels, against Triton's 740 (its chunk_scan 464, chunk_state 162). Tried and
+// dropped (same lease A/B): loading the next CB block into registers during this block's W x
+// (166 registers, 3 CTAs per SM) made the scan slower, 516 -> 546 us (chunk 128: 154 -> 172).
 //
 // Compile-time constants (host prelude): FS_DTYPE (0 fp16, 1 bf16), FS_CHUNK (64, 128 or 256).
 
@@ -159,11 +161,9 @@ __device__ __forceinline__ void mma_row(float (&acc)[NT][4], const u32 (&a)[4], 
 // to_log2_weights turns chunk_prologue's s_dt into lw in place, each thread its own positions
 // s = threadIdx.x + kThreads k (a later barrier publishes it to the others); ssd2_chunk_prep
 // writes the same formula into its records.
+__device__ __forceinline__ float log2_weight(float dt, float cum) { return dt > 0.f ? cum * kLog2e - lg2(dt) : pos_inf(); }
 __device__ __forceinline__ void to_log2_weights(float* s_dt, const float* s_cum) {
-    for (int s = threadIdx.x; s < kQ; s += kThreads) {
-        const float d = s_dt[s];
-        s_dt[s] = d > 0.f ? s_cum[s] * kLog2e - lg2(d) : pos_inf();
-    }
+    for (int s = threadIdx.x; s < kQ; s += kThreads) s_dt[s] = log2_weight(s_dt[s], s_cum[s]);
 }
 
 // ---- prep: the chunk prologue once per (batch, head, chunk) ---------------------------------------
@@ -172,24 +172,32 @@ __device__ __forceinline__ void to_log2_weights(float* s_dt, const float* s_cum)
 // stall samples on the H100, 2026-11-27, and four times per chunk at chunk 256). Record of
 // (bh, c) at prep + (bh * nchunks + c) * 3 kQ: [0, kQ) lw = cum log2 e - log2 dt' (+inf where
 // dt' = 0: a weight 2^(x - lw) of 0), [kQ, 2 kQ) cum, [2 kQ, 3 kQ) seg (int bits).
-// Grid (nchunks, batch * nheads), 128 threads: warp 0 scans, all four store (coalesced). H100
-// b8 L2048 80 heads chunk 256: 24.5 us; a warp per chunk storing its lanes' own 8 positions took
-// 40.4 (uncoalesced stores).
-extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_prep(const Ssd2Params q) {
+// Grid (nchunks, batch * nheads), ONE warp a CTA (kPrepThreads): its lanes scan the chunk in
+// registers (warp_chunk_prologue), the record is staged in shared memory and stored by 16-byte
+// coalesced stores. H100 b8 L2048 80 heads chunk 256: 19.6 us; a 128-thread CTA (warp 0
+// scanning, the others idle, 16 working warps per SM) took 24.5, a warp per chunk storing its
+// lanes' own 8 positions (uncoalesced) 40.4.
+constexpr int kPrepThreads = 32;
+extern "C" __global__ void __launch_bounds__(kPrepThreads) ssd2_chunk_prep(const Ssd2Params q) {
+    constexpr int kPer = kQ / 32;
+    __shared__ __align__(16) float s_rec[3 * kQ];
     const SsdParams& p = q.p;
-    __shared__ float s_dt[kQ], s_cum[kQ];
-    __shared__ int s_seg[kQ];
     const i64 bh = blockIdx.y, b = bh / p.nheads, h = bh % p.nheads, c = blockIdx.x;
-    const i64 c0 = c * kQ;
-    const int len = (int)min((i64)kQ, p.seqlen - c0);
-    chunk_prologue(p, b, h, c0, len, s_dt, s_cum, s_seg);
-    to_log2_weights(s_dt, s_cum);  // the same positions per thread as the stores below
-    float* out = q.prep + (bh * p.nchunks + c) * 3 * kQ;
-    for (int s = threadIdx.x; s < kQ; s += kThreads) {
-        out[s] = s_dt[s];
-        out[kQ + s] = s_cum[s];
-        out[2 * kQ + s] = __int_as_float(s_seg[s]);
+    const int lane = threadIdx.x;
+    const int len = (int)min((i64)kQ, p.seqlen - c * kQ);
+    float d[kPer], cs[kPer];
+    int sg[kPer];
+    warp_chunk_prologue(p, b, h, c * kQ, len, lane, d, cs, sg);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+        const int pos = lane * kPer + i;
+        s_rec[pos] = log2_weight(d[i], cs[i]);
+        s_rec[kQ + pos] = cs[i];
+        s_rec[2 * kQ + pos] = __int_as_float(sg[i]);
     }
+    __syncwarp();
+    float4* out = (float4*)(q.prep + (bh * p.nchunks + c) * 3 * kQ);
+    for (int k = lane; k < 3 * kQ / 4; k += kPrepThreads) out[k] = ((const float4*)s_rec)[k];
 }
 
 // The (bh, c) prep record into shared memory (16-byte aligned arrays of kQ words) by cp.async;

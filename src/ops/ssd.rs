@@ -669,7 +669,8 @@ unsafe fn launch2(
     // SAFETY: as the caller's; ssd2_chunk_prep writes the records before the state and scan
     // kernels read them (one stream), and they are freed after those launches.
     let launched = (|| unsafe {
-        launch.one(ENTRY2_PREP, (launch.nchunks, launch.bh, 1), THREADS, &q)?;
+        // one warp per (batch, head, chunk): cuda/ssd_fwd2.cu kPrepThreads
+        launch.one(ENTRY2_PREP, (launch.nchunks, launch.bh, 1), 32, &q)?;
         if !fused {
             let nb = chunk / TILE;
             let g_cb = (
