@@ -3,9 +3,13 @@
 channel-last conv1d forward, from torch.profiler's CUDA activity: which launch holds the time,
 so that tuning starts where the time is. GPU only.
 
-    python tools/ssd_profile.py [--shape 2k|8k|rt] [--reps 5]
+    python tools/ssd_profile.py [--shape 2k|8k|rt|c128] [--reps 5] [--mamba-src DIR] [--fwd-only]
 
 Prints one table per measured call: kernel name, launches per call, GPU us per call, share.
+--mamba-src (a state-spaces/mamba snapshot, imported as benches/ssd.py does: triton + einops, no
+build) adds the same tables for mamba_ssm's Triton SSD in the same process, so each of our
+kernels sits beside the peer's stage it replaces; --fwd-only skips the forward+backward and
+conv1d tables (the Triton backward's first autotune takes minutes).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ SHAPES = {
     "2k": (8, 2048, 80, 64, 128, 1, 256),
     "8k": (8, 8192, 80, 64, 128, 1, 256),
     "rt": (32, 60, 8, 64, 64, 1, 256),
+    "c128": (4, 4096, 32, 64, 64, 1, 128),  # chunk 128, state 64: another register / tile budget
 }
 
 
@@ -63,10 +68,40 @@ def profile(torch: Any, name: str, fn: Callable[[], Any], reps: int) -> None:
         print(f"| `{k[:90]}` | {n:.1f} | {us:.1f} | {100 * us / total:.0f}% |")
 
 
+def profile_peer(
+    torch: Any, src: str, name: str, a: dict[str, Any], chunk: int, reps: int, fwd_only: bool
+) -> None:
+    """mamba_ssm's Triton SSD (`mamba_chunk_scan_combined` from the snapshot `src`) on the same
+    inputs: its five forward kernels (and, unless fwd_only, the forward+backward's)."""
+    from flashscan.bench.mamba_src import register_package, source_commit
+
+    register_package(src)
+    from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined as tri
+
+    label = f"mamba_ssm Triton SSD (source {source_commit(src)})"
+    profile(
+        torch, f"{label} forward {name}", lambda: tri(**a, chunk_size=chunk, dt_softplus=True), reps
+    )
+    if fwd_only:
+        return
+    leaves = {k: v.clone().requires_grad_(True) for k, v in a.items()}
+    dout = torch.randn_like(a["x"])
+
+    def step() -> Any:
+        out = tri(**leaves, chunk_size=chunk, dt_softplus=True)
+        return torch.autograd.grad(out, list(leaves.values()), dout)
+
+    profile(torch, f"{label} forward+backward {name}", step, max(2, reps // 2))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--shape", default="2k", choices=sorted(SHAPES))
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument(
+        "--mamba-src", default=None, help="a mamba source snapshot: profile its Triton SSD"
+    )
+    ap.add_argument("--fwd-only", action="store_true", help="forward tables only")
     args = ap.parse_args()
     import torch
 
@@ -75,6 +110,8 @@ def main() -> None:
     shape = SHAPES[args.shape]
     chunk = shape[-1]
     a = ssd_inputs(torch, shape, torch.bfloat16)
+    if args.mamba_src:
+        profile_peer(torch, args.mamba_src, args.shape, a, chunk, args.reps, args.fwd_only)
     for path in ("1", "2"):
         os.environ["FLASHSCAN_SSD_FWD"] = path
 
@@ -83,6 +120,8 @@ def main() -> None:
 
         profile(torch, f"SSD forward {args.shape} bf16, FLASHSCAN_SSD_FWD={path}", fwd, args.reps)
     os.environ.pop("FLASHSCAN_SSD_FWD", None)
+    if args.fwd_only:
+        return
     leaves = {k: v.clone().requires_grad_(True) for k, v in a.items()}
     dout = torch.randn_like(a["x"])
 
