@@ -1,9 +1,12 @@
 """A NumPy model of cuda/ssd_fwd2.cu (the second SSD forward path, the 16-bit default) against
-the float64 reference: the decomposition (C B^T once per GROUP into a workspace, the per-head
-decay exp(cum_l - cum_s) dt'_s and the sequence mask applied when W is built, the chunk-state
-weight w_s applied to x), the kernels' grids, tile loops, early exits and tail masks, written
-the way the kernels do them. Workspaces and the output start poisoned (NaN), so a block the
-model's kernels read but never wrote, or an output element never stored, fails the comparison.
+the float64 reference: the decomposition (the chunk prologue once per (batch, head, chunk) into
+records of log2 weights lw = cum log2 e - log2 dt' (+inf where dt' = 0), cum and seg; C B^T once
+per GROUP into a workspace; the per-head decay exp(cum_l - cum_s) dt'_s = 2^(cum_l log2 e - lw_s)
+and the sequence mask applied when W is built, the mask only on diagonal blocks or under seq_idx;
+the chunk-state weight w_s applied to x), the kernels' grids, tile loops, early exits and tail
+masks, written the way the kernels do them. Workspaces, records and the output start poisoned
+(NaN), so a block the model's kernels read but never wrote, or an output element never stored,
+fails the comparison.
 
 The arithmetic is float64 here (the kernels round operands to the input dtype: that is the GPU
 tests' business, tests/test_ssd_gpu.py); what this checks is which terms are summed where.
@@ -50,6 +53,15 @@ def _prologue(dtp: np.ndarray, A: float, seqv: np.ndarray | None, c0: int, Q: in
     return d, np.cumsum(d * A), np.cumsum(start)
 
 
+LOG2E = 1.0 / math.log(2.0)
+
+
+def _log2_weight(d: np.ndarray, cum: np.ndarray) -> np.ndarray:
+    """log2_weight: cum log2 e - log2 dt' where dt' > 0, else +inf (2^(x - inf) = 0)."""
+    with np.errstate(divide="ignore"):
+        return np.where(d > 0, cum * LOG2E - np.log2(np.where(d > 0, d, 1.0)), np.inf)
+
+
 def model_forward(
     x, dt, A, B, C, Q, D=None, z=None, dt_bias=None, init=None, seq_idx=None,
     softplus=False, limit=(0.0, math.inf),
@@ -68,6 +80,18 @@ def model_forward(
     Dfull = (
         None if D is None else (np.broadcast_to(D[:, None], (nheads, hd_all)) if D.ndim == 1 else D)
     )
+
+    # p. ssd2_chunk_prep: grid (nchunks, batch * nheads), one record (lw, cum, seg) per chunk
+    rec_lw = np.full((batch, nheads, nchunks, Q), nan)
+    rec_cum = np.full((batch, nheads, nchunks, Q), nan)
+    rec_seg = np.full((batch, nheads, nchunks, Q), -1, dtype=np.int64)
+    for b in range(batch):
+        for h in range(nheads):
+            seqv = None if seq_idx is None else seq_idx[b]
+            for c in range(nchunks):
+                length = min(Q, L - c * Q)
+                d, cum, seg = _prologue(dtp[b, :, h], A[h], seqv, c * Q, Q, length)
+                rec_lw[b, h, c], rec_cum[b, h, c], rec_seg[b, h, c] = _log2_weight(d, cum), cum, seg
 
     # 0. ssd2_chunk_cb: grid (nchunks * nb (nb + 1) / 2, ngroups, batch)
     for b in range(batch):
@@ -99,15 +123,13 @@ def model_forward(
     for b in range(batch):
         for h in range(nheads):
             g = h // hpg
-            seqv = None if seq_idx is None else seq_idx[b]
             for c in range(nchunks):
                 c0 = c * Q
                 length = min(Q, L - c0)
-                d, cum, seg = _prologue(dtp[b, :, h], A[h], seqv, c0, Q, length)
+                lw, cum, seg = rec_lw[b, h, c], rec_cum[b, h, c], rec_seg[b, h, c]
                 cum_end, seg_end = cum[length - 1], seg[length - 1]
-                w = np.where(
-                    (np.arange(Q) < length) & (seg == seg_end), np.exp(cum_end - cum) * d, 0.0
-                )
+                keep = (np.arange(Q) < length) & (seg == seg_end)
+                w = np.where(keep, np.exp2(cum_end * LOG2E - np.where(keep, lw, 0.0)), 0.0)
                 for by in range(_ceil(hd_all, 64) * ntn):
                     p0, n0 = (by // ntn) * 64, (by % ntn) * STATE_N
                     hd, dsv = hd_all - p0, ds - n0
@@ -138,14 +160,13 @@ def model_forward(
     for b in range(batch):
         for h in range(nheads):
             g = h // hpg
-            seqv = None if seq_idx is None else seq_idx[b]
             for bx in range(nchunks * nb):
                 c, i = bx // nb, bx % nb
                 m0, c0 = i * ROWS, c * Q
                 length = min(Q, L - c0)
                 if m0 >= length:
                     continue
-                d, cum, seg = _prologue(dtp[b, :, h], A[h], seqv, c0, Q, length)
+                lw, cum, seg = rec_lw[b, h, c], rec_cum[b, h, c], rec_seg[b, h, c]
                 for by in range(_ceil(hd_all, 64)):
                     p0 = by * 64
                     hd = hd_all - p0
@@ -161,13 +182,15 @@ def model_forward(
                         acc *= f[:, None]
                     ls = m0 + np.arange(ROWS)
                     lc = np.minimum(ls, length - 1)
+                    cl2 = cum[lc] * LOG2E
                     for j in range(i + 1):
                         ss = j * ROWS + np.arange(ROWS)
                         cbb = cb[b, c, g, m0 : m0 + ROWS, j * ROWS : (j + 1) * ROWS]
-                        keep = (ss[None, :] <= ls[:, None]) & (ls[:, None] < length)
-                        keep &= seg[ss][None, :] == seg[lc][:, None]
-                        decay_ls = np.exp(cum[lc][:, None] - cum[ss][None, :]) * d[ss][None, :]
-                        W = np.where(keep, cbb * np.where(keep, decay_ls, 0.0), 0.0)
+                        W = cbb * np.exp2(cl2[:, None] - lw[ss][None, :])
+                        if j == i or seq_idx is not None:  # accumulate_wx<true>: the mask
+                            keep = (ss[None, :] <= ls[:, None]) & (ls[:, None] < length)
+                            keep &= seg[ss][None, :] == seg[lc][:, None]
+                            W = np.where(keep, W, 0.0)
                         tx = _tile(x[b, :, h], c0 + j * ROWS, p0, ROWS, 64, length - j * ROWS, hd)
                         acc += W @ tx
                     # epilogue; the x of row l is the diagonal block's tile (the last one loaded)
@@ -208,21 +231,27 @@ CASES = [
 ]
 
 
+# (softplus, dt_limit): dt' in [0.01, 2], or raw dt clamped at 0 (about half the positions get
+# dt' = 0, so log2 weights of +inf: weights of 0 in blocks with and without the mask)
+DT_MODES = [(True, (0.01, 2.0)), (False, (0.0, math.inf))]
+
+
+@pytest.mark.parametrize("mode", DT_MODES, ids=["softplus", "clamped-at-0"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(str(v) for v in c))
-def test_model_matches_the_reference(case: tuple) -> None:
+def test_model_matches_the_reference(case: tuple, mode: tuple) -> None:
     Q, L, h, p, g, n, seq, init, D2 = case
+    softplus, limit = mode
     rng = np.random.default_rng(sum(case[:6]))
     x, dt, A, B, C, D, z, bias, h0, seq_idx = _case(
         rng, 2, L, h, p, g, n, seq=seq, init=init, D2=D2
     )
-    limit = (0.01, 2.0)
     out, final = model_forward(
-        x, dt, A, B, C, Q, D=D, z=z, dt_bias=bias, init=h0, seq_idx=seq_idx, softplus=True,
+        x, dt, A, B, C, Q, D=D, z=z, dt_bias=bias, init=h0, seq_idx=seq_idx, softplus=softplus,
         limit=limit,
     )  # fmt: skip
     want, want_final = ref.mamba_chunk_scan_combined(
         x, dt, A, B, C, Q, D=D, z=z, dt_bias=bias, initial_states=h0, seq_idx=seq_idx,
-        dt_softplus=True, dt_limit=limit, return_final_states=True,
+        dt_softplus=softplus, dt_limit=limit, return_final_states=True,
     )  # fmt: skip
     assert not np.isnan(out).any(), "an output element was never stored or read a poisoned block"
     np.testing.assert_allclose(out, want, rtol=1e-9, atol=1e-9)
