@@ -9,7 +9,10 @@ Prints one table per measured call: kernel name, launches per call, GPU us per c
 --mamba-src (a state-spaces/mamba snapshot, imported as benches/ssd.py does: triton + einops, no
 build) adds the same tables for mamba_ssm's Triton SSD in the same process, so each of our
 kernels sits beside the peer's stage it replaces; --fwd-only skips the forward+backward and
-conv1d tables (the Triton backward's first autotune takes minutes).
+conv1d tables (the Triton backward's first autotune takes minutes). --ncu-range fwd|step: no
+tables; three warm-up calls (compiles, autotunes), then one call of ours (or, with --mamba-src,
+the peer's) between cudaProfilerStart / Stop, for
+`ncu --profile-from-start off --set full -k regex:ssd2_chunk_scan python tools/ssd_profile.py ...`.
 """
 
 from __future__ import annotations
@@ -94,6 +97,32 @@ def profile_peer(
     profile(torch, f"{label} forward+backward {name}", step, max(2, reps // 2))
 
 
+def ncu_range(
+    torch: Any, fst: Any, src: str | None, a: dict[str, Any], chunk: int, step: bool
+) -> None:
+    """One call of ours (or of the peer's, given its snapshot) inside a profiler range."""
+    f = fst.mamba_chunk_scan_combined
+    if src:
+        from flashscan.bench.mamba_src import register_package
+
+        register_package(src)
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined as f
+    leaves = {k: v.clone().requires_grad_(step) for k, v in a.items()}
+    dout = torch.randn_like(a["x"])
+
+    def call() -> Any:
+        out = f(**leaves, chunk_size=chunk, dt_softplus=True)
+        return torch.autograd.grad(out, list(leaves.values()), dout) if step else out
+
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--shape", default="2k", choices=sorted(SHAPES))
@@ -102,6 +131,7 @@ def main() -> None:
         "--mamba-src", default=None, help="a mamba source snapshot: profile its Triton SSD"
     )
     ap.add_argument("--fwd-only", action="store_true", help="forward tables only")
+    ap.add_argument("--ncu-range", choices=["fwd", "step"], default=None)
     args = ap.parse_args()
     import torch
 
@@ -110,6 +140,9 @@ def main() -> None:
     shape = SHAPES[args.shape]
     chunk = shape[-1]
     a = ssd_inputs(torch, shape, torch.bfloat16)
+    if args.ncu_range:
+        ncu_range(torch, fst, args.mamba_src, a, chunk, args.ncu_range == "step")
+        return
     if args.mamba_src:
         profile_peer(torch, args.mamba_src, args.shape, a, chunk, args.reps, args.fwd_only)
     for path in ("1", "2"):
