@@ -49,7 +49,7 @@
 // NVRTC 13.2 (2026-11-23, CPU only): sm_90a / sm_80 registers cb 96-123, state 132 / 134, pass 48,
 // scan <= 128 (__launch_bounds__(128, 4): sm_80 took 166 without it); no stack or local bytes; static
 // shared memory 21, 32, 0, 40 KB: 3 state CTAs and 4 scan CTAs per SM (capping state at 128 registers
-// spills 16 bytes). SASS: LDGSTS for every tile, LDSM (.MT88 for x^T, B and x in W x),
+// spills 16 bytes). Since 2026-11-27 the scan's two-stage C.H^T takes 48 KB (still 4 CTAs per SM). SASS: LDGSTS for every tile, LDSM (.MT88 for x^T, B and x in W x),
 // HMMA.16816.F32, LDG.128 / 8-byte stores in the state passing.
 //
 // PREDICTION for b8 L2048 nheads 80 headdim 64 dstate 128 ngroups 1 chunk 256 bf16 on H100, written
@@ -71,7 +71,7 @@
 // epilogue, the 12-instruction masked W element, a 20% barrier stall behind the one-warp prologue):
 // tile loads with per-thread bases, the epilogue's D and row pointers hoisted, W = CB 2^(cl2 - lw)
 // unmasked below the diagonal, the prologue once per chunk (prep) and a two-stage C.H^T:
-// chunk_scan 908 -> 515 us (203 M instructions), chunk_state 241 -> 167 us, prep 24.5 us; forward
+// chunk_scan 908 -> 515 us (203 M instructions), chunk_state 241 -> 167 us, prep 24.5 us (19.6 on one-warp CTAs, below); forward
 // 1248 -> 823 us of kernels, against Triton's 740 (its chunk_scan 464, chunk_state 162). Tried and
 // dropped (same lease A/B): loading the next CB block into registers during this block's W x
 // (166 registers, 3 CTAs per SM) made the scan slower, 516 -> 546 us (chunk 128: 154 -> 172).
@@ -429,6 +429,19 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd2_state_passing(co
 }
 
 // ---- 3. chunk outputs -------------------------------------------------------------------------------
+// This thread's rows l = l0 and l0 + 8 of the output tile: l, cum_l log2 e and seg_l, which
+// accumulate_wx takes (a row past the chunk's end reads the last position's terms: never stored).
+__device__ __forceinline__ void row_terms(int l0, int len, const float* s_cum, const int* s_seg, int (&l_of)[2],
+                                          float (&cl2)[2], int (&seg_l)[2]) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        l_of[hh] = l0 + 8 * hh;
+        const int lc = min(l_of[hh], len - 1);
+        cl2[hh] = s_cum[lc] * kLog2e;
+        seg_l[hh] = s_seg[lc];
+    }
+}
+
 // acc += W x for one 64 x 64 source block starting at position s0, W built in the accumulator
 // layout (cbv[jn][e]: row r0 + 8 (e >> 1), column 8 jn + t2 + (e & 1)), which is the A layout of the
 // next mma: the A fragment of k16 block kk from n8 tiles 2 kk, 2 kk + 1, built just before its mma
@@ -534,7 +547,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
     load_x(0, 0);  // one group with the prep record, in flight while C.H^T runs
 
     // C.H^T operands, 64 states a step, two stages: (C, H) into (s_c, s_h[0]) and (s_x[1], s_h[1]),
-    // s_x[1] being free until the W x loop; the first step in flight during the prologue
+    // s_x[1] being free until the W x loop; the first step in flight with the prep record and x
     const bool has_h = c > 0 || p.has_init;
     const u16* gc = (const u16*)p.C + b * p.C_s[0] + (c0 + m0) * p.C_s[1] + g * p.C_s[2];
     // H_c in x's dtype, packed at the start of chunk c's fp32 slot by ssd2_state_passing
@@ -595,13 +608,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
     const float* cbp = q.cb + (((b * p.nchunks + c) * p.ngroups + g) * kQ + m0 + r0) * kQ + t2;
     float cl2[2];
     int seg_l[2], l_of[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        l_of[hh] = m0 + r0 + 8 * hh;
-        const int lc = min(l_of[hh], len - 1);
-        cl2[hh] = s_cum[lc] * kLog2e;
-        seg_l[hh] = s_seg[lc];
-    }
+    row_terms(m0 + r0, len, s_cum, s_seg, l_of, cl2, seg_l);
     // z (rows l x channels p) into s_c, free after C.H^T (its loop ended with __syncthreads): in
     // flight during the W x blocks, whose first wait and barrier cover it
     if (p.has_z) {
@@ -706,13 +713,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan_one(co
 
     float cl2[2];
     int seg_l[2], l_of[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        l_of[hh] = r0 + 8 * hh;
-        const int lc = min(l_of[hh], len - 1);
-        cl2[hh] = s_cum[lc] * kLog2e;
-        seg_l[hh] = s_seg[lc];
-    }
+    row_terms(r0, len, s_cum, s_seg, l_of, cl2, seg_l);
     float acc[8][4];
     clear(acc);
     accumulate_wx<true>(acc, cbv, 0, l_of, cl2, seg_l, len, s_dt, s_seg, smem_u32(s_x) + lane_bt(lane, kLd64) * 2);
