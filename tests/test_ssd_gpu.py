@@ -204,6 +204,20 @@ def kernels_of(call: Any) -> set[str]:
     return {e.name for e in prof.events()}
 
 
+def warm_forward_kernels(a: dict[str, Any], kw: dict[str, Any]) -> tuple[Any, set[str]]:
+    """One forward to compile and warm up, then one more under the profiler: (its result, the
+    kernel names it launched)."""
+    flashscan.mamba_chunk_scan_combined(**a, **kw)
+    res: Any = None
+
+    def call() -> None:
+        nonlocal res
+        res = flashscan.mamba_chunk_scan_combined(**a, **kw)
+
+    names = kernels_of(call)
+    return res, names
+
+
 @pytest.mark.parametrize("seq", [False, True])
 @pytest.mark.parametrize("final", [False, True])
 @pytest.mark.parametrize("case", ONE_BLOCK_CASES, ids=lambda c: "-".join(str(v) for v in c))
@@ -220,14 +234,7 @@ def test_forward_one_block_fused_cb(
         seq_idx[1, min(1, L - 1) :] = 1
         kw["seq_idx"] = seq_idx
     poison(4 * L * h * p * a["x"].element_size(), 4 * h * p * n * 4)
-    flashscan.mamba_chunk_scan_combined(**a, **kw)  # compiled and warm
-    res: Any = None
-
-    def call() -> None:
-        nonlocal res
-        res = flashscan.mamba_chunk_scan_combined(**a, **kw)
-
-    names = kernels_of(call)
+    res, names = warm_forward_kernels(a, kw)
     if fwd_path == "2":
         assert "ssd2_chunk_scan_one" in names and "ssd2_chunk_cb" not in names, sorted(names)
     out, fin = res if final else (res, None)
@@ -262,14 +269,7 @@ def test_forward_chunked_reads_prep_records(
         seq_idx[0, L // 2 :] = 2
         kw["seq_idx"] = seq_idx
     poison(2 * L * 3 * 64 * 2, 2 * 3 * 64 * 48 * 4)
-    flashscan.mamba_chunk_scan_combined(**a, **kw)  # compiled and warm
-    res: Any = None
-
-    def call() -> None:
-        nonlocal res
-        res = flashscan.mamba_chunk_scan_combined(**a, **kw)
-
-    names = kernels_of(call)
+    res, names = warm_forward_kernels(a, kw)
     if fwd_path == "2":
         want = {"ssd2_chunk_prep", "ssd2_chunk_cb", "ssd2_chunk_scan"}
         if L > 128:
