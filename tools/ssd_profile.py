@@ -71,48 +71,58 @@ def profile(torch: Any, name: str, fn: Callable[[], Any], reps: int) -> None:
         print(f"| `{k[:90]}` | {n:.1f} | {us:.1f} | {100 * us / total:.0f}% |")
 
 
+def peer_ssd(src: str) -> Callable[..., Any]:
+    """mamba_ssm's Triton `mamba_chunk_scan_combined`, imported from the snapshot `src`."""
+    from flashscan.bench.mamba_src import register_package
+
+    register_package(src)
+    from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+
+    return mamba_chunk_scan_combined
+
+
+def training_step(
+    torch: Any, f: Callable[..., Any], a: dict[str, Any], chunk: int
+) -> Callable[[], Any]:
+    """A forward through `f` and `autograd.grad` to every input (fresh leaves, one fixed dout)."""
+    leaves = {k: v.clone().requires_grad_(True) for k, v in a.items()}
+    dout = torch.randn_like(a["x"])
+
+    def step() -> Any:
+        out = f(**leaves, chunk_size=chunk, dt_softplus=True)
+        return torch.autograd.grad(out, list(leaves.values()), dout)
+
+    return step
+
+
 def profile_peer(
     torch: Any, src: str, name: str, a: dict[str, Any], chunk: int, reps: int, fwd_only: bool
 ) -> None:
     """mamba_ssm's Triton SSD (`mamba_chunk_scan_combined` from the snapshot `src`) on the same
     inputs: its five forward kernels (and, unless fwd_only, the forward+backward's)."""
-    from flashscan.bench.mamba_src import register_package, source_commit
+    from flashscan.bench.mamba_src import source_commit
 
-    register_package(src)
-    from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined as tri
-
+    tri = peer_ssd(src)
     label = f"mamba_ssm Triton SSD (source {source_commit(src)})"
     profile(
         torch, f"{label} forward {name}", lambda: tri(**a, chunk_size=chunk, dt_softplus=True), reps
     )
-    if fwd_only:
-        return
-    leaves = {k: v.clone().requires_grad_(True) for k, v in a.items()}
-    dout = torch.randn_like(a["x"])
-
-    def step() -> Any:
-        out = tri(**leaves, chunk_size=chunk, dt_softplus=True)
-        return torch.autograd.grad(out, list(leaves.values()), dout)
-
-    profile(torch, f"{label} forward+backward {name}", step, max(2, reps // 2))
+    if not fwd_only:
+        step = training_step(torch, tri, a, chunk)
+        profile(torch, f"{label} forward+backward {name}", step, max(2, reps // 2))
 
 
 def ncu_range(
     torch: Any, fst: Any, src: str | None, a: dict[str, Any], chunk: int, step: bool
 ) -> None:
     """One call of ours (or of the peer's, given its snapshot) inside a profiler range."""
-    f = fst.mamba_chunk_scan_combined
-    if src:
-        from flashscan.bench.mamba_src import register_package
+    f = peer_ssd(src) if src else fst.mamba_chunk_scan_combined
+    if step:
+        call = training_step(torch, f, a, chunk)
+    else:
 
-        register_package(src)
-        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined as f
-    leaves = {k: v.clone().requires_grad_(step) for k, v in a.items()}
-    dout = torch.randn_like(a["x"])
-
-    def call() -> Any:
-        out = f(**leaves, chunk_size=chunk, dt_softplus=True)
-        return torch.autograd.grad(out, list(leaves.values()), dout) if step else out
+        def call() -> Any:
+            return f(**a, chunk_size=chunk, dt_softplus=True)
 
     for _ in range(3):
         call()
@@ -155,13 +165,7 @@ def main() -> None:
     os.environ.pop("FLASHSCAN_SSD_FWD", None)
     if args.fwd_only:
         return
-    leaves = {k: v.clone().requires_grad_(True) for k, v in a.items()}
-    dout = torch.randn_like(a["x"])
-
-    def step() -> Any:
-        out = fst.mamba_chunk_scan_combined(**leaves, chunk_size=chunk, dt_softplus=True)
-        return torch.autograd.grad(out, list(leaves.values()), dout)
-
+    step = training_step(torch, fst.mamba_chunk_scan_combined, a, chunk)
     for bwd in ("1", "2"):
         os.environ["FLASHSCAN_SSD_BWD"] = bwd
         name = f"SSD forward+backward {args.shape} bf16 (default forward, FLASHSCAN_SSD_BWD={bwd})"
