@@ -17,14 +17,17 @@
 //   thread i owns kItems = 2 * kVec consecutive positions (two 16-byte loads / stores), and reads
 //   the H positions on each side it needs (the neighbours' data: L1 hits) element by element.
 // - channel-last (dim stride 1): block = 4 warps x 32 lanes; lane l owns kVecF = 4 consecutive
-//   channels in the forward (one 8-byte access per row for 16-bit x) and kVec in the backward (16
-//   bytes), warp w a range of kT positions, walked in order with the last H inputs (and in the
-//   backward the last H dy) kept in registers. The forward loads rows in steps of kU, the next
-//   step's before this step's math and stores: it is bound by the bytes in flight per SM, and the
-//   narrower lanes (119-124 registers for 16-bit x against 167-176 at kVec, so 4 CTAs per SM, not
-//   3) with two steps in flight measured 173 us against 180 us at b8 L2048 d5376 bf16 (H100; 68%
-//   of copy bandwidth) and 15.6 against 19.9 us at b32 L60 d640; 16-byte lanes with the same
-//   pipelining took 188 registers and 189 us.
+//   channels (one 8-byte slice of a row for 16-bit x, 16 bytes for fp32), warp w a range of kT
+//   positions, walked in order with the last H inputs (and in the backward the last H dy) kept in
+//   registers. Rows stream through a per-warp ring of shared-memory stages filled by cp.async, so
+//   several steps of loads are in flight per lane without holding registers. H100, b8 L2048 d5376
+//   bf16 width 4: the forward 173 -> 133 us (the two-steps-in-registers version before it: 68% ->
+//   87% of copy), the backward 862 -> 362 us (it held 16-byte slices of x, dout and both histories
+//   in 253 registers, 2 blocks per SM, no loads ahead; ncu: 0.33 -> 0.51 issued per scheduler).
+//   The backward is now issue-bound (12 warps per SM at 168 registers; 4 blocks spill): 2 rows a
+//   stage measured faster than 4 (362 vs 379 us) and 3 blocks faster than 2 (474 us).
+// Every forward / backward kernel runs one of two bodies (kSeq: seq_idx given or not), so a call
+// without seq_idx evaluates no mask.
 // Backward dweight / dbias: each block reduces its own partial sums (shuffles, then shared memory
 // across warps) and writes them to partials[part][c][W + 1] (part = b * blocks along time + block);
 // causal_conv1d_dw_reduce sums the parts per (c, k) in a fixed order: deterministic, no atomics.
@@ -92,13 +95,9 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kItems = 2 * kVec;          // channel-first: positions per thread
 constexpr int kChunk = kThreads * kItems; // channel-first: positions per block
 constexpr int kT = 32;                    // channel-last: positions per warp
-// channel-last forward: kVecF channels per lane (4: one 8-byte access per row for 16-bit x, 16 bytes
-// for fp32; half of kVec for 16-bit so the weights / history take half the registers and more
-// CTAs fit per SM), kU rows per step, the next step's rows loaded before this step's math and
-// stores (two steps of loads in flight per lane: the kernel is bound by bytes in flight)
-constexpr int kVecF = 4;
-constexpr int kU = 4;
-constexpr int kUB = 2;                    // channel-last backward: rows (of x and dout) loaded ahead
+constexpr int kVecF = 4;                  // channel-last: channels per lane
+constexpr int kU = 4;                     // channel-last forward: rows per ring stage
+constexpr int kUB = 2;                    // channel-last backward: rows (of x and of dout) per stage
 static_assert(kW >= 2 && kW <= 4, "FS_WIDTH: 2..4");
 static_assert(kT % kU == 0 && kT % kUB == 0, "kT must be a multiple of kU and kUB");
 
@@ -160,7 +159,8 @@ __device__ __forceinline__ bool same_seq(int a, int t) { return a == t && t >= 0
 // grid (dim * ceil(seqlen / kChunk), batch), block kThreads. Thread i: positions s0 .. s0 + kItems - 1,
 // s0 = chunk * kChunk + i * kItems; window index q <-> position s0 - H + q.
 #if FS_HAS_ENTRY(0)
-extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cf(const Conv1dParams p) {
+template <bool kSeq>
+__device__ __forceinline__ void fwd_cf(const Conv1dParams& p) {
   // grid.x = dim * nchunks < 2^31: 32-bit division (a 64-bit one is a subroutine call)
   const u32 nchunks = (u32)((p.seqlen + kChunk - 1) / kChunk);
   const i64 c = blockIdx.x / nchunks;
@@ -181,7 +181,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cf(cons
   }
   int sq[kH + kItems];
 #pragma unroll
-  for (int q = 0; q < kH + kItems; ++q) sq[q] = p.has_seq ? seq_at(p, b, s0 - kH + q) : 0;
+  for (int q = 0; q < kH + kItems; ++q) sq[q] = kSeq ? seq_at(p, b, s0 - kH + q) : 0;
   float o[kItems];
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
@@ -190,7 +190,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cf(cons
     for (int k = 0; k < kW; ++k) {
       const int q = i + k;
       float v = q < kH ? xh[q] : xi[q - kH];
-      if (p.has_seq && !same_seq(sq[q], sq[i + kH])) v = 0.f;
+      if (kSeq && !same_seq(sq[q], sq[i + kH])) v = 0.f;
       acc = fmaf(w[k], v, acc);
     }
     o[i] = p.silu ? silu(acc) : acc;
@@ -207,40 +207,64 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cf(cons
     }
   }
 }
+extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cf(const Conv1dParams p) {
+  if (p.has_seq) fwd_cf<true>(p);  // kSeq: seq_idx given; without it no mask is evaluated
+  else fwd_cf<false>(p);
+}
 #endif
 
-// ==== channel-last forward =========================================================================
-// grid (ceil(dim / (32 kVecF)), ceil(seqlen / (kWarps kT)), batch), block kThreads. Lane l of warp w:
-// channels c0 .. c0 + kVecF - 1 (c0 = (blockIdx.x * 32 + l) * kVecF) at positions ts .. ts + kT - 1
-// (ts = (blockIdx.y * kWarps + w) * kT), in order; h[j] holds the input at t - H + j. Rows go in
-// steps of kU: step i + 1's loads are issued before step i's math and stores.
-#if FS_HAS_ENTRY(1)
-// Loads the kU rows of the step at t0 (rows at or past te: none, zero-filled) and their seq_idx.
-__device__ __forceinline__ void load_step_cl(Raw<kVecF, kES> (&xr)[kU], int (&sr)[kU], const Conv1dParams& p,
-                                             i64 b, i64 xb, i64 t0, i64 te, i64 ts, i64 nc) {
+// ==== the channel-last ring =========================================================================
+// Each warp streams its rows through a private ring of shared-memory stages filled by cp.async
+// (LDGSTS: no registers held by the copies in flight), so several steps of loads are in flight per
+// lane while it computes on an earlier one. Lane l's slice of a row (kVecF channels, kRowB bytes)
+// sits at [stage][row][lane]: one conflict-free ld.shared per row. Rows whose slices are not
+// kRowB-aligned (odd strides or base) take the synchronous path into the same slots.
+#if FS_HAS_ENTRY(1) || FS_HAS_ENTRY(3)
+constexpr int kRowB = kVecF * kES;        // bytes of one lane's slice of a row: 8 (16-bit) or 16 (fp32)
+constexpr u32 kRowStride = 32 * kRowB;    // bytes between rows of one stage
+using RowRaw = Raw<kVecF, kES>;
+
+// Whether every lane's slice of every row of a tensor like x is kRowB-aligned (c0 is a multiple of
+// kVecF and the dim stride is 1).
+__device__ __forceinline__ bool rows_aligned(const void* base, const i64 (&s)[3]) {
+  return align_of(base) >= kRowB && s[0] % kVecF == 0 && s[2] % kVecF == 0;
+}
+// Rows t0 .. t0 + N - 1 of this lane's slice (src row t at base + (rb + t * ts2) elements) into the
+// ring at dst, row u at dst + u kRowStride; rows at or past tv are zero-filled and read nothing.
+template <int N>
+__device__ __forceinline__ void ring_rows(u32 dst, const void* base, i64 rb, i64 ts2, i64 t0, i64 tv, int nv,
+                                          bool vec) {
 #pragma unroll
-  for (int u = 0; u < kU; ++u) {
-    const i64 t = t0 + u;
-    const char* q = elem_ptr(p.x, xb + (t < te ? t : ts) * p.x_s[2]);
-    load_raw<kVecF, kES>(xr[u], q, t < te ? (int)(nc < kVecF ? nc : kVecF) : 0, align_of(q));
-    sr[u] = p.has_seq ? seq_at(p, b, t < te ? t : -1) : 0;
+  for (int u = 0; u < N; ++u) {
+    const bool in = t0 + u < tv;
+    const char* src = elem_ptr(base, rb + (in ? t0 + u : 0) * ts2);
+    const int n = in ? nv : 0;
+    if (vec) {
+      cp_async_ca<kRowB>(dst + u * kRowStride, src, n * kES);
+    } else {
+      RowRaw r;
+      load_raw<kVecF, kES>(r, src, n, align_of(src));
+      sts_raw(dst + u * kRowStride, r);
+    }
   }
 }
-
-extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cl(const Conv1dParams p) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const i64 c0 = ((i64)blockIdx.x * 32 + lane) * kVecF;
-  const i64 ts = ((i64)blockIdx.y * kWarps + warp) * kT;
-  const i64 b = blockIdx.z;
-  if (c0 >= p.dim || ts >= p.seqlen) return;
-  const i64 nc = p.dim - c0;             // channels of this lane that exist (>= kVecF: all)
-  const i64 te = ts + kT < p.seqlen ? ts + kT : p.seqlen;
-  const i64 xb = b * p.x_s[0] + c0;
-  Raw<kVecF, kES> xr[kU], xn[kU];   // packed: half the registers of floats for 16-bit x
-  int sr[kU], sn[kU];
-  load_step_cl(xr, sr, p, b, xb, ts, te, ts, nc);
-  float w[kW][kVecF], bias[kVecF], h[kH][kVecF];
-  int hs[kH];
+// seq_idx of rows t0 .. t0 + N - 1 (-1 at or past tv): loaded one step ahead of their use.
+template <bool kSeq, int N>
+__device__ __forceinline__ void seq_rows(int (&s)[N], const Conv1dParams& p, i64 b, i64 t0, i64 tv) {
+#pragma unroll
+  for (int u = 0; u < N; ++u) s[u] = kSeq ? seq_at(p, b, t0 + u < tv ? t0 + u : -1) : 0;
+}
+// Store a lane's row slice (nv of kVecF valid) at base + idx elements; `vec`: every row slice of
+// this tensor is kRowB-aligned (rows_aligned), so full slices take one vector store.
+__device__ __forceinline__ void store_row(void* base, i64 idx, const float (&v)[kVecF], int nv, bool vec) {
+  RowRaw r;
+  pack_raw<DT, kVecF>(r, v);
+  char* q = (char*)base + idx * kES;
+  store_raw<kVecF, kES>(q, r, nv, vec ? kRowB : align_of(q));
+}
+// The lane's weights and bias for channels c0 .. c0 + kVecF - 1 (past dim: the last channel's).
+__device__ __forceinline__ void lane_weights(float (&w)[kW][kVecF], float (&bias)[kVecF], const Conv1dParams& p,
+                                             i64 c0) {
 #pragma unroll
   for (int i = 0; i < kVecF; ++i) {
     const i64 c = c0 + i < p.dim ? c0 + i : p.dim - 1;
@@ -248,61 +272,112 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cl(cons
     for (int k = 0; k < kW; ++k) w[k][i] = ldg_f32<WDT>(p.weight, c * p.w_s[0] + k * p.w_s[1]);
     bias[i] = p.has_bias ? ldg_f32<WDT>(p.bias, c * p.bias_s) : 0.f;
   }
+}
+// The H inputs before ts (x, or initial_states before position 0) and their seq ids.
+template <bool kSeq>
+__device__ __forceinline__ void lane_history(float (&h)[kH][kVecF], int (&hs)[kH], const Conv1dParams& p, i64 b,
+                                             i64 c0, i64 xb, i64 ts, int nv) {
 #pragma unroll
   for (int j = 0; j < kH; ++j) {
     const i64 pos = ts - kH + j;
     if (pos >= 0) {
-      load_f32<kVecF>(h[j], p.x, xb + pos * p.x_s[2], nc);
+      load_f32<kVecF>(h[j], p.x, xb + pos * p.x_s[2], nv);
     } else {
 #pragma unroll
-      for (int i = 0; i < kVecF; ++i) h[j][i] = c0 + i < p.dim ? before_x(p, b, c0 + i, pos) : 0.f;
+      for (int i = 0; i < kVecF; ++i) h[j][i] = i < nv ? before_x(p, b, c0 + i, pos) : 0.f;
     }
-    hs[j] = p.has_seq ? seq_at(p, b, pos) : 0;
+    hs[j] = kSeq ? seq_at(p, b, pos) : 0;
   }
+}
+#endif
+
+// ==== channel-last forward =========================================================================
+// grid (ceil(dim / (32 kVecF)), ceil(seqlen / (kWarps kT)), batch), block kThreads. Lane l of warp w:
+// channels c0 .. c0 + kVecF - 1 (c0 = (blockIdx.x * 32 + l) * kVecF) at positions ts .. ts + kT - 1
+// (ts = (blockIdx.y * kWarps + w) * kT), in order; h[j] holds the input at t - H + j. Rows go in
+// steps of kU through a ring of kSF stages: kSF - 1 steps of loads in flight.
+#if FS_HAS_ENTRY(1)
+constexpr int kSF = 4;
+constexpr u32 kStageF = kU * kRowStride;  // 1 KB (16-bit) / 2 KB (fp32); the ring 16 / 32 KB a block
+// 5 blocks per SM (<= 102 registers: 96-106 unbounded at 4; more warps, more rows in flight)
+// kSeq: seq_idx given (the kernel picks one body per call: without it no mask is evaluated)
+template <bool kSeq>
+__device__ __forceinline__ void fwd_cl(const Conv1dParams& p, char (*ring)[kSF][kU][32][kRowB]) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const i64 c0 = ((i64)blockIdx.x * 32 + lane) * kVecF;
+  const i64 ts = ((i64)blockIdx.y * kWarps + warp) * kT;
+  const i64 b = blockIdx.z;
+  if (c0 >= p.dim || ts >= p.seqlen) return;  // no block barrier in this kernel
+  const int nv = (int)(p.dim - c0 < kVecF ? p.dim - c0 : kVecF);  // channels of this lane that exist
+  const i64 te = ts + kT < p.seqlen ? ts + kT : p.seqlen;
+  const int nsteps = (int)((te - ts + kU - 1) / kU);
+  const i64 xb = b * p.x_s[0] + c0;
+  const bool vec = rows_aligned(p.x, p.x_s), vout = rows_aligned(p.out, p.out_s);
+  const u32 ring0 = smem_u32(&ring[warp][0][0][lane][0]);
+#pragma unroll
+  for (int s = 0; s < kSF - 1; ++s) {
+    if (s < nsteps) ring_rows<kU>(ring0 + s * kStageF, p.x, xb, p.x_s[2], ts + s * kU, te, nv, vec);
+    cp_async_commit();
+  }
+  float w[kW][kVecF], bias[kVecF], h[kH][kVecF];
+  int hs[kH], sr[kU], sn[kU];
+  lane_weights(w, bias, p, c0);
+  lane_history<kSeq>(h, hs, p, b, c0, xb, ts, nv);
+  seq_rows<kSeq>(sr, p, b, ts, te);
   const i64 ob = b * p.out_s[0] + c0;
-  for (i64 t0 = ts; t0 < te; t0 += kU) {
-    if (t0 + kU < te) load_step_cl(xn, sn, p, b, xb, t0 + kU, te, ts, nc);
+  for (int i = 0; i < nsteps; ++i) {
+    const int s = i + kSF - 1;
+    if (s < nsteps) ring_rows<kU>(ring0 + (s % kSF) * kStageF, p.x, xb, p.x_s[2], ts + s * kU, te, nv, vec);
+    cp_async_commit();
+    const i64 t0 = ts + (i64)i * kU;
+    seq_rows<kSeq>(sn, p, b, t0 + kU, te);
+    cp_async_wait<kSF - 1>();  // step i's rows are in the ring
+    const u32 stage = ring0 + (i % kSF) * kStageF;
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const i64 t = t0 + u;
       if (t >= te) break;
+      RowRaw xr;
+      lds_raw(xr, stage + u * kRowStride);
       float o[kVecF];
 #pragma unroll
-      for (int i = 0; i < kVecF; ++i) {
-        float acc = bias[i];
+      for (int i2 = 0; i2 < kVecF; ++i2) {
+        float acc = bias[i2];
 #pragma unroll
         for (int k = 0; k < kH; ++k) {
-          const float v = (p.has_seq && !same_seq(hs[k], sr[u])) ? 0.f : h[k][i];
-          acc = fmaf(w[k][i], v, acc);
+          const float v = (kSeq && !same_seq(hs[k], sr[u])) ? 0.f : h[k][i2];
+          acc = fmaf(w[k][i2], v, acc);
         }
-        const float v = (p.has_seq && sr[u] < 0) ? 0.f : elem<DT>(xr[u], i);
-        acc = fmaf(w[kH][i], v, acc);
-        o[i] = p.silu ? silu(acc) : acc;
+        const float v = (kSeq && sr[u] < 0) ? 0.f : elem<DT>(xr, i2);
+        acc = fmaf(w[kH][i2], v, acc);
+        o[i2] = p.silu ? silu(acc) : acc;
       }
-      store_f32<kVecF>(p.out, ob + t * p.out_s[2], o, nc);
+      store_row(p.out, ob + t * p.out_s[2], o, nv, vout);
 #pragma unroll
       for (int j = 0; j < kH; ++j) {
 #pragma unroll
-        for (int i = 0; i < kVecF; ++i) h[j][i] = j + 1 < kH ? h[j + 1][i] : elem<DT>(xr[u], i);
+        for (int i2 = 0; i2 < kVecF; ++i2) h[j][i2] = j + 1 < kH ? h[j + 1][i2] : elem<DT>(xr, i2);
         hs[j] = j + 1 < kH ? hs[j + 1] : sr[u];
       }
     }
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      xr[u] = xn[u];
-      sr[u] = sn[u];
-    }
+    for (int u = 0; u < kU; ++u) sr[u] = sn[u];
   }
   if (p.has_final && te == p.seqlen) {
     // h holds positions L - H .. L - 1: the final states
 #pragma unroll
     for (int i = 0; i < kVecF; ++i) {
-      if (c0 + i >= p.dim) break;
+      if (i >= nv) break;
       const i64 f0 = b * p.final_s[0] + (c0 + i) * p.final_s[1];
 #pragma unroll
       for (int j = 0; j < kH; ++j) st_f32<DT>(p.final_states, f0 + j * p.final_s[2], h[j][i]);
     }
   }
+}
+extern "C" __global__ void __launch_bounds__(kThreads, 5) causal_conv1d_fwd_cl(const Conv1dParams p) {
+  __shared__ __align__(16) char ring[kWarps][kSF][kU][32][kRowB];
+  if (p.has_seq) fwd_cl<true>(p, ring);
+  else fwd_cl<false>(p, ring);
 }
 #endif
 
@@ -338,8 +413,8 @@ __device__ __forceinline__ void block_sum_cf(float (&v)[kW + 1], float (*red)[kW
 // dx at its positions (and dinitial_states in the block of position 0), and adds its dweight / dbias
 // terms to the block's partial sums (part = b * nchunks + chunk).
 #if FS_HAS_ENTRY(2)
-extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cf(const Conv1dParams p) {
-  __shared__ float red[kWarps][kW + 1];
+template <bool kSeq>
+__device__ __forceinline__ void bwd_cf(const Conv1dParams& p, float (*red)[kW + 1]) {
   const u32 nchunks = (u32)((p.seqlen + kChunk - 1) / kChunk);  // 32-bit division, as the forward
   const i64 c = blockIdx.x / nchunks;
   const i64 chunk = blockIdx.x % nchunks;
@@ -374,7 +449,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cf(cons
     }
     int sq[kX];
 #pragma unroll
-    for (int q = 0; q < kX; ++q) sq[q] = p.has_seq ? seq_at(p, b, s0 - kH + q) : 0;
+    for (int q = 0; q < kX; ++q) sq[q] = kSeq ? seq_at(p, b, s0 - kH + q) : 0;
     // dy at position s0 + r: window indices r .. r + H, centre r + H
     if (p.silu) {
 #pragma unroll
@@ -382,7 +457,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cf(cons
         float y = bias;
 #pragma unroll
         for (int k = 0; k < kW; ++k) {
-          const float v = (p.has_seq && !same_seq(sq[r + k], sq[r + kH])) ? 0.f : xw[r + k];
+          const float v = (kSeq && !same_seq(sq[r + k], sq[r + kH])) ? 0.f : xw[r + k];
           y = fmaf(w[k], v, y);
         }
         g[r] *= dsilu(y);
@@ -394,7 +469,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cf(cons
       acc[kW] += g[r];
 #pragma unroll
       for (int k = 0; k < kW; ++k) {
-        const float v = (p.has_seq && !same_seq(sq[r + k], sq[r + kH])) ? 0.f : xw[r + k];
+        const float v = (kSeq && !same_seq(sq[r + k], sq[r + kH])) ? 0.f : xw[r + k];
         acc[k] = fmaf(g[r], v, acc[k]);
       }
     }
@@ -405,7 +480,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cf(cons
       float d = 0.f;
 #pragma unroll
       for (int k = 0; k < kW; ++k) {
-        const float gv = (p.has_seq && !same_seq(sq[i + kH], sq[i + 2 * kH - k])) ? 0.f : g[i + kH - k];
+        const float gv = (kSeq && !same_seq(sq[i + kH], sq[i + 2 * kH - k])) ? 0.f : g[i + kH - k];
         d = fmaf(w[k], gv, d);
       }
       const i64 pc = s0 + i + kH;  // xcat index
@@ -434,139 +509,160 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cf(cons
     for (int k = 0; k < kW + 1; ++k) dst[k] = acc[k];
   }
 }
+extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cf(const Conv1dParams p) {
+  __shared__ float red[kWarps][kW + 1];
+  if (p.has_seq) bwd_cf<true>(p, red);
+  else bwd_cf<false>(p, red);
+}
 #endif
 
 // ==== channel-last backward ========================================================================
 // Grid and ownership as causal_conv1d_fwd_cl. Warp w walks t = ts .. te + H - 1 (te = min(ts + kT, L)):
 // at each t it forms dy[t] (0 past L) and, with the last H dy kept, dx at s = t - H for s in [ts, te)
-// (dinitial_states for s < 0 in the first warp); dweight / dbias terms for t in [ts, te). The 4 warps
-// share the lanes' channels: their partial sums meet in shared memory (part = b * gridDim.y + blockIdx.y).
+// (dinitial_states for s < 0 in the first warp); dweight / dbias terms for t in [ts, te). Rows of x
+// and dout go in steps of kUB through two rings of kSB stages. The 4 warps share the lanes'
+// channels: their partial sums meet in shared memory (part = b * gridDim.y + blockIdx.y).
 #if FS_HAS_ENTRY(3)
-extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cl(const Conv1dParams p) {
-  __shared__ float red[kWarps][kW + 1][kVec][32];
+constexpr int kSB = DT == 2 ? 3 : 6;       // stages: 24 KB of rings a block either way (static <= 48 KB)
+constexpr u32 kStageB = kUB * kRowStride;  // 512 B (16-bit) / 1 KB (fp32) per stage and tensor
+// 3 blocks per SM (<= 168 registers; unbounded it takes ~195, and at 4 blocks it spills)
+template <bool kSeq>
+__device__ __forceinline__ void bwd_cl(const Conv1dParams& p, char (*ring)[kWarps][kSB][kUB][32][kRowB],
+                                       float (*red)[kW + 1][kVecF][32]) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const i64 c0 = ((i64)blockIdx.x * 32 + lane) * kVec;
+  const i64 c0 = ((i64)blockIdx.x * 32 + lane) * kVecF;
   const i64 ts = ((i64)blockIdx.y * kWarps + warp) * kT;
   const i64 b = blockIdx.z;
-  float dw[kW][kVec], db[kVec];
+  float dw[kW][kVecF], db[kVecF];
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) {
+  for (int i = 0; i < kVecF; ++i) {
     db[i] = 0.f;
 #pragma unroll
     for (int k = 0; k < kW; ++k) dw[k][i] = 0.f;
   }
   if (c0 < p.dim && ts < p.seqlen) {
-    const i64 nc = p.dim - c0;
+    const int nv = (int)(p.dim - c0 < kVecF ? p.dim - c0 : kVecF);
     const i64 te = ts + kT < p.seqlen ? ts + kT : p.seqlen;
-    const i64 tend = te + kH;   // one past the last t visited
-    float w[kW][kVec], bias[kVec], xh[kH][kVec], gh[kH][kVec];
-    int hs[kH];
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      const i64 c = c0 + i < p.dim ? c0 + i : p.dim - 1;
-#pragma unroll
-      for (int k = 0; k < kW; ++k) w[k][i] = ldg_f32<WDT>(p.weight, c * p.w_s[0] + k * p.w_s[1]);
-      bias[i] = p.has_bias ? ldg_f32<WDT>(p.bias, c * p.bias_s) : 0.f;
-    }
+    const i64 tend = te + kH;                         // one past the last t visited
+    const i64 tv = tend < p.seqlen ? tend : p.seqlen;  // rows read: [ts, tv); x, dout are 0 past L
+    const int nsteps = (int)((tend - ts + kUB - 1) / kUB);
     const i64 xb = b * p.x_s[0] + c0;
     const i64 gb = b * p.dout_s[0] + c0;
+    const bool vec = rows_aligned(p.x, p.x_s) && rows_aligned(p.dout, p.dout_s);
+    const bool vdx = rows_aligned(p.dx, p.dx_s);
+    const u32 rx = smem_u32(&ring[0][warp][0][0][lane][0]);
+    const u32 rg = smem_u32(&ring[1][warp][0][0][lane][0]);
+#pragma unroll
+    for (int s = 0; s < kSB - 1; ++s) {
+      if (s < nsteps) {
+        ring_rows<kUB>(rx + s * kStageB, p.x, xb, p.x_s[2], ts + s * kUB, tv, nv, vec);
+        ring_rows<kUB>(rg + s * kStageB, p.dout, gb, p.dout_s[2], ts + s * kUB, tv, nv, vec);
+      }
+      cp_async_commit();
+    }
+    float w[kW][kVecF], bias[kVecF], xh[kH][kVecF], gh[kH][kVecF];
+    int hs[kH], sr[kUB], sn[kUB];
+    lane_weights(w, bias, p, c0);
+    lane_history<kSeq>(xh, hs, p, b, c0, xb, ts, nv);
 #pragma unroll
     for (int j = 0; j < kH; ++j) {
-      const i64 pos = ts - kH + j;
-      if (pos >= 0) {
-        load_f32<kVec>(xh[j], p.x, xb + pos * p.x_s[2], nc);
-      } else {
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) xh[j][i] = c0 + i < p.dim ? before_x(p, b, c0 + i, pos) : 0.f;
-      }
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) gh[j][i] = 0.f;
-      hs[j] = p.has_seq ? seq_at(p, b, pos) : 0;
+      for (int i = 0; i < kVecF; ++i) gh[j][i] = 0.f;
     }
-    for (i64 t0 = ts; t0 < tend; t0 += kUB) {
-      float xr[kUB][kVec], gr[kUB][kVec];
-      int sr[kUB];
-#pragma unroll
-      for (int u = 0; u < kUB; ++u) {
-        const i64 t = t0 + u;
-        const bool in = t < p.seqlen;
-        load_f32<kVec>(xr[u], p.x, xb + (in ? t : ts) * p.x_s[2], in ? nc : 0);
-        load_f32<kVec>(gr[u], p.dout, gb + (in ? t : ts) * p.dout_s[2], in ? nc : 0);
-        sr[u] = p.has_seq ? seq_at(p, b, t) : 0;
+    seq_rows<kSeq>(sr, p, b, ts, p.seqlen);
+    for (int st = 0; st < nsteps; ++st) {
+      const int s = st + kSB - 1;
+      if (s < nsteps) {
+        ring_rows<kUB>(rx + (s % kSB) * kStageB, p.x, xb, p.x_s[2], ts + s * kUB, tv, nv, vec);
+        ring_rows<kUB>(rg + (s % kSB) * kStageB, p.dout, gb, p.dout_s[2], ts + s * kUB, tv, nv, vec);
       }
+      cp_async_commit();
+      const i64 t0 = ts + (i64)st * kUB;
+      seq_rows<kSeq>(sn, p, b, t0 + kUB, p.seqlen);
+      cp_async_wait<kSB - 1>();  // step st's rows are in the rings
+      const u32 off = (st % kSB) * kStageB;
 #pragma unroll
       for (int u = 0; u < kUB; ++u) {
         const i64 t = t0 + u;
         if (t >= tend) break;
-        // dy at t (gr is 0 past seqlen)
-        float g[kVec];
+        RowRaw xraw, graw;
+        lds_raw(xraw, rx + off + u * kRowStride);
+        lds_raw(graw, rg + off + u * kRowStride);
+        float xr[kVecF], g[kVecF];
+        // dy at t (dout is 0 past seqlen)
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-          g[i] = gr[u][i];
+        for (int i = 0; i < kVecF; ++i) {
+          xr[i] = elem<DT>(xraw, i);
+          g[i] = elem<DT>(graw, i);
           if (p.silu) {
             float y = bias[i];
 #pragma unroll
             for (int k = 0; k < kH; ++k) {
-              const float v = (p.has_seq && !same_seq(hs[k], sr[u])) ? 0.f : xh[k][i];
+              const float v = (kSeq && !same_seq(hs[k], sr[u])) ? 0.f : xh[k][i];
               y = fmaf(w[k][i], v, y);
             }
-            y = fmaf(w[kH][i], (p.has_seq && sr[u] < 0) ? 0.f : xr[u][i], y);
+            y = fmaf(w[kH][i], (kSeq && sr[u] < 0) ? 0.f : xr[i], y);
             g[i] *= dsilu(y);
           }
         }
         if (t < te) {
 #pragma unroll
-          for (int i = 0; i < kVec; ++i) {
+          for (int i = 0; i < kVecF; ++i) {
             db[i] += g[i];
 #pragma unroll
             for (int k = 0; k < kH; ++k) {
-              const float v = (p.has_seq && !same_seq(hs[k], sr[u])) ? 0.f : xh[k][i];
+              const float v = (kSeq && !same_seq(hs[k], sr[u])) ? 0.f : xh[k][i];
               dw[k][i] = fmaf(g[i], v, dw[k][i]);
             }
-            dw[kH][i] = fmaf(g[i], (p.has_seq && sr[u] < 0) ? 0.f : xr[u][i], dw[kH][i]);
+            dw[kH][i] = fmaf(g[i], (kSeq && sr[u] < 0) ? 0.f : xr[i], dw[kH][i]);
           }
         }
         // dx at s = t - H: sum_k w[k] dy[t - k]; dy[t - k] is g (k = 0) or gh[H - k]; seq[s] = hs[0]
-        const i64 s = t - kH;
-        const bool emit = s >= ts || (ts == 0 && p.has_dinit);
+        const i64 sp = t - kH;
+        const bool emit = sp >= ts || (ts == 0 && p.has_dinit);
         if (emit) {
-          float d[kVec];
+          float d[kVecF];
 #pragma unroll
-          for (int i = 0; i < kVec; ++i) {
+          for (int i = 0; i < kVecF; ++i) {
             float a = 0.f;
 #pragma unroll
             for (int k = 0; k < kW; ++k) {
               const float gv = k == 0 ? g[i] : gh[kH - k][i];
-              const int st = k == 0 ? sr[u] : hs[kH - k];
-              a = fmaf(w[k][i], (p.has_seq && !same_seq(hs[0], st)) ? 0.f : gv, a);
+              const int sq = k == 0 ? sr[u] : hs[kH - k];
+              a = fmaf(w[k][i], (kSeq && !same_seq(hs[0], sq)) ? 0.f : gv, a);
             }
-            if (p.has_dfinal && t >= p.seqlen && c0 + i < p.dim)
-              a += ldg_f32<DT>(p.dfinal, b * p.dfinal_s[0] + (c0 + i) * p.dfinal_s[1] + (t - p.seqlen) * p.dfinal_s[2]);
             d[i] = a;
           }
-          if (s >= ts) {
-            store_f32<kVec>(p.dx, b * p.dx_s[0] + c0 + s * p.dx_s[2], d, nc);
+          if (t >= p.seqlen && p.has_dfinal) {  // the last H rows of the last warp only
+#pragma unroll
+            for (int i = 0; i < kVecF; ++i)
+              if (i < nv)
+                d[i] += ldg_f32<DT>(p.dfinal, b * p.dfinal_s[0] + (c0 + i) * p.dfinal_s[1] + (t - p.seqlen) * p.dfinal_s[2]);
+          }
+          if (sp >= ts) {
+            store_row(p.dx, b * p.dx_s[0] + c0 + sp * p.dx_s[2], d, nv, vdx);
           } else {
 #pragma unroll
-            for (int i = 0; i < kVec; ++i)
-              if (c0 + i < p.dim)
-                st_f32<DT>(p.dinit, b * p.dinit_s[0] + (c0 + i) * p.dinit_s[1] + (s + kH) * p.dinit_s[2], d[i]);
+            for (int i = 0; i < kVecF; ++i)
+              if (i < nv) st_f32<DT>(p.dinit, b * p.dinit_s[0] + (c0 + i) * p.dinit_s[1] + (sp + kH) * p.dinit_s[2], d[i]);
           }
         }
 #pragma unroll
         for (int j = 0; j < kH; ++j) {
 #pragma unroll
-          for (int i = 0; i < kVec; ++i) {
-            xh[j][i] = j + 1 < kH ? xh[j + 1][i] : xr[u][i];
+          for (int i = 0; i < kVecF; ++i) {
+            xh[j][i] = j + 1 < kH ? xh[j + 1][i] : xr[i];
             gh[j][i] = j + 1 < kH ? gh[j + 1][i] : g[i];
           }
           hs[j] = j + 1 < kH ? hs[j + 1] : sr[u];
         }
       }
+#pragma unroll
+      for (int u = 0; u < kUB; ++u) sr[u] = sn[u];
     }
   }
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) {
+  for (int i = 0; i < kVecF; ++i) {
 #pragma unroll
     for (int k = 0; k < kW; ++k) red[warp][k][i][lane] = dw[k][i];
     red[warp][kW][i][lane] = db[i];
@@ -575,7 +671,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cl(cons
   if (warp == 0 && c0 < p.dim) {
     const i64 part = b * gridDim.y + blockIdx.y;
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) {
+    for (int i = 0; i < kVecF; ++i) {
       if (c0 + i >= p.dim) break;
       float* dst = p.partials + (part * p.dim + c0 + i) * (kW + 1);
 #pragma unroll
@@ -587,6 +683,12 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cl(cons
       }
     }
   }
+}
+extern "C" __global__ void __launch_bounds__(kThreads, 3) causal_conv1d_bwd_cl(const Conv1dParams p) {
+  __shared__ __align__(16) char ring[2][kWarps][kSB][kUB][32][kRowB];  // [0]: x, [1]: dout
+  __shared__ float red[kWarps][kW + 1][kVecF][32];
+  if (p.has_seq) bwd_cl<true>(p, ring, red);
+  else bwd_cl<false>(p, ring, red);
 }
 #endif
 

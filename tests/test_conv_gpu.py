@@ -252,6 +252,55 @@ def test_backward_rule(dt: str, width: int, seqlen: int, layout: str, opts: str)
             check_rule(g, ref, bl, atol=1e-3 + 1e-3 * scale, name=n)
 
 
+def _cl_view(batch: int, dim: int, seqlen: int, dtype: Any, view: str) -> Any:
+    """A channel-last (batch, dim, seqlen) view the kernels' row ring cannot copy as whole 8 / 16
+    byte slices: `narrowed` keeps aligned rows of 76 channels but uses 74 (the last lane's slice is
+    partial: zero-filled copies), `offset` starts one element into its buffer (no slice aligned:
+    the synchronous path)."""
+    if view == "narrowed":
+        return torch.randn(batch, seqlen, 76, device="cuda", dtype=dtype)[..., :dim].transpose(1, 2)
+    buf = torch.randn(batch * seqlen * dim + 1, device="cuda", dtype=dtype)
+    return buf[1:].view(batch, seqlen, dim).transpose(1, 2)
+
+
+@pytest.mark.parametrize("dt", ["bfloat16", "float32"])
+@pytest.mark.parametrize("view", ["narrowed", "offset"])
+@pytest.mark.parametrize("seqlen", [5, 97])
+def test_channel_last_partial_and_unaligned_rows(dt: str, view: str, seqlen: int) -> None:
+    import flashscan.torch as fst
+
+    dtype = DTYPES[dt]
+    batch, dim, width = 3, 74, 4
+    x = _cl_view(batch, dim, seqlen, dtype, view).detach().requires_grad_()
+    w = (torch.randn(dim, width, device="cuda") / width).requires_grad_()
+    b = torch.randn(dim, device="cuda").requires_grad_()
+    init = torch.randn(batch, dim, width - 1, device="cuda", dtype=dtype).requires_grad_()
+    dout = _cl_view(batch, dim, seqlen, dtype, view)
+    dfin = torch.randn(batch, dim, width - 1, device="cuda", dtype=dtype)
+    _FIXTURES["poison"](x.numel() * x.element_size())
+    out, fin = fst.causal_conv1d_fn(x, w, b, init, return_final_states=True, activation="silu")
+    torch.autograd.backward((out, fin), (dout, dfin))
+    ref, ref_fin = rc.causal_conv1d_fn(host(x), host(w), host(b), host(init), True, "silu")
+    check(out, ref, torch_conv(x, w, b, init, True, dtype), dtype, "out")
+    torch.testing.assert_close(fin.double().cpu(), torch.from_numpy(ref_fin), atol=0, rtol=0)
+    want = rc.causal_conv1d_bwd(
+        host(dout), host(x), host(w), host(b), host(init), host(dfin), "silu", None
+    )
+    leaves = [x, w, b, init]
+    lc = [t.detach().clone().requires_grad_() for t in leaves]
+    yb = torch_conv(lc[0], lc[1], lc[2], lc[3], True, dtype)
+    xcat = torch.cat([lc[3], lc[0]], dim=2)
+    loss = (yb.float() * dout.float()).sum() + (xcat[:, :, seqlen:].float() * dfin.float()).sum()
+    base = torch.autograd.grad(loss, lc)
+    for t, ref_g, bl, n in zip(leaves, want, base, ["dx", "dweight", "dbias", "dinitial_states"]):
+        assert t.grad is not None, n
+        if dtype == torch.float32 or n in ("dweight", "dbias"):
+            rtol = FP32_RTOL if dtype == torch.float32 else 1e-3
+            check_rule(t.grad, ref_g, bl, atol=1e-6, rtol=rtol, name=n)
+        else:
+            check_rule(t.grad, ref_g, bl, atol=1e-3 + 1e-3 * float(np.abs(ref_g).max()), name=n)
+
+
 @pytest.mark.parametrize("dt", list(DTYPES))
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("ring", [False, True])

@@ -328,10 +328,11 @@ def conv_cases() -> int:
         return None if t is None else t.detach().double().cpu().numpy()
 
     bad = 0
-    for dtype, width, layout, seq in itertools.product(
-        [torch.float32, torch.bfloat16], [2, 4], ["cf", "cl"], [False, True]
+    # d 70: channel-last rows not 8 / 16-byte aligned (the synchronous path); d 72: cp.async rows
+    for dtype, width, layout, seq, d in itertools.product(
+        [torch.float32, torch.bfloat16], [2, 4], ["cf", "cl"], [False, True], [70, 72]
     ):
-        b, d, L = 2, 70, 1031
+        b, L = 2, 1031
         x = torch.randn(b, L, d, device="cuda", dtype=dtype).transpose(1, 2)
         if layout == "cf":
             x = x.contiguous()
@@ -350,7 +351,10 @@ def conv_cases() -> int:
         out.backward(dout)
         ref = rc.causal_conv1d_fn(h(x), h(w), h(bias), h(init), activation="silu", seq_idx=h(sidx))
         dref = rc.causal_conv1d_bwd(h(dout), h(x), h(w), h(bias), h(init), None, "silu", h(sidx))
-        errs = [(out.double().cpu() - torch.from_numpy(ref)).abs().max().item()]
+        # relative to the largest |out|: bf16 rounds an output of 16 by 0.06 (an absolute 0.05
+        # bound failed on such draws, whatever the kernel)
+        oscale = max(float(abs(ref).max()), 1.0)
+        errs = [(out.double().cpu() - torch.from_numpy(ref)).abs().max().item() / oscale]
         for g, t in zip(dref, (x, w, bias, init)):
             if g is not None and t is not None and t.grad is not None:
                 scale = max(float(abs(g).max()), 1.0)
@@ -358,7 +362,7 @@ def conv_cases() -> int:
                     (t.grad.double().cpu() - torch.from_numpy(g)).abs().max().item() / scale
                 )
         if not max(errs) < 0.05:
-            print(f"conv {dtype} width={width} {layout} seq={seq}: errs {errs}")
+            print(f"conv {dtype} width={width} {layout} seq={seq} d={d}: errs {errs}")
             bad += 1
     for dtype, ring in itertools.product([torch.float16, torch.float32], [False, True]):
         x = torch.randn(3, 130, 2, device="cuda", dtype=dtype)

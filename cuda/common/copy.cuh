@@ -23,6 +23,15 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                  "r"(valid ? 16 : 0));
 }
+// B-byte global -> shared copy through L1 (.ca; B = 4, 8 or 16, src and dst B-aligned): reads the
+// first src_bytes of src and zero-fills the rest of the destination (src_bytes 0: reads nothing).
+template <int B>
+__device__ __forceinline__ void cp_async_ca(u32 dst, const void* src, int src_bytes) {
+    static_assert(B == 4 || B == 8 || B == 16, "cp.async.ca copies 4, 8 or 16 bytes");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(B),
+                 "r"(src_bytes)
+                 : "memory");
+}
 // Closes the group of cp.async issued so far by this thread (LDGDEPBAR).
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most N of this thread's groups are in flight (DEPBAR); a __syncthreads after it
@@ -98,6 +107,35 @@ __device__ __forceinline__ void store_raw(char* p, const Raw<N, ES>& r, int vali
             if (i < valid) asm volatile("st.global.u16 [%0], %1;" ::"l"(p + 2 * i), "h"(h) : "memory");
         }
     }
+}
+
+// A Raw slice of 4, 8 or 16 bytes from / to shared memory at a 32-bit shared address (one access).
+template <int N, int ES>
+__device__ __forceinline__ void lds_raw(Raw<N, ES>& r, u32 addr) {
+    constexpr int kWords = (N * ES + 3) / 4;
+    static_assert(kWords == 1 || kWords == 2 || kWords == 4, "lds_raw: 4, 8 or 16 bytes");
+    if constexpr (kWords == 4)
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r.w[0]), "=r"(r.w[1]), "=r"(r.w[2]), "=r"(r.w[3])
+                     : "r"(addr)
+                     : "memory");
+    else if constexpr (kWords == 2)
+        asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(r.w[0]), "=r"(r.w[1]) : "r"(addr) : "memory");
+    else
+        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(r.w[0]) : "r"(addr) : "memory");
+}
+template <int N, int ES>
+__device__ __forceinline__ void sts_raw(u32 addr, const Raw<N, ES>& r) {
+    constexpr int kWords = (N * ES + 3) / 4;
+    static_assert(kWords == 1 || kWords == 2 || kWords == 4, "sts_raw: 4, 8 or 16 bytes");
+    if constexpr (kWords == 4)
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r.w[0]), "r"(r.w[1]), "r"(r.w[2]),
+                     "r"(r.w[3])
+                     : "memory");
+    else if constexpr (kWords == 2)
+        asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(addr), "r"(r.w[0]), "r"(r.w[1]) : "memory");
+    else
+        asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(r.w[0]) : "memory");
 }
 
 // ---- scalars and small vectors ---------------------------------------------------------------------

@@ -12,9 +12,8 @@ const THREADS: i64 = 128;
 const WARPS: i64 = THREADS / 32;
 /// Positions per warp of the channel-last kernels (the kernel's kT).
 const CL_STEPS: i64 = 32;
-/// Channels per lane of the channel-last forward (the kernel's kVecF); its backward takes one
-/// 16-byte access per lane (`vec_elems`).
-const CL_FWD_CHANNELS: i64 = 4;
+/// Channels per lane of the channel-last kernels (the kernel's kVecF).
+const CL_CHANNELS: i64 = 4;
 
 /// Mirrors `struct Conv1dParams` in cuda/causal_conv1d.cu (480 bytes). Strides in elements.
 #[repr(C)]
@@ -234,10 +233,9 @@ fn vec_elems(dt: DType) -> i64 {
     16 / dt.size() as i64
 }
 
-/// (grid, parts along time) of the forward (`fwd`) or backward for a layout.
+/// (grid, parts along time) of the forward or backward for a layout (both take the same grid).
 fn grid(
     layout: Layout,
-    fwd: bool,
     dt: DType,
     batch: i64,
     dim: i64,
@@ -252,8 +250,7 @@ fn grid(
             Ok(((gx, batch as u32, 1), nchunks))
         }
         Layout::ChannelLast => {
-            let lane = if fwd { CL_FWD_CHANNELS } else { vec_elems(dt) };
-            let gx = (dim + 32 * lane - 1) / (32 * lane);
+            let gx = (dim + 32 * CL_CHANNELS - 1) / (32 * CL_CHANNELS);
             let gy = (seqlen + WARPS * CL_STEPS - 1) / (WARPS * CL_STEPS);
             let gy32 = u32::try_from(gy)
                 .ok()
@@ -334,7 +331,7 @@ pub fn forward(a: &Conv1dFwdArgs, stream: StreamChoice) -> Result<()> {
         Layout::ChannelLast => "causal_conv1d_fwd_cl",
     };
     let k = dev.kernel(&spec(entry, a.x.dtype, a.weight.dtype, width)?)?;
-    let (g, _) = grid(layout, true, a.x.dtype, p.batch, p.dim, p.seqlen)?;
+    let (g, _) = grid(layout, a.x.dtype, p.batch, p.dim, p.seqlen)?;
     let st = dev.stream(stream)?;
     // SAFETY: params mirrors Conv1dParams; shapes, dtypes, layouts, devices were checked.
     unsafe { dev.launch(&k, g, (THREADS as u32, 1, 1), 0, st, &p)? };
@@ -468,7 +465,7 @@ pub fn backward(a: &Conv1dBwdArgs, stream: StreamChoice) -> Result<()> {
     let (g, tparts) = if empty {
         ((0, 0, 0), 0)
     } else {
-        grid(layout, false, xd, p.batch, p.dim, p.seqlen)?
+        grid(layout, xd, p.batch, p.dim, p.seqlen)?
     };
     p.nparts = p.batch * tparts;
     let red_grid = u32::try_from((p.dim * (width + 1) + THREADS - 1) / THREADS)
