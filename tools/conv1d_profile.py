@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Per-kernel view of the causal conv1d at the Mamba-2 bench shape (b8 L2048 d5376 bf16, width 4,
+bias, SiLU), channel-last and channel-first: forward and forward + backward (torch autograd)
+medians (triton.testing.do_bench), and the kernels one forward + backward launches with their
+times (torch.profiler, mean of 5). For A/B of kernel changes: run it once per installed wheel.
+
+    python tools/conv1d_profile.py TAG
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from triton.testing import do_bench
+
+import flashscan
+import flashscan.torch as fst
+
+B, D, L = 8, 5376, 2048
+
+
+def profile(tag: str, layout: str) -> str:
+    shape = (B, L, D) if layout == "cl" else (B, D, L)
+    x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+    if layout == "cl":
+        x, dout = x.transpose(1, 2), dout.transpose(1, 2)
+    x.requires_grad_()
+    w = (torch.randn(D, 4, device="cuda", dtype=torch.bfloat16) / 4).requires_grad_()
+    b = torch.randn(D, device="cuda", dtype=torch.bfloat16).requires_grad_()
+
+    def fwd() -> object:
+        return flashscan.causal_conv1d_fn(x, w, b, activation="silu")
+
+    def step() -> object:
+        out = fst.causal_conv1d_fn(x, w, b, activation="silu")
+        return torch.autograd.grad(out, (x, w, b), dout)
+
+    tf = do_bench(fwd, warmup=25, rep=200, return_mode="median") * 1e3
+    ts = do_bench(step, warmup=25, rep=200, return_mode="median") * 1e3
+    step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+    kernels = {
+        e.key[:40]: e.device_time_total / 5
+        for e in prof.key_averages()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    }
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:5]
+    gbps = 2 * x.numel() * x.element_size() / tf / 1e3
+    split = ", ".join(f"{k} {v:.1f}" for k, v in top)
+    return f"{tag} {layout}: fwd {tf:.1f} us ({gbps:.0f} GB/s), fwd+bwd {ts:.1f} us | {split}"
+
+
+def main() -> int:
+    tag = sys.argv[1] if len(sys.argv) > 1 else "flashscan"
+    for layout in ("cl", "cf"):
+        print(profile(tag, layout), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
