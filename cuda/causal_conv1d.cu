@@ -299,7 +299,6 @@ __device__ __forceinline__ void lane_history(float (&h)[kH][kVecF], int (&hs)[kH
 #if FS_HAS_ENTRY(1)
 constexpr int kSF = 4;
 constexpr u32 kStageF = kU * kRowStride;  // 1 KB (16-bit) / 2 KB (fp32); the ring 16 / 32 KB a block
-// 5 blocks per SM (<= 102 registers: 96-106 unbounded at 4; more warps, more rows in flight)
 // kSeq: seq_idx given (the kernel picks one body per call: without it no mask is evaluated)
 template <bool kSeq>
 __device__ __forceinline__ void fwd_cl(const Conv1dParams& p, char (*ring)[kSF][kU][32][kRowB]) {
@@ -374,7 +373,14 @@ __device__ __forceinline__ void fwd_cl(const Conv1dParams& p, char (*ring)[kSF][
     }
   }
 }
-extern "C" __global__ void __launch_bounds__(kThreads, 5) causal_conv1d_fwd_cl(const Conv1dParams p) {
+// sm_90: 5 blocks per SM (<= 102 registers: 96-106 unbounded at 4; more warps, more rows in
+// flight; the measured H100 configuration). sm_80 / 86 / 89 spill 8 bytes at that bound: 4 there.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define FS_CL_FWD_BLOCKS 4
+#else
+#define FS_CL_FWD_BLOCKS 5
+#endif
+extern "C" __global__ void __launch_bounds__(kThreads, FS_CL_FWD_BLOCKS) causal_conv1d_fwd_cl(const Conv1dParams p) {
   __shared__ __align__(16) char ring[kWarps][kSF][kU][32][kRowB];
   if (p.has_seq) fwd_cl<true>(p, ring);
   else fwd_cl<false>(p, ring);
