@@ -313,25 +313,25 @@ __device__ __forceinline__ void fwd_cl(const Conv1dParams& p, char (*ring)[kSF][
   const i64 xb = b * p.x_s[0] + c0;
   const bool vec = rows_aligned(p.x, p.x_s), vout = rows_aligned(p.out, p.out_s);
   const u32 ring0 = smem_u32(&ring[warp][0][0][lane][0]);
-#pragma unroll
-  for (int s = 0; s < kSF - 1; ++s) {
-    if (s < nsteps) ring_rows<kU>(ring0 + s * kStageF, p.x, xb, p.x_s[2], ts + s * kU, te, nv, vec);
+  // step s's rows into stage s % kSF (none past the last step), then close the group
+  auto issue = [&](int s) {
+    if (s < nsteps) ring_rows<kU>(ring0 + (s % kSF) * kStageF, p.x, xb, p.x_s[2], ts + s * kU, te, nv, vec);
     cp_async_commit();
-  }
+  };
+#pragma unroll
+  for (int s = 0; s < kSF - 1; ++s) issue(s);
   float w[kW][kVecF], bias[kVecF], h[kH][kVecF];
   int hs[kH], sr[kU], sn[kU];
   lane_weights(w, bias, p, c0);
   lane_history<kSeq>(h, hs, p, b, c0, xb, ts, nv);
   seq_rows<kSeq>(sr, p, b, ts, te);
   const i64 ob = b * p.out_s[0] + c0;
-  for (int i = 0; i < nsteps; ++i) {
-    const int s = i + kSF - 1;
-    if (s < nsteps) ring_rows<kU>(ring0 + (s % kSF) * kStageF, p.x, xb, p.x_s[2], ts + s * kU, te, nv, vec);
-    cp_async_commit();
-    const i64 t0 = ts + (i64)i * kU;
+  for (int st = 0; st < nsteps; ++st) {
+    issue(st + kSF - 1);
+    const i64 t0 = ts + (i64)st * kU;
     seq_rows<kSeq>(sn, p, b, t0 + kU, te);
-    cp_async_wait<kSF - 1>();  // step i's rows are in the ring
-    const u32 stage = ring0 + (i % kSF) * kStageF;
+    cp_async_wait<kSF - 1>();  // step st's rows are in the ring
+    const u32 stage = ring0 + (st % kSF) * kStageF;
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const i64 t = t0 + u;
@@ -340,22 +340,22 @@ __device__ __forceinline__ void fwd_cl(const Conv1dParams& p, char (*ring)[kSF][
       lds_raw(xr, stage + u * kRowStride);
       float o[kVecF];
 #pragma unroll
-      for (int i2 = 0; i2 < kVecF; ++i2) {
-        float acc = bias[i2];
+      for (int i = 0; i < kVecF; ++i) {
+        float acc = bias[i];
 #pragma unroll
         for (int k = 0; k < kH; ++k) {
-          const float v = (kSeq && !same_seq(hs[k], sr[u])) ? 0.f : h[k][i2];
-          acc = fmaf(w[k][i2], v, acc);
+          const float v = (kSeq && !same_seq(hs[k], sr[u])) ? 0.f : h[k][i];
+          acc = fmaf(w[k][i], v, acc);
         }
-        const float v = (kSeq && sr[u] < 0) ? 0.f : elem<DT>(xr, i2);
-        acc = fmaf(w[kH][i2], v, acc);
-        o[i2] = p.silu ? silu(acc) : acc;
+        const float v = (kSeq && sr[u] < 0) ? 0.f : elem<DT>(xr, i);
+        acc = fmaf(w[kH][i], v, acc);
+        o[i] = p.silu ? silu(acc) : acc;
       }
       store_row(p.out, ob + t * p.out_s[2], o, nv, vout);
 #pragma unroll
       for (int j = 0; j < kH; ++j) {
 #pragma unroll
-        for (int i2 = 0; i2 < kVecF; ++i2) h[j][i2] = j + 1 < kH ? h[j + 1][i2] : elem<DT>(xr, i2);
+        for (int i = 0; i < kVecF; ++i) h[j][i] = j + 1 < kH ? h[j + 1][i] : elem<DT>(xr, i);
         hs[j] = j + 1 < kH ? hs[j + 1] : sr[u];
       }
     }
@@ -531,7 +531,6 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cf(cons
 #if FS_HAS_ENTRY(3)
 constexpr int kSB = DT == 2 ? 3 : 6;       // stages: 24 KB of rings a block either way (static <= 48 KB)
 constexpr u32 kStageB = kUB * kRowStride;  // 512 B (16-bit) / 1 KB (fp32) per stage and tensor
-// 3 blocks per SM (<= 168 registers; unbounded it takes ~195, and at 4 blocks it spills)
 template <bool kSeq>
 __device__ __forceinline__ void bwd_cl(const Conv1dParams& p, char (*ring)[kWarps][kSB][kUB][32][kRowB],
                                        float (*red)[kW + 1][kVecF][32]) {
@@ -558,14 +557,17 @@ __device__ __forceinline__ void bwd_cl(const Conv1dParams& p, char (*ring)[kWarp
     const bool vdx = rows_aligned(p.dx, p.dx_s);
     const u32 rx = smem_u32(&ring[0][warp][0][0][lane][0]);
     const u32 rg = smem_u32(&ring[1][warp][0][0][lane][0]);
-#pragma unroll
-    for (int s = 0; s < kSB - 1; ++s) {
+    // step s's rows of x and dout into stage s % kSB (none past the last step), then close the group
+    auto issue = [&](int s) {
       if (s < nsteps) {
-        ring_rows<kUB>(rx + s * kStageB, p.x, xb, p.x_s[2], ts + s * kUB, tv, nv, vec);
-        ring_rows<kUB>(rg + s * kStageB, p.dout, gb, p.dout_s[2], ts + s * kUB, tv, nv, vec);
+        const u32 off = (s % kSB) * kStageB;
+        ring_rows<kUB>(rx + off, p.x, xb, p.x_s[2], ts + s * kUB, tv, nv, vec);
+        ring_rows<kUB>(rg + off, p.dout, gb, p.dout_s[2], ts + s * kUB, tv, nv, vec);
       }
       cp_async_commit();
-    }
+    };
+#pragma unroll
+    for (int s = 0; s < kSB - 1; ++s) issue(s);
     float w[kW][kVecF], bias[kVecF], xh[kH][kVecF], gh[kH][kVecF];
     int hs[kH], sr[kUB], sn[kUB];
     lane_weights(w, bias, p, c0);
@@ -577,12 +579,7 @@ __device__ __forceinline__ void bwd_cl(const Conv1dParams& p, char (*ring)[kWarp
     }
     seq_rows<kSeq>(sr, p, b, ts, p.seqlen);
     for (int st = 0; st < nsteps; ++st) {
-      const int s = st + kSB - 1;
-      if (s < nsteps) {
-        ring_rows<kUB>(rx + (s % kSB) * kStageB, p.x, xb, p.x_s[2], ts + s * kUB, tv, nv, vec);
-        ring_rows<kUB>(rg + (s % kSB) * kStageB, p.dout, gb, p.dout_s[2], ts + s * kUB, tv, nv, vec);
-      }
-      cp_async_commit();
+      issue(st + kSB - 1);
       const i64 t0 = ts + (i64)st * kUB;
       seq_rows<kSeq>(sn, p, b, t0 + kUB, p.seqlen);
       cp_async_wait<kSB - 1>();  // step st's rows are in the rings
@@ -690,6 +687,7 @@ __device__ __forceinline__ void bwd_cl(const Conv1dParams& p, char (*ring)[kWarp
     }
   }
 }
+// 3 blocks per SM (<= 168 registers; unbounded it takes ~195, and at 4 blocks it spills)
 extern "C" __global__ void __launch_bounds__(kThreads, 3) causal_conv1d_bwd_cl(const Conv1dParams p) {
   __shared__ __align__(16) char ring[2][kWarps][kSB][kUB][32][kRowB];  // [0]: x, [1]: dout
   __shared__ float red[kWarps][kW + 1][kVecF][32];
