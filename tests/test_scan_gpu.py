@@ -306,6 +306,32 @@ def test_scan_short_sequence_plans(case: tuple, rule: Any, poison: Any) -> None:
     rule.rel(last, ref_x, STATE_RTOL, atol=1e-6, name="last_state")
 
 
+# Long unchunked scans at dstate 16 take 256-thread blocks (64 channels a block, src/ops/scan.rs
+# `wide_block_tiles`): on a 132-SM H100 these grids need no chunking, so they run that plan; dims
+# leave the last block partly idle and lengths end in a partial 32-step tile.
+# (batch, dim, seqlen, dtype, B/C form, groups)
+WIDE_CASES = [
+    (2, 4300, 1100, "bfloat16", "varying", 1),
+    (2, 4224, 1040, "float16", "grouped", 2),
+    (1, 8460, 1025, "float32", "fixed", 1),
+]
+
+
+@pytest.mark.parametrize("case", WIDE_CASES, ids=lambda c: "-".join(str(v) for v in c))
+def test_scan_wide_block_plan(case: tuple, rule: Any, poison: Any) -> None:
+    batch, dim, L, dt, bc, g = case
+    a = scan_inputs(batch, dim, L, 16, DTYPES[dt], bc, g)
+    x0 = torch.randn(batch, dim, 16, device="cuda")
+    poison(a["u"].numel() * a["u"].element_size(), batch * dim * 16 * 4)
+    out, last = flashscan.selective_scan_fn(
+        **a, delta_softplus=True, return_last_state=True, initial_state=x0
+    )
+    torch.cuda.synchronize()
+    ref_y, ref_x = scan_ref(**a, delta_softplus=True, initial_state=x0)
+    check_out(rule, out, ref_y)
+    rule.rel(last, ref_x, STATE_RTOL, atol=1e-6, name="last_state")
+
+
 def test_reference_helper_matches_numpy_reference() -> None:
     """Self-check of this file's float64 torch scan against flashscan.reference."""
     for bc, g in (("fixed", 1), ("varying", 1), ("grouped", 2)):

@@ -19,7 +19,7 @@ pub const ENTRY_ZERO: &str = "selective_scan_bwd_zero";
 /// Measured on the H100 (2026-11-23, Mamba-1 config, bf16, dstate 16, CUDA-graph medians):
 /// b8 d2048 L2048 256/2: 1494 us, 128/3 (167 registers, no spills): 1909 us, 128/4: 1601 us;
 /// L8192: 5933 / 7615 / 6390 us; b32 d512 L60: 52 / 66 / 55 us. Above dstate 32: 128 threads,
-/// 3 blocks (fewer spills with more states a lane).
+/// 3 blocks (fewer spills with more states a lane). dstate 16 itself takes `DSTATE16_TILES`.
 const BWD_THREADS_SMALL_STATE: i64 = 256;
 const BWD_MIN_BLOCKS_SMALL_STATE: i64 = 2;
 const BWD_THREADS: i64 = 128;
@@ -317,10 +317,28 @@ impl BwdTiles {
     }
 }
 
+/// dstate 16 (the Mamba-1 default): 4 lanes a channel (4 states a lane), 8-step tiles, 128
+/// threads, 4 blocks (128 registers, 56 B of stack on NVRTC 13.5: inside the training variants'
+/// spill bound). Measured on the H100 (2026-11-27, `tools/scan_tile_sweep.py --bwd`, bf16, D, z,
+/// delta_bias, softplus, kernel us): b8 d2048 L2048 1458 vs 1532 for the 8 lanes / 16 steps /
+/// 256 threads / 2 blocks before; L8192 5794 vs 6092; b2 d5120 L16384 9575 vs 9895; b32 d512
+/// L60 50.3 vs 52.2. Tried in the same sweep and slower at L2048: 4 lanes 128/3 (1991), 4 lanes
+/// 4 steps 128/4 (1806), 8 lanes 8 steps 128/4 (1856), 4 lanes 4 steps 256/2 (1871).
+pub const DSTATE16_TILES: BwdTiles = BwdTiles {
+    dpad: 16,
+    nsplit: 4,
+    tile: 8,
+    threads: 128,
+    min_blocks: 4,
+};
+
 /// Two states a lane up to dstate 64 (32 lanes a channel), more above; the register history of a
 /// tile (2 * tile * states-per-lane floats) stays at <= 64 registers.
 pub fn tiles(dstate: i64) -> BwdTiles {
     let dpad = next_pow2(dstate);
+    if dpad == 16 {
+        return DSTATE16_TILES;
+    }
     let nsplit = (dpad / 2).clamp(1, 32);
     let ns = dpad / nsplit;
     let tile = if ns >= 8 {
@@ -397,9 +415,16 @@ fn small_grid_tiles(p: &Problem, sm_count: i64) -> BwdTiles {
     }
 }
 
-/// `tiles` with 16 lanes a channel (one state a lane at dstate 16): `small_grid_tiles`' choice.
+/// 16 lanes a channel (one state a lane at dstate 16), 16-step tiles, 256 threads, 2 blocks:
+/// `small_grid_tiles`' choice (measured with those constants, 2026-11-24).
 fn wide_tiles(t: BwdTiles) -> BwdTiles {
-    BwdTiles { nsplit: 16, ..t }
+    BwdTiles {
+        nsplit: 16,
+        tile: 16,
+        threads: BWD_THREADS_SMALL_STATE,
+        min_blocks: BWD_MIN_BLOCKS_SMALL_STATE,
+        ..t
+    }
 }
 
 /// The backward's tiles: the override when set (an error if it does not fit this dstate), else
@@ -855,17 +880,17 @@ mod tests {
         let (p, _, _) = check(&args(&s)).unwrap();
         let pl = plan(&p, 132);
         assert_eq!(pl.tiles, tiles(16));
-        assert_eq!((pl.tiles.nsplit, pl.tiles.tile), (8, 16));
-        assert_eq!((pl.tiles.threads, pl.tiles.min_blocks), (256, 2));
+        assert_eq!((pl.tiles.nsplit, pl.tiles.tile), (4, 8));
+        assert_eq!((pl.tiles.threads, pl.tiles.min_blocks), (128, 4));
         assert_eq!(pl.chans_per_block, 32);
         assert_eq!(pl.nitems, 8 * 64);
-        assert_eq!(pl.grid, 132 * 2);
-        // sB + sC + sDT + sP + sRed (floats), as the kernel's Smem
+        assert_eq!(pl.grid, 8 * 64); // every item resident (132 x 4 slots)
+                                     // sB + sC + sDT + sP + sRed (floats), as the kernel's Smem
         assert_eq!(
             pl.smem,
-            4 * (2 * 16 * 20 + 4 * 32 * 16 + 256 * 3 * 18 + 8 * 2 * 16 * 17)
+            4 * (2 * 8 * 20 + 4 * 32 * 8 + 128 * 3 * 10 + 4 * 2 * 16 * 9)
         );
-        assert_eq!(pl.ck_floats, pl.grid * (256 / 16) * 256 * 2);
+        assert_eq!(pl.ck_floats, pl.grid * (256 / 8) * 128 * 4);
         assert_eq!(pl.nsaved, 7);
     }
 
@@ -889,8 +914,10 @@ mod tests {
         };
         assert_eq!(plan(&p(1, 60, 16), 132).tiles.nsplit, 16);
         assert_eq!(plan(&p(4, 60, 16), 132).tiles.nsplit, 16); // 128 blocks
-        assert_eq!(plan(&p(8, 60, 16), 132).tiles.nsplit, 8);
-        assert_eq!(plan(&p(1, 65, 16), 132).tiles.nsplit, 8);
+        assert_eq!(plan(&p(8, 60, 16), 132).tiles, tiles(16));
+        assert_eq!(plan(&p(1, 65, 16), 132).tiles, tiles(16));
+        let wide = plan(&p(1, 60, 16), 132).tiles;
+        assert_eq!((wide.tile, wide.threads, wide.min_blocks), (16, 256, 2));
         assert_eq!(plan(&p(1, 60, 64), 132).tiles, tiles(64));
     }
 
