@@ -435,24 +435,12 @@ fn override_fits(o: &[i64; 4], dpad: i64) -> bool {
         && (1..=32).contains(&min_blocks)
 }
 
-/// Long unchunked scans at dstate 16 (the grid fills the GPU without cutting the sequence):
-/// 256-thread blocks, 2 per SM (the same 4 lanes a channel and 32-step tiles). Measured on the
-/// H100 (2026-11-27, `tools/scan_tile_sweep.py`, bf16, D, z, delta_bias, softplus, kernel us):
-/// b8 d2048 L2048 275.8 vs 285.9 with 128 threads / 4 blocks, L8192 1085 vs 1123; slower where
-/// the plan chunks the sequence (b2 d5120 L16384: 2148 vs 1801, half the resident blocks to
-/// chunk over), so chunked plans keep `tiles`. Also tried at L2048: 512 / 1 279.7, 16-step tiles
-/// 256 / 2 280.2, 64-step tiles 395, 8 lanes 320, 2 lanes 354.
-pub fn wide_block_tiles(t: Tiles) -> Tiles {
-    Tiles {
-        threads: 2 * SCAN_THREADS,
-        min_blocks: 2,
-        ..t
-    }
-}
-
 /// The forward's tiles without an override: `short_seq_tiles` for <= 64 steps at dstate 16,
-/// `small_grid_tiles` for other small grids there, `wide_block_tiles` for unchunked long scans
-/// there (from 1024 steps: the measured range), else `tiles`.
+/// `small_grid_tiles` for other small grids there, else `tiles`. Tried and not taken (H100,
+/// 2026-11-27, `tools/scan_tile_sweep.py`, kernel us): 256-thread blocks x 2 at dstate 16 gain
+/// where their grid fills one wave (b8 d2048 L2048 275.8 vs 285.9, L8192 1085 vs 1123: 256 blocks
+/// on 264 slots) and lose where it does not (b2 d5120 L16384 2148-2170 vs 1801: 160 blocks), so
+/// a block size chosen by wave fill is the lead, not measured beyond those shapes.
 fn default_tiles(p: &Problem, sm_count: i64) -> Tiles {
     let t = tiles(p.dstate);
     if t.dpad == 16 && p.seqlen <= SHORT_SEQ {
@@ -463,9 +451,6 @@ fn default_tiles(p: &Problem, sm_count: i64) -> Tiles {
         && p.batch * cdiv(p.dim, t.threads / t.nsplit) < sm_count
     {
         return small_grid_tiles(t);
-    }
-    if t.dpad == 16 && p.seqlen >= 2 * CHUNK_MIN_LEN && plan_with(p, t, sm_count).nchunks == 1 {
-        return wide_block_tiles(t);
     }
     t
 }
@@ -584,7 +569,6 @@ pub fn all_specs(arch: i64) -> Vec<KernelSpec> {
         .map(|&d| tiles(d))
         .collect();
     all_tiles.push(small_grid_tiles(tiles(16)));
-    all_tiles.push(wide_block_tiles(tiles(16)));
     // the short-sequence tiles (16 / 8 / 4 lanes a channel): <= 64 steps never save states
     let short: Vec<Tiles> = [1, 8192, 1 << 20]
         .iter()
@@ -854,19 +838,8 @@ mod tests {
         assert_eq!((pl.tiles.nsplit, pl.tiles.tile), (8, 16));
         let pl = plan(&problem(1, 512, 60, 64), 132);
         assert_eq!(pl.tiles, tiles(64));
-        // long unchunked scans at dstate 16: 256-thread blocks, 2 a SM; shorter ones keep tiles
-        let pl = plan(&problem(8, 2048, 2048, 16), 132);
-        assert_eq!(pl.nchunks, 1);
-        assert_eq!(pl.tiles, wide_block_tiles(tiles(16)));
-        assert_eq!(
-            (pl.tiles.threads, pl.tiles.min_blocks, pl.chans_per_block),
-            (256, 2, 64)
-        );
-        assert_eq!(plan(&problem(32, 512, 512, 16), 132).tiles, tiles(16));
-        assert_eq!(plan(&problem(8, 2048, 2048, 64), 132).tiles, tiles(64));
-        // long sequence, few channels: chunked into a multiple of the tile, default tiles
+        // long sequence, few channels: chunked into a multiple of the tile
         let pl = plan(&problem(1, 1024, 65536, 16), 132);
-        assert_eq!(pl.tiles, tiles(16));
         assert!(pl.nchunks > 1 && pl.chunk_len % pl.tiles.tile == 0);
         assert!(pl.nchunks * pl.chunk_len >= 65536 && (pl.nchunks - 1) * pl.chunk_len < 65536);
     }
