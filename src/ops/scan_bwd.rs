@@ -317,13 +317,15 @@ impl BwdTiles {
     }
 }
 
-/// dstate 16 (the Mamba-1 default): 4 lanes a channel (4 states a lane), 8-step tiles, 128
-/// threads, 4 blocks (128 registers, 56 B of stack on NVRTC 13.5: inside the training variants'
-/// spill bound). Measured on the H100 (2026-11-27, `tools/scan_tile_sweep.py --bwd`, bf16, D, z,
-/// delta_bias, softplus, kernel us): b8 d2048 L2048 1458 vs 1532 for the 8 lanes / 16 steps /
-/// 256 threads / 2 blocks before; L8192 5794 vs 6092; b2 d5120 L16384 9575 vs 9895; b32 d512
-/// L60 50.3 vs 52.2. Tried in the same sweep and slower at L2048: 4 lanes 128/3 (1991), 4 lanes
-/// 4 steps 128/4 (1806), 8 lanes 8 steps 128/4 (1856), 4 lanes 4 steps 256/2 (1871).
+/// dstate 16 with 16-bit u / delta and both B and C varying (the Mamba-1 training layer), outside
+/// the small grids: 4 lanes a channel (4 states a lane), 8-step tiles, 128 threads, 4 blocks (128
+/// registers, 48-56 B of stack on NVRTC 13.5: inside the training variants' spill bound; the
+/// fixed-B or fixed-C and fp32 variants of this plan would spill 72-160 B, so they keep `tiles`).
+/// Measured on the H100 (2026-11-27, `tools/scan_tile_sweep.py --bwd`, bf16, D, z, delta_bias,
+/// softplus, kernel us): b8 d2048 L2048 1458 vs 1532 for `tiles(16)` (8 lanes / 16 steps / 256
+/// threads / 2 blocks); L8192 5794 vs 6092; b2 d5120 L16384 9575 vs 9895; b32 d512 L60 50.3 vs
+/// 52.2. Tried in the same sweep and slower at L2048: 4 lanes 128/3 (1991), 4 lanes 4 steps 128/4
+/// (1806), 8 lanes 8 steps 128/4 (1856), 4 lanes 4 steps 256/2 (1871).
 pub const DSTATE16_TILES: BwdTiles = BwdTiles {
     dpad: 16,
     nsplit: 4,
@@ -336,9 +338,6 @@ pub const DSTATE16_TILES: BwdTiles = BwdTiles {
 /// tile (2 * tile * states-per-lane floats) stays at <= 64 registers.
 pub fn tiles(dstate: i64) -> BwdTiles {
     let dpad = next_pow2(dstate);
-    if dpad == 16 {
-        return DSTATE16_TILES;
-    }
     let nsplit = (dpad / 2).clamp(1, 32);
     let ns = dpad / nsplit;
     let tile = if ns >= 8 {
@@ -427,10 +426,22 @@ fn wide_tiles(t: BwdTiles) -> BwdTiles {
     }
 }
 
-/// The backward's tiles: the override when set (an error if it does not fit this dstate), else
-/// `small_grid_tiles` (`tiles` outside its cases).
-fn bwd_tiles(p: &Problem, sm_count: i64) -> Result<BwdTiles> {
+/// The tiles without an override: `small_grid_tiles`' choice, with `DSTATE16_TILES` where that
+/// is `tiles(16)` and the call is what the plan was measured on.
+fn default_tiles(p: &Problem, in_dt: DType, sm_count: i64) -> BwdTiles {
     let t = small_grid_tiles(p, sm_count);
+    let measured = p.b.varying && p.c.varying && in_dt != DType::F32;
+    if t == tiles(16) && t.dpad == 16 && measured {
+        DSTATE16_TILES
+    } else {
+        t
+    }
+}
+
+/// The backward's tiles: the override when set (an error if it does not fit this dstate), else
+/// `default_tiles`.
+fn bwd_tiles(p: &Problem, in_dt: DType, sm_count: i64) -> Result<BwdTiles> {
+    let t = default_tiles(p, in_dt, sm_count);
     match tiles_override() {
         None => Ok(t),
         Some(o) => {
@@ -452,8 +463,8 @@ fn bwd_tiles(p: &Problem, sm_count: i64) -> Result<BwdTiles> {
     }
 }
 
-pub fn plan(p: &Problem, sm_count: i64) -> BwdPlan {
-    plan_with(p, small_grid_tiles(p, sm_count), sm_count)
+pub fn plan(p: &Problem, in_dt: DType, sm_count: i64) -> BwdPlan {
+    plan_with(p, default_tiles(p, in_dt, sm_count), sm_count)
 }
 
 fn plan_with(p: &Problem, t: BwdTiles, sm_count: i64) -> BwdPlan {
@@ -528,6 +539,14 @@ pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
         .map(|&d| tiles(d))
         .collect();
     all.push(wide_tiles(tiles(16))); // small_grid_tiles' choice
+                                     // default_tiles' DSTATE16_TILES: 16-bit u / delta, B and C varying
+    for in_dt in [DType::F16, DType::BF16] {
+        for bc in [in_dt, DType::F32] {
+            if let Ok(s) = spec(&DSTATE16_TILES, in_dt, bc, true, true, arch_num, ENTRY_BWD) {
+                out.push(s);
+            }
+        }
+    }
     for t in all {
         for in_dt in [DType::F16, DType::BF16, DType::F32] {
             let bcs: &[DType] = if in_dt == DType::F32 {
@@ -572,10 +591,10 @@ pub fn backward(a: &ScanBwdArgs, stream: StreamChoice) -> Result<()> {
     let _bound = dev.bind()?;
     let arch = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
     let sm_count = dev.props.sm_count as i64;
-    let pl = plan_with(&p, bwd_tiles(&p, sm_count)?, sm_count);
+    let in_dt = a.u.dtype;
+    let pl = plan_with(&p, bwd_tiles(&p, in_dt, sm_count)?, sm_count);
     let nitems = i32::try_from(pl.nitems)
         .map_err(|_| unsupported("batch * dim too large for one launch"))?;
-    let in_dt = a.u.dtype;
     let (bv, cv) = (p.b.varying, p.c.varying);
     let kspec = |entry| spec(&pl.tiles, in_dt, a.b.dtype, bv, cv, arch, entry);
     let zero_k = dev.kernel(&kspec(ENTRY_ZERO)?)?;
@@ -878,20 +897,37 @@ mod tests {
     fn plan_matches_the_kernel_notes() {
         let s = set(8, 2048, 2048, 16);
         let (p, _, _) = check(&args(&s)).unwrap();
-        let pl = plan(&p, 132);
-        assert_eq!(pl.tiles, tiles(16));
+        // 16-bit, B and C varying: the measured dstate-16 plan
+        let pl = plan(&p, DType::BF16, 132);
+        assert_eq!(pl.tiles, DSTATE16_TILES);
         assert_eq!((pl.tiles.nsplit, pl.tiles.tile), (4, 8));
         assert_eq!((pl.tiles.threads, pl.tiles.min_blocks), (128, 4));
         assert_eq!(pl.chans_per_block, 32);
         assert_eq!(pl.nitems, 8 * 64);
         assert_eq!(pl.grid, 8 * 64); // every item resident (132 x 4 slots)
                                      // sB + sC + sDT + sP + sRed (floats), as the kernel's Smem
-        assert_eq!(
-            pl.smem,
-            4 * (2 * 8 * 20 + 4 * 32 * 8 + 128 * 3 * 10 + 4 * 2 * 16 * 9)
-        );
+        let smem = 2 * 8 * 20 + 4 * 32 * 8 + 128 * 3 * 10 + 4 * 2 * 16 * 9;
+        assert_eq!(pl.smem, 4 * smem);
         assert_eq!(pl.ck_floats, pl.grid * (256 / 8) * 128 * 4);
         assert_eq!(pl.nsaved, 7);
+        // fp32: tiles(16)
+        let pl = plan(&p, DType::F32, 132);
+        assert_eq!(pl.tiles, tiles(16));
+        assert_eq!((pl.tiles.nsplit, pl.tiles.tile), (8, 16));
+        assert_eq!((pl.tiles.threads, pl.tiles.min_blocks), (256, 2));
+        assert_eq!(pl.grid, 132 * 2);
+        let smem = 2 * 16 * 20 + 4 * 32 * 16 + 256 * 3 * 18 + 8 * 2 * 16 * 17;
+        assert_eq!(pl.smem, 4 * smem);
+        assert_eq!(pl.ck_floats, pl.grid * (256 / 16) * 256 * 2);
+        // a fixed B: tiles(16)
+        let fixed = Problem {
+            b: scan::BcForm {
+                varying: false,
+                ..p.b
+            },
+            ..p
+        };
+        assert_eq!(plan(&fixed, DType::BF16, 132).tiles, tiles(16));
     }
 
     #[test]
@@ -912,13 +948,13 @@ mod tests {
                 ngroups: 1,
             }
         };
-        assert_eq!(plan(&p(1, 60, 16), 132).tiles.nsplit, 16);
-        assert_eq!(plan(&p(4, 60, 16), 132).tiles.nsplit, 16); // 128 blocks
-        assert_eq!(plan(&p(8, 60, 16), 132).tiles, tiles(16));
-        assert_eq!(plan(&p(1, 65, 16), 132).tiles, tiles(16));
-        let wide = plan(&p(1, 60, 16), 132).tiles;
+        assert_eq!(plan(&p(1, 60, 16), DType::BF16, 132).tiles.nsplit, 16);
+        assert_eq!(plan(&p(4, 60, 16), DType::BF16, 132).tiles.nsplit, 16); // 128 blocks
+        assert_eq!(plan(&p(8, 60, 16), DType::BF16, 132).tiles, DSTATE16_TILES);
+        assert_eq!(plan(&p(1, 65, 16), DType::BF16, 132).tiles, DSTATE16_TILES);
+        let wide = plan(&p(1, 60, 16), DType::BF16, 132).tiles;
         assert_eq!((wide.tile, wide.threads, wide.min_blocks), (16, 256, 2));
-        assert_eq!(plan(&p(1, 60, 64), 132).tiles, tiles(64));
+        assert_eq!(plan(&p(1, 60, 64), DType::BF16, 132).tiles, tiles(64));
     }
 
     #[test]
