@@ -20,6 +20,23 @@ decay dt'_s per head, and has CB) adds, per head and lower block (Li, Si), Li >=
 Per (chunk, head) that is 64-long scans and sums only (no q x q scratch beyond one block), and
 the order of every sum is fixed, so the result is deterministic.
 
+Wiring it into cuda/ssd_bwd.cu (the plan; not built yet):
+  1. ssd_bwd_cb_dcb, per head of its share, after the dw = g x^T tile: r = dw * exp(cum_l - cum_s)
+     * dt'_s * CB * mask (CB is in share 0's accumulators; other shares need it too: recompute it
+     per CTA, or split the CB product into its own launch first). Row sums: in-thread over the 8
+     column tiles, then quad_sum; column sums: across the 4 warps' 16-row slices in shared memory;
+     the diagonal block: r to shared memory, a per-row exclusive scan over s, a column sum over
+     rows l >= k. Write per (batch, head, chunk, block pair) the 64 column-prefix values (k in Si),
+     the 64 row-suffix values (k in Li) and the total: (kQ/64)(kQ/64+1)/2 * 129 floats of scratch
+     per (batch, head, chunk).
+  2. ssd_bwd_dt (one warp per (chunk, head)) adds, per position, the pair partials in a fixed
+     order (deterministic) to the reverse cumsum of the stable terms: e_l g_l . (C_l H_c), df_c f_c
+     at the chunk end, and the state-out term as the prefix sum over s < k of dt'_s X2_s.
+  3. With R_l (intra part) and X1 gone from da, ddt'_k = X1_k + X2_k + A da_k has no cancellation:
+     chunk_out2 keeps y_pre only for dz and the carried-state R, chunk_dx2 keeps X1 for ddt; both
+     can drop 3xTF32 (1xTF32 measured 2026-11-24: 3.56 / 2.79 ms vs 4.15 / 3.92 ms at b8 L2048),
+     then take 16-bit operands as ssd_fwd2 does.
+
     python tools/ssd_da_model.py          # checks the block form against the reference
 """
 
