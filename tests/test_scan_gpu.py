@@ -291,8 +291,9 @@ SHORT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", SHORT_CASES, ids=lambda c: "-".join(str(v) for v in c))
-def test_scan_short_sequence_plans(case: tuple, rule: Any, poison: Any) -> None:
+def _check_plan_case(case: tuple, rule: Any, poison: Any, checked: int | None = None) -> None:
+    """One dstate-16 scan with an initial state (softplus, D, z, delta_bias) against the float64
+    reference: every channel, or (`checked`) the last `checked` ones (all in the last B/C group)."""
     batch, dim, L, dt, bc, g = case
     a = scan_inputs(batch, dim, L, 16, DTYPES[dt], bc, g)
     x0 = torch.randn(batch, dim, 16, device="cuda")
@@ -301,9 +302,21 @@ def test_scan_short_sequence_plans(case: tuple, rule: Any, poison: Any) -> None:
         **a, delta_softplus=True, return_last_state=True, initial_state=x0
     )
     torch.cuda.synchronize()
-    ref_y, ref_x = scan_ref(**a, delta_softplus=True, initial_state=x0)
-    check_out(rule, out, ref_y)
-    rule.rel(last, ref_x, STATE_RTOL, atol=1e-6, name="last_state")
+    part, sel = a, slice(None)
+    if checked is not None:
+        sel = slice(dim - checked, dim)
+        part = {k: a[k][:, sel] for k in ("u", "delta", "z")}
+        part.update({k: a[k][sel] for k in ("A", "D", "delta_bias")})
+        for k in ("B", "C"):  # the last group's rows (fixed: the channels' rows)
+            part[k] = a[k][sel] if bc == "fixed" else a[k][:, -1:] if bc == "grouped" else a[k]
+    ref_y, ref_x = scan_ref(**part, delta_softplus=True, initial_state=x0[:, sel])
+    check_out(rule, out[:, sel], ref_y)
+    rule.rel(last[:, sel], ref_x, STATE_RTOL, atol=1e-6, name="last_state")
+
+
+@pytest.mark.parametrize("case", SHORT_CASES, ids=lambda c: "-".join(str(v) for v in c))
+def test_scan_short_sequence_plans(case: tuple, rule: Any, poison: Any) -> None:
+    _check_plan_case(case, rule, poison)
 
 
 # Long unchunked scans at dstate 16 with many channels (the training shapes' plan: 4 lanes a
@@ -322,22 +335,7 @@ WIDE_CHECKED = 76
 
 @pytest.mark.parametrize("case", WIDE_CASES, ids=lambda c: "-".join(str(v) for v in c))
 def test_scan_long_many_channels(case: tuple, rule: Any, poison: Any) -> None:
-    batch, dim, L, dt, bc, g = case
-    a = scan_inputs(batch, dim, L, 16, DTYPES[dt], bc, g)
-    x0 = torch.randn(batch, dim, 16, device="cuda")
-    poison(a["u"].numel() * a["u"].element_size(), batch * dim * 16 * 4)
-    out, last = flashscan.selective_scan_fn(
-        **a, delta_softplus=True, return_last_state=True, initial_state=x0
-    )
-    torch.cuda.synchronize()
-    sel = slice(dim - WIDE_CHECKED, dim)
-    part = {k: a[k][:, sel] for k in ("u", "delta", "z")}
-    part.update({k: a[k][sel] for k in ("A", "D", "delta_bias")})
-    for k in ("B", "C"):  # the last group's rows (fixed: the channels' rows)
-        part[k] = a[k][sel] if bc == "fixed" else a[k][:, -1:] if bc == "grouped" else a[k]
-    ref_y, ref_x = scan_ref(**part, delta_softplus=True, initial_state=x0[:, sel])
-    check_out(rule, out[:, sel], ref_y)
-    rule.rel(last[:, sel], ref_x, STATE_RTOL, atol=1e-6, name="last_state")
+    _check_plan_case(case, rule, poison, checked=WIDE_CHECKED)
 
 
 def test_reference_helper_matches_numpy_reference() -> None:

@@ -112,26 +112,11 @@ def child(shape: str, ref: str, save: bool, reps: int, bwd: bool) -> None:
     if bwd:
         print(json.dumps(row))
         return
-    # Graph replay: 20 calls per graph, 10 replays.
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            flashscan.selective_scan_fn(u, delta, A, B, C, D, z, bias, delta_softplus=True)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(20):
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
-    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t0.record()
-    for _ in range(10):
-        graph.replay()
-    t1.record()
-    torch.cuda.synchronize()
-    row["graph_us"] = round(t0.elapsed_time(t1) * 1e3 / 200, 2)
+    # Graph replay: 20 calls per graph, 10 replays (tools/profile_overhead.py's timer)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from profile_overhead import graph_us
+
+    row["graph_us"] = round(graph_us(call, n=10), 2)
     print(json.dumps(row))
 
 
