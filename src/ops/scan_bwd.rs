@@ -19,7 +19,8 @@ pub const ENTRY_ZERO: &str = "selective_scan_bwd_zero";
 /// Measured on the H100 (2026-11-23, Mamba-1 config, bf16, dstate 16, CUDA-graph medians):
 /// b8 d2048 L2048 256/2: 1494 us, 128/3 (167 registers, no spills): 1909 us, 128/4: 1601 us;
 /// L8192: 5933 / 7615 / 6390 us; b32 d512 L60: 52 / 66 / 55 us. Above dstate 32: 128 threads,
-/// 3 blocks (fewer spills with more states a lane). dstate 16 itself takes `DSTATE16_TILES`.
+/// 3 blocks (fewer spills with more states a lane). `DSTATE16_TILES` for the 16-bit, B-and-C
+/// varying calls at dstate 16.
 const BWD_THREADS_SMALL_STATE: i64 = 256;
 const BWD_MIN_BLOCKS_SMALL_STATE: i64 = 2;
 const BWD_THREADS: i64 = 128;
@@ -414,16 +415,9 @@ fn small_grid_tiles(p: &Problem, sm_count: i64) -> BwdTiles {
     }
 }
 
-/// 16 lanes a channel (one state a lane at dstate 16), 16-step tiles, 256 threads, 2 blocks:
-/// `small_grid_tiles`' choice (measured with those constants, 2026-11-24).
+/// `tiles` with 16 lanes a channel (one state a lane at dstate 16): `small_grid_tiles`' choice.
 fn wide_tiles(t: BwdTiles) -> BwdTiles {
-    BwdTiles {
-        nsplit: 16,
-        tile: 16,
-        threads: BWD_THREADS_SMALL_STATE,
-        min_blocks: BWD_MIN_BLOCKS_SMALL_STATE,
-        ..t
-    }
+    BwdTiles { nsplit: 16, ..t }
 }
 
 /// The tiles without an override: `small_grid_tiles`' choice, with `DSTATE16_TILES` where that
@@ -431,7 +425,7 @@ fn wide_tiles(t: BwdTiles) -> BwdTiles {
 fn default_tiles(p: &Problem, in_dt: DType, sm_count: i64) -> BwdTiles {
     let t = small_grid_tiles(p, sm_count);
     let measured = p.b.varying && p.c.varying && in_dt != DType::F32;
-    if t == tiles(16) && t.dpad == 16 && measured {
+    if t == tiles(16) && measured {
         DSTATE16_TILES
     } else {
         t
@@ -538,8 +532,9 @@ pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
         .iter()
         .map(|&d| tiles(d))
         .collect();
-    all.push(wide_tiles(tiles(16))); // small_grid_tiles' choice
-                                     // default_tiles' DSTATE16_TILES: 16-bit u / delta, B and C varying
+    // small_grid_tiles' choice
+    all.push(wide_tiles(tiles(16)));
+    // default_tiles' DSTATE16_TILES: 16-bit u / delta, B and C varying
     for in_dt in [DType::F16, DType::BF16] {
         for bc in [in_dt, DType::F32] {
             if let Ok(s) = spec(&DSTATE16_TILES, in_dt, bc, true, true, arch_num, ENTRY_BWD) {
@@ -904,8 +899,9 @@ mod tests {
         assert_eq!((pl.tiles.threads, pl.tiles.min_blocks), (128, 4));
         assert_eq!(pl.chans_per_block, 32);
         assert_eq!(pl.nitems, 8 * 64);
-        assert_eq!(pl.grid, 8 * 64); // every item resident (132 x 4 slots)
-                                     // sB + sC + sDT + sP + sRed (floats), as the kernel's Smem
+        // every item resident (132 x 4 slots)
+        assert_eq!(pl.grid, 8 * 64);
+        // sB + sC + sDT + sP + sRed (floats), as the kernel's Smem
         let smem = 2 * 8 * 20 + 4 * 32 * 8 + 128 * 3 * 10 + 4 * 2 * 16 * 9;
         assert_eq!(pl.smem, 4 * smem);
         assert_eq!(pl.ck_floats, pl.grid * (256 / 8) * 128 * 4);
