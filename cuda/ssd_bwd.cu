@@ -15,7 +15,10 @@
 //   dB_s  = sum_heads [ sum_{l>=s} dCB[l,s] C_l + v_s dt'_s dS_c^T x_s ]
 //   d cum: with R_l = g_l.y_pre_l, X1_s = x_s.dxu_intra_s, X2_s = x_s.dxu_state_s, the gradient of
 //          dt'_k A (the reverse in-chunk cumsum of d cum) is
-//          da_k = sum_{l>=k} (R_l - dt'_l X1_l) + sum_{s<k} dt'_s X2_s + df_c f_c
+//          da_k = sum_{l>=k} (R_l - dt'_l X1_l) + sum_{s<k} dt'_s X2_s + df_c f_c   (first path)
+//          R_l - dt'_l X1_l nearly cancel; the second path sums the same intra-chunk terms as
+//          da_k = sum_{l>=k} R_state_l + sum_{l>=k>s} r[l,s] + sum_{s<k} dt'_s X2_s + df_c f_c,
+//          r[l,s] = dCB[l,s] (C_l.B_s) per head, R_state_l = e_l g_l.(C_l H_c): every term once
 //   ddt'_k = X1_k + X2_k + A da_k;  dA = sum da_k dt'_k;  then the clamp mask and the softplus
 //          derivative give ddt; ddt_bias = sum ddt; dD = sum g x; dz = dout (y_pre + D x) silu'(z).
 //
@@ -83,9 +86,14 @@ struct SsdBwdParams {
     // 1: x, dout, z rows (vec_x) / B, C rows (vec_bc) start 16-byte aligned and hold a multiple of
     // 4 elements (fp32 data): 16-byte loads; 0: element loads
     int vec_x, vec_bc;
-    int dcb_splits;  // ssd_bwd_cb_dcb's head shares per group (each its own dcb array); >= 1
+    int dcb_splits;  // ssd_bwd_dcb's head shares per group (each its own dcb array); >= 1
+    // The second path's stable da (section 8): per (batch*nheads, nchunks, kPairs2) a record of
+    // 128 floats from ssd_bwd_dcb (null on the first path); rowdot then holds R_state_l (the
+    // carried state's part of g_l . y_pre_l) per 64-state tile, stiles of them (dstate <= 256)
+    float* strad;
+    int stiles, pad_;
 };
-static_assert(sizeof(SsdBwdParams) == 968, "SsdBwdParams layout changed: update the host mirror");
+static_assert(sizeof(SsdBwdParams) == 984, "SsdBwdParams layout changed: update the host mirror");
 
 constexpr int kMBlocks = kQ / kTile;
 constexpr int kTiles = 4;  // channel tiles of 64 (headdim <= 256): the row partials' last dimension
@@ -136,6 +144,36 @@ __device__ __forceinline__ void store_rows(float (&rs)[2], float* dst, i64 c0, i
         const int row = m0 + acc_row(2 * i);
         if ((threadIdx.x & 3) == 0 && row < len) dst[(c0 + row) * kTiles] = v;
     }
+}
+
+// dD partial of a 64-row block: dd[j][i] (this thread's sum over its rows of g x for column
+// acc_col(j, i)) summed over the warp's rows by shuffles, then over the 4 warps in order (s_dd),
+// into ddpart[p0 + col] for the columns < headdim. Every thread calls it.
+__device__ __forceinline__ void store_dd(float (&dd)[8][2], float (*s_dd)[kTile], float* ddpart, int p0, int headdim) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            float v = dd[j][i];
+            v += __shfl_xor_sync(0xffffffffu, v, 4);
+            v += __shfl_xor_sync(0xffffffffu, v, 8);
+            v += __shfl_xor_sync(0xffffffffu, v, 16);
+            if (lane < 4) s_dd[w][8 * j + 2 * lane + i] = v;
+        }
+    __syncthreads();
+    for (int col = threadIdx.x; col < kTile; col += kThreads) {
+        float v = 0.f;
+#pragma unroll
+        for (int i = 0; i < kThreads / 32; ++i) v += s_dd[i][col];
+        if (p0 + col < headdim) ddpart[p0 + col] = v;
+    }
+}
+
+// The dD partial of a row block with no rows (a tail chunk's): zero.
+__device__ __forceinline__ void zero_dd(float* ddpart, int p0, int headdim) {
+    for (int i = threadIdx.x; i < kTile; i += kThreads)
+        if (p0 + i < headdim) ddpart[p0 + i] = 0.f;
 }
 
 // ---- helpers of the second path (section 8) ---------------------------------------------------------
@@ -246,10 +284,10 @@ __device__ __forceinline__ void chunk_output2(const SsdBwdParams& q, i64 b, i64 
     const i64 g = h / (p.nheads / p.ngroups);
     const i64 c0 = c * kQ;
     const int w16 = 16 * (threadIdx.x >> 5);
-    // never 1xTF32 here: y_pre feeds R_l = g_l . y_pre_l, which the d cum sums set against
-    // dt'_l X1_l (chunk_dx); the two nearly cancel, so tf32 rounding of either (2^-11 of each
-    // term) showed as 1.4% of dA on the H100 (2026-11-24; baseline error 0.16%)
-    constexpr bool fast = false;
+    // 1xTF32 for 16-bit data: on this path y_pre feeds dz only (the d cum sums take the stable
+    // straddle form, section 8c). The first path's R_l = g_l . y_pre_l was set against dt'_l X1_l,
+    // which nearly cancel: tf32 rounding there showed as 1.4% of dA (H100, 2026-11-24)
+    const bool fast = q.tf32x1;
     const int hd = (int)p.headdim - p0, rows_l = len - m0;
     const i64 cbase = b * p.C_s[0] + g * p.C_s[2];
     clear(acc);
@@ -328,9 +366,7 @@ __device__ __forceinline__ void chunk_out(const SsdBwdParams& q) {
     const int len = (int)min((i64)kQ, p.seqlen - c0);
     float* ddpart = q.ddpart + ((i64)blockIdx.z * q.nlblocks + blockIdx.x) * p.headdim;
     if (m0 >= len) {  // a tail chunk's empty row block: its dD partial is zero
-        if (p.has_D)
-            for (int i = threadIdx.x; i < kTile; i += kThreads)
-                if (p0 + i < p.headdim) ddpart[p0 + i] = 0.f;
+        if (p.has_D && !kSecond) zero_dd(ddpart, p0, (int)p.headdim);
         return;
     }
     float acc[8][4];
@@ -342,6 +378,7 @@ __device__ __forceinline__ void chunk_out(const SsdBwdParams& q) {
         chunk_output(p, b, h, c, m0, p0, len, s_dt, s_cum, s_seg, acc);
     }
 
+    // the second path (run only with z) keeps dz: its da does not use R_l, dD comes from chunk_dx2
     float rs[2] = {0.f, 0.f};
     float dd[8][2];
 #pragma unroll
@@ -373,27 +410,9 @@ __device__ __forceinline__ void chunk_out(const SsdBwdParams& q) {
             rs[e >> 1] += g * y;
             dd[j][e & 1] += g * xv;
         }
+    if constexpr (kSecond) return;
     store_rows(rs, q.rowdot + (i64)blockIdx.z * p.seqlen * kTiles + blockIdx.y, c0, m0, len);
-    if (p.has_D) {
-        const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                float v = dd[j][i];
-                v += __shfl_xor_sync(0xffffffffu, v, 4);
-                v += __shfl_xor_sync(0xffffffffu, v, 8);
-                v += __shfl_xor_sync(0xffffffffu, v, 16);
-                if (lane < 4) s_dd[w][8 * j + 2 * lane + i] = v;
-            }
-        __syncthreads();
-        for (int col = threadIdx.x; col < kTile; col += kThreads) {
-            float v = 0.f;
-#pragma unroll
-            for (int i = 0; i < kThreads / 32; ++i) v += s_dd[i][col];
-            if (p0 + col < p.headdim) ddpart[p0 + col] = v;
-        }
-    }
+    if (p.has_D) store_dd(dd, s_dd, ddpart, p0, (int)p.headdim);
 }
 
 extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_out(const SsdBwdParams q) { chunk_out<false>(q); }
@@ -503,6 +522,7 @@ __device__ __forceinline__ void chunk_dx(const SsdBwdParams& q) {
     // same bytes hold s_w (64 rows s x 64 columns l).
     __shared__ __align__(16) float s_bc[2 * kTile * kLd];
     __shared__ float s_x[kTile][kLdw];  // g: positions l x channels p; dS^T: states k x channels p
+    __shared__ float s_dd[kThreads / 32][kTile];  // second path: the dD partial's per-warp sums
     float* s_b = s_bc;
     float* s_c = s_bc + kTile * kLd;
     float* s_w = s_bc;
@@ -513,7 +533,12 @@ __device__ __forceinline__ void chunk_dx(const SsdBwdParams& q) {
     const i64 g = h / (p.nheads / p.ngroups);
     const i64 c0 = c * kQ;
     const int len = (int)min((i64)kQ, p.seqlen - c0);
-    if (m0 >= len) return;
+    // the second path's dD partial per 64-row block (the first path's is chunk_out's)
+    float* ddpart = kSecond && p.has_D ? q.ddpart + ((i64)blockIdx.z * q.nlblocks + blockIdx.x) * p.headdim : nullptr;
+    if (m0 >= len) {
+        if (ddpart) zero_dd(ddpart, p0, (int)p.headdim);
+        return;
+    }
     if constexpr (kSecond) {
         load_prologue(q, b, h, c, s_dt, s_cum, s_seg);
     } else {
@@ -522,7 +547,9 @@ __device__ __forceinline__ void chunk_dx(const SsdBwdParams& q) {
     const int w16 = 16 * (threadIdx.x >> 5);
     const i64 cb_base = b * p.C_s[0] + g * p.C_s[2];
     const i64 bb_base = b * p.B_s[0] + g * p.B_s[2];
-    constexpr bool fast = false;  // X1 / X2 feed the d cum sums: see chunk_output2
+    // X1 / X2: on the first path they feed d cum sums that nearly cancel (see chunk_output2), so
+    // 3xTF32; on the second they enter ddt' = X1 + X2 + A da and da's X2 prefix as plain terms
+    const bool fast = kSecond && q.tf32x1;
 
     float acc_i[8][4], acc_s[8][4];
     clear(acc_i);
@@ -604,6 +631,9 @@ __device__ __forceinline__ void chunk_dx(const SsdBwdParams& q) {
         }
     }
     float r1[2] = {0.f, 0.f}, r2[2] = {0.f, 0.f};
+    float dd[8][2];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) dd[j][0] = dd[j][1] = 0.f;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -613,7 +643,11 @@ __device__ __forceinline__ void chunk_dx(const SsdBwdParams& q) {
             const i64 t = c0 + s;
             const float xv = ld_x(p, b, t, h, pp);
             float dx = s_dt[s] * (acc_i[j][e] + acc_s[j][e]);
-            if (p.has_D) dx += ld_any(p.D, h * p.D_s[0] + pp * p.D_s[1], p.D_dtype) * ld_g(q, b, t, h, pp);
+            if (p.has_D) {
+                const float gv = ld_g(q, b, t, h, pp);
+                dx += ld_any(p.D, h * p.D_s[0] + pp * p.D_s[1], p.D_dtype) * gv;
+                dd[j][e & 1] += gv * xv;
+            }
             st_f32<DT>(q.dx, b * q.dx_s[0] + t * q.dx_s[1] + h * q.dx_s[2] + pp, dx);
             r1[e >> 1] += xv * acc_i[j][e];
             r2[e >> 1] += xv * acc_s[j][e];
@@ -621,6 +655,9 @@ __device__ __forceinline__ void chunk_dx(const SsdBwdParams& q) {
     const i64 row0 = (i64)blockIdx.z * p.seqlen * kTiles + blockIdx.y;
     store_rows(r1, q.x1 + row0, c0, m0, len);
     store_rows(r2, q.x2 + row0, c0, m0, len);
+    if constexpr (kSecond) {
+        if (ddpart) store_dd(dd, s_dd, ddpart, p0, (int)p.headdim);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dx(const SsdBwdParams q) { chunk_dx<false>(q); }
@@ -747,6 +784,76 @@ __device__ __forceinline__ void chunk_dcdb(const SsdBwdParams& q) {
 extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dc(const SsdBwdParams q) { chunk_dcdb<false>(q); }
 extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_db(const SsdBwdParams q) { chunk_dcdb<true>(q); }
 
+// The intra-chunk part of da on the second path, per position k = lane * kPer + i of one (chunk,
+// head): sum over l >= k > s of r[l, s] (r = dCB_head . CB, section 8d), assembled from the
+// records `rec` of ssd_bwd_dcb (kPairs2 of kRec floats, pair (i, j) at i (i + 1) / 2 + j) in a
+// fixed order. For k in 64-block bk: the in-block sum of the diagonal record, the exclusive prefix
+// (inside bk) of the column sums of the blocks (li > bk, bk), the inclusive suffix (inside bk) of the
+// row sums of the blocks (bk, sj < bk), and the totals of the blocks (li, sj) with sj < bk < li.
+// Blocks at or past len have no record (never written) and are not read.
+constexpr int kRec = 2 * kTile;  // a block's record: column sums, then row sums
+__device__ __forceinline__ void straddle_da(const float* rec, int len, int lane, float (&st)[kQ / 32]) {
+    constexpr int kPer = kQ / 32;
+    constexpr int kLanes = kTile / kPer;  // lanes of one 64-block: 8 (chunk 256), 16, 32 (chunk 64)
+    const int nb = (len + kTile - 1) / kTile;
+    const int bk = lane * kPer / kTile, kk0 = lane * kPer % kTile;
+    auto at = [&](int li, int sj) { return rec + (li * (li + 1) / 2 + sj) * kRec; };
+    // the totals of blocks with at least one block between their rows and columns
+    float between = 0.f;
+#pragma unroll
+    for (int li = 2; li < kNb2; ++li)
+#pragma unroll
+        for (int sj = 0; sj + 2 <= li; ++sj) {
+            if (li >= nb) continue;
+            const float* r = at(li, sj);
+            float v = 0.f;
+            for (int k = lane; k < kTile; k += 32) v += r[k];
+#pragma unroll
+            for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+            if (sj < bk && bk < li) between += v;
+        }
+    float col[kPer], row[kPer];
+    float ct = 0.f, rt = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+        const int kk = kk0 + i;
+        float cs = 0.f, rs = 0.f, dg = 0.f;
+        if (bk < nb) {
+            dg = at(bk, bk)[kk];
+            for (int li = bk + 1; li < nb; ++li) cs += at(li, bk)[kk];
+            for (int sj = 0; sj < bk; ++sj) rs += at(bk, sj)[kTile + kk];
+        }
+        st[i] = dg + between;
+        col[i] = cs;
+        row[i] = rs;
+        ct += cs;
+        rt += rs;
+    }
+    // segmented scans over the lanes of the block: inclusive prefix of ct, inclusive suffix of rt
+    const int seg_lane = lane & (kLanes - 1);
+#pragma unroll
+    for (int off = 1; off < kLanes; off *= 2) {
+        const float o1 = __shfl_up_sync(0xffffffffu, ct, off, kLanes);
+        const float o2 = __shfl_down_sync(0xffffffffu, rt, off, kLanes);
+        if (seg_lane >= off) ct += o1;
+        if (seg_lane + off < kLanes) rt += o2;
+    }
+    float before = __shfl_up_sync(0xffffffffu, ct, 1, kLanes);   // columns of earlier lanes
+    float after = __shfl_down_sync(0xffffffffu, rt, 1, kLanes);  // rows of later lanes
+    if (seg_lane == 0) before = 0.f;
+    if (seg_lane == kLanes - 1) after = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {  // columns s < k: exclusive
+        st[i] += before;
+        before += col[i];
+    }
+#pragma unroll
+    for (int i = kPer - 1; i >= 0; --i) {  // rows l >= k: inclusive
+        after += row[i];
+        st[i] += after;
+    }
+}
+
 // ---- 6. da, ddt, dA and ddt_bias partials (one warp per chunk and head) ---------------------------
 extern "C" __global__ void __launch_bounds__(32) ssd_bwd_dt(const SsdBwdParams q) {
     const SsdParams& p = q.f;
@@ -760,6 +867,7 @@ extern "C" __global__ void __launch_bounds__(32) ssd_bwd_dt(const SsdBwdParams q
     const float* rowdot = q.rowdot + bh * p.seqlen * kTiles;
     const float* x1 = q.x1 + bh * p.seqlen * kTiles;
     const float* x2 = q.x2 + bh * p.seqlen * kTiles;
+    const bool stable = q.strad != nullptr;  // the second path
     float d[kPer], pre[kPer], x12[kPer], a1[kPer], a2[kPer];
     bool inside[kPer];
 #pragma unroll
@@ -774,16 +882,22 @@ extern "C" __global__ void __launch_bounds__(32) ssd_bwd_dt(const SsdBwdParams q
             if (p.softplus) v = softplus(v);
             inside[i] = v >= p.dt_min && v <= p.dt_max;
             v = fminf(fmaxf(v, p.dt_min), p.dt_max);
-            float rd = 0.f, s1 = 0.f, s2 = 0.f;
+            float s1 = 0.f, s2 = 0.f;
             for (int k = 0; k < q.ptiles; ++k) {
-                rd += rowdot[t * kTiles + k];
                 s1 += x1[t * kTiles + k];
                 s2 += x2[t * kTiles + k];
             }
             d[i] = v;
             x12[i] = s1 + s2;
-            a1[i] = rd - v * s1;  // summed over l >= k
-            a2[i] = v * s2;       // summed over s < k
+            a2[i] = v * s2;  // summed over s < k
+            if (stable) {  // R_state_l (zero while H_c is): summed over l >= k
+                if (c > 0 || p.has_init)
+                    for (int k = 0; k < q.stiles; ++k) a1[i] += rowdot[t * kTiles + k];
+            } else {  // R_l - dt'_l X1_l, summed over l >= k
+                float rd = 0.f;
+                for (int k = 0; k < q.ptiles; ++k) rd += rowdot[t * kTiles + k];
+                a1[i] = rd - v * s1;
+            }
         }
     }
     // df_c f_c: the chunk's decay gradient (element-tile partials summed in a fixed order)
@@ -820,6 +934,12 @@ extern "C" __global__ void __launch_bounds__(32) ssd_bwd_dt(const SsdBwdParams q
     for (int i = 0; i < kPer; ++i) {
         da[i] += run2 + dfs * f;
         run2 += a2[i];
+    }
+    if (stable) {
+        float st[kPer];
+        straddle_da(q.strad + (bh * p.nchunks + c) * kPairs2 * kRec, len, lane, st);
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) da[i] += st[i];
     }
     float dA = 0.f, db = 0.f;
 #pragma unroll
@@ -880,26 +1000,36 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_reduce(const 
     }
 }
 
-// ==== 8. Second path (FLASHSCAN_SSD_BWD=2): dC and dB from a dCB formed once per group ============
+// ==== 8. Second path (the default; FLASHSCAN_SSD_BWD=1 the first): dC and dB from a dCB formed once
+// per group, da in a form without cancellation ======================================================
 // The first path's chunk_dc / chunk_db form each head's g x^T (64 x 64 over headdim) again in both
 // kernels and for every 64-state tile (4 times), each CTA walking the group's heads one after the
-// other with a chunk prologue per head. Here:
+// other with a chunk prologue per head; its da subtracts dt'_l X1_l from R_l, so y_pre and X1 need
+// 3xTF32. Here:
 //   ssd_bwd_prologue  grid (nchunks, batch*nheads), one warp: the chunk prologue once per (batch,
 //                     head, chunk) into q.pdt / q.pcum (and q.pseg, head 0)
-//   ssd_bwd_cb_dcb    grid (nchunks * kPairs, ngroups * dcb_splits, batch): one lower 64 x 64 block
-//                     (l-block i, s-block j <= i) of CB = C_l . B_s (over dstate; share 0 only) and
-//                     of dCB[l, s] = sum_heads (g_l . x_s) exp(cum_l - cum_s) dt'_s (over headdim)
+//   ssd_bwd_cb        grid (nchunks * kPairs, ngroups, batch): one lower 64 x 64 block (l-block i,
+//                     s-block j <= i) of CB = C_l . B_s (over dstate) into q.cb
+//   ssd_bwd_dcb       grid (nchunks * kPairs, ngroups * dcb_splits, batch): the same block of
+//                     dCB[l, s] = sum_heads (g_l . x_s) exp(cum_l - cum_s) dt'_s (over headdim)
 //                     over one share of the group's heads, masked (s <= l, same sequence, inside
 //                     the chunk); fp32 workspaces. The shares (80 heads: 5 of 16) cut each CTA's
-//                     serial head loop: one share per group took 1.66 ms at the shape below.
+//                     serial head loop: one share per group took 1.66 ms at the shape below. Per
+//                     head it also leaves the block's straddle record of r = dCB_head . CB (8c)
+//   ssd_bwd_chunk_out2 only with z: y_pre for dz (1xTF32)
+//   ssd_bwd_chunk_dx2 dx, X1, X2 and the dD partials (1xTF32)
 //   ssd_bwd_chunk_dc2 / _db2  grid (nchunks * kNb, n tiles, batch*ngroups): rows l (dC) / s (dB),
 //                     64 states; the intra-chunk part as plain products over the dCB blocks
 //                     (dC = dCB B over s-blocks <= i, dB = dCB^T C over l-blocks >= i, the shares
 //                     summed as the blocks load, in a fixed order), then the
-//                     state term per head (the only head loop left: one K = headdim product each)
+//                     state term per head (the only head loop left: one K = headdim product each;
+//                     dC2 leaves R_state per head and state tile)
+//   ssd_bwd_dt        da from R_state, the straddle records (straddle_da), X2 and df
 // 128 threads = 4 warps, warp w owns rows 16w .. 16w + 15 of each 64 x 64 tile (acc_row / acc_col).
 // fp32 data (what every call uses today: 16-bit calls come as fp32 copies) loads 16-byte rows when
 // q.vec_x / q.vec_bc allow, and with q.tf32x1 rounds operands to tf32 once instead of 3xTF32.
+// A 16-bit call's error then stays within 2^-11 of each term's own size: nothing cancels after
+// the rounding (tools/ssd_da_model.py models the straddle sums' float32 accumulation).
 // PREDICTION (b8 L2048 nheads 80 headdim 64 dstate 128 ngroups 1 chunk 256, 1xTF32; the first
 // path's dc + db take 36.0 ms there): the g x^T products are 27 GFLOP (lower blocks) once, the state
 // terms 2 x 21 GFLOP; ~0.4 ms cb_dcb, ~0.5 ms each of dc2 / db2 (load- and latency-bound, not mma).
@@ -925,29 +1055,29 @@ extern "C" __global__ void __launch_bounds__(32) ssd_bwd_prologue(const SsdBwdPa
     }
 }
 
-// ---- 8b. CB and the head-summed dCB, one lower 64 x 64 block per CTA ------------------------------
-extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_cb_dcb(const SsdBwdParams q) {
+// ---- 8b. CB = C_l . B_s, one lower 64 x 64 block per CTA -----------------------------------------
+// Pair index -> (i, j), j <= i: blockIdx.x % kPairs2 == i (i + 1) / 2 + j.
+__device__ __forceinline__ void block_pair(int& i, int& j) {
+    j = blockIdx.x % kPairs2;
+    i = 0;
+    while (j > i) j -= ++i;
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_cb(const SsdBwdParams q) {
     const SsdParams& p = q.f;
-    __shared__ __align__(16) float s_a[kTile * kLd2];  // rows l: C (CB), then g (dCB)
-    __shared__ __align__(16) float s_o[kTile * kLd2];  // rows s: B (CB), then x (dCB)
-    __shared__ float s_cl[kTile], s_cs[kTile], s_ds[kTile];  // this head: cum of rows l; cum, dt' of columns s
-    int j = blockIdx.x % kPairs2, i = 0;
-    while (j > i) j -= ++i;  // pair index -> (i, j), j <= i
-    const i64 c = blockIdx.x / kPairs2, g = blockIdx.y / q.dcb_splits, b = blockIdx.z;
-    const int share = blockIdx.y % q.dcb_splits;
+    __shared__ __align__(16) float s_a[kTile * kLd2];  // rows l: C
+    __shared__ __align__(16) float s_o[kTile * kLd2];  // rows s: B
+    int i, j;
+    block_pair(i, j);
+    const i64 c = blockIdx.x / kPairs2, g = blockIdx.y, b = blockIdx.z;
     const i64 c0 = c * kQ;
     const int len = (int)min((i64)kQ, p.seqlen - c0);
     const int m0 = i * kTile, s0 = j * kTile;
     if (m0 >= len) return;  // a tail chunk's unused blocks (never read)
     const int rows_l = len - m0, rows_s = len - s0;
-    const bool fast = q.tf32x1;
     const int w16 = 16 * (threadIdx.x >> 5);
     const i64 blk = (((b * p.nchunks + c) * p.ngroups + g) * kQ + m0) * kQ + s0;
-
-    const i64 split_stride = p.batch * p.nchunks * p.ngroups * kQ * kQ;  // one share's dcb array
     float acc[8][4];
-    // CB[l, s] over dstate (share 0)
-    if (share == 0) {
     clear(acc);
     const i64 cbase = b * p.C_s[0] + g * p.C_s[2], bbase = b * p.B_s[0] + g * p.B_s[2];
     for (int n0 = 0; n0 < p.dstate; n0 += kK) {
@@ -962,7 +1092,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_cb_dcb(const S
             [&](int r, int k) { return r < rows_s && k < nv ? ldg_f32<DT>(p.B, bbase + (c0 + s0 + r) * p.B_s[1] + n0 + k) : 0.f; });
         __syncthreads();
         warp_mma_q<kK, 8>(acc, [&](int m, int k) { return s_a[(w16 + m) * kLd2 + k]; },
-                          [&](int k, int n) { return s_o[n * kLd2 + k]; }, fast);
+                          [&](int k, int n) { return s_o[n * kLd2 + k]; }, q.tf32x1);
         __syncthreads();
     }
 #pragma unroll
@@ -972,17 +1102,130 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_cb_dcb(const S
             const int r = acc_row(2 * hh), col = acc_col(jn, 0);
             *(float2*)(q.cb + blk + (i64)r * kQ + col) = make_float2(acc[jn][2 * hh], acc[jn][2 * hh + 1]);
         }
+}
+
+// One step of a halving exchange over v[0 .. 2 kHalf): lanes with bit (2 kHalf) set keep the upper
+// half, the others the lower, each adding its xor partner's copy of the half it keeps, into
+// v[0 .. kHalf). (A compile-time step: a runtime half would index v dynamically, i.e. locally.)
+template <int kHalf>
+__device__ __forceinline__ void halve(float (&v)[16], int lane) {
+    const bool up = lane & (2 * kHalf);
+#pragma unroll
+    for (int k = 0; k < kHalf; ++k) {
+        const float send = up ? v[k] : v[k + kHalf];
+        const float keep = up ? v[k + kHalf] : v[k];
+        v[k] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * kHalf);
+    }
+}
+
+// ---- 8c. the stable da's partials of one head's block: r = dCB_head . CB -----------------------------
+// rv holds r[l, s] of a 64 x 64 block in the accumulator layout (zero where masked). Writes rec (kRec
+// floats, read by straddle_da): an off-diagonal block (l-block above its s-block) its column sums
+// over l (rec[s]) and row sums over s (rec[64 + l]); the diagonal block rec[k] = sum over l >= k > s
+// inside it (each row's exclusive prefix over s across the quad's lanes and the 8 column tiles, kept
+// where l >= k, then summed over l as a column). Column sums: the 8 row groups of a warp by a halving
+// exchange (each xor step keeps half of the values), then the 4 warps in order through s_col. Every
+// sum in a fixed order: bitwise deterministic. Every thread calls it; rv is overwritten.
+__device__ __forceinline__ void straddle_record(float (&rv)[8][4], bool diag, float* rec, float (*s_col)[kTile]) {
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31, t = lane & 3, w = threadIdx.x >> 5;
+    if (diag) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int r = acc_row(2 * hh);
+            float run = 0.f;
+#pragma unroll
+            for (int jn = 0; jn < 8; ++jn) {
+                const float a = rv[jn][2 * hh], pair = a + rv[jn][2 * hh + 1];
+                float incl = pair;
+                float o = __shfl_up_sync(full, incl, 1, 4);
+                if (t >= 1) incl += o;
+                o = __shfl_up_sync(full, incl, 2, 4);
+                if (t >= 2) incl += o;
+                float excl = __shfl_up_sync(full, incl, 1, 4);
+                if (t == 0) excl = 0.f;
+                const float tot = __shfl_sync(full, incl, 3, 4);
+                const int col = acc_col(jn, 0);
+                const float p0 = run + excl;
+                rv[jn][2 * hh] = r >= col ? p0 : 0.f;
+                rv[jn][2 * hh + 1] = r >= col + 1 ? p0 + a : 0.f;
+                run += tot;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            float v = 0.f;
+#pragma unroll
+            for (int jn = 0; jn < 8; ++jn) v += rv[jn][2 * hh] + rv[jn][2 * hh + 1];
+            v = quad_sum(v);
+            if (t == 0) rec[kTile + acc_row(2 * hh)] = v;
+        }
+    }
+    float v[16];  // index 2 jn + c: column acc_col(jn, c), this thread's two rows summed
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) v[2 * jn + c] = rv[jn][c] + rv[jn][c + 2];
+    halve<8>(v, lane);  // xor 16, 8, 4: lane bit 4, 3, 2
+    halve<4>(v, lane);
+    halve<2>(v, lane);
+    // v[0], v[1]: index 8 (lane bit 4) + 4 (bit 3) + 2 (bit 2) + c, i.e. jn = lane >> 2 (the group g)
+    const int col = 8 * (lane >> 2) + 2 * t;
+    s_col[w][col] = v[0];
+    s_col[w][col + 1] = v[1];
+    __syncthreads();
+    if (threadIdx.x < kTile) {
+        float sum = 0.f;
+#pragma unroll
+        for (int k = 0; k < kThreads / 32; ++k) sum += s_col[k][threadIdx.x];
+        rec[threadIdx.x] = sum;
+    }
+}
+
+// ---- 8d. the head-summed dCB, and each head's straddle record, one lower 64 x 64 block per CTA ------
+extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb(const SsdBwdParams q) {
+    const SsdParams& p = q.f;
+    __shared__ __align__(16) float s_a[kTile * kLd2];    // rows l: g
+    __shared__ __align__(16) float s_o[kTile * kLd2];    // rows s: x
+    __shared__ __align__(16) float s_cb[kTile * kLdw2];  // this block of CB, masked (rows l, columns s)
+    __shared__ float s_col[kThreads / 32][kTile];        // straddle_record's column partials
+    __shared__ float s_cl[kTile], s_cs[kTile], s_ds[kTile];  // this head: cum of rows l; cum, dt' of columns s
+    int i, j;
+    block_pair(i, j);
+    const i64 c = blockIdx.x / kPairs2, g = blockIdx.y / q.dcb_splits, b = blockIdx.z;
+    const int share = blockIdx.y % q.dcb_splits;
+    const i64 c0 = c * kQ;
+    const int len = (int)min((i64)kQ, p.seqlen - c0);
+    const int m0 = i * kTile, s0 = j * kTile;
+    if (m0 >= len) return;  // a tail chunk's unused blocks (never read)
+    const int rows_l = len - m0, rows_s = len - s0;
+    const bool fast = q.tf32x1;
+    const int w16 = 16 * (threadIdx.x >> 5);
+    const i64 blk = (((b * p.nchunks + c) * p.ngroups + g) * kQ + m0) * kQ + s0;
+    const int pair = blockIdx.x % kPairs2;
+    const int* seg = q.pseg + (b * p.nchunks + c) * kQ;
+    // CB with the mask of r: s <= l, same sequence, both inside the chunk
+    for (int e = threadIdx.x; e < kTile * kTile / 4; e += kThreads) {
+        const int r = e / (kTile / 4), col = (e % (kTile / 4)) * 4, l = m0 + r;
+        const float4 v = *(const float4*)(q.cb + blk + (i64)r * kQ + col);
+        const int sl = seg[min(l, kQ - 1)], s = s0 + col;
+        auto keep = [&](int u) { return l < len && s + u < len && s + u <= l && seg[s + u] == sl; };
+        *(float4*)(s_cb + r * kLdw2 + col) =
+            make_float4(keep(0) ? v.x : 0.f, keep(1) ? v.y : 0.f, keep(2) ? v.z : 0.f, keep(3) ? v.w : 0.f);
     }
 
-    // dCB[l, s] = sum over the group's heads of (g_l . x_s) exp(cum_l - cum_s) dt'_s, s <= l
+    const i64 split_stride = p.batch * p.nchunks * p.ngroups * kQ * kQ;  // one share's dcb array
+    float acc[8][4];
     clear(acc);
+    // dCB[l, s] = sum over the share's heads of (g_l . x_s) exp(cum_l - cum_s) dt'_s, s <= l
     const i64 hpg = p.nheads / p.ngroups;
     const i64 per = (hpg + q.dcb_splits - 1) / q.dcb_splits;
     const i64 h_end = min(hpg, (share + 1) * per);
     for (i64 hh = share * per; hh < h_end; ++hh) {
         const i64 h = g * hpg + hh;
         const i64 pro = ((b * p.nheads + h) * p.nchunks + c) * kQ;
-        __syncthreads();  // the previous head's scaling has read s_cl / s_cs / s_ds
+        __syncthreads();  // the previous head's scaling has read s_cl / s_cs / s_ds (and s_col)
         if (threadIdx.x < kTile) {
             s_cl[threadIdx.x] = q.pcum[pro + m0 + threadIdx.x];
         } else {
@@ -1013,11 +1256,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_cb_dcb(const S
             for (int e = 0; e < 4; ++e) {
                 const int r = acc_row(e), col = acc_col(jn, e);
                 // exp only where s <= l: cum is per chunk, so cum_l - cum_s has no sign guarantee above
-                if (i > j || col <= r) acc[jn][e] += dw[jn][e] * ex(s_cl[r] - s_cs[col]) * s_ds[col];
+                float v = 0.f;
+                if (i > j || col <= r) v = dw[jn][e] * ex(s_cl[r] - s_cs[col]) * s_ds[col];
+                acc[jn][e] += v;
+                dw[jn][e] = v * s_cb[r * kLdw2 + col];  // r[l, s] of this head
             }
+        straddle_record(dw, i == j, q.strad + ((b * p.nheads + h) * p.nchunks + c) * kPairs2 * kRec + pair * kRec,
+                        s_col);
     }
     // mask: same sequence, both inside the chunk (loaded rows past len are zero already)
-    const int* seg = q.pseg + (b * p.nchunks + c) * kQ;
 #pragma unroll
     for (int jn = 0; jn < 8; ++jn)
 #pragma unroll
@@ -1031,7 +1278,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_cb_dcb(const S
         }
 }
 
-// ---- 8c. dC (kDB false) and dB (kDB true) from the dCB blocks, then the per-head state term ----------
+// ---- 8e. dC (kDB false) and dB (kDB true) from the dCB blocks, then the per-head state term ----------
 template <bool kDB>
 __device__ __forceinline__ void chunk_dcdb2(const SsdBwdParams& q) {
     const SsdParams& p = q.f;
@@ -1095,12 +1342,15 @@ __device__ __forceinline__ void chunk_dcdb2(const SsdBwdParams& q) {
     }
 
     // state term, per head: dC += e_l g_l^T H_c (H_c = 0 in chunk 0 without initial states);
-    // dB += v_s dt'_s x_s^T dS_c (dS of the last chunk = dfinal, zero without it)
+    // dB += v_s dt'_s x_s^T dS_c (dS of the last chunk = dfinal, zero without it). dC also leaves
+    // each head's R_state_l = sum_n C_ln (e_l g_l^T H_c)_ln over this tile's states in rowdot
+    // (column blockIdx.y), the carried state's part of da (ssd_bwd_dt)
     const bool term = kDB ? (c < p.nchunks - 1 || q.has_dfinal) : (c > 0 || p.has_init);
     if (term) {
         const int rows = len - m0;
         const int* seg = q.pseg + (b * p.nchunks + c) * kQ;
         const int seg_end = seg[len - 1];
+        const i64 c_row = b * p.C_s[0] + g * p.C_s[2];
         float* s_a = s_w;  // rows r x channels k (pitch kLd2)
         float* s_s = s_m;  // channels k x states n (pitch kLdw2)
         for (i64 hh = 0; hh < hpg; ++hh) {
@@ -1120,6 +1370,8 @@ __device__ __forceinline__ void chunk_dcdb2(const SsdBwdParams& q) {
             }
             __syncthreads();
             const float* S = (kDB ? q.dstates : p.states) + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate;
+            float ah[8][4];  // dC: this head's term alone
+            if constexpr (!kDB) clear(ah);
             for (int k0 = 0; k0 < p.headdim; k0 += kK) {
                 const int kv = (int)p.headdim - k0;
                 if (kDB) {
@@ -1138,9 +1390,29 @@ __device__ __forceinline__ void chunk_dcdb2(const SsdBwdParams& q) {
                     s_s[k * kLdw2 + col] = k < kv && col < nv ? S[(i64)(k0 + k) * p.dstate + n0 + col] : 0.f;
                 }
                 __syncthreads();
-                warp_mma_q<kK, 8>(acc, [&](int m, int k) { return s_a[(w16 + m) * kLd2 + k]; },
-                                  [&](int k, int n) { return s_s[k * kLdw2 + n]; }, fast);
+                const auto fa = [&](int m, int k) { return s_a[(w16 + m) * kLd2 + k]; };
+                const auto fb = [&](int k, int n) { return s_s[k * kLdw2 + n]; };
+                if constexpr (kDB) {
+                    warp_mma_q<kK, 8>(acc, fa, fb, fast);
+                } else {
+                    warp_mma_q<kK, 8>(ah, fa, fb, fast);
+                }
                 __syncthreads();
+            }
+            if constexpr (!kDB) {
+                // C_l from global memory (the group's rows, cached across the head loop): registers
+                // held across the loop would cost occupancy
+                float rs[2] = {0.f, 0.f};
+#pragma unroll
+                for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int r = m0 + acc_row(e), col = acc_col(jn, e);
+                        const float cv = r < len && col < nv ? ldg_f32<DT>(p.C, c_row + (c0 + r) * p.C_s[1] + n0 + col) : 0.f;
+                        rs[e >> 1] += cv * ah[jn][e];
+                        acc[jn][e] += ah[jn][e];
+                    }
+                store_rows(rs, q.rowdot + (b * p.nheads + h) * p.seqlen * kTiles + blockIdx.y, c0, m0, len);
             }
         }
     }

@@ -113,7 +113,8 @@ def baseline_lowp(a: dict[str, Any], chunk: int, softplus: bool) -> tuple[Any, A
     y = y.reshape(b, nc * Q, h, p)[:, :L]
     D = a["D"].float()
     y = y + (D if D.dim() == 2 else D[:, None]) * x.float()
-    y = y * F.silu(a["z"].float())
+    if a.get("z") is not None:
+        y = y * F.silu(a["z"].float())
     return y.to(dtype), H
 
 
@@ -658,6 +659,39 @@ def test_backward_without_optionals_and_dfinal(rule: Any, bwd_path: str) -> None
     assert bool((ref["dt"] == 0).any()), "the clamp should cut some dt gradients"
 
 
+@pytest.mark.parametrize("dt_name", ["bfloat16", "float16", "float32"])
+def test_backward_without_z(dt_name: str, rule: Any, poison: Any, bwd_path: str) -> None:
+    """The Mamba-2 layer's call (D per head, no z: its gate is in the RMSNorm after): the
+    second path then runs no chunk_out2 (dD from chunk_dx2); a tail chunk of one row block,
+    three chunks, initial and final states."""
+    dtype = DTYPES[dt_name]
+    a = ssd_inputs(2, 2 * 256 + 37, 4, 64, 1, 128, dtype)
+    del a["z"]
+    dout, dfinal = upstream(a)
+    ref = ref_grads(a, 256, dout, dfinal)
+    base = grads_of(lambda lv: baseline_lowp(lv, 256, True), a, dout, dfinal)
+    poison(2 * 549 * 4 * 64 * a["x"].element_size(), 2 * 549 * 128 * a["B"].element_size())
+    got = grads_of(ours(a, 256), a, dout, dfinal)
+    check_grads(rule, got, ref, base, dtype)
+
+
+def test_backward_without_z_runs_no_chunk_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    monkeypatch.delenv("FLASHSCAN_SSD_BWD", raising=False)
+    a = ssd_inputs(1, 300, 4, 64, 1, 64, torch.bfloat16)
+    del a["z"]
+    dout, dfinal = upstream(a)
+    grads_of(ours(a, 128), a, dout, dfinal)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        grads_of(ours(a, 128), a, dout, dfinal)
+        torch.cuda.synchronize()
+    names = {e.name for e in prof.events()}
+    assert "ssd_bwd_chunk_dx2" in names and "ssd_bwd_dcb" in names, sorted(names)
+    assert not {"ssd_bwd_chunk_out2", "ssd_bwd_chunk_out"} & names, sorted(names)
+
+
 @pytest.mark.parametrize("chunk", [64, 128, 256])
 def test_backward_chunk_sizes_agree(chunk: int, rule: Any, bwd_path: str) -> None:
     a = ssd_inputs(1, 700, 4, 64, 2, 64, torch.float32)
@@ -697,7 +731,8 @@ def test_backward_path_switch_selects_kernels(
         grads_of(ours(a, 128), a, dout, dfinal)
         torch.cuda.synchronize()
     names = {e.name for e in prof.events()}
-    second = {"ssd_bwd_cb_dcb", "ssd_bwd_chunk_dc2", "ssd_bwd_chunk_db2", "ssd_bwd_chunk_out2"}
+    second = {"ssd_bwd_cb", "ssd_bwd_dcb", "ssd_bwd_chunk_dc2", "ssd_bwd_chunk_db2"}
+    second |= {"ssd_bwd_chunk_out2", "ssd_bwd_chunk_dx2"}  # out2: the call has z
     first = {"ssd_bwd_chunk_dc", "ssd_bwd_chunk_db", "ssd_bwd_chunk_out"}
     want, unwanted = (first, second) if switch == "1" else (second, first)
     assert want <= names, sorted(n for n in names if n.startswith("ssd"))

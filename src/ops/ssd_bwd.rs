@@ -23,13 +23,14 @@ pub const ENTRY_DB: &str = "ssd_bwd_chunk_db";
 pub const ENTRY_DT: &str = "ssd_bwd_dt";
 pub const ENTRY_REDUCE: &str = "ssd_bwd_reduce";
 pub const ENTRY_PROLOGUE: &str = "ssd_bwd_prologue";
-pub const ENTRY_CB_DCB: &str = "ssd_bwd_cb_dcb";
+pub const ENTRY_CB: &str = "ssd_bwd_cb";
+pub const ENTRY_DCB: &str = "ssd_bwd_dcb";
 pub const ENTRY_DC2: &str = "ssd_bwd_chunk_dc2";
 pub const ENTRY_DB2: &str = "ssd_bwd_chunk_db2";
 pub const ENTRY_OUT2: &str = "ssd_bwd_chunk_out2";
 pub const ENTRY_DX2: &str = "ssd_bwd_chunk_dx2";
 /// Every entry of the family: one translation unit per (dtype, chunk) holds them all.
-const ENTRIES: [&str; 14] = [
+const ENTRIES: [&str; 15] = [
     ENTRY_OUT,
     ENTRY_DSTATE,
     ENTRY_PASS,
@@ -39,7 +40,8 @@ const ENTRIES: [&str; 14] = [
     ENTRY_DT,
     ENTRY_REDUCE,
     ENTRY_PROLOGUE,
-    ENTRY_CB_DCB,
+    ENTRY_CB,
+    ENTRY_DCB,
     ENTRY_DC2,
     ENTRY_DB2,
     ENTRY_OUT2,
@@ -51,7 +53,7 @@ const TILE: i64 = 64;
 /// Channel tiles of 64 the per-position partials keep (headdim <= 256).
 const ROW_TILES: i64 = 4;
 
-/// Mirrors `struct SsdBwdParams` in cuda/ssd_bwd.cu (968 bytes). Strides in elements.
+/// Mirrors `struct SsdBwdParams` in cuda/ssd_bwd.cu (984 bytes). Strides in elements.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SsdBwdParams {
@@ -101,9 +103,12 @@ pub struct SsdBwdParams {
     pub vec_x: i32,
     pub vec_bc: i32,
     pub dcb_splits: i32,
+    pub strad: u64,
+    pub stiles: i32,
+    pub pad_: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<SsdBwdParams>() == 968);
+const _: () = assert!(std::mem::size_of::<SsdBwdParams>() == 984);
 
 pub struct SsdBwdArgs<'a> {
     pub inputs: SsdInputs<'a>,
@@ -279,10 +284,12 @@ struct Layout {
     pdt: i64,
     pcum: i64,
     pseg: i64,
+    /// the straddle records of the stable da: kRec (128) floats per (batch, head, chunk, block pair)
+    strad: i64,
     total: i64,
 }
 
-/// ssd_bwd_cb_dcb's head shares per group (each share its own dcb array, summed by chunk_dc2 /
+/// ssd_bwd_dcb's head shares per group (each share its own dcb array, summed by chunk_dc2 /
 /// chunk_db2 as they load it): at most 16 heads each, and enough shares for about two CTAs per
 /// SM when the blocks alone are few (the real-time shape, b32 L60 8 heads: 32 live blocks, its
 /// one share of 8 heads took 71 us on the H100); at most 8 shares, at most one per head.
@@ -297,6 +304,12 @@ fn dcb_splits(p: &Problem, chunk: i64) -> i64 {
     let for_loop = (hpg + 15) / 16;
     let for_sms = (264 + live - 1) / live.max(1);
     for_loop.max(for_sms).clamp(1, 8.min(hpg))
+}
+
+/// Lower 64 x 64 blocks (pairs of an l-block and an s-block at or below it) of one chunk.
+fn pairs(chunk: i64) -> i64 {
+    let nb = chunk / TILE;
+    nb * (nb + 1) / 2
 }
 
 fn layout(p: &Problem, chunk: i64, has_d: bool, npass_parts: i64, second: bool) -> Layout {
@@ -330,6 +343,7 @@ fn layout(p: &Problem, chunk: i64, has_d: bool, npass_parts: i64, second: bool) 
     let pdt = take(k * bh * p.nchunks * chunk);
     let pcum = take(k * bh * p.nchunks * chunk);
     let pseg = take(k * p.batch * p.nchunks * chunk);
+    let strad = take(k * bh * p.nchunks * pairs(chunk) * 2 * TILE);
     Layout {
         states,
         decay,
@@ -346,6 +360,7 @@ fn layout(p: &Problem, chunk: i64, has_d: bool, npass_parts: i64, second: bool) 
         pdt,
         pcum,
         pseg,
+        strad,
         total: at,
     }
 }
@@ -367,7 +382,7 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
     for entry in ENTRIES {
         k.push(dev.kernel(&spec(entry, dtype, chunk, arch))?);
     }
-    let [k_out, k_dstate, k_pass, k_dx, k_dc, k_db, k_dt, k_reduce, k_pro, k_cbdcb, k_dc2, k_db2, k_out2, k_dx2] =
+    let [k_out, k_dstate, k_pass, k_dx, k_dc, k_db, k_dt, k_reduce, k_pro, k_cb, k_dcb, k_dc2, k_db2, k_out2, k_dx2] =
         &k[..]
     else {
         return Err(unsupported("ssd_bwd: kernel list"));
@@ -434,6 +449,9 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         pdt: if second { at(lay.pdt) } else { 0 },
         pcum: if second { at(lay.pcum) } else { 0 },
         pseg: if second { at(lay.pseg) } else { 0 },
+        strad: if second { at(lay.strad) } else { 0 },
+        stiles: tiles(p.dstate) as i32,
+        pad_: 0,
         tf32x1: a.tf32 as i32,
         vec_x: (rows16_f32(i.x, p.headdim)
             && rows16_f32(a.dout, p.headdim)
@@ -455,26 +473,26 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
     unsafe {
         ssd::launch_states(dev, &q.f, &p, dtype, chunk, arch, st)?;
         if second {
-            // the prologue and CB workspaces first: chunk_out2 and chunk_dx2 read them
-            let pairs = chunk / TILE * (chunk / TILE + 1) / 2;
-            let g = grid_u32(p.ngroups * dcb_splits(&p, chunk), "ngroups")?;
+            // the prologue and CB workspaces first: the dCB blocks, chunk_out2 and chunk_dx2
+            // read them
+            let blocks = grid_u32(p.nchunks * pairs(chunk), "seqlen / chunk_size")?;
+            let g = grid_u32(p.ngroups, "ngroups")?;
+            let shares = grid_u32(p.ngroups * dcb_splits(&p, chunk), "ngroups")?;
             let b = grid_u32(p.batch, "batch")?;
             dev.launch(k_pro, (nc, bh, 1), (32, 1, 1), 0, st, &q)?;
-            dev.launch(
-                k_cbdcb,
-                (grid_u32(p.nchunks * pairs, "seqlen / chunk_size")?, g, b),
-                block,
-                0,
-                st,
-                &q,
-            )?;
+            dev.launch(k_cb, (blocks, g, b), block, 0, st, &q)?;
+            dev.launch(k_dcb, (blocks, shares, b), block, 0, st, &q)?;
         }
         let (k_o, k_x) = if second {
             (k_out2, k_dx2)
         } else {
             (k_out, k_dx)
         };
-        dev.launch(k_o, (rows, pt, bh), block, 0, st, &q)?;
+        // the second path's da does not use y_pre, and its dD comes from chunk_dx2: y_pre is
+        // formed again only for dz
+        if !second || i.z.is_some() {
+            dev.launch(k_o, (rows, pt, bh), block, 0, st, &q)?;
+        }
         dev.launch(k_dstate, (nc, pt * nt, bh), block, 0, st, &q)?;
         dev.launch(
             k_pass,
@@ -571,7 +589,7 @@ mod tests {
         let l = layout(&p, 64, true, 3, true);
         let offs = [
             l.states, l.decay, l.dstates, l.rowdot, l.x1, l.x2, l.dfpart, l.ddpart, l.dapart,
-            l.dbpart, l.cb, l.dcb, l.pdt, l.pcum, l.pseg, l.total,
+            l.dbpart, l.cb, l.dcb, l.pdt, l.pcum, l.pseg, l.strad, l.total,
         ];
         assert!(offs.windows(2).all(|w| w[0] < w[1]));
         assert!(offs.iter().all(|o| o % 4 == 0));
