@@ -72,7 +72,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_chunk_state(const Ssd
             s_b[r][col] = bv;
         }
         __syncthreads();
-        warp_mma<kK, 8>(acc, [&](int m, int k) { return s_x[k][w16 + m]; }, [&](int k, int n) { return s_b[k][n]; });
+        warp_mma_q<kK, 8>(acc, [&](int m, int k) { return s_x[k][w16 + m]; }, [&](int k, int n) { return s_b[k][n]; },
+                          p.tf32x1);
         __syncthreads();
     }
     const i64 base = ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate;

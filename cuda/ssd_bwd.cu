@@ -182,29 +182,6 @@ constexpr int kPairs2 = kNb2 * (kNb2 + 1) / 2;
 constexpr int kLd2 = kK + 4;     // fp32 pitch of a 32-wide tile: fragment reads hit distinct banks
 constexpr int kLdw2 = kTile + 4;  // of a 64-wide tile
 
-// acc[NT][4] += A (16 x K) * B (K x 8 NT), f32 shared-memory operands as warp_mma; fp32 data with
-// `fast` rounds each operand to tf32 once (one m16n8k8 per tile instead of three).
-template <int K, int NT, class FA, class FB>
-__device__ __forceinline__ void warp_mma_q(float (&acc)[NT][4], const FA& a, const FB& b, bool fast) {
-    if constexpr (DT == 2) {
-        if (fast) {
-            const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-            for (int k0 = 0; k0 < K; k0 += 8) {
-                const u32 af[4] = {to_tf32(a(g, k0 + t)), to_tf32(a(g + 8, k0 + t)), to_tf32(a(g, k0 + t + 4)),
-                                   to_tf32(a(g + 8, k0 + t + 4))};
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    const int n = 8 * j + g;
-                    mma_tf32(acc[j], af, to_tf32(b(k0 + t, n)), to_tf32(b(k0 + t + 4, n)));
-                }
-            }
-            return;
-        }
-    }
-    warp_mma<K, NT>(acc, a, b);
-}
-
 // s[r * ld + k] = f(r, k) for a 64 x kK tile: rows 0..63, columns k0 .. k0 + kK - 1 of the source.
 // vec (fp32 data): f4(r, k) gives columns k .. k + 3 at once (16-byte loads; the caller zeroes
 // groups past the valid rows / columns, whole since the column count is a multiple of 4); else
@@ -451,7 +428,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate(cons
             s_c[r][col] = cv;
         }
         __syncthreads();
-        warp_mma<kK, 8>(acc, [&](int m, int k) { return s_g[k][w16 + m]; }, [&](int k, int n) { return s_c[k][n]; });
+        // 1xTF32 for 16-bit data on the second path (L_c feeds no cancelling sum there)
+        warp_mma_q<kK, 8>(acc, [&](int m, int k) { return s_g[k][w16 + m]; }, [&](int k, int n) { return s_c[k][n]; },
+                          q.tf32x1 && q.strad != nullptr);
         __syncthreads();
     }
     const i64 base = ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate;

@@ -39,7 +39,11 @@ struct SsdParams {
     i64 A_s, bias_s;
     float dt_min, dt_max;
     int dt_dtype, A_dtype, D_dtype, bias_dtype, init_dtype, pad0_;
-    int has_D, has_z, has_dt_bias, has_init, has_seq, has_final, softplus, pad_;
+    int has_D, has_z, has_dt_bias, has_init, has_seq, has_final, softplus;
+    // 1: fp32 data that came from 16-bit tensors (exact in tf32): the products of ssd_chunk_state
+    // may round their operands to tf32 once instead of 3xTF32 (set by the second backward path's
+    // recompute only; 0 on every forward call)
+    int tf32x1;
 };
 static_assert(sizeof(SsdParams) == 488, "SsdParams layout changed: update the host mirror");
 
@@ -90,6 +94,29 @@ __device__ __forceinline__ void warp_mma(float (&acc)[NT][4], const FA& a, const
             }
         }
     }
+}
+
+// warp_mma with a run-time choice for fp32 data: `fast` rounds each operand to tf32 once (one
+// m16n8k8 per tile instead of three); 16-bit data ignores it.
+template <int K, int NT, class FA, class FB>
+__device__ __forceinline__ void warp_mma_q(float (&acc)[NT][4], const FA& a, const FB& b, bool fast) {
+    if constexpr (DT == 2) {
+        if (fast) {
+            const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+            for (int k0 = 0; k0 < K; k0 += 8) {
+                const u32 af[4] = {to_tf32(a(g, k0 + t)), to_tf32(a(g + 8, k0 + t)), to_tf32(a(g, k0 + t + 4)),
+                                   to_tf32(a(g + 8, k0 + t + 4))};
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const int n = 8 * j + g;
+                    mma_tf32(acc[j], af, to_tf32(b(k0 + t, n)), to_tf32(b(k0 + t + 4, n)));
+                }
+            }
+            return;
+        }
+    }
+    warp_mma<K, NT>(acc, a, b);
 }
 
 // Row (within the 64-row tile) and column (within 8 NT columns) of accumulator element acc[j][e].

@@ -89,7 +89,9 @@ pub struct SsdParams {
     pub has_seq: i32,
     pub has_final: i32,
     pub softplus: i32,
-    pub pad_: i32,
+    /// 1: ssd_chunk_state may round its fp32 operands to tf32 once (the second backward path's
+    /// recompute of 16-bit data); 0 on every forward call
+    pub tf32x1: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<SsdParams>() == 488);
@@ -477,7 +479,7 @@ pub fn params(a: &SsdInputs, p: &Problem) -> Result<SsdParams> {
         has_seq: a.seq_idx.is_some() as i32,
         has_final: 0,
         softplus: a.dt_softplus as i32,
-        pad_: 0,
+        tf32x1: 0,
     })
 }
 
