@@ -494,14 +494,19 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_state_passing
 template <bool kSecond>
 __device__ __forceinline__ void chunk_dx(const SsdBwdParams& q) {
     const SsdParams& p = q.f;
-    constexpr int kLd = kK + 4, kLdw = kTile + 4;
+    // kLdt: pitch of a 64-wide tile whose fragment reads walk its rows (t) and columns (g):
+    // 8 t + g distinct banks
+    constexpr int kLd = kK + 4, kLdw = kTile + 4, kLdt = kTile + 8;
+    static_assert(kTile * kLdt <= 2 * kTile * kLd, "s_w (second path) must fit in s_bc");
     __shared__ float s_dt[kQ], s_cum[kQ];
     __shared__ int s_seg[kQ];
     // s_b (64 rows s x 32 states) and s_c (64 rows l x 32 states) while B C^T is formed; then the
-    // same bytes hold s_w (64 rows s x 64 columns l).
+    // same bytes hold s_w (first path: 64 rows s x 64 columns l, pitch kLdw; second: 64 rows l x
+    // 64 columns s, pitch kLdt, read transposed as the A operand).
     __shared__ __align__(16) float s_bc[2 * kTile * kLd];
-    __shared__ float s_x[kTile][kLdw];  // g: positions l x channels p; dS^T: states k x channels p
-    __shared__ float s_dd[kThreads / 32][kTile];  // second path: the dD partial's per-warp sums
+    __shared__ __align__(16) float s_x[kTile][kLdt];  // g: positions l x channels p; dS^T: states k x channels p
+    __shared__ float s_dd[kThreads / 32][kTile];      // second path: the dD partial's per-warp sums
+    __shared__ float s_v[kTile];                      // second path: v_s of this block's rows
     float* s_b = s_bc;
     float* s_c = s_bc + kTile * kLd;
     float* s_w = s_bc;
@@ -536,13 +541,23 @@ __device__ __forceinline__ void chunk_dx(const SsdBwdParams& q) {
     // dxu_intra_s = sum_{l >= s} (B_s.C_l) decay(l, s) g_l
     for (int l0 = m0; l0 < len; l0 += kTile) {
         if constexpr (kSecond) {
-            // s_w[r = s][col = l] from CB[l, s] (block (l0, m0) of the workspace): coalesced along s
+            // s_w[l][s] = CB[l, s] decay(l, s) (block (l0, m0) of the workspace), 4 columns s per
+            // thread: 16-byte loads along s and 16-byte shared stores
             const float* cb = q.cb + (((b * p.nchunks + c) * p.ngroups + g) * kQ + l0) * kQ + m0;
-            for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
-                const int lr = e / kTile, sc = e % kTile, s = m0 + sc, l = l0 + lr;
-                float w = 0.f;
-                if (s <= l && l < len && s_seg[l] == s_seg[s]) w = cb[(i64)lr * kQ + sc] * ex(s_cum[l] - s_cum[s]);
-                s_w[sc * kLdw + lr] = w;
+            for (int e = threadIdx.x; e < kTile * kTile / 4; e += kThreads) {
+                const int lr = e / (kTile / 4), sc = (e % (kTile / 4)) * 4, l = l0 + lr;
+                float4 w = zero4();
+                if (l < len) {
+                    const float4 v = *(const float4*)(cb + (i64)lr * kQ + sc);
+                    const float cl = s_cum[l];
+                    const int sl = s_seg[l];
+                    auto one = [&](float cbv, int u) {
+                        const int s = m0 + sc + u;
+                        return s <= l && s_seg[s] == sl ? cbv * ex(cl - s_cum[s]) : 0.f;
+                    };
+                    w = make_float4(one(v.x, 0), one(v.y, 1), one(v.z, 2), one(v.w, 3));
+                }
+                *(float4*)(s_w + lr * kLdt + sc) = w;
             }
         } else {
         float bc[8][4];
@@ -569,13 +584,26 @@ __device__ __forceinline__ void chunk_dx(const SsdBwdParams& q) {
                 s_w[r * kLdw + col] = w;
             }
         }
-        for (int i = threadIdx.x; i < kTile * kTile; i += kThreads) {
-            const int r = i / kTile, col = i % kTile, l = l0 + r;
-            s_x[r][col] = l < len && p0 + col < p.headdim ? ld_g(q, b, c0 + l, h, p0 + col) : 0.f;
+        const int hd = (int)p.headdim - p0;
+        if (DT == 2 && kSecond && q.vec_x) {  // 16-byte rows of g (hd a multiple of 4)
+            for (int i = threadIdx.x; i < kTile * kTile / 4; i += kThreads) {
+                const int r = i / (kTile / 4), col = (i % (kTile / 4)) * 4, l = l0 + r;
+                *(float4*)(&s_x[r][col]) = l < len && col < hd ? ld_g4(q, b, c0 + l, h, p0 + col) : zero4();
+            }
+        } else {
+            for (int i = threadIdx.x; i < kTile * kTile; i += kThreads) {
+                const int r = i / kTile, col = i % kTile, l = l0 + r;
+                s_x[r][col] = l < len && col < hd ? ld_g(q, b, c0 + l, h, p0 + col) : 0.f;
+            }
         }
         __syncthreads();
-        warp_mma_q<kTile, 8>(acc_i, [&](int m, int k) { return s_w[(w16 + m) * kLdw + k]; },
-                             [&](int k, int n) { return s_x[k][n]; }, fast);
+        if constexpr (kSecond) {
+            warp_mma_q<kTile, 8>(acc_i, [&](int m, int k) { return s_w[k * kLdt + w16 + m]; },
+                                 [&](int k, int n) { return s_x[k][n]; }, fast);
+        } else {
+            warp_mma_q<kTile, 8>(acc_i, [&](int m, int k) { return s_w[(w16 + m) * kLdw + k]; },
+                                 [&](int k, int n) { return s_x[k][n]; }, fast);
+        }
         __syncthreads();
     }
     // dxu_state_s = v_s dS_c B_s (dS of the last chunk is dfinal: zero without it)
@@ -583,13 +611,32 @@ __device__ __forceinline__ void chunk_dx(const SsdBwdParams& q) {
         const float* dS = q.dstates + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate;
         const float cum_end = s_cum[len - 1];
         const int seg_end = s_seg[len - 1];
+        if constexpr (kSecond) {  // v_s once per row (the first path forms it per element)
+            if (threadIdx.x < kTile) {
+                const int s = m0 + threadIdx.x;
+                s_v[threadIdx.x] = s < len && s_seg[s] == seg_end ? ex(cum_end - s_cum[s]) : 0.f;
+            }
+            __syncthreads();
+        }
         for (int n0 = 0; n0 < p.dstate; n0 += kK) {
-            for (int i = threadIdx.x; i < kTile * kK; i += kThreads) {
-                const int r = i / kK, k = i % kK, s = m0 + r;
-                float bv = 0.f;
-                if (s < len && n0 + k < p.dstate && s_seg[s] == seg_end)
-                    bv = ex(cum_end - s_cum[s]) * ldg_f32<DT>(p.B, bb_base + (c0 + s) * p.B_s[1] + n0 + k);
-                s_b[r * kLd + k] = bv;
+            if constexpr (kSecond) {
+                // element loads: the 16-byte path's unrolled loads (acc_i and acc_s live) spill
+                // at the 128-register bound
+                const int nv = (int)p.dstate - n0;
+                fill_rows(
+                    s_b, false, [&](int, int) { return zero4(); },
+                    [&](int r, int k) {
+                        return s_v[r] != 0.f && k < nv ? s_v[r] * ldg_f32<DT>(p.B, bb_base + (c0 + m0 + r) * p.B_s[1] + n0 + k)
+                                                       : 0.f;
+                    });
+            } else {
+                for (int i = threadIdx.x; i < kTile * kK; i += kThreads) {
+                    const int r = i / kK, k = i % kK, s = m0 + r;
+                    float bv = 0.f;
+                    if (s < len && n0 + k < p.dstate && s_seg[s] == seg_end)
+                        bv = ex(cum_end - s_cum[s]) * ldg_f32<DT>(p.B, bb_base + (c0 + s) * p.B_s[1] + n0 + k);
+                    s_b[r * kLd + k] = bv;
+                }
             }
             if constexpr (kSecond) {
                 float* s_h = s_c;  // rows p x 32 states (pitch kLd == kLd2)
