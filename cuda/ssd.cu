@@ -40,8 +40,9 @@
 extern "C" __global__ void __launch_bounds__(kThreads) ssd_chunk_state(const SsdParams p) {
     __shared__ float s_dt[kQ], s_cum[kQ];
     __shared__ int s_seg[kQ];
-    __shared__ float s_x[kK][kTile + 4];  // positions s x head channels p
-    __shared__ float s_b[kK][kTile + 4];  // positions s x states n, times [seg_s == seg_end] exp(cum_end - cum_s) dt'_s
+    // pitch kTile + 8: the A fragment (read along its columns) and the B fragment hit 8 t + g distinct banks
+    __shared__ float s_x[kK][kTile + 8];  // positions s x head channels p
+    __shared__ float s_b[kK][kTile + 8];  // positions s x states n, times [seg_s == seg_end] exp(cum_end - cum_s) dt'_s
 
     const i64 b = blockIdx.z / p.nheads, h = blockIdx.z % p.nheads, c = blockIdx.x;
     const i64 g = h / (p.nheads / p.ngroups);
@@ -53,6 +54,10 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_chunk_state(const Ssd
     const float cum_end = s_cum[len - 1];
     const int seg_end = s_seg[len - 1];
     const int w16 = 16 * (threadIdx.x >> 5);
+    __syncthreads();  // every thread has read cum_end / seg_end
+    // s_dt becomes the per-position weight [seg_s == seg_end] exp(cum_end - cum_s) dt'_s (once, not per element)
+    for (int s = threadIdx.x; s < kQ; s += kThreads) s_dt[s] = s < len && s_seg[s] == seg_end ? ex(cum_end - s_cum[s]) * s_dt[s] : 0.f;
+    __syncthreads();
 
     float acc[8][4];
     clear(acc);
@@ -63,10 +68,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_chunk_state(const Ssd
             if (s < len) {
                 const i64 t = c0 + s;
                 if (p0 + col < p.headdim) xv = ldg_f32<DT>(p.x, b * p.x_s[0] + t * p.x_s[1] + h * p.x_s[2] + p0 + col);
-                if (n0 + col < p.dstate && s_seg[s] == seg_end) {
-                    const float w = ex(cum_end - s_cum[s]) * s_dt[s];
-                    bv = w * ldg_f32<DT>(p.B, b * p.B_s[0] + t * p.B_s[1] + g * p.B_s[2] + n0 + col);
-                }
+                const float w = s_dt[s];
+                if (n0 + col < p.dstate && w != 0.f) bv = w * ldg_f32<DT>(p.B, b * p.B_s[0] + t * p.B_s[1] + g * p.B_s[2] + n0 + col);
             }
             s_x[r][col] = xv;
             s_b[r][col] = bv;

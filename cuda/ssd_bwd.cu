@@ -396,12 +396,15 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_out(const S
 extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_out2(const SsdBwdParams q) { chunk_out<true>(q); }
 
 // ---- 2. L_c = sum_l e_l g_l C_l^T ----------------------------------------------------------------
+// Tiles at pitch kTile + 8: the A fragment (read along its columns) and B fragment reads hit 8 t + g
+// distinct banks. e_l once per position; fp32 rows by 16-byte loads where q.vec_x / q.vec_bc allow.
 extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate(const SsdBwdParams q) {
     const SsdParams& p = q.f;
+    constexpr int kLdt = kTile + 8;
     __shared__ float s_dt[kQ], s_cum[kQ];
     __shared__ int s_seg[kQ];
-    __shared__ float s_g[kK][kTile + 4];  // positions l x head channels p
-    __shared__ float s_c[kK][kTile + 4];  // positions l x states n, times e_l
+    __shared__ __align__(16) float s_g[kK][kLdt];  // positions l x head channels p
+    __shared__ __align__(16) float s_c[kK][kLdt];  // positions l x states n, times e_l
 
     const i64 b = blockIdx.z / p.nheads, h = blockIdx.z % p.nheads, c = blockIdx.x;
     const i64 g = h / (p.nheads / p.ngroups);
@@ -409,23 +412,49 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate(cons
     const int p0 = (blockIdx.y / ntn) * kTile, n0 = (blockIdx.y % ntn) * kTile;
     const i64 c0 = c * kQ;
     const int len = (int)min((i64)kQ, p.seqlen - c0);
-    chunk_prologue(p, b, h, c0, len, s_dt, s_cum, s_seg);
+    if (q.strad != nullptr) {
+        load_prologue(q, b, h, c, s_dt, s_cum, s_seg);
+    } else {
+        chunk_prologue(p, b, h, c0, len, s_dt, s_cum, s_seg);
+    }
+    // s_dt becomes e_l = [seg_l == 0] exp(cum_l) (dt' is not used here)
+    for (int l = threadIdx.x; l < kQ; l += kThreads) s_dt[l] = l < len && s_seg[l] == 0 ? ex(s_cum[l]) : 0.f;
+    __syncthreads();
+    const float* s_e = s_dt;
     const int w16 = 16 * (threadIdx.x >> 5);
+    const int hd = (int)p.headdim - p0, nv = (int)p.dstate - n0;
+    const i64 cbase = b * p.C_s[0] + g * p.C_s[2];
+    const bool vg = DT == 2 && q.vec_x, vc = DT == 2 && q.vec_bc;
 
     float acc[8][4];
     clear(acc);
     for (int s0 = 0; s0 < len; s0 += kK) {
-        for (int i = threadIdx.x; i < kK * kTile; i += kThreads) {
-            const int r = i / kTile, col = i % kTile, l = s0 + r;
-            float gv = 0.f, cv = 0.f;
-            if (l < len && s_seg[l] == 0) {
+        for (int i = threadIdx.x; i < kK * kTile / 4; i += kThreads) {
+            const int r = i / (kTile / 4), col = (i % (kTile / 4)) * 4, l = s0 + r;
+            const float e = l < len ? s_e[l] : 0.f;
+            float4 gv = zero4(), cv = zero4();
+            if (e != 0.f) {
                 const i64 t = c0 + l;
-                if (p0 + col < p.headdim) gv = ld_g(q, b, t, h, p0 + col);
-                if (n0 + col < p.dstate)
-                    cv = ex(s_cum[l]) * ldg_f32<DT>(p.C, b * p.C_s[0] + t * p.C_s[1] + g * p.C_s[2] + n0 + col);
+                if (vg) {
+                    if (col < hd) gv = ld_g4(q, b, t, h, p0 + col);
+                } else {
+                    gv = make_float4(col < hd ? ld_g(q, b, t, h, p0 + col) : 0.f,
+                                     col + 1 < hd ? ld_g(q, b, t, h, p0 + col + 1) : 0.f,
+                                     col + 2 < hd ? ld_g(q, b, t, h, p0 + col + 2) : 0.f,
+                                     col + 3 < hd ? ld_g(q, b, t, h, p0 + col + 3) : 0.f);
+                }
+                const i64 ci = cbase + t * p.C_s[1] + n0 + col;
+                if (vc) {
+                    if (col < nv) cv = scale4(ldg4_f32<DT>(p.C, ci), e);
+                } else {
+                    cv = make_float4(col < nv ? e * ldg_f32<DT>(p.C, ci) : 0.f,
+                                     col + 1 < nv ? e * ldg_f32<DT>(p.C, ci + 1) : 0.f,
+                                     col + 2 < nv ? e * ldg_f32<DT>(p.C, ci + 2) : 0.f,
+                                     col + 3 < nv ? e * ldg_f32<DT>(p.C, ci + 3) : 0.f);
+                }
             }
-            s_g[r][col] = gv;
-            s_c[r][col] = cv;
+            *(float4*)(&s_g[r][col]) = gv;
+            *(float4*)(&s_c[r][col]) = cv;
         }
         __syncthreads();
         // 1xTF32 for 16-bit data on the second path (L_c feeds no cancelling sum there)
@@ -1308,8 +1337,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb(const SsdB
 template <bool kDB>
 __device__ __forceinline__ void chunk_dcdb2(const SsdBwdParams& q) {
     const SsdParams& p = q.f;
-    __shared__ __align__(16) float s_w[kTile * kLdw2];  // dCB block (dC) or its transpose (dB); then A rows
-    __shared__ __align__(16) float s_m[kTile * kLdw2];  // B / C rows o x states n; then S rows p x states n
+    // kLdt: the pitch at which fragment reads that walk a tile's rows by t and columns by g hit
+    // 8 t + g distinct banks (the dB operand read transposed, every B operand)
+    constexpr int kLdt = kTile + 8;
+    __shared__ __align__(16) float s_w[kTile * kLdt];  // dCB block [l][s] (pitch kLdw2 for dC, kLdt for dB); then A rows
+    __shared__ __align__(16) float s_m[kTile * kLdt];  // B / C rows o x states n; then S rows p x states n
     __shared__ float s_f[kTile];                        // the state term's row factors (this head)
 
     const i64 b = blockIdx.z / p.ngroups, g = blockIdx.z % p.ngroups;
@@ -1340,10 +1372,16 @@ __device__ __forceinline__ void chunk_dcdb2(const SsdBwdParams& q) {
     const int j_begin = kDB ? i : 0, j_end = kDB ? (len + kTile - 1) / kTile : i + 1;
     for (int jb = j_begin; jb < j_end; ++jb) {
         const int o0 = jb * kTile;
-        if (kDB) {  // s_w[r = s][col = l] = dCB[l, s]: coalesced reads along s, transposed stores
-            for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
-                const int lr = e / kTile, sc = e % kTile;
-                s_w[sc * kLdw2 + lr] = dcb_at((i64)(o0 + lr) * kQ + m0 + sc);
+        if (kDB) {  // s_w[l][s] = dCB[l, s] (pitch kLdt), read transposed as the A operand
+            for (int e = threadIdx.x; e < kTile * kTile / 4; e += kThreads) {
+                const int lr = e / (kTile / 4), sc = (e % (kTile / 4)) * 4;
+                const i64 off = (i64)(o0 + lr) * kQ + m0 + sc;
+                float4 v = *(const float4*)(dcb + off);
+                for (int k = 1; k < q.dcb_splits; ++k) {
+                    const float4 u = *(const float4*)(dcb + k * split_stride + off);
+                    v = make_float4(v.x + u.x, v.y + u.y, v.z + u.z, v.w + u.w);
+                }
+                *(float4*)(s_w + lr * kLdt + sc) = v;
             }
         } else {
             for (int e = threadIdx.x; e < kTile * kTile / 4; e += kThreads) {
@@ -1359,11 +1397,16 @@ __device__ __forceinline__ void chunk_dcdb2(const SsdBwdParams& q) {
         }
         for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
             const int r = e / kTile, col = e % kTile, o = o0 + r;
-            s_m[r * kLdw2 + col] = o < len && col < nv ? ldg_f32<DT>(M, m_base + (c0 + o) * m_t + n0 + col) : 0.f;
+            s_m[r * kLdt + col] = o < len && col < nv ? ldg_f32<DT>(M, m_base + (c0 + o) * m_t + n0 + col) : 0.f;
         }
         __syncthreads();
-        warp_mma_q<kTile, 8>(acc, [&](int m, int k) { return s_w[(w16 + m) * kLdw2 + k]; },
-                             [&](int k, int n) { return s_m[k * kLdw2 + n]; }, fast);
+        if constexpr (kDB) {
+            warp_mma_q<kTile, 8>(acc, [&](int m, int k) { return s_w[k * kLdt + w16 + m]; },
+                                 [&](int k, int n) { return s_m[k * kLdt + n]; }, fast);
+        } else {
+            warp_mma_q<kTile, 8>(acc, [&](int m, int k) { return s_w[(w16 + m) * kLdw2 + k]; },
+                                 [&](int k, int n) { return s_m[k * kLdt + n]; }, fast);
+        }
         __syncthreads();
     }
 
@@ -1378,7 +1421,7 @@ __device__ __forceinline__ void chunk_dcdb2(const SsdBwdParams& q) {
         const int seg_end = seg[len - 1];
         const i64 c_row = b * p.C_s[0] + g * p.C_s[2];
         float* s_a = s_w;  // rows r x channels k (pitch kLd2)
-        float* s_s = s_m;  // channels k x states n (pitch kLdw2)
+        float* s_s = s_m;  // channels k x states n (pitch kLdt)
         for (i64 hh = 0; hh < hpg; ++hh) {
             const i64 h = g * hpg + hh;
             const i64 pro = ((b * p.nheads + h) * p.nchunks + c) * kQ;
@@ -1413,11 +1456,11 @@ __device__ __forceinline__ void chunk_dcdb2(const SsdBwdParams& q) {
                 }
                 for (int e = threadIdx.x; e < kK * kTile; e += kThreads) {
                     const int k = e / kTile, col = e % kTile;
-                    s_s[k * kLdw2 + col] = k < kv && col < nv ? S[(i64)(k0 + k) * p.dstate + n0 + col] : 0.f;
+                    s_s[k * kLdt + col] = k < kv && col < nv ? S[(i64)(k0 + k) * p.dstate + n0 + col] : 0.f;
                 }
                 __syncthreads();
                 const auto fa = [&](int m, int k) { return s_a[(w16 + m) * kLd2 + k]; };
-                const auto fb = [&](int k, int n) { return s_s[k * kLdw2 + n]; };
+                const auto fb = [&](int k, int n) { return s_s[k * kLdt + n]; };
                 if constexpr (kDB) {
                     warp_mma_q<kK, 8>(acc, fa, fb, fast);
                 } else {
