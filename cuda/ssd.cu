@@ -41,8 +41,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_chunk_state(const Ssd
     __shared__ float s_dt[kQ], s_cum[kQ];
     __shared__ int s_seg[kQ];
     // pitch kTile + 8: the A fragment (read along its columns) and the B fragment hit 8 t + g distinct banks
-    __shared__ float s_x[kK][kTile + 8];  // positions s x head channels p
-    __shared__ float s_b[kK][kTile + 8];  // positions s x states n, times [seg_s == seg_end] exp(cum_end - cum_s) dt'_s
+    __shared__ __align__(16) float s_x[kK][kTile + 8];  // positions s x head channels p
+    __shared__ __align__(16) float s_b[kK][kTile + 8];  // positions s x states n, times [seg_s == seg_end] exp(cum_end - cum_s) dt'_s
 
     const i64 b = blockIdx.z / p.nheads, h = blockIdx.z % p.nheads, c = blockIdx.x;
     const i64 g = h / (p.nheads / p.ngroups);
@@ -61,18 +61,37 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_chunk_state(const Ssd
 
     float acc[8][4];
     clear(acc);
+    const bool vec = DT == 2 && p.vec_xb;  // then headdim - p0 and dstate - n0 are multiples of 4
     for (int s0 = 0; s0 < len; s0 += kK) {
-        for (int i = threadIdx.x; i < kK * kTile; i += kThreads) {
-            const int r = i / kTile, col = i % kTile, s = s0 + r;
-            float xv = 0.f, bv = 0.f;
-            if (s < len) {
-                const i64 t = c0 + s;
-                if (p0 + col < p.headdim) xv = ldg_f32<DT>(p.x, b * p.x_s[0] + t * p.x_s[1] + h * p.x_s[2] + p0 + col);
-                const float w = s_dt[s];
-                if (n0 + col < p.dstate && w != 0.f) bv = w * ldg_f32<DT>(p.B, b * p.B_s[0] + t * p.B_s[1] + g * p.B_s[2] + n0 + col);
+        if (vec) {
+            for (int i = threadIdx.x; i < kK * kTile / 4; i += kThreads) {
+                const int r = i / (kTile / 4), col = (i % (kTile / 4)) * 4, s = s0 + r;
+                float4 xv = make_float4(0.f, 0.f, 0.f, 0.f), bv = xv;
+                if (s < len) {
+                    const i64 t = c0 + s;
+                    if (p0 + col < p.headdim) xv = *(const float4*)((const float*)p.x + b * p.x_s[0] + t * p.x_s[1] + h * p.x_s[2] + p0 + col);
+                    const float w = s_dt[s];
+                    if (n0 + col < p.dstate && w != 0.f) {
+                        bv = *(const float4*)((const float*)p.B + b * p.B_s[0] + t * p.B_s[1] + g * p.B_s[2] + n0 + col);
+                        bv = make_float4(w * bv.x, w * bv.y, w * bv.z, w * bv.w);
+                    }
+                }
+                *(float4*)(&s_x[r][col]) = xv;
+                *(float4*)(&s_b[r][col]) = bv;
             }
-            s_x[r][col] = xv;
-            s_b[r][col] = bv;
+        } else {
+            for (int i = threadIdx.x; i < kK * kTile; i += kThreads) {
+                const int r = i / kTile, col = i % kTile, s = s0 + r;
+                float xv = 0.f, bv = 0.f;
+                if (s < len) {
+                    const i64 t = c0 + s;
+                    if (p0 + col < p.headdim) xv = ldg_f32<DT>(p.x, b * p.x_s[0] + t * p.x_s[1] + h * p.x_s[2] + p0 + col);
+                    const float w = s_dt[s];
+                    if (n0 + col < p.dstate && w != 0.f) bv = w * ldg_f32<DT>(p.B, b * p.B_s[0] + t * p.B_s[1] + g * p.B_s[2] + n0 + col);
+                }
+                s_x[r][col] = xv;
+                s_b[r][col] = bv;
+            }
         }
         __syncthreads();
         warp_mma_q<kK, 8>(acc, [&](int m, int k) { return s_x[k][w16 + m]; }, [&](int k, int n) { return s_b[k][n]; },

@@ -1419,9 +1419,31 @@ __device__ __forceinline__ void chunk_dcdb2(const SsdBwdParams& q) {
         const int rows = len - m0;
         const int* seg = q.pseg + (b * p.nchunks + c) * kQ;
         const int seg_end = seg[len - 1];
-        const i64 c_row = b * p.C_s[0] + g * p.C_s[2];
-        float* s_a = s_w;  // rows r x channels k (pitch kLd2)
-        float* s_s = s_m;  // channels k x states n (pitch kLdt)
+        float* s_a = s_w;  // rows r x channels k (pitch kLd2): s_w[0, 2304)
+        float* s_s = s_m;  // channels k x states n (pitch kLdt): s_m[0, 2304)
+        // dC: this tile's C (rows l, states n) for every head's R_state, in the halves of s_w / s_m
+        // the state term leaves free: rows 0..31 at s_w + 2304, rows 32..63 at s_m + 2304 (pitch kLdt)
+        constexpr int kHalf = kK * kLdt;
+        static_assert(kTile * kLd2 <= kHalf && kHalf + kK * kLdt <= kTile * kLdt, "C rows must fit beside s_a / s_s");
+        auto c_at = [&](int r, int col) { return (r < kK ? s_w : s_m) + kHalf + (r % kK) * kLdt + col; };
+        if constexpr (!kDB) {
+            const i64 c_row = b * p.C_s[0] + g * p.C_s[2];
+            for (int e = threadIdx.x; e < kTile * kTile / 4; e += kThreads) {
+                const int r = e / (kTile / 4), col = (e % (kTile / 4)) * 4;
+                const i64 ci = c_row + (c0 + m0 + r) * p.C_s[1] + n0 + col;
+                float4 v = zero4();
+                if (r < rows) {
+                    if (DT == 2 && q.vec_bc) {
+                        if (col < nv) v = ldg4_f32<DT>(p.C, ci);
+                    } else {
+                        v = make_float4(col < nv ? ldg_f32<DT>(p.C, ci) : 0.f, col + 1 < nv ? ldg_f32<DT>(p.C, ci + 1) : 0.f,
+                                        col + 2 < nv ? ldg_f32<DT>(p.C, ci + 2) : 0.f,
+                                        col + 3 < nv ? ldg_f32<DT>(p.C, ci + 3) : 0.f);
+                    }
+                }
+                *(float4*)c_at(r, col) = v;
+            }
+        }
         for (i64 hh = 0; hh < hpg; ++hh) {
             const i64 h = g * hpg + hh;
             const i64 pro = ((b * p.nheads + h) * p.nchunks + c) * kQ;
@@ -1454,9 +1476,17 @@ __device__ __forceinline__ void chunk_dcdb2(const SsdBwdParams& q) {
                         [&](int r, int k) { return r < rows && k < kv ? scale4(ld_g4(q, b, c0 + m0 + r, h, k0 + k), s_f[r]) : zero4(); },
                         [&](int r, int k) { return r < rows && k < kv ? s_f[r] * ld_g(q, b, c0 + m0 + r, h, k0 + k) : 0.f; });
                 }
-                for (int e = threadIdx.x; e < kK * kTile; e += kThreads) {
-                    const int k = e / kTile, col = e % kTile;
-                    s_s[k * kLdt + col] = k < kv && col < nv ? S[(i64)(k0 + k) * p.dstate + n0 + col] : 0.f;
+                if ((p.dstate & 3) == 0) {  // fp32 workspace rows: 16-byte loads (nv a multiple of 4)
+                    for (int e = threadIdx.x; e < kK * kTile / 4; e += kThreads) {
+                        const int k = e / (kTile / 4), col = (e % (kTile / 4)) * 4;
+                        *(float4*)(s_s + k * kLdt + col) =
+                            k < kv && col < nv ? *(const float4*)(S + (i64)(k0 + k) * p.dstate + n0 + col) : zero4();
+                    }
+                } else {
+                    for (int e = threadIdx.x; e < kK * kTile; e += kThreads) {
+                        const int k = e / kTile, col = e % kTile;
+                        s_s[k * kLdt + col] = k < kv && col < nv ? S[(i64)(k0 + k) * p.dstate + n0 + col] : 0.f;
+                    }
                 }
                 __syncthreads();
                 const auto fa = [&](int m, int k) { return s_a[(w16 + m) * kLd2 + k]; };
@@ -1469,16 +1499,12 @@ __device__ __forceinline__ void chunk_dcdb2(const SsdBwdParams& q) {
                 __syncthreads();
             }
             if constexpr (!kDB) {
-                // C_l from global memory (the group's rows, cached across the head loop): registers
-                // held across the loop would cost occupancy
                 float rs[2] = {0.f, 0.f};
 #pragma unroll
                 for (int jn = 0; jn < 8; ++jn)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        const int r = m0 + acc_row(e), col = acc_col(jn, e);
-                        const float cv = r < len && col < nv ? ldg_f32<DT>(p.C, c_row + (c0 + r) * p.C_s[1] + n0 + col) : 0.f;
-                        rs[e >> 1] += cv * ah[jn][e];
+                        rs[e >> 1] += *c_at(acc_row(e), acc_col(jn, e)) * ah[jn][e];
                         acc[jn][e] += ah[jn][e];
                     }
                 store_rows(rs, q.rowdot + (b * p.nheads + h) * p.seqlen * kTiles + blockIdx.y, c0, m0, len);

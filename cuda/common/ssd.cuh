@@ -38,7 +38,10 @@ struct SsdParams {
     i64 seq_s[2], D_s[2];  // D: (head, channel); channel stride 0 for a (nheads,) D
     i64 A_s, bias_s;
     float dt_min, dt_max;
-    int dt_dtype, A_dtype, D_dtype, bias_dtype, init_dtype, pad0_;
+    int dt_dtype, A_dtype, D_dtype, bias_dtype, init_dtype;
+    // 1: fp32 x and B whose rows start 16-byte aligned and hold a multiple of 4 elements:
+    // ssd_chunk_state loads them 16 bytes at a time (set by the backward's recompute; 0 on forwards)
+    int vec_xb;
     int has_D, has_z, has_dt_bias, has_init, has_seq, has_final, softplus;
     // 1: fp32 data that came from 16-bit tensors (exact in tf32): the products of ssd_chunk_state
     // may round their operands to tf32 once instead of 3xTF32 (set by the second backward path's

@@ -81,7 +81,9 @@ pub struct SsdParams {
     pub d_dtype: i32,
     pub bias_dtype: i32,
     pub init_dtype: i32,
-    pub pad0_: i32,
+    /// 1: ssd_chunk_state may load x / B rows 16 bytes at a time (fp32, aligned rows; set by the
+    /// backward's recompute only)
+    pub vec_xb: i32,
     pub has_d: i32,
     pub has_z: i32,
     pub has_dt_bias: i32,
@@ -471,7 +473,7 @@ pub fn params(a: &SsdInputs, p: &Problem) -> Result<SsdParams> {
         d_dtype: dtype_code(a.d)?,
         bias_dtype: dtype_code(a.dt_bias)?,
         init_dtype: dtype_code(a.initial_states)?,
-        pad0_: 0,
+        vec_xb: 0,
         has_d: a.d.is_some() as i32,
         has_z: a.z.is_some() as i32,
         has_dt_bias: a.dt_bias.is_some() as i32,

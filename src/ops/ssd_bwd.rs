@@ -402,6 +402,7 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
     // the recompute of H_c (ssd_chunk_state) in 1xTF32 on the second path: H_c feeds no
     // cancelling sum there (cuda/ssd_bwd.cu section 8)
     f.tf32x1 = (a.tf32 && second) as i32;
+    f.vec_xb = (rows16_f32(i.x, p.headdim) && rows16_f32(i.b, p.dstate)) as i32;
     f.states = at(lay.states);
     f.decay = at(lay.decay);
     let opt = |t: Option<&TensorView>| t.map_or(0, |t| t.ptr);
