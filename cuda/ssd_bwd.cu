@@ -493,25 +493,33 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_state_passing
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     float* dfpart = q.dfpart + ((i64)blockIdx.y * q.npass_tiles + (i64)blockIdx.x * kWarps + w) * p.nchunks;
     const i64 step = p.nheads * pn;  // from one chunk's slot to the next
+    // kGroup chunks' L, H and decay loaded before any of their slots is written (as the forward's
+    // ssd_state_passing): kGroup loads of each in flight per thread
+    constexpr int kGroup = 4;
     i64 idx = ((b * p.nchunks + p.nchunks - 1) * p.nheads + h) * pn + e;
-    float L = valid ? q.dstates[idx] : 0.f, H = valid ? p.states[idx] : 0.f;
-    for (i64 c = p.nchunks - 1; c >= 0; --c, idx -= step) {
-        float Ln = 0.f, Hn = 0.f;
-        if (valid && c > 0) {  // chunk c - 1's slot: not written yet
-            Ln = q.dstates[idx - step];
-            Hn = p.states[idx - step];
-        }
-        float part = 0.f;
-        if (valid) {
-            part = G * H;
-            q.dstates[idx] = G;
-            G = L + decay[c] * G;
+    for (i64 c0 = p.nchunks - 1; c0 >= 0; c0 -= kGroup, idx -= kGroup * step) {
+        float L[kGroup], H[kGroup], d[kGroup];
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) {
+            const bool in = valid && c0 - k >= 0;
+            L[k] = in ? q.dstates[idx - k * step] : 0.f;
+            H[k] = in ? p.states[idx - k * step] : 0.f;
+            d[k] = c0 - k >= 0 ? decay[c0 - k] : 0.f;
         }
 #pragma unroll
-        for (int off = 16; off > 0; off /= 2) part += __shfl_xor_sync(0xffffffffu, part, off);
-        if (lane == 0) dfpart[c] = part;
-        L = Ln;
-        H = Hn;
+        for (int k = 0; k < kGroup; ++k) {
+            const i64 c = c0 - k;
+            if (c < 0) break;  // uniform across the block
+            float part = 0.f;
+            if (valid) {
+                part = G * H[k];
+                q.dstates[idx - k * step] = G;
+                G = L[k] + d[k] * G;
+            }
+#pragma unroll
+            for (int off = 16; off > 0; off /= 2) part += __shfl_xor_sync(0xffffffffu, part, off);
+            if (lane == 0) dfpart[c] = part;
+        }
     }
     if (valid && p.has_init)
         st_any(q.dinit, b * q.dinit_s[0] + h * q.dinit_s[1] + pp * q.dinit_s[2] + nn * q.dinit_s[3], p.init_dtype, G);
