@@ -1100,6 +1100,12 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_reduce(const 
 // one head share per group), dc2 0.95, db2 1.02 (the first path's dc + db: 35.9 ms); chunk_out2 3.9
 // and chunk_dx2 4.2 ms (3xTF32, ~18.75-25% occupancy, latency-bound per ncu); forward+backward
 // 17.2 ms of kernels against 58.6 on the first path (Triton 3.5 ms in the same lease).
+// 2026-11-27, the stable da (benches/results/2026-11-27-h100-ssd-bwd-stable-da/). PREDICTED: no
+// chunk_out2 without z (-3.9 ms), chunk_dx2 1xTF32 (-0.6, as measured on 2026-11-24), +~0.3 for
+// the straddle records and R_state: ~12.5 ms. MEASURED: 16.6 -> 12.5 ms of kernels (dx2 3.55,
+// dcb 1.28 with the records, dc2 1.29 with R_state); then the shared-memory layouts, 16-byte
+// loads and four loads in flight in the state passings that ncu pointed to: 9.2 ms (dx2 2.5,
+// dc2 1.3, dcb 1.3, db2 0.73, the recompute's chunk state 0.47 and state passing 0.39).
 
 // ---- 8a. the chunk prologue, once per (batch, head, chunk) ------------------------------------------
 extern "C" __global__ void __launch_bounds__(32) ssd_bwd_prologue(const SsdBwdParams q) {

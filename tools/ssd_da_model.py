@@ -20,7 +20,10 @@ decay dt'_s per head, and has CB) adds, per head and lower block (Li, Si), Li >=
 Per (chunk, head) that is 64-long scans and sums only (no q x q scratch beyond one block), and
 the order of every sum is fixed, so the result is deterministic.
 
-Wiring it into cuda/ssd_bwd.cu (the plan; not built yet):
+Wiring it into cuda/ssd_bwd.cu (the plan, as built on 2026-11-27 with two changes: CB has its
+own launch, ssd_bwd_cb, so that every head share of ssd_bwd_dcb reads it; each record holds the
+raw column and row sums, and ssd_bwd_dt takes their prefixes, suffixes and totals (straddle_da);
+R_state comes from chunk_dc2's state term):
   1. ssd_bwd_cb_dcb, per head of its share, after the dw = g x^T tile: r = dw * exp(cum_l - cum_s)
      * dt'_s * CB * mask (CB is in share 0's accumulators; other shares need it too: recompute it
      per CTA, or split the CB product into its own launch first). Row sums: in-thread over the 8
