@@ -1395,12 +1395,12 @@ def _ssd_bwd_impl(
     and empty calls the NumPy reference on the host."""
     likes = (x, dt, A, B, C, D, z, dt_bias, initial_states)
     if x.numel() > 0 and _on_gpu(x, "mamba_chunk_scan_combined_bwd"):
-        # The 16-bit backward kernels do not meet the correctness rule yet (H100, 2026-11-23:
-        # every float32 case passes, fp16 / bf16 miss in 6 of 9 matrix cases; measured before
-        # the second path's da lost its cancellation on 2026-11-27, not retested since): x, B,
-        # C, z and dout of a 16-bit call run the float32 kernels as float32 copies, and dx, dB,
-        # dC, dz are cast back. (dt, A, D, dt_bias and the states keep their dtypes: the
-        # kernels read those in any float dtype.)
+        # x, B, C, z and dout of a 16-bit call run the float32 kernels as float32 copies, and
+        # dx, dB, dC, dz are cast back: the 16-bit kernel variants failed the rule in 6 of 9
+        # matrix cases on 2026-11-23; since the second path's da lost its cancellation they
+        # pass, but as written they ran 14.6 ms of kernels against 9.3 through the copies at
+        # b8 L2048 (benches/results/2026-11-27-h100-ssd-bwd-stable-da). (dt, A, D, dt_bias and
+        # the states keep their dtypes: the kernels read those in any float dtype.)
         tf32 = x.dtype in (torch.float16, torch.bfloat16)
         if tf32:
             x, B, C, dout = x.float(), B.float(), C.float(), dout.float()
