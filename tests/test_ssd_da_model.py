@@ -61,3 +61,24 @@ def test_block_form_in_float32_is_accurate_per_position(q: int) -> None:
     m = scale > 0
     err = np.abs(got.astype(np.float64) - want)[m] / scale[m]
     assert err.max() < 2.0**-11 * 0.5, err.max()
+
+
+@pytest.mark.parametrize("chunk", [64, 128, 256])
+@pytest.mark.parametrize("resets", [0, 3])
+def test_kernel_records_and_assembly_equal_reference(chunk: int, resets: int) -> None:
+    """The split as built in cuda/ssd_bwd.cu: ssd_bwd_dcb's per-block records (column and row
+    sums, or the diagonal block's in-block sums), ssd_bwd_dt's assembly; full and tail chunks
+    (a tail's blocks at or past its length have no record: reading one would give NaN)."""
+    for length in sorted({1, 37, 64, 65, chunk - 1, chunk}):
+        if length > chunk:
+            continue
+        r = random_r(chunk, 1, seed=chunk + length + resets, resets=resets)[..., 0]
+        r[length:, :] = 0.0
+        r[:, length:] = 0.0
+        want = straddle_sums(r[None, :, :, None])[0, :, 0]
+        rec = model.kernel_records(r, length)
+        got = model.kernel_assemble(rec, chunk, length)
+        assert np.isfinite(got).all(), (chunk, length)
+        np.testing.assert_allclose(
+            got[:length], want[:length], rtol=0, atol=1e-12 * max(np.abs(r).sum(), 1.0)
+        )

@@ -40,6 +40,10 @@ R_state comes from chunk_dc2's state term):
      can drop 3xTF32 (1xTF32 measured 2026-11-24: 3.56 / 2.79 ms vs 4.15 / 3.92 ms at b8 L2048),
      then take 16-bit operands as ssd_fwd2 does.
 
+`kernel_records` / `kernel_assemble` below replay that split as built (the records of
+ssd_bwd_dcb, the assembly of ssd_bwd_dt's straddle_da); tests/test_ssd_da_model.py checks both
+forms against the reference.
+
     python tools/ssd_da_model.py          # checks the block form against the reference
 """
 
@@ -75,6 +79,53 @@ def block_straddle(r: np.ndarray, block: int = BLOCK, dtype: type = np.float64) 
             da[s0:s1] += np.cumsum(colsum, axis=0, dtype=dtype) - colsum  # k in Si: s < k
             da[s1:l0] += total  # k strictly between the two blocks
             da[l0:l1] += np.flip(np.cumsum(np.flip(rowsum, 0), axis=0, dtype=dtype), 0)  # l >= k
+    return da
+
+
+def kernel_records(r: np.ndarray, length: int, block: int = BLOCK) -> np.ndarray:
+    """What ssd_bwd_dcb's straddle_record writes for one head of one chunk: r (q, q), q the chunk
+    size, zero above the diagonal, across resets and at rows / columns >= length. Returns
+    (pairs, 2 block) records, pair (i, j) at i (i + 1) / 2 + j for every lower block pair of the
+    chunk; pairs whose row block starts at or past `length` stay NaN (never written). Off the
+    diagonal: [column sums over the block's rows | row sums over its columns]; on it: the
+    in-block straddle sums sum_{l >= k > s} r[l, s] in the first half."""
+    q = r.shape[0]
+    nb = q // block
+    rec = np.full((nb * (nb + 1) // 2, 2 * block), np.nan)
+    for i in range(nb):
+        if i * block >= length:
+            continue
+        for j in range(i + 1):
+            blk = r[i * block : (i + 1) * block, j * block : (j + 1) * block]
+            out = rec[i * (i + 1) // 2 + j]
+            if i == j:
+                pre = np.cumsum(blk, axis=1) - blk  # P[l, k] = sum_{s < k} r[l, s]
+                out[:block] = np.where(np.tril(np.ones_like(blk, bool)), pre, 0.0).sum(axis=0)
+            else:
+                out[:block] = blk.sum(axis=0)
+                out[block:] = blk.sum(axis=1)
+    return rec
+
+
+def kernel_assemble(rec: np.ndarray, q: int, length: int, block: int = BLOCK) -> np.ndarray:
+    """ssd_bwd_dt's straddle_da over those records: da (q,) at the positions < length. For k in
+    block bk: the diagonal record, the exclusive prefix inside bk of the column sums of the
+    blocks (li > bk, bk), the inclusive suffix inside bk of the row sums of the blocks (bk, sj <
+    bk), and the totals of the blocks (li, sj) with sj < bk < li. Records of blocks at or past
+    `length` are not read (they hold NaN here, so reading one would show)."""
+    nb = -(-length // block)
+    at = lambda i, j: rec[i * (i + 1) // 2 + j]  # noqa: E731
+    da = np.zeros(q)
+    for bk in range(nb):
+        col = sum((at(li, bk)[:block] for li in range(bk + 1, nb)), np.zeros(block))
+        row = sum((at(bk, sj)[block:] for sj in range(bk)), np.zeros(block))
+        between = sum(
+            at(li, sj)[:block].sum() for li in range(nb) for sj in range(li - 1) if sj < bk < li
+        )
+        da[bk * block : (bk + 1) * block] = (
+            at(bk, bk)[:block] + between + (np.cumsum(col) - col) + np.flip(np.cumsum(np.flip(row)))
+        )
+    da[length:] = 0.0
     return da
 
 
