@@ -1373,11 +1373,19 @@ __device__ __forceinline__ void chunk_dcdb2(const SsdBwdParams& q) {
     const i64 m_t = kDB ? p.C_s[1] : p.B_s[1];
     const float* dcb = q.dcb + ((b * p.nchunks + c) * p.ngroups + g) * kQ * kQ;
     const i64 split_stride = p.batch * p.nchunks * p.ngroups * kQ * kQ;
-    // dCB[l, s]: the head shares summed in order
-    auto dcb_at = [&](i64 off) {
-        float v = dcb[off];
-        for (int k = 1; k < q.dcb_splits; ++k) v += dcb[k * split_stride + off];
-        return v;
+    // s_w[r * pitch + col] = dCB[l0 + r, s0 + col] over a 64 x 64 block (rows l), the head
+    // shares summed in order; 16-byte loads along s
+    auto load_dcb = [&](int l0, int s0, int pitch) {
+        for (int e = threadIdx.x; e < kTile * kTile / 4; e += kThreads) {
+            const int r = e / (kTile / 4), col = (e % (kTile / 4)) * 4;
+            const i64 off = (i64)(l0 + r) * kQ + s0 + col;
+            float4 v = *(const float4*)(dcb + off);
+            for (int k = 1; k < q.dcb_splits; ++k) {
+                const float4 u = *(const float4*)(dcb + k * split_stride + off);
+                v = make_float4(v.x + u.x, v.y + u.y, v.z + u.z, v.w + u.w);
+            }
+            *(float4*)(s_w + r * pitch + col) = v;
+        }
     };
 
     float acc[8][4];
@@ -1386,28 +1394,10 @@ __device__ __forceinline__ void chunk_dcdb2(const SsdBwdParams& q) {
     const int j_begin = kDB ? i : 0, j_end = kDB ? (len + kTile - 1) / kTile : i + 1;
     for (int jb = j_begin; jb < j_end; ++jb) {
         const int o0 = jb * kTile;
-        if (kDB) {  // s_w[l][s] = dCB[l, s] (pitch kLdt), read transposed as the A operand
-            for (int e = threadIdx.x; e < kTile * kTile / 4; e += kThreads) {
-                const int lr = e / (kTile / 4), sc = (e % (kTile / 4)) * 4;
-                const i64 off = (i64)(o0 + lr) * kQ + m0 + sc;
-                float4 v = *(const float4*)(dcb + off);
-                for (int k = 1; k < q.dcb_splits; ++k) {
-                    const float4 u = *(const float4*)(dcb + k * split_stride + off);
-                    v = make_float4(v.x + u.x, v.y + u.y, v.z + u.z, v.w + u.w);
-                }
-                *(float4*)(s_w + lr * kLdt + sc) = v;
-            }
+        if (kDB) {
+            load_dcb(o0, m0, kLdt);  // s_w[l][s] (pitch kLdt), read transposed as the A operand
         } else {
-            for (int e = threadIdx.x; e < kTile * kTile / 4; e += kThreads) {
-                const int r = e / (kTile / 4), col = (e % (kTile / 4)) * 4;
-                const i64 off = (i64)(m0 + r) * kQ + o0 + col;
-                float4 v = *(const float4*)(dcb + off);
-                for (int k = 1; k < q.dcb_splits; ++k) {
-                    const float4 u = *(const float4*)(dcb + k * split_stride + off);
-                    v = make_float4(v.x + u.x, v.y + u.y, v.z + u.z, v.w + u.w);
-                }
-                *(float4*)(s_w + r * kLdw2 + col) = v;
-            }
+            load_dcb(m0, o0, kLdw2);  // s_w[l][s] (pitch kLdw2), rows l the A operand's rows
         }
         for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
             const int r = e / kTile, col = e % kTile, o = o0 + r;
