@@ -67,6 +67,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_chunk_state(const Ssd
             for (int i = threadIdx.x; i < kK * kTile / 4; i += kThreads) {
                 const int r = i / (kTile / 4), col = (i % (kTile / 4)) * 4, s = s0 + r;
                 float4 xv = make_float4(0.f, 0.f, 0.f, 0.f), bv = xv;
+                // plain 16-byte loads: ldg4_f32's __ldg form took an 8-byte stack frame (sm_80, chunk 256)
                 if (s < len) {
                     const i64 t = c0 + s;
                     if (p0 + col < p.headdim) xv = *(const float4*)((const float*)p.x + b * p.x_s[0] + t * p.x_s[1] + h * p.x_s[2] + p0 + col);
