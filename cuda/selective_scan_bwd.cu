@@ -642,3 +642,28 @@ extern "C" __global__ void selective_scan_bwd_zero(const ScanBwdParams p) {
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.zero_n[k]; i += stride) ptrs[k][i] = 0.f;
   }
 }
+
+// dB / dC in B's 16-bit dtype: the backward accumulates them in float32 scratch (zeroed by
+// selective_scan_bwd_zero, summed by selective_scan_bwd), and this entry rounds each scratch
+// array into its output once, so a 16-bit call needs no conversion of its own after the op.
+// Both arrays are contiguous with the shape of B (checked by the launcher). Host mirror:
+// ScanBwdCastParams in src/ops/scan_bwd.rs.
+struct ScanBwdCastParams {
+  const float* src[2];  // float32 accumulators of dB, dC
+  void* dst[2];         // the dB, dC outputs (FS_BC_DTYPE, 16-bit)
+  i64 n[2];             // element counts
+};
+
+// Grid-stride over n[0] + n[1] elements; any grid, any block size. Only 16-bit variants are
+// launched (float32 dB / dC are accumulated in place).
+extern "C" __global__ void selective_scan_bwd_cast(const ScanBwdCastParams p) {
+#if FS_BC_DTYPE != 2
+  const i64 stride = (i64)gridDim.x * blockDim.x;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    u16* dst = static_cast<u16*>(p.dst[k]);
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n[k]; i += stride)
+      dst[i] = f32_to_half<FS_BC_DTYPE>(__ldg(p.src[k] + i));
+  }
+#endif
+}

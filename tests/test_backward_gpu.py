@@ -465,6 +465,66 @@ def test_scan_backward_without_saved_states_matches(rule: Any) -> None:
         torch.testing.assert_close(a.float(), b.float(), atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.parametrize("dim", [0, 36, 512])
+@pytest.mark.parametrize("form", [("varying", 1), ("grouped", 4)])
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+def test_scan_backward_16bit_db_dc_are_the_float32_sums_rounded_once(
+    dim: int, form: tuple, dt: str
+) -> None:
+    """dB / dC asked for in B's 16-bit dtype (summed in float32 scratch, rounded by the last
+    launch) equal the float32 outputs of the same call rounded by torch, over NaN-poisoned
+    outputs: mostly bit for bit, every element within one 16-bit rounding step of the
+    tensor's scale (the float32 sums are atomics: two calls may differ in their last bits, by
+    more than a unit of a small element whose terms cancel, and round apart); with dim 0
+    (nothing summed) they are written as zeros."""
+    from flashscan import _native
+
+    dtype = DTYPES[dt]
+    batch, L, n = 3, 333, 16
+    x = scan_inputs(batch, max(dim, 1), L, n, dtype, form[0], form[1])
+    if dim == 0:
+        for k in ("u", "delta", "z"):
+            x[k] = x[k][:, :0]
+        for k in ("A",):
+            x[k] = x[k][:0]
+        for k in ("D", "delta_bias"):
+            x[k] = x[k][:0]
+    u, delta, A, B, C, D, z, bias = (
+        x[k] for k in ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
+    )
+    dout = torch.randn_like(u)
+    d = fst._desc
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def run(bc_dtype: Any) -> tuple[Any, Any]:
+        grads = [torch.full_like(t, float("nan")) for t in (u, delta, z)]
+        small = [torch.full_like(t, float("nan")) for t in (A, D, bias)]
+        db = torch.full(B.shape, float("nan"), dtype=bc_dtype, device="cuda")
+        dc = torch.full(C.shape, float("nan"), dtype=bc_dtype, device="cuda")
+        _native.selective_scan_bwd(
+            d(u, "u"), d(delta, "delta"), d(A, "A"), d(B, "B"), d(C, "C"), d(D, "D"),
+            d(z, "z"), d(bias, "delta_bias"), None, d(dout, "dout"), None, None,
+            d(grads[0], "du"), d(grads[1], "ddelta"), d(small[0], "dA"), d(db, "dB"),
+            d(dc, "dC"), d(small[1], "dD"), d(grads[2], "dz"), d(small[2], "ddelta_bias"),
+            None, True, stream,
+        )  # fmt: skip
+        return db, dc
+
+    db32, dc32 = run(torch.float32)
+    db16, dc16 = run(dtype)
+    torch.cuda.synchronize()
+    eps = torch.finfo(dtype).eps
+    for got, want in ((db16, db32), (dc16, dc32)):
+        assert not want.isnan().any() and not got.isnan().any()
+        scale = float(want.abs().max())
+        torch.testing.assert_close(got.float(), want, rtol=eps, atol=eps * scale)
+        assert (got == want.to(dtype)).float().mean() > 0.99
+    if dim == 0:
+        assert not db16.any() and not dc16.any()
+    else:
+        assert db16.abs().max() > 0 and dc16.abs().max() > 0
+
+
 def test_scan_forward_saving_keeps_outputs(rule: Any) -> None:
     x = scan_inputs(2, 32, 4500, 16, torch.float32)
     args = [x[k] for k in ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")]

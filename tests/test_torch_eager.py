@@ -243,6 +243,11 @@ def test_scan_lean_passes_the_general_paths_arguments(
         assert torch.all(g == float(order.index(name) + 1)), name
     fwd, bwd = named(native.calls[-2:], known)
     assert fwd[0] == "selective_scan_fwd" and bwd[0] == "selective_scan_bwd"
+    # dB / dC are asked for in B's / C's dtype (the kernels round their float32 sums once):
+    # the step converts nothing itself
+    raw = native.calls[-1][1]
+    for pos, name in ((15, "B"), (16, "C")):
+        assert raw[pos][3] == str(leaves[name].dtype).removeprefix("torch."), name
     L = a["u"].shape[2]
     saved = [x for x in native.calls[-2][1] if isinstance(x, tuple) and x[0] == "saved_states"]
     if L > 256:  # the forward kept the chunk states and the backward reads them

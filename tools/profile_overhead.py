@@ -167,14 +167,32 @@ def forward() -> None:
         print(f"| {r[0]} | " + " | ".join(f"{v:.1f}" for v in r[1:]) + " |")
 
 
-def backward() -> None:
-    """A training step at the real-time shapes (b32 d512 L60 n16 scan; b32 s60 h8 d64
-    causal attention), bf16: each layer's per-call wall time, then a cProfile of each step."""
+def _floor_function():
+    """torch's own cost of the scan step: an autograd.Function over the same inputs that saves
+    them, allocates out, and in the backward allocates one gradient per input (no checks, no
+    native call): what any eager op with these inputs pays."""
+
+    class Floor(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *ts):
+            ctx.set_materialize_grads(False)
+            ctx.save_for_backward(*ts)
+            return ts[0].new_empty_strided(ts[0].shape, ts[0].stride())
+
+        @staticmethod
+        def backward(ctx, g):
+            return tuple(t.new_empty_strided(t.shape, t.stride()) for t in ctx.saved_tensors)
+
+    return Floor
+
+
+def _scan_step_rows(b: int) -> list:
+    """Training-step rows of the scan at (b, d512, L60, n16), bf16, D / z / delta_bias."""
     import flashscan.torch as fst
 
     ops = torch.ops.flashscan
     bf = torch.bfloat16
-    b, d, L, n = 32, 512, 60, 16
+    d, L, n = 512, 60, 16
     args = [
         torch.randn(b, d, L, device="cuda", dtype=bf),
         (torch.rand(b, d, L, device="cuda") - 2).to(bf),
@@ -188,17 +206,17 @@ def backward() -> None:
     leaves = [t.clone().requires_grad_() for t in args]
     dout = torch.randn_like(args[0])
     empty = args[0].new_empty((0,), dtype=torch.float32)
-    scan_step = lambda: torch.autograd.grad(
-        fst.selective_scan_fn(*leaves, delta_softplus=True), leaves, dout
-    )
-    q = torch.randn(32, 60, 8, 64, device="cuda", dtype=bf)
-    k, v = torch.randn_like(q), torch.randn_like(q)
-    ql = [t.clone().requires_grad_() for t in (q, k, v)]
-    do = torch.randn_like(q)
-    out, lse = ops.flash_attn_fwd(q, k, v, 0.125, -1, 0, 0.0, False)
-    attn_step = lambda: torch.autograd.grad(fst.flash_attn_func(*ql, causal=True), ql, do)
+    floor = _floor_function()
 
-    def on_caller_thread(step):
+    def scan_step():
+        return torch.autograd.grad(
+            fst.selective_scan_fn(*leaves, delta_softplus=True), leaves, dout
+        )
+
+    def floor_step():
+        return torch.autograd.grad(floor.apply(*leaves), leaves, dout)
+
+    def on_caller(step):
         """The step with the autograd engine on the calling thread (no hand-off to its CUDA
         device thread): what run_backward's hand-off costs, by difference."""
 
@@ -208,15 +226,41 @@ def backward() -> None:
 
         return run
 
-    rows = [
+    return [
         (
-            "scan fwd (API, no grad)",
+            f"b{b} scan fwd (API, no grad)",
             lambda: flashscan.selective_scan_fn(*args, delta_softplus=True),
         ),
-        ("scan fwd op (saving)", lambda: ops.selective_scan_fwd(*args, None, True, True)),
-        ("scan bwd op", lambda: ops.selective_scan_bwd(dout, None, *args, None, empty, True)),
-        ("scan fwd+bwd step (autograd)", scan_step),
-        ("scan step, engine on caller", on_caller_thread(scan_step)),
+        (f"b{b} scan fwd op (saving)", lambda: ops.selective_scan_fwd(*args, None, True, True)),
+        (f"b{b} scan bwd op", lambda: ops.selective_scan_bwd(dout, None, *args, None, empty, True)),
+        (f"b{b} scan fwd+bwd step (autograd)", scan_step),
+        (f"b{b} scan step, engine on caller", on_caller(scan_step)),
+        (f"b{b} torch alone: no-op Function step", floor_step),
+        (f"b{b} torch alone, engine on caller", on_caller(floor_step)),
+    ], {f"b{b} scan step": scan_step}
+
+
+def backward() -> None:
+    """Training steps at the real-time shapes (scan b1 / b32 d512 L60 n16; b32 s60 h8 d64 causal
+    attention), bf16: each layer's per-call wall time, beside torch's own floor (a no-op
+    autograd.Function over the same inputs), then a cProfile and a torch.profiler table of
+    each step."""
+    import flashscan.torch as fst
+
+    ops = torch.ops.flashscan
+    bf = torch.bfloat16
+    rows, steps = [], {}
+    for b in (1, 32):
+        r, s = _scan_step_rows(b)
+        rows += r
+        steps.update(s)
+    q = torch.randn(32, 60, 8, 64, device="cuda", dtype=bf)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    ql = [t.clone().requires_grad_() for t in (q, k, v)]
+    do = torch.randn_like(q)
+    out, lse = ops.flash_attn_fwd(q, k, v, 0.125, -1, 0, 0.0, False)
+    attn_step = lambda: torch.autograd.grad(fst.flash_attn_func(*ql, causal=True), ql, do)
+    rows += [
         ("attn fwd (API, no grad)", lambda: flashscan.flash_attn_func(q, k, v, causal=True)),
         ("attn fwd op", lambda: ops.flash_attn_fwd(q, k, v, 0.125, -1, 0, 0.0, False)),
         (
@@ -224,11 +268,13 @@ def backward() -> None:
             lambda: ops.flash_attn_bwd(do, q, k, v, out, lse, 0.125, -1, 0, 0.0, False),
         ),
         ("attn fwd+bwd step (autograd)", attn_step),
-        ("attn step, engine on caller", on_caller_thread(attn_step)),
     ]
+    steps["attn step"] = attn_step
     for name, fn in rows:
-        print(f"{name:<29} {wall_us(fn, 300):8.1f} us")
-    for name, fn in (("scan step", scan_step), ("attn step", attn_step)):
+        print(
+            f"{name:<40} {best_wall_us(fn, torch.cuda.synchronize, calls=300, warmup=100, repeat=5):8.1f} us"
+        )
+    for name, fn in steps.items():
         pr = cProfile.Profile()
         pr.enable()
         for _ in range(200):
@@ -237,6 +283,15 @@ def backward() -> None:
         pr.disable()
         print(f"==== cProfile: {name} x200")
         pstats.Stats(pr).sort_stats("tottime").print_stats(18)
+    from torch.profiler import ProfilerActivity, profile
+
+    for name, fn in steps.items():
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(50):
+                fn()
+            torch.cuda.synchronize()
+        print(f"==== torch.profiler: {name} x50 (self CPU time, us in total over 50 steps)")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=22))
 
 
 def main() -> None:

@@ -224,7 +224,11 @@ def selective_scan_bwd(
     dinitial_state: TensorArg | None,
     delta_softplus: bool,
     stream: int | None,
-) -> None: ...
+) -> None:
+    """The scan's backward: every gradient written in place. dA, dD, ddelta_bias,
+    dinitial_state float32; dB / dC float32 or B's dtype (a 16-bit dB / dC is summed in float32
+    scratch and rounded once); du, ddelta, dz in u's dtype."""
+
 def selective_state_update(
     state: TensorArg,
     x: TensorArg,

@@ -849,8 +849,9 @@ def _scan_bwd_impl(
         f32 = _F32
         du, ddelta = u.new_empty(u.shape), delta.new_empty(delta.shape)
         da = A.new_empty(A.shape, dtype=f32)
-        db = B.new_empty(B.shape, dtype=f32)
-        dc = C.new_empty(C.shape, dtype=f32)
+        # dB / dC in B's / C's dtype (a 16-bit one is summed in float32 scratch, rounded once)
+        db = B.new_empty(B.shape)
+        dc = C.new_empty(C.shape)
         dd = None if D is None else D.new_empty(D.shape, dtype=f32)
         dz = None if z is None else z.new_empty(z.shape)
         ddb = None if delta_bias is None else delta_bias.new_empty(delta_bias.shape, dtype=f32)
@@ -1074,9 +1075,8 @@ def _scan_bwd_lean(
     init: Tensor | None,
 ) -> tuple[Any, ...] | None:
     """The backward on a lean plan: (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias,
-    dinitial_state) in the inputs' dtypes (None for an absent input, and for B / C when they
-    need no gradient and a conversion would be wasted); None when the saved tensors no longer
-    match the forward's signature or the device is no longer usable."""
+    dinitial_state) in the inputs' dtypes (None for an absent input); None when the saved
+    tensors no longer match the forward's signature or the device is no longer usable."""
     key = ctx.key
     plan, _, s_shape, s_strides, a_st, b_st, c_st = ctx.lean
     dev, dts, dtb, dtc, o_shape, o_strides, l_shape, l_strides, stream, f32 = plan
@@ -1098,12 +1098,13 @@ def _scan_bwd_lean(
         None if saved is None else (saved.data_ptr(), s_shape, s_strides, "float32", CUDA, dev)
     )
     # the kernels write every element of du, ddelta, dz, dinitial_state and zero the summed
-    # gradients (dA, dB, dC, dD, ddelta_bias) themselves: no allocation is zero-filled
+    # gradients (dA, dB, dC, dD, ddelta_bias) themselves: no allocation is zero-filled. dB / dC
+    # come in B's / C's dtype (a 16-bit one is summed in float32 scratch and rounded once)
     du = u.new_empty_strided(o_shape, o_strides)
     ddelta = u.new_empty_strided(o_shape, o_strides)
     da = u.new_empty_strided(key[8], a_st, dtype=f32)
-    db = u.new_empty_strided(key[12], b_st, dtype=f32)
-    dc = u.new_empty_strided(key[16], c_st, dtype=f32)
+    db = u.new_empty_strided(key[12], b_st, dtype=key[14])
+    dc = u.new_empty_strided(key[16], c_st, dtype=key[18])
     m = key[20]
     if m is None:
         dd = i_D = o_D = None
@@ -1148,8 +1149,8 @@ def _scan_bwd_lean(
         (du.data_ptr(), o_shape, o_strides, dts, CUDA, dev),
         (ddelta.data_ptr(), o_shape, o_strides, dts, CUDA, dev),
         (da.data_ptr(), key[8], a_st, "float32", CUDA, dev),
-        (db.data_ptr(), key[12], b_st, "float32", CUDA, dev),
-        (dc.data_ptr(), key[16], c_st, "float32", CUDA, dev),
+        (db.data_ptr(), key[12], b_st, dtb, CUDA, dev),
+        (dc.data_ptr(), key[16], c_st, dtc, CUDA, dev),
         o_D,
         o_z,
         o_db,
@@ -1157,11 +1158,7 @@ def _scan_bwd_lean(
         ctx.delta_softplus,
         stream(dev),
     )
-    need = ctx.needs_input_grad
-    # dB, dC are accumulated in float32: B / C in u's dtype get theirs converted, if needed
-    gb = db if key[14] is f32 else (db.to(key[14]) if need[3] else None)
-    gc = dc if key[18] is f32 else (dc.to(key[18]) if need[4] else None)
-    return du, ddelta, da, gb, gc, dd, dz, ddb, dinit
+    return du, ddelta, da, db, dc, dd, dz, ddb, dinit
 
 
 class _SelectiveScan(torch.autograd.Function):

@@ -1,6 +1,7 @@
 //! Mamba selective scan backward: argument checks, launch plan, launches of
 //! `cuda/selective_scan_bwd.cu` (zero the accumulated gradients, chunk states when the forward
-//! saved none, then the backward proper).
+//! saved none, then the backward proper; for dB / dC in B's 16-bit dtype, one rounding of their
+//! float32 scratch accumulators into the outputs).
 
 use crate::error::{unsupported, value_err, Error, Result};
 use crate::ops::next_pow2;
@@ -13,6 +14,7 @@ pub const FAMILY: &str = "selective_scan_bwd";
 pub const ENTRY_BWD: &str = "selective_scan_bwd";
 pub const ENTRY_STATES: &str = "selective_scan_bwd_states";
 pub const ENTRY_ZERO: &str = "selective_scan_bwd_zero";
+pub const ENTRY_CAST: &str = "selective_scan_bwd_cast";
 
 /// Threads per block and `__launch_bounds__` min blocks. Up to dstate 32 (two states a lane, at
 /// most 16 lanes a channel): 256 threads, 2 blocks (128 registers, 8 B of spills at dstate 16).
@@ -127,6 +129,18 @@ pub struct ScanBwdParams {
 }
 
 const _: () = assert!(std::mem::size_of::<ScanBwdParams>() == 712);
+
+/// Mirrors `struct ScanBwdCastParams` in cuda/selective_scan_bwd.cu: dB / dC accumulated in
+/// float32 scratch (`src`), rounded into their 16-bit outputs (`dst`); n = 0 skips one.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ScanBwdCastParams {
+    pub src: [u64; 2],
+    pub dst: [u64; 2],
+    pub n: [i64; 2],
+}
+
+const _: () = assert!(std::mem::size_of::<ScanBwdCastParams>() == 48);
 
 pub struct ScanBwdArgs<'a> {
     pub u: &'a TensorView,
@@ -251,13 +265,15 @@ pub fn check(a: &ScanBwdArgs) -> Result<(Problem, scan::BcForm, scan::BcForm)> {
             t.expect_unit_stride(name, 2, "seqlen")?;
         }
     }
-    // Accumulated gradients: f32, contiguous (zero-filled as flat arrays).
+    // Accumulated gradients: contiguous (zero-filled as flat arrays); f32 but for dB / dC.
     a.da.expect_dtype("dA", &[DType::F32])?;
     a.da.expect_shape("dA", &a.a.shape)?;
     let dbf = scan::bc_form(a.db, "dB", p.batch, p.dim, p.dstate, p.seqlen)?;
     let dcf = scan::bc_form(a.dc, "dC", p.batch, p.dim, p.dstate, p.seqlen)?;
+    // dB / dC: float32 (accumulated in place) or the input's dtype (accumulated in float32
+    // scratch, rounded once into the output at the end)
     for (name, g, t) in [("dB", a.db, a.b), ("dC", a.dc, a.c)] {
-        g.expect_dtype(name, &[DType::F32])?;
+        g.expect_dtype(name, &[DType::F32, t.dtype])?;
         if g.shape != t.shape {
             return Err(value_err(format!(
                 "{name} must have the shape of {} {:?}; got {:?}",
@@ -594,6 +610,29 @@ pub fn backward(a: &ScanBwdArgs, stream: StreamChoice) -> Result<()> {
     let kspec = |entry| spec(&pl.tiles, in_dt, a.b.dtype, bv, cv, arch, entry);
     let zero_k = dev.kernel(&kspec(ENTRY_ZERO)?)?;
     let s = dev.stream(stream)?;
+    // dB / dC in B's 16-bit dtype: float32 accumulators in scratch, rounded into the outputs by
+    // the last launch (so the caller converts nothing)
+    let mut scratch = dev.scratch(s)?;
+    let mut cast = ScanBwdCastParams::default();
+    for (k, g) in [a.db, a.dc].into_iter().enumerate() {
+        if g.dtype != DType::F32 && g.numel() > 0 {
+            cast.src[k] = scratch.alloc(4 * g.numel() as usize)?;
+            cast.dst[k] = g.ptr;
+            cast.n[k] = g.numel();
+        }
+    }
+    let launch_cast = || -> Result<()> {
+        let n = cast.n[0].max(cast.n[1]);
+        if n == 0 {
+            return Ok(());
+        }
+        let cast_k = dev.kernel(&kspec(ENTRY_CAST)?)?;
+        let blocks = (n / ZERO_THREADS as i64 + 1).min(ZERO_MAX_BLOCKS) as u32;
+        // SAFETY: cast mirrors ScanBwdCastParams; src[k] holds n[k] floats of this call's
+        // scratch (zeroed and summed by the launches before, on the same stream), dst[k] is the
+        // contiguous 16-bit dB / dC output of n[k] elements (checked shape, dtype, device).
+        unsafe { dev.launch(&cast_k, (blocks, 1, 1), (ZERO_THREADS, 1, 1), 0, s, &cast) }
+    };
     let mut params = ScanBwdParams {
         u: a.u.ptr,
         delta: a.delta.ptr,
@@ -610,8 +649,8 @@ pub fn backward(a: &ScanBwdArgs, stream: StreamChoice) -> Result<()> {
         du: a.du.ptr,
         ddelta: a.ddelta.ptr,
         da: a.da.ptr,
-        db: a.db.ptr,
-        dc: a.dc.ptr,
+        db: if cast.n[0] > 0 { cast.src[0] } else { a.db.ptr },
+        dc: if cast.n[1] > 0 { cast.src[1] } else { a.dc.ptr },
         dd: ptr(a.dd),
         dz: ptr(a.dz),
         ddelta_bias: ptr(a.ddelta_bias),
@@ -702,7 +741,8 @@ pub fn backward(a: &ScanBwdArgs, stream: StreamChoice) -> Result<()> {
     let zero_blocks = (params.zero_n.iter().max().copied().unwrap_or(0) / ZERO_THREADS as i64 + 1)
         .min(ZERO_MAX_BLOCKS) as u32;
     // SAFETY: params mirrors ScanBwdParams; the zero kernel writes zero_n[i] f32 elements of the
-    // contiguous dA, dB, dC, dD, ddelta_bias (checked shapes, dtypes, device).
+    // contiguous dA, dB, dC, dD, ddelta_bias (checked shapes, dtypes, device; for 16-bit dB / dC
+    // their float32 scratch accumulators of the same element counts).
     unsafe {
         dev.launch(
             &zero_k,
@@ -714,11 +754,12 @@ pub fn backward(a: &ScanBwdArgs, stream: StreamChoice) -> Result<()> {
         )?;
     }
     if p.batch == 0 || p.dim == 0 || p.seqlen == 0 {
+        launch_cast()?; // dim 0: dB / dC are zeros
+        scratch.free()?;
         return dev.finish(stream);
     }
     let bwd_k = dev.kernel(&kspec(ENTRY_BWD)?)?;
     let block = (pl.tiles.threads as u32, 1, 1);
-    let mut scratch = dev.scratch(s)?;
     params.ck = scratch.alloc((4 * pl.ck_floats) as usize)?;
     // 2. chunk states, when the sequence has several chunks and the forward saved none.
     if pl.nsaved > 0 && a.saved_states.is_none() {
@@ -756,6 +797,7 @@ pub fn backward(a: &ScanBwdArgs, stream: StreamChoice) -> Result<()> {
             &params,
         )?;
     }
+    launch_cast()?;
     scratch.free()?; // ordered after the launches on the same stream
     dev.finish(stream)
 }
@@ -877,6 +919,18 @@ mod tests {
         let mut a7 = args(&s);
         a7.saved_states = Some(&sv);
         assert!(check(&a7).is_ok());
+        // dB / dC in B's 16-bit dtype (rounded from float32 scratch), not in another
+        let db16 = view(&[2, 1, 16, 300], DType::BF16, 0x9_3000_0000);
+        let dc16 = view(&[2, 1, 16, 300], DType::BF16, 0x9_4000_0000);
+        let mut a8 = args(&s);
+        a8.db = &db16;
+        a8.dc = &dc16;
+        assert!(check(&a8).is_ok());
+        let dbh = view(&[2, 1, 16, 300], DType::F16, 0x9_3000_0000);
+        let mut a9 = args(&s);
+        a9.db = &dbh;
+        let err = check(&a9).unwrap_err().to_string();
+        assert!(err.contains("dB") && err.contains("float16"), "{err}");
     }
 
     #[test]

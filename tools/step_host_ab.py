@@ -1,0 +1,170 @@
+"""A/B of the eager scan training step's host cost between the installed `flashscan.torch`'s
+backward (B) and the `_scan_bwd_lean` of another version of python/flashscan/torch.py (A,
+e.g. `git show REV:python/flashscan/torch.py > old.py`), in one process: the GPU host's
+timings drift by tens of percent between processes and over seconds, so the two run in
+alternating bursts and each row is the median over bursts. Also timed in the same bursts:
+torch's own floor (a no-op autograd.Function over the same inputs) and the step with the
+autograd engine on the calling thread (`torch.autograd.set_multithreading_enabled(False)`).
+The step: forward + `torch.autograd.grad`, b1 and b32, d512 L60 n16, bf16, D / z /
+delta_bias, softplus. Both wall time per call and process CPU time per call (all threads:
+the engine's device thread included) are printed.
+
+With `--mamba-src DIR` (a state-spaces/mamba checkout; its CUDA scan is built with torch's
+cpp_extension, `flashscan.bench.mamba_src`), mamba_ssm's own eager `selective_scan_fn` step on
+the same inputs runs in the same bursts.
+
+    python tools/step_host_ab.py --old-torch old.py [--bursts 40] [--calls 100]
+        [--mamba-src DIR [--mamba-build DIR]]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+import flashscan.torch as fst
+
+
+def load_old_backward(path: str) -> Callable[..., Any]:
+    """`_scan_bwd_lean` from another torch.py, bound to the installed module's globals (the
+    native entry it calls accepts both the old and the new gradient dtypes)."""
+    tree = ast.parse(open(path).read())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_scan_bwd_lean")
+    ns = dict(fst.__dict__)
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), path, "exec"), ns)  # noqa: S102
+    return ns["_scan_bwd_lean"]
+
+
+class Floor(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, *ts: Any) -> Any:  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(*ts)
+        return ts[0].new_empty_strided(ts[0].shape, ts[0].stride())
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> Any:  # type: ignore[override]
+        return tuple(t.new_empty_strided(t.shape, t.stride()) for t in ctx.saved_tensors)
+
+
+def on_caller(fn: Callable[[], Any]) -> Callable[[], Any]:
+    def run() -> Any:
+        with torch.autograd.set_multithreading_enabled(False):
+            return fn()
+
+    return run
+
+
+def agree(x: Any, y: Any, tol: float) -> bool:
+    """max |x - y| within `tol` of y's scale (bf16 gradients of two implementations)."""
+    x, y = x.float(), y.float()
+    return bool((x - y).abs().max() <= tol * y.abs().max() + 1e-6) and x.shape == y.shape
+
+
+def burst(fn: Callable[[], Any], calls: int) -> tuple[float, float]:
+    """(wall us, process CPU us) per call over `calls` back-to-back calls, synchronised."""
+    torch.cuda.synchronize()
+    w0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - w0) / calls * 1e6, (time.process_time() - c0) / calls * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--old-torch", required=True, help="a torch.py whose _scan_bwd_lean is A")
+    ap.add_argument("--bursts", type=int, default=40)
+    ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--mamba-src", help="a state-spaces/mamba checkout: its step as a peer row")
+    ap.add_argument("--mamba-build", help="its build directory (default: inside the checkout)")
+    args = ap.parse_args()
+    old, new = load_old_backward(args.old_torch), fst._scan_bwd_lean
+    mamba_fn = None
+    if args.mamba_src:
+        from flashscan.bench import mamba_src
+
+        info = mamba_src.load(args.mamba_src, args.mamba_build, print)
+        print(f"mamba_ssm: {info}")
+        if not info["error"]:
+            from mamba_ssm.ops.selective_scan_interface import selective_scan_fn as mamba_fn
+    bf = torch.bfloat16
+    rows: dict[str, Callable[[], Any]] = {}
+    for b in (1, 32):
+        d, L, n = 512, 60, 16
+        ins = [
+            torch.randn(b, d, L, device="cuda", dtype=bf),
+            (torch.rand(b, d, L, device="cuda") - 2).to(bf),
+            -torch.rand(d, n, device="cuda"),
+            torch.randn(b, n, L, device="cuda", dtype=bf),
+            torch.randn(b, n, L, device="cuda", dtype=bf),
+            torch.randn(d, device="cuda"),
+            torch.randn(b, d, L, device="cuda", dtype=bf),
+            torch.rand(d, device="cuda"),
+        ]
+        leaves = [t.clone().requires_grad_() for t in ins]
+        dout = torch.randn_like(ins[0])
+
+        def step(lv: Any = leaves, g: Any = dout) -> Any:
+            return torch.autograd.grad(fst.selective_scan_fn(*lv, delta_softplus=True), lv, g)
+
+        def with_bwd(f: Callable[..., Any], s: Callable[[], Any] = step) -> Callable[[], Any]:
+            def run() -> Any:
+                fst._scan_bwd_lean = f
+                return s()
+
+            return run
+
+        def floor(lv: Any = leaves, g: Any = dout) -> Any:
+            return torch.autograd.grad(Floor.apply(*lv), lv, g)
+
+        ga, gb = with_bwd(old)(), with_bwd(new)()
+        for x, y in zip(ga, gb):  # the two backwards agree (float32 atomics: summation order)
+            assert agree(x, y, 1e-2), (x, y)
+        rows[f"b{b} step, A (old backward)"] = with_bwd(old)
+        rows[f"b{b} step, B (this backward)"] = with_bwd(new)
+        rows[f"b{b} step, A, engine on caller"] = on_caller(with_bwd(old))
+        rows[f"b{b} step, B, engine on caller"] = on_caller(with_bwd(new))
+        rows[f"b{b} torch floor step"] = floor
+        rows[f"b{b} torch floor, engine on caller"] = on_caller(floor)
+        if mamba_fn is not None:
+
+            def mamba_step(lv: Any = leaves, g: Any = dout, f: Any = mamba_fn) -> Any:
+                y = f(*lv[:5], D=lv[5], z=lv[6], delta_bias=lv[7], delta_softplus=True)
+                return torch.autograd.grad(y, lv, g)
+
+            for x, y in zip(mamba_step(), gb):  # the peer computes the same gradients
+                assert agree(x, y, 5e-2), (x, y)
+            rows[f"b{b} mamba_ssm step"] = mamba_step
+            rows[f"b{b} mamba_ssm step, engine on caller"] = on_caller(mamba_step)
+    for fn in rows.values():  # warm-up (plans, kernels, allocator)
+        burst(fn, 50)
+    wall: dict[str, list[float]] = {k: [] for k in rows}
+    cpu: dict[str, list[float]] = {k: [] for k in rows}
+    for _ in range(args.bursts):
+        for k, fn in rows.items():
+            w, c = burst(fn, args.calls)
+            wall[k].append(w)
+            cpu[k].append(c)
+    fst._scan_bwd_lean = new
+    print(
+        f"{torch.cuda.get_device_name()}; {args.bursts} alternating bursts of {args.calls} calls; "
+        "us per call, median over bursts (25th-75th percentile)"
+    )
+    print("| row | wall | process CPU |")
+    print("|---|---:|---:|")
+    for k in rows:
+        cells = []
+        for v in (wall[k], cpu[k]):
+            q = statistics.quantiles(v, n=4)
+            cells.append(f"{statistics.median(v):.1f} ({q[0]:.0f}-{q[2]:.0f})")
+        print(f"| {k} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
