@@ -5,6 +5,7 @@ mod conv_bindings;
 pub mod dlpack;
 pub mod error;
 pub mod ops;
+mod replay_bindings;
 pub mod runtime;
 pub mod tensor;
 pub mod xla_ffi;
@@ -381,7 +382,7 @@ fn flash_attn_kvcache(
 
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (u, delta, A, B, C, D, z, delta_bias, initial_state, out, last_state, delta_softplus, stream, saved_states=None))]
+#[pyo3(signature = (u, delta, A, B, C, D, z, delta_bias, initial_state, out, last_state, delta_softplus, stream, saved_states=None, replay=false))]
 #[allow(non_snake_case)]
 fn selective_scan_fwd(
     u: &Bound<'_, PyAny>,
@@ -398,7 +399,8 @@ fn selective_scan_fwd(
     delta_softplus: bool,
     stream: Option<u64>,
     saved_states: Option<&Bound<'_, PyAny>>,
-) -> PyResult<()> {
+    replay: bool,
+) -> PyResult<Option<replay_bindings::ScanFwdReplay>> {
     let ch = stream_choice(stream);
     let u = import(u, "u", ch)?;
     let delta = import(delta, "delta", ch)?;
@@ -427,7 +429,13 @@ fn selective_scan_fwd(
         saved_states: view_of(&saved_states),
         delta_softplus,
     };
-    Ok(ops::scan::forward(&args, ch)?)
+    if replay {
+        // checked and planned, not launched (None: not one launch)
+        let r = ops::scan::forward_replay(&args)?;
+        return Ok(r.map(replay_bindings::ScanFwdReplay));
+    }
+    ops::scan::forward(&args, ch)?;
+    Ok(None)
 }
 
 /// How many chunk-boundary states `selective_scan_fwd(saved_states=...)` keeps for seqlen.
@@ -591,7 +599,7 @@ fn flash_attn_bwd(
 
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (u, delta, A, B, C, D, z, delta_bias, initial_state, dout, saved_states, dlast_state, du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, dinitial_state, delta_softplus, stream))]
+#[pyo3(signature = (u, delta, A, B, C, D, z, delta_bias, initial_state, dout, saved_states, dlast_state, du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, dinitial_state, delta_softplus, stream, replay=false))]
 #[allow(non_snake_case)]
 fn selective_scan_bwd(
     u: &Bound<'_, PyAny>,
@@ -617,7 +625,8 @@ fn selective_scan_bwd(
     dinitial_state: Option<&Bound<'_, PyAny>>,
     delta_softplus: bool,
     stream: Option<u64>,
-) -> PyResult<()> {
+    replay: bool,
+) -> PyResult<Option<replay_bindings::ScanBwdReplay>> {
     let ch = stream_choice(stream);
     let u = import(u, "u", ch)?;
     let delta = import(delta, "delta", ch)?;
@@ -664,7 +673,13 @@ fn selective_scan_bwd(
         dinitial_state: view_of(&dinitial_state),
         delta_softplus,
     };
-    Ok(ops::scan_bwd::backward(&args, ch)?)
+    if replay {
+        // checked and planned, not launched (None: an empty problem)
+        let r = ops::scan_bwd::backward_replay(&args)?;
+        return Ok(r.map(replay_bindings::ScanBwdReplay));
+    }
+    ops::scan_bwd::backward(&args, ch)?;
+    Ok(None)
 }
 
 #[pyfunction]
@@ -1046,6 +1061,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compile_variant, m)?)?;
     m.add_function(wrap_pyfunction!(precompile, m)?)?;
     conv_bindings::register(m)?;
+    replay_bindings::register(m)?;
     m.add_function(wrap_pyfunction!(xla_ffi_targets, m)?)?;
     m.add_function(wrap_pyfunction!(xla_ffi_api_version, m)?)?;
     Ok(())

@@ -525,6 +525,90 @@ def test_scan_backward_16bit_db_dc_are_the_float32_sums_rounded_once(
         assert db16.abs().max() > 0 and dc16.abs().max() > 0
 
 
+REPLAY_CASES = [
+    # (dtype, B/C form, groups, L, extras (D, z, delta_bias), initial_state, return_last)
+    ("bfloat16", "varying", 1, 60, True, False, False),  # the real-time training layer
+    ("float16", "grouped", 2, 300, True, True, True),  # saved states (L > 256), dlast
+    ("float32", "fixed", 1, 33, False, False, True),
+]
+
+
+@pytest.mark.parametrize("case", REPLAY_CASES, ids=lambda c: f"{c[0]}-{c[1]}{c[2]}-L{c[3]}")
+def test_scan_replay_plans_compute_what_the_descriptor_calls_do(case: tuple) -> None:
+    """flashscan.torch's third step of a signature runs the forward and backward through
+    their native replay plans (raw pointers): same outputs as the first step's descriptor
+    calls (bit for bit; gradients summed with float32 atomics within their rounding), on
+    fresh leaves each step so a stale pointer would show."""
+    dt, bc, g, L, extras, init, last = case
+    dtype = DTYPES[dt]
+    batch, dim, n = 3, 64, 16
+    x = scan_inputs(batch, dim, L, n, dtype, bc, g)
+    args = {
+        "u": x["u"],
+        "delta": x["delta"],
+        "A": x["A"],
+        "B": x["B"],
+        "C": x["C"],
+        "D": x["D"] if extras else None,
+        "z": x["z"] if extras else None,
+        "delta_bias": x["delta_bias"] if extras else None,
+        "initial_state": torch.randn(batch, dim, n, device="cuda") if init else None,
+    }
+    names = [k for k, t in args.items() if t is not None]
+    fst._SCAN_LEAN.clear()
+    fst._SCAN_LAST = (None, None)
+    results = []
+    for _ in range(3):
+        leaves = {k: t.clone().requires_grad_() for k, t in args.items() if t is not None}
+        r = fst.selective_scan_fn(
+            **{k: leaves.get(k) for k in args}, delta_softplus=True, return_last_state=last
+        )
+        outs = r if isinstance(r, tuple) else (r,)
+        g_outs = [torch.full_like(o, 0.5) for o in outs]
+        grads = torch.autograd.grad(outs, [leaves[k] for k in names], g_outs)
+        results.append(([o.detach().clone() for o in outs], grads))
+    lean = fst._SCAN_LEAN.get(fst._SCAN_LAST[0])
+    assert lean is not None and any(lean[0][-1].values()), "no replay plan was kept"
+    (o1, g1), (o3, g3) = results[0], results[2]
+    for a, b in zip(o1, o3):
+        assert torch.equal(a, b)
+    for k, a, b in zip(names, g1, g3):
+        assert a.dtype == b.dtype == args[k].dtype, k
+        scale = float(a.float().abs().max())
+        torch.testing.assert_close(b.float(), a.float(), rtol=1e-2, atol=1e-3 * scale + 1e-6)
+
+
+def test_scan_replay_launch_refuses_pointers_unlike_the_plan() -> None:
+    """A replay plan's launch checks what pointers alone can break: an optional left out or
+    given unlike the planned call, a null pointer, a pointer off its element alignment."""
+    from flashscan import _native
+
+    x = scan_inputs(2, 32, 40, 16, torch.bfloat16)
+    u, delta, A, B, C, D = (x[k] for k in ("u", "delta", "A", "B", "C", "D"))
+    out = torch.empty_like(u)
+    d = fst._desc
+    r = _native.selective_scan_fwd(
+        d(u, "u"), d(delta, "delta"), d(A, "A"), d(B, "B"), d(C, "C"), d(D, "D"),
+        None, None, None, d(out, "out"), None, True, None, replay=True,
+    )  # fmt: skip
+    assert r is not None
+    stream = torch.cuda.current_stream().cuda_stream
+    ptrs = [t.data_ptr() for t in (u, delta, A, B, C, D)] + [0, 0, 0, out.data_ptr(), 0, 0]
+    r.launch(*ptrs, stream)
+    want = torch.empty_like(u)
+    _native.selective_scan_fwd(
+        d(u, "u"), d(delta, "delta"), d(A, "A"), d(B, "B"), d(C, "C"), d(D, "D"),
+        None, None, None, d(want, "out"), None, True, stream,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+    for i, bad in ((5, 0), (6, u.data_ptr()), (0, 0), (0, u.data_ptr() + 1)):
+        p = list(ptrs)
+        p[i] = bad
+        with pytest.raises(ValueError):
+            r.launch(*p, stream)
+
+
 def test_scan_forward_saving_keeps_outputs(rule: Any) -> None:
     x = scan_inputs(2, 32, 4500, 16, torch.float32)
     args = [x[k] for k in ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")]

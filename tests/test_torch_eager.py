@@ -23,7 +23,7 @@ from flashscan import _backend, attention, scan
 
 torch = pytest.importorskip("torch")
 
-from test_torch_plans import fake_cuda, forget_plans  # noqa: E402
+from test_torch_plans import FakeReplay, fake_cuda, forget_plans  # noqa: E402
 
 import flashscan.torch as fst  # noqa: E402
 
@@ -57,7 +57,9 @@ class Native:
         self.calls: list[tuple[str, tuple]] = []
 
     def __getattr__(self, name: str) -> Any:
-        def f(*args: Any, **kw: Any) -> None:
+        def f(*args: Any, **kw: Any) -> Any:
+            if kw.get("replay"):
+                return FakeReplay(self, name, args, kw)
             self.calls.append((name, args + tuple(sorted(kw.items()))))
             for i, pos in enumerate(_OUTPUTS.get(name, ())):
                 if args[pos] is not None:
@@ -154,12 +156,18 @@ def check_twice(
     assert not seen, f"the second call must take the lean plan, took {seen}"
     assert [n for n, _ in c1] == [n for n, _ in c2] and len(c1) == 2
     assert named(c1, known) == named(c2, known)
-    for a, b in zip(g1, g2):
-        assert (a is None) == (b is None)
+    # the third step: ops with native replay plans launch through them (the fake replays the
+    # descriptor call it stands for), with the same arguments and gradients
+    c3, g3 = step(rec, fn, leaves, grad_outputs)
+    assert not seen
+    assert named(c3, known) == named(c2, known)
+    for a, b, c in zip(g1, g2, g3):
+        assert (a is None) == (b is None) == (c is None)
         if a is not None:
-            assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
-            assert torch.equal(a, b)
-    return g2
+            for x in (b, c):
+                assert a.dtype == x.dtype and a.shape == x.shape and a.stride() == x.stride()
+                assert torch.equal(a, x)
+    return g3
 
 
 def rnd(*shape: int, dtype: Any = bf) -> Any:

@@ -47,13 +47,53 @@ def fake_cuda() -> Any:
     return undo
 
 
+class FakeReplay:
+    """What a native `replay=True` call returns, faked: `launch(ptrs..., stream)` rebuilds the
+    planned call's arguments with these pointers (each descriptor's pointer replaced, in
+    argument order: every tensor argument, then the keyword `saved_states` of the forward)
+    and makes that call on `target`, so a replayed call is recorded (and its outputs filled)
+    exactly as the descriptor call it stands for: a pointer passed in the wrong place shows
+    as a wrong argument."""
+
+    def __init__(self, target: Any, name: str, args: tuple, kw: dict[str, Any]) -> None:
+        self.target, self.name, self.args, self.kw = target, name, args, kw
+
+    def launch(self, *ptrs: Any) -> None:
+        *ptrs, stream = ptrs
+        # every tensor argument (a descriptor or None); the last argument is the stream
+        slots = [i for i, a in enumerate(self.args[:-1]) if a is None or isinstance(a, tuple)]
+        keys = ["saved_states"] if self.name == "selective_scan_fwd" else []
+        assert len(ptrs) == len(slots) + len(keys), (self.name, len(ptrs))
+        args = list(self.args)
+        for i, p in zip(slots, ptrs):
+            args[i] = self._with(args[i], p)
+        kw = {k: v for k, v in self.kw.items() if k != "replay"}
+        for k, p in zip(keys, ptrs[len(slots) :]):
+            kw[k] = self._with(kw.get(k), p)
+            if kw[k] is None:
+                del kw[k]
+        args[-1] = stream  # the planning call passed no stream: the launch's stands there
+        getattr(self.target, self.name)(*args, **kw)
+
+    @staticmethod
+    def _with(desc: Any, ptr: int) -> Any:
+        if desc is None:
+            assert ptr == 0, "a pointer for an absent argument"
+            return None
+        assert ptr != 0, "a null pointer for a present argument"
+        return (ptr, *desc[1:])
+
+
 class Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple[str, tuple]] = []
 
     def __getattr__(self, name: str) -> Any:
-        def f(*args: Any) -> None:
-            self.calls.append((name, args))
+        def f(*args: Any, **kw: Any) -> Any:
+            if kw.get("replay"):
+                return FakeReplay(self, name, args, kw)
+            self.calls.append((name, args + tuple(sorted(kw.items()))))
+            return None
 
         return f
 
@@ -141,6 +181,17 @@ def twice(rec: Recorder, seen: list[str], fn: Any, n_out: int) -> None:
             assert type(x) is type(y)
     assert outs(r1) == outs(r2)
     assert len(outs(r1)) == n_out
+    # a third call: ops with a native replay plan launch through it, with the same arguments
+    r3 = fn()
+    (n3, a3) = rec.calls[-1]
+    assert n3 == n2 and len(a3) == len(a2)
+    new_ptrs = {t.data_ptr() for t in (r2 if isinstance(r2, tuple) else (r2,))}
+    for x, y in zip([norm(x) for x in a3], a2):
+        if isinstance(y, tuple) and y[0] in new_ptrs:
+            assert x[1:] == y[1:]
+        else:
+            assert x == y, (x, y)
+    assert outs(r3) == outs(r2)
 
 
 bf, f16, f32 = torch.bfloat16, torch.float16, torch.float32

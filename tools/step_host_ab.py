@@ -1,8 +1,10 @@
-"""A/B of the eager scan training step's host cost between the installed `flashscan.torch`'s
-backward (B) and the `_scan_bwd_lean` of another version of python/flashscan/torch.py (A,
-e.g. `git show REV:python/flashscan/torch.py > old.py`), in one process: the GPU host's
-timings drift by tens of percent between processes and over seconds, so the two run in
-alternating bursts and each row is the median over bursts. Also timed in the same bursts:
+"""A/B of the eager scan training step's host cost, in one process: the installed
+`flashscan.torch` with its native replay plans (C), the same without them (B: every call
+through descriptors, `flashscan.scan.REPLAYS_PER_PLAN = 0`), and the `_scan_bwd_lean` of
+another version of python/flashscan/torch.py without replays (A, e.g. `git show
+REV:python/flashscan/torch.py > old.py`). The GPU host's timings drift by tens of percent
+between processes and over seconds, so the variants run in alternating bursts and each row
+is the median over bursts. Also timed in the same bursts:
 torch's own floor (a no-op autograd.Function over the same inputs) and the step with the
 autograd engine on the calling thread (`torch.autograd.set_multithreading_enabled(False)`).
 The step: forward + `torch.autograd.grad`, b1 and b32, d512 L60 n16, bf16, D / z /
@@ -27,13 +29,17 @@ from typing import Any, Callable
 
 import torch
 
+import flashscan
+import flashscan.scan
 import flashscan.torch as fst
 
 
 def load_old_backward(path: str) -> Callable[..., Any]:
     """`_scan_bwd_lean` from another torch.py, bound to the installed module's globals (the
     native entry it calls accepts both the old and the new gradient dtypes)."""
-    tree = ast.parse(open(path).read())
+    # plans gained a trailing element (the replay plans): the old unpacking takes the rest
+    src = open(path).read().replace("stream, f32 = plan", "stream, f32, *_ = plan")
+    tree = ast.parse(src)
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_scan_bwd_lean")
     ns = dict(fst.__dict__)
     exec(compile(ast.Module(body=[fn], type_ignores=[]), path, "exec"), ns)  # noqa: S102
@@ -64,6 +70,14 @@ def agree(x: Any, y: Any, tol: float) -> bool:
     """max |x - y| within `tol` of y's scale (bf16 gradients of two implementations)."""
     x, y = x.float(), y.float()
     return bool((x - y).abs().max() <= tol * y.abs().max() + 1e-6) and x.shape == y.shape
+
+
+def set_replays(on: bool) -> None:
+    """Replay plans on (the default bound) or off (none kept; those kept dropped)."""
+    flashscan.scan.REPLAYS_PER_PLAN = 8 if on else 0
+    if not on:
+        for plan in flashscan.scan._SCAN_PLANS.values():
+            plan[-1].clear()
 
 
 def burst(fn: Callable[[], Any], calls: int) -> tuple[float, float]:
@@ -113,23 +127,36 @@ def main() -> None:
         def step(lv: Any = leaves, g: Any = dout) -> Any:
             return torch.autograd.grad(fst.selective_scan_fn(*lv, delta_softplus=True), lv, g)
 
-        def with_bwd(f: Callable[..., Any], s: Callable[[], Any] = step) -> Callable[[], Any]:
+        def with_bwd(
+            f: Callable[..., Any], replays: bool, s: Callable[[], Any] = step
+        ) -> Callable[[], Any]:
             def run() -> Any:
-                fst._scan_bwd_lean = f
+                if fst._scan_bwd_lean is not f or flashscan.scan.REPLAYS_PER_PLAN != 8 * replays:
+                    fst._scan_bwd_lean = f
+                    set_replays(replays)
                 return s()
 
             return run
 
+        def fwd(lv: Any = ins) -> Any:
+            return flashscan.selective_scan_fn(*lv, delta_softplus=True)
+
         def floor(lv: Any = leaves, g: Any = dout) -> Any:
             return torch.autograd.grad(Floor.apply(*lv), lv, g)
 
-        ga, gb = with_bwd(old)(), with_bwd(new)()
-        for x, y in zip(ga, gb):  # the two backwards agree (float32 atomics: summation order)
-            assert agree(x, y, 1e-2), (x, y)
-        rows[f"b{b} step, A (old backward)"] = with_bwd(old)
-        rows[f"b{b} step, B (this backward)"] = with_bwd(new)
-        rows[f"b{b} step, A, engine on caller"] = on_caller(with_bwd(old))
-        rows[f"b{b} step, B, engine on caller"] = on_caller(with_bwd(new))
+        ga = with_bwd(old, False)()
+        for _ in range(3):  # the third call of a signature runs through its replay plans
+            gc = with_bwd(new, True)()
+        gb = with_bwd(new, False)()
+        for x, y, z in zip(ga, gb, gc):  # the variants agree (float32 atomics: summation order)
+            assert agree(x, y, 1e-2) and agree(z, y, 1e-2), (x, y, z)
+        rows[f"b{b} step, A (old backward)"] = with_bwd(old, False)
+        rows[f"b{b} step, B (dB / dC cast)"] = with_bwd(new, False)
+        rows[f"b{b} step, C (B + replay plans)"] = with_bwd(new, True)
+        rows[f"b{b} step, A, engine on caller"] = on_caller(with_bwd(old, False))
+        rows[f"b{b} step, C, engine on caller"] = on_caller(with_bwd(new, True))
+        rows[f"b{b} fwd (no grad), B"] = with_bwd(new, False, fwd)
+        rows[f"b{b} fwd (no grad), C"] = with_bwd(new, True, fwd)
         rows[f"b{b} torch floor step"] = floor
         rows[f"b{b} torch floor, engine on caller"] = on_caller(floor)
         if mamba_fn is not None:
@@ -152,6 +179,7 @@ def main() -> None:
             wall[k].append(w)
             cpu[k].append(c)
     fst._scan_bwd_lean = new
+    set_replays(True)
     print(
         f"{torch.cuda.get_device_name()}; {args.bursts} alternating bursts of {args.calls} calls; "
         "us per call, median over bursts (25th-75th percentile)"

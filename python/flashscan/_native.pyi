@@ -138,7 +138,63 @@ def selective_scan_fwd(
     delta_softplus: bool,
     stream: int | None,
     saved_states: TensorArg | None = None,
-) -> None: ...
+    replay: bool = False,
+) -> ScanFwdReplay | None:
+    """The scan forward, launched; with replay=True checked and planned but not launched:
+    returns the call's ScanFwdReplay (None where it is not one launch)."""
+
+class ScanFwdReplay:
+    """A checked one-launch scan forward of one signature (shapes, strides, dtypes, device,
+    which optionals are given, flags), replayed on raw pointers of tensors of that signature:
+    no descriptors, no checks but the pointers' presence and element alignment."""
+
+    def launch(
+        self,
+        u: int,
+        delta: int,
+        A: int,
+        B: int,
+        C: int,
+        D: int,
+        z: int,
+        delta_bias: int,
+        initial_state: int,
+        out: int,
+        last_state: int,
+        saved_states: int,
+        stream: int | None,
+    ) -> None: ...
+
+class ScanBwdReplay:
+    """A checked scan backward of one signature, replayed on raw pointers (selective_scan_bwd's
+    argument order, 0 for an absent optional)."""
+
+    def launch(
+        self,
+        u: int,
+        delta: int,
+        A: int,
+        B: int,
+        C: int,
+        D: int,
+        z: int,
+        delta_bias: int,
+        initial_state: int,
+        dout: int,
+        saved_states: int,
+        dlast_state: int,
+        du: int,
+        ddelta: int,
+        dA: int,
+        dB: int,
+        dC: int,
+        dD: int,
+        dz: int,
+        ddelta_bias: int,
+        dinitial_state: int,
+        stream: int | None,
+    ) -> None: ...
+
 def scan_saved_state_count(seqlen: int) -> int: ...
 def flash_attn_bwd(
     dout: TensorArg,
@@ -224,10 +280,12 @@ def selective_scan_bwd(
     dinitial_state: TensorArg | None,
     delta_softplus: bool,
     stream: int | None,
-) -> None:
-    """The scan's backward: every gradient written in place. dA, dD, ddelta_bias,
-    dinitial_state float32; dB / dC float32 or B's dtype (a 16-bit dB / dC is summed in float32
-    scratch and rounded once); du, ddelta, dz in u's dtype."""
+    replay: bool = False,
+) -> ScanBwdReplay | None:
+    """The scan's backward: every gradient written in place (with replay=True: checked and
+    planned, not launched; returns the call's ScanBwdReplay, None for an empty problem). dA,
+    dD, ddelta_bias, dinitial_state float32; dB / dC float32 or B's dtype (a 16-bit dB / dC
+    is summed in float32 scratch and rounded once); du, ddelta, dz in u's dtype."""
 
 def selective_state_update(
     state: TensorArg,

@@ -273,14 +273,35 @@ def serve_scan(
     when asked), call `_native.selective_scan_fwd` with descriptor tuples on the current
     stream. `saved_desc`: the descriptor of the (batch, dim, nsaved >= 1, dstate) float32
     buffer the forward fills for a backward (`_scan_any`'s saved_states), or None. Returns
-    (out, last state or None)."""
-    dev, dts, dtb, dtc, o_shape, o_strides, l_shape, l_strides, stream, f32 = plan
+    (out, last state or None). After its first call with given flags a signature is
+    launched through its replay plan (`_native.ScanFwdReplay`: raw pointers, no descriptors,
+    no checks; the signature was checked when it was planned)."""
+    dev, dts, dtb, dtc, o_shape, o_strides, l_shape, l_strides, stream, f32, replays = plan
     out = u.new_empty_strided(o_shape, o_strides)
     if return_last_state:
         last = u.new_empty_strided(l_shape, l_strides, dtype=f32)
-        la = (last.data_ptr(), l_shape, l_strides, "float32", CUDA, dev)
     else:
-        last = la = None
+        last = None
+    rk = (0, return_last_state, saved_desc is not None, delta_softplus)
+    replay = replays.get(rk)
+    if replay:
+        replay.launch(
+            u.data_ptr(),
+            delta.data_ptr(),
+            A.data_ptr(),
+            B.data_ptr(),
+            C.data_ptr(),
+            0 if D is None else D.data_ptr(),
+            0 if z is None else z.data_ptr(),
+            0 if delta_bias is None else delta_bias.data_ptr(),
+            0 if initial_state is None else initial_state.data_ptr(),
+            out.data_ptr(),
+            0 if last is None else last.data_ptr(),
+            0 if saved_desc is None else saved_desc[0],
+            stream(dev),
+        )
+        return out, last
+    la = None if last is None else (last.data_ptr(), l_shape, l_strides, "float32", CUDA, dev)
     m = key[20]
     dD = None if m is None else (D.data_ptr(), m[0], m[1], "float32", CUDA, dev)
     m = key[21]
@@ -295,6 +316,15 @@ def serve_scan(
     dB = (B.data_ptr(), key[12], key[13], dtb, CUDA, dev)
     dC = (C.data_ptr(), key[16], key[17], dtc, CUDA, dev)
     do = (out.data_ptr(), o_shape, o_strides, dts, CUDA, dev)
+    if replay is None and len(replays) < REPLAYS_PER_PLAN:
+        # plan the replay of these flags (checked, nothing launched; False: not one launch)
+        kw = {} if saved_desc is None else {"saved_states": saved_desc}
+        replays[rk] = (
+            _native.selective_scan_fwd(  # type: ignore[union-attr]
+                du, dd, da, dB, dC, dD, dz, db, di, do, la, delta_softplus, None, replay=True, **kw
+            )
+            or False
+        )
     if saved_desc is None:
         _native.selective_scan_fwd(  # type: ignore[union-attr]
             du, dd, da, dB, dC, dD, dz, db, di, do, la, delta_softplus, stream(dev)
@@ -330,8 +360,9 @@ def _plan(
     """What a hot path needs for a checked torch signature: the device, the dtype names of the
     sequence arrays (u / x), B and C, the output's shape (like u / x; 2-D or 3-D, every size
     >= 1) and contiguous strides (what `new_empty` would give), the last state's (3-D, or
-    None), the stream lookup and torch.float32. Cheap: a signature that never repeats pays
-    for it on every call."""
+    None), the stream lookup, torch.float32, and an empty dict for the native replay plans of
+    this signature (`_native.ScanFwdReplay` / `ScanBwdReplay` by call flags, kept by the scan's
+    hot paths). Cheap: a signature that never repeats pays for it on every call."""
     if len(o_shape) == 3:
         o_strides: tuple[int, ...] = (o_shape[1] * o_shape[2], o_shape[2], 1)
     else:
@@ -347,7 +378,12 @@ def _plan(
         None if l_shape is None else (l_shape[1] * l_shape[2], l_shape[2], 1),
         h.current_stream,
         h.float32,
+        {},
     )
+
+
+# replay plans kept per signature and call flags, at most this many (dout strides may vary)
+REPLAYS_PER_PLAN = 8
 
 
 def _saved_kw(h: Handler, saved: Any) -> dict[str, Any]:
@@ -532,7 +568,7 @@ def selective_state_update(
         if plan is not None and plan[0] in (_backend._usable or _NO_DEVICES):
             # --- the hot path: a signature already checked and served -------------------------
             # (torch tensors are always writable: the state needs no per-call check)
-            dev, dts, dtb, dtc, o_shape, o_strides, _, _, stream, _ = plan
+            dev, dts, dtb, dtc, o_shape, o_strides, _, _, stream, _, _ = plan
             if dt_softplus is not True and dt_softplus is not False:
                 dt_softplus = _checks.flag("dt_softplus", dt_softplus)
             out = x.new_empty_strided(o_shape, o_strides)

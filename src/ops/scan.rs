@@ -4,8 +4,10 @@
 
 use crate::error::{unsupported, value_err, Error, Result};
 use crate::ops::next_pow2;
-use crate::runtime::{runtime, KernelSpec, StreamChoice};
+use crate::runtime::driver::Stream;
+use crate::runtime::{runtime, DeviceCtx, KernelSpec, LoadedKernel, StreamChoice};
 use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
+use std::sync::Arc;
 
 pub const SOURCE: &str = include_str!("../../cuda/selective_scan.cu");
 pub const FAMILY: &str = "selective_scan";
@@ -618,10 +620,25 @@ pub(crate) fn io_align(ts: &[&TensorView]) -> i32 {
     g as i32
 }
 
-pub fn forward(a: &ScanArgs, stream: StreamChoice) -> Result<()> {
+/// A forward call made ready to launch: the device, the scan kernel, the launch shape and
+/// the parameter block holding the call's pointers.
+struct Prepared {
+    dev: Arc<DeviceCtx>,
+    fwd: Arc<LoadedKernel>,
+    pl: Plan,
+    arch: i64,
+    grid_x: u32,
+    block: (u32, u32, u32),
+    save: bool,
+    params: ScanParamsSave,
+}
+
+/// Every check of a forward call, its plan, kernel and parameter block; None when the
+/// problem is empty (nothing to launch).
+fn prepare(a: &ScanArgs) -> Result<Option<(Problem, Prepared)>> {
     let p = check(a)?;
     if p.batch == 0 || p.dim == 0 || p.seqlen == 0 {
-        return Ok(());
+        return Ok(None);
     }
     let mut named = a.inputs().to_vec();
     named.extend([
@@ -634,9 +651,8 @@ pub fn forward(a: &ScanArgs, stream: StreamChoice) -> Result<()> {
         return Err(unsupported("batch too large"));
     }
     let rt = runtime().map_err(Error::Unavailable)?;
-    let dev = rt.device(device)?;
-    // The device's context stays current for the whole call (loads, scratch, launches, frees)
-    // and the caller's is current again when this returns.
+    let dev = rt.device(device)?.clone();
+    // The device's context stays current while kernels load.
     let _bound = dev.bind()?;
     let arch = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
     let pl = plan_with(
@@ -661,7 +677,6 @@ pub fn forward(a: &ScanArgs, stream: StreamChoice) -> Result<()> {
         arch,
         ENTRY_FWD,
     )?)?;
-    let s = dev.stream(stream)?;
     let base = ScanParams {
         u: a.u.ptr,
         delta: a.delta.ptr,
@@ -723,7 +738,7 @@ pub fn forward(a: &ScanArgs, stream: StreamChoice) -> Result<()> {
         ..Default::default()
     };
     let sv = a.saved_states.filter(|_| save);
-    let mut params = ScanParamsSave {
+    let params = ScanParamsSave {
         saved: sv.map_or(0, |t| t.ptr),
         saved_batch: sv.map_or(0, |t| t.strides[0]),
         saved_dim: sv.map_or(0, |t| t.strides[1]),
@@ -731,25 +746,61 @@ pub fn forward(a: &ScanArgs, stream: StreamChoice) -> Result<()> {
         saved_dstate: sv.map_or(0, |t| t.strides[3]),
         base,
     };
-    // SAFETY (both launchers): P is the struct of the variant's TU (ScanParamsSave when `save`,
-    // else ScanParams, its prefix); every pointer was checked above (shape, dtype, device,
-    // strides) for what the kernel indexes.
-    let launch = |k: &crate::runtime::LoadedKernel,
-                  grid: (u32, u32, u32),
-                  smem: i64,
-                  params: &ScanParamsSave|
-     -> Result<()> {
-        // SAFETY: see above.
+    let prep = Prepared {
+        dev,
+        fwd,
+        pl,
+        arch,
+        grid_x,
+        block,
+        save,
+        params,
+    };
+    Ok(Some((p, prep)))
+}
+
+impl Prepared {
+    /// Launches `k` with `params` (ScanParamsSave when the variant saves states, else its
+    /// ScanParams prefix).
+    ///
+    /// # Safety
+    /// Every pointer in `params` must be valid for what the kernel indexes with the sizes and
+    /// strides `params` holds (checked by `prepare` for its call).
+    unsafe fn launch(
+        &self,
+        k: &LoadedKernel,
+        grid: (u32, u32, u32),
+        smem: i64,
+        s: Stream,
+        params: &ScanParamsSave,
+    ) -> Result<()> {
+        // SAFETY: the caller's; P is the struct of the variant's TU.
         unsafe {
-            if save {
-                dev.launch(k, grid, block, smem as u32, s, params)
+            if self.save {
+                self.dev.launch(k, grid, self.block, smem as u32, s, params)
             } else {
-                dev.launch(k, grid, block, smem as u32, s, &params.base)
+                self.dev
+                    .launch(k, grid, self.block, smem as u32, s, &params.base)
             }
         }
+    }
+}
+
+pub fn forward(a: &ScanArgs, stream: StreamChoice) -> Result<()> {
+    let Some((p, prep)) = prepare(a)? else {
+        return Ok(());
     };
+    let dev = &prep.dev;
+    // The device's context stays current for the whole call (scratch, launches, frees) and
+    // the caller's is current again when this returns.
+    let _bound = dev.bind()?;
+    let pl = &prep.pl;
+    let s = dev.stream(stream)?;
+    let mut params = prep.params;
+    let grid_x = prep.grid_x;
     if pl.nchunks == 1 {
-        launch(&fwd, (grid_x, 1, 1), pl.smem_fwd, &params)?;
+        // SAFETY: `prepare` checked every pointer of `a` (shape, dtype, device, strides).
+        unsafe { prep.launch(&prep.fwd, (grid_x, 1, 1), pl.smem_fwd, s, &params)? };
         return dev.finish(stream);
     }
     // Chunked: scratch for each chunk's end state and dt sum, stream-ordered so it is safe
@@ -764,23 +815,164 @@ pub fn forward(a: &ScanArgs, stream: StreamChoice) -> Result<()> {
         a.b.dtype,
         p.b.varying,
         p.c.varying,
-        save,
-        arch,
+        prep.save,
+        prep.arch,
         ENTRY_CHUNK_STATE,
     )?);
-    // The scratch buffers hold rows * dpad and rows floats as the kernel expects.
+    // The scratch buffers hold rows * dpad and rows floats as the kernel expects; the other
+    // pointers were checked by `prepare`.
     let launched = state_k.and_then(|k| {
-        launch(
-            &k,
-            (grid_x, (pl.nchunks - 1) as u32, 1),
-            pl.smem_state,
-            &params,
-        )?;
-        launch(&fwd, (grid_x, pl.nchunks as u32, 1), pl.smem_fwd, &params)
+        // SAFETY: as above.
+        unsafe {
+            prep.launch(
+                &k,
+                (grid_x, (pl.nchunks - 1) as u32, 1),
+                pl.smem_state,
+                s,
+                &params,
+            )?;
+            prep.launch(
+                &prep.fwd,
+                (grid_x, pl.nchunks as u32, 1),
+                pl.smem_fwd,
+                s,
+                &params,
+            )
+        }
     });
     scratch.free()?; // ordered after the launches on the same stream
     launched?;
     dev.finish(stream)
+}
+
+/// The pointers of one forward call (0 for an absent optional).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FwdPtrs {
+    pub u: u64,
+    pub delta: u64,
+    pub a: u64,
+    pub b: u64,
+    pub c: u64,
+    pub d: u64,
+    pub z: u64,
+    pub delta_bias: u64,
+    pub initial_state: u64,
+    pub out: u64,
+    pub last_state: u64,
+    pub saved_states: u64,
+}
+
+/// A checked one-launch forward of one signature (shapes, strides, dtypes, device, which
+/// optionals are present, flags), replayed with new pointers by a caller that made sure its
+/// tensors have that signature (flashscan.torch's lean path: the signature is its cache key).
+/// What it saves per call: the descriptors' import, every check, the plan and the kernel
+/// lookup.
+pub struct FwdReplay {
+    prep: Prepared,
+    /// io_align of the strides alone (the pointers' alignment is folded in per call)
+    stride_align: u64,
+    elem: [u64; 4],
+    /// presence of d, z, delta_bias, initial_state, last_state, saved_states
+    present: [bool; 6],
+}
+
+/// The replayable plan of the call `a` (every check done, kernel loaded); None when the call
+/// is not one launch (an empty problem, or a chunked sequence).
+pub fn forward_replay(a: &ScanArgs) -> Result<Option<FwdReplay>> {
+    let Some((_, prep)) = prepare(a)? else {
+        return Ok(None);
+    };
+    if prep.pl.nchunks != 1 {
+        return Ok(None);
+    }
+    let strided: Vec<&TensorView> = [a.u, a.delta, a.out].into_iter().chain(a.z).collect();
+    let mut g: u64 = 16;
+    for t in &strided {
+        let es = t.dtype.size() as u64;
+        for v in [
+            (t.strides[0] as u64).wrapping_mul(es),
+            (t.strides[1] as u64).wrapping_mul(es),
+        ] {
+            while g > 1 && v % g != 0 {
+                g /= 2;
+            }
+        }
+    }
+    let es = |t: Option<&TensorView>| t.map_or(1, |t| t.dtype.size() as u64);
+    Ok(Some(FwdReplay {
+        stride_align: g,
+        elem: [es(Some(a.u)), es(Some(a.delta)), es(Some(a.out)), es(a.z)],
+        present: [
+            a.d.is_some(),
+            a.z.is_some(),
+            a.delta_bias.is_some(),
+            a.initial_state.is_some(),
+            a.last_state.is_some(),
+            a.saved_states.is_some(),
+        ],
+        prep,
+    }))
+}
+
+impl FwdReplay {
+    /// The planned call on new pointers (the caller's tensors have the planned signature).
+    /// Checks only what the pointers alone can break: null pointers, the optionals present
+    /// as planned, the element alignment of every pointer.
+    pub fn launch(&self, x: &FwdPtrs, stream: StreamChoice) -> Result<()> {
+        let required = [x.u, x.delta, x.a, x.b, x.c, x.out];
+        let optional = [
+            x.d,
+            x.z,
+            x.delta_bias,
+            x.initial_state,
+            x.last_state,
+            x.saved_states,
+        ];
+        if required.contains(&0)
+            || optional
+                .iter()
+                .zip(self.present)
+                .any(|(&ptr, present)| (ptr != 0) != present)
+        {
+            return Err(value_err(
+                "the pointers do not match the plan's arguments (a null pointer, or an optional given or left out unlike the planned call)",
+            ));
+        }
+        let mut g = self.stride_align;
+        for (ptr, es) in [x.u, x.delta, x.out, x.z].into_iter().zip(self.elem) {
+            if ptr % es != 0 {
+                return Err(value_err("a pointer is not aligned to its element size"));
+            }
+            if ptr != 0 {
+                while g > 1 && ptr % g != 0 {
+                    g /= 2;
+                }
+            }
+        }
+        let mut params = self.prep.params;
+        let b = &mut params.base;
+        (b.u, b.delta, b.a, b.b, b.c, b.out) = (x.u, x.delta, x.a, x.b, x.c, x.out);
+        (b.d, b.z, b.delta_bias) = (x.d, x.z, x.delta_bias);
+        (b.initial_state, b.last_state) = (x.initial_state, x.last_state);
+        b.io_align = g as i32;
+        if self.prep.save {
+            params.saved = x.saved_states;
+        }
+        let dev = &self.prep.dev;
+        let s = dev.stream(stream)?;
+        // SAFETY: the plan's call was checked by `prepare`; the caller guarantees these
+        // pointers are tensors of that call's signature (what the lean path's cache key holds).
+        unsafe {
+            self.prep.launch(
+                &self.prep.fwd,
+                (self.prep.grid_x, 1, 1),
+                self.prep.pl.smem_fwd,
+                s,
+                &params,
+            )?
+        };
+        dev.finish(stream)
+    }
 }
 
 #[cfg(test)]

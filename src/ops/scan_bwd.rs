@@ -6,8 +6,9 @@
 use crate::error::{unsupported, value_err, Error, Result};
 use crate::ops::next_pow2;
 use crate::ops::scan::{self, Problem, ScanArgs, SAVE_CHUNK};
-use crate::runtime::{runtime, KernelSpec, StreamChoice};
+use crate::runtime::{runtime, DeviceCtx, KernelSpec, LoadedKernel, StreamChoice};
 use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
+use std::sync::Arc;
 
 pub const SOURCE: &str = include_str!("../../cuda/selective_scan_bwd.cu");
 pub const FAMILY: &str = "selective_scan_bwd";
@@ -585,7 +586,26 @@ fn stride(t: Option<&TensorView>, i: usize) -> i64 {
     t.map_or(0, |t| t.strides[i])
 }
 
-pub fn backward(a: &ScanBwdArgs, stream: StreamChoice) -> Result<()> {
+/// A backward call made ready to launch: the device, its kernels, the launch plan, the
+/// parameter blocks holding the call's pointers.
+struct BwdPrepared {
+    dev: Arc<DeviceCtx>,
+    pl: BwdPlan,
+    /// batch, dim or seqlen is 0: only the zero-fill (and the cast) run
+    empty: bool,
+    /// the chunk-states launch runs (several chunks, no saved states)
+    states: bool,
+    zero_k: Arc<LoadedKernel>,
+    bwd_k: Option<Arc<LoadedKernel>>,
+    states_k: Option<Arc<LoadedKernel>>,
+    cast_k: Option<Arc<LoadedKernel>>,
+    params: ScanBwdParams,
+    /// dB / dC rounded from float32 scratch: dst and n set, src per call
+    cast: ScanBwdCastParams,
+}
+
+/// Every check of a backward call, its plan, kernels and parameter blocks.
+fn prepare(a: &ScanBwdArgs) -> Result<BwdPrepared> {
     let (p, dbf, dcf) = check(a)?;
     let mut named = a.inputs().to_vec();
     named.extend(a.outputs());
@@ -596,9 +616,8 @@ pub fn backward(a: &ScanBwdArgs, stream: StreamChoice) -> Result<()> {
         ));
     }
     let rt = runtime().map_err(Error::Unavailable)?;
-    let dev = rt.device(device)?;
-    // The device's context stays current for the whole call (loads, scratch, launches, frees)
-    // and the caller's is current again when this returns.
+    let dev = rt.device(device)?.clone();
+    // The device's context stays current while kernels load.
     let _bound = dev.bind()?;
     let arch = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
     let sm_count = dev.props.sm_count as i64;
@@ -608,32 +627,18 @@ pub fn backward(a: &ScanBwdArgs, stream: StreamChoice) -> Result<()> {
         .map_err(|_| unsupported("batch * dim too large for one launch"))?;
     let (bv, cv) = (p.b.varying, p.c.varying);
     let kspec = |entry| spec(&pl.tiles, in_dt, a.b.dtype, bv, cv, arch, entry);
-    let zero_k = dev.kernel(&kspec(ENTRY_ZERO)?)?;
-    let s = dev.stream(stream)?;
+    let empty = p.batch == 0 || p.dim == 0 || p.seqlen == 0;
+    let states = !empty && pl.nsaved > 0 && a.saved_states.is_none();
     // dB / dC in B's 16-bit dtype: float32 accumulators in scratch, rounded into the outputs by
     // the last launch (so the caller converts nothing)
-    let mut scratch = dev.scratch(s)?;
     let mut cast = ScanBwdCastParams::default();
     for (k, g) in [a.db, a.dc].into_iter().enumerate() {
         if g.dtype != DType::F32 && g.numel() > 0 {
-            cast.src[k] = scratch.alloc(4 * g.numel() as usize)?;
             cast.dst[k] = g.ptr;
             cast.n[k] = g.numel();
         }
     }
-    let launch_cast = || -> Result<()> {
-        let n = cast.n[0].max(cast.n[1]);
-        if n == 0 {
-            return Ok(());
-        }
-        let cast_k = dev.kernel(&kspec(ENTRY_CAST)?)?;
-        let blocks = (n / ZERO_THREADS as i64 + 1).min(ZERO_MAX_BLOCKS) as u32;
-        // SAFETY: cast mirrors ScanBwdCastParams; src[k] holds n[k] floats of this call's
-        // scratch (zeroed and summed by the launches before, on the same stream), dst[k] is the
-        // contiguous 16-bit dB / dC output of n[k] elements (checked shape, dtype, device).
-        unsafe { dev.launch(&cast_k, (blocks, 1, 1), (ZERO_THREADS, 1, 1), 0, s, &cast) }
-    };
-    let mut params = ScanBwdParams {
+    let params = ScanBwdParams {
         u: a.u.ptr,
         delta: a.delta.ptr,
         a: a.a.ptr,
@@ -649,8 +654,8 @@ pub fn backward(a: &ScanBwdArgs, stream: StreamChoice) -> Result<()> {
         du: a.du.ptr,
         ddelta: a.ddelta.ptr,
         da: a.da.ptr,
-        db: if cast.n[0] > 0 { cast.src[0] } else { a.db.ptr },
-        dc: if cast.n[1] > 0 { cast.src[1] } else { a.dc.ptr },
+        db: a.db.ptr,
+        dc: a.dc.ptr,
         dd: ptr(a.dd),
         dz: ptr(a.dz),
         ddelta_bias: ptr(a.ddelta_bias),
@@ -737,69 +742,237 @@ pub fn backward(a: &ScanBwdArgs, stream: StreamChoice) -> Result<()> {
                 .collect::<Vec<_>>(),
         ),
     };
-    // 1. zero the accumulated gradients (flat, contiguous: checked).
-    let zero_blocks = (params.zero_n.iter().max().copied().unwrap_or(0) / ZERO_THREADS as i64 + 1)
+    let load = |entry, wanted: bool| -> Result<Option<Arc<LoadedKernel>>> {
+        wanted.then(|| dev.kernel(&kspec(entry)?)).transpose()
+    };
+    Ok(BwdPrepared {
+        zero_k: dev.kernel(&kspec(ENTRY_ZERO)?)?,
+        bwd_k: load(ENTRY_BWD, !empty)?,
+        states_k: load(ENTRY_STATES, states)?,
+        cast_k: load(ENTRY_CAST, cast.n[0].max(cast.n[1]) > 0)?,
+        dev: dev.clone(),
+        pl,
+        empty,
+        states,
+        params,
+        cast,
+    })
+}
+
+impl BwdPrepared {
+    /// The launches of one call with `params` / `cast` (this call's pointers): scratch, the
+    /// zero-fill, the chunk states when needed, the backward, the rounding of dB / dC.
+    ///
+    /// # Safety
+    /// Every pointer in `params` and `cast.dst` must be valid for what the kernels index with
+    /// the sizes and strides `params` holds (checked by `prepare` for its call).
+    unsafe fn run(
+        &self,
+        mut params: ScanBwdParams,
+        mut cast: ScanBwdCastParams,
+        stream: StreamChoice,
+    ) -> Result<()> {
+        let dev = &self.dev;
+        let pl = &self.pl;
+        // The device's context stays current for the whole call (scratch, launches, frees)
+        // and the caller's is current again when this returns.
+        let _bound = dev.bind()?;
+        let s = dev.stream(stream)?;
+        let mut scratch = dev.scratch(s)?;
+        for k in 0..2 {
+            if cast.n[k] > 0 {
+                cast.src[k] = scratch.alloc(4 * cast.n[k] as usize)?;
+            }
+        }
+        if cast.n[0] > 0 {
+            params.db = cast.src[0];
+        }
+        if cast.n[1] > 0 {
+            params.dc = cast.src[1];
+        }
+        let zero_blocks = (params.zero_n.iter().max().copied().unwrap_or(0) / ZERO_THREADS as i64
+            + 1)
         .min(ZERO_MAX_BLOCKS) as u32;
-    // SAFETY: params mirrors ScanBwdParams; the zero kernel writes zero_n[i] f32 elements of the
-    // contiguous dA, dB, dC, dD, ddelta_bias (checked shapes, dtypes, device; for 16-bit dB / dC
-    // their float32 scratch accumulators of the same element counts).
-    unsafe {
-        dev.launch(
-            &zero_k,
-            (zero_blocks, 1, 1),
-            (ZERO_THREADS, 1, 1),
-            0,
-            s,
-            &params,
-        )?;
-    }
-    if p.batch == 0 || p.dim == 0 || p.seqlen == 0 {
-        launch_cast()?; // dim 0: dB / dC are zeros
-        scratch.free()?;
-        return dev.finish(stream);
-    }
-    let bwd_k = dev.kernel(&kspec(ENTRY_BWD)?)?;
-    let block = (pl.tiles.threads as u32, 1, 1);
-    params.ck = scratch.alloc((4 * pl.ck_floats) as usize)?;
-    // 2. chunk states, when the sequence has several chunks and the forward saved none.
-    if pl.nsaved > 0 && a.saved_states.is_none() {
-        let states_k = dev.kernel(&kspec(ENTRY_STATES)?)?;
-        let n = p.batch * p.dim * pl.nsaved * p.dstate;
-        params.saved = scratch.alloc((4 * n) as usize)?;
-        params.saved_dstate = 1;
-        params.saved_chunk = p.dstate;
-        params.saved_dim = pl.nsaved * p.dstate;
-        params.saved_batch = p.dim * pl.nsaved * p.dstate;
-        // SAFETY: as above; the states kernel writes batch*dim*nsaved*dstate floats of the
-        // scratch just allocated, with the strides set here.
+        let block = (pl.tiles.threads as u32, 1, 1);
+        // SAFETY (every launch): the caller's, plus: params mirrors ScanBwdParams; the zero
+        // kernel writes zero_n[i] f32 elements of the contiguous dA, dB, dC, dD, ddelta_bias
+        // (for 16-bit dB / dC their float32 scratch accumulators of the same counts); ck holds
+        // grid * (SAVE_CHUNK / tile) * threads * ns floats as indexed by blockIdx.x; saved holds
+        // every chunk state the kernel reads (nsaved > 0 implies it is set); cast mirrors
+        // ScanBwdCastParams, src[k] the n[k] floats summed by the launches before it.
         unsafe {
+            // 1. zero the accumulated gradients (flat, contiguous: checked).
             dev.launch(
-                &states_k,
-                (nitems as u32, 1, 1),
-                block,
-                pl.smem as u32,
+                &self.zero_k,
+                (zero_blocks, 1, 1),
+                (ZERO_THREADS, 1, 1),
+                0,
                 s,
                 &params,
             )?;
+            if let Some(bwd_k) = &self.bwd_k {
+                params.ck = scratch.alloc((4 * pl.ck_floats) as usize)?;
+                // 2. chunk states, when the sequence has several chunks and the forward saved
+                // none: the states kernel writes batch*dim*nsaved*dstate floats of the scratch
+                // allocated here, with the strides set here.
+                if let Some(states_k) = self.states_k.as_ref().filter(|_| self.states) {
+                    let (batch, dim, dstate) = (params.batch, params.dim, params.dstate);
+                    let n = batch * dim * pl.nsaved * dstate;
+                    params.saved = scratch.alloc((4 * n) as usize)?;
+                    params.saved_dstate = 1;
+                    params.saved_chunk = dstate;
+                    params.saved_dim = pl.nsaved * dstate;
+                    params.saved_batch = dim * pl.nsaved * dstate;
+                    dev.launch(
+                        states_k,
+                        (params.nitems as u32, 1, 1),
+                        block,
+                        pl.smem as u32,
+                        s,
+                        &params,
+                    )?;
+                }
+                params.has_saved = (params.saved != 0) as i32;
+                // 3. the backward: persistent grid over the items.
+                dev.launch(
+                    bwd_k,
+                    (pl.grid as u32, 1, 1),
+                    block,
+                    pl.smem as u32,
+                    s,
+                    &params,
+                )?;
+            }
+            // 4. dB / dC rounded into their 16-bit outputs (dim 0: zeros).
+            if let Some(cast_k) = &self.cast_k {
+                let n = cast.n[0].max(cast.n[1]);
+                let blocks = (n / ZERO_THREADS as i64 + 1).min(ZERO_MAX_BLOCKS) as u32;
+                dev.launch(cast_k, (blocks, 1, 1), (ZERO_THREADS, 1, 1), 0, s, &cast)?;
+            }
+        }
+        scratch.free()?; // ordered after the launches on the same stream
+        dev.finish(stream)
+    }
+}
+
+pub fn backward(a: &ScanBwdArgs, stream: StreamChoice) -> Result<()> {
+    let prep = prepare(a)?;
+    // SAFETY: `prepare` checked every pointer of `a` (shape, dtype, device, strides).
+    unsafe { prep.run(prep.params, prep.cast, stream) }
+}
+
+/// The pointers of one backward call, in `ScanBwdArgs` order (0 for an absent optional).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BwdPtrs {
+    pub inputs: [u64; 12],
+    pub outputs: [u64; 9],
+}
+
+/// A checked backward of one signature (shapes, strides, dtypes, device, which optionals are
+/// present, flags), replayed with new pointers by a caller that made sure its tensors have
+/// that signature (flashscan.torch's lean path: its cache key). What it saves per call: the
+/// import of 21 descriptors, every check, the plan and the kernel lookups.
+pub struct BwdReplay {
+    prep: BwdPrepared,
+    /// io_align of the strides alone (the pointers' alignment is folded in per call)
+    stride_align: u64,
+    /// element sizes of u, delta, dout, du, ddelta, z, dz (the io_align tensors)
+    elem: [u64; 7],
+    present: [bool; 21],
+}
+
+/// The replayable plan of the call `a` (every check done, kernels loaded); None for an empty
+/// problem.
+pub fn backward_replay(a: &ScanBwdArgs) -> Result<Option<BwdReplay>> {
+    let prep = prepare(a)?;
+    if prep.empty {
+        return Ok(None);
+    }
+    let aligned: Vec<&TensorView> = [a.u, a.delta, a.dout, a.du, a.ddelta]
+        .into_iter()
+        .chain(a.z)
+        .chain(a.dz)
+        .collect();
+    let mut g: u64 = 16;
+    for t in &aligned {
+        let es = t.dtype.size() as u64;
+        for v in [
+            (t.strides[0] as u64).wrapping_mul(es),
+            (t.strides[1] as u64).wrapping_mul(es),
+        ] {
+            while g > 1 && v % g != 0 {
+                g /= 2;
+            }
         }
     }
-    params.has_saved = (params.saved != 0) as i32;
-    // 3. the backward: persistent grid over the items.
-    // SAFETY: as above; ck holds grid * (SAVE_CHUNK / tile) * threads * ns floats as indexed by
-    // blockIdx.x; saved holds every chunk state the kernel reads (nsaved > 0 implies it is set).
-    unsafe {
-        dev.launch(
-            &bwd_k,
-            (pl.grid as u32, 1, 1),
-            block,
-            pl.smem as u32,
-            s,
-            &params,
-        )?;
+    let es = |t: Option<&TensorView>| t.map_or(1, |t| t.dtype.size() as u64);
+    let mut present = [false; 21];
+    for (i, (_, t)) in a.inputs().iter().chain(a.outputs().iter()).enumerate() {
+        present[i] = t.is_some();
     }
-    launch_cast()?;
-    scratch.free()?; // ordered after the launches on the same stream
-    dev.finish(stream)
+    Ok(Some(BwdReplay {
+        stride_align: g,
+        elem: [
+            es(Some(a.u)),
+            es(Some(a.delta)),
+            es(Some(a.dout)),
+            es(Some(a.du)),
+            es(Some(a.ddelta)),
+            es(a.z),
+            es(a.dz),
+        ],
+        present,
+        prep,
+    }))
+}
+
+impl BwdReplay {
+    /// The planned call on new pointers (the caller's tensors have the planned signature).
+    /// Checks only what the pointers alone can break: the arguments present as planned (no
+    /// null pointer), the element alignment of the io_align tensors.
+    pub fn launch(&self, x: &BwdPtrs, stream: StreamChoice) -> Result<()> {
+        let all = x.inputs.iter().chain(x.outputs.iter());
+        if all
+            .zip(self.present)
+            .any(|(&ptr, present)| (ptr != 0) != present)
+        {
+            return Err(value_err(
+                "the pointers do not match the plan's arguments (a null pointer, or an optional given or left out unlike the planned call)",
+            ));
+        }
+        let [u, delta, a, b, c, d, z, delta_bias, init, dout, saved, dlast] = x.inputs;
+        let [du, ddelta, da, db, dc, dd, dz, ddb, dinit] = x.outputs;
+        let mut g = self.stride_align;
+        for (ptr, es) in [u, delta, dout, du, ddelta, z, dz]
+            .into_iter()
+            .zip(self.elem)
+        {
+            if ptr % es != 0 {
+                return Err(value_err("a pointer is not aligned to its element size"));
+            }
+            if ptr != 0 {
+                while g > 1 && ptr % g != 0 {
+                    g /= 2;
+                }
+            }
+        }
+        let mut p = self.prep.params;
+        (p.u, p.delta, p.a, p.b, p.c, p.d) = (u, delta, a, b, c, d);
+        (p.delta_bias, p.z, p.initial_state, p.dout, p.dlast) = (delta_bias, z, init, dout, dlast);
+        p.saved = if self.prep.states { 0 } else { saved };
+        (p.du, p.ddelta, p.da, p.db, p.dc, p.dd) = (du, ddelta, da, db, dc, dd);
+        (p.dz, p.ddelta_bias, p.dinit) = (dz, ddb, dinit);
+        p.io_align = g as i32;
+        let mut cast = self.prep.cast;
+        for (k, ptr) in [db, dc].into_iter().enumerate() {
+            if cast.n[k] > 0 {
+                cast.dst[k] = ptr;
+            }
+        }
+        // SAFETY: the plan's call was checked by `prepare`; the caller guarantees these
+        // pointers are tensors of that call's signature (what the lean path's cache key holds).
+        unsafe { self.prep.run(p, cast, stream) }
+    }
 }
 
 #[cfg(test)]
