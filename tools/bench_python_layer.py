@@ -89,12 +89,23 @@ def fake_cuda() -> Callable[[], None]:
     return undo
 
 
+class _NoopReplay:
+    """A replay plan whose launch does nothing (the scan's hot paths launch through one)."""
+
+    def launch(self, *a: Any) -> None:
+        return None
+
+
+def _scan_entry(*a: Any, **kw: Any) -> Any:
+    return _NoopReplay() if kw.get("replay") else None
+
+
 def stub_native(*modules: types.ModuleType) -> Callable[[], None]:
     noop = types.SimpleNamespace(
         flash_attn_fwd=lambda *a, **kw: None,
         flash_attn_bwd=lambda *a, **kw: None,
-        selective_scan_fwd=lambda *a, **kw: None,
-        selective_scan_bwd=lambda *a, **kw: None,
+        selective_scan_fwd=_scan_entry,
+        selective_scan_bwd=_scan_entry,
         selective_state_update=lambda *a, **kw: None,
         kvcache_append=lambda *a, **kw: None,
         flash_attn_kvcache=lambda *a, **kw: None,
