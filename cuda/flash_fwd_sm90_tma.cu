@@ -2,11 +2,14 @@
 // producer warpgroup loads Q, K and V with TMA into a shared-memory ring guarded by mbarriers,
 // and two consumer warpgroups run wgmma and the online softmax (the math of flash_fwd_sm90.cu).
 //
-// One CTA computes one 128 x head_dim tile of the output for one (batch, head); 384 threads:
+// One CTA computes one FS_BLOCK_M x head_dim tile of the output for one (batch, head) (FS_BLOCK_M
+// 128, or 192 at head dim 64); 128 threads per warpgroup, one producer and FS_BLOCK_M / 64
+// consumers (384 or 512 threads):
 //   warpgroup 0 (producer): setmaxnreg down to 24; one thread issues every TMA load:
 //       Q once (bar_q), then for each visible KV tile (last to first) K into ring stage s
 //       (full_k[s]) and V (full_v[s]), each after the consumers freed that stage (empty_k/v[s]).
-//   warpgroups 1, 2 (consumers): setmaxnreg up to 240; consumer c owns query rows [64 c, 64 c + 64):
+//   warpgroups 1.. (consumers): setmaxnreg up to 240 (two consumers) or 160 (three); consumer c
+//   owns query rows [64 c, 64 c + 64):
 //       S = Q K^T   wgmma m64n128k16, A = Q and B = K from shared memory (K-major)  -> free K
 //       mask        (only tiles that cross seqlen_k or a window edge)
 //       softmax     (registers, exp2 with the scale folded into one FFMA)
@@ -16,29 +19,32 @@
 //     warpgroup: S(i) is issued before P(i-1) V(i-1), and the softmax of tile i runs while that
 //     P V is on the tensor cores (flash_fwd_sm90.cu's verified pipelined order).
 //     FS_SM90_PINGPONG=1 (on top of PIPE) makes the consumers take turns: each issue slot (S(i)
-//     and P(i-1) V(i-1) back to back) waits for the other warpgroup's previous slot (named
-//     barriers 3 and 4, 256 threads: 128 waiting + 128 arriving), so one warpgroup's softmax
-//     runs while the other's GEMMs hold the tensor cores (FlashAttention-3's ping-pong).
+//     and P(i-1) V(i-1) back to back) waits for the previous consumer's slot (round robin, one
+//     named barrier per consumer after the epilogue's, 256 threads: 128 waiting + 128
+//     arriving), so one warpgroup's softmax runs while another's GEMMs hold the tensor cores
+//     (FlashAttention-3's ping-pong; with three consumers two softmaxes overlap one GEMM slot,
+//     which is what head dim 64, whose softmax costs as much as its GEMMs, needs).
 //   Epilogue: O / rowsum and LSE; each consumer stages its rows in its own rows of the Q tile and
 //   stores them with 16-byte coalesced writes (named barrier per warpgroup).
 //
-// TMA: rank-4 tensor maps (head_dim, seqlen, heads, batch), box 64 x 128 x 1 x 1, 128-byte swizzle:
+// TMA: rank-4 tensor maps (head_dim, seqlen, heads, batch), box 64 x 128 x 1 x 1 (Q at FS_BLOCK_M
+// 192: 64 x 64, three boxes per column block), 128-byte swizzle:
 // one box is exactly one 64-column block of common/wgmma.cuh's swizzled tile layout (128 rows x
 // 128 bytes, chunk c of row r at r * 128 + (c ^ r % 8) * 16), so the wgmma descriptors of the
 // cp.async kernel read it unchanged. Rows past seqlen (tails) are zero-filled by TMA and, for K,
 // masked; a box always delivers its full byte count, which is what expect_tx announces.
 //
-// Shared memory: [Q | K0 | V0 | K1 | V1 | ... ] (1 + 2 * FS_KV_STAGES tiles of 128 * head_dim * 2
-// bytes, 1024-byte aligned) then the mbarriers: bar_q, full_k[S], full_v[S], empty_k[S], empty_v[S].
-// Empty barriers count 8 arrivals: lane 0 of each consumer warp once its wgmmas on the stage
-// completed.
+// Shared memory: [Q | K0 | V0 | K1 | V1 | ... ] (Q: FS_BLOCK_M * head_dim * 2 bytes; K, V: 2 *
+// FS_KV_STAGES tiles of 128 * head_dim * 2 bytes; 1024-byte aligned) then the mbarriers: bar_q,
+// full_k[S], full_v[S], empty_k[S], empty_v[S]. Empty barriers count one arrival per consumer
+// warp: its lane 0, once its wgmmas on the stage completed.
 //
 // Covered: fp16 / bf16, head_dim 64 or 128 exactly, causal / sliding windows (FS_HAS_MASK),
 // seqlen_q != seqlen_k (bottom-right aligned), GQA/MQA, LSE. The launcher (src/ops/attention.rs)
 // encodes the maps and falls back to flash_fwd_sm90.cu where the driver refuses one.
 //
 // The prelude defines FS_HEAD_DIM (64 or 128), FS_DTYPE (0 fp16, 1 bf16), FS_HAS_MASK, FS_ARCH (90),
-// FS_KV_STAGES (2 or 3), optionally FS_SM90_PIPE and FS_SM90_PINGPONG.
+// FS_KV_STAGES (2 or 3), optionally FS_SM90_PIPE, FS_SM90_PINGPONG and FS_BLOCK_M (default 128).
 
 #include "common/convert.cuh"
 #include "common/copy.cuh"
@@ -57,6 +63,9 @@
 #ifndef FS_SM90_PINGPONG
 #define FS_SM90_PINGPONG 0  // 1 (with FS_SM90_PIPE): the consumers take turns issuing GEMMs
 #endif
+#ifndef FS_BLOCK_M
+#define FS_BLOCK_M 128
+#endif
 #if FS_SM90_PINGPONG && !FS_SM90_PIPE
 #error "FS_SM90_PINGPONG builds on the FS_SM90_PIPE schedule"
 #endif
@@ -74,33 +83,40 @@ namespace f90t {
 using namespace fs;
 
 static constexpr int kHeadDim = FS_HEAD_DIM;
-static constexpr int kBlockM = 128;                    // query rows per CTA
+static constexpr int kBlockM = FS_BLOCK_M;             // query rows per CTA
 static constexpr int kBlockN = 128;                    // keys per KV tile
+static constexpr int kNC = kBlockM / 64;               // consumer warpgroups, 64 query rows each
 static constexpr int kStages = FS_KV_STAGES;           // K/V ring depth
-static constexpr int kThreads = 384;                   // producer + two consumer warpgroups
-static constexpr int kTileBytes = 128 * kHeadDim * 2;  // one swizzled 128-row tile
-static constexpr int kColBlockBytes = 128 * 128;       // one 64-column block of a tile
+static constexpr int kThreads = 128 * (1 + kNC);       // producer + consumer warpgroups
+static constexpr int kTileBytes = 128 * kHeadDim * 2;  // one swizzled 128-row K or V tile
+static constexpr int kColBlockBytes = 128 * 128;       // one 64-column block of a K / V tile
+static constexpr int kQBytes = kBlockM * kHeadDim * 2; // the Q tile
+static constexpr int kQColBlock = kBlockM * 128;       // one 64-column block of the Q tile
+static constexpr int kQBoxRows = kBlockM == 128 ? 128 : 64;  // rows of a Q TMA box (host: the Q map)
 static constexpr int kColBlocks = kHeadDim / 64;       // TMA boxes per tile
 static constexpr int kChunksPerRow = kHeadDim / 8;     // 16-byte chunks per row
 static constexpr int kSRegs = kBlockN / 2;             // S accumulator floats per thread
 static constexpr int kORegs = kHeadDim / 2;            // O accumulator floats per thread
 static constexpr int kProducerRegs = 24;
-static constexpr int kConsumerRegs = 240;              // 24 * 128 + 240 * 256 <= 64 K registers
-static constexpr u32 kEmptyArrivals = 8;               // one per consumer warp
+// 24 * 128 + 240 * 256 (two consumers) or + 160 * 384 (three) <= 64 K registers
+static constexpr int kConsumerRegs = kNC == 2 ? 240 : 160;
+static constexpr u32 kEmptyArrivals = 4 * kNC;         // one per consumer warp
+static constexpr u32 kTurnBar = 1 + kNC;               // ping-pong barriers (1..kNC: epilogues)
 
 static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim tile is 64 or 128");
+static_assert(kBlockM == 128 || (kBlockM == 192 && kHeadDim == 64), "FS_BLOCK_M 128, or 192 at head dim 64");
 static_assert(FS_DTYPE == 0 || FS_DTYPE == 1, "16-bit inputs only");
 static_assert(FS_ARCH == 90, "wgmma, TMA and setmaxnreg need sm_90a");
 static_assert(kStages >= 2 && kStages <= 3, "2 or 3 ring stages");
-static_assert((1 + 2 * kStages) * kTileBytes + 1024 + 8 * (1 + 4 * kStages) <= 232448, "smem");
+static_assert(kQBytes + 2 * kStages * kTileBytes + 1024 + 8 * (1 + 4 * kStages) <= 232448, "smem");
 
 // Shared-memory addresses of one CTA's tiles and barriers.
 struct Smem {
     u32 base;
     __device__ u32 q() const { return base; }
-    __device__ u32 k(int s) const { return base + kTileBytes * (1 + 2 * s); }
-    __device__ u32 v(int s) const { return base + kTileBytes * (2 + 2 * s); }
-    __device__ u32 bar(int i) const { return base + kTileBytes * (1 + 2 * kStages) + 8 * i; }
+    __device__ u32 k(int s) const { return base + kQBytes + kTileBytes * (2 * s); }
+    __device__ u32 v(int s) const { return base + kQBytes + kTileBytes * (1 + 2 * s); }
+    __device__ u32 bar(int i) const { return base + kQBytes + kTileBytes * (2 * kStages) + 8 * i; }
     __device__ u32 bar_q() const { return bar(0); }
     __device__ u32 full_k(int s) const { return bar(1 + s); }
     __device__ u32 full_v(int s) const { return bar(1 + kStages + s); }
@@ -115,13 +131,25 @@ __device__ __forceinline__ void tma_tile(u32 dst, const TensorMap* map, int row0
     for (int cb = 0; cb < kColBlocks; ++cb) tma_load_4d(dst + cb * kColBlockBytes, map, cb * 64, row0, head, batch, bar);
 }
 
+// The Q tile (rows row0.. of (head, batch)): kQBoxRows-row boxes, completing on bar.
+__device__ __forceinline__ void tma_q(u32 dst, const TensorMap* map, int row0, int head, int batch, u32 bar) {
+    mbar_arrive_expect_tx(bar, kQBytes);
+#pragma unroll
+    for (int cb = 0; cb < kColBlocks; ++cb)
+#pragma unroll
+        for (int r = 0; r < kBlockM / kQBoxRows; ++r)
+            tma_load_4d(dst + cb * kQColBlock + r * kQBoxRows * 128, map, cb * 64, row0 + r * kQBoxRows, head, batch,
+                        bar);
+}
+
 // S = Q K^T for this warpgroup's 64 rows (issued, committed, not waited for).
 __device__ __forceinline__ void issue_qk(float (&acc_s)[kSRegs], u32 sQ_wg, u32 sK) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
         const u32 koff = (kk >> 2) * kColBlockBytes + (kk & 3) * 32;
-        wgmma_ss<kBlockN, FS_DTYPE, 0>(acc_s, wgmma_desc(sQ_wg + koff, 16, 1024), wgmma_desc(sK + koff, 16, 1024),
+        const u32 qoff = (kk >> 2) * kQColBlock + (kk & 3) * 32;
+        wgmma_ss<kBlockN, FS_DTYPE, 0>(acc_s, wgmma_desc(sQ_wg + qoff, 16, 1024), wgmma_desc(sK + koff, 16, 1024),
                                        kk > 0 ? 1 : 0);
     }
     wgmma_commit();
@@ -204,7 +232,8 @@ __device__ __forceinline__ void pack_p(u32 (&pa)[kBlockN / 16][4], const float (
 
 }  // namespace f90t
 
-// grid = (ceil(seqlen_q / 128), nheads, batch), block = 384, dynamic smem = sm90_tma_smem_bytes.
+// grid = (ceil(seqlen_q / FS_BLOCK_M), nheads, batch), block = 128 * (1 + FS_BLOCK_M / 64), dynamic
+// smem = attention_tma::smem_bytes.
 extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
     flash_fwd_sm90_tma_kernel(const __grid_constant__ FlashFwdTmaParams P) {
     using namespace f90t;
@@ -270,7 +299,7 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
         // ================= producer =================
         setmaxnreg_dec<kProducerRegs>();
         if (tid == 0) {
-            tma_tile(sm.q(), &P.tm_q, m0, head, batch, sm.bar_q());
+            tma_q(sm.q(), &P.tm_q, m0, head, batch, sm.bar_q());
             int s = 0;
             u32 phase = 0;
             for (int n = n_end - 1; n >= n_begin; --n) {
@@ -305,14 +334,15 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
         u32 pa[kBlockN / 16][4];
 
 #if FS_SM90_PINGPONG
-        // Turn-taking: consumer 0 issues first. Each warpgroup issues N + 1 slots (the first S,
-        // the loop's, the last P V); consumer 1's opening arrival stands in for its last one, so
-        // arrivals and waits balance on both barriers by the end.
-        const auto turn_wait = [&]() { named_bar_sync(3 + cw, 256); };
+        // Turn-taking, round robin: consumer 0 issues first, then 1, ... Each warpgroup issues
+        // N + 1 slots (the first S, the loop's, the last P V) and passes the turn to the next
+        // after each; the last consumer's opening arrival stands in for its last pass, so
+        // arrivals and waits balance on every barrier by the end.
+        const auto turn_wait = [&]() { named_bar_sync(kTurnBar + cw, 256); };
         const auto turn_pass = [&](bool last) {
-            if (!(last && cw == 1)) named_bar_arrive(3 + (cw ^ 1), 256);
+            if (!(last && cw == kNC - 1)) named_bar_arrive(kTurnBar + (cw + 1) % kNC, 256);
         };
-        if (cw == 1) named_bar_arrive(3, 256);
+        if (cw == kNC - 1) named_bar_arrive(kTurnBar, 256);
 #elif FS_SM90_PIPE
         const auto turn_wait = []() {};
         const auto turn_pass = [](bool) {};
@@ -424,14 +454,14 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
 #pragma unroll
             for (int d = 0; d < kHeadDim / 8; ++d) {
                 const u32 v = pack2<FS_DTYPE>(acc_o[4 * d + 2 * h] * inv, acc_o[4 * d + 2 * h + 1] * inv);
-                *reinterpret_cast<u32*>(smem + swz_offset(128, row, d * 8 + 2 * t)) = v;
+                *reinterpret_cast<u32*>(smem + swz_offset(kBlockM, row, d * 8 + 2 * t)) = v;
             }
         }
         named_bar_sync(1 + cw, 128);
         const int c = tid_wg % kChunksPerRow;
         const int row_end = min(cw * 64 + 64, rows_q);
         for (int r = cw * 64 + tid_wg / kChunksPerRow; r < row_end; r += 128 / kChunksPerRow) {
-            const uint4 val = *reinterpret_cast<const uint4*>(smem + swz_offset(128, r, c * 8));
+            const uint4 val = *reinterpret_cast<const uint4*>(smem + swz_offset(kBlockM, r, c * 8));
             *reinterpret_cast<uint4*>(o_ptr + r * p.o_row_stride * 2 + c * 16) = val;
         }
     }

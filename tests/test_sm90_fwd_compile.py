@@ -92,14 +92,18 @@ def test_main_variant_runs_on_hgmma(cubins: dict[str, bytes]) -> None:
 def test_tma_variants_cover_the_same_problems_on_sm90a_only() -> None:
     listed = _sm90_variants("sm_90a", TMA_FAMILY)
     keys = ("FS_HEAD_DIM", "FS_DTYPE", "FS_HAS_MASK", "FS_SM90_PIPE", "FS_SM90_PINGPONG")
+    keys += ("FS_BLOCK_M",)
     got = {tuple(v["defines"].get(d, 0) for d in keys) for v in listed}
-    # schedules: plain, pipelined, ping-pong (which builds on the pipelined order)
+    # schedules: plain, pipelined, ping-pong (which builds on the pipelined order), 128 query
+    # rows a CTA (no FS_BLOCK_M define); at head dim 64 also 192 rows, three consumer
+    # warpgroups, the plain schedule only
     schedules = {(0, 0), (1, 0), (1, 1)}
     want = {
-        (hd, dt, m, *sch)
+        (hd, dt, m, *sch, 0)
         for hd, dt, m in itertools.product((64, 128), (0, 1), (0, 1))
         for sch in schedules
     }
+    want |= {(64, dt, m, 0, 0, 192) for dt, m in itertools.product((0, 1), (0, 1))}
     assert got == want
     # ring depth: three K/V stages at head dim 64, two at 128 (227 KB of shared memory)
     assert all(
@@ -114,7 +118,7 @@ def test_tma_variants_compile_without_spills(tma_cubins: dict[str, bytes]) -> No
     tool = find_cuobjdump()
     if tool is None:
         pytest.skip(CUOBJDUMP_MISSING)
-    assert len(tma_cubins) == 24
+    assert len(tma_cubins) == 28
     for name, cubin in tma_cubins.items():
         assert cubin[:4] == b"\x7fELF", name
         for func, _regs, stack, local, _smem in resource_usage(cubin, tool):

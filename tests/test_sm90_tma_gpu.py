@@ -38,9 +38,13 @@ CASES = [
     (2, 300, 650, 2, 2, 64, False, (64, 0), False),
 ]
 SCHEDULES = {
-    "plain": {"FLASHSCAN_SM90_PINGPONG": "0"},
-    "pipe": {"FLASHSCAN_SM90_PIPE": "1"},
-    "pingpong": {"FLASHSCAN_SM90_PINGPONG": "1"},
+    # 128 query rows a CTA (two consumer warpgroups) at every head dim, each schedule
+    "plain": {"FLASHSCAN_SM90_PINGPONG": "0", "FLASHSCAN_SM90_BLOCK_M": "128"},
+    "pipe": {"FLASHSCAN_SM90_PIPE": "1", "FLASHSCAN_SM90_BLOCK_M": "128"},
+    "pingpong": {"FLASHSCAN_SM90_PINGPONG": "1", "FLASHSCAN_SM90_BLOCK_M": "128"},
+    # the defaults: head dim 64 on three consumer warpgroups (192 query rows, the plain
+    # schedule), head dim 128 ping-pong
+    "default": {},
 }
 
 
@@ -98,8 +102,8 @@ def hopper() -> None:
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES))
 def test_tma_forward_matches_float64(schedule: str, hopper: None, tmp_path: Path) -> None:
     env = dict(os.environ, FLASHSCAN_SM90_WGMMA="1", FLASHSCAN_SM90_TMA="1")
-    env.pop("FLASHSCAN_SM90_PIPE", None)
-    env.pop("FLASHSCAN_SM90_PINGPONG", None)
+    for k in ("FLASHSCAN_SM90_PIPE", "FLASHSCAN_SM90_PINGPONG", "FLASHSCAN_SM90_BLOCK_M"):
+        env.pop(k, None)
     env.update(SCHEDULES[schedule], FLASHSCAN_CACHE_DIR=str(tmp_path))
     done = subprocess.run(
         [sys.executable, __file__],

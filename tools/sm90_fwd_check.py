@@ -92,7 +92,7 @@ CASES = [
 ]
 
 
-QUICK = [CASES[6], CASES[3], CASES[10]]
+QUICK = [CASES[6], CASES[3], CASES[9], CASES[10]]
 
 
 def check(dtype, cases=CASES) -> bool:

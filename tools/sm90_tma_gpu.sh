@@ -44,9 +44,12 @@ run() {
   echo "$name rc=$rc built: $built" >>"$OUT/summary.txt"
 }
 
-tma=(FLASHSCAN_SM90_TMA=1 FLASHSCAN_SM90_PINGPONG=0)
-pipe=(FLASHSCAN_SM90_TMA=1 FLASHSCAN_SM90_PIPE=1)
-pingpong=(FLASHSCAN_SM90_TMA=1 FLASHSCAN_SM90_PINGPONG=1)
+# 128 query rows a CTA at every head dim, each schedule; `defaults`: head dim 64 on 192 rows
+# (three consumer warpgroups, plain), head dim 128 ping-pong
+tma=(FLASHSCAN_SM90_TMA=1 FLASHSCAN_SM90_PINGPONG=0 FLASHSCAN_SM90_BLOCK_M=128)
+pipe=(FLASHSCAN_SM90_TMA=1 FLASHSCAN_SM90_PIPE=1 FLASHSCAN_SM90_BLOCK_M=128)
+pingpong=(FLASHSCAN_SM90_TMA=1 FLASHSCAN_SM90_PINGPONG=1 FLASHSCAN_SM90_BLOCK_M=128)
+defaults=(FLASHSCAN_SM90_TMA=1)
 for stage in "${stages[@]}"; do
   case "$stage" in
     check)
@@ -55,12 +58,15 @@ for stage in "${stages[@]}"; do
       run check-plain 150 "${tma[@]}" -- python3 "$check" --check-only
       run check-pipe 150 "${pipe[@]}" -- python3 "$check" --check-only
       run check-pingpong 150 "${pingpong[@]}" -- python3 "$check" --check-only
+      run check-defaults 150 "${defaults[@]}" -- python3 "$check" --check-only
       ;;
     sanitize)
       for tool in memcheck synccheck; do
         run "$tool-plain" 180 "${tma[@]}" -- compute-sanitizer --tool "$tool" --error-exitcode 9 \
           python3 "$check" --quick
         run "$tool-pingpong" 180 "${pingpong[@]}" -- compute-sanitizer --tool "$tool" --error-exitcode 9 \
+          python3 "$check" --quick
+        run "$tool-defaults" 180 "${defaults[@]}" -- compute-sanitizer --tool "$tool" --error-exitcode 9 \
           python3 "$check" --quick
       done
       ;;

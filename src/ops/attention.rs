@@ -404,11 +404,13 @@ pub fn specs_of(arch_num: i64, varlen: bool) -> Vec<KernelSpec> {
                             }
                             let schedules = attention_tma::Schedule::ALL;
                             for sch in schedules.into_iter().filter(|_| !varlen) {
-                                if let Some((s, _)) =
-                                    attention_tma::spec(hd, dtype, mask, cap, arch_num, sch)
-                                {
-                                    if !out.contains(&s) {
-                                        out.push(s);
+                                for bm in [128, 192] {
+                                    if let Some((s, _)) =
+                                        attention_tma::spec(hd, dtype, mask, cap, arch_num, sch, bm)
+                                    {
+                                        if !out.contains(&s) {
+                                            out.push(s);
+                                        }
                                     }
                                 }
                             }
@@ -521,6 +523,7 @@ pub(crate) fn launch(
     // The warp-specialised TMA kernel, where wanted and the driver encodes every tensor map;
     // otherwise (a map refused) the cp.async wgmma kernel below.
     if wgmma.is_some() && sm90_tma() {
+        let block_m = attention_tma::block_m(p.head_dim);
         let tma = attention_tma::spec(
             p.head_dim,
             dtype,
@@ -528,23 +531,16 @@ pub(crate) fn launch(
             softcap > 0.0,
             arch_num,
             attention_tma::Schedule::from_env(sm90_pipe(), sm90_pingpong()),
+            block_m,
         );
-        if let (Some((spec, smem)), Ok(tp)) = (tma, attention_tma::params(&params, dtype)) {
+        let tp = attention_tma::params(&params, dtype, block_m);
+        if let (Some((spec, smem)), Ok(tp)) = (tma, tp) {
             let kernel = dev.kernel(&spec)?;
             let s = dev.stream(stream)?;
-            let threads = attention_tma::THREADS;
+            let threads = attention_tma::threads(block_m);
             // SAFETY: tp mirrors the kernel's struct; its maps address exactly the q / k / v
             // tensors checked by the caller, and every pointer in params is on this device.
-            unsafe {
-                dev.launch(
-                    &kernel,
-                    grid_of(SM90_BLOCK_M)?,
-                    (threads, 1, 1),
-                    smem,
-                    s,
-                    &tp,
-                )?
-            };
+            unsafe { dev.launch(&kernel, grid_of(block_m)?, (threads, 1, 1), smem, s, &tp)? };
             return dev.finish(stream);
         }
     }

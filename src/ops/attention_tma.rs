@@ -14,9 +14,13 @@ use crate::tensor::DType;
 pub const SOURCE: &str = include_str!("../../cuda/flash_fwd_sm90_tma.cu");
 pub const FAMILY: &str = "flash_fwd_sm90_tma";
 pub const ENTRY: &str = "flash_fwd_sm90_tma_kernel";
-/// A producer warpgroup and two consumer warpgroups.
-pub const THREADS: u32 = 384;
-/// Rows of a Q / K / V tile, and the 64-element (128-byte) column block one TMA box fills.
+/// Threads of a CTA computing `block_m` query rows: a producer warpgroup and one consumer
+/// warpgroup per 64 rows.
+pub fn threads(block_m: i64) -> u32 {
+    128 * (1 + block_m as u32 / 64)
+}
+/// Rows of a K / V tile (and of Q at block_m 128), and the 64-element (128-byte) column block
+/// one TMA box fills.
 const TILE_ROWS: u32 = 128;
 const BOX_COLS: u32 = 64;
 
@@ -30,11 +34,33 @@ pub fn kv_stages(head_dim: i64) -> i64 {
     }
 }
 
-/// Dynamic shared memory: Q and `stages` K/V pairs of 128 x head_dim 16-bit tiles, 1 KB to align
-/// the base to 1024, and the mbarriers (bar_q, full_k/v, empty_k/v per stage; 8 bytes each).
-pub fn smem_bytes(head_dim: i64, stages: i64) -> u32 {
+/// Dynamic shared memory: Q (block_m x head_dim) and `stages` K/V pairs of 128 x head_dim 16-bit
+/// tiles, 1 KB to align the base to 1024, and the mbarriers (bar_q, full_k/v, empty_k/v per
+/// stage; 8 bytes each).
+pub fn smem_bytes(head_dim: i64, stages: i64, block_m: i64) -> u32 {
     let tile = TILE_ROWS * head_dim as u32 * 2;
-    (1 + 2 * stages as u32) * tile + 1024 + 8 * (1 + 4 * stages as u32)
+    let q = block_m as u32 * head_dim as u32 * 2;
+    q + 2 * stages as u32 * tile + 1024 + 8 * (1 + 4 * stages as u32)
+}
+
+/// Query rows per CTA: 128 (two consumer warpgroups) at head dim 128; 192 (three consumer
+/// warpgroups, the plain schedule: the pipelined ones need more than the 128 registers a
+/// 512-thread CTA gives each thread, and spill) at head dim 64, where the softmax costs as much
+/// as the GEMMs and two warpgroups cannot hide it: measured on the H100 (2026-11-27, bf16,
+/// batch x seqlen 16k, 32 heads) 424-507 TFLOP/s against 364-425 for 128 rows in ping-pong
+/// (cuDNN 407-457 in the same run). FLASHSCAN_SM90_BLOCK_M=128 keeps 128 rows at head dim 64.
+/// Read once.
+pub fn block_m(head_dim: i64) -> i64 {
+    static BM: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    let hd64 = *BM.get_or_init(|| match std::env::var("FLASHSCAN_SM90_BLOCK_M") {
+        Ok(v) if v == "128" => 128,
+        _ => 192,
+    });
+    if head_dim == 64 {
+        hd64
+    } else {
+        128
+    }
 }
 
 /// Which consumer schedule the kernel is built with.
@@ -72,8 +98,18 @@ pub fn spec(
     softcap: bool,
     arch_num: i64,
     schedule: Schedule,
+    block_m: i64,
 ) -> Option<(KernelSpec, u32)> {
     let code = attention::sm90_dtype_code(head_dim, dtype, softcap, arch_num)?;
+    if block_m != 128 && (block_m != 192 || head_dim != 64) {
+        return None;
+    }
+    // three consumers: the plain schedule (see `block_m`)
+    let schedule = if block_m == 192 {
+        Schedule::Plain
+    } else {
+        schedule
+    };
     let stages = kv_stages(head_dim);
     let mut defines = vec![
         ("FS_HEAD_DIM", head_dim),
@@ -88,6 +124,9 @@ pub fn spec(
     if schedule == Schedule::PingPong {
         defines.push(("FS_SM90_PINGPONG", 1));
     }
+    if block_m != 128 {
+        defines.push(("FS_BLOCK_M", block_m));
+    }
     Some((
         KernelSpec {
             family: FAMILY,
@@ -95,7 +134,7 @@ pub fn spec(
             entry: ENTRY,
             defines,
         },
-        smem_bytes(head_dim, stages),
+        smem_bytes(head_dim, stages, block_m),
     ))
 }
 
@@ -116,7 +155,7 @@ const _: () = assert!(std::mem::size_of::<FlashFwdTmaParams>() >= 576);
 
 /// What cuTensorMapEncodeTiled receives for one (batch, seqlen, heads, head_dim) operand:
 /// dims innermost first (head_dim, seqlen, heads, batch), the byte strides of dims 1..3, and the
-/// box (one 64-column block of 128 rows of one head).
+/// box (one 64-column block of `box_rows` rows of one head).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MapArgs {
     pub dims: [u64; 4],
@@ -127,7 +166,9 @@ pub struct MapArgs {
 /// The map arguments of an operand with `rows` x `heads` x `batch` rows of `head_dim` 16-bit
 /// elements and the given element strides; None where TMA cannot address it (a negative
 /// stride, or one that is not a multiple of 16 bytes on a dimension longer than 1).
+#[allow(clippy::too_many_arguments)] // the box, then one (size, stride) pair per dimension
 pub fn map_args(
+    box_rows: u32,
     head_dim: i64,
     rows: i64,
     heads: i64,
@@ -161,7 +202,7 @@ pub fn map_args(
     Some(MapArgs {
         dims: [head_dim as u64, rows as u64, heads as u64, batch as u64],
         strides,
-        box_dims: [BOX_COLS, TILE_ROWS, 1, 1],
+        box_dims: [BOX_COLS, box_rows, 1, 1],
     })
 }
 
@@ -170,9 +211,10 @@ fn encode(ptr: u64, bf16: bool, a: Option<MapArgs>) -> Result<[u64; 16]> {
     encode_tensor_map_4d(ptr, bf16, a.dims, a.strides, a.box_dims)
 }
 
-/// The kernel parameter for `params` (sizes already filled in): Q, K and V maps encoded by the
-/// driver. An error means "use the cp.async kernel", not a failed call.
-pub fn params(params: &FlashFwdParams, dtype: DType) -> Result<FlashFwdTmaParams> {
+/// The kernel parameter for `params` (sizes already filled in) and `block_m` query rows per
+/// CTA: Q, K and V maps encoded by the driver (Q's boxes are 64 rows at block_m 192, which the
+/// kernel loads three of). An error means "use the cp.async kernel", not a failed call.
+pub fn params(params: &FlashFwdParams, dtype: DType, block_m: i64) -> Result<FlashFwdTmaParams> {
     let bf16 = dtype == DType::BF16;
     let hd = params.head_dim as i64;
     let (b, sq, sk) = (
@@ -181,7 +223,9 @@ pub fn params(params: &FlashFwdParams, dtype: DType) -> Result<FlashFwdTmaParams
         params.seqlen_k as i64,
     );
     let (h, hk) = (params.nheads as i64, params.nheads_k as i64);
+    let q_box = if block_m == 128 { TILE_ROWS } else { 64 };
     let q = map_args(
+        q_box,
         hd,
         sq,
         h,
@@ -191,6 +235,7 @@ pub fn params(params: &FlashFwdParams, dtype: DType) -> Result<FlashFwdTmaParams
         params.q_batch_stride,
     );
     let k = map_args(
+        TILE_ROWS,
         hd,
         sk,
         hk,
@@ -200,6 +245,7 @@ pub fn params(params: &FlashFwdParams, dtype: DType) -> Result<FlashFwdTmaParams
         params.k_batch_stride,
     );
     let v = map_args(
+        TILE_ROWS,
         hd,
         sk,
         hk,
@@ -223,13 +269,14 @@ mod tests {
     #[test]
     fn contiguous_bshd_maps_step_rows_heads_batches_in_bytes() {
         // (batch 4, seqlen 4096, 16 heads, 128) contiguous bf16: row = 16 * 128 elements
-        let a = map_args(128, 4096, 16, 4, 16 * 128, 128, 4096 * 16 * 128).expect("addressable");
+        let a =
+            map_args(128, 128, 4096, 16, 4, 16 * 128, 128, 4096 * 16 * 128).expect("addressable");
         assert_eq!(a.dims, [128, 4096, 16, 4]);
         assert_eq!(a.strides, [4096, 256, 4096 * 16 * 128 * 2]);
         assert_eq!(a.box_dims, [64, 128, 1, 1]);
         // head dim 64, GQA K with 2 heads, odd seqlen: the box still covers 128 rows (TMA
         // zero-fills the tail)
-        let k = map_args(64, 333, 2, 3, 2 * 64, 64, 333 * 2 * 64).expect("addressable");
+        let k = map_args(128, 64, 333, 2, 3, 2 * 64, 64, 333 * 2 * 64).expect("addressable");
         assert_eq!(k.dims, [64, 333, 2, 3]);
         assert_eq!(k.strides, [256, 128, 333 * 256]);
     }
@@ -237,44 +284,70 @@ mod tests {
     #[test]
     fn bhsd_views_and_size_one_dims_get_legal_strides() {
         // a (b, s, h, d) view of a (b, h, s, d) tensor: row stride d, head stride s * d
-        let a = map_args(128, 1000, 8, 2, 128, 1000 * 128, 8 * 1000 * 128).expect("ok");
+        let a = map_args(128, 128, 1000, 8, 2, 128, 1000 * 128, 8 * 1000 * 128).expect("ok");
         assert_eq!(a.strides, [256, 256_000, 2_048_000]);
         // batch 1 with a broadcast (0) batch stride, and seqlen 1 with a stride never stepped
-        let b = map_args(64, 1, 4, 1, 0, 64, 0).expect("size-1 dims are never stepped");
+        let b = map_args(128, 64, 1, 4, 1, 0, 64, 0).expect("size-1 dims are never stepped");
         assert_eq!(b.dims, [64, 1, 4, 1]);
         assert_eq!(b.strides, [128, 128, 128]);
     }
 
     #[test]
     fn unaddressable_strides_are_refused() {
-        assert_eq!(map_args(128, 10, 2, 2, 136, 128, -2720), None); // negative
-        assert_eq!(map_args(128, 10, 2, 2, 260, 128, 2600), None); // 520 bytes: not 16-aligned
-        assert_eq!(map_args(96, 10, 2, 2, 192, 96, 1920), None); // not whole 64-column boxes
+        assert_eq!(map_args(128, 128, 10, 2, 2, 136, 128, -2720), None); // negative
+        assert_eq!(map_args(128, 128, 10, 2, 2, 260, 128, 2600), None); // 520 bytes: not 16-aligned
+        assert_eq!(map_args(128, 96, 10, 2, 2, 192, 96, 1920), None); // not whole 64-column boxes
     }
 
     #[test]
     fn smem_fits_the_227_kb_opt_in_limit() {
-        assert_eq!(smem_bytes(128, 2), 5 * 32768 + 1024 + 72);
-        assert!(smem_bytes(128, kv_stages(128)) <= 232_448);
-        assert!(smem_bytes(64, kv_stages(64)) <= 232_448);
-        assert!(smem_bytes(128, 3) <= 232_448);
+        assert_eq!(smem_bytes(128, 2, 128), 5 * 32768 + 1024 + 72);
+        assert!(smem_bytes(128, kv_stages(128), 128) <= 232_448);
+        assert!(smem_bytes(64, kv_stages(64), 128) <= 232_448);
+        assert!(smem_bytes(128, 3, 128) <= 232_448);
+        // three consumers at head dim 64: a 192-row Q tile
+        assert_eq!(smem_bytes(64, 3, 192), 24576 + 6 * 16384 + 1024 + 8 * 13);
+        assert!(smem_bytes(64, kv_stages(64), 192) <= 232_448);
+    }
+
+    #[test]
+    fn block_m_192_is_head_dim_64_plain_with_three_consumers_and_64_row_q_boxes() {
+        use Schedule::*;
+        assert_eq!((threads(128), threads(192)), (384, 512));
+        assert!(spec(128, DType::BF16, false, false, 90, Plain, 192).is_none());
+        assert!(spec(64, DType::BF16, false, false, 90, Plain, 256).is_none());
+        for sch in Schedule::ALL {
+            let (k, smem) = spec(64, DType::BF16, true, false, 90, sch, 192).expect("covered");
+            let has = |d: &str| k.defines.iter().any(|(n, _)| *n == d);
+            assert!(k.defines.contains(&("FS_BLOCK_M", 192)));
+            assert!(
+                !has("FS_SM90_PIPE") && !has("FS_SM90_PINGPONG"),
+                "{sch:?}: plain only"
+            );
+            assert_eq!(smem, smem_bytes(64, 3, 192));
+        }
+        // block_m 128 keeps the variant names (and caches) of before: no FS_BLOCK_M define
+        let (k, _) = spec(64, DType::BF16, true, false, 90, PingPong, 128).expect("covered");
+        assert!(!k.defines.iter().any(|(n, _)| *n == "FS_BLOCK_M"));
+        let q = map_args(64, 64, 4096, 16, 4, 16 * 64, 64, 4096 * 16 * 64).expect("ok");
+        assert_eq!(q.box_dims, [64, 64, 1, 1]);
     }
 
     #[test]
     fn covers_what_the_cp_async_wgmma_kernel_covers() {
         use Schedule::*;
-        assert!(spec(128, DType::BF16, true, false, 90, Plain).is_some());
-        assert!(spec(64, DType::F16, false, false, 90, Pipe).is_some());
-        assert!(spec(128, DType::BF16, false, false, 80, Plain).is_none());
-        assert!(spec(128, DType::F32, false, false, 90, Plain).is_none());
-        assert!(spec(128, DType::BF16, false, true, 90, PingPong).is_none());
-        assert!(spec(96, DType::BF16, false, false, 90, Plain).is_none());
+        assert!(spec(128, DType::BF16, true, false, 90, Plain, 128).is_some());
+        assert!(spec(64, DType::F16, false, false, 90, Pipe, 128).is_some());
+        assert!(spec(128, DType::BF16, false, false, 80, Plain, 128).is_none());
+        assert!(spec(128, DType::F32, false, false, 90, Plain, 128).is_none());
+        assert!(spec(128, DType::BF16, false, true, 90, PingPong, 128).is_none());
+        assert!(spec(96, DType::BF16, false, false, 90, Plain, 128).is_none());
     }
 
     #[test]
     fn ping_pong_builds_on_the_pipelined_order() {
         let defines = |sch| {
-            spec(128, DType::BF16, false, false, 90, sch)
+            spec(128, DType::BF16, false, false, 90, sch, 128)
                 .expect("covered")
                 .0
                 .defines
