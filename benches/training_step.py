@@ -30,6 +30,7 @@ import torch
 import flashscan
 import flashscan.torch as fst
 from flashscan.bench.timing import best_wall_us
+from flashscan.bench.training import realtime_scan_args
 
 
 def wall_us(fn: Callable[[], Any]) -> float:
@@ -37,17 +38,7 @@ def wall_us(fn: Callable[[], Any]) -> float:
 
 
 def scan_case(b: int) -> tuple[Callable[..., Any], list[Any], Any]:
-    d, L, n, bf = 512, 60, 16, torch.bfloat16
-    args = [
-        torch.randn(b, d, L, device="cuda", dtype=bf),
-        (torch.rand(b, d, L, device="cuda") - 2).to(bf),
-        -torch.rand(d, n, device="cuda"),
-        torch.randn(b, n, L, device="cuda", dtype=bf),
-        torch.randn(b, n, L, device="cuda", dtype=bf),
-        torch.randn(d, device="cuda"),
-        torch.randn(b, d, L, device="cuda", dtype=bf),
-        torch.rand(d, device="cuda"),
-    ]
+    args = realtime_scan_args(torch, b)
 
     def op(u: Any, dl: Any, A: Any, B: Any, C: Any, D: Any, z: Any, db: Any) -> Any:
         return fst.selective_scan_fn(u, dl, A, B, C, D, z, db, delta_softplus=True)

@@ -132,21 +132,12 @@ def training_cases(dev: str) -> list[tuple[str, Callable[[], Any]]]:
     delta_bias and softplus, gradients to its 8 inputs; causal attention, gradients to q, k, v):
     the forward alone (inputs requiring grad) and forward + `torch.autograd.grad`."""
     import flashscan.torch as fst
+    from flashscan.bench.training import realtime_scan_args
 
     bf = torch.bfloat16
     cases: list[tuple[str, Callable[[], Any]]] = []
     for b in (1, 32):
-        d, L, n = 512, 60, 16
-        args = [
-            torch.randn(b, d, L, device=dev).to(bf),
-            (torch.rand(b, d, L, device=dev) - 2).to(bf),
-            -torch.rand(d, n, device=dev),
-            torch.randn(b, n, L, device=dev).to(bf),
-            torch.randn(b, n, L, device=dev).to(bf),
-            torch.randn(d, device=dev),
-            torch.randn(b, d, L, device=dev).to(bf),
-            torch.rand(d, device=dev),
-        ]
+        args = realtime_scan_args(torch, b, dev)
         leaves = [t.clone().requires_grad_() for t in args]
         dout = torch.randn_like(args[0])
         cases.append(

@@ -20,6 +20,7 @@ import torch
 import flashscan
 from flashscan import _native, attention, scan
 from flashscan.bench.timing import best_wall_us
+from flashscan.bench.training import realtime_scan_args
 
 
 def wall_us(fn) -> float:
@@ -191,18 +192,7 @@ def _scan_step_rows(b: int) -> list:
     import flashscan.torch as fst
 
     ops = torch.ops.flashscan
-    bf = torch.bfloat16
-    d, L, n = 512, 60, 16
-    args = [
-        torch.randn(b, d, L, device="cuda", dtype=bf),
-        (torch.rand(b, d, L, device="cuda") - 2).to(bf),
-        -torch.rand(d, n, device="cuda"),
-        torch.randn(b, n, L, device="cuda", dtype=bf),
-        torch.randn(b, n, L, device="cuda", dtype=bf),
-        torch.randn(d, device="cuda"),
-        torch.randn(b, d, L, device="cuda", dtype=bf),
-        torch.rand(d, device="cuda"),
-    ]
+    args = realtime_scan_args(torch, b)
     leaves = [t.clone().requires_grad_() for t in args]
     dout = torch.randn_like(args[0])
     empty = args[0].new_empty((0,), dtype=torch.float32)

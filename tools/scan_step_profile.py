@@ -8,22 +8,13 @@ host time go (kernels, allocations, copies). Needs a GPU.
 
 import time, torch
 import flashscan.torch as fst
+from flashscan.bench.training import realtime_scan_args
 from torch.profiler import profile, ProfilerActivity
 
 ops = torch.ops.flashscan
 bf = torch.bfloat16
 for b in (32, 1):
-    d, L, n = 512, 60, 16
-    args = [
-        torch.randn(b, d, L, device="cuda", dtype=bf),
-        (torch.rand(b, d, L, device="cuda") - 2).to(bf),
-        -torch.rand(d, n, device="cuda"),
-        torch.randn(b, n, L, device="cuda", dtype=bf),
-        torch.randn(b, n, L, device="cuda", dtype=bf),
-        torch.randn(d, device="cuda"),
-        torch.randn(b, d, L, device="cuda", dtype=bf),
-        torch.rand(d, device="cuda"),
-    ]
+    args = realtime_scan_args(torch, b)
     leaves = [t.clone().requires_grad_() for t in args]
     dout = torch.randn_like(args[0])
     step = lambda: torch.autograd.grad(

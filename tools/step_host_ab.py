@@ -32,6 +32,7 @@ import torch
 import flashscan
 import flashscan.scan
 import flashscan.torch as fst
+from flashscan.bench.training import realtime_scan_args
 
 
 def load_old_backward(path: str) -> Callable[..., Any]:
@@ -107,20 +108,9 @@ def main() -> None:
         print(f"mamba_ssm: {info}")
         if not info["error"]:
             from mamba_ssm.ops.selective_scan_interface import selective_scan_fn as mamba_fn
-    bf = torch.bfloat16
     rows: dict[str, Callable[[], Any]] = {}
     for b in (1, 32):
-        d, L, n = 512, 60, 16
-        ins = [
-            torch.randn(b, d, L, device="cuda", dtype=bf),
-            (torch.rand(b, d, L, device="cuda") - 2).to(bf),
-            -torch.rand(d, n, device="cuda"),
-            torch.randn(b, n, L, device="cuda", dtype=bf),
-            torch.randn(b, n, L, device="cuda", dtype=bf),
-            torch.randn(d, device="cuda"),
-            torch.randn(b, d, L, device="cuda", dtype=bf),
-            torch.rand(d, device="cuda"),
-        ]
+        ins = realtime_scan_args(torch, b)
         leaves = [t.clone().requires_grad_() for t in ins]
         dout = torch.randn_like(ins[0])
 

@@ -252,6 +252,32 @@ def scan_key(
         return None
 
 
+def input_ptrs(
+    u: Any,
+    delta: Any,
+    A: Any,
+    B: Any,
+    C: Any,
+    D: Any,
+    z: Any,
+    delta_bias: Any,
+    initial_state: Any,
+) -> tuple[int, ...]:
+    """The raw pointers of a scan call's torch inputs in `_native`'s order (0 for an absent
+    optional): what a replay plan's `launch` takes first, forward and backward."""
+    return (
+        u.data_ptr(),
+        delta.data_ptr(),
+        A.data_ptr(),
+        B.data_ptr(),
+        C.data_ptr(),
+        0 if D is None else D.data_ptr(),
+        0 if z is None else z.data_ptr(),
+        0 if delta_bias is None else delta_bias.data_ptr(),
+        0 if initial_state is None else initial_state.data_ptr(),
+    )
+
+
 def serve_scan(
     plan: tuple[Any, ...],
     key: tuple[Any, ...],
@@ -286,15 +312,7 @@ def serve_scan(
     replay = replays.get(rk)
     if replay:
         replay.launch(
-            u.data_ptr(),
-            delta.data_ptr(),
-            A.data_ptr(),
-            B.data_ptr(),
-            C.data_ptr(),
-            0 if D is None else D.data_ptr(),
-            0 if z is None else z.data_ptr(),
-            0 if delta_bias is None else delta_bias.data_ptr(),
-            0 if initial_state is None else initial_state.data_ptr(),
+            *input_ptrs(u, delta, A, B, C, D, z, delta_bias, initial_state),
             out.data_ptr(),
             0 if last is None else last.data_ptr(),
             0 if saved_desc is None else saved_desc[0],

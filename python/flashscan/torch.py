@@ -1139,15 +1139,7 @@ def _scan_bwd_lean(
     replay = replays.get(rk)
     if replay:
         replay.launch(
-            u.data_ptr(),
-            delta.data_ptr(),
-            A.data_ptr(),
-            B.data_ptr(),
-            C.data_ptr(),
-            0 if D is None else D.data_ptr(),
-            0 if z is None else z.data_ptr(),
-            0 if delta_bias is None else delta_bias.data_ptr(),
-            0 if init is None else init.data_ptr(),
+            *_scan.input_ptrs(u, delta, A, B, C, D, z, delta_bias, init),
             d_dout[0],
             0 if saved is None else saved.data_ptr(),
             0 if d_dlast is None else d_dlast[0],

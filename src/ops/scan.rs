@@ -602,22 +602,44 @@ pub fn all_specs(arch: i64) -> Vec<KernelSpec> {
     out
 }
 
-/// Largest power of two (<= 16 bytes) dividing every row start of u, delta, z and out.
-pub(crate) fn io_align(ts: &[&TensorView]) -> i32 {
-    let mut g: u64 = 16;
-    for t in ts {
-        let es = t.dtype.size() as u64;
-        for v in [
-            t.ptr,
-            (t.strides[0] as u64).wrapping_mul(es),
-            (t.strides[1] as u64).wrapping_mul(es),
-        ] {
-            while g > 1 && v % g != 0 {
-                g /= 2;
-            }
+/// Largest power of two (<= g) dividing every value.
+fn pow2_divisor(mut g: u64, values: impl IntoIterator<Item = u64>) -> u64 {
+    for v in values {
+        while g > 1 && v % g != 0 {
+            g /= 2;
         }
     }
-    g as i32
+    g
+}
+
+/// `io_align` of the strides alone: the largest power of two (<= 16 bytes) dividing every
+/// batch and channel step of the tensors (a replay folds in each call's pointers).
+pub(crate) fn stride_align(ts: &[&TensorView]) -> u64 {
+    pow2_divisor(
+        16,
+        ts.iter().flat_map(|t| {
+            let es = t.dtype.size() as u64;
+            [
+                (t.strides[0] as u64).wrapping_mul(es),
+                (t.strides[1] as u64).wrapping_mul(es),
+            ]
+        }),
+    )
+}
+
+/// Largest power of two (<= 16 bytes) dividing every row start of u, delta, z and out.
+pub(crate) fn io_align(ts: &[&TensorView]) -> i32 {
+    pow2_divisor(stride_align(ts), ts.iter().map(|t| t.ptr)) as i32
+}
+
+/// A replay's io_align: `stride_align` folded with this call's (pointer, element size) pairs
+/// (pointer 0: an absent tensor), each pointer first checked against its element size.
+pub(crate) fn replay_align(stride_align: u64, ptrs: &[(u64, u64)]) -> Result<i32> {
+    if ptrs.iter().any(|&(p, es)| p % es != 0) {
+        return Err(value_err("a pointer is not aligned to its element size"));
+    }
+    let present = ptrs.iter().map(|&(p, _)| p).filter(|&p| p != 0);
+    Ok(pow2_divisor(stride_align, present) as i32)
 }
 
 /// A forward call made ready to launch: the device, the scan kernel, the launch shape and
@@ -886,21 +908,9 @@ pub fn forward_replay(a: &ScanArgs) -> Result<Option<FwdReplay>> {
         return Ok(None);
     }
     let strided: Vec<&TensorView> = [a.u, a.delta, a.out].into_iter().chain(a.z).collect();
-    let mut g: u64 = 16;
-    for t in &strided {
-        let es = t.dtype.size() as u64;
-        for v in [
-            (t.strides[0] as u64).wrapping_mul(es),
-            (t.strides[1] as u64).wrapping_mul(es),
-        ] {
-            while g > 1 && v % g != 0 {
-                g /= 2;
-            }
-        }
-    }
     let es = |t: Option<&TensorView>| t.map_or(1, |t| t.dtype.size() as u64);
     Ok(Some(FwdReplay {
-        stride_align: g,
+        stride_align: stride_align(&strided),
         elem: [es(Some(a.u)), es(Some(a.delta)), es(Some(a.out)), es(a.z)],
         present: [
             a.d.is_some(),
@@ -938,23 +948,17 @@ impl FwdReplay {
                 "the pointers do not match the plan's arguments (a null pointer, or an optional given or left out unlike the planned call)",
             ));
         }
-        let mut g = self.stride_align;
-        for (ptr, es) in [x.u, x.delta, x.out, x.z].into_iter().zip(self.elem) {
-            if ptr % es != 0 {
-                return Err(value_err("a pointer is not aligned to its element size"));
-            }
-            if ptr != 0 {
-                while g > 1 && ptr % g != 0 {
-                    g /= 2;
-                }
-            }
-        }
+        let [eu, ed, eo, ez] = self.elem;
+        let align = replay_align(
+            self.stride_align,
+            &[(x.u, eu), (x.delta, ed), (x.out, eo), (x.z, ez)],
+        )?;
         let mut params = self.prep.params;
         let b = &mut params.base;
         (b.u, b.delta, b.a, b.b, b.c, b.out) = (x.u, x.delta, x.a, x.b, x.c, x.out);
         (b.d, b.z, b.delta_bias) = (x.d, x.z, x.delta_bias);
         (b.initial_state, b.last_state) = (x.initial_state, x.last_state);
-        b.io_align = g as i32;
+        b.io_align = align;
         if self.prep.save {
             params.saved = x.saved_states;
         }
@@ -978,6 +982,36 @@ impl FwdReplay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn view(shape: &[i64], strides: &[i64], dtype: DType, ptr: u64) -> TensorView {
+        TensorView {
+            ptr,
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            dtype,
+            device: crate::tensor::DeviceKind::Cuda,
+            device_id: 0,
+            readonly: false,
+        }
+    }
+
+    #[test]
+    fn replay_align_is_io_align_with_the_pointers_folded_in_later() {
+        let u = view(&[2, 8, 60], &[480, 60, 1], DType::BF16, 0x1000);
+        let z = view(&[2, 8, 60], &[480, 60, 1], DType::BF16, 0x2008);
+        let out = view(&[2, 8, 61], &[488, 61, 1], DType::BF16, 0x3000);
+        for ts in [vec![&u], vec![&u, &z], vec![&u, &z, &out], vec![&out]] {
+            let pairs: Vec<(u64, u64)> = ts.iter().map(|t| (t.ptr, 2)).collect();
+            let got = replay_align(stride_align(&ts), &pairs).unwrap();
+            assert_eq!(got, io_align(&ts), "{:?}", ts.len());
+        }
+        // 60 bf16 = 120-byte rows: 8-byte steps; 61 = 122: 2; a pointer at 0x2008: 8
+        assert_eq!(stride_align(&[&u]), 8);
+        assert_eq!(stride_align(&[&out]), 2);
+        // an absent tensor (pointer 0) changes nothing; an odd pointer is refused
+        assert_eq!(replay_align(16, &[(0x1000, 2), (0, 2)]).unwrap(), 16);
+        assert!(replay_align(16, &[(0x1001, 2)]).is_err());
+    }
 
     fn problem(batch: i64, dim: i64, seqlen: i64, dstate: i64) -> Problem {
         let f = BcForm {

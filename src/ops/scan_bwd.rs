@@ -893,25 +893,13 @@ pub fn backward_replay(a: &ScanBwdArgs) -> Result<Option<BwdReplay>> {
         .chain(a.z)
         .chain(a.dz)
         .collect();
-    let mut g: u64 = 16;
-    for t in &aligned {
-        let es = t.dtype.size() as u64;
-        for v in [
-            (t.strides[0] as u64).wrapping_mul(es),
-            (t.strides[1] as u64).wrapping_mul(es),
-        ] {
-            while g > 1 && v % g != 0 {
-                g /= 2;
-            }
-        }
-    }
     let es = |t: Option<&TensorView>| t.map_or(1, |t| t.dtype.size() as u64);
     let mut present = [false; 21];
     for (i, (_, t)) in a.inputs().iter().chain(a.outputs().iter()).enumerate() {
         present[i] = t.is_some();
     }
     Ok(Some(BwdReplay {
-        stride_align: g,
+        stride_align: scan::stride_align(&aligned),
         elem: [
             es(Some(a.u)),
             es(Some(a.delta)),
@@ -942,27 +930,24 @@ impl BwdReplay {
         }
         let [u, delta, a, b, c, d, z, delta_bias, init, dout, saved, dlast] = x.inputs;
         let [du, ddelta, da, db, dc, dd, dz, ddb, dinit] = x.outputs;
-        let mut g = self.stride_align;
-        for (ptr, es) in [u, delta, dout, du, ddelta, z, dz]
-            .into_iter()
-            .zip(self.elem)
-        {
-            if ptr % es != 0 {
-                return Err(value_err("a pointer is not aligned to its element size"));
-            }
-            if ptr != 0 {
-                while g > 1 && ptr % g != 0 {
-                    g /= 2;
-                }
-            }
-        }
+        let [e_u, e_delta, e_dout, e_du, e_ddelta, e_z, e_dz] = self.elem;
+        let pairs = [
+            (u, e_u),
+            (delta, e_delta),
+            (dout, e_dout),
+            (du, e_du),
+            (ddelta, e_ddelta),
+            (z, e_z),
+            (dz, e_dz),
+        ];
+        let align = scan::replay_align(self.stride_align, &pairs)?;
         let mut p = self.prep.params;
         (p.u, p.delta, p.a, p.b, p.c, p.d) = (u, delta, a, b, c, d);
         (p.delta_bias, p.z, p.initial_state, p.dout, p.dlast) = (delta_bias, z, init, dout, dlast);
         p.saved = if self.prep.states { 0 } else { saved };
         (p.du, p.ddelta, p.da, p.db, p.dc, p.dd) = (du, ddelta, da, db, dc, dd);
         (p.dz, p.ddelta_bias, p.dinit) = (dz, ddb, dinit);
-        p.io_align = g as i32;
+        p.io_align = align;
         let mut cast = self.prep.cast;
         for (k, ptr) in [db, dc].into_iter().enumerate() {
             if cast.n[k] > 0 {

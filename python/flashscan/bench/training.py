@@ -54,6 +54,24 @@ SM90_BWD_ENV = "FLASHSCAN_SM90_BWD"  # read by the native launcher on every back
 SM90_IMPL = "flashscan-sm90bwd"
 
 
+def realtime_scan_args(torch: Any, batch: int, device: str = "cuda") -> list[Any]:
+    """The inputs of the real-time Mamba-1 scan (issue 13's game shape: d512, L60, dstate 16,
+    bf16 u / delta / B / C / z, float32 A / D / delta_bias; delta around softplus^-1 of the
+    usual step sizes): [u, delta, A, B, C, D, z, delta_bias], for `selective_scan_fn(*args,
+    delta_softplus=True)`. The host-cost tools and the training-step bench share them."""
+    d, L, n, bf = 512, 60, 16, torch.bfloat16
+    return [
+        torch.randn(batch, d, L, device=device, dtype=bf),
+        (torch.rand(batch, d, L, device=device) - 2).to(bf),
+        -torch.rand(d, n, device=device),
+        torch.randn(batch, n, L, device=device, dtype=bf),
+        torch.randn(batch, n, L, device=device, dtype=bf),
+        torch.randn(d, device=device),
+        torch.randn(batch, d, L, device=device, dtype=bf),
+        torch.rand(d, device=device),
+    ]
+
+
 @contextlib.contextmanager
 def _env(name: str, value: str | None) -> Iterator[None]:
     """`name` set to `value` (None: left as it is) for the duration, then restored."""
