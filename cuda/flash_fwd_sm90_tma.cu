@@ -44,7 +44,7 @@
 // encodes the maps and falls back to flash_fwd_sm90.cu where the driver refuses one.
 //
 // The prelude defines FS_HEAD_DIM (64 or 128), FS_DTYPE (0 fp16, 1 bf16), FS_HAS_MASK, FS_ARCH (90),
-// FS_KV_STAGES (2 or 3), optionally FS_SM90_PIPE, FS_SM90_PINGPONG and FS_BLOCK_M (default 128).
+// FS_KV_STAGES (2 to 5), optionally FS_SM90_PIPE, FS_SM90_PINGPONG and FS_BLOCK_M (default 128).
 
 #include "common/convert.cuh"
 #include "common/copy.cuh"
@@ -107,7 +107,7 @@ static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim tile is 64 or 128");
 static_assert(kBlockM == 128 || (kBlockM == 192 && kHeadDim == 64), "FS_BLOCK_M 128, or 192 at head dim 64");
 static_assert(FS_DTYPE == 0 || FS_DTYPE == 1, "16-bit inputs only");
 static_assert(FS_ARCH == 90, "wgmma, TMA and setmaxnreg need sm_90a");
-static_assert(kStages >= 2 && kStages <= 3, "2 or 3 ring stages");
+static_assert(kStages >= 2 && kStages <= 5, "2 to 5 ring stages (the smem assert below bounds them too)");
 static_assert(kQBytes + 2 * kStages * kTileBytes + 1024 + 8 * (1 + 4 * kStages) <= 232448, "smem");
 
 // Shared-memory addresses of one CTA's tiles and barriers.

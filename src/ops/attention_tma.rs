@@ -25,10 +25,19 @@ const TILE_ROWS: u32 = 128;
 const BOX_COLS: u32 = 64;
 
 /// K/V ring depth: three stages where they fit beside Q in 227 KB with room to spare (head dim
-/// 64); two at head dim 128 (three would fit too, by 2 KB: untried).
+/// 64); two at head dim 128 (three would fit too, by 2 KB: untried). FLASHSCAN_SM90_KV_STAGES
+/// (2-5, read once) overrides it at head dim 64 for tuning (the CPU suite compiles the
+/// defaults only).
 pub fn kv_stages(head_dim: i64) -> i64 {
+    static OVERRIDE: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    let o = *OVERRIDE.get_or_init(|| {
+        std::env::var("FLASHSCAN_SM90_KV_STAGES")
+            .ok()
+            .and_then(|v| v.parse::<i64>().ok())
+            .filter(|n| (2..=5).contains(n))
+    });
     if head_dim <= 64 {
-        3
+        o.unwrap_or(3)
     } else {
         2
     }
