@@ -146,6 +146,36 @@ def test_tma_main_variant_loads_by_tma_and_runs_on_hgmma(tma_cubins: dict[str, b
     assert any("USETMAXREG.TRY_ALLOC" in line for line in lines)
 
 
+def test_tma_hd64_default_runs_three_consumers_on_192_rows(tma_cubins: dict[str, bytes]) -> None:
+    """The head-dim-64 default (FS_BLOCK_M=192, plain schedule): Q as three 64-row boxes plus K
+    and V one box each per tile, S and P V on HGMMA (m64n128k16 from shared memory, m64n64k16
+    with P from registers), no spills, the register hand-over, and no turn-taking barriers."""
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip(CUOBJDUMP_MISSING)
+    nvdisasm = find_nvdisasm_dir(tool)
+    if nvdisasm is None:
+        pytest.skip("cuobjdump -sass needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
+    name = (
+        f"{TMA_FAMILY}.flash_fwd_sm90_tma_kernel"
+        "[FS_HEAD_DIM=64,FS_DTYPE=1,FS_HAS_MASK=1,FS_ARCH=90,FS_KV_STAGES=3,FS_BLOCK_M=192]"
+    )
+    sass = _sass(tma_cubins[name], tool, nvdisasm)
+    lines = sass.splitlines()
+    assert sum("UTMALDG.4D" in line for line in lines) == 3 + 2, sass[-2000:]
+    s_gemm = [ln for ln in lines if "HGMMA.64x128x16.F32.BF16" in ln]
+    pv_gemm = [ln for ln in lines if "HGMMA.64x64x16.F32.BF16" in ln]
+    assert len(s_gemm) == 4 and len(pv_gemm) == 8, (len(s_gemm), len(pv_gemm))
+    assert all(".tnspB" in ln for ln in pv_gemm)
+    assert " HMMA" not in sass and "LDGSTS" not in sass
+    assert any("USETMAXREG.DEALLOC" in line for line in lines)
+    assert any("USETMAXREG.TRY_ALLOC" in line for line in lines)
+    turns = [ln for ln in lines if "BAR." in ln and "0x100" in ln]
+    assert turns == [], turns
+    for func, _regs, stack, local, _smem in resource_usage(tma_cubins[name], tool):
+        assert stack == 0 and local == 0, f"{func}: stack {stack} B, local {local} B"
+
+
 def test_tma_ping_pong_takes_turns_on_named_barriers(tma_cubins: dict[str, bytes]) -> None:
     tool = find_cuobjdump()
     if tool is None:
