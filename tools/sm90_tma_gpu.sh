@@ -5,8 +5,9 @@
 #             with NaN-poisoned outputs, fp16 and bf16 (tools/sm90_fwd_check.py --check-only)
 #   sanitize  compute-sanitizer memcheck (TMA boxes past seqlen, the mbarrier ring) and synccheck
 #             (named barriers) over three small odd shapes, plain and ping-pong schedules
-#   time      TFLOP/s: the ping-pong schedule beside SDPA FlashAttention-2 and cuDNN, the other
-#             schedules and the cp.async wgmma kernel (FLASHSCAN_SM90_TMA unset) ours-only
+#   time      TFLOP/s: the defaults (head dim 64 on 192 rows, 128 ping-pong) beside SDPA
+#             FlashAttention-2 and cuDNN, each 128-row schedule and the cp.async wgmma kernel
+#             (FLASHSCAN_SM90_TMA=0) ours-only
 # Every Python run is killed after its limit (a deadlocked ring shows as rc 137). Logs in $OUT.
 #   bash tools/sm90_tma_gpu.sh check sanitize time
 set -uo pipefail
@@ -71,7 +72,8 @@ for stage in "${stages[@]}"; do
       done
       ;;
     time)
-      run time-pingpong-peers 240 "${pingpong[@]}" -- python3 "$check" --time-only
+      run time-defaults-peers 240 "${defaults[@]}" -- python3 "$check" --time-only
+      run time-pingpong 120 "${pingpong[@]}" -- python3 "$check" --time-only --ours-only
       run time-pipe 120 "${pipe[@]}" -- python3 "$check" --time-only --ours-only
       run time-plain 120 "${tma[@]}" -- python3 "$check" --time-only --ours-only
       run time-cpasync 120 FLASHSCAN_SM90_TMA=0 -- python3 "$check" --time-only --ours-only
