@@ -1094,45 +1094,21 @@ def _scan_bwd_lean(
             dlast = dlast.to(f32)
         dlast, d_dlast = _dense_desc(dlast, "float32", dev)
     saved = ctx.saved_states
-    d_saved = (
-        None if saved is None else (saved.data_ptr(), s_shape, s_strides, "float32", CUDA, dev)
-    )
     # the kernels write every element of du, ddelta, dz, dinitial_state and zero the summed
     # gradients (dA, dB, dC, dD, ddelta_bias) themselves: no allocation is zero-filled. dB / dC
     # come in B's / C's dtype (a 16-bit one is summed in float32 scratch and rounded once)
+    mD, mz, mdb, minit = key[20], key[21], key[22], key[23]
     du = u.new_empty_strided(o_shape, o_strides)
     ddelta = u.new_empty_strided(o_shape, o_strides)
     da = u.new_empty_strided(key[8], a_st, dtype=f32)
     db = u.new_empty_strided(key[12], b_st, dtype=key[14])
     dc = u.new_empty_strided(key[16], c_st, dtype=key[18])
-    m = key[20]
-    if m is None:
-        dd = i_D = o_D = None
-    else:
-        dd = u.new_empty_strided(m[0], (1,), dtype=f32)
-        i_D = (D.data_ptr(), m[0], m[1], "float32", CUDA, dev)  # type: ignore[union-attr]
-        o_D = (dd.data_ptr(), m[0], (1,), "float32", CUDA, dev)
-    m = key[21]
-    if m is None:
-        dz = i_z = o_z = None
-    else:  # z has u's shape (checked by the forward)
-        dz = u.new_empty_strided(o_shape, o_strides)
-        i_z = (z.data_ptr(), m[0], m[1], dts, CUDA, dev)  # type: ignore[union-attr]
-        o_z = (dz.data_ptr(), o_shape, o_strides, dts, CUDA, dev)
-    m = key[22]
-    if m is None:
-        ddb = i_db = o_db = None
-    else:
-        ddb = u.new_empty_strided(m[0], (1,), dtype=f32)
-        i_db = (delta_bias.data_ptr(), m[0], m[1], "float32", CUDA, dev)  # type: ignore[union-attr]
-        o_db = (ddb.data_ptr(), m[0], (1,), "float32", CUDA, dev)
-    m = key[23]
-    if m is None:
-        dinit = i_init = o_init = None
-    else:  # (batch, dim, dstate), the last state's shape
-        dinit = u.new_empty_strided(l_shape, l_strides, dtype=f32)
-        i_init = (init.data_ptr(), m[0], m[1], "float32", CUDA, dev)  # type: ignore[union-attr]
-        o_init = (dinit.data_ptr(), l_shape, l_strides, "float32", CUDA, dev)
+    dd = None if mD is None else u.new_empty_strided(mD[0], (1,), dtype=f32)
+    # z has u's shape (checked by the forward); dinitial_state the last state's
+    dz = None if mz is None else u.new_empty_strided(o_shape, o_strides)
+    ddb = None if mdb is None else u.new_empty_strided(mdb[0], (1,), dtype=f32)
+    dinit = None if minit is None else u.new_empty_strided(l_shape, l_strides, dtype=f32)
+    grads = (du, ddelta, da, db, dc, dd, dz, ddb, dinit)
     # after the first call with these flags and dout / dlast strides: the replay plan (raw
     # pointers, no descriptors, no checks; the signature was checked when it was planned)
     rk = (1, d_dout[2], None if d_dlast is None else d_dlast[2], saved is None, ctx.delta_softplus)
@@ -1143,47 +1119,46 @@ def _scan_bwd_lean(
             d_dout[0],
             0 if saved is None else saved.data_ptr(),
             0 if d_dlast is None else d_dlast[0],
-            du.data_ptr(),
-            ddelta.data_ptr(),
-            da.data_ptr(),
-            db.data_ptr(),
-            dc.data_ptr(),
-            0 if dd is None else dd.data_ptr(),
-            0 if dz is None else dz.data_ptr(),
-            0 if ddb is None else ddb.data_ptr(),
-            0 if dinit is None else dinit.data_ptr(),
+            *(0 if g is None else g.data_ptr() for g in grads),
             stream(dev),
         )
-        return du, ddelta, da, db, dc, dd, dz, ddb, dinit
+        return grads
+
+    def opt(t: Tensor | None, m: Any, dtype: str) -> Any:  # an optional input's descriptor
+        return None if t is None else (t.data_ptr(), m[0], m[1], dtype, CUDA, dev)
+
+    def opt_out(t: Tensor | None, shape: Any, strides: Any) -> Any:  # an optional gradient's
+        return None if t is None else (t.data_ptr(), shape, strides, str(t.dtype)[6:], CUDA, dev)
+
     descs = (
         (u.data_ptr(), key[0], key[1], dts, CUDA, dev),
         (delta.data_ptr(), key[4], key[5], dts, CUDA, dev),
         (A.data_ptr(), key[8], key[9], "float32", CUDA, dev),
         (B.data_ptr(), key[12], key[13], dtb, CUDA, dev),
         (C.data_ptr(), key[16], key[17], dtc, CUDA, dev),
-        i_D,
-        i_z,
-        i_db,
-        i_init,
+        opt(D, mD, "float32"),
+        opt(z, mz, dts),
+        opt(delta_bias, mdb, "float32"),
+        opt(init, minit, "float32"),
         d_dout,
-        d_saved,
+        None if saved is None else (saved.data_ptr(), s_shape, s_strides, "float32", CUDA, dev),
         d_dlast,
         (du.data_ptr(), o_shape, o_strides, dts, CUDA, dev),
         (ddelta.data_ptr(), o_shape, o_strides, dts, CUDA, dev),
         (da.data_ptr(), key[8], a_st, "float32", CUDA, dev),
         (db.data_ptr(), key[12], b_st, dtb, CUDA, dev),
         (dc.data_ptr(), key[16], c_st, dtc, CUDA, dev),
-        o_D,
-        o_z,
-        o_db,
-        o_init,
+        opt_out(dd, None if mD is None else mD[0], (1,)),
+        opt_out(dz, o_shape, o_strides),
+        opt_out(ddb, None if mdb is None else mdb[0], (1,)),
+        opt_out(dinit, l_shape, l_strides),
         ctx.delta_softplus,
     )
     if replay is None and len(replays) < _scan.REPLAYS_PER_PLAN:
         # plan the replay (checked, nothing launched; False: an empty problem)
         replays[rk] = _native.selective_scan_bwd(*descs, None, replay=True) or False  # type: ignore[union-attr]
     _native.selective_scan_bwd(*descs, stream(dev))  # type: ignore[union-attr]
-    return du, ddelta, da, db, dc, dd, dz, ddb, dinit
+    return grads
 
 
 class _SelectiveScan(torch.autograd.Function):
