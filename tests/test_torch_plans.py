@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import flashscan
-from flashscan import _backend, _checks, _frameworks, attention, kvcache, scan, varlen
+from flashscan import _backend, _checks, _frameworks, attention, kvcache, scan, ssd, varlen
 
 torch = pytest.importorskip("torch")
 
@@ -105,7 +105,7 @@ def norm(a: Any) -> Any:
 
 
 def forget_plans() -> None:
-    for d in (attention._PLANS, kvcache._PLANS, scan._SCAN_PLANS, scan._SSU_PLANS):
+    for d in (attention._PLANS, kvcache._PLANS, scan._SCAN_PLANS, scan._SSU_PLANS, ssd._PLANS):
         d.clear()
     attention._LAST = kvcache._LAST = scan._SCAN_LAST = scan._SSU_LAST = (None, None)
     fst = sys.modules.get("flashscan.torch")
@@ -119,13 +119,13 @@ def forget_plans() -> None:
 def fake() -> Any:
     undo = fake_cuda()
     rec = Recorder()
-    saved = (attention._native, kvcache._native, scan._native, varlen._native)
-    attention._native = kvcache._native = scan._native = varlen._native = rec
+    saved = (attention._native, kvcache._native, scan._native, varlen._native, ssd._native)
+    attention._native = kvcache._native = scan._native = varlen._native = ssd._native = rec
     forget_plans()
     yield rec
     # the fake's plans are keyed on CPU devices: never leave them for later tests
     forget_plans()
-    attention._native, kvcache._native, scan._native, varlen._native = saved
+    attention._native, kvcache._native, scan._native, varlen._native, ssd._native = saved
     undo()
 
 
@@ -136,12 +136,13 @@ def general_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         (scan, "_scan_any"),
         (scan, "_state_update_any"),
         (kvcache, "_on_gpu"),
+        (ssd, "ssd_any"),
     ):
         real = getattr(mod, name)
 
-        def wrap(*a: Any, _real: Any = real, _name: str = name) -> Any:
+        def wrap(*a: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
             seen.append(_name)
-            return _real(*a)
+            return _real(*a, **kw)
 
         monkeypatch.setattr(mod, name, wrap)
     return seen
@@ -632,3 +633,50 @@ def test_plans_are_bounded(fake: Recorder) -> None:
         q = rnd(1, i, 1, 8)
         flashscan.flash_attn_func(q, q, q)
     assert 0 < len(attention._PLANS) <= _checks._MEMO_SIZE
+
+
+@pytest.mark.parametrize("final", [False, True])
+@pytest.mark.parametrize("extras", [False, True])
+def test_ssd_autograd_forward_takes_the_plan_from_the_second_call(
+    fake: Recorder, monkeypatch: Any, extras: bool, final: bool
+) -> None:
+    """flashscan.torch's eager SSD forward (inputs requiring grad) records the core's plan on
+    its first call and serves the next ones from it: the same `_native.ssd_fwd` arguments,
+    no checks."""
+    import flashscan.torch as fst
+
+    seen = general_calls(monkeypatch)
+    b, L, h, p, n = 2, 60, 4, 16, 8
+    leaves = [
+        rnd(b, L, h, p).requires_grad_(),
+        torch.rand(b, L, h).requires_grad_(),
+        (-torch.rand(h)).requires_grad_(),
+        rnd(b, L, 1, n).requires_grad_(),
+        rnd(b, L, 1, n).requires_grad_(),
+    ]
+    kw: dict[str, Any] = {"dt_softplus": True, "return_final_states": final}
+    if extras:
+        kw.update(D=torch.rand(h).requires_grad_(), z=rnd(b, L, h, p).requires_grad_())
+        kw.update(dt_bias=torch.rand(h).requires_grad_())
+    inputs = leaves + [t for t in kw.values() if isinstance(t, torch.Tensor)]
+    known = {t.data_ptr(): f"in{i}" for i, t in enumerate(inputs)}
+
+    def named(args: tuple) -> list[Any]:
+        # input pointers by name; outputs and workspaces are fresh allocations: "new"
+        return [
+            (known.get(a[0], "new"), *norm(a)[1:]) if isinstance(a, tuple) and len(a) == 6 else a
+            for a in args
+        ]
+
+    forget_plans()
+    calls = []
+    for i in range(3):
+        seen.clear()
+        r = fst.mamba_chunk_scan_combined(*leaves, 32, **kw)
+        assert bool(seen) == (i == 0), (i, seen)  # the general path once, then the plan
+        assert len(outs(r)) == 1 + final
+        name, args = fake.calls[-1]
+        assert name == "ssd_fwd"
+        calls.append(named(args))
+    assert calls[0] == calls[1] == calls[2]
+    assert sum(a[0] == "new" for a in calls[0] if isinstance(a, tuple)) >= 3 + final

@@ -1506,10 +1506,18 @@ class _MambaChunkScan(torch.autograd.Function):
         want_final: bool,
     ) -> Any:
         ctx.set_materialize_grads(False)
-        out, final, _ = _ssd.ssd_any(
-            x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, None, dt_softplus,
-            (dt_min, dt_max), want_final, False, floats=_SSD_FLOATS,
-        )  # fmt: skip
+        # a signature served on the GPU before takes the core's plan (no checks, one native
+        # call); the first call of a signature takes every check and records that plan
+        tensors = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
+        key = _ssd._key(tensors, (chunk_size, dt_softplus, (dt_min, dt_max), want_final, False))
+        plan = None if key is None else _ssd._PLANS.get(key)
+        if plan is not None and plan[0] in (_backend._usable or _NO_DEVICES):
+            out, final = _ssd._serve(plan, tensors)
+        else:
+            out, final, _ = _ssd.ssd_any(
+                x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, None,
+                dt_softplus, (dt_min, dt_max), want_final, False, floats=_SSD_FLOATS, key=key,
+            )  # fmt: skip
         ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
         ctx.options = (chunk_size, dt_softplus, dt_min, dt_max)
         return out, final
