@@ -245,6 +245,20 @@ pub fn expect_no_overlap(
     Ok(())
 }
 
+/// A writable cuda:0 view for the ops' unit tests (nothing is dereferenced).
+#[cfg(test)]
+pub(crate) fn cuda_view(shape: &[i64], strides: &[i64], dtype: DType, ptr: u64) -> TensorView {
+    TensorView {
+        ptr,
+        shape: shape.to_vec(),
+        strides: strides.to_vec(),
+        dtype,
+        device: DeviceKind::Cuda,
+        device_id: 0,
+        readonly: false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -634,19 +634,8 @@ pub fn update(a: &Conv1dUpdateArgs, stream: StreamChoice) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::DeviceKind;
 
-    fn view(shape: &[i64], strides: &[i64], dtype: DType, ptr: u64) -> TensorView {
-        TensorView {
-            ptr,
-            shape: shape.to_vec(),
-            strides: strides.to_vec(),
-            dtype,
-            device: DeviceKind::Cuda,
-            device_id: 0,
-            readonly: false,
-        }
-    }
+    use crate::tensor::cuda_view as view;
 
     #[test]
     fn layouts_are_told_apart() {

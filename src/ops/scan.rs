@@ -632,6 +632,17 @@ pub(crate) fn io_align(ts: &[&TensorView]) -> i32 {
     pow2_divisor(stride_align(ts), ts.iter().map(|t| t.ptr)) as i32
 }
 
+/// A replay's pointers against the planned call's arguments: each nonzero exactly where the
+/// planned call had that tensor (so a required pointer is never null).
+pub(crate) fn expect_planned(ptrs: &[u64], present: &[bool]) -> Result<()> {
+    if ptrs.len() != present.len() || ptrs.iter().zip(present).any(|(&p, &has)| (p != 0) != has) {
+        return Err(value_err(
+            "the pointers do not match the plan's arguments (a null pointer, or an optional given or left out unlike the planned call)",
+        ));
+    }
+    Ok(())
+}
+
 /// A replay's io_align: `stride_align` folded with this call's (pointer, element size) pairs
 /// (pointer 0: an absent tensor), each pointer first checked against its element size.
 pub(crate) fn replay_align(stride_align: u64, ptrs: &[(u64, u64)]) -> Result<i32> {
@@ -894,8 +905,8 @@ pub struct FwdReplay {
     /// io_align of the strides alone (the pointers' alignment is folded in per call)
     stride_align: u64,
     elem: [u64; 4],
-    /// presence of d, z, delta_bias, initial_state, last_state, saved_states
-    present: [bool; 6],
+    /// which arguments the planned call had, in `FwdPtrs` order
+    present: [bool; 12],
 }
 
 /// The replayable plan of the call `a` (every check done, kernel loaded); None when the call
@@ -913,10 +924,16 @@ pub fn forward_replay(a: &ScanArgs) -> Result<Option<FwdReplay>> {
         stride_align: stride_align(&strided),
         elem: [es(Some(a.u)), es(Some(a.delta)), es(Some(a.out)), es(a.z)],
         present: [
+            true,
+            true,
+            true,
+            true,
+            true,
             a.d.is_some(),
             a.z.is_some(),
             a.delta_bias.is_some(),
             a.initial_state.is_some(),
+            true,
             a.last_state.is_some(),
             a.saved_states.is_some(),
         ],
@@ -929,25 +946,21 @@ impl FwdReplay {
     /// Checks only what the pointers alone can break: null pointers, the optionals present
     /// as planned, the element alignment of every pointer.
     pub fn launch(&self, x: &FwdPtrs, stream: StreamChoice) -> Result<()> {
-        let required = [x.u, x.delta, x.a, x.b, x.c, x.out];
-        let optional = [
+        let ptrs = [
+            x.u,
+            x.delta,
+            x.a,
+            x.b,
+            x.c,
             x.d,
             x.z,
             x.delta_bias,
             x.initial_state,
+            x.out,
             x.last_state,
             x.saved_states,
         ];
-        if required.contains(&0)
-            || optional
-                .iter()
-                .zip(self.present)
-                .any(|(&ptr, present)| (ptr != 0) != present)
-        {
-            return Err(value_err(
-                "the pointers do not match the plan's arguments (a null pointer, or an optional given or left out unlike the planned call)",
-            ));
-        }
+        expect_planned(&ptrs, &self.present)?;
         let [eu, ed, eo, ez] = self.elem;
         let align = replay_align(
             self.stride_align,
@@ -983,17 +996,7 @@ impl FwdReplay {
 mod tests {
     use super::*;
 
-    fn view(shape: &[i64], strides: &[i64], dtype: DType, ptr: u64) -> TensorView {
-        TensorView {
-            ptr,
-            shape: shape.to_vec(),
-            strides: strides.to_vec(),
-            dtype,
-            device: crate::tensor::DeviceKind::Cuda,
-            device_id: 0,
-            readonly: false,
-        }
-    }
+    use crate::tensor::cuda_view as view;
 
     #[test]
     fn replay_align_is_io_align_with_the_pointers_folded_in_later() {
@@ -1011,6 +1014,15 @@ mod tests {
         // an absent tensor (pointer 0) changes nothing; an odd pointer is refused
         assert_eq!(replay_align(16, &[(0x1000, 2), (0, 2)]).unwrap(), 16);
         assert!(replay_align(16, &[(0x1001, 2)]).is_err());
+    }
+
+    #[test]
+    fn replay_pointers_must_be_given_exactly_where_the_plan_had_tensors() {
+        let planned = [true, true, false];
+        assert!(expect_planned(&[0x10, 0x20, 0], &planned).is_ok());
+        assert!(expect_planned(&[0, 0x20, 0], &planned).is_err()); // a null required pointer
+        assert!(expect_planned(&[0x10, 0x20, 0x30], &planned).is_err()); // one not planned
+        assert!(expect_planned(&[0x10, 0x20], &planned).is_err()); // a missing argument
     }
 
     fn problem(batch: i64, dim: i64, seqlen: i64, dstate: i64) -> Problem {

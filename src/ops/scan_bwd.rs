@@ -919,15 +919,10 @@ impl BwdReplay {
     /// Checks only what the pointers alone can break: the arguments present as planned (no
     /// null pointer), the element alignment of the io_align tensors.
     pub fn launch(&self, x: &BwdPtrs, stream: StreamChoice) -> Result<()> {
-        let all = x.inputs.iter().chain(x.outputs.iter());
-        if all
-            .zip(self.present)
-            .any(|(&ptr, present)| (ptr != 0) != present)
-        {
-            return Err(value_err(
-                "the pointers do not match the plan's arguments (a null pointer, or an optional given or left out unlike the planned call)",
-            ));
-        }
+        let mut all = [0u64; 21];
+        all[..12].copy_from_slice(&x.inputs);
+        all[12..].copy_from_slice(&x.outputs);
+        scan::expect_planned(&all, &self.present)?;
         let [u, delta, a, b, c, d, z, delta_bias, init, dout, saved, dlast] = x.inputs;
         let [du, ddelta, da, db, dc, dd, dz, ddb, dinit] = x.outputs;
         let [e_u, e_delta, e_dout, e_du, e_ddelta, e_z, e_dz] = self.elem;
