@@ -132,7 +132,7 @@ def training_cases(dev: str) -> list[tuple[str, Callable[[], Any]]]:
     delta_bias and softplus, gradients to its 8 inputs; causal attention, gradients to q, k, v):
     the forward alone (inputs requiring grad) and forward + `torch.autograd.grad`."""
     import flashscan.torch as fst
-    from flashscan.bench.training import realtime_scan_args
+    from flashscan.bench.training import floor_function, realtime_scan_args
 
     bf = torch.bfloat16
     cases: list[tuple[str, Callable[[], Any]]] = []
@@ -154,7 +154,7 @@ def training_cases(dev: str) -> list[tuple[str, Callable[[], Any]]]:
                 ),
             )
         )
-        floor = _floor_function()
+        floor = floor_function(torch)
         cases.append(
             (
                 f"  torch alone: no-op autograd.Function, same inputs/outputs, b{b} step",
@@ -267,25 +267,6 @@ def training_cases(dev: str) -> list[tuple[str, Callable[[], Any]]]:
         )
     )
     return cases
-
-
-def _floor_function() -> Any:
-    """torch's own cost of the scan step: an autograd.Function over the same 8 inputs that
-    saves them, allocates out, and in the backward allocates the 8 gradients (no checks, no
-    descriptors, no native call)."""
-
-    class Floor(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, *ts: Any) -> Any:  # type: ignore[override]
-            ctx.set_materialize_grads(False)
-            ctx.save_for_backward(*ts)
-            return ts[0].new_empty_strided(ts[0].shape, ts[0].stride())
-
-        @staticmethod
-        def backward(ctx: Any, g: Any) -> Any:  # type: ignore[override]
-            return tuple(t.new_empty_strided(t.shape, t.stride()) for t in ctx.saved_tensors)
-
-    return Floor
 
 
 def profile(cases: list[tuple[str, Callable[[], Any]]], calls: int) -> None:

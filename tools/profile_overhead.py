@@ -20,7 +20,7 @@ import torch
 import flashscan
 from flashscan import _native, attention, scan
 from flashscan.bench.timing import best_wall_us
-from flashscan.bench.training import realtime_scan_args
+from flashscan.bench.training import floor_function, realtime_scan_args
 
 
 def wall_us(fn) -> float:
@@ -168,25 +168,6 @@ def forward() -> None:
         print(f"| {r[0]} | " + " | ".join(f"{v:.1f}" for v in r[1:]) + " |")
 
 
-def _floor_function():
-    """torch's own cost of the scan step: an autograd.Function over the same inputs that saves
-    them, allocates out, and in the backward allocates one gradient per input (no checks, no
-    native call): what any eager op with these inputs pays."""
-
-    class Floor(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, *ts):
-            ctx.set_materialize_grads(False)
-            ctx.save_for_backward(*ts)
-            return ts[0].new_empty_strided(ts[0].shape, ts[0].stride())
-
-        @staticmethod
-        def backward(ctx, g):
-            return tuple(t.new_empty_strided(t.shape, t.stride()) for t in ctx.saved_tensors)
-
-    return Floor
-
-
 def _scan_step_rows(b: int) -> list:
     """Training-step rows of the scan at (b, d512, L60, n16), bf16, D / z / delta_bias."""
     import flashscan.torch as fst
@@ -196,7 +177,7 @@ def _scan_step_rows(b: int) -> list:
     leaves = [t.clone().requires_grad_() for t in args]
     dout = torch.randn_like(args[0])
     empty = args[0].new_empty((0,), dtype=torch.float32)
-    floor = _floor_function()
+    floor = floor_function(torch)
 
     def scan_step():
         return torch.autograd.grad(

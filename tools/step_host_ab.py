@@ -32,7 +32,7 @@ import torch
 import flashscan
 import flashscan.scan
 import flashscan.torch as fst
-from flashscan.bench.training import realtime_scan_args
+from flashscan.bench.training import floor_function, realtime_scan_args
 
 
 def load_old_backward(path: str) -> Callable[..., Any]:
@@ -47,16 +47,7 @@ def load_old_backward(path: str) -> Callable[..., Any]:
     return ns["_scan_bwd_lean"]
 
 
-class Floor(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, *ts: Any) -> Any:  # type: ignore[override]
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(*ts)
-        return ts[0].new_empty_strided(ts[0].shape, ts[0].stride())
-
-    @staticmethod
-    def backward(ctx: Any, g: Any) -> Any:  # type: ignore[override]
-        return tuple(t.new_empty_strided(t.shape, t.stride()) for t in ctx.saved_tensors)
+FLOOR = floor_function(torch)
 
 
 def on_caller(fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -132,7 +123,7 @@ def main() -> None:
             return flashscan.selective_scan_fn(*lv, delta_softplus=True)
 
         def floor(lv: Any = leaves, g: Any = dout) -> Any:
-            return torch.autograd.grad(Floor.apply(*lv), lv, g)
+            return torch.autograd.grad(FLOOR.apply(*lv), lv, g)
 
         ga = with_bwd(old, False)()
         for _ in range(3):  # the third call of a signature runs through its replay plans

@@ -72,6 +72,26 @@ def realtime_scan_args(torch: Any, batch: int, device: str = "cuda") -> list[Any
     ]
 
 
+def floor_function(torch: Any) -> Any:
+    """torch's own cost of an eager op's training step: an autograd.Function over the same
+    inputs that saves them, allocates out like the first input and in the backward one gradient
+    per saved input (no checks, no descriptors, no native call). What the host-cost tools time
+    beside flashscan's steps."""
+
+    class Floor(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, *ts: Any) -> Any:  # type: ignore[override]
+            ctx.set_materialize_grads(False)
+            ctx.save_for_backward(*ts)
+            return ts[0].new_empty_strided(ts[0].shape, ts[0].stride())
+
+        @staticmethod
+        def backward(ctx: Any, g: Any) -> Any:  # type: ignore[override]
+            return tuple(t.new_empty_strided(t.shape, t.stride()) for t in ctx.saved_tensors)
+
+    return Floor
+
+
 @contextlib.contextmanager
 def _env(name: str, value: str | None) -> Iterator[None]:
     """`name` set to `value` (None: left as it is) for the duration, then restored."""
