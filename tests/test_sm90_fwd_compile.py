@@ -7,6 +7,7 @@ tensor memory accelerator (UTMALDG) and moves registers between warpgroups (USET
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 
@@ -49,6 +50,18 @@ def cubins() -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
+def sass_of() -> Any:
+    """cubin -> its SASS text (skips where cuobjdump or nvdisasm is missing)."""
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip(CUOBJDUMP_MISSING)
+    nvdisasm = find_nvdisasm_dir(tool)
+    if nvdisasm is None:
+        pytest.skip("cuobjdump -sass needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
+    return lambda cubin: _sass(cubin, tool, nvdisasm)
+
+
+@pytest.fixture(scope="module")
 def tma_cubins() -> dict[str, bytes]:
     return _compile_all(TMA_FAMILY)
 
@@ -74,14 +87,8 @@ def test_variants_compile_without_spills(cubins: dict[str, bytes]) -> None:
             assert stack == 0 and local == 0, f"{name} {func}: stack {stack} B, local {local} B"
 
 
-def test_main_variant_runs_on_hgmma(cubins: dict[str, bytes]) -> None:
-    tool = find_cuobjdump()
-    if tool is None:
-        pytest.skip(CUOBJDUMP_MISSING)
-    nvdisasm = find_nvdisasm_dir(tool)
-    if nvdisasm is None:
-        pytest.skip("cuobjdump -sass needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
-    sass = _sass(cubins[MAIN], tool, nvdisasm)
+def test_main_variant_runs_on_hgmma(cubins: dict[str, bytes], sass_of: Any) -> None:
+    sass = sass_of(cubins[MAIN])
     hgmma = [line for line in sass.splitlines() if "HGMMA.64x128x16.F32.BF16" in line]
     # S = Q K^T: 8 k-steps over head dim 128; O += P V: 8 k-steps over 128 keys, B transposed
     assert sum(".tnspB" not in line for line in hgmma) == 8, sass[-2000:]
@@ -125,14 +132,10 @@ def test_tma_variants_compile_without_spills(tma_cubins: dict[str, bytes]) -> No
             assert stack == 0 and local == 0, f"{name} {func}: stack {stack} B, local {local} B"
 
 
-def test_tma_main_variant_loads_by_tma_and_runs_on_hgmma(tma_cubins: dict[str, bytes]) -> None:
-    tool = find_cuobjdump()
-    if tool is None:
-        pytest.skip(CUOBJDUMP_MISSING)
-    nvdisasm = find_nvdisasm_dir(tool)
-    if nvdisasm is None:
-        pytest.skip("cuobjdump -sass needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
-    sass = _sass(tma_cubins[TMA_MAIN], tool, nvdisasm)
+def test_tma_main_variant_loads_by_tma_and_runs_on_hgmma(
+    tma_cubins: dict[str, bytes], sass_of: Any
+) -> None:
+    sass = sass_of(tma_cubins[TMA_MAIN])
     lines = sass.splitlines()
     hgmma = [line for line in lines if "HGMMA.64x128x16.F32.BF16" in line]
     assert sum(".tnspB" not in line for line in hgmma) == 8, sass[-2000:]
@@ -146,21 +149,18 @@ def test_tma_main_variant_loads_by_tma_and_runs_on_hgmma(tma_cubins: dict[str, b
     assert any("USETMAXREG.TRY_ALLOC" in line for line in lines)
 
 
-def test_tma_hd64_default_runs_three_consumers_on_192_rows(tma_cubins: dict[str, bytes]) -> None:
+def test_tma_hd64_default_runs_three_consumers_on_192_rows(
+    tma_cubins: dict[str, bytes], sass_of: Any
+) -> None:
     """The head-dim-64 default (FS_BLOCK_M=192, plain schedule): Q as three 64-row boxes plus K
     and V one box each per tile, S and P V on HGMMA (m64n128k16 from shared memory, m64n64k16
-    with P from registers), no spills, the register hand-over, and no turn-taking barriers."""
-    tool = find_cuobjdump()
-    if tool is None:
-        pytest.skip(CUOBJDUMP_MISSING)
-    nvdisasm = find_nvdisasm_dir(tool)
-    if nvdisasm is None:
-        pytest.skip("cuobjdump -sass needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
+    with P from registers), the register hand-over, and no turn-taking barriers (its spills:
+    `test_tma_variants_compile_without_spills`)."""
     name = (
         f"{TMA_FAMILY}.flash_fwd_sm90_tma_kernel"
         "[FS_HEAD_DIM=64,FS_DTYPE=1,FS_HAS_MASK=1,FS_ARCH=90,FS_KV_STAGES=3,FS_BLOCK_M=192]"
     )
-    sass = _sass(tma_cubins[name], tool, nvdisasm)
+    sass = sass_of(tma_cubins[name])
     lines = sass.splitlines()
     assert sum("UTMALDG.4D" in line for line in lines) == 3 + 2, sass[-2000:]
     s_gemm = [ln for ln in lines if "HGMMA.64x128x16.F32.BF16" in ln]
@@ -172,19 +172,13 @@ def test_tma_hd64_default_runs_three_consumers_on_192_rows(tma_cubins: dict[str,
     assert any("USETMAXREG.TRY_ALLOC" in line for line in lines)
     turns = [ln for ln in lines if "BAR." in ln and "0x100" in ln]
     assert turns == [], turns
-    for func, _regs, stack, local, _smem in resource_usage(tma_cubins[name], tool):
-        assert stack == 0 and local == 0, f"{func}: stack {stack} B, local {local} B"
 
 
-def test_tma_ping_pong_takes_turns_on_named_barriers(tma_cubins: dict[str, bytes]) -> None:
-    tool = find_cuobjdump()
-    if tool is None:
-        pytest.skip(CUOBJDUMP_MISSING)
-    nvdisasm = find_nvdisasm_dir(tool)
-    if nvdisasm is None:
-        pytest.skip("cuobjdump -sass needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
+def test_tma_ping_pong_takes_turns_on_named_barriers(
+    tma_cubins: dict[str, bytes], sass_of: Any
+) -> None:
     name = TMA_MAIN.replace("]", ",FS_SM90_PIPE=1,FS_SM90_PINGPONG=1]")
-    sass = _sass(tma_cubins[name], tool, nvdisasm)
+    sass = sass_of(tma_cubins[name])
     # 256-thread turns: a wait before each issue slot (first S, loop, last P V), an arrival after
     turns = [ln for ln in sass.splitlines() if "BAR." in ln and "0x100" in ln]
     assert sum("BAR.SYNC" in ln for ln in turns) == 3, turns
@@ -192,22 +186,16 @@ def test_tma_ping_pong_takes_turns_on_named_barriers(tma_cubins: dict[str, bytes
 
 
 def test_tma_hd64_pipelined_softmax_runs_while_p_v_is_in_flight(
-    tma_cubins: dict[str, bytes],
+    tma_cubins: dict[str, bytes], sass_of: Any
 ) -> None:
     """The point of the pipelined order: between the wait that completes S (wait_group 1) and the
     one that completes P V (wait_group 0), the exponentials of the softmax. ptxas hoists the
     second wait unless the kernel ends the basic block first (done at head dim 64)."""
-    tool = find_cuobjdump()
-    if tool is None:
-        pytest.skip(CUOBJDUMP_MISSING)
-    nvdisasm = find_nvdisasm_dir(tool)
-    if nvdisasm is None:
-        pytest.skip("cuobjdump -sass needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
     name = (
         f"{TMA_FAMILY}.flash_fwd_sm90_tma_kernel"
         "[FS_HEAD_DIM=64,FS_DTYPE=1,FS_HAS_MASK=0,FS_ARCH=90,FS_KV_STAGES=3,FS_SM90_PIPE=1]"
     )
-    lines = _sass(tma_cubins[name], tool, nvdisasm).splitlines()
+    lines = sass_of(tma_cubins[name]).splitlines()
     first = next(i for i, ln in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in ln)
     last = next(i for i in range(first, len(lines)) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in lines[i])
     exps = sum("MUFU.EX2" in ln for ln in lines[first:last])
