@@ -84,7 +84,7 @@ pub struct Imported<'py> {
     _keep: Option<Bound<'py, PyAny>>,
 }
 
-fn dtype_of(dt: DLDataType, arg: &str) -> Result<DType> {
+pub(crate) fn dtype_of(dt: DLDataType, arg: &str) -> Result<DType> {
     match (dt.code, dt.bits, dt.lanes) {
         (DL_FLOAT, 16, 1) => Ok(DType::F16),
         (DL_FLOAT, 32, 1) => Ok(DType::F32),
@@ -98,7 +98,7 @@ fn dtype_of(dt: DLDataType, arg: &str) -> Result<DType> {
     }
 }
 
-fn device_of(device_type: i32) -> DeviceKind {
+pub(crate) fn device_of(device_type: i32) -> DeviceKind {
     match device_type {
         DL_CPU => DeviceKind::Cpu,
         DL_CUDA => DeviceKind::Cuda,

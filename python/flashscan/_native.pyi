@@ -143,6 +143,39 @@ def selective_scan_fwd(
     """The scan forward, launched; with replay=True checked and planned but not launched:
     returns the call's ScanFwdReplay (None where it is not one launch)."""
 
+class ScanServer:
+    """`selective_scan_fn`'s planned torch signatures served in one native call: torch
+    tensors read through torch's DLPack C exchange table, the replay plan found by signature,
+    out allocated through torch, launched on torch's current stream."""
+
+    def __init__(self, tensor: type, grad_enabled: Callable[[], bool], float32: Any) -> None: ...
+    def serve(
+        self,
+        u: Any,
+        delta: Any,
+        A: Any,
+        B: Any,
+        C: Any,
+        D: Any,
+        z: Any,
+        delta_bias: Any,
+        initial_state: Any,
+        delta_softplus: Any,
+        return_last_state: Any,
+        learn: bool,
+    ) -> Any | None:
+        """out (or (out, last_state)) when the call's signature is planned (with learn:
+        planned now when the native checks pass); None when it does not serve the call."""
+
+    def plan_count(self) -> int:
+        """Signatures held, refused ones included (tests)."""
+
+def torch_exchange_read(
+    t: Any,
+) -> tuple[int, list[int], list[int], tuple[int, int, int], int, int] | None:
+    """A torch tensor read through torch's DLPack C exchange table: (pointer, shape, strides,
+    (dtype code, bits, lanes), device type, device id); None where torch has no table."""
+
 class ScanFwdReplay:
     """A checked one-launch scan forward of one signature (shapes, strides, dtypes, device,
     which optionals are given, flags), replayed on raw pointers of tensors of that signature:

@@ -12,6 +12,7 @@ check, raise and fall back as they always have and record the plans.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from . import _backend, _checks, _routes, reference
@@ -118,7 +119,26 @@ def selective_scan_fn(
     Returns out (batch, dim, seqlen) in u's dtype, or (out, last_state) with
     return_last_state=True (last_state (batch, dim, dstate) float32), in u's framework.
     """
-    global _SCAN_LAST
+    global _SCAN_LAST, _SERVE
+    serve = _SERVE
+    if serve is not None:
+        # a planned signature in one native call (None: not one it serves)
+        r = serve(
+            u,
+            delta,
+            A,
+            B,
+            C,
+            D,
+            z,
+            delta_bias,
+            initial_state,
+            delta_softplus,
+            return_last_state,
+            False,
+        )
+        if r is not None:
+            return r
     key = scan_key(u, delta, A, B, C, D, z, delta_bias, initial_state)
     if key is not None:
         seen = _SCAN_LAST
@@ -151,6 +171,26 @@ def selective_scan_fn(
                 delta_softplus = _checks.flag("delta_softplus", delta_softplus)
             if return_last_state is not True and return_last_state is not False:
                 return_last_state = _checks.flag("return_last_state", return_last_state)
+            server = _SERVER if _SERVER is not None else _make_server()
+            if server:
+                # a checked signature, planned natively from now on where it can be
+                r = server.serve(
+                    u,
+                    delta,
+                    A,
+                    B,
+                    C,
+                    D,
+                    z,
+                    delta_bias,
+                    initial_state,
+                    delta_softplus,
+                    return_last_state,
+                    True,
+                )
+                if r is not None:
+                    _SERVE = server.serve
+                    return r
             out, last = serve_scan(
                 plan,
                 key,
@@ -181,6 +221,28 @@ def selective_scan_fn(
         initial_state,
         key,
     )
+
+
+# The native server of planned torch signatures (`_native.ScanServer`: one native call per
+# hot call, see src/serve_bindings.rs), made on the first hot call; False where this build has
+# none. `_SERVE` is its `serve` once it has served a call: `selective_scan_fn` tries it first.
+_SERVER: Any = None
+_SERVE: Any = None
+
+
+def _make_server() -> Any:
+    """The server, made now; None (asked again next time) while `_native` is not the real
+    module (tests swap in fakes that record every call)."""
+    global _SERVER
+    if _native is not _backend.native:
+        return None
+    cls = getattr(_native, "ScanServer", None)
+    torch = sys.modules.get("torch")
+    if cls is None or torch is None:
+        _SERVER = False
+    else:
+        _SERVER = cls(torch.Tensor, torch.is_grad_enabled, torch.float32)
+    return _SERVER
 
 
 def scan_key(

@@ -1,0 +1,180 @@
+"""GPU tests of the native scan server (src/serve_bindings.rs): from its second hot call a
+torch signature of `selective_scan_fn` is served by one native call (tensors read through
+torch's DLPack C exchange table, the replay plan found by signature, out allocated through
+torch, torch's current stream). Served calls must equal the descriptor calls bit for bit on
+fresh tensors every call (a stale pointer or a wrong stream would show), leave autograd calls
+to flashscan.torch, and capture into CUDA graphs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import flashscan
+import flashscan.scan as scan
+
+torch = pytest.importorskip("torch")
+
+from test_scan_gpu import check_out, scan_inputs, scan_ref  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+if not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+    pytest.skip("this torch publishes no DLPack C exchange table", allow_module_level=True)
+
+_NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state")
+
+
+def _descriptor_call(a: dict[str, Any], softplus: bool, last: bool) -> tuple[Any, Any]:
+    """The same scan through `_native.selective_scan_fwd` with descriptor tuples."""
+    import flashscan.torch as fst
+    from flashscan import _native
+
+    out = torch.empty_like(a["u"])
+    b, d, _ = a["u"].shape
+    ls = torch.empty(b, d, a["A"].shape[1], device="cuda") if last else None
+    descs = [None if a.get(k) is None else fst._desc(a[k], k) for k in _NAMES]
+    _native.selective_scan_fwd(
+        *descs,
+        fst._desc(out, "out"),
+        None if ls is None else fst._desc(ls, "last_state"),
+        softplus,
+        torch.cuda.current_stream().cuda_stream,
+    )
+    return out, ls
+
+
+class _NotReached:
+    """Stands for the Python layer's hot and general paths: a served call must not get there."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, *args: Any, **kw: Any) -> Any:
+        self.calls += 1
+        raise AssertionError("the Python layer ran a call the server should have served")
+
+
+# (batch, dim, seqlen, dtype, B/C form, groups, D/z/delta_bias, softplus, initial, last, strided u)
+CASES = [
+    (32, 512, 60, torch.bfloat16, "varying", 1, True, True, False, False, False),  # real time
+    (1, 512, 60, torch.bfloat16, "varying", 1, True, True, False, True, False),
+    (3, 64, 200, torch.float16, "grouped", 2, True, False, True, True, False),
+    (2, 36, 33, torch.float32, "fixed", 1, False, True, False, False, True),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(str(v) for v in c))
+def test_served_calls_equal_the_descriptor_calls(case: tuple, monkeypatch: Any) -> None:
+    batch, dim, L, dtype, bc, g, extras, softplus, init, last, strided = case
+    n = 16
+    results, wants = [], []
+    for step in range(4):
+        a = scan_inputs(batch, dim, L, n, dtype, bc, g)  # fresh tensors every call
+        if strided:  # u as a slice of a wider tensor: batch / channel strides of its own
+            wide = torch.randn(batch, dim + 3, L + 8, device="cuda", dtype=dtype)
+            wide[:, :dim, :L] = a["u"]
+            a["u"] = wide[:, :dim, :L]
+        if not extras:
+            a["D"] = a["z"] = a["delta_bias"] = None
+        elif not softplus:
+            a["delta_bias"] = a["delta_bias"].abs()
+            a["delta"] = a["delta"].float().abs().add_(0.01).to(dtype)
+        a["initial_state"] = torch.randn(batch, dim, n, device="cuda") if init else None
+        if step == 3:  # served: neither Python path may run
+            spy = _NotReached()
+            monkeypatch.setattr(scan, "serve_scan", spy)
+            monkeypatch.setattr(scan, "_scan_any", spy)
+        r = flashscan.selective_scan_fn(
+            **{k: a[k] for k in _NAMES}, delta_softplus=softplus, return_last_state=last
+        )
+        if step == 3:
+            monkeypatch.undo()
+        outs = r if isinstance(r, tuple) else (r,)
+        assert outs[0].shape == a["u"].shape and outs[0].dtype == dtype
+        assert outs[0].is_contiguous()
+        if last:
+            assert outs[1].shape == (batch, dim, n) and outs[1].dtype == torch.float32
+        want = _descriptor_call(a, softplus, last)
+        results.append(outs)
+        wants.append(want)
+    torch.cuda.synchronize()
+    assert scan._SERVE is not None
+    for outs, want in zip(results, wants):
+        assert torch.equal(outs[0], want[0])
+        if last:
+            assert torch.equal(outs[1], want[1])
+
+
+def test_server_serves_parameters_and_leaves_autograd_to_flashscan_torch(
+    rule: Any, monkeypatch: Any
+) -> None:
+    a = scan_inputs(4, 64, 60, 16, torch.bfloat16)
+    for k in ("A", "D", "delta_bias"):  # a model's weights
+        a[k] = torch.nn.Parameter(a[k])
+    ref = scan_ref(**a, delta_softplus=True)[0]
+    with torch.no_grad():
+        for _ in range(2):
+            flashscan.selective_scan_fn(**a, delta_softplus=True)
+        spy = _NotReached()
+        monkeypatch.setattr(scan, "serve_scan", spy)
+        monkeypatch.setattr(scan, "_scan_any", spy)
+        out = flashscan.selective_scan_fn(**a, delta_softplus=True)
+        monkeypatch.undo()
+    assert out.grad_fn is None
+    torch.cuda.synchronize()
+    check_out(rule, out, ref)
+    # grad mode on and weights requiring grad: the differentiable op, every time
+    for _ in range(3):
+        y = flashscan.selective_scan_fn(**a, delta_softplus=True)
+        assert y.grad_fn is not None
+    (gA,) = torch.autograd.grad(y.float().sum(), [a["A"]])
+    assert torch.isfinite(gA).all()
+
+
+def test_served_call_runs_on_the_current_stream_and_captures() -> None:
+    """A served signature on a side stream (ordered after a long sleep there) and inside a
+    CUDA graph capture, whose replays recompute from the captured inputs' new contents."""
+    a = scan_inputs(8, 128, 60, 16, torch.bfloat16)
+    for _ in range(3):
+        flashscan.selective_scan_fn(**a, delta_softplus=True, return_last_state=True)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    un = torch.full_like(a["u"], float("nan"))
+    with torch.cuda.stream(side):
+        if hasattr(torch.cuda, "_sleep"):
+            torch.cuda._sleep(100_000_000)
+        un.copy_(a["u"])
+        out, last = flashscan.selective_scan_fn(
+            **{**a, "u": un}, delta_softplus=True, return_last_state=True
+        )
+    side.synchronize()
+    want = _descriptor_call({**a, "initial_state": None}, True, True)
+    torch.cuda.synchronize()
+    assert torch.equal(out, want[0]) and torch.equal(last, want[1])
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        out, last = flashscan.selective_scan_fn(**a, delta_softplus=True, return_last_state=True)
+    for _ in range(2):
+        fresh = scan_inputs(8, 128, 60, 16, torch.bfloat16)
+        for k in ("u", "delta", "B", "C", "z"):
+            a[k].copy_(fresh[k])
+        out.fill_(float("nan"))
+        g.replay()
+        want = _descriptor_call({**a, "initial_state": None}, True, True)
+        torch.cuda.synchronize()
+        assert torch.equal(out, want[0]) and torch.equal(last, want[1])
+
+
+def test_server_refuses_what_it_cannot_plan_and_the_python_layer_serves_it() -> None:
+    """A long sequence (several launches: no replay plan) and non-bool flags stay with the
+    Python layer, with the same results."""
+    a = scan_inputs(1, 8, 70000, 16, torch.float32)
+    outs = [flashscan.selective_scan_fn(**a, delta_softplus=True) for _ in range(3)]
+    flag_out = flashscan.selective_scan_fn(**a, delta_softplus=1)
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0], outs[2]) and torch.equal(outs[0], flag_out)

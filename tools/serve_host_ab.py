@@ -1,0 +1,176 @@
+"""A/B of one `flashscan.selective_scan_fn` forward call's host cost (no autograd), in one
+process: the native server (D: one native call, torch tensors read through torch's DLPack C
+exchange table), the Python layer's replay plans (C: the server off), and descriptor calls (B:
+replays off too); with `--mamba-src`, mamba_ssm's own `selective_scan_fn` (its CUDA kernel
+built from the checkout) under torch.no_grad in the same bursts. The GPU host's timings drift by
+tens of percent between processes, so the variants run in alternating bursts and each row is
+the median over bursts. The call: the real-time shape (d512 L60 n16 bf16, D / z / delta_bias,
+softplus) at batch 1 and 32. Every variant's output is checked against D's first.
+
+    python tools/serve_host_ab.py [--bursts 16] [--calls 100] [--mamba-src DIR]
+    python tools/serve_host_ab.py --breakdown
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+import flashscan
+import flashscan.scan as scan
+from flashscan.bench.training import realtime_scan_args
+
+_SERVER = scan._make_server()
+
+
+def mode(m: str) -> None:
+    """D: the native server; C: the Python layer with replay plans; B: descriptor calls."""
+    scan._SERVER = _SERVER if m == "D" else False
+    scan._SERVE = _SERVER.serve if m == "D" else None
+    scan.REPLAYS_PER_PLAN = 0 if m == "B" else 8
+    if m == "B":
+        for plan in scan._SCAN_PLANS.values():
+            plan[-1].clear()
+
+
+def burst(fn: Callable[[], Any], calls: int) -> tuple[float, float]:
+    """(wall us per call, synchronised; host us per call: the loop alone, before the
+    synchronise) over `calls` back-to-back calls. Where the GPU's time per call exceeds the
+    host's, wall is the GPU's and host is what the caller's thread spends."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6, (t1 - t0) / calls * 1e6
+
+
+def breakdown(calls: int = 300) -> None:
+    """Host us per call of the served call's parts at b32 (min over 5 runs of `calls`, the GPU
+    queue drained between runs): what the rest of the native server's time is made of."""
+    import flashscan.torch as fst
+    from flashscan import _native
+
+    x = realtime_scan_args(torch, 32)
+    u = x[0]
+    ins9 = (*x, None)
+    mode("D")
+    for _ in range(3):
+        flashscan.selective_scan_fn(*x, delta_softplus=True)
+    out = torch.empty_like(u)
+    descs = [fst._desc(t, f"a{i}") for i, t in enumerate(x)] + [None]
+    replay = _native.selective_scan_fwd(
+        *descs, fst._desc(out, "out"), None, True, None, replay=True
+    )
+    ptrs = [t.data_ptr() for t in x] + [0, out.data_ptr(), 0, 0]
+    stream = torch.cuda.current_stream().cuda_stream
+    shape = tuple(u.shape)
+    parts: dict[str, Callable[[], Any]] = {
+        "flashscan.selective_scan_fn (served)": lambda: flashscan.selective_scan_fn(
+            *x, delta_softplus=True
+        ),
+        "ScanServer.serve, direct": lambda: _SERVER.serve(*ins9, True, False, False),
+        "ScanFwdReplay.launch (raw pointers)": lambda: replay.launch(*ptrs, stream),
+        "u.new_empty(shape)": lambda: u.new_empty(shape),
+        "torch_exchange_read(u) (+ table lookup)": lambda: _native.torch_exchange_read(u),
+        "torch.is_grad_enabled()": torch.is_grad_enabled,
+        "a trivial native call": lambda: _native.scan_saved_state_count(60),
+        "torch.cuda.current_stream().cuda_stream": lambda: torch.cuda.current_stream().cuda_stream,
+    }
+    print("| part (b32) | host us per call |")
+    print("|---|---:|")
+    for k, fn in parts.items():
+        best = float("inf")
+        for _ in range(5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+        print(f"| {k} | {best:.2f} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--bursts", type=int, default=16)
+    ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--mamba-src", help="a state-spaces/mamba checkout: its forward as a peer")
+    ap.add_argument("--mamba-build", help="its build directory (default: inside the checkout)")
+    ap.add_argument("--breakdown", action="store_true", help="time the served call's parts")
+    args = ap.parse_args()
+    assert _SERVER, "this build has no native scan server"
+    if args.breakdown:
+        breakdown()
+        return
+    mamba_fn = None
+    if args.mamba_src:
+        from flashscan.bench import mamba_src
+
+        info = mamba_src.load(args.mamba_src, args.mamba_build, print)
+        print(f"mamba_ssm: {info}")
+        if not info["error"]:
+            from mamba_ssm.ops.selective_scan_interface import selective_scan_fn as mamba_fn
+    rows: dict[str, Callable[[], Any]] = {}
+    for b in (1, 32):
+        ins = realtime_scan_args(torch, b)
+
+        def variant(m: str, x: Any = ins) -> Callable[[], Any]:
+            def run() -> Any:
+                if scan.REPLAYS_PER_PLAN != (0 if m == "B" else 8) or (
+                    (scan._SERVE is not None) != (m == "D")
+                ):
+                    mode(m)
+                return flashscan.selective_scan_fn(*x, delta_softplus=True)
+
+            return run
+
+        for m in ("D", "C", "B"):
+            for _ in range(3):  # the third call of a signature is served as planned
+                variant(m)()
+        want = variant("D")()
+        for m in ("C", "B"):
+            assert torch.equal(variant(m)(), want), m
+        rows[f"b{b} D native server"] = variant("D")
+        rows[f"b{b} C Python layer, replay plans"] = variant("C")
+        rows[f"b{b} B Python layer, descriptors"] = variant("B")
+        if mamba_fn is not None:
+
+            def peer(x: Any = ins, f: Any = mamba_fn) -> Any:
+                with torch.no_grad():
+                    return f(*x[:5], D=x[5], z=x[6], delta_bias=x[7], delta_softplus=True)
+
+            got = peer()
+            err = float((got.float() - want.float()).abs().max())
+            assert err <= 5e-2 * float(want.float().abs().max()), err
+            rows[f"b{b} mamba_ssm (no grad)"] = peer
+    for fn in rows.values():  # warm-up
+        burst(fn, 50)
+    wall: dict[str, list[float]] = {k: [] for k in rows}
+    host: dict[str, list[float]] = {k: [] for k in rows}
+    for _ in range(args.bursts):
+        for k, fn in rows.items():
+            w, h = burst(fn, args.calls)
+            wall[k].append(w)
+            host[k].append(h)
+    mode("D")
+    print(
+        f"{torch.cuda.get_device_name()}; {args.bursts} alternating bursts of {args.calls} calls; "
+        "us per call, median over bursts (25th-75th percentile)"
+    )
+    print("| row | wall (synchronised) | host (issue loop) |")
+    print("|---|---:|---:|")
+    for k in rows:
+        cells = []
+        for v in (wall[k], host[k]):
+            q = statistics.quantiles(v, n=4)
+            cells.append(f"{statistics.median(v):.1f} ({q[0]:.1f}-{q[2]:.1f})")
+        print(f"| {k} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
