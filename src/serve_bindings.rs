@@ -1,17 +1,20 @@
 //! One native call per hot torch call: `ScanServer.serve` takes `selective_scan_fn`'s
-//! arguments as they come from Python, reads the torch tensors through torch's DLPack C
-//! exchange table (`torch_exchange`), finds the signature's replay plan in a Rust map,
-//! allocates the output through torch, and launches on torch's current stream. The Python
-//! layer's signature key (a `.shape`, `.stride()`, `.dtype`, `.device` read a tensor), its
-//! pointer reads and the plan lookup were ~10 us of a 24 us real-time call on the H100 host.
+//! arguments as they come from Python (`StateUpdateServer.serve` `selective_state_update`'s),
+//! reads the torch tensors through torch's DLPack C exchange table (`torch_exchange`), finds
+//! the signature's plan in a Rust map, allocates the output through torch
+//! (`Tensor.new_empty`: the caching allocator, so `record_stream` keeps working), and launches
+//! on torch's current stream. The Python layer's signature key (a `.shape`, `.stride()`,
+//! `.dtype`, `.device` read a tensor), its pointer reads and the plan lookup were ~10 us of a
+//! 24 us real-time scan call on the H100 host.
 //!
-//! Safety of serving without checks: a signature is only planned when the Python layer asks
-//! (`learn=True`), which it does from its hot path, i.e. for a signature its general path
-//! checked and served on a usable device; planning runs every native check again
-//! (`ops::scan::forward_replay`). A call is served only when every tensor's exact type is
-//! one a planned call had (torch.Tensor, nn.Parameter: no subclass with its own dispatch),
-//! its dtype / device / shape / strides and the flags equal a planned signature's, and no
-//! input needs autograd. Anything else returns None and the Python layer takes the call.
+//! Safety of serving without the Python checks: a signature is only planned when the Python
+//! layer asks (`learn=True`), which it does from its hot path, i.e. for a signature its general
+//! path checked and served on a usable device; the scan's planning runs every native check
+//! again (`ops::scan::forward_replay`), the state update runs them on every call. A call is
+//! served only when every tensor's exact type is one a planned call had (torch.Tensor,
+//! nn.Parameter: no subclass with its own dispatch), its dtype / device / shape / strides and
+//! flags equal a planned signature's, and (the scan) no input needs autograd. Anything else
+//! returns None and the Python layer takes the call.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -26,38 +29,11 @@ use crate::runtime::StreamChoice;
 use crate::tensor::{DeviceKind, TensorView};
 use crate::torch_exchange::{TorchExchange, TorchTensor};
 
-/// Signatures kept (the map is emptied when full: a workload whose shapes never repeat
-/// re-plans, it does not grow without bound).
+/// Signatures kept per server (the map is emptied when full: a workload whose shapes never
+/// repeat re-plans, it does not grow without bound).
 const MAX_PLANS: usize = 256;
 
-/// A planned signature: the replay and the shapes of what a call allocates.
-struct Served {
-    replay: ops::scan::FwdReplay,
-    out_shape: Py<PyTuple>,
-    last_shape: Option<Py<PyTuple>>,
-}
-
-#[derive(Default)]
-struct Plans {
-    /// exact types of planned calls' tensors (type objects are immortal enough: kept)
-    types: Vec<Py<PyAny>>,
-    /// signature -> plan; None: refused (the Python layer serves it)
-    map: HashMap<Vec<i64>, Option<Arc<Served>>>,
-}
-
-/// The native server of `selective_scan_fn`'s planned torch signatures (no autograd).
-#[pyclass(module = "flashscan._native", frozen)]
-pub(crate) struct ScanServer {
-    /// torch's exchange table (None: this torch has none; every call is refused)
-    exchange: Option<TorchExchange>,
-    /// `torch.is_grad_enabled`
-    grad_enabled: Py<PyAny>,
-    /// `{"dtype": torch.float32}`: the last state's allocation
-    f32_kw: Py<PyDict>,
-    plans: Mutex<Plans>,
-}
-
-/// The nine inputs in `selective_scan_fwd`'s order.
+/// Tensor arguments of a served call, in the native entry's order (both ops have nine).
 const INPUTS: usize = 9;
 
 fn is_bool(obj: &Bound<'_, PyAny>) -> Option<bool> {
@@ -73,40 +49,178 @@ fn is_bool(obj: &Bound<'_, PyAny>) -> Option<bool> {
     }
 }
 
-impl ScanServer {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Plans> {
+/// One call's tensors as read, and its signature key.
+struct Call {
+    t: [Option<TorchTensor>; INPUTS],
+    key: Vec<i64>,
+}
+
+impl Call {
+    /// The views a kernel launcher checks (None where a dtype has no flashscan name).
+    fn views(&self) -> Option<Vec<Option<TensorView>>> {
+        let v: Vec<Option<TensorView>> = self
+            .t
+            .iter()
+            .map(|x| x.as_ref().and_then(TorchTensor::view))
+            .collect();
+        let same = self
+            .t
+            .iter()
+            .zip(&v)
+            .all(|(x, v)| x.is_some() == v.is_some());
+        same.then_some(v)
+    }
+
+    fn ptr(&self, i: usize) -> u64 {
+        self.t[i].as_ref().map_or(0, |x| x.ptr)
+    }
+}
+
+#[derive(Default)]
+struct Plans<P> {
+    /// exact types of planned calls' tensors (type objects are immortal enough: kept)
+    types: Vec<Py<PyAny>>,
+    /// signature -> plan; None: refused (the Python layer serves it)
+    map: HashMap<Vec<i64>, Option<Arc<P>>>,
+}
+
+/// What both servers share: the exchange table, the accepted types and the plan map.
+struct Core<P> {
+    /// torch's exchange table (None: this torch has none; every call is refused)
+    exchange: Option<TorchExchange>,
+    plans: Mutex<Plans<P>>,
+}
+
+impl<P> Core<P> {
+    fn new(tensor: &Bound<'_, PyAny>) -> Self {
+        Core {
+            exchange: TorchExchange::of_class(tensor),
+            plans: Mutex::new(Plans {
+                types: Vec::new(),
+                map: HashMap::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Plans<P>> {
         // a panic while holding it cannot leave the map half-written (single inserts)
         self.plans.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Plans the call of `t` (every native check), allocating its outputs for real; None
-    /// when the native layer refuses it or it is not one launch.
-    #[allow(clippy::too_many_arguments)]
+    /// Reads a call's tensors (the first `required` must be tensors, the others tensors or
+    /// None) and keys it with `flags`; None when it cannot be served: no exchange table, a
+    /// type no planned call had (unless learning), or a tensor torch cannot describe.
+    fn read(
+        &self,
+        objs: &[&Bound<'_, PyAny>; INPUTS],
+        required: usize,
+        flags: i64,
+        learn: bool,
+    ) -> Option<(TorchExchange, Call)> {
+        let ex = self.exchange?;
+        if !learn {
+            // a short lock: no Python runs under it
+            let p = self.lock();
+            for (i, o) in objs.iter().enumerate() {
+                if i >= required && o.is_none() {
+                    continue;
+                }
+                let tp = o.get_type_ptr() as *mut ffi::PyObject;
+                if !p.types.iter().any(|t| t.as_ptr() == tp) {
+                    return None;
+                }
+            }
+        }
+        let mut call = Call {
+            t: Default::default(),
+            key: Vec::with_capacity(96),
+        };
+        for (i, o) in objs.iter().enumerate() {
+            if i >= required && o.is_none() {
+                call.key.push(-1);
+                continue;
+            }
+            let x = ex.read(o)?;
+            x.push_signature(&mut call.key);
+            call.t[i] = Some(x);
+        }
+        call.key.push(flags);
+        Some((ex, call))
+    }
+
+    /// The plan of `key`: Some(Some) planned, Some(None) refused, None unknown.
+    fn find(&self, key: &[i64]) -> Option<Option<Arc<P>>> {
+        self.lock().map.get(key).cloned()
+    }
+
+    /// Keeps `plan` (None: refused) for `key`; a plan's tensor types become accepted.
+    fn keep(&self, key: Vec<i64>, plan: Option<Arc<P>>, objs: &[&Bound<'_, PyAny>]) {
+        let mut p = self.lock();
+        if p.map.len() >= MAX_PLANS {
+            p.map.clear();
+        }
+        if plan.is_some() {
+            for o in objs.iter().filter(|o| !o.is_none()) {
+                let tp = o.get_type();
+                if !p.types.iter().any(|t| t.as_ptr() == tp.as_ptr()) {
+                    p.types.push(tp.into_any().unbind());
+                }
+            }
+        }
+        p.map.insert(key, plan);
+    }
+
+    fn plan_count(&self) -> usize {
+        self.lock().map.len()
+    }
+}
+
+/// A pointer of a tensor made for the call (read through the table, `data_ptr()` otherwise).
+fn ptr_of(ex: &TorchExchange, o: &Bound<'_, PyAny>) -> PyResult<u64> {
+    match ex.read(o) {
+        Some(x) => Ok(x.ptr),
+        None => o.call_method0(intern!(o.py(), "data_ptr"))?.extract(),
+    }
+}
+
+// ---------------------------------------------------------------- the scan forward
+
+/// A planned scan signature: the replay and the shapes of what a call allocates.
+struct ScanPlan {
+    replay: ops::scan::FwdReplay,
+    out_shape: Py<PyTuple>,
+    last_shape: Option<Py<PyTuple>>,
+}
+
+/// The native server of `selective_scan_fn`'s planned torch signatures (no autograd).
+#[pyclass(module = "flashscan._native", frozen)]
+pub(crate) struct ScanServer {
+    core: Core<ScanPlan>,
+    /// `torch.is_grad_enabled`
+    grad_enabled: Py<PyAny>,
+    /// `{"dtype": torch.float32}`: the last state's allocation
+    f32_kw: Py<PyDict>,
+}
+
+impl ScanServer {
+    /// Plans the call (every native check), allocating its outputs for real; None when the
+    /// native layer refuses it or it is not one launch.
     fn plan<'py>(
         &self,
-        py: Python<'py>,
         u: &Bound<'py, PyAny>,
-        t: &[Option<TorchTensor>; INPUTS],
+        ex: &TorchExchange,
+        call: &Call,
         softplus: bool,
         return_last: bool,
-    ) -> Option<(Served, Bound<'py, PyAny>, Option<Bound<'py, PyAny>>)> {
-        let views: Vec<Option<TensorView>> = t
-            .iter()
-            .map(|x| x.as_ref().and_then(TorchTensor::view))
-            .collect();
-        if t.iter()
-            .zip(&views)
-            .any(|(x, v)| x.is_some() != v.is_some())
-        {
-            return None;
-        }
+    ) -> Option<(ScanPlan, Bound<'py, PyAny>, Option<Bound<'py, PyAny>>)> {
+        let py = u.py();
+        let views = call.views()?;
         let (vu, va) = (views[0].as_ref()?, views[2].as_ref()?);
         if vu.rank() != 3 || va.rank() != 2 || vu.device != DeviceKind::Cuda {
             return None;
         }
         let out_shape = PyTuple::new(py, &vu.shape).ok()?;
         let last_shape = PyTuple::new(py, [vu.shape[0], vu.shape[1], va.shape[1]]).ok()?;
-        let ex = self.exchange?;
         let out = u
             .call_method1(intern!(py, "new_empty"), (&out_shape,))
             .ok()?;
@@ -141,7 +255,7 @@ impl ScanServer {
         };
         let replay = ops::scan::forward_replay(&args).ok()??;
         Some((
-            Served {
+            ScanPlan {
                 replay,
                 out_shape: out_shape.unbind(),
                 last_shape: return_last.then(|| last_shape.unbind()),
@@ -165,10 +279,9 @@ impl ScanServer {
         let kw = PyDict::new(tensor.py());
         kw.set_item("dtype", float32)?;
         Ok(ScanServer {
-            exchange: TorchExchange::of_class(tensor),
+            core: Core::new(tensor),
             grad_enabled,
             f32_kw: kw.unbind(),
-            plans: Mutex::new(Plans::default()),
         })
     }
 
@@ -200,38 +313,10 @@ impl ScanServer {
             return Ok(None);
         };
         let objs = [u, delta, A, B, C, D, z, delta_bias, initial_state];
-        let Some(ex) = self.exchange else {
+        let flags = softplus as i64 | (return_last as i64) << 1;
+        let Some((ex, call)) = self.core.read(&objs, 5, flags, learn) else {
             return Ok(None);
         };
-        // only tensors of types planned calls had (a short lock: no Python runs under it)
-        {
-            let p = self.lock();
-            if !learn {
-                for (i, o) in objs.iter().enumerate() {
-                    if i >= 5 && o.is_none() {
-                        continue;
-                    }
-                    let tp = o.get_type_ptr() as *mut ffi::PyObject;
-                    if !p.types.iter().any(|t| t.as_ptr() == tp) {
-                        return Ok(None);
-                    }
-                }
-            }
-        }
-        let mut t: [Option<TorchTensor>; INPUTS] = Default::default();
-        let mut key = Vec::with_capacity(96);
-        for (i, o) in objs.iter().enumerate() {
-            if i >= 5 && o.is_none() {
-                key.push(-1);
-                continue;
-            }
-            let Some(x) = ex.read(o) else {
-                return Ok(None);
-            };
-            x.push_signature(&mut key);
-            t[i] = Some(x);
-        }
-        key.push(softplus as i64 | (return_last as i64) << 1);
         // autograd calls belong to flashscan.torch (every object is a torch tensor now)
         if self.grad_enabled.bind(py).call0()?.is_truthy()? {
             for o in objs {
@@ -240,43 +325,27 @@ impl ScanServer {
                 }
             }
         }
-
-        let found = self.lock().map.get(&key).cloned();
-        let (served, out, last) = match found {
+        let (plan, out, last) = match self.core.find(&call.key) {
             Some(Some(s)) => (s, None, None),
             Some(None) => return Ok(None),
             None if !learn => return Ok(None),
-            None => match self.plan(py, u, &t, softplus, return_last) {
+            None => match self.plan(u, &ex, &call, softplus, return_last) {
                 None => {
-                    let mut p = self.lock();
-                    if p.map.len() >= MAX_PLANS {
-                        p.map.clear();
-                    }
-                    p.map.insert(key, None);
+                    self.core.keep(call.key, None, &objs);
                     return Ok(None);
                 }
                 Some((s, out, last)) => {
                     let s = Arc::new(s);
-                    let mut p = self.lock();
-                    if p.map.len() >= MAX_PLANS {
-                        p.map.clear();
-                    }
-                    p.map.insert(key, Some(s.clone()));
-                    for o in objs.iter().filter(|o| !o.is_none()) {
-                        let tp = o.get_type();
-                        if !p.types.iter().any(|t| t.as_ptr() == tp.as_ptr()) {
-                            p.types.push(tp.into_any().unbind());
-                        }
-                    }
+                    self.core.keep(call.key.clone(), Some(s.clone()), &objs);
                     (s, Some(out), last)
                 }
             },
         };
         let out = match out {
             Some(o) => o,
-            None => u.call_method1(intern!(py, "new_empty"), (served.out_shape.bind(py),))?,
+            None => u.call_method1(intern!(py, "new_empty"), (plan.out_shape.bind(py),))?,
         };
-        let last = match (&served.last_shape, last) {
+        let last = match (&plan.last_shape, last) {
             (_, Some(l)) => Some(l),
             (Some(shape), None) => Some(u.call_method(
                 intern!(py, "new_empty"),
@@ -285,35 +354,28 @@ impl ScanServer {
             )?),
             (None, None) => None,
         };
-        let ptr = |x: &Option<TorchTensor>| x.as_ref().map_or(0, |x| x.ptr);
-        let read_ptr = |o: &Bound<'py, PyAny>| -> PyResult<u64> {
-            match ex.read(o) {
-                Some(x) => Ok(x.ptr),
-                None => Ok(o.call_method0(intern!(py, "data_ptr"))?.extract()?),
-            }
-        };
         let ptrs = ops::scan::FwdPtrs {
-            u: ptr(&t[0]),
-            delta: ptr(&t[1]),
-            a: ptr(&t[2]),
-            b: ptr(&t[3]),
-            c: ptr(&t[4]),
-            d: ptr(&t[5]),
-            z: ptr(&t[6]),
-            delta_bias: ptr(&t[7]),
-            initial_state: ptr(&t[8]),
-            out: read_ptr(&out)?,
+            u: call.ptr(0),
+            delta: call.ptr(1),
+            a: call.ptr(2),
+            b: call.ptr(3),
+            c: call.ptr(4),
+            d: call.ptr(5),
+            z: call.ptr(6),
+            delta_bias: call.ptr(7),
+            initial_state: call.ptr(8),
+            out: ptr_of(&ex, &out)?,
             last_state: match &last {
-                Some(l) => read_ptr(l)?,
+                Some(l) => ptr_of(&ex, l)?,
                 None => 0,
             },
             saved_states: 0,
         };
-        let device_id = t[0].as_ref().map_or(0, |x| x.device_id);
+        let device_id = call.t[0].as_ref().map_or(0, |x| x.device_id);
         let Some(stream) = ex.cuda_stream(device_id) else {
             return Ok(None);
         };
-        served.replay.launch(&ptrs, StreamChoice::Caller(stream))?;
+        plan.replay.launch(&ptrs, StreamChoice::Caller(stream))?;
         Ok(Some(match last {
             Some(l) => PyTuple::new(py, [out, l])?.into_any().unbind(),
             None => out.unbind(),
@@ -323,7 +385,125 @@ impl ScanServer {
     /// How many signatures it holds, refused ones included (for tests; not `__len__`: the
     /// Python layer tests the server's truth).
     fn plan_count(&self) -> usize {
-        self.lock().map.len()
+        self.core.plan_count()
+    }
+}
+
+// ---------------------------------------------------------------- the state update
+
+/// A planned state-update signature: what a call allocates (out, like x). Every call runs
+/// the op's checks again (`ops::state_update::update`: the state is written in place, so
+/// whether it overlaps an input depends on the pointers, not only on the signature).
+struct UpdatePlan {
+    out_shape: Py<PyTuple>,
+}
+
+/// The native server of `selective_state_update`'s planned torch signatures.
+#[pyclass(module = "flashscan._native", frozen)]
+pub(crate) struct StateUpdateServer {
+    core: Core<UpdatePlan>,
+}
+
+fn update_args<'a>(
+    v: &'a [Option<TensorView>],
+    out: &'a TensorView,
+    softplus: bool,
+) -> Option<ops::state_update::StateUpdateArgs<'a>> {
+    Some(ops::state_update::StateUpdateArgs {
+        state: v[0].as_ref()?,
+        x: v[1].as_ref()?,
+        dt: v[2].as_ref()?,
+        a: v[3].as_ref()?,
+        b: v[4].as_ref()?,
+        c: v[5].as_ref()?,
+        d: v[6].as_ref(),
+        z: v[7].as_ref(),
+        dt_bias: v[8].as_ref(),
+        out,
+        dt_softplus: softplus,
+    })
+}
+
+#[pymethods]
+impl StateUpdateServer {
+    /// `tensor`: torch.Tensor (see `ScanServer`).
+    #[new]
+    fn new(tensor: &Bound<'_, PyAny>) -> Self {
+        StateUpdateServer {
+            core: Core::new(tensor),
+        }
+    }
+
+    /// `selective_state_update`'s call on torch tensors (state updated in place), served
+    /// natively when its signature is planned (with `learn`: planned now if the native
+    /// checks pass); returns out, or None when it does not serve the call.
+    #[pyo3(signature = (state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, learn))]
+    #[allow(clippy::too_many_arguments, non_snake_case)]
+    fn serve<'py>(
+        &self,
+        py: Python<'py>,
+        state: &Bound<'py, PyAny>,
+        x: &Bound<'py, PyAny>,
+        dt: &Bound<'py, PyAny>,
+        A: &Bound<'py, PyAny>,
+        B: &Bound<'py, PyAny>,
+        C: &Bound<'py, PyAny>,
+        D: &Bound<'py, PyAny>,
+        z: &Bound<'py, PyAny>,
+        dt_bias: &Bound<'py, PyAny>,
+        dt_softplus: &Bound<'py, PyAny>,
+        learn: bool,
+    ) -> PyResult<Option<PyObject>> {
+        let Some(softplus) = is_bool(dt_softplus) else {
+            return Ok(None);
+        };
+        let objs = [state, x, dt, A, B, C, D, z, dt_bias];
+        let Some((ex, call)) = self.core.read(&objs, 6, softplus as i64, learn) else {
+            return Ok(None);
+        };
+        let Some(views) = call.views() else {
+            return Ok(None);
+        };
+        let plan = match self.core.find(&call.key) {
+            Some(Some(p)) => p,
+            Some(None) => return Ok(None),
+            None if !learn => return Ok(None),
+            None => {
+                let vx = views[1].as_ref();
+                let ok = vx.is_some_and(|v| v.device == DeviceKind::Cuda);
+                let plan = match (ok, vx) {
+                    (true, Some(v)) => PyTuple::new(py, &v.shape).ok().map(|t| {
+                        Arc::new(UpdatePlan {
+                            out_shape: t.unbind(),
+                        })
+                    }),
+                    _ => None,
+                };
+                self.core.keep(call.key.clone(), plan.clone(), &objs);
+                match plan {
+                    Some(p) => p,
+                    None => return Ok(None),
+                }
+            }
+        };
+        let out = x.call_method1(intern!(py, "new_empty"), (plan.out_shape.bind(py),))?;
+        let Some(vo) = ex.read(&out).and_then(|t| t.view()) else {
+            return Ok(None);
+        };
+        let Some(args) = update_args(&views, &vo, softplus) else {
+            return Ok(None);
+        };
+        let device_id = call.t[1].as_ref().map_or(0, |t| t.device_id);
+        let Some(stream) = ex.cuda_stream(device_id) else {
+            return Ok(None);
+        };
+        ops::state_update::update(&args, StreamChoice::Caller(stream))?;
+        Ok(Some(out.unbind()))
+    }
+
+    /// Signatures held, refused ones included (tests).
+    fn plan_count(&self) -> usize {
+        self.core.plan_count()
     }
 }
 
@@ -349,6 +529,7 @@ pub(crate) fn torch_exchange_read(t: &Bound<'_, PyAny>) -> Option<ExchangeRead> 
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ScanServer>()?;
+    m.add_class::<StateUpdateServer>()?;
     m.add_function(wrap_pyfunction!(torch_exchange_read, m)?)?;
     Ok(())
 }

@@ -178,3 +178,75 @@ def test_server_refuses_what_it_cannot_plan_and_the_python_layer_serves_it() -> 
     flag_out = flashscan.selective_scan_fn(**a, delta_softplus=1)
     torch.cuda.synchronize()
     assert torch.equal(outs[0], outs[2]) and torch.equal(outs[0], flag_out)
+
+
+# ---------------------------------------------------------------------------------------------
+# selective_state_update
+# ---------------------------------------------------------------------------------------------
+
+_SSU_NAMES = ("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias")
+
+
+def _ssu_descriptor_call(s: dict[str, Any], softplus: bool) -> Any:
+    """The same update through `_native.selective_state_update` with descriptor tuples (on
+    s["state"], in place)."""
+    import flashscan.torch as fst
+    from flashscan import _native
+
+    out = torch.empty_like(s["x"])
+    descs = [None if s.get(k) is None else fst._desc(s[k], k) for k in _SSU_NAMES]
+    _native.selective_state_update(
+        *descs, fst._desc(out, "out"), softplus, torch.cuda.current_stream().cuda_stream
+    )
+    return out
+
+
+class _NoNative:
+    """Stands for `_native` in the Python layer: a served call must not reach it."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the Python layer used _native.{name} for a served call")
+
+
+# (batch, nheads, dim, dstate, groups, dtype, D/z/dt_bias, softplus)
+SSU_CASES = [
+    (32, None, 512, 16, 1, torch.bfloat16, True, True),  # the game shape
+    (1, None, 512, 16, 1, torch.float32, False, False),
+    (4, 8, 64, 64, 2, torch.float16, True, True),  # Mamba-2 layout, grouped B / C
+]
+
+
+@pytest.mark.parametrize("case", SSU_CASES, ids=lambda c: "-".join(str(v) for v in c))
+def test_served_state_updates_equal_the_descriptor_calls(case: tuple, monkeypatch: Any) -> None:
+    from test_scan_gpu import ssu_inputs
+
+    batch, nheads, dim, n, groups, dtype, extras, softplus = case
+    for step in range(4):
+        s = ssu_inputs(batch, nheads, dim, n, dtype, groups)  # fresh tensors every call
+        if not extras:
+            s["D"] = s["z"] = s["dt_bias"] = None
+        want_state = s["state"].clone()
+        want = _ssu_descriptor_call({**s, "state": want_state}, softplus)
+        if step == 3:  # served: the Python layer's native entry may not be used
+            monkeypatch.setattr(scan, "_native", _NoNative())
+        out = flashscan.selective_state_update(**s, dt_softplus=softplus)
+        if step == 3:
+            monkeypatch.undo()
+        torch.cuda.synchronize()
+        assert out.shape == s["x"].shape and out.dtype == dtype and out.is_contiguous()
+        assert torch.equal(out, want), step
+        assert torch.equal(s["state"], want_state), step
+    assert scan._SSU_SERVE is not None
+
+
+def test_served_state_update_checks_overlap_on_every_call() -> None:
+    """Whether the in-place state overlaps an input depends on the pointers, not on the
+    signature: a served signature whose x is a view into the state is refused."""
+    from test_scan_gpu import ssu_inputs
+
+    s = ssu_inputs(8, None, 64, 16, torch.float32)
+    for _ in range(3):  # x: a strided column of a separate buffer (planned, served)
+        buf = torch.randn(8, 64, 16, device="cuda")
+        flashscan.selective_state_update(**{**s, "x": buf[:, :, 0]})
+    with pytest.raises(ValueError, match="overlaps"):
+        flashscan.selective_state_update(**{**s, "x": s["state"][:, :, 0]})

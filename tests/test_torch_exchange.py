@@ -111,3 +111,27 @@ def test_scan_server_refuses_non_bool_flags_non_tensors_and_autograd() -> None:
     with torch.no_grad():
         srv.serve(*grad, True, False, True)
     assert srv.plan_count() <= 2
+
+
+def test_state_update_server_refuses_cpu_signatures() -> None:
+    srv = _native.StateUpdateServer(torch.Tensor)
+    assert srv
+    b, d, n = 2, 8, 4
+    args = [
+        torch.randn(b, d, n),
+        torch.randn(b, d),
+        torch.randn(b, d),
+        -torch.rand(d, n),
+        torch.randn(b, n),
+        torch.randn(b, n),
+        None,
+        None,
+        None,
+    ]
+    assert srv.serve(*args, True, False) is None
+    assert srv.plan_count() == 0
+    assert srv.serve(*args, True, True) is None
+    assert srv.serve(*args, True, True) is None
+    assert srv.plan_count() == 1
+    assert srv.serve(*args, 1, True) is None  # a non-bool flag: the Python layer's
+    assert srv.plan_count() == 1

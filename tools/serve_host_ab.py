@@ -1,13 +1,17 @@
-"""A/B of one `flashscan.selective_scan_fn` forward call's host cost (no autograd), in one
-process: the native server (D: one native call, torch tensors read through torch's DLPack C
-exchange table), the Python layer's replay plans (C: the server off), and descriptor calls (B:
-replays off too); with `--mamba-src`, mamba_ssm's own `selective_scan_fn` (its CUDA kernel
-built from the checkout) under torch.no_grad in the same bursts. The GPU host's timings drift by
-tens of percent between processes, so the variants run in alternating bursts and each row is
-the median over bursts. The call: the real-time shape (d512 L60 n16 bf16, D / z / delta_bias,
-softplus) at batch 1 and 32. Every variant's output is checked against D's first.
+"""A/B of one `flashscan.selective_scan_fn` forward call's host cost (no autograd), and of one
+`flashscan.selective_state_update` call's, in one process: the native server (D: one native
+call, torch tensors read through torch's DLPack C exchange table), the Python layer's replay
+plans (C: the server off), and descriptor calls (B: replays off too); with `--mamba-src`,
+mamba_ssm's own `selective_scan_fn` (its CUDA kernel built from the checkout) under
+torch.no_grad in the same bursts. The GPU host's timings drift by tens of percent between
+processes, so the variants run in alternating bursts and each row is the median over bursts.
+The call: the real-time shape (d512 L60 n16 bf16, D / z / delta_bias, softplus) at batch 1 and
+32. The state update (D: its native server; C: the Python layer's descriptor calls; with
+`--mamba-triton`, mamba_ssm's Triton `selective_state_update` imported from the checkout, no
+build) at the shapes of `SSU_SHAPES`. Every variant's output is checked against D's first.
 
     python tools/serve_host_ab.py [--bursts 16] [--calls 100] [--mamba-src DIR]
+        [--mamba-triton DIR]
     python tools/serve_host_ab.py --breakdown
 """
 
@@ -25,6 +29,7 @@ import flashscan.scan as scan
 from flashscan.bench.training import realtime_scan_args
 
 _SERVER = scan._make_server()
+_SSU_SERVER = scan._make_ssu_server()
 
 
 def mode(m: str) -> None:
@@ -35,6 +40,71 @@ def mode(m: str) -> None:
     if m == "B":
         for plan in scan._SCAN_PLANS.values():
             plan[-1].clear()
+
+
+def ssu_mode(m: str) -> None:
+    """The state update's D (native server) or C (the Python layer's descriptor calls)."""
+    scan._SSU_SERVER = _SSU_SERVER if m == "D" else False
+    scan._SSU_SERVE = _SSU_SERVER.serve if m == "D" else None
+
+
+# (label, batch, nheads, dim, dstate): the game's decode step, the issue's decode shape, a
+# Mamba-2 2.7B-like layer (80 heads x 64, state 128); bf16, D / z / dt_bias, softplus
+SSU_SHAPES = [
+    ("ssu b32 d512 n16", 32, None, 512, 16),
+    ("ssu b64 d5120 n16", 64, None, 5120, 16),
+    ("ssu b64 h80x64 n128", 64, 80, 64, 128),
+]
+
+
+def ssu_rows(mamba_ssu: Any) -> dict[str, Callable[[], Any]]:
+    rows: dict[str, Callable[[], Any]] = {}
+    for label, b, h, d, n in SSU_SHAPES:
+        lead = (b,) if h is None else (b, h)
+        hd = () if h is None else (h,)
+        bc = (b, n) if h is None else (b, 1, n)
+        dev, bf = "cuda", torch.bfloat16
+        s = {
+            "x": torch.randn(*lead, d, device=dev).to(bf),
+            "dt": (torch.rand(*lead, d, device=dev) * 3.5 - 3.0).to(bf),
+            "A": -torch.exp(torch.rand(*hd, d, n, device=dev) * 2.5 - 1.0),
+            "B": torch.randn(*bc, device=dev).to(bf),
+            "C": torch.randn(*bc, device=dev).to(bf),
+            "D": torch.randn(*hd, d, device=dev),
+            "z": torch.randn(*lead, d, device=dev).to(bf),
+            "dt_bias": torch.rand(*hd, d, device=dev) - 0.5,
+        }
+        state0 = torch.randn(*lead, d, n, device=dev) * 0.1
+
+        def variant(m: str, s: Any = s, s0: Any = state0, st: Any = None) -> Callable[[], Any]:
+            st = s0.clone() if st is None else st
+
+            def run() -> Any:
+                if (scan._SSU_SERVE is not None) != (m == "D"):
+                    ssu_mode(m)
+                return flashscan.selective_state_update(st, **s, dt_softplus=True)
+
+            return run
+
+        for m in ("D", "C"):
+            for _ in range(3):
+                variant(m)()
+        sd, sc = state0.clone(), state0.clone()
+        yd = variant("D", st=sd)()
+        yc = variant("C", st=sc)()
+        assert torch.equal(yd, yc) and torch.equal(sd, sc), label
+        rows[f"{label} D native server"] = variant("D")
+        rows[f"{label} C Python layer"] = variant("C")
+        if mamba_ssu is not None:
+
+            def peer(s: Any = s, st: Any = state0.clone(), f: Any = mamba_ssu) -> Any:  # noqa: B008
+                return f(st, **s, dt_softplus=True)
+
+            yp = peer(st=state0.clone())
+            err = float((yp.float() - yd.float()).abs().max())
+            assert err <= 5e-2 * float(yd.float().abs().max()), (label, err)
+            rows[f"{label} mamba_ssm Triton"] = peer
+    return rows
 
 
 def burst(fn: Callable[[], Any], calls: int) -> tuple[float, float]:
@@ -102,8 +172,11 @@ def main() -> None:
     ap.add_argument("--mamba-src", help="a state-spaces/mamba checkout: its forward as a peer")
     ap.add_argument("--mamba-build", help="its build directory (default: inside the checkout)")
     ap.add_argument("--breakdown", action="store_true", help="time the served call's parts")
+    ap.add_argument(
+        "--mamba-triton", help="a state-spaces/mamba checkout: its Triton state update as a peer"
+    )
     args = ap.parse_args()
-    assert _SERVER, "this build has no native scan server"
+    assert _SERVER and _SSU_SERVER, "this build has no native servers"
     if args.breakdown:
         breakdown()
         return
@@ -148,6 +221,15 @@ def main() -> None:
             err = float((got.float() - want.float()).abs().max())
             assert err <= 5e-2 * float(want.float().abs().max()), err
             rows[f"b{b} mamba_ssm (no grad)"] = peer
+    mamba_ssu = None
+    if args.mamba_triton:
+        from flashscan.bench import mamba_src
+
+        mamba_src.register_package(args.mamba_triton)
+        from mamba_ssm.ops.triton.selective_state_update import (
+            selective_state_update as mamba_ssu,
+        )
+    rows.update(ssu_rows(mamba_ssu))
     for fn in rows.values():  # warm-up
         burst(fn, 50)
     wall: dict[str, list[float]] = {k: [] for k in rows}
@@ -158,6 +240,7 @@ def main() -> None:
             wall[k].append(w)
             host[k].append(h)
     mode("D")
+    ssu_mode("D")
     print(
         f"{torch.cuda.get_device_name()}; {args.bursts} alternating bursts of {args.calls} calls; "
         "us per call, median over bursts (25th-75th percentile)"

@@ -170,6 +170,31 @@ class ScanServer:
     def plan_count(self) -> int:
         """Signatures held, refused ones included (tests)."""
 
+class StateUpdateServer:
+    """`selective_state_update`'s planned torch signatures served in one native call (the
+    op's checks run on every call: the state is written in place)."""
+
+    def __init__(self, tensor: type) -> None: ...
+    def serve(
+        self,
+        state: Any,
+        x: Any,
+        dt: Any,
+        A: Any,
+        B: Any,
+        C: Any,
+        D: Any,
+        z: Any,
+        dt_bias: Any,
+        dt_softplus: Any,
+        learn: bool,
+    ) -> Any | None:
+        """out when the call's signature is planned (with learn: planned now); None when it
+        does not serve the call."""
+
+    def plan_count(self) -> int:
+        """Signatures held, refused ones included (tests)."""
+
 def torch_exchange_read(
     t: Any,
 ) -> tuple[int, list[int], list[int], tuple[int, int, int], int, int] | None:

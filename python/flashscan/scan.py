@@ -245,6 +245,22 @@ def _make_server() -> Any:
     return _SERVER
 
 
+# The same for `selective_state_update` (`_native.StateUpdateServer`).
+_SSU_SERVER: Any = None
+_SSU_SERVE: Any = None
+
+
+def _make_ssu_server() -> Any:
+    """As `_make_server`, for the state update."""
+    global _SSU_SERVER
+    if _native is not _backend.native:
+        return None
+    cls = getattr(_native, "StateUpdateServer", None)
+    torch = sys.modules.get("torch")
+    _SSU_SERVER = False if cls is None or torch is None else cls(torch.Tensor)
+    return _SSU_SERVER
+
+
 def scan_key(
     u: Any,
     delta: Any,
@@ -591,7 +607,13 @@ def selective_state_update(
     out = sum_n state * C + D * x, times silu(z) when z is given.
     Returns out (like x) in x's framework.
     """
-    global _SSU_LAST
+    global _SSU_LAST, _SSU_SERVE
+    serve = _SSU_SERVE
+    if serve is not None:
+        # a planned signature in one native call (None: not one it serves)
+        r = serve(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, False)
+        if r is not None:
+            return r
     key = None
     if (
         type(state) in TORCH_TYPES
@@ -651,6 +673,13 @@ def selective_state_update(
             dev, dts, dtb, dtc, o_shape, o_strides, _, _, stream, _, _ = plan
             if dt_softplus is not True and dt_softplus is not False:
                 dt_softplus = _checks.flag("dt_softplus", dt_softplus)
+            server = _SSU_SERVER if _SSU_SERVER is not None else _make_ssu_server()
+            if server:
+                # a checked signature, served natively from now on where it can be
+                r = server.serve(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, True)
+                if r is not None:
+                    _SSU_SERVE = server.serve
+                    return r
             out = x.new_empty_strided(o_shape, o_strides)
             m = key[24]
             dD = None if m is None else (D.data_ptr(), m[0], m[1], "float32", CUDA, dev)

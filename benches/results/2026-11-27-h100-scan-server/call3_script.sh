@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Call 3: the state-update server: server tests, the scan suites, memcheck, the host A/B (+ mamba Triton), the breakdown.
+R=$OUT
+SITE=$(mktemp -d)
+pip install -q --no-deps --target "$SITE" .dev/wheel/*.whl >/dev/null 2>&1
+export FLASHSCAN_CACHE_DIR="$SITE/cache" PYTHONPATH="$SITE"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/summary.txt
+cat .dev/wheel/COMMIT >> $R/summary.txt
+timeout 120 python3 -m pytest tests/test_torch_exchange.py tests/test_scan_server_gpu.py -q -p no:cacheprovider > $R/tests_server.log 2>&1; echo "server tests rc $?" >> $R/summary.txt
+tail -3 $R/tests_server.log >> $R/summary.txt
+timeout 150 python3 tools/serve_host_ab.py --bursts 16 --calls 100 --mamba-triton .peers/mamba > $R/serve_ab.md 2>&1; echo "ab rc $?" >> $R/summary.txt
+timeout 60 python3 tools/serve_host_ab.py --breakdown > $R/breakdown.md 2>&1; echo "breakdown rc $?" >> $R/summary.txt
+timeout 200 python3 -m pytest tests/test_scan_gpu.py tests/test_backward_gpu.py tests/test_training_gpu.py -m gpu -n 8 -q -p no:cacheprovider > $R/tests_scan.log 2>&1; echo "scan suites rc $?" >> $R/summary.txt
+tail -3 $R/tests_scan.log >> $R/summary.txt
+timeout 150 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest tests/test_scan_server_gpu.py -q -p no:cacheprovider > $R/memcheck_server.log 2>&1; echo "memcheck rc $?" >> $R/summary.txt
+tail -3 $R/memcheck_server.log >> $R/summary.txt
+cat $R/summary.txt; tail -20 $R/serve_ab.md; cat $R/breakdown.md
