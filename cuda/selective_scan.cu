@@ -56,7 +56,9 @@
 //   FS_MIN_BLOCKS __launch_bounds__ min blocks per SM
 //   FS_B_VARYING, FS_C_VARYING  1: (batch, ngroups, dstate, seqlen); 0: (dim, dstate)
 //   FS_POLY_NUM   0..8: exps per 8 done by polynomial (0: measured slower at 1 and 2, 2026-11-22)
-//   FS_PACK_BC    1 (default, not emitted by the host): packed 16-bit B/C staging, see kPackBCOk
+//   FS_PACK_BC    1 (default, not emitted by the host unless FLASHSCAN_SCAN_PACK_BC is set, a measurement
+//                 override): packed 16-bit B/C staging, see kPackBCOk. Unpacked measured slower at every
+//                 shape (2026-11-27, b32 d512 L60 12.1 vs 11.6 us, b8 d2048 L2048 292 vs 280 us)
 //   FS_ARCH       e.g. 90 (informational)
 //   FS_SAVE_STATES 1: also write the state at the end of every FS_SAVE_LEN-step chunk but the last into
 //                 ScanParams::saved (extra trailing fields, this variant only) for the backward; 0 (default,
@@ -356,6 +358,9 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
     float yq[kCPT][4];
 #pragma unroll
     for (int t = 0; t < kT; ++t) {
+      // steps past the sequence end (dt = 0) would leave x as it is: the last tile skips them in
+      // groups of 4 (block-uniform; their y partials are never stored)
+      if (t % 4 == 0 && t >= valid) break;
       float2 dd[kCPT];                  // (dt, dt*u) per channel; same address for the slot's lanes
       if constexpr (kCPT == 1) {
         dd[0] = dtrow[t];

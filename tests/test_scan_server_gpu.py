@@ -250,3 +250,41 @@ def test_served_state_update_checks_overlap_on_every_call() -> None:
         flashscan.selective_state_update(**{**s, "x": buf[:, :, 0]})
     with pytest.raises(ValueError, match="overlaps"):
         flashscan.selective_state_update(**{**s, "x": s["state"][:, :, 0]})
+
+
+# ---------------------------------------------------------------------------------------------
+# flashscan.torch without gradients: the core call (and from the second call its native server)
+# ---------------------------------------------------------------------------------------------
+
+
+class _NoFunction:
+    """Stands for an autograd.Function that a call with nothing to differentiate must skip."""
+
+    @staticmethod
+    def apply(*args: Any) -> Any:
+        raise AssertionError("an autograd.Function ran for a call with nothing to differentiate")
+
+
+def test_flashscan_torch_without_grad_skips_the_autograd_function(monkeypatch: Any) -> None:
+    import flashscan.torch as fst
+
+    a = scan_inputs(4, 64, 60, 16, torch.bfloat16)
+    with_grad = {k: t.clone().requires_grad_() for k, t in a.items()}
+    want = fst.selective_scan_fn(**with_grad, delta_softplus=True)  # the Function's forward
+    assert want.grad_fn is not None
+    q = torch.randn(2, 60, 8, 64, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(2, 60, 2, 64, device="cuda", dtype=torch.bfloat16)
+    qg = q.clone().requires_grad_()
+    want_attn = fst.flash_attn_func(qg, kv, kv, causal=True)
+    assert want_attn.grad_fn is not None
+    monkeypatch.setattr(fst, "_SelectiveScan", _NoFunction)
+    monkeypatch.setattr(fst, "_FlashAttn", _NoFunction)
+    for grad_mode in (False, True):  # under no_grad, and with no input requiring grad
+        with torch.set_grad_enabled(grad_mode):
+            for _ in range(3):
+                got = fst.selective_scan_fn(**a, delta_softplus=True)
+                got_attn = fst.flash_attn_func(q, kv, kv, causal=True)
+        assert got.grad_fn is None and got_attn.grad_fn is None
+        assert torch.equal(got, want.detach())
+        assert torch.equal(got_attn, want_attn.detach())
+    assert scan._SERVE is not None

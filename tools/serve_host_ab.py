@@ -8,7 +8,9 @@ processes, so the variants run in alternating bursts and each row is the median 
 The call: the real-time shape (d512 L60 n16 bf16, D / z / delta_bias, softplus) at batch 1 and
 32. The state update (D: its native server; C: the Python layer's descriptor calls; with
 `--mamba-triton`, mamba_ssm's Triton `selective_state_update` imported from the checkout, no
-build) at the shapes of `SSU_SHAPES`. Every variant's output is checked against D's first.
+build) at the shapes of `SSU_SHAPES`. flashscan.torch's scan and attention under torch.no_grad
+(the core route against the autograd Function they took before). Every variant's output is
+checked against D's first.
 
     python tools/serve_host_ab.py [--bursts 16] [--calls 100] [--mamba-src DIR]
         [--mamba-triton DIR]
@@ -104,6 +106,43 @@ def ssu_rows(mamba_ssu: Any) -> dict[str, Callable[[], Any]]:
             err = float((yp.float() - yd.float()).abs().max())
             assert err <= 5e-2 * float(yd.float().abs().max()), (label, err)
             rows[f"{label} mamba_ssm Triton"] = peer
+    return rows
+
+
+def torch_rows() -> dict[str, Callable[[], Any]]:
+    """flashscan.torch's scan and attention under torch.no_grad: the core route (now) against
+    the autograd Function (the route before, called directly)."""
+    import flashscan.torch as fst
+
+    rows: dict[str, Callable[[], Any]] = {}
+    x = realtime_scan_args(torch, 32)
+    q = torch.randn(32, 60, 8, 64, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(32, 60, 8, 64, device="cuda", dtype=torch.bfloat16)
+    scale = 64**-0.5
+
+    def scan_core() -> Any:
+        with torch.no_grad():
+            return fst.selective_scan_fn(*x, delta_softplus=True)
+
+    def scan_function() -> Any:
+        with torch.no_grad():
+            return fst._SelectiveScan.apply(*x, None, True, False, False)
+
+    def attn_core() -> Any:
+        with torch.no_grad():
+            return fst.flash_attn_func(q, kv, kv, causal=True)
+
+    def attn_function() -> Any:
+        with torch.no_grad():
+            return fst._FlashAttn.apply(q, kv, kv, scale, -1, 0, 0.0, False, False)
+
+    for _ in range(3):
+        assert torch.equal(scan_core(), scan_function())
+        assert torch.equal(attn_core(), attn_function())
+    rows["fst scan b32, no_grad: core route"] = scan_core
+    rows["fst scan b32, no_grad: autograd Function (before)"] = scan_function
+    rows["fst attention b32 s60 h8 d64 causal, no_grad: core route"] = attn_core
+    rows["fst attention b32 s60 h8 d64 causal, no_grad: autograd Function (before)"] = attn_function
     return rows
 
 
@@ -230,6 +269,7 @@ def main() -> None:
             selective_state_update as mamba_ssu,
         )
     rows.update(ssu_rows(mamba_ssu))
+    rows.update(torch_rows())
     for fn in rows.values():  # warm-up
         burst(fn, 50)
     wall: dict[str, list[float]] = {k: [] for k in rows}

@@ -495,6 +495,14 @@ def flash_attn_func(
     if torch.compiler.is_compiling():
         out, lse = torch.ops.flashscan.flash_attn_fwd(q, k, v, scale, wl, wr, cap, deterministic)
         return (out, lse) if return_lse else out
+    if q.dtype != _F64 and not (
+        torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    ):
+        # nothing to differentiate: the core call and its per-signature plans, without the
+        # autograd Function's cost (as mamba_chunk_scan_combined below)
+        return _attention.flash_attn_func(  # type: ignore[no-any-return]
+            q, k, v, scale, causal, (wl, wr), cap, return_lse
+        )
     return _FlashAttn.apply(q, k, v, scale, wl, wr, cap, deterministic, return_lse)
 
 
@@ -1285,6 +1293,26 @@ def selective_scan_fn(
     initial_state), also through the returned last state. When u requires grad on a GPU the
     forward keeps the state after every 256 steps so the backward recomputes only inside
     chunks. float64 tensors run the NumPy references."""
+    serve = _scan._SERVE
+    if serve is not None and not torch.compiler.is_compiling():
+        # a planned signature with nothing to differentiate, in one native call (None: not one
+        # the core's server serves, e.g. an input requiring grad)
+        r = serve(
+            u,
+            delta,
+            A,
+            B,
+            C,
+            D,
+            z,
+            delta_bias,
+            initial_state,
+            delta_softplus,
+            return_last_state,
+            False,
+        )
+        if r is not None:
+            return r  # type: ignore[no-any-return]
     for name, t in (("u", u), ("delta", delta), ("A", A), ("B", B), ("C", C)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: flashscan.torch takes torch tensors, got {type(t).__name__}")
@@ -1298,6 +1326,12 @@ def selective_scan_fn(
     if torch.compiler.is_compiling():
         out, last, _saved = torch.ops.flashscan.selective_scan_fwd(*args)
         return (out, last) if return_last_state else out
+    if not save and u.dtype != _F64:
+        # nothing to differentiate: the core call (its native server from a signature's
+        # second call), without the autograd Function's cost
+        return _scan.selective_scan_fn(  # type: ignore[no-any-return]
+            u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state, initial_state
+        )
     return _SelectiveScan.apply(*args, return_last_state)
 
 

@@ -405,6 +405,18 @@ pub(crate) fn tiles_from_env(var: &str) -> TileOverride {
     Some(parse_tiles(&v))
 }
 
+/// `FLASHSCAN_SCAN_PACK_BC=0|1`: a measurement override of the packed 16-bit B / C staging
+/// (`FS_PACK_BC` in cuda/selective_scan.cu; unset: the kernel's default).
+fn pack_bc_override() -> Option<i64> {
+    static O: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    *O.get_or_init(|| {
+        std::env::var("FLASHSCAN_SCAN_PACK_BC")
+            .ok()
+            .and_then(|v| v.parse::<i64>().ok())
+            .filter(|v| *v == 0 || *v == 1)
+    })
+}
+
 /// `FLASHSCAN_SCAN_TILES`: the forward's override.
 fn tiles_override() -> &'static TileOverride {
     static O: std::sync::OnceLock<TileOverride> = std::sync::OnceLock::new();
@@ -550,6 +562,9 @@ pub fn spec(
         ("FS_POLY_NUM", 0),
         ("FS_ARCH", arch),
     ];
+    if let Some(v) = pack_bc_override() {
+        defines.push(("FS_PACK_BC", v));
+    }
     if save {
         // Only the saving variants carry these: the plain ones stay byte-identical.
         defines.push(("FS_SAVE_STATES", 1));
