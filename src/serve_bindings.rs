@@ -1,5 +1,6 @@
 //! One native call per hot torch call: `ScanServer.serve` takes `selective_scan_fn`'s
-//! arguments as they come from Python (`StateUpdateServer.serve` `selective_state_update`'s),
+//! arguments as they come from Python (`StateUpdateServer.serve` `selective_state_update`'s,
+//! `ConvUpdateServer.serve` `causal_conv1d_update`'s),
 //! reads the torch tensors through torch's DLPack C exchange table (`torch_exchange`), finds
 //! the signature's plan in a Rust map, allocates the output through torch
 //! (`Tensor.new_empty`: the caching allocator, so `record_stream` keeps working), and launches
@@ -10,7 +11,7 @@
 //! Safety of serving without the Python checks: a signature is only planned when the Python
 //! layer asks (`learn=True`), which it does from its hot path, i.e. for a signature its general
 //! path checked and served on a usable device; the scan's planning runs every native check
-//! again (`ops::scan::forward_replay`), the state update runs them on every call. A call is
+//! again (`ops::scan::forward_replay`), the decode updates run them on every call. A call is
 //! served only when every tensor's exact type is one a planned call had (torch.Tensor,
 //! nn.Parameter: no subclass with its own dispatch), its dtype / device / shape / strides and
 //! flags equal a planned signature's, and (the scan) no input needs autograd. Anything else
@@ -107,17 +108,20 @@ impl<P> Core<P> {
         self.plans.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Reads a call's tensors (the first `required` must be tensors, the others tensors or
-    /// None) and keys it with `flags`; None when it cannot be served: no exchange table, a
+    /// Reads a call's tensors (at most `INPUTS`; the first `required` must be tensors, the
+    /// others tensors or None) and keys it with `flags`; None when it cannot be served: no exchange table, a
     /// type no planned call had (unless learning), or a tensor torch cannot describe.
     fn read(
         &self,
-        objs: &[&Bound<'_, PyAny>; INPUTS],
+        objs: &[&Bound<'_, PyAny>],
         required: usize,
         flags: i64,
         learn: bool,
     ) -> Option<(TorchExchange, Call)> {
         let ex = self.exchange?;
+        if objs.len() > INPUTS {
+            return None;
+        }
         if !learn {
             // a short lock: no Python runs under it
             let p = self.lock();
@@ -507,6 +511,114 @@ impl StateUpdateServer {
     }
 }
 
+// ---------------------------------------------------------------- the conv1d decode update
+
+/// The native server of `causal_conv1d_update`'s planned torch signatures (conv_state updated
+/// in place: as the state update, the op's checks run on every call).
+#[pyclass(module = "flashscan._native", frozen)]
+pub(crate) struct ConvUpdateServer {
+    core: Core<UpdatePlan>,
+}
+
+/// causal-conv1d's activation argument: None -> no SiLU, "silu" / "swish" -> SiLU; None for
+/// anything else (the Python layer says what is wrong).
+fn silu_of(activation: &Bound<'_, PyAny>) -> Option<bool> {
+    if activation.is_none() {
+        return Some(false);
+    }
+    match activation.extract::<String>().ok()?.as_str() {
+        "silu" | "swish" => Some(true),
+        _ => None,
+    }
+}
+
+#[pymethods]
+impl ConvUpdateServer {
+    /// `tensor`: torch.Tensor (see `ScanServer`).
+    #[new]
+    fn new(tensor: &Bound<'_, PyAny>) -> Self {
+        ConvUpdateServer {
+            core: Core::new(tensor),
+        }
+    }
+
+    /// `causal_conv1d_update`'s call on torch tensors (conv_state updated in place), served
+    /// natively when its signature is planned (with `learn`: planned now); returns out, or
+    /// None when it does not serve the call.
+    #[pyo3(signature = (x, conv_state, weight, bias, cache_seqlens, activation, learn))]
+    #[allow(clippy::too_many_arguments)]
+    fn serve<'py>(
+        &self,
+        py: Python<'py>,
+        x: &Bound<'py, PyAny>,
+        conv_state: &Bound<'py, PyAny>,
+        weight: &Bound<'py, PyAny>,
+        bias: &Bound<'py, PyAny>,
+        cache_seqlens: &Bound<'py, PyAny>,
+        activation: &Bound<'py, PyAny>,
+        learn: bool,
+    ) -> PyResult<Option<PyObject>> {
+        let Some(silu) = silu_of(activation) else {
+            return Ok(None);
+        };
+        let objs = [x, conv_state, weight, bias, cache_seqlens];
+        let Some((ex, call)) = self.core.read(&objs, 3, silu as i64, learn) else {
+            return Ok(None);
+        };
+        let Some(views) = call.views() else {
+            return Ok(None);
+        };
+        let plan = match self.core.find(&call.key) {
+            Some(Some(p)) => p,
+            Some(None) => return Ok(None),
+            None if !learn => return Ok(None),
+            None => {
+                let vx = views[0].as_ref().filter(|v| v.device == DeviceKind::Cuda);
+                let plan = vx.and_then(|v| {
+                    PyTuple::new(py, &v.shape).ok().map(|t| {
+                        Arc::new(UpdatePlan {
+                            out_shape: t.unbind(),
+                        })
+                    })
+                });
+                self.core.keep(call.key.clone(), plan.clone(), &objs);
+                match plan {
+                    Some(p) => p,
+                    None => return Ok(None),
+                }
+            }
+        };
+        let out = x.call_method1(intern!(py, "new_empty"), (plan.out_shape.bind(py),))?;
+        let Some(vo) = ex.read(&out).and_then(|t| t.view()) else {
+            return Ok(None);
+        };
+        let (Some(vx), Some(vs), Some(vw)) =
+            (views[0].as_ref(), views[1].as_ref(), views[2].as_ref())
+        else {
+            return Ok(None);
+        };
+        let args = ops::conv1d::Conv1dUpdateArgs {
+            x: vx,
+            conv_state: vs,
+            weight: vw,
+            bias: views[3].as_ref(),
+            cache_seqlens: views[4].as_ref(),
+            out: &vo,
+            silu,
+        };
+        let Some(stream) = ex.cuda_stream(vx.device_id) else {
+            return Ok(None);
+        };
+        ops::conv1d::update(&args, StreamChoice::Caller(stream))?;
+        Ok(Some(out.unbind()))
+    }
+
+    /// Signatures held, refused ones included (tests).
+    fn plan_count(&self) -> usize {
+        self.core.plan_count()
+    }
+}
+
 /// `read` of one torch tensor through the exchange table, as (pointer, shape, strides,
 /// dtype code / bits / lanes, device type, device id); None where torch has no table. The
 /// tests compare it with torch's own accessors (the table's struct layout is ours to get
@@ -530,6 +642,7 @@ pub(crate) fn torch_exchange_read(t: &Bound<'_, PyAny>) -> Option<ExchangeRead> 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ScanServer>()?;
     m.add_class::<StateUpdateServer>()?;
+    m.add_class::<ConvUpdateServer>()?;
     m.add_function(wrap_pyfunction!(torch_exchange_read, m)?)?;
     Ok(())
 }

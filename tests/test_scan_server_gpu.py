@@ -288,3 +288,64 @@ def test_flashscan_torch_without_grad_skips_the_autograd_function(monkeypatch: A
         assert torch.equal(got, want.detach())
         assert torch.equal(got_attn, want_attn.detach())
     assert scan._SERVE is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# causal_conv1d_update
+# ---------------------------------------------------------------------------------------------
+
+# (batch, dim, seqlen or None, state_len, width, dtype, bias, ring buffer, activation)
+CONV_CASES = [
+    (32, 640, None, 3, 4, torch.bfloat16, True, False, "silu"),  # the game's decode step
+    (3, 300, 2, 6, 3, torch.float16, False, True, None),
+    (2, 96, None, 1, 2, torch.float32, True, False, "swish"),
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: "-".join(str(v) for v in c))
+def test_served_conv_updates_equal_the_descriptor_calls(case: tuple, monkeypatch: Any) -> None:
+    import flashscan.conv as conv
+    import flashscan.torch as fst
+    from flashscan import _native
+
+    batch, dim, n, state_len, width, dtype, has_bias, ring, act = case
+    dev = "cuda"
+    for step in range(4):  # fresh tensors every call
+        x = torch.randn(batch, dim, *(() if n is None else (n,)), device=dev, dtype=dtype)
+        state = torch.randn(batch, dim, state_len, device=dev, dtype=dtype)
+        w = torch.randn(dim, width, device=dev)
+        b = torch.randn(dim, device=dev) if has_bias else None
+        lens = torch.randint(0, 50, (batch,), device=dev, dtype=torch.int32) if ring else None
+        want_state = state.clone()
+        want = torch.empty_like(x)
+        _native.causal_conv1d_update(
+            fst._desc(x, "x"),
+            fst._desc(want_state, "conv_state"),
+            fst._desc(w, "weight"),
+            None if b is None else fst._desc(b, "bias"),
+            None if lens is None else fst._desc(lens, "cache_seqlens"),
+            fst._desc(want, "out"),
+            act is not None,
+            torch.cuda.current_stream().cuda_stream,
+        )
+        if step == 3:  # served: the Python layer's native entry may not be used
+            monkeypatch.setattr(conv, "_native", _NoNative())
+        out = flashscan.causal_conv1d_update(x, state, w, b, activation=act, cache_seqlens=lens)
+        if step == 3:
+            monkeypatch.undo()
+        torch.cuda.synchronize()
+        assert out.shape == x.shape and out.dtype == dtype
+        assert torch.equal(out, want), step
+        assert torch.equal(state, want_state), step
+    assert conv._UPDATE_SERVE is not None
+
+
+def test_served_conv_update_checks_overlap_on_every_call() -> None:
+    """x a view into conv_state, in a served signature: the overlap error, not a race."""
+    state = torch.randn(4, 64, 3, device="cuda")
+    w = torch.randn(64, 4, device="cuda")
+    for _ in range(3):
+        buf = torch.randn(4, 64, 3, device="cuda")
+        flashscan.causal_conv1d_update(buf[:, :, 0], state, w)
+    with pytest.raises(ValueError, match="overlaps"):
+        flashscan.causal_conv1d_update(state[:, :, 0], state, w)

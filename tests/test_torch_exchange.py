@@ -135,3 +135,18 @@ def test_state_update_server_refuses_cpu_signatures() -> None:
     assert srv.plan_count() == 1
     assert srv.serve(*args, 1, True) is None  # a non-bool flag: the Python layer's
     assert srv.plan_count() == 1
+
+
+def test_conv_update_server_refuses_cpu_signatures_and_unknown_activations() -> None:
+    srv = _native.ConvUpdateServer(torch.Tensor)
+    assert srv
+    x, state, w = torch.randn(2, 8), torch.randn(2, 8, 3), torch.randn(8, 4)
+    assert srv.serve(x, state, w, None, None, "silu", False) is None
+    assert srv.plan_count() == 0
+    assert srv.serve(x, state, w, None, None, "silu", True) is None
+    assert srv.plan_count() == 1  # refused: a CPU signature
+    for act in ("relu", 1, "SiLU"):  # the Python layer's to judge
+        assert srv.serve(x, state, w, None, None, act, True) is None
+    assert srv.plan_count() == 1
+    assert srv.serve(x, state, w, None, None, None, True) is None
+    assert srv.plan_count() == 2

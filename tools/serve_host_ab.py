@@ -9,8 +9,9 @@ The call: the real-time shape (d512 L60 n16 bf16, D / z / delta_bias, softplus) 
 32. The state update (D: its native server; C: the Python layer's descriptor calls; with
 `--mamba-triton`, mamba_ssm's Triton `selective_state_update` imported from the checkout, no
 build) at the shapes of `SSU_SHAPES`. flashscan.torch's scan and attention under torch.no_grad
-(the core route against the autograd Function they took before). Every variant's output is
-checked against D's first.
+(the core route against the autograd Function they took before); causal_conv1d_update (D
+against the Python layer's general path). Every variant's output is checked against D's
+first.
 
     python tools/serve_host_ab.py [--bursts 16] [--calls 100] [--mamba-src DIR]
         [--mamba-triton DIR]
@@ -106,6 +107,46 @@ def ssu_rows(mamba_ssu: Any) -> dict[str, Callable[[], Any]]:
             err = float((yp.float() - yd.float()).abs().max())
             assert err <= 5e-2 * float(yd.float().abs().max()), (label, err)
             rows[f"{label} mamba_ssm Triton"] = peer
+    return rows
+
+
+def conv_rows() -> dict[str, Callable[[], Any]]:
+    """causal_conv1d_update, bf16, width 4, bias, silu: D (native server) vs C (the Python
+    layer's general path, which is every call's route without the server)."""
+    import flashscan.conv as conv
+
+    server = conv._make_update_server()
+    assert server, "this build has no conv update server"
+
+    def conv_mode(m: str) -> None:
+        conv._UPDATE_SERVER = server if m == "D" else False
+        conv._UPDATE_SERVE = server.serve if m == "D" else None
+
+    rows: dict[str, Callable[[], Any]] = {}
+    for label, b, d in (("conv update b32 d640", 32, 640), ("conv update b64 d5376", 64, 5376)):
+        x = torch.randn(b, d, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(d, 4, device="cuda")
+        bias = torch.randn(d, device="cuda")
+        state0 = torch.randn(b, d, 3, device="cuda", dtype=torch.bfloat16)
+
+        def variant(
+            m: str, x: Any = x, w: Any = w, bias: Any = bias, st: Any = None, s0: Any = state0
+        ) -> Callable[[], Any]:
+            st = s0.clone() if st is None else st
+
+            def run() -> Any:
+                if (conv._UPDATE_SERVE is not None) != (m == "D"):
+                    conv_mode(m)
+                return flashscan.causal_conv1d_update(x, st, w, bias, activation="silu")
+
+            return run
+
+        sd, sc = state0.clone(), state0.clone()
+        yd, yc = variant("D", st=sd)(), variant("C", st=sc)()
+        assert torch.equal(yd, yc) and torch.equal(sd, sc), label
+        rows[f"{label} D native server"] = variant("D")
+        rows[f"{label} C Python layer"] = variant("C")
+    conv_mode("D")
     return rows
 
 
@@ -270,6 +311,7 @@ def main() -> None:
         )
     rows.update(ssu_rows(mamba_ssu))
     rows.update(torch_rows())
+    rows.update(conv_rows())
     for fn in rows.values():  # warm-up
         burst(fn, 50)
     wall: dict[str, list[float]] = {k: [] for k in rows}

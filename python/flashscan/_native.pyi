@@ -195,6 +195,27 @@ class StateUpdateServer:
     def plan_count(self) -> int:
         """Signatures held, refused ones included (tests)."""
 
+class ConvUpdateServer:
+    """`causal_conv1d_update`'s checked torch signatures served in one native call (the op's
+    checks run on every call: conv_state is written in place)."""
+
+    def __init__(self, tensor: type) -> None: ...
+    def serve(
+        self,
+        x: Any,
+        conv_state: Any,
+        weight: Any,
+        bias: Any,
+        cache_seqlens: Any,
+        activation: Any,
+        learn: bool,
+    ) -> Any | None:
+        """out when the call's signature is planned (with learn: planned now); None when it
+        does not serve the call."""
+
+    def plan_count(self) -> int:
+        """Signatures held, refused ones included (tests)."""
+
 def torch_exchange_read(
     t: Any,
 ) -> tuple[int, list[int], list[int], tuple[int, int, int], int, int] | None:

@@ -10,10 +10,11 @@ differentiable op that `flashscan.torch` registers in `_routes`.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from . import _backend, _checks, _routes, reference_conv
-from ._frameworks import _HANDLERS, CUDA, Handler, _resolve, needs_autograd
+from ._frameworks import _HANDLERS, CUDA, TORCH_TYPES, Handler, _resolve, needs_autograd
 from .scan import _describe_all
 
 __all__ = ["causal_conv1d_fn", "causal_conv1d_update"]
@@ -168,6 +169,26 @@ def conv_fwd_any(
     return out, hx.from_host(final, dx[3], x, dx)
 
 
+# The native server of checked torch signatures of `causal_conv1d_update`
+# (`_native.ConvUpdateServer`, src/serve_bindings.rs: one native call a decode step), made on
+# the first GPU call; False where this build has none. `_UPDATE_SERVE` is its `serve` once it
+# has served a call.
+_UPDATE_SERVER: Any = None
+_UPDATE_SERVE: Any = None
+
+
+def _make_update_server() -> Any:
+    """The server, made now; None (asked again next time) while `_native` is not the real
+    module (tests swap in fakes)."""
+    global _UPDATE_SERVER
+    if _native is not _backend.native:
+        return None
+    cls = getattr(_native, "ConvUpdateServer", None)
+    torch = sys.modules.get("torch")
+    _UPDATE_SERVER = False if cls is None or torch is None else cls(torch.Tensor)
+    return _UPDATE_SERVER
+
+
 def causal_conv1d_update(
     x: Any,
     conv_state: Any,
@@ -186,6 +207,13 @@ def causal_conv1d_update(
     is a ring buffer whose next slot is cache_seqlens[b] % state_len (x is written from there,
     the inputs before x are the width - 1 slots before it). Returns out (like x).
     """
+    global _UPDATE_SERVE
+    serve = _UPDATE_SERVE
+    if serve is not None:
+        # a planned signature in one native call (None: not one it serves)
+        r = serve(x, conv_state, weight, bias, cache_seqlens, activation, False)
+        if r is not None:
+            return r
     hx = _frameworks_handler(x, "x")
     objs = (x, conv_state, weight, bias, cache_seqlens)
     hands, descs, nargs = _describe_all(objs, _UPDATE_ARGS, 3, hx, type(x))
@@ -206,6 +234,14 @@ def causal_conv1d_update(
 
     if dx[4] == CUDA and batch and dim and seqlen:
         if dx[5] in _backend.usable_devices():
+            if all(o is None or type(o) in TORCH_TYPES for o in objs):
+                server = _UPDATE_SERVER if _UPDATE_SERVER is not None else _make_update_server()
+                if server:
+                    # a checked call: its signature is served natively from now on
+                    r = server.serve(x, conv_state, weight, bias, cache_seqlens, activation, True)
+                    if r is not None:
+                        _UPDATE_SERVE = server.serve
+                        return r
             out = hx.empty(tuple(dx[1]), dx[3], x, dx)
             _native.causal_conv1d_update(  # type: ignore[union-attr]
                 *nargs,
