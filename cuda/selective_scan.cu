@@ -359,8 +359,9 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
 #pragma unroll
     for (int t = 0; t < kT; ++t) {
       // steps past the sequence end (dt = 0) would leave x as it is: the last tile skips them in
-      // groups of 4 (block-uniform; their y partials are never stored)
-      if (t % 4 == 0 && t >= valid) break;
+      // groups of 4 (block-uniform; their y partials are never stored). Only where the register
+      // budget is >= 128 (FS_MIN_BLOCKS <= 4): at 64 (the small-grid plans) the exit spilled.
+      if (FS_MIN_BLOCKS <= 4 && t % 4 == 0 && t >= valid) break;
       float2 dd[kCPT];                  // (dt, dt*u) per channel; same address for the slot's lanes
       if constexpr (kCPT == 1) {
         dd[0] = dtrow[t];
