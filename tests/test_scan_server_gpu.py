@@ -349,3 +349,89 @@ def test_served_conv_update_checks_overlap_on_every_call() -> None:
         flashscan.causal_conv1d_update(buf[:, :, 0], state, w)
     with pytest.raises(ValueError, match="overlaps"):
         flashscan.causal_conv1d_update(state[:, :, 0], state, w)
+
+
+# ---------------------------------------------------------------------------------------------
+# mamba_chunk_scan_combined (Mamba-2 SSD forward)
+# ---------------------------------------------------------------------------------------------
+
+# (batch, seqlen, nheads, headdim, ngroups, dstate, dtype, chunk, D per channel, initial states,
+#  final states, seq_idx)
+SSD_CASES = [
+    (32, 60, 8, 64, 1, 64, torch.bfloat16, 256, False, False, False, False),  # real time
+    (2, 300, 4, 64, 2, 32, torch.float16, 64, True, True, True, True),
+    (2, 70, 2, 32, 1, 16, torch.float32, 64, False, True, True, False),
+]
+
+
+@pytest.mark.parametrize("case", SSD_CASES, ids=lambda c: "-".join(str(v) for v in c))
+def test_served_ssd_calls_equal_the_python_layer(case: tuple, monkeypatch: Any) -> None:
+    """The server's call against the Python layer's hot path (`ssd._serve`, the server
+    switched off) on the same fresh tensors each call, bit for bit; the fourth call with the
+    Python layer's `_native` replaced by an object that fails."""
+    from test_ssd_gpu import ssd_inputs
+
+    import flashscan.ssd as ssd
+
+    b, L, h, p, g, n, dtype, chunk, D2, init, final, seq = case
+    for step in range(4):
+        a = ssd_inputs(b, L, h, p, g, n, dtype, D2=D2, init=init)
+        kw: dict[str, Any] = {"dt_softplus": True, "return_final_states": final}
+        if seq:
+            kw["seq_idx"] = (
+                (torch.arange(L, device="cuda") >= L // 3)
+                .to(torch.int32)[None]
+                .expand(b, L)
+                .contiguous()
+            )
+        if step == 3:
+            monkeypatch.setattr(ssd, "_native", _NoNative())
+        got = flashscan.mamba_chunk_scan_combined(**a, chunk_size=chunk, **kw)
+        if step == 3:
+            monkeypatch.undo()
+        saved = (ssd._SERVER, ssd._SERVE)
+        ssd._SERVER, ssd._SERVE = False, None
+        try:
+            want = flashscan.mamba_chunk_scan_combined(**a, chunk_size=chunk, **kw)
+        finally:
+            ssd._SERVER, ssd._SERVE = saved
+        torch.cuda.synchronize()
+        got = got if isinstance(got, tuple) else (got,)
+        want = want if isinstance(want, tuple) else (want,)
+        assert len(got) == len(want) == (2 if final else 1)
+        for x, y in zip(got, want):
+            assert x.shape == y.shape and x.dtype == y.dtype
+            assert torch.equal(x, y), step
+    assert ssd._SERVE is not None
+
+
+def test_served_ssd_call_captures_into_a_graph() -> None:
+    """A served signature (its workspaces from the stream-ordered pool) inside CUDA graph
+    capture: replays recompute from the inputs' new contents."""
+    from test_ssd_gpu import ssd_inputs
+
+    import flashscan.ssd as ssd
+
+    a = ssd_inputs(4, 60, 8, 64, 1, 64, torch.bfloat16, init=False)
+    for _ in range(3):
+        flashscan.mamba_chunk_scan_combined(**a, chunk_size=256, dt_softplus=True)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        out = flashscan.mamba_chunk_scan_combined(**a, chunk_size=256, dt_softplus=True)
+    for _ in range(2):
+        fresh = ssd_inputs(4, 60, 8, 64, 1, 64, torch.bfloat16, init=False)
+        for k in ("x", "dt", "B", "C", "z"):
+            a[k].copy_(fresh[k])
+        out.fill_(float("nan"))
+        g.replay()
+        saved = (ssd._SERVER, ssd._SERVE)
+        ssd._SERVER, ssd._SERVE = False, None
+        try:
+            want = flashscan.mamba_chunk_scan_combined(**a, chunk_size=256, dt_softplus=True)
+        finally:
+            ssd._SERVER, ssd._SERVE = saved
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)

@@ -150,3 +150,37 @@ def test_conv_update_server_refuses_cpu_signatures_and_unknown_activations() -> 
     assert srv.plan_count() == 1
     assert srv.serve(x, state, w, None, None, None, True) is None
     assert srv.plan_count() == 2
+
+
+def test_ssd_server_refuses_cpu_signatures_varlen_and_odd_flags() -> None:
+    import math
+
+    srv = _native.SsdServer(torch.Tensor, torch.is_grad_enabled, torch.float32)
+    assert srv
+    b, L, h, p, g, n = 1, 8, 2, 4, 1, 4
+    t = [
+        torch.randn(b, L, h, p),
+        torch.rand(b, L, h),
+        -torch.rand(h),
+        torch.randn(b, L, g, n),
+        torch.randn(b, L, g, n),
+    ]
+    opt = [None, None, None, None, None]  # D, z, dt_bias, initial_states, seq_idx
+
+    def call(
+        chunk: Any = 4, cu: Any = None, lim: Any = (0.0, math.inf), varlen: Any = False
+    ) -> Any:
+        return srv.serve(*t, chunk, *opt, cu, True, lim, False, varlen, True)
+
+    assert call() is None
+    assert srv.plan_count() == 1  # a CPU signature: refused, remembered
+    for bad in (
+        {"chunk": True},
+        {"chunk": 4.0},
+        {"cu": torch.tensor([0, 8], dtype=torch.int32)},
+        {"lim": [0.0, 1.0]},
+        {"lim": (0.0,)},
+        {"varlen": True},
+    ):
+        assert call(**bad) is None, bad
+    assert srv.plan_count() == 1

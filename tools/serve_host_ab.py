@@ -10,8 +10,9 @@ The call: the real-time shape (d512 L60 n16 bf16, D / z / delta_bias, softplus) 
 `--mamba-triton`, mamba_ssm's Triton `selective_state_update` imported from the checkout, no
 build) at the shapes of `SSU_SHAPES`. flashscan.torch's scan and attention under torch.no_grad
 (the core route against the autograd Function they took before); causal_conv1d_update (D
-against the Python layer's general path). Every variant's output is checked against D's
-first.
+against the Python layer's general path); mamba_chunk_scan_combined at the real-time shape (D,
+C, and with `--mamba-triton` mamba_ssm's Triton version). Every variant's output is checked
+against D's first.
 
     python tools/serve_host_ab.py [--bursts 16] [--calls 100] [--mamba-src DIR]
         [--mamba-triton DIR]
@@ -147,6 +148,61 @@ def conv_rows() -> dict[str, Callable[[], Any]]:
         rows[f"{label} D native server"] = variant("D")
         rows[f"{label} C Python layer"] = variant("C")
     conv_mode("D")
+    return rows
+
+
+def ssd_rows(mamba_ssd: Any) -> dict[str, Callable[[], Any]]:
+    """mamba_chunk_scan_combined at the real-time shape (b32 L60, 8 heads x 64, state 64,
+    bf16, D, z, dt_bias, softplus, chunk 256): D (native server) vs C (the Python layer's hot
+    path), and mamba_ssm's Triton version when given."""
+    import flashscan.ssd as ssd
+
+    server = ssd._make_server()
+    assert server, "this build has no SSD server"
+
+    def ssd_mode(m: str) -> None:
+        ssd._SERVER = server if m == "D" else False
+        ssd._SERVE = server.serve if m == "D" else None
+
+    b, L, h, p, n = 32, 60, 8, 64, 64
+    dev, bf = "cuda", torch.bfloat16
+    a = {
+        "x": torch.randn(b, L, h, p, device=dev).to(bf),
+        "dt": torch.rand(b, L, h, device=dev) * 2 - 2.5,
+        "A": -torch.exp(torch.rand(h, device=dev) * 2 - 1),
+        "B": (torch.randn(b, L, 1, n, device=dev) * n**-0.25).to(bf),
+        "C": (torch.randn(b, L, 1, n, device=dev) * n**-0.25).to(bf),
+        "D": torch.randn(h, device=dev),
+        "z": torch.randn(b, L, h, p, device=dev).to(bf),
+        "dt_bias": torch.rand(h, device=dev) * 0.5,
+    }
+
+    def variant(m: str) -> Callable[[], Any]:
+        def run() -> Any:
+            if (ssd._SERVE is not None) != (m == "D"):
+                ssd_mode(m)
+            return flashscan.mamba_chunk_scan_combined(**a, chunk_size=256, dt_softplus=True)
+
+        return run
+
+    for m in ("D", "C"):
+        for _ in range(3):
+            variant(m)()
+    want = variant("D")()
+    assert torch.equal(variant("C")(), want)
+    rows = {
+        "ssd b32 L60 8x64 n64 D native server": variant("D"),
+        "ssd b32 L60 8x64 n64 C Python layer": variant("C"),
+    }
+    if mamba_ssd is not None:
+
+        def peer(a: Any = a, f: Any = mamba_ssd) -> Any:
+            return f(**a, chunk_size=256, dt_softplus=True)
+
+        err = float((peer().float() - want.float()).abs().max())
+        assert err <= 5e-2 * float(want.float().abs().max()), err
+        rows["ssd b32 L60 8x64 n64 mamba_ssm Triton"] = peer
+    ssd_mode("D")
     return rows
 
 
@@ -301,7 +357,7 @@ def main() -> None:
             err = float((got.float() - want.float()).abs().max())
             assert err <= 5e-2 * float(want.float().abs().max()), err
             rows[f"b{b} mamba_ssm (no grad)"] = peer
-    mamba_ssu = None
+    mamba_ssu = mamba_ssd = None
     if args.mamba_triton:
         from flashscan.bench import mamba_src
 
@@ -309,7 +365,11 @@ def main() -> None:
         from mamba_ssm.ops.triton.selective_state_update import (
             selective_state_update as mamba_ssu,
         )
+        from mamba_ssm.ops.triton.ssd_combined import (
+            mamba_chunk_scan_combined as mamba_ssd,
+        )
     rows.update(ssu_rows(mamba_ssu))
+    rows.update(ssd_rows(mamba_ssd))
     rows.update(torch_rows())
     rows.update(conv_rows())
     for fn in rows.values():  # warm-up

@@ -216,6 +216,38 @@ class ConvUpdateServer:
     def plan_count(self) -> int:
         """Signatures held, refused ones included (tests)."""
 
+class SsdServer:
+    """`mamba_chunk_scan_combined`'s planned torch signatures served in one native call (no
+    autograd, no varlen states; the op's checks on every call; workspaces from the device's
+    stream-ordered pool)."""
+
+    def __init__(self, tensor: type, grad_enabled: Callable[[], bool], float32: Any) -> None: ...
+    def serve(
+        self,
+        x: Any,
+        dt: Any,
+        A: Any,
+        B: Any,
+        C: Any,
+        chunk_size: Any,
+        D: Any,
+        z: Any,
+        dt_bias: Any,
+        initial_states: Any,
+        seq_idx: Any,
+        cu_seqlens: Any,
+        dt_softplus: Any,
+        dt_limit: Any,
+        return_final_states: Any,
+        return_varlen_states: Any,
+        learn: bool,
+    ) -> Any | None:
+        """out or (out, final_states) when the call's signature is planned (with learn:
+        planned now); None when it does not serve the call."""
+
+    def plan_count(self) -> int:
+        """Signatures held, refused ones included (tests)."""
+
 def torch_exchange_read(
     t: Any,
 ) -> tuple[int, list[int], list[int], tuple[int, int, int], int, int] | None:

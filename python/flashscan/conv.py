@@ -177,15 +177,27 @@ _UPDATE_SERVER: Any = None
 _UPDATE_SERVE: Any = None
 
 
+def _never() -> bool:
+    return False
+
+
+# torch.compiler.is_compiling once a server exists (dynamo reads it as a constant True while
+# tracing and drops the server's call, which it cannot trace; the traced path then takes the
+# custom ops as before)
+_is_compiling: Any = _never
+
+
 def _make_update_server() -> Any:
     """The server, made now; None (asked again next time) while `_native` is not the real
     module (tests swap in fakes)."""
-    global _UPDATE_SERVER
+    global _UPDATE_SERVER, _is_compiling
     if _native is not _backend.native:
         return None
     cls = getattr(_native, "ConvUpdateServer", None)
     torch = sys.modules.get("torch")
     _UPDATE_SERVER = False if cls is None or torch is None else cls(torch.Tensor)
+    if _UPDATE_SERVER:
+        _is_compiling = torch.compiler.is_compiling  # type: ignore[union-attr]
     return _UPDATE_SERVER
 
 
@@ -209,7 +221,7 @@ def causal_conv1d_update(
     """
     global _UPDATE_SERVE
     serve = _UPDATE_SERVE
-    if serve is not None:
+    if serve is not None and not _is_compiling():
         # a planned signature in one native call (None: not one it serves)
         r = serve(x, conv_state, weight, bias, cache_seqlens, activation, False)
         if r is not None:

@@ -121,7 +121,7 @@ def selective_scan_fn(
     """
     global _SCAN_LAST, _SERVE
     serve = _SERVE
-    if serve is not None:
+    if serve is not None and not _is_compiling():
         # a planned signature in one native call (None: not one it serves)
         r = serve(
             u,
@@ -230,10 +230,20 @@ _SERVER: Any = None
 _SERVE: Any = None
 
 
+def _never() -> bool:
+    return False
+
+
+# torch.compiler.is_compiling once a server exists (dynamo reads it as a constant True while
+# tracing and drops the server's call, which it cannot trace; the traced path then takes the
+# custom ops as before)
+_is_compiling: Any = _never
+
+
 def _make_server() -> Any:
     """The server, made now; None (asked again next time) while `_native` is not the real
     module (tests swap in fakes that record every call)."""
-    global _SERVER
+    global _SERVER, _is_compiling
     if _native is not _backend.native:
         return None
     cls = getattr(_native, "ScanServer", None)
@@ -242,6 +252,7 @@ def _make_server() -> Any:
         _SERVER = False
     else:
         _SERVER = cls(torch.Tensor, torch.is_grad_enabled, torch.float32)
+        _is_compiling = torch.compiler.is_compiling
     return _SERVER
 
 
@@ -252,12 +263,14 @@ _SSU_SERVE: Any = None
 
 def _make_ssu_server() -> Any:
     """As `_make_server`, for the state update."""
-    global _SSU_SERVER
+    global _SSU_SERVER, _is_compiling
     if _native is not _backend.native:
         return None
     cls = getattr(_native, "StateUpdateServer", None)
     torch = sys.modules.get("torch")
     _SSU_SERVER = False if cls is None or torch is None else cls(torch.Tensor)
+    if _SSU_SERVER:
+        _is_compiling = torch.compiler.is_compiling  # type: ignore[union-attr]
     return _SSU_SERVER
 
 
@@ -609,7 +622,7 @@ def selective_state_update(
     """
     global _SSU_LAST, _SSU_SERVE
     serve = _SSU_SERVE
-    if serve is not None:
+    if serve is not None and not _is_compiling():
         # a planned signature in one native call (None: not one it serves)
         r = serve(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, False)
         if r is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from typing import Any
 
 from . import _backend, _checks, _routes, reference_ssd
@@ -54,6 +55,39 @@ def _fwd2(dtype_name: str) -> bool:
     return dtype_name in _FWD2_DTYPES and os.environ.get("FLASHSCAN_SSD_FWD") != "1"
 
 
+# The native server of planned torch signatures (`_native.SsdServer`, src/serve_bindings.rs:
+# one native call, workspaces from the device's stream-ordered pool), made on the first hot
+# call; False where this build has none. `_SERVE` is its `serve` once it has served a call.
+_SERVER: Any = None
+_SERVE: Any = None
+
+
+def _never() -> bool:
+    return False
+
+
+# torch.compiler.is_compiling once a server exists (dynamo reads it as a constant True while
+# tracing and drops the server's call, which it cannot trace; the traced path then takes the
+# custom ops as before)
+_is_compiling: Any = _never
+
+
+def _make_server() -> Any:
+    """The server, made now; None (asked again next time) while `_native` is not the real
+    module (tests swap in fakes)."""
+    global _SERVER, _is_compiling
+    if _native is not _backend.native:
+        return None
+    cls = getattr(_native, "SsdServer", None)
+    torch = sys.modules.get("torch")
+    if cls is None or torch is None:
+        _SERVER = False
+    else:
+        _SERVER = cls(torch.Tensor, torch.is_grad_enabled, torch.float32)
+        _is_compiling = torch.compiler.is_compiling
+    return _SERVER
+
+
 def mamba_chunk_scan_combined(
     x: Any,
     dt: Any,
@@ -92,6 +126,16 @@ def mamba_chunk_scan_combined(
     headdim, dstate) float32, each sequence's last state; in mamba_ssm's order, in x's
     framework. (mamba_ssm returns the states in C's dtype; flashscan keeps float32.)
     """
+    global _SERVE
+    serve = _SERVE
+    if serve is not None and not _is_compiling():
+        # a planned signature in one native call (None: not one it serves)
+        r = serve(
+            x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+            dt_softplus, dt_limit, return_final_states, return_varlen_states, False,
+        )  # fmt: skip
+        if r is not None:
+            return r
     key = _key(
         (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx),
         (chunk_size, dt_softplus, dt_limit, return_final_states, return_varlen_states),
@@ -101,6 +145,17 @@ def mamba_chunk_scan_combined(
         if plan is not None and plan[0] in (_backend._usable or _NO_DEVICES):
             tensors = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
             if not (any(t is not None and t.requires_grad for t in tensors) and grad_enabled()):
+                server = _SERVER if _SERVER is not None else _make_server()
+                if server:
+                    # a checked signature, served natively from now on where it can be
+                    r = server.serve(
+                        x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                        cu_seqlens, dt_softplus, dt_limit, return_final_states,
+                        return_varlen_states, True,
+                    )  # fmt: skip
+                    if r is not None:
+                        _SERVE = server.serve
+                        return r
                 out, final = _serve(plan, tensors)
                 return out if final is None else (out, final)
     hx = _HANDLERS.get(type(x)) or _resolve(x, "x")
@@ -267,15 +322,25 @@ def _key(tensors: tuple[Any, ...], options: tuple[Any, ...]) -> tuple[Any, ...] 
     given (hashable ones only). None otherwise: the general path serves such calls."""
     if not all(t is None or type(t) in TORCH_TYPES for t in tensors):
         return None
+    # options of plain types only (an unhashable or odd one: the general path says why); a type
+    # test, not hash(): torch.compile (2.11) cannot trace hash() of a tuple
+    for o in options:
+        if not (
+            o is None
+            or type(o) in _PLAIN
+            or (type(o) is tuple and all(type(v) in _PLAIN for v in o))
+        ):
+            return None
     try:
         sig = tuple(
             None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in tensors
         )
-        key = sig + options
-        hash(key)
-    except Exception:  # no strides (sparse...), an unhashable option: the general path says why
+    except Exception:  # no strides (sparse...): the general path says why
         return None
-    return key
+    return sig + options
+
+
+_PLAIN = (int, float, bool, str)
 
 
 def _record(

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Call 7: the SSD forward server: server tests, SSD / scan GPU suites, memcheck over the server tests, the host A/B.
+R=$OUT
+SITE=$(mktemp -d)
+pip install -q --no-deps --target "$SITE" .dev/wheel/*.whl >/dev/null 2>&1
+export FLASHSCAN_CACHE_DIR="$SITE/cache" PYTHONPATH="$SITE"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/summary.txt
+cat .dev/wheel/COMMIT >> $R/summary.txt
+timeout 300 python3 -m pytest tests/test_torch_exchange.py tests/test_scan_server_gpu.py tests/test_ssd_gpu.py tests/test_ssd.py tests/test_conv_gpu.py -n 8 -q -p no:cacheprovider > $R/tests.log 2>&1; echo "tests rc $?" >> $R/summary.txt
+tail -3 $R/tests.log >> $R/summary.txt
+timeout 150 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest tests/test_scan_server_gpu.py -q -p no:cacheprovider > $R/memcheck_server.log 2>&1; echo "memcheck rc $?" >> $R/summary.txt
+tail -3 $R/memcheck_server.log >> $R/summary.txt
+timeout 200 python3 tools/serve_host_ab.py --bursts 16 --calls 100 --mamba-triton .peers/mamba > $R/serve_ab.md 2>&1; echo "ab rc $?" >> $R/summary.txt
+cat $R/summary.txt; tail -32 $R/serve_ab.md
