@@ -7,7 +7,7 @@ pub mod error;
 pub mod ops;
 mod replay_bindings;
 pub mod runtime;
-mod serve_bindings;
+mod serve;
 pub mod tensor;
 mod torch_exchange;
 pub mod xla_ffi;
@@ -1064,7 +1064,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(precompile, m)?)?;
     conv_bindings::register(m)?;
     replay_bindings::register(m)?;
-    serve_bindings::register(m)?;
+    serve::register(m)?;
     m.add_function(wrap_pyfunction!(xla_ffi_targets, m)?)?;
     m.add_function(wrap_pyfunction!(xla_ffi_api_version, m)?)?;
     Ok(())

@@ -5,7 +5,7 @@
 //! strides, dtype, device) in tens of nanoseconds, where the Python route (`.shape`,
 //! `.stride()`, `.dtype`, `.device`, `.data_ptr()`) costs about a microsecond a tensor;
 //! `current_work_stream` is torch's current stream of a device. What the torch hot paths
-//! (`serve_bindings`) build on. Nothing here owns memory or changes a tensor.
+//! (`serve`) build on. Nothing here owns memory or changes a tensor.
 
 use std::ffi::{c_int, c_void, CStr};
 

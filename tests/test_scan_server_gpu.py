@@ -1,4 +1,4 @@
-"""GPU tests of the native scan server (src/serve_bindings.rs): from its second hot call a
+"""GPU tests of the native scan server (src/serve/): from its second hot call a
 torch signature of `selective_scan_fn` is served by one native call (tensors read through
 torch's DLPack C exchange table, the replay plan found by signature, out allocated through
 torch, torch's current stream). Served calls must equal the descriptor calls bit for bit on

@@ -1,4 +1,4 @@
-"""The Python side of the native servers (src/serve_bindings.rs), without a GPU: each core
+"""The Python side of the native servers (src/serve/), without a GPU: each core
 function hands its call to its server's `serve` first (arguments in the native order, learn
 False), returns what it serves, takes the call itself when it serves nothing (None), and never
 calls it while torch.compile traces."""

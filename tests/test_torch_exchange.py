@@ -1,5 +1,5 @@
 """torch tensors read through torch's DLPack C exchange table (src/torch_exchange.rs) and the
-native scan server built on it (src/serve_bindings.rs), without a GPU: the table's struct
+native scan server built on it (src/serve/), without a GPU: the table's struct
 layout is ours to get right, so every field a read gives is compared with torch's own
 accessors; the server must refuse what it cannot plan and leave no Python error behind."""
 

@@ -170,7 +170,7 @@ def conv_fwd_any(
 
 
 # The native server of checked torch signatures of `causal_conv1d_update`
-# (`_native.ConvUpdateServer`, src/serve_bindings.rs: one native call a decode step), made on
+# (`_native.ConvUpdateServer`, src/serve/: one native call a decode step), made on
 # the first GPU call; False where this build has none. `_UPDATE_SERVE` is its `serve` once it
 # has served a call.
 _UPDATE_SERVER: Any = None

@@ -224,7 +224,7 @@ def selective_scan_fn(
 
 
 # The native server of planned torch signatures (`_native.ScanServer`: one native call per
-# hot call, see src/serve_bindings.rs), made on the first hot call; False where this build has
+# hot call, see src/serve/), made on the first hot call; False where this build has
 # none. `_SERVE` is its `serve` once it has served a call: `selective_scan_fn` tries it first.
 _SERVER: Any = None
 _SERVE: Any = None

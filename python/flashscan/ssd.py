@@ -55,7 +55,7 @@ def _fwd2(dtype_name: str) -> bool:
     return dtype_name in _FWD2_DTYPES and os.environ.get("FLASHSCAN_SSD_FWD") != "1"
 
 
-# The native server of planned torch signatures (`_native.SsdServer`, src/serve_bindings.rs:
+# The native server of planned torch signatures (`_native.SsdServer`, src/serve/:
 # one native call, workspaces from the device's stream-ordered pool), made on the first hot
 # call; False where this build has none. `_SERVE` is its `serve` once it has served a call.
 _SERVER: Any = None
