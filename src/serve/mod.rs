@@ -89,7 +89,7 @@ struct Plans<P> {
     map: HashMap<Vec<i64>, Option<Arc<P>>>,
 }
 
-/// What both servers share: the exchange table, the accepted types and the plan map.
+/// What the servers share: the exchange table, the accepted types and the plan map.
 struct Core<P> {
     /// torch's exchange table (None: this torch has none; every call is refused)
     exchange: Option<TorchExchange>,
@@ -113,8 +113,9 @@ impl<P> Core<P> {
     }
 
     /// Reads a call's tensors (at most `INPUTS`; the first `required` must be tensors, the
-    /// others tensors or None) and keys it with `flags`; None when it cannot be served: no exchange table, a
-    /// type no planned call had (unless learning), or a tensor torch cannot describe.
+    /// others tensors or None) and keys it with `flags`; None when it cannot be served: no
+    /// exchange table, a type no planned call had (unless learning), or a tensor torch cannot
+    /// describe.
     fn read(
         &self,
         objs: &[&Bound<'_, PyAny>],
@@ -183,9 +184,10 @@ impl<P> Core<P> {
     }
 }
 
-/// A planned state-update signature: what a call allocates (out, like x). Every call runs
-/// the op's checks again (`ops::state_update::update`: the state is written in place, so
-/// whether it overlaps an input depends on the pointers, not only on the signature).
+/// A planned signature of an in-place decode update (the state update, the conv1d update):
+/// what a call allocates (out, like x). Every call runs the op's checks again (the state is
+/// written in place, so whether it overlaps an input depends on the pointers, not only on the
+/// signature).
 struct UpdatePlan {
     out_shape: Py<PyTuple>,
 }
