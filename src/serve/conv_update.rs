@@ -61,7 +61,10 @@ impl ConvUpdateServer {
             return Ok(None);
         };
         let objs = [x, conv_state, weight, bias, cache_seqlens];
-        let Some((ex, call)) = self.core.read(&objs, 3, silu as i64, learn) else {
+        if !learn && !self.core.accepts(&objs, 3) {
+            return Ok(None);
+        }
+        let Some((ex, call)) = self.core.read(&objs, 3, silu as i64) else {
             return Ok(None);
         };
         let Some(views) = call.views() else {

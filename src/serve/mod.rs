@@ -112,33 +112,32 @@ impl<P> Core<P> {
         self.plans.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether every tensor of the call (the first `required` objects, and the others that
+    /// are not None) has a type a planned call had: the servers' first test when not learning
+    /// (learning calls come from the Python layer's hot paths: torch tensors). A short lock, no
+    /// Python under it.
+    fn accepts(&self, objs: &[&Bound<'_, PyAny>], required: usize) -> bool {
+        let p = self.lock();
+        objs.iter().enumerate().all(|(i, o)| {
+            (i >= required && o.is_none()) || {
+                let tp = o.get_type_ptr() as *mut ffi::PyObject;
+                p.types.iter().any(|t| t.as_ptr() == tp)
+            }
+        })
+    }
+
     /// Reads a call's tensors (at most `INPUTS`; the first `required` must be tensors, the
     /// others tensors or None) and keys it with `flags`; None when it cannot be served: no
-    /// exchange table, a type no planned call had (unless learning), or a tensor torch cannot
-    /// describe.
+    /// exchange table, or a tensor torch cannot describe.
     fn read(
         &self,
         objs: &[&Bound<'_, PyAny>],
         required: usize,
         flags: i64,
-        learn: bool,
     ) -> Option<(TorchExchange, Call)> {
         let ex = self.exchange?;
         if objs.len() > INPUTS {
             return None;
-        }
-        if !learn {
-            // a short lock: no Python runs under it
-            let p = self.lock();
-            for (i, o) in objs.iter().enumerate() {
-                if i >= required && o.is_none() {
-                    continue;
-                }
-                let tp = o.get_type_ptr() as *mut ffi::PyObject;
-                if !p.types.iter().any(|t| t.as_ptr() == tp) {
-                    return None;
-                }
-            }
         }
         let mut call = Call {
             t: Default::default(),
@@ -182,6 +181,27 @@ impl<P> Core<P> {
     fn plan_count(&self) -> usize {
         self.lock().map.len()
     }
+}
+
+/// Whether a call needs autograd (grad mode on and an input requiring grad), which the servers
+/// leave to the Python layer; an input whose `requires_grad` cannot be read counts as needing
+/// it (the Python layer then says what is wrong). Checked before any tensor is read: a
+/// training step's refused call costs the grad mode and a few attribute reads.
+fn needs_grad(grad_enabled: &Bound<'_, PyAny>, objs: &[&Bound<'_, PyAny>]) -> PyResult<bool> {
+    if !grad_enabled.call0()?.is_truthy()? {
+        return Ok(false);
+    }
+    let py = grad_enabled.py();
+    for o in objs.iter().filter(|o| !o.is_none()) {
+        let needs = o
+            .getattr(intern!(py, "requires_grad"))
+            .and_then(|r| r.is_truthy())
+            .unwrap_or(true);
+        if needs {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// A planned signature of an in-place decode update (the state update, the conv1d update):

@@ -7,7 +7,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use super::{is_bool, ptr_of, Call, Core};
+use super::{is_bool, needs_grad, ptr_of, Call, Core};
 use crate::ops;
 use crate::runtime::StreamChoice;
 use crate::tensor::DeviceKind;
@@ -142,17 +142,15 @@ impl ScanServer {
         };
         let objs = [u, delta, A, B, C, D, z, delta_bias, initial_state];
         let flags = softplus as i64 | (return_last as i64) << 1;
-        let Some((ex, call)) = self.core.read(&objs, 5, flags, learn) else {
+        // only tensors of planned types; autograd calls belong to flashscan.torch
+        if (!learn && !self.core.accepts(&objs, 5))
+            || needs_grad(self.grad_enabled.bind(py), &objs)?
+        {
+            return Ok(None);
+        }
+        let Some((ex, call)) = self.core.read(&objs, 5, flags) else {
             return Ok(None);
         };
-        // autograd calls belong to flashscan.torch (every object is a torch tensor now)
-        if self.grad_enabled.bind(py).call0()?.is_truthy()? {
-            for o in objs {
-                if !o.is_none() && o.getattr(intern!(py, "requires_grad"))?.is_truthy()? {
-                    return Ok(None);
-                }
-            }
-        }
         let (plan, out, last) = match self.core.find(&call.key) {
             Some(Some(s)) => (s, None, None),
             Some(None) => return Ok(None),

@@ -7,7 +7,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use super::{is_bool, Core};
+use super::{is_bool, needs_grad, Core};
 use crate::ops;
 use crate::runtime::StreamChoice;
 use crate::tensor::{DeviceKind, TensorView};
@@ -152,18 +152,17 @@ impl SsdServer {
         let objs = [x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx];
         let mut flags = chunk << 3 | (softplus as i64) | (return_final as i64) << 1;
         flags |= (first_path as i64) << 2;
-        let Some((ex, mut call)) = self.core.read(&objs, 5, flags, learn) else {
+        // only tensors of planned types; autograd calls belong to flashscan.torch
+        if (!learn && !self.core.accepts(&objs, 5))
+            || needs_grad(self.grad_enabled.bind(py), &objs)?
+        {
+            return Ok(None);
+        }
+        let Some((ex, mut call)) = self.core.read(&objs, 5, flags) else {
             return Ok(None);
         };
         call.key.push(lo.to_bits() as i64);
         call.key.push(hi.to_bits() as i64);
-        if self.grad_enabled.bind(py).call0()?.is_truthy()? {
-            for o in objs {
-                if !o.is_none() && o.getattr(intern!(py, "requires_grad"))?.is_truthy()? {
-                    return Ok(None);
-                }
-            }
-        }
         let Some(views) = call.views() else {
             return Ok(None);
         };

@@ -72,7 +72,10 @@ impl StateUpdateServer {
             return Ok(None);
         };
         let objs = [state, x, dt, A, B, C, D, z, dt_bias];
-        let Some((ex, call)) = self.core.read(&objs, 6, softplus as i64, learn) else {
+        if !learn && !self.core.accepts(&objs, 6) {
+            return Ok(None);
+        }
+        let Some((ex, call)) = self.core.read(&objs, 6, softplus as i64) else {
             return Ok(None);
         };
         let Some(views) = call.views() else {
