@@ -1,16 +1,12 @@
 //! `ConvUpdateServer`: `causal_conv1d_update`'s torch signatures; the op's checks on every call
 //! (conv_state is written in place).
 
-use std::sync::Arc;
-
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
 
 use super::{Core, UpdatePlan};
 use crate::ops;
 use crate::runtime::StreamChoice;
-use crate::tensor::DeviceKind;
 
 /// The native server of `causal_conv1d_update`'s planned torch signatures (conv_state updated
 /// in place: as the state update, the op's checks run on every call).
@@ -70,25 +66,10 @@ impl ConvUpdateServer {
         let Some(views) = call.views() else {
             return Ok(None);
         };
-        let plan = match self.core.find(&call.key) {
-            Some(Some(p)) => p,
-            Some(None) => return Ok(None),
-            None if !learn => return Ok(None),
-            None => {
-                let vx = views[0].as_ref().filter(|v| v.device == DeviceKind::Cuda);
-                let plan = vx.and_then(|v| {
-                    PyTuple::new(py, &v.shape).ok().map(|t| {
-                        Arc::new(UpdatePlan {
-                            out_shape: t.unbind(),
-                        })
-                    })
-                });
-                self.core.keep(call.key.clone(), plan.clone(), &objs);
-                match plan {
-                    Some(p) => p,
-                    None => return Ok(None),
-                }
-            }
+        let Some(plan) = self.core.find_or_learn(&call.key, learn, &objs, || {
+            UpdatePlan::like(py, views[0].as_ref())
+        }) else {
+            return Ok(None);
         };
         let out = x.call_method1(intern!(py, "new_empty"), (plan.out_shape.bind(py),))?;
         let Some(vo) = ex.read(&out).and_then(|t| t.view()) else {

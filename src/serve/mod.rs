@@ -29,9 +29,9 @@ use std::sync::{Arc, Mutex};
 use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyDict, PyTuple};
 
-use crate::tensor::TensorView;
+use crate::tensor::{DeviceKind, TensorView};
 use crate::torch_exchange::{TorchExchange, TorchTensor};
 
 /// Signatures kept per server (the map is emptied when full: a workload whose shapes never
@@ -178,6 +178,26 @@ impl<P> Core<P> {
         p.map.insert(key, plan);
     }
 
+    /// The plan of a call keyed `key`: the planned one; when unknown and learning, the one
+    /// `make` builds (None: refused), kept either way; None when there is none to serve.
+    fn find_or_learn(
+        &self,
+        key: &[i64],
+        learn: bool,
+        objs: &[&Bound<'_, PyAny>],
+        make: impl FnOnce() -> Option<P>,
+    ) -> Option<Arc<P>> {
+        match self.find(key) {
+            Some(plan) => plan,
+            None if !learn => None,
+            None => {
+                let plan = make().map(Arc::new);
+                self.keep(key.to_vec(), plan.clone(), objs);
+                plan
+            }
+        }
+    }
+
     fn plan_count(&self) -> usize {
         self.lock().map.len()
     }
@@ -210,6 +230,23 @@ fn needs_grad(grad_enabled: &Bound<'_, PyAny>, objs: &[&Bound<'_, PyAny>]) -> Py
 /// signature).
 struct UpdatePlan {
     out_shape: Py<PyTuple>,
+}
+
+impl UpdatePlan {
+    /// The plan of a call whose x is `x`: out like it; None unless x is a CUDA tensor.
+    fn like(py: Python<'_>, x: Option<&TensorView>) -> Option<UpdatePlan> {
+        let x = x.filter(|v| v.device == DeviceKind::Cuda)?;
+        Some(UpdatePlan {
+            out_shape: PyTuple::new(py, &x.shape).ok()?.unbind(),
+        })
+    }
+}
+
+/// `{"dtype": float32}`: the keyword of the servers' float32 allocations (`Tensor.new_empty`).
+fn f32_kw(py: Python<'_>, float32: Py<PyAny>) -> PyResult<Py<PyDict>> {
+    let kw = PyDict::new(py);
+    kw.set_item("dtype", float32)?;
+    Ok(kw.unbind())
 }
 
 /// A pointer of a tensor made for the call (read through the table, `data_ptr()` otherwise).

@@ -7,7 +7,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use super::{is_bool, needs_grad, ptr_of, Call, Core};
+use super::{f32_kw, is_bool, needs_grad, ptr_of, Call, Core};
 use crate::ops;
 use crate::runtime::StreamChoice;
 use crate::tensor::DeviceKind;
@@ -104,12 +104,10 @@ impl ScanServer {
         grad_enabled: Py<PyAny>,
         float32: Py<PyAny>,
     ) -> PyResult<Self> {
-        let kw = PyDict::new(tensor.py());
-        kw.set_item("dtype", float32)?;
         Ok(ScanServer {
             core: Core::new(tensor),
             grad_enabled,
-            f32_kw: kw.unbind(),
+            f32_kw: f32_kw(tensor.py(), float32)?,
         })
     }
 

@@ -1,13 +1,11 @@
 //! `SsdServer`: `mamba_chunk_scan_combined`'s planned torch signatures (no autograd, no varlen
 //! states); workspaces from the device's stream-ordered pool, the op's checks on every call.
 
-use std::sync::Arc;
-
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use super::{is_bool, needs_grad, Core};
+use super::{f32_kw, is_bool, needs_grad, Core};
 use crate::ops;
 use crate::runtime::StreamChoice;
 use crate::tensor::{DeviceKind, TensorView};
@@ -90,12 +88,10 @@ impl SsdServer {
         grad_enabled: Py<PyAny>,
         float32: Py<PyAny>,
     ) -> PyResult<Self> {
-        let kw = PyDict::new(tensor.py());
-        kw.set_item("dtype", float32)?;
         Ok(SsdServer {
             core: Core::new(tensor),
             grad_enabled,
-            f32_kw: kw.unbind(),
+            f32_kw: f32_kw(tensor.py(), float32)?,
         })
     }
 
@@ -166,25 +162,18 @@ impl SsdServer {
         let Some(views) = call.views() else {
             return Ok(None);
         };
-        let plan = match self.core.find(&call.key) {
-            Some(Some(p)) => p,
-            Some(None) => return Ok(None),
-            None if !learn => return Ok(None),
-            None => {
-                let fwd2 = !first_path
-                    && views[0].as_ref().is_some_and(|v| {
-                        matches!(
-                            v.dtype,
-                            crate::tensor::DType::F16 | crate::tensor::DType::BF16
-                        )
-                    });
-                let plan = Self::plan(py, &views, chunk, return_final, fwd2).map(Arc::new);
-                self.core.keep(call.key.clone(), plan.clone(), &objs);
-                match plan {
-                    Some(p) => p,
-                    None => return Ok(None),
-                }
-            }
+        let Some(plan) = self.core.find_or_learn(&call.key, learn, &objs, || {
+            // the second forward path for 16-bit x unless FLASHSCAN_SSD_FWD=1 (in the key)
+            let fwd2 = !first_path
+                && views[0].as_ref().is_some_and(|v| {
+                    matches!(
+                        v.dtype,
+                        crate::tensor::DType::F16 | crate::tensor::DType::BF16
+                    )
+                });
+            Self::plan(py, &views, chunk, return_final, fwd2)
+        }) else {
+            return Ok(None);
         };
         let out = x.call_method1(intern!(py, "new_empty"), (plan.out_shape.bind(py),))?;
         let fin = match &plan.final_shape {

@@ -1,16 +1,13 @@
 //! `StateUpdateServer`: `selective_state_update`'s torch signatures; the op's checks on every
 //! call (the state is written in place).
 
-use std::sync::Arc;
-
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
 
 use super::{is_bool, Core, UpdatePlan};
 use crate::ops;
 use crate::runtime::StreamChoice;
-use crate::tensor::{DeviceKind, TensorView};
+use crate::tensor::TensorView;
 
 /// The native server of `selective_state_update`'s planned torch signatures.
 #[pyclass(module = "flashscan._native", frozen)]
@@ -81,27 +78,10 @@ impl StateUpdateServer {
         let Some(views) = call.views() else {
             return Ok(None);
         };
-        let plan = match self.core.find(&call.key) {
-            Some(Some(p)) => p,
-            Some(None) => return Ok(None),
-            None if !learn => return Ok(None),
-            None => {
-                let vx = views[1].as_ref();
-                let ok = vx.is_some_and(|v| v.device == DeviceKind::Cuda);
-                let plan = match (ok, vx) {
-                    (true, Some(v)) => PyTuple::new(py, &v.shape).ok().map(|t| {
-                        Arc::new(UpdatePlan {
-                            out_shape: t.unbind(),
-                        })
-                    }),
-                    _ => None,
-                };
-                self.core.keep(call.key.clone(), plan.clone(), &objs);
-                match plan {
-                    Some(p) => p,
-                    None => return Ok(None),
-                }
-            }
+        let Some(plan) = self.core.find_or_learn(&call.key, learn, &objs, || {
+            UpdatePlan::like(py, views[1].as_ref())
+        }) else {
+            return Ok(None);
         };
         let out = x.call_method1(intern!(py, "new_empty"), (plan.out_shape.bind(py),))?;
         let Some(vo) = ex.read(&out).and_then(|t| t.view()) else {
