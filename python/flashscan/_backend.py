@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import threading
 import warnings
 from types import ModuleType
@@ -234,3 +235,30 @@ def on_fallback(op: str, reason: str, policy: str | None = None, depth: int = 1)
             FallbackWarning,
             stacklevel=2 + depth,
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# Native servers (src/serve/): one native call per hot torch call
+# ---------------------------------------------------------------------------------------------
+
+
+def never() -> bool:
+    """The compile test of a core module before its server exists (nothing to skip yet)."""
+    return False
+
+
+def make_server(module_native: Any, cls_name: str, grad: bool) -> tuple[Any, Any]:
+    """A core module's native server `_native.<cls_name>` and torch.compiler.is_compiling
+    (dynamo reads it as a constant True while tracing, and the module skips the server, whose
+    native call it cannot trace). (None, None) while the module's `_native` is not the real one
+    (tests swap in fakes that record every call: asked again next time); (False, None) where
+    there is none (a build without the class, or torch not imported). `grad`: the server also
+    takes torch.is_grad_enabled and torch.float32 (the scan's and the SSD's)."""
+    if module_native is not native:
+        return None, None
+    cls = getattr(native, cls_name, None)
+    torch = sys.modules.get("torch")
+    if cls is None or torch is None:
+        return False, None
+    args = (torch.Tensor, torch.is_grad_enabled, torch.float32) if grad else (torch.Tensor,)
+    return cls(*args), torch.compiler.is_compiling

@@ -10,7 +10,6 @@ differentiable op that `flashscan.torch` registers in `_routes`.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from . import _backend, _checks, _routes, reference_conv
@@ -176,29 +175,20 @@ def conv_fwd_any(
 _UPDATE_SERVER: Any = None
 _UPDATE_SERVE: Any = None
 
-
-def _never() -> bool:
-    return False
-
-
-# torch.compiler.is_compiling once a server exists (dynamo reads it as a constant True while
-# tracing and drops the server's call, which it cannot trace; the traced path then takes the
-# custom ops as before)
-_is_compiling: Any = _never
+# torch.compiler.is_compiling once a server exists (see `_backend.make_server`)
+_is_compiling: Any = _backend.never
 
 
 def _make_update_server() -> Any:
     """The server, made now; None (asked again next time) while `_native` is not the real
     module (tests swap in fakes)."""
     global _UPDATE_SERVER, _is_compiling
-    if _native is not _backend.native:
-        return None
-    cls = getattr(_native, "ConvUpdateServer", None)
-    torch = sys.modules.get("torch")
-    _UPDATE_SERVER = False if cls is None or torch is None else cls(torch.Tensor)
-    if _UPDATE_SERVER:
-        _is_compiling = torch.compiler.is_compiling  # type: ignore[union-attr]
-    return _UPDATE_SERVER
+    server, compiling = _backend.make_server(_native, "ConvUpdateServer", grad=False)
+    if server is not None:
+        _UPDATE_SERVER = server
+    if compiling is not None:
+        _is_compiling = compiling
+    return server
 
 
 def causal_conv1d_update(

@@ -12,7 +12,6 @@ check, raise and fall back as they always have and record the plans.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from . import _backend, _checks, _routes, reference
@@ -229,31 +228,20 @@ def selective_scan_fn(
 _SERVER: Any = None
 _SERVE: Any = None
 
-
-def _never() -> bool:
-    return False
-
-
-# torch.compiler.is_compiling once a server exists (dynamo reads it as a constant True while
-# tracing and drops the server's call, which it cannot trace; the traced path then takes the
-# custom ops as before)
-_is_compiling: Any = _never
+# torch.compiler.is_compiling once a server exists (see `_backend.make_server`)
+_is_compiling: Any = _backend.never
 
 
 def _make_server() -> Any:
     """The server, made now; None (asked again next time) while `_native` is not the real
     module (tests swap in fakes that record every call)."""
     global _SERVER, _is_compiling
-    if _native is not _backend.native:
-        return None
-    cls = getattr(_native, "ScanServer", None)
-    torch = sys.modules.get("torch")
-    if cls is None or torch is None:
-        _SERVER = False
-    else:
-        _SERVER = cls(torch.Tensor, torch.is_grad_enabled, torch.float32)
-        _is_compiling = torch.compiler.is_compiling
-    return _SERVER
+    server, compiling = _backend.make_server(_native, "ScanServer", grad=True)
+    if server is not None:
+        _SERVER = server
+    if compiling is not None:
+        _is_compiling = compiling
+    return server
 
 
 # The same for `selective_state_update` (`_native.StateUpdateServer`).
@@ -264,14 +252,12 @@ _SSU_SERVE: Any = None
 def _make_ssu_server() -> Any:
     """As `_make_server`, for the state update."""
     global _SSU_SERVER, _is_compiling
-    if _native is not _backend.native:
-        return None
-    cls = getattr(_native, "StateUpdateServer", None)
-    torch = sys.modules.get("torch")
-    _SSU_SERVER = False if cls is None or torch is None else cls(torch.Tensor)
-    if _SSU_SERVER:
-        _is_compiling = torch.compiler.is_compiling  # type: ignore[union-attr]
-    return _SSU_SERVER
+    server, compiling = _backend.make_server(_native, "StateUpdateServer", grad=False)
+    if server is not None:
+        _SSU_SERVER = server
+    if compiling is not None:
+        _is_compiling = compiling
+    return server
 
 
 def scan_key(

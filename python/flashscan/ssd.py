@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from typing import Any
 
 from . import _backend, _checks, _routes, reference_ssd
@@ -61,31 +60,20 @@ def _fwd2(dtype_name: str) -> bool:
 _SERVER: Any = None
 _SERVE: Any = None
 
-
-def _never() -> bool:
-    return False
-
-
-# torch.compiler.is_compiling once a server exists (dynamo reads it as a constant True while
-# tracing and drops the server's call, which it cannot trace; the traced path then takes the
-# custom ops as before)
-_is_compiling: Any = _never
+# torch.compiler.is_compiling once a server exists (see `_backend.make_server`)
+_is_compiling: Any = _backend.never
 
 
 def _make_server() -> Any:
     """The server, made now; None (asked again next time) while `_native` is not the real
     module (tests swap in fakes)."""
     global _SERVER, _is_compiling
-    if _native is not _backend.native:
-        return None
-    cls = getattr(_native, "SsdServer", None)
-    torch = sys.modules.get("torch")
-    if cls is None or torch is None:
-        _SERVER = False
-    else:
-        _SERVER = cls(torch.Tensor, torch.is_grad_enabled, torch.float32)
-        _is_compiling = torch.compiler.is_compiling
-    return _SERVER
+    server, compiling = _backend.make_server(_native, "SsdServer", grad=True)
+    if server is not None:
+        _SERVER = server
+    if compiling is not None:
+        _is_compiling = compiling
+    return server
 
 
 def mamba_chunk_scan_combined(
