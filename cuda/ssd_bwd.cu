@@ -46,6 +46,7 @@
 // Tensor cores (warp_mma of common/ssd.cuh) do every product over positions, channels or states.
 
 #include "common/ssd.cuh"
+#include "common/ssd_tiles.cuh"
 
 // By-value parameter block of the backward kernels (sizeof 912): the forward's, then the
 // gradients and the fp32 scratch (allocated by the host, stream-ordered). Strides in elements.
@@ -1529,3 +1530,273 @@ __device__ __forceinline__ void chunk_dcdb2(const SsdBwdParams& q) {
 
 extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dc2(const SsdBwdParams q) { chunk_dcdb2<false>(q); }
 extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_db2(const SsdBwdParams q) { chunk_dcdb2<true>(q); }
+
+// ---- 8f. dx, X1, X2 and the dD partials on 16-bit operand tiles (the fp16 / bf16 builds) -------------
+// ssd_bwd_chunk_dx2's outputs from the call's own 16-bit tensors: the host launches it with a copy
+// of the params whose x, B, z, dout and dx point at the 16-bit tensors (vec_x / vec_bc then mean
+// 16-byte rows of 16-bit data, headdim / dstate multiples of 8); everything else -- the prologue and
+// CB workspaces, dS_c, the row and dD partials -- is the fp32 call's. So dx is written once in x's
+// dtype (no fp32 dx and no cast back) and the products run m16n8k16 on ldmatrix tiles, the way
+// ssd2_chunk_scan forms W x (cuda/ssd_fwd2.cu), transposed, instead of 1xTF32 on fp32 shared memory
+// with scalar fragment loads (chunk_dx2: 2.5 ms at b8 L2048 80 x 64, state 128 on the H100, 9.1
+// cycles per issued instruction, 1.0 G warp instructions; benches/results/2026-11-27-h100-ssd-bwd-
+// stable-da). Same grid and work split as chunk_dx2: (nchunks * kQ/64, ceil(headdim/64),
+// batch*nheads), rows s (positions m0 ..) x channels p0 .., warp w rows 16w .. 16w + 15, one
+// accumulator acc[8][4]:
+//   1. the carried state's term (chunks with a dS_c): acc = B_s . dS_c^T over dstate, 32 states a
+//      step (B tile by cp.async, dS rows fp32 -> 16-bit by the threads), rows then scaled by v_s;
+//      X2 = x . acc (x's tile landed with the first group)
+//   2. the intra-chunk term over the l-blocks from the last one down to the diagonal (g tiles
+//      double-buffered; the diagonal's stays for the epilogue): acc += W^T g, W^T[s, l] = CB[l, s]
+//      2^(cl2_l - cl2_s) [l >= s, same sequence], built in registers from scalar loads of the CB
+//      block read transposed (per load the 8 lanes of one t read 8 consecutive s: whole 32-byte
+//      sectors), in the accumulator layout = the A layout of the mma (accumulate_wtg)
+//   3. epilogue: dx = dt'_s acc + D g_s, X1 = x . acc - X2, the dD partial sum_s g x
+// Positions past the chunk's end: their g rows are zero (tile zero fill), their CB rows zero and
+// their cum the last position's (W finite), their own rows never stored.
+#if FS_DTYPE != 2
+// acc += W^T g for the 64 x 64 block of l-block l0 (g's tile at lane address gb, .trans B operand):
+// the A fragment of k16 step kk from the n8 columns 2 kk, 2 kk + 1 of cbv (CB[l, s] at row s = s_of,
+// column l = l0 + 8 jn + t2 + (e & 1)). kMasked = false: a block strictly above the diagonal of a
+// call without seq_idx (every l > s, one sequence).
+template <bool kMasked>
+__device__ __forceinline__ void accumulate_wtg(float (&acc)[8][4], const float (&cbv)[8][4], int l0, const int (&s_of)[2],
+                                               const float (&cs2)[2], const int (&seg_s)[2], const float* s_c2,
+                                               const int* s_seg, u32 gb) {
+    const int t2 = 2 * (threadIdx.x & 3);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        float wv[2][4];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int jn = 2 * kk + u, l = l0 + 8 * jn + t2;  // l even: 8-byte reads
+            const float2 cl = *(const float2*)(s_c2 + l);
+            int2 sg = make_int2(0, 0);
+            if constexpr (kMasked) sg = *(const int2*)(s_seg + l);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int hh = e >> 1, odd = e & 1;
+                const float w = cbv[jn][e] * ex2((odd ? cl.y : cl.x) - cs2[hh]);
+                if constexpr (kMasked) {
+                    wv[u][e] = l + odd >= s_of[hh] && (odd ? sg.y : sg.x) == seg_s[hh] ? w : 0.f;
+                } else {
+                    wv[u][e] = w;
+                }
+            }
+        }
+        u32 a[4];
+        acc_to_a<DT>(a, wv[0], wv[1]);
+        mma_row<8, true>(acc, a, gb + kk * 16 * kLd64 * 2, 16 * 2);
+    }
+}
+
+// g = dout (times silu(z) with z) of positions t0 .. t0 + rows - 1, channels p0 .. p0 + hd - 1, into
+// a 64 x 64 tile s (zero elsewhere): by cp.async without z (the caller commits), else by element
+// loads with the product in fp32, rounded once.
+__device__ __forceinline__ void load_g16(const SsdBwdParams& q, u16* s, i64 b, i64 h, i64 t0, int rows, int p0, int hd) {
+    const SsdParams& p = q.f;
+    const u16* gd = (const u16*)q.dout + b * q.dout_s[0] + t0 * q.dout_s[1] + h * q.dout_s[2] + p0;
+    if (!p.has_z) {
+        load_tile<kRows, 64, kLd64>(s, gd, q.dout_s[1], rows, hd, q.vec_x);
+        return;
+    }
+    const i64 zb = b * p.z_s[0] + t0 * p.z_s[1] + h * p.z_s[2] + p0;
+    for (int i = threadIdx.x; i < kRows * 64; i += kThreads) {
+        const int r = i / 64, col = i % 64;
+        float v = 0.f;
+        if (r < rows && col < hd)
+            v = ldg_f32<DT>(gd, r * q.dout_s[1] + col) * silu(ldg_f32<DT>(p.z, zb + r * p.z_s[1] + col));
+        s[r * kLd64 + col] = f32_to_half<DT>(v);
+    }
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_dx16(const SsdBwdParams q) {
+#if FS_DTYPE != 2
+    const SsdParams& p = q.f;
+    __shared__ __align__(16) float s_dt[kQ];
+    __shared__ __align__(16) float s_c2[kQ];  // cum log2 e
+    __shared__ __align__(16) int s_seg[kQ];
+    __shared__ __align__(16) u16 s_g[2][kRows * kLd64];  // g: positions l x channels p
+    __shared__ __align__(16) u16 s_x[kRows * kLd64];     // x: positions s x channels p
+    __shared__ __align__(16) u16 s_b[kRows * kLd32];     // B: positions s x 32 states
+    __shared__ __align__(16) u16 s_h[kRows * kLd32];     // dS_c: channels p x 32 states
+    __shared__ float s_dd[kThreads / 32][kTile];
+
+    const i64 b = blockIdx.z / p.nheads, h = blockIdx.z % p.nheads;
+    const i64 c = blockIdx.x / kMBlocks;
+    const int m = blockIdx.x % kMBlocks, m0 = m * kTile, p0 = blockIdx.y * kTile;
+    const i64 g = h / (p.nheads / p.ngroups);
+    const i64 c0 = c * kQ;
+    const int len = (int)min((i64)kQ, p.seqlen - c0);
+    const int hd = (int)p.headdim - p0;
+    float* ddpart = p.has_D ? q.ddpart + ((i64)blockIdx.z * q.nlblocks + blockIdx.x) * p.headdim : nullptr;
+    if (m0 >= len) {
+        if (ddpart) zero_dd(ddpart, p0, (int)p.headdim);
+        return;
+    }
+    const int last = (len - 1) / kTile;  // the last l-block holding positions
+    // group 0: x (for X2 and the epilogue) and the first g tile (l-block `last`), in flight during
+    // the prologue and the state term
+    const u16* gx = (const u16*)p.x + b * p.x_s[0] + (c0 + m0) * p.x_s[1] + h * p.x_s[2] + p0;
+    load_tile<kRows, 64, kLd64>(s_x, gx, p.x_s[1], len - m0, hd, q.vec_x);
+    load_g16(q, s_g[0], b, h, c0 + last * kTile, len - last * kTile, p0, hd);
+    cp_async_commit();
+    {
+        const i64 pro = ((b * p.nheads + h) * p.nchunks + c) * kQ;
+        const int* seg = q.pseg + (b * p.nchunks + c) * kQ;
+        for (int i = threadIdx.x; i < kQ; i += kThreads) {
+            s_dt[i] = q.pdt[pro + i];
+            s_c2[i] = q.pcum[pro + i] * kLog2e;
+            s_seg[i] = seg[i];
+        }
+        __syncthreads();
+    }
+    const int lane = threadIdx.x & 31, w16 = 16 * (threadIdx.x >> 5), t2 = 2 * (lane & 3);
+    const int r0 = w16 + (lane >> 2);  // this thread's rows r0, r0 + 8 of the tile
+    int s_of[2], seg_s[2];
+    float cs2[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        s_of[hh] = m0 + r0 + 8 * hh;
+        const int sc = min(s_of[hh], len - 1);
+        cs2[hh] = s_c2[sc];
+        seg_s[hh] = s_seg[sc];
+    }
+
+    float acc[8][4];
+    clear(acc);
+    float r2[2] = {0.f, 0.f};
+    // 1. dxu_state_s = v_s dS_c B_s (dS of the last chunk is dfinal: zero without it)
+    if (c < p.nchunks - 1 || q.has_dfinal) {
+        const float* dS = q.dstates + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate;
+        const u16* gb = (const u16*)p.B + b * p.B_s[0] + (c0 + m0) * p.B_s[1] + g * p.B_s[2];
+        const int ds = (int)p.dstate;
+        const bool s_vec = (ds & 3) == 0;  // dS rows 16-byte aligned (the scratch is)
+        const u32 a_base = smem_u32(s_b + w16 * kLd32 + lane_a(lane, kLd32));
+        const u32 b_base = smem_u32(s_h + lane_bn(lane, kLd32));
+        for (int n0 = 0; n0 < ds; n0 += 32) {
+            load_tile<kRows, 32, kLd32>(s_b, gb + n0, p.B_s[1], len - m0, ds - n0, q.vec_bc);
+            cp_async_commit();
+            // dS rows p0 + r (r < hd) x states n0 + k .. + 3, fp32 -> 16-bit, 8-byte shared stores
+            for (int i = threadIdx.x; i < kRows * 8; i += kThreads) {
+                const int r = i / 8, k = (i % 8) * 4, n = n0 + k;
+                float4 v = zero4();
+                if (r < hd && n < ds) {
+                    const float* src = dS + (i64)(p0 + r) * ds + n;
+                    if (s_vec) {
+                        v = *(const float4*)src;
+                    } else {
+                        v.x = src[0];
+                        v.y = n + 1 < ds ? src[1] : 0.f;
+                        v.z = n + 2 < ds ? src[2] : 0.f;
+                        v.w = n + 3 < ds ? src[3] : 0.f;
+                    }
+                }
+                *(uint2*)(s_h + r * kLd32 + k) = make_uint2(pack2<DT>(v.x, v.y), pack2<DT>(v.z, v.w));
+            }
+            cp_async_wait<0>();  // (the first step also waits for group 0)
+            __syncthreads();
+#pragma unroll
+            for (int kk = 0; kk < 2; ++kk) {
+                u32 a[4];
+                ldsm_x4(a, a_base + kk * 32);
+                mma_row<8, false>(acc, a, b_base + kk * 32, 16 * kLd32 * 2);
+            }
+            __syncthreads();
+        }
+        const float cl2_end = s_c2[len - 1];
+        const int seg_end = s_seg[len - 1];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int s = s_of[hh];
+            const float v = s < len && seg_s[hh] == seg_end ? ex2(cl2_end - cs2[hh]) : 0.f;
+            const int r = r0 + 8 * hh;
+#pragma unroll
+            for (int jn = 0; jn < 8; ++jn) {
+                acc[jn][2 * hh] *= v;
+                acc[jn][2 * hh + 1] *= v;
+                const float2 xv = unpack2<DT>(*(const u32*)(s_x + r * kLd64 + 8 * jn + t2));
+                r2[hh] += xv.x * acc[jn][2 * hh] + xv.y * acc[jn][2 * hh + 1];
+            }
+        }
+    }
+
+    // 2. dxu_intra_s = sum_{l >= s} (B_s.C_l) decay(l, s) g_l, l-blocks last .. m
+    // CB[l, s] of block (l-block i, s-block m) for this thread: cbb[(64 i + 8 jn + odd) kQ + 8 hh]
+    const float* cbb = q.cb + ((b * p.nchunks + c) * p.ngroups + g) * kQ * kQ + (i64)t2 * kQ + m0 + r0;
+    const u32 gb_lane = lane_bt(lane, kLd64) * 2;
+    const bool fast = !p.has_seq;
+    const int nblk = last - m + 1;
+#pragma unroll 1
+    for (int k = 0; k < nblk; ++k) {
+        const int i = last - k;
+        // the CB block into registers before waiting on g
+        const float* cbp = cbb + (i64)i * kTile * kQ;
+        float cbv[8][4];
+#pragma unroll
+        for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) cbv[jn][e] = __ldg(cbp + (8 * jn + (e & 1)) * kQ + 8 * (e >> 1));
+        if (k + 1 < nblk) {
+            // l-block i - 1 < last is whole
+            load_g16(q, s_g[(k + 1) & 1], b, h, c0 + (i - 1) * kTile, kTile, p0, hd);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const u32 gbs = smem_u32(s_g[k & 1]) + gb_lane;
+        if (fast && i > m)
+            accumulate_wtg<false>(acc, cbv, i * kTile, s_of, cs2, seg_s, s_c2, s_seg, gbs);
+        else
+            accumulate_wtg<true>(acc, cbv, i * kTile, s_of, cs2, seg_s, s_c2, s_seg, gbs);
+        if (k + 1 < nblk) __syncthreads();  // stage k & 1 is refilled by the next iteration
+    }
+
+    // 3. epilogue: g of the rows s from the diagonal block's tile (the last one loaded)
+    const u16* s_gd = s_g[(nblk - 1) & 1];
+    float dv[8][2];
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int col = 8 * jn + t2 + u;
+            dv[jn][u] = p.has_D && col < hd ? ld_any(p.D, h * p.D_s[0] + (p0 + col) * p.D_s[1], p.D_dtype) : 0.f;
+        }
+    float dd[8][2], rt[2] = {0.f, 0.f};
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn) dd[jn][0] = dd[jn][1] = 0.f;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int r = r0 + 8 * hh, s = m0 + r;
+        if (s >= len) continue;
+        const float dts = s_dt[s];
+        u16* const o16 = (u16*)q.dx + b * q.dx_s[0] + (c0 + s) * q.dx_s[1] + h * q.dx_s[2] + p0;
+#pragma unroll
+        for (int jn = 0; jn < 8; ++jn) {
+            const int col = 8 * jn + t2;
+            if (col >= hd) continue;
+            const float2 xv = unpack2<DT>(*(const u32*)(s_x + r * kLd64 + col));
+            const float2 gv = unpack2<DT>(*(const u32*)(s_gd + r * kLd64 + col));
+            const float a0 = acc[jn][2 * hh], a1 = acc[jn][2 * hh + 1];
+            rt[hh] += xv.x * a0 + xv.y * a1;
+            dd[jn][0] += gv.x * xv.x;
+            dd[jn][1] += gv.y * xv.y;
+            const float v0 = dts * a0 + dv[jn][0] * gv.x, v1 = dts * a1 + dv[jn][1] * gv.y;
+            if (q.vec_x) {
+                *(u32*)(o16 + col) = pack2<DT>(v0, v1);
+            } else {
+                o16[col] = f32_to_half<DT>(v0);
+                if (col + 1 < hd) o16[col + 1] = f32_to_half<DT>(v1);
+            }
+        }
+    }
+    float r1[2] = {rt[0] - r2[0], rt[1] - r2[1]};
+    const i64 row0 = (i64)blockIdx.z * p.seqlen * kTiles + blockIdx.y;
+    store_rows(r1, q.x1 + row0, c0, m0, len);
+    store_rows(r2, q.x2 + row0, c0, m0, len);
+    if (ddpart) store_dd(dd, s_dd, ddpart, p0, (int)p.headdim);
+#endif
+}

@@ -369,6 +369,15 @@ def _bwd_native_args(**over):
     return a
 
 
+def _h(*shape: int) -> np.ndarray:
+    return np.zeros(shape, np.float16)
+
+
+def _half() -> dict:
+    """The 16-bit tensors of `_bwd_native_args`' call (x16, B16, dout16, dx16)."""
+    return dict(x16=_h(1, 5, 2, 4), B16=_h(1, 5, 1, 8), dout16=_h(1, 5, 2, 4), dx16=_h(1, 5, 2, 4))
+
+
 @pytest.mark.parametrize(
     "over, exc, match",
     [
@@ -380,6 +389,12 @@ def _bwd_native_args(**over):
         (dict(dfinal_states=np.zeros((1, 2, 4, 9), np.float32)), ValueError, "dfinal_states"),
         (dict(chunk_size=100), flashscan.UnsupportedError, "chunk_size"),
         ({}, ValueError, "not a CUDA tensor"),
+        (dict(x16=_h(1, 5, 2, 4)), ValueError, "given together"),
+        (dict(_half(), z16=_h(1, 5, 2, 4)), ValueError, "z16 is given exactly when z is"),
+        (dict(_half(), x16=np.zeros((1, 5, 2, 4), np.float32)), Exception, "x16"),
+        (dict(_half(), B16=_h(1, 5, 1, 7)), ValueError, "B16"),
+        (dict(_half(), dout16=_h(1, 4, 2, 4)), ValueError, "dout16"),
+        (dict(_half(), dx16=np.zeros((1, 5, 2, 4), np.float32)), Exception, "dx16"),
     ],
     ids=[
         "dD-missing",
@@ -390,6 +405,12 @@ def _bwd_native_args(**over):
         "dfinal-shape",
         "chunk",
         "cpu",
+        "half-partial",
+        "z16-extra",
+        "x16-dtype",
+        "B16-shape",
+        "dout16-shape",
+        "dx16-dtype",
     ],  # fmt: skip
 )
 def test_native_backward_checks_name_the_argument(over, exc, match):

@@ -688,7 +688,7 @@ def test_backward_without_z_runs_no_chunk_out(monkeypatch: pytest.MonkeyPatch) -
         grads_of(ours(a, 128), a, dout, dfinal)
         torch.cuda.synchronize()
     names = {e.name for e in prof.events()}
-    assert "ssd_bwd_chunk_dx2" in names and "ssd_bwd_dcb" in names, sorted(names)
+    assert "ssd_bwd_chunk_dx16" in names and "ssd_bwd_dcb" in names, sorted(names)
     assert not {"ssd_bwd_chunk_out2", "ssd_bwd_chunk_out"} & names, sorted(names)
 
 
@@ -732,11 +732,129 @@ def test_backward_path_switch_selects_kernels(
         torch.cuda.synchronize()
     names = {e.name for e in prof.events()}
     second = {"ssd_bwd_cb", "ssd_bwd_dcb", "ssd_bwd_chunk_dc2", "ssd_bwd_chunk_db2"}
-    second |= {"ssd_bwd_chunk_out2", "ssd_bwd_chunk_dx2"}  # out2: the call has z
+    second |= {"ssd_bwd_chunk_out2", "ssd_bwd_chunk_dx16"}  # out2: the call has z; bf16: dx16
     first = {"ssd_bwd_chunk_dc", "ssd_bwd_chunk_db", "ssd_bwd_chunk_out"}
     want, unwanted = (first, second) if switch == "1" else (second, first)
     assert want <= names, sorted(n for n in names if n.startswith("ssd"))
     assert not (unwanted & names), sorted(unwanted & names)
+
+
+def _bwd_kernel_names(a: dict[str, Any], chunk: int, **kw: Any) -> set[str]:
+    """The CUDA kernels of one (warm) forward + backward through flashscan.torch."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dout, dfinal = upstream(a)
+    grads_of(ours(a, chunk, **kw), a, dout, dfinal)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        grads_of(ours(a, chunk, **kw), a, dout, dfinal)
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events()}
+
+
+@pytest.mark.parametrize("dt_name", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("switch", [None, "0"])
+def test_backward_16bit_dx_kernel_runs_on_16bit_data(
+    monkeypatch: pytest.MonkeyPatch, dt_name: str, switch: str | None
+) -> None:
+    """A 16-bit call's dx comes from ssd_bwd_chunk_dx16 (its own 16-bit tensors, dx written in
+    x's dtype), not from chunk_dx2 on the float32 copies; FLASHSCAN_SSD_DX16=0 keeps chunk_dx2;
+    float32 data always takes chunk_dx2."""
+    monkeypatch.delenv("FLASHSCAN_SSD_BWD", raising=False)
+    if switch is None:
+        monkeypatch.delenv("FLASHSCAN_SSD_DX16", raising=False)
+    else:
+        monkeypatch.setenv("FLASHSCAN_SSD_DX16", switch)
+    names = _bwd_kernel_names(ssd_inputs(1, 300, 4, 64, 1, 64, DTYPES[dt_name]), 128)
+    want16 = switch is None and dt_name != "float32"
+    assert ("ssd_bwd_chunk_dx16" in names) == want16, sorted(n for n in names if "dx" in n)
+    assert ("ssd_bwd_chunk_dx2" in names) == (not want16), sorted(n for n in names if "dx" in n)
+
+
+# (dtype, ngroups, dstate, headdim, seqlen, chunk, seq_idx cuts or None)
+DX16_CASES = [
+    ("bfloat16", 1, 128, 64, 2 * 256 + 37, 256, None),  # the layer's shape class, a tail block
+    ("float16", 2, 64, 128, 1000, 128, None),  # two channel tiles, ngroups 2
+    ("bfloat16", 1, 16, 64, 64, 64, None),  # one chunk of one block (dS = dfinal)
+    ("float16", 1, 64, 64, 600, 256, (0, 1, 5, 200, 256, 300, 511)),  # masked upper blocks
+    ("bfloat16", 2, 20, 40, 333, 64, None),  # dstate 20 / headdim 40: element dS rows, odd tiles
+]
+
+
+@pytest.mark.parametrize("case", DX16_CASES, ids=lambda c: "-".join(str(v) for v in c[:6]))
+@pytest.mark.parametrize("with_z", [False, True], ids=["noz", "z"])
+def test_backward_16bit_dx_kernel_matches_the_rule(
+    case: tuple, with_z: bool, rule: Any, poison: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dx (and the X1 / X2 / dD partials behind ddt, dA, ddt_bias, dD) from the 16-bit dx
+    kernel, against float64 under the rule, beside the float32 dx kernel's (FLASHSCAN_SSD_DX16=0)
+    within the same rule: final states, initial states, D per channel, seq_idx resets, NaN-
+    poisoned scratch."""
+    dt_name, g, n, p, L, chunk, cuts = case
+    dtype = DTYPES[dt_name]
+    monkeypatch.delenv("FLASHSCAN_SSD_BWD", raising=False)
+    a = ssd_inputs(2, L, 4, p, g, n, dtype, D2=True)
+    if not with_z:
+        del a["z"]
+    kw: dict[str, Any] = {}
+    if cuts is not None:
+        starts = torch.tensor(cuts, device="cuda")
+        seq_idx = (torch.arange(L, device="cuda")[:, None] >= starts).sum(-1) - 1
+        seq_idx = torch.stack([seq_idx, torch.zeros_like(seq_idx)]).to(torch.int32)
+        kw["seq_idx"] = seq_idx
+    dout, dfinal = upstream(a)
+    ref = ref_grads(a, chunk, dout, dfinal, **{k: v.cpu().numpy() for k, v in kw.items()})
+    if cuts is None:
+        base = grads_of(lambda lv: baseline_lowp(lv, chunk, True), a, dout, dfinal)
+    else:
+        base = grads_of(lambda lv: baseline_packed(lv, chunk, kw["seq_idx"]), a, dout, dfinal)
+    size = 2 * L * 4 * p * a["x"].element_size()
+    poison(size, 2 * L * g * n * a["B"].element_size())
+    got = grads_of(ours(a, chunk, **kw), a, dout, dfinal)
+    check_grads(rule, got, ref, base, dtype)
+    monkeypatch.setenv("FLASHSCAN_SSD_DX16", "0")
+    old = grads_of(ours(a, chunk, **kw), a, dout, dfinal)
+    check_grads(rule, old, ref, base, dtype)
+
+
+def test_backward_16bit_dx_kernel_reads_strided_unaligned_views(rule: Any) -> None:
+    """z, x, B, C and dt as views of one projection (Mamba-2's in_proj split) whose rows do not
+    start on 16-byte boundaries, the gradient taken through the views: the 16-bit dx kernel's
+    element loads and stores; every slice of the projection's gradient against float64."""
+    import flashscan.torch as fst
+
+    b, L, h, p, g, n = 2, 300, 4, 64, 1, 64
+    sizes = [1, h * p, h * p, g * n, g * n, h]
+    proj = (torch.randn(b, L, sum(sizes), device="cuda") * 0.5).to(torch.bfloat16)
+    proj.requires_grad_(True)
+    _, z, x, B, C, dt = torch.split(proj, sizes, dim=-1)
+    fixed = {
+        "A": -torch.rand(h, device="cuda") - 0.5,
+        "D": torch.randn(h, device="cuda"),
+        "dt_bias": torch.rand(h, device="cuda"),
+    }
+    views = {
+        "x": x.reshape(b, L, h, p),
+        "z": z.reshape(b, L, h, p),
+        "B": B.reshape(b, L, g, n),
+        "C": C.reshape(b, L, g, n),
+        "dt": dt,
+    }
+    assert views["x"].data_ptr() % 16 != 0 and not views["x"].is_contiguous()
+    dense = {k: v.detach().contiguous() for k, v in views.items()} | fixed
+    dense["initial_states"] = None
+    dout, dfinal = upstream(dense)
+    out, final = fst.mamba_chunk_scan_combined(
+        **views, **fixed, chunk_size=128, dt_softplus=True, return_final_states=True
+    )
+    (gp,) = torch.autograd.grad([out, final], [proj], [dout, dfinal])
+    _, gz, gx, gB, gC, gdt = torch.split(gp, sizes, dim=-1)
+    got = {"x": gx, "z": gz, "B": gB, "C": gC, "dt": gdt}
+    ref = ref_grads(dense, 128, dout, dfinal)
+    base = grads_of(lambda lv: baseline_lowp(lv, 128, True), dense, dout, dfinal)
+    for k, v in got.items():
+        v = v.reshape(ref[k].shape)
+        rule.check(v, ref[k], base[k], atol=1e-6, rtol=GRAD_RTOL[torch.bfloat16], name=f"d{k}")
 
 
 def test_backward_float64_cuda_runs_the_reference(rule: Any) -> None:

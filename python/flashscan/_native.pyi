@@ -468,7 +468,12 @@ def ssd_bwd(
     dt_max: float,
     stream: int | None,
     tf32: bool = False,
-) -> None:
+    x16: TensorArg | None = None,
+    B16: TensorArg | None = None,
+    z16: TensorArg | None = None,
+    dout16: TensorArg | None = None,
+    dx16: TensorArg | None = None,
+) -> bool:
     """Mamba-2 SSD chunked scan backward: every gradient, each like its input (shape and
     dtype; dD, dz, ddt_bias, dinitial_states exactly when D, z, dt_bias, initial_states are
     given), from dout (like x) and dfinal_states ((batch, nheads, headdim, dstate), or None).
@@ -476,7 +481,10 @@ def ssd_bwd(
     atomics (bitwise deterministic). Inputs as `ssd_fwd` takes them. tf32: the float32 data
     came from 16-bit tensors (exact in tf32), so the second backward path (the default;
     FLASHSCAN_SSD_BWD=1 takes the first) may round the operands of its dC / dB products to tf32
-    once instead of 3xTF32."""
+    once instead of 3xTF32. x16, B16, z16 (with z), dout16: the fp16 / bf16 tensors the float32
+    x, B, z, dout were copied from, and dx16 (like x16): the second path then forms dx from
+    them on 16-bit tiles into dx16 and leaves dx unwritten (FLASHSCAN_SSD_DX16=0 keeps the
+    float32 dx kernel). Returns True when dx16 was written."""
 
 def kernel_variants(arch: str = "sm_90a") -> list[dict[str, Any]]:
     """Every kernel variant the package can emit for `arch`: {"family": str, "name": str,

@@ -1427,13 +1427,17 @@ def _ssd_bwd_impl(
     likes = (x, dt, A, B, C, D, z, dt_bias, initial_states)
     if x.numel() > 0 and _on_gpu(x, "mamba_chunk_scan_combined_bwd"):
         # x, B, C, z and dout of a 16-bit call run the float32 kernels as float32 copies, and
-        # dx, dB, dC, dz are cast back: the 16-bit kernel variants failed the rule in 6 of 9
+        # dB, dC, dz are cast back: the 16-bit kernel variants failed the rule in 6 of 9
         # matrix cases on 2026-11-23; since the second path's da lost its cancellation they
         # pass, but as written they ran 14.6 ms of kernels against 9.3 through the copies at
         # b8 L2048 (benches/results/2026-11-27-h100-ssd-bwd-stable-da). (dt, A, D, dt_bias and
-        # the states keep their dtypes: the kernels read those in any float dtype.)
+        # the states keep their dtypes: the kernels read those in any float dtype.) dx is the
+        # exception: the 16-bit tensors go along, and the dx kernel on 16-bit tiles
+        # (ssd_bwd_chunk_dx16) writes it in x's dtype; the native call says whether it did.
         tf32 = x.dtype in (torch.float16, torch.bfloat16)
+        half: tuple[Optional[Tensor], ...] = (None,) * 5  # noqa: UP045
         if tf32:
+            half = (x, B, z, _dense(dout), x.new_empty(x.shape))
             x, B, C, dout = x.float(), B.float(), C.float(), dout.float()
             z = None if z is None else z.float()
         kernel_in = (x, dt, A, B, C, D, z, dt_bias, initial_states)
@@ -1441,14 +1445,17 @@ def _ssd_bwd_impl(
         dout = _dense(dout)
         dfin = None if dfinal_states is None else _dense(dfinal_states)
         seq = None if seq_idx is None or seq_idx.dtype == torch.int32 else seq_idx.int()
-        _native.ssd_bwd(  # type: ignore[union-attr]
+        wrote16 = _native.ssd_bwd(  # type: ignore[union-attr]
             *(_desc(t, n) for t, n in zip(kernel_in, _SSD_NAMES)),
             _desc(seq_idx if seq is None else seq, "seq_idx"),
             _desc(dout, "dout"),
             _desc(dfin, "dfinal_states"),
             *(_desc(g, "d" + n) for g, n in zip(grads, _SSD_NAMES)),
             chunk_size, dt_softplus, dt_min, dt_max, _stream(x), tf32,
+            *(_desc(t, n) for t, n in zip(half, ("x16", "B16", "z16", "dout16", "dx16"))),
         )  # fmt: skip
+        if wrote16:
+            grads = (half[4], *grads[1:])
         return tuple(  # type: ignore[return-value]
             _absent(likes[0]) if g is None else (g if g.dtype == like.dtype else g.to(like.dtype))
             for g, like in zip(grads, likes)

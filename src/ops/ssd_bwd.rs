@@ -29,6 +29,8 @@ pub const ENTRY_DC2: &str = "ssd_bwd_chunk_dc2";
 pub const ENTRY_DB2: &str = "ssd_bwd_chunk_db2";
 pub const ENTRY_OUT2: &str = "ssd_bwd_chunk_out2";
 pub const ENTRY_DX2: &str = "ssd_bwd_chunk_dx2";
+/// The 16-bit builds' dx kernel (cuda/ssd_bwd.cu section 8f), launched from the 16-bit unit.
+pub const ENTRY_DX16: &str = "ssd_bwd_chunk_dx16";
 /// Every entry of the family: one translation unit per (dtype, chunk) holds them all.
 const ENTRIES: [&str; 15] = [
     ENTRY_OUT,
@@ -129,6 +131,74 @@ pub struct SsdBwdArgs<'a> {
     /// the fp32 data came from 16-bit tensors (exact in tf32): products may round their
     /// operands to tf32 once instead of the 3xTF32 split (second path only)
     pub tf32: bool,
+    /// the 16-bit tensors the fp32 `inputs` / `dout` were copied from, and a 16-bit dx: the
+    /// second path then forms dx from them (`ssd_bwd_chunk_dx16`) into `half.dx`, and `dx`
+    /// is left unwritten (`backward` returns true)
+    pub half: Option<Half16<'a>>,
+}
+
+/// A 16-bit call's own tensors beside their fp32 copies (flashscan.torch's 16-bit backward).
+pub struct Half16<'a> {
+    pub x: &'a TensorView,
+    pub b: &'a TensorView,
+    /// present exactly when the call has z
+    pub z: Option<&'a TensorView>,
+    pub dout: &'a TensorView,
+    /// like `x` (written)
+    pub dx: &'a TensorView,
+}
+
+/// FLASHSCAN_SSD_DX16=0 keeps the fp32 dx kernel (chunk_dx2) for a call that gives its 16-bit
+/// tensors (a measurement override, read per call).
+fn dx16_enabled() -> bool {
+    std::env::var("FLASHSCAN_SSD_DX16").as_deref() != Ok("0")
+}
+
+/// 1 when every row of a 16-bit (.., last) tensor starts 16-byte aligned and `last` is a
+/// multiple of 8 elements: ssd_bwd_chunk_dx16's cp.async rows and paired stores are valid.
+fn rows16_u16(t: &TensorView, last: i64) -> bool {
+    let n = t.strides.len();
+    let strides_ok = t.strides[..n - 1]
+        .iter()
+        .zip(&t.shape)
+        .all(|(s, &d)| d == 1 || s % 8 == 0);
+    t.dtype.size() == 2 && t.ptr % 16 == 0 && last % 8 == 0 && strides_ok
+}
+
+impl Half16<'_> {
+    fn read(&self) -> [(&'static str, Option<&TensorView>); 4] {
+        [
+            ("x16", Some(self.x)),
+            ("B16", Some(self.b)),
+            ("z16", self.z),
+            ("dout16", Some(self.dout)),
+        ]
+    }
+
+    /// 16-bit, one dtype, each shaped like its fp32 copy, the last dimension contiguous.
+    fn check(&self, i: &SsdInputs) -> Result<()> {
+        use crate::tensor::DType;
+        self.x.expect_dtype("x16", &[DType::F16, DType::BF16])?;
+        self.x.expect_shape("x16", &i.x.shape)?;
+        self.b.expect_same_dtype("B16", self.x, "x16")?;
+        self.b.expect_shape("B16", &i.b.shape)?;
+        match (self.z, i.z) {
+            (Some(z), Some(z32)) => {
+                z.expect_same_dtype("z16", self.x, "x16")?;
+                z.expect_shape("z16", &z32.shape)?;
+                z.expect_unit_stride("z16", 3, "headdim")?;
+            }
+            (None, None) => {}
+            _ => return Err(value_err("z16 is given exactly when z is")),
+        }
+        self.dout.expect_same_dtype("dout16", self.x, "x16")?;
+        self.dout.expect_shape("dout16", &i.x.shape)?;
+        like("dx16", Some(self.dx), "x16", Some(self.x))?;
+        self.x.expect_unit_stride("x16", 3, "headdim")?;
+        self.b.expect_unit_stride("B16", 3, "dstate")?;
+        self.dout.expect_unit_stride("dout16", 3, "headdim")?;
+        self.dx.expect_unit_stride("dx16", 3, "headdim")
+    }
 }
 
 /// Which backward path a call takes: the second (cuda/ssd_bwd.cu section 8: the prologue once,
@@ -233,7 +303,14 @@ pub fn check(a: &SsdBwdArgs) -> Result<Problem> {
     if let Some(t) = a.dz {
         t.expect_unit_stride("dz", 3, "headdim")?;
     }
-    expect_no_overlap(&a.outputs(), &a.read())?;
+    let mut outputs = a.outputs().to_vec();
+    let mut read = a.read();
+    if let Some(h) = &a.half {
+        h.check(i)?;
+        outputs.push(("dx16", Some(h.dx)));
+        read.extend(h.read());
+    }
+    expect_no_overlap(&outputs, &read)?;
     if p.batch == 0 || p.seqlen == 0 || p.nheads == 0 {
         return Err(unsupported(
             "an empty SSD call has no CUDA backward (the reference computes it)",
@@ -365,11 +442,17 @@ fn layout(p: &Problem, chunk: i64, has_d: bool, npass_parts: i64, second: bool) 
     }
 }
 
-pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
+/// Runs the backward; true when dx was written into `a.half`'s 16-bit dx (the second path with
+/// the 16-bit tensors given), false when into `a.dx`.
+pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<bool> {
     let p = check(a)?;
     let i = &a.inputs;
     let mut named = a.read();
     named.extend(a.outputs());
+    if let Some(h) = &a.half {
+        named.extend(h.read());
+        named.push(("dx16", Some(h.dx)));
+    }
     let device = common_cuda_device(&named)?;
     let rt = runtime().map_err(Error::Unavailable)?;
     let dev = rt.device(device)?;
@@ -393,6 +476,11 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
     // the state passing leaves one df partial per warp
     let npass_parts = npass_tiles * (PASS_THREADS / 32);
     let second = second_path();
+    let half = a.half.as_ref().filter(|_| second && dx16_enabled());
+    let k_dx16 = match half {
+        Some(h) => Some(dev.kernel(&spec(ENTRY_DX16, h.x.dtype.kernel_code()?, chunk, arch))?),
+        None => None,
+    };
     let lay = layout(&p, chunk, i.d.is_some(), npass_parts, second);
     let mut scratch = dev.scratch(st)?;
     let base = scratch.alloc(4 * lay.total.max(1) as usize)?;
@@ -463,6 +551,28 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         vec_bc: (rows16_f32(i.b, p.dstate) && rows16_f32(i.c, p.dstate)) as i32,
         dcb_splits: dcb_splits(&p, chunk) as i32,
     };
+    // the 16-bit dx kernel's params: q with x, B, z, dout and dx on the 16-bit tensors
+    let q16 = half.map(|h| {
+        let mut q16 = q;
+        q16.f.x = h.x.ptr;
+        q16.f.x_s = s3(h.x);
+        q16.f.b = h.b.ptr;
+        q16.f.b_s = s3(h.b);
+        if let Some(z) = h.z {
+            q16.f.z = z.ptr;
+            q16.f.z_s = s3(z);
+        }
+        q16.dout = h.dout.ptr;
+        q16.dout_s = s3(h.dout);
+        q16.dx = h.dx.ptr;
+        q16.dx_s = s3(h.dx);
+        q16.vec_x = (rows16_u16(h.x, p.headdim)
+            && rows16_u16(h.dout, p.headdim)
+            && rows16_u16(h.dx, p.headdim)
+            && h.z.map_or(true, |z| rows16_u16(z, p.headdim))) as i32;
+        q16.vec_bc = rows16_u16(h.b, p.dstate) as i32;
+        q16
+    });
     let bh = grid_u32(p.batch * p.nheads, "batch * nheads")?;
     let bg = grid_u32(p.batch * p.ngroups, "batch * ngroups")?;
     let nc = grid_u32(p.nchunks, "seqlen / chunk_size")?;
@@ -506,7 +616,10 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
             st,
             &q,
         )?;
-        dev.launch(k_x, (rows, pt, bh), block, 0, st, &q)?;
+        match (&k_dx16, &q16) {
+            (Some(k16), Some(q16)) => dev.launch(k16, (rows, pt, bh), block, 0, st, q16)?,
+            _ => dev.launch(k_x, (rows, pt, bh), block, 0, st, &q)?,
+        }
         if second {
             dev.launch(k_dc2, (rows, nt, bg), block, 0, st, &q)?;
             dev.launch(k_db2, (rows, nt, bg), block, 0, st, &q)?;
@@ -525,7 +638,8 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         )?;
     }
     scratch.free()?;
-    dev.finish(stream)
+    dev.finish(stream)?;
+    Ok(q16.is_some())
 }
 
 #[cfg(test)]

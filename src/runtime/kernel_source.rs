@@ -42,6 +42,10 @@ pub const HEADERS: &[(&str, &str)] = &[
     ),
     ("common/ssd.cuh", include_str!("../../cuda/common/ssd.cuh")),
     (
+        "common/ssd_tiles.cuh",
+        include_str!("../../cuda/common/ssd_tiles.cuh"),
+    ),
+    (
         "common/flash_params.cuh",
         include_str!("../../cuda/common/flash_params.cuh"),
     ),
