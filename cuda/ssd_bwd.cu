@@ -1800,3 +1800,123 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_dx16(con
     if (ddpart) store_dd(dd, s_dd, ddpart, p0, (int)p.headdim);
 #endif
 }
+
+// ---- 8g. ssd_bwd_dcb on 16-bit operand tiles (the fp16 / bf16 builds) ---------------------------------
+// ssd_bwd_dcb's outputs (the head-summed dCB block of one share, each head's straddle record) from
+// the call's own 16-bit g and x (the host's 16-bit params copy, as for ssd_bwd_chunk_dx16): per head
+// and 64-channel step, g (rows l) and x (rows s) arrive as 16-bit tiles by cp.async and g x^T runs
+// m16n8k16 from ldmatrix (A = g [l][p], B = x [s][p], both non-transposed), where ssd_bwd_dcb loads
+// fp32 copies into fp32 shared memory and runs 1xTF32 (1.29 ms at b8 L2048 80 x 64 on the H100,
+// 2026-11-27). One stage of tiles: the next (head, step)'s loads are issued as soon as every warp
+// has read the current one, so they fly under the head's scaling and straddle record. Grid, masks,
+// sums and their order as ssd_bwd_dcb (bitwise the same reduction order over heads).
+extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb16(const SsdBwdParams q) {
+#if FS_DTYPE != 2
+    const SsdParams& p = q.f;
+    __shared__ __align__(16) u16 s_g[kRows * kLd64];      // rows l: g, 64 channels
+    __shared__ __align__(16) u16 s_x[kRows * kLd64];      // rows s: x, 64 channels
+    __shared__ __align__(16) float s_cb[kTile * kLdw2];   // this block of CB, masked (rows l, columns s)
+    __shared__ float s_col[kThreads / 32][kTile];         // straddle_record's column partials
+    __shared__ float s_cl[2][kTile], s_cs[2][kTile], s_ds[2][kTile];  // per head (parity)
+    int i, j;
+    block_pair(i, j);
+    const i64 c = blockIdx.x / kPairs2, g = blockIdx.y / q.dcb_splits, b = blockIdx.z;
+    const int share = blockIdx.y % q.dcb_splits;
+    const i64 c0 = c * kQ;
+    const int len = (int)min((i64)kQ, p.seqlen - c0);
+    const int m0 = i * kTile, s0 = j * kTile;
+    if (m0 >= len) return;  // a tail chunk's unused blocks (never read)
+    const int rows_l = len - m0, rows_s = len - s0;
+    const i64 blk = (((b * p.nchunks + c) * p.ngroups + g) * kQ + m0) * kQ + s0;
+    const int pair = blockIdx.x % kPairs2;
+    const int* seg = q.pseg + (b * p.nchunks + c) * kQ;
+    const i64 hpg = p.nheads / p.ngroups;
+    const i64 per = (hpg + q.dcb_splits - 1) / q.dcb_splits;
+    const i64 h_begin = share * per, h_end = min(hpg, (share + 1) * per);
+    const int nks = (int)((p.headdim + 63) / 64);  // 64-channel steps per head
+
+    // the tiles of (head hh, step ks) and, at a head's first step, its cum / dt' rows
+    auto issue = [&](i64 hh, int ks) {
+        const i64 h = g * hpg + hh;
+        const int k0 = 64 * ks, kv = (int)p.headdim - k0;
+        load_g16(q, s_g, b, h, c0 + m0, rows_l, k0, kv);
+        const u16* gx = (const u16*)p.x + b * p.x_s[0] + (c0 + s0) * p.x_s[1] + h * p.x_s[2] + k0;
+        load_tile<kRows, 64, kLd64>(s_x, gx, p.x_s[1], rows_s, kv, q.vec_x);
+        cp_async_commit();
+        if (ks == 0) {
+            const i64 pro = ((b * p.nheads + h) * p.nchunks + c) * kQ;
+            const int par = (int)(hh & 1);
+            if (threadIdx.x < kTile) {
+                s_cl[par][threadIdx.x] = q.pcum[pro + m0 + threadIdx.x];
+            } else {
+                const int k = threadIdx.x - kTile;
+                s_cs[par][k] = q.pcum[pro + s0 + k];
+                s_ds[par][k] = q.pdt[pro + s0 + k];
+            }
+        }
+    };
+    if (h_begin < h_end) issue(h_begin, 0);
+    // CB with the mask of r: s <= l, same sequence, both inside the chunk
+    for (int e = threadIdx.x; e < kTile * kTile / 4; e += kThreads) {
+        const int r = e / (kTile / 4), col = (e % (kTile / 4)) * 4, l = m0 + r;
+        const float4 v = *(const float4*)(q.cb + blk + (i64)r * kQ + col);
+        const int sl = seg[min(l, kQ - 1)], s = s0 + col;
+        auto keep = [&](int u) { return l < len && s + u < len && s + u <= l && seg[s + u] == sl; };
+        *(float4*)(s_cb + r * kLdw2 + col) =
+            make_float4(keep(0) ? v.x : 0.f, keep(1) ? v.y : 0.f, keep(2) ? v.z : 0.f, keep(3) ? v.w : 0.f);
+    }
+
+    const int lane = threadIdx.x & 31, w16 = 16 * (threadIdx.x >> 5);
+    const u32 a_base = smem_u32(s_g + w16 * kLd64 + lane_a(lane, kLd64));
+    const u32 b_base = smem_u32(s_x + lane_bn(lane, kLd64));
+    const i64 split_stride = p.batch * p.nchunks * p.ngroups * kQ * kQ;  // one share's dcb array
+    float acc[8][4];
+    clear(acc);
+    // dCB[l, s] = sum over the share's heads of (g_l . x_s) exp(cum_l - cum_s) dt'_s, s <= l
+    for (i64 hh = h_begin; hh < h_end; ++hh) {
+        float dw[8][4];
+        clear(dw);
+        for (int ks = 0; ks < nks; ++ks) {
+            cp_async_wait<0>();
+            __syncthreads();  // the stage (and at ks 0 the head's cum / dt' rows) is visible
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                u32 a[4];
+                ldsm_x4(a, a_base + kk * 32);
+                mma_row<8, false>(dw, a, b_base + kk * 32, 16 * kLd64 * 2);
+            }
+            __syncthreads();  // every warp has read the stage: the next one may overwrite it
+            const bool head_done = ks + 1 == nks;  // one call site: issue inlined once here
+            const i64 nh = head_done ? hh + 1 : hh;
+            if (nh < h_end) issue(nh, head_done ? 0 : ks + 1);
+        }
+        const int par = (int)(hh & 1);
+        const i64 h = g * hpg + hh;
+#pragma unroll
+        for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = acc_row(e), col = acc_col(jn, e);
+                // exp only where s <= l: cum is per chunk, so cum_l - cum_s has no sign guarantee above
+                float v = 0.f;
+                if (i > j || col <= r) v = dw[jn][e] * ex(s_cl[par][r] - s_cs[par][col]) * s_ds[par][col];
+                acc[jn][e] += v;
+                dw[jn][e] = v * s_cb[r * kLdw2 + col];  // r[l, s] of this head
+            }
+        straddle_record(dw, i == j, q.strad + ((b * p.nheads + h) * p.nchunks + c) * kPairs2 * kRec + pair * kRec,
+                        s_col);
+    }
+    // mask: same sequence, both inside the chunk (loaded rows past len are zero already)
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int r = acc_row(2 * hh), col = acc_col(jn, 0), l = m0 + r, s = s0 + col;
+            const int sl = seg[min(l, kQ - 1)];
+            const bool ok0 = l < len && s < len && seg[s] == sl;
+            const bool ok1 = l < len && s + 1 < len && seg[s + 1] == sl;
+            *(float2*)(q.dcb + share * split_stride + blk + (i64)r * kQ + col) =
+                make_float2(ok0 ? acc[jn][2 * hh] : 0.f, ok1 ? acc[jn][2 * hh + 1] : 0.f);
+        }
+#endif
+}

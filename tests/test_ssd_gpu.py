@@ -688,7 +688,7 @@ def test_backward_without_z_runs_no_chunk_out(monkeypatch: pytest.MonkeyPatch) -
         grads_of(ours(a, 128), a, dout, dfinal)
         torch.cuda.synchronize()
     names = {e.name for e in prof.events()}
-    assert "ssd_bwd_chunk_dx16" in names and "ssd_bwd_dcb" in names, sorted(names)
+    assert "ssd_bwd_chunk_dx16" in names and "ssd_bwd_dcb16" in names, sorted(names)
     assert not {"ssd_bwd_chunk_out2", "ssd_bwd_chunk_out"} & names, sorted(names)
 
 
@@ -731,8 +731,8 @@ def test_backward_path_switch_selects_kernels(
         grads_of(ours(a, 128), a, dout, dfinal)
         torch.cuda.synchronize()
     names = {e.name for e in prof.events()}
-    second = {"ssd_bwd_cb", "ssd_bwd_dcb", "ssd_bwd_chunk_dc2", "ssd_bwd_chunk_db2"}
-    second |= {"ssd_bwd_chunk_out2", "ssd_bwd_chunk_dx16"}  # out2: the call has z; bf16: dx16
+    second = {"ssd_bwd_cb", "ssd_bwd_dcb16", "ssd_bwd_chunk_dc2", "ssd_bwd_chunk_db2"}
+    second |= {"ssd_bwd_chunk_out2", "ssd_bwd_chunk_dx16"}  # out2: the call has z; bf16: *16
     first = {"ssd_bwd_chunk_dc", "ssd_bwd_chunk_db", "ssd_bwd_chunk_out"}
     want, unwanted = (first, second) if switch == "1" else (second, first)
     assert want <= names, sorted(n for n in names if n.startswith("ssd"))
@@ -754,12 +754,12 @@ def _bwd_kernel_names(a: dict[str, Any], chunk: int, **kw: Any) -> set[str]:
 
 @pytest.mark.parametrize("dt_name", ["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("switch", [None, "0"])
-def test_backward_16bit_dx_kernel_runs_on_16bit_data(
+def test_backward_16bit_kernels_run_on_16bit_data(
     monkeypatch: pytest.MonkeyPatch, dt_name: str, switch: str | None
 ) -> None:
-    """A 16-bit call's dx comes from ssd_bwd_chunk_dx16 (its own 16-bit tensors, dx written in
-    x's dtype), not from chunk_dx2 on the float32 copies; FLASHSCAN_SSD_DX16=0 keeps chunk_dx2;
-    float32 data always takes chunk_dx2."""
+    """A 16-bit call's dx and dCB come from ssd_bwd_chunk_dx16 / ssd_bwd_dcb16 (its own 16-bit
+    tensors, dx written in x's dtype), not from chunk_dx2 / dcb on the float32 copies;
+    FLASHSCAN_SSD_DX16=0 keeps chunk_dx2 and dcb; float32 data always takes them."""
     monkeypatch.delenv("FLASHSCAN_SSD_BWD", raising=False)
     if switch is None:
         monkeypatch.delenv("FLASHSCAN_SSD_DX16", raising=False)
@@ -769,6 +769,8 @@ def test_backward_16bit_dx_kernel_runs_on_16bit_data(
     want16 = switch is None and dt_name != "float32"
     assert ("ssd_bwd_chunk_dx16" in names) == want16, sorted(n for n in names if "dx" in n)
     assert ("ssd_bwd_chunk_dx2" in names) == (not want16), sorted(n for n in names if "dx" in n)
+    assert ("ssd_bwd_dcb16" in names) == want16, sorted(n for n in names if "dcb" in n)
+    assert ("ssd_bwd_dcb" in names) == (not want16), sorted(n for n in names if "dcb" in n)
 
 
 # (dtype, ngroups, dstate, headdim, seqlen, chunk, seq_idx cuts or None)
@@ -783,13 +785,13 @@ DX16_CASES = [
 
 @pytest.mark.parametrize("case", DX16_CASES, ids=lambda c: "-".join(str(v) for v in c[:6]))
 @pytest.mark.parametrize("with_z", [False, True], ids=["noz", "z"])
-def test_backward_16bit_dx_kernel_matches_the_rule(
+def test_backward_16bit_kernels_match_the_rule(
     case: tuple, with_z: bool, rule: Any, poison: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """dx (and the X1 / X2 / dD partials behind ddt, dA, ddt_bias, dD) from the 16-bit dx
-    kernel, against float64 under the rule, beside the float32 dx kernel's (FLASHSCAN_SSD_DX16=0)
-    within the same rule: final states, initial states, D per channel, seq_idx resets, NaN-
-    poisoned scratch."""
+    kernel and dCB (behind dB, dC, da) from the 16-bit dCB kernel, against float64 under the
+    rule, beside the float32 kernels' (FLASHSCAN_SSD_DX16=0) within the same rule: final
+    states, initial states, D per channel, seq_idx resets, NaN-poisoned scratch."""
     dt_name, g, n, p, L, chunk, cuts = case
     dtype = DTYPES[dt_name]
     monkeypatch.delenv("FLASHSCAN_SSD_BWD", raising=False)
@@ -817,7 +819,7 @@ def test_backward_16bit_dx_kernel_matches_the_rule(
     check_grads(rule, old, ref, base, dtype)
 
 
-def test_backward_16bit_dx_kernel_reads_strided_unaligned_views(rule: Any) -> None:
+def test_backward_16bit_kernels_read_strided_unaligned_views(rule: Any) -> None:
     """z, x, B, C and dt as views of one projection (Mamba-2's in_proj split) whose rows do not
     start on 16-byte boundaries, the gradient taken through the views: the 16-bit dx kernel's
     element loads and stores; every slice of the projection's gradient against float64."""

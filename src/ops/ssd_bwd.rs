@@ -31,6 +31,8 @@ pub const ENTRY_OUT2: &str = "ssd_bwd_chunk_out2";
 pub const ENTRY_DX2: &str = "ssd_bwd_chunk_dx2";
 /// The 16-bit builds' dx kernel (cuda/ssd_bwd.cu section 8f), launched from the 16-bit unit.
 pub const ENTRY_DX16: &str = "ssd_bwd_chunk_dx16";
+/// The 16-bit builds' dCB kernel (section 8g), launched from the 16-bit unit.
+pub const ENTRY_DCB16: &str = "ssd_bwd_dcb16";
 /// Every entry of the family: one translation unit per (dtype, chunk) holds them all.
 const ENTRIES: [&str; 15] = [
     ENTRY_OUT,
@@ -132,8 +134,8 @@ pub struct SsdBwdArgs<'a> {
     /// operands to tf32 once instead of the 3xTF32 split (second path only)
     pub tf32: bool,
     /// the 16-bit tensors the fp32 `inputs` / `dout` were copied from, and a 16-bit dx: the
-    /// second path then forms dx from them (`ssd_bwd_chunk_dx16`) into `half.dx`, and `dx`
-    /// is left unwritten (`backward` returns true)
+    /// second path then forms dx and dCB from them (`ssd_bwd_chunk_dx16`, `ssd_bwd_dcb16`),
+    /// dx into `half.dx`, and `dx` is left unwritten (`backward` returns true)
     pub half: Option<Half16<'a>>,
 }
 
@@ -148,8 +150,8 @@ pub struct Half16<'a> {
     pub dx: &'a TensorView,
 }
 
-/// FLASHSCAN_SSD_DX16=0 keeps the fp32 dx kernel (chunk_dx2) for a call that gives its 16-bit
-/// tensors (a measurement override, read per call).
+/// FLASHSCAN_SSD_DX16=0 keeps the fp32 dx and dCB kernels (chunk_dx2, dcb) for a call that
+/// gives its 16-bit tensors (a measurement override, read per call).
 fn dx16_enabled() -> bool {
     std::env::var("FLASHSCAN_SSD_DX16").as_deref() != Ok("0")
 }
@@ -477,8 +479,15 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<bool> {
     let npass_parts = npass_tiles * (PASS_THREADS / 32);
     let second = second_path();
     let half = a.half.as_ref().filter(|_| second && dx16_enabled());
-    let k_dx16 = match half {
-        Some(h) => Some(dev.kernel(&spec(ENTRY_DX16, h.x.dtype.kernel_code()?, chunk, arch))?),
+    // the 16-bit unit's dx and dCB kernels, for a call that gives its 16-bit tensors
+    let k16 = match half {
+        Some(h) => {
+            let dt16 = h.x.dtype.kernel_code()?;
+            Some((
+                dev.kernel(&spec(ENTRY_DX16, dt16, chunk, arch))?,
+                dev.kernel(&spec(ENTRY_DCB16, dt16, chunk, arch))?,
+            ))
+        }
         None => None,
     };
     let lay = layout(&p, chunk, i.d.is_some(), npass_parts, second);
@@ -595,7 +604,12 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<bool> {
             let b = grid_u32(p.batch, "batch")?;
             dev.launch(k_pro, (nc, bh, 1), (32, 1, 1), 0, st, &q)?;
             dev.launch(k_cb, (blocks, g, b), block, 0, st, &q)?;
-            dev.launch(k_dcb, (blocks, shares, b), block, 0, st, &q)?;
+            match (&k16, &q16) {
+                (Some((_, k)), Some(q16)) => {
+                    dev.launch(k, (blocks, shares, b), block, 0, st, q16)?
+                }
+                _ => dev.launch(k_dcb, (blocks, shares, b), block, 0, st, &q)?,
+            }
         }
         let (k_o, k_x) = if second {
             (k_out2, k_dx2)
@@ -616,8 +630,8 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<bool> {
             st,
             &q,
         )?;
-        match (&k_dx16, &q16) {
-            (Some(k16), Some(q16)) => dev.launch(k16, (rows, pt, bh), block, 0, st, q16)?,
+        match (&k16, &q16) {
+            (Some((k, _)), Some(q16)) => dev.launch(k, (rows, pt, bh), block, 0, st, q16)?,
             _ => dev.launch(k_x, (rows, pt, bh), block, 0, st, &q)?,
         }
         if second {
