@@ -1774,12 +1774,23 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_dx16(con
         if (s >= len) continue;
         const float dts = s_dt[s];
         u16* const o16 = (u16*)q.dx + b * q.dx_s[0] + (c0 + s) * q.dx_s[1] + h * q.dx_s[2] + p0;
+        // with z, g again in fp32 for D g and dD (the tile holds it rounded to 16 bits: over a
+        // short sequence the rounding showed in dD, 2.8e-2 against a 2.2e-2 limit at seqlen 1)
+        const i64 grow = b * q.dout_s[0] + (c0 + s) * q.dout_s[1] + h * q.dout_s[2] + p0;
+        const i64 zrow = b * p.z_s[0] + (c0 + s) * p.z_s[1] + h * p.z_s[2] + p0;
 #pragma unroll
         for (int jn = 0; jn < 8; ++jn) {
             const int col = 8 * jn + t2;
             if (col >= hd) continue;
             const float2 xv = unpack2<DT>(*(const u32*)(s_x + r * kLd64 + col));
-            const float2 gv = unpack2<DT>(*(const u32*)(s_gd + r * kLd64 + col));
+            float2 gv;
+            if (p.has_z) {
+                const bool two = col + 1 < hd;
+                gv.x = ldg_f32<DT>(q.dout, grow + col) * silu(ldg_f32<DT>(p.z, zrow + col));
+                gv.y = two ? ldg_f32<DT>(q.dout, grow + col + 1) * silu(ldg_f32<DT>(p.z, zrow + col + 1)) : 0.f;
+            } else {
+                gv = unpack2<DT>(*(const u32*)(s_gd + r * kLd64 + col));
+            }
             const float a0 = acc[jn][2 * hh], a1 = acc[jn][2 * hh + 1];
             rt[hh] += xv.x * a0 + xv.y * a1;
             dd[jn][0] += gv.x * xv.x;
