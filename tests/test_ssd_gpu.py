@@ -731,8 +731,8 @@ def test_backward_path_switch_selects_kernels(
         grads_of(ours(a, 128), a, dout, dfinal)
         torch.cuda.synchronize()
     names = {e.name for e in prof.events()}
-    second = {"ssd_bwd_cb", "ssd_bwd_dcb16", "ssd_bwd_chunk_dc2", "ssd_bwd_chunk_db2"}
-    second |= {"ssd_bwd_chunk_out2", "ssd_bwd_chunk_dx16"}  # out2: the call has z; bf16: *16
+    second = {"ssd_bwd_cb", "ssd_bwd_dcb", "ssd_bwd_chunk_dc2", "ssd_bwd_chunk_db2"}
+    second |= {"ssd_bwd_chunk_out2", "ssd_bwd_chunk_dx2"}  # the call has z: out2, fp32 dx / dCB
     first = {"ssd_bwd_chunk_dc", "ssd_bwd_chunk_db", "ssd_bwd_chunk_out"}
     want, unwanted = (first, second) if switch == "1" else (second, first)
     assert want <= names, sorted(n for n in names if n.startswith("ssd"))
@@ -754,19 +754,23 @@ def _bwd_kernel_names(a: dict[str, Any], chunk: int, **kw: Any) -> set[str]:
 
 @pytest.mark.parametrize("dt_name", ["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("switch", [None, "0"])
+@pytest.mark.parametrize("with_z", [False, True], ids=["noz", "z"])
 def test_backward_16bit_kernels_run_on_16bit_data(
-    monkeypatch: pytest.MonkeyPatch, dt_name: str, switch: str | None
+    monkeypatch: pytest.MonkeyPatch, dt_name: str, switch: str | None, with_z: bool
 ) -> None:
-    """A 16-bit call's dx and dCB come from ssd_bwd_chunk_dx16 / ssd_bwd_dcb16 (its own 16-bit
-    tensors, dx written in x's dtype), not from chunk_dx2 / dcb on the float32 copies;
-    FLASHSCAN_SSD_DX16=0 keeps chunk_dx2 and dcb; float32 data always takes them."""
+    """A 16-bit call without z takes its dx and dCB from ssd_bwd_chunk_dx16 / ssd_bwd_dcb16
+    (its own 16-bit tensors, dx written in x's dtype), not from chunk_dx2 / dcb on the float32
+    copies; FLASHSCAN_SSD_DX16=0, a call with z and float32 data take chunk_dx2 and dcb."""
     monkeypatch.delenv("FLASHSCAN_SSD_BWD", raising=False)
     if switch is None:
         monkeypatch.delenv("FLASHSCAN_SSD_DX16", raising=False)
     else:
         monkeypatch.setenv("FLASHSCAN_SSD_DX16", switch)
-    names = _bwd_kernel_names(ssd_inputs(1, 300, 4, 64, 1, 64, DTYPES[dt_name]), 128)
-    want16 = switch is None and dt_name != "float32"
+    a = ssd_inputs(1, 300, 4, 64, 1, 64, DTYPES[dt_name])
+    if not with_z:
+        del a["z"]
+    names = _bwd_kernel_names(a, 128)
+    want16 = switch is None and dt_name != "float32" and not with_z
     assert ("ssd_bwd_chunk_dx16" in names) == want16, sorted(n for n in names if "dx" in n)
     assert ("ssd_bwd_chunk_dx2" in names) == (not want16), sorted(n for n in names if "dx" in n)
     assert ("ssd_bwd_dcb16" in names) == want16, sorted(n for n in names if "dcb" in n)
@@ -784,9 +788,8 @@ DX16_CASES = [
 
 
 @pytest.mark.parametrize("case", DX16_CASES, ids=lambda c: "-".join(str(v) for v in c[:6]))
-@pytest.mark.parametrize("with_z", [False, True], ids=["noz", "z"])
 def test_backward_16bit_kernels_match_the_rule(
-    case: tuple, with_z: bool, rule: Any, poison: Any, monkeypatch: pytest.MonkeyPatch
+    case: tuple, rule: Any, poison: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """dx (and the X1 / X2 / dD partials behind ddt, dA, ddt_bias, dD) from the 16-bit dx
     kernel and dCB (behind dB, dC, da) from the 16-bit dCB kernel, against float64 under the
@@ -796,8 +799,7 @@ def test_backward_16bit_kernels_match_the_rule(
     dtype = DTYPES[dt_name]
     monkeypatch.delenv("FLASHSCAN_SSD_BWD", raising=False)
     a = ssd_inputs(2, L, 4, p, g, n, dtype, D2=True)
-    if not with_z:
-        del a["z"]
+    del a["z"]  # the 16-bit kernels' calls (with z the float32 ones run)
     kw: dict[str, Any] = {}
     if cuts is not None:
         starts = torch.tensor(cuts, device="cuda")
@@ -820,16 +822,17 @@ def test_backward_16bit_kernels_match_the_rule(
 
 
 def test_backward_16bit_kernels_read_strided_unaligned_views(rule: Any) -> None:
-    """z, x, B, C and dt as views of one projection (Mamba-2's in_proj split) whose rows do not
-    start on 16-byte boundaries, the gradient taken through the views: the 16-bit dx kernel's
-    element loads and stores; every slice of the projection's gradient against float64."""
+    """x, B, C and dt as views of one projection (Mamba-2's in_proj split, z left out as the
+    layer passes none) whose rows do not start on 16-byte boundaries, the gradient taken through
+    the views: the 16-bit kernels' element loads and stores; every slice of the projection's
+    gradient against float64."""
     import flashscan.torch as fst
 
     b, L, h, p, g, n = 2, 300, 4, 64, 1, 64
-    sizes = [1, h * p, h * p, g * n, g * n, h]
+    sizes = [1, h * p, g * n, g * n, h]
     proj = (torch.randn(b, L, sum(sizes), device="cuda") * 0.5).to(torch.bfloat16)
     proj.requires_grad_(True)
-    _, z, x, B, C, dt = torch.split(proj, sizes, dim=-1)
+    _, x, B, C, dt = torch.split(proj, sizes, dim=-1)
     fixed = {
         "A": -torch.rand(h, device="cuda") - 0.5,
         "D": torch.randn(h, device="cuda"),
@@ -837,7 +840,6 @@ def test_backward_16bit_kernels_read_strided_unaligned_views(rule: Any) -> None:
     }
     views = {
         "x": x.reshape(b, L, h, p),
-        "z": z.reshape(b, L, h, p),
         "B": B.reshape(b, L, g, n),
         "C": C.reshape(b, L, g, n),
         "dt": dt,
@@ -845,13 +847,14 @@ def test_backward_16bit_kernels_read_strided_unaligned_views(rule: Any) -> None:
     assert views["x"].data_ptr() % 16 != 0 and not views["x"].is_contiguous()
     dense = {k: v.detach().contiguous() for k, v in views.items()} | fixed
     dense["initial_states"] = None
+    dense["z"] = None
     dout, dfinal = upstream(dense)
     out, final = fst.mamba_chunk_scan_combined(
         **views, **fixed, chunk_size=128, dt_softplus=True, return_final_states=True
     )
     (gp,) = torch.autograd.grad([out, final], [proj], [dout, dfinal])
-    _, gz, gx, gB, gC, gdt = torch.split(gp, sizes, dim=-1)
-    got = {"x": gx, "z": gz, "B": gB, "C": gC, "dt": gdt}
+    _, gx, gB, gC, gdt = torch.split(gp, sizes, dim=-1)
+    got = {"x": gx, "B": gB, "C": gC, "dt": gdt}
     ref = ref_grads(dense, 128, dout, dfinal)
     base = grads_of(lambda lv: baseline_lowp(lv, 128, True), dense, dout, dfinal)
     for k, v in got.items():

@@ -1432,8 +1432,9 @@ def _ssd_bwd_impl(
         # pass, but as written they ran 14.6 ms of kernels against 9.3 through the copies at
         # b8 L2048 (benches/results/2026-11-27-h100-ssd-bwd-stable-da). (dt, A, D, dt_bias and
         # the states keep their dtypes: the kernels read those in any float dtype.) The 16-bit
-        # tensors go along too: the dx and dCB kernels on 16-bit tiles (ssd_bwd_chunk_dx16,
-        # ssd_bwd_dcb16) read them, dx written in x's dtype; the native call says if it was.
+        # tensors go along too: for a call without z the dx and dCB kernels on 16-bit tiles
+        # (ssd_bwd_chunk_dx16, ssd_bwd_dcb16) read them, dx written in x's dtype; the native
+        # call says whether it was.
         tf32 = x.dtype in (torch.float16, torch.bfloat16)
         half: tuple[Optional[Tensor], ...] = (None,) * 5  # noqa: UP045
         if tf32:
