@@ -1909,3 +1909,181 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb16(const Ss
         }
 #endif
 }
+
+// ---- 8h. chunk_dc2 / chunk_db2 on 16-bit operand tiles (the fp16 / bf16 builds) ----------------------
+// chunk_dcdb2's dC / dB (and dC's R_state) from the call's own 16-bit B, C, x and dout (calls without
+// z; the host's 16-bit params copy), m16n8k16 on ldmatrix tiles instead of 1xTF32 on fp32 copies
+// (dc2 1.31 ms, db2 0.74 at b8 L2048 80 x 64 on the H100, 2026-11-27). Grid and work split as
+// chunk_dcdb2: (nchunks * kQ/64, ceil(dstate/64), batch*ngroups), rows m0 .. (l for dC, s for dB) x
+// states n0 .., warp w rows 16w .. 16w + 15:
+//   intra: acc += dCB B (dC, over s-blocks <= i) / dCB^T C (dB, over l-blocks >= i): the dCB block's
+//          shares summed in fp32 into the A fragments in registers (dB reads it transposed), then
+//          rounded to 16 bits; the B / C tile by cp.async, .trans operand
+//   state term, per head: ah = g H_c (dC) / x dS_c (dB) over headdim (64 channels a step: the
+//          16-bit g / x tile by cp.async, the fp32 state rows converted to 16 bits by the threads),
+//          then acc += f ah with the head's row factor f (e_l, or v_s dt'_s) in fp32; dC also
+//          leaves R_state_l = sum_n C_ln (f ah)_ln per head (rowdot)
+// The gradients are stored in fp32 into the call's fp32 dB / dC (cast back by the caller).
+#if FS_DTYPE != 2
+template <bool kDB>
+__device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
+    const SsdParams& p = q.f;
+    __shared__ __align__(16) u16 s_m[kRows * kLd64];  // intra: B / C rows o x states; then g / x rows x channels
+    __shared__ __align__(16) u16 s_s[kRows * kLd64];  // the head's state rows p x states n (16-bit)
+    __shared__ __align__(16) u16 s_c[kRows * kLd64];  // dC: this tile's C rows l x states n (R_state)
+    __shared__ float s_f[2][kTile];                   // the head's row factors (parity)
+
+    const i64 b = blockIdx.z / p.ngroups, g = blockIdx.z % p.ngroups;
+    const i64 hpg = p.nheads / p.ngroups;
+    const i64 c = blockIdx.x / kNb2;
+    const int i = blockIdx.x % kNb2, m0 = i * kTile, n0 = blockIdx.y * kTile;
+    const i64 c0 = c * kQ;
+    const int len = (int)min((i64)kQ, p.seqlen - c0);
+    if (m0 >= len) return;
+    const int nv = (int)p.dstate - n0;  // valid state columns of the tile
+    const int lane = threadIdx.x & 31, w16 = 16 * (threadIdx.x >> 5), t2 = 2 * (lane & 3);
+    const int r0 = w16 + (lane >> 2);
+    const i64 m_t = kDB ? p.C_s[1] : p.B_s[1];
+    const u16* gm = (const u16*)(kDB ? p.C : p.B) + b * (kDB ? p.C_s[0] : p.B_s[0]) + g * (kDB ? p.C_s[2] : p.B_s[2]) +
+                    (c0 * m_t + n0);
+    const float* dcb = q.dcb + ((b * p.nchunks + c) * p.ngroups + g) * kQ * kQ;
+    const i64 split_stride = p.batch * p.nchunks * p.ngroups * kQ * kQ;
+    const u32 tb = smem_u32(s_s) + lane_bt(lane, kLd64) * 2;  // .trans B operand lane address (s_m or s_s)
+    const u32 tb_m = smem_u32(s_m) + lane_bt(lane, kLd64) * 2;
+
+    float acc[8][4];
+    clear(acc);
+    const int j_begin = kDB ? i : 0, j_end = kDB ? (len + kTile - 1) / kTile : i + 1;
+    for (int jb = j_begin; jb < j_end; ++jb) {
+        const int o0 = jb * kTile;
+        load_tile<kRows, 64, kLd64>(s_m, gm + o0 * m_t, m_t, len - o0, nv, q.vec_bc);
+        cp_async_commit();
+        // dC: A[l][s] = dCB[m0 + r][o0 + col]; dB: A[s][l] = dCB[o0 + col][m0 + r] (transposed)
+        float av[8][4];
+#pragma unroll
+        for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = r0 + 8 * (e >> 1), col = 8 * jn + t2 + (e & 1);
+                const i64 off = kDB ? (i64)(o0 + col) * kQ + m0 + r : (i64)(m0 + r) * kQ + o0 + col;
+                float v = dcb[off];
+                for (int k = 1; k < q.dcb_splits; ++k) v += dcb[k * split_stride + off];
+                av[jn][e] = v;
+            }
+        cp_async_wait<0>();
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            u32 a[4];
+            acc_to_a<DT>(a, av[2 * kk], av[2 * kk + 1]);
+            mma_row<8, true>(acc, a, tb_m + kk * 16 * kLd64 * 2, 16 * 2);
+        }
+        __syncthreads();
+    }
+
+    const bool term = kDB ? (c < p.nchunks - 1 || q.has_dfinal) : (c > 0 || p.has_init);
+    if (term) {
+        const int rows = len - m0;
+        const int* seg = q.pseg + (b * p.nchunks + c) * kQ;
+        const int seg_end = seg[len - 1];
+        if constexpr (!kDB) {  // C rows of this tile for R_state (waited with the first head's step)
+            const u16* gc = (const u16*)p.C + b * p.C_s[0] + (c0 + m0) * p.C_s[1] + g * p.C_s[2] + n0;
+            load_tile<kRows, 64, kLd64>(s_c, gc, p.C_s[1], rows, nv, q.vec_bc);
+            cp_async_commit();
+        }
+        const u32 a_base = smem_u32(s_m + w16 * kLd64 + lane_a(lane, kLd64));
+        const i64 a_t = kDB ? p.x_s[1] : q.dout_s[1];
+        for (i64 hh = 0; hh < hpg; ++hh) {
+            const i64 h = g * hpg + hh;
+            const i64 pro = ((b * p.nheads + h) * p.nchunks + c) * kQ;
+            float* f_h = s_f[hh & 1];  // read after this head's barriers, rewritten two heads on
+            if (threadIdx.x < kTile) {
+                const int r = threadIdx.x, l = m0 + r;
+                float f = 0.f;
+                if (r < rows) {
+                    if (kDB) {
+                        if (seg[l] == seg_end) f = ex(q.pcum[pro + len - 1] - q.pcum[pro + l]) * q.pdt[pro + l];
+                    } else if (seg[l] == 0) {
+                        f = ex(q.pcum[pro + l]);
+                    }
+                }
+                f_h[r] = f;
+            }
+            const float* S = (kDB ? q.dstates : p.states) + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate;
+            const u16* ga = kDB ? (const u16*)p.x + b * p.x_s[0] + (c0 + m0) * p.x_s[1] + h * p.x_s[2]
+                                : (const u16*)q.dout + b * q.dout_s[0] + (c0 + m0) * q.dout_s[1] + h * q.dout_s[2];
+            float ah[8][4];
+            clear(ah);
+            for (int k0 = 0; k0 < p.headdim; k0 += 64) {
+                const int kv = (int)p.headdim - k0;
+                load_tile<kRows, 64, kLd64>(s_m, ga + k0, a_t, rows, kv, q.vec_x);
+                cp_async_commit();
+                // state rows p = k0 + r (< kv) x states n0 + k .. + 3 (< nv), fp32 -> 16-bit
+                for (int e = threadIdx.x; e < kRows * 16; e += kThreads) {
+                    const int r = e / 16, k = (e % 16) * 4, n = n0 + k;
+                    float4 v = zero4();
+                    if (r < kv && k < nv) {
+                        const float* sp = S + (i64)(k0 + r) * p.dstate + n;
+                        if ((p.dstate & 3) == 0) {
+                            v = *(const float4*)sp;
+                        } else {
+                            v.x = sp[0];
+                            v.y = k + 1 < nv ? sp[1] : 0.f;
+                            v.z = k + 2 < nv ? sp[2] : 0.f;
+                            v.w = k + 3 < nv ? sp[3] : 0.f;
+                        }
+                    }
+                    *(uint2*)(s_s + r * kLd64 + k) = make_uint2(pack2<DT>(v.x, v.y), pack2<DT>(v.z, v.w));
+                }
+                cp_async_wait<0>();
+                __syncthreads();
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk) {
+                    u32 a[4];
+                    ldsm_x4(a, a_base + kk * 32);
+                    mma_row<8, true>(ah, a, tb + kk * 16 * kLd64 * 2, 16 * 2);
+                }
+                __syncthreads();
+            }
+            float rs[2] = {0.f, 0.f};
+#pragma unroll
+            for (int h2 = 0; h2 < 2; ++h2) {
+                const int r = r0 + 8 * h2;
+                const float f = f_h[r];
+#pragma unroll
+                for (int jn = 0; jn < 8; ++jn) {
+                    const float a0 = f * ah[jn][2 * h2], a1 = f * ah[jn][2 * h2 + 1];
+                    if constexpr (!kDB) {
+                        const float2 cv = unpack2<DT>(*(const u32*)(s_c + r * kLd64 + 8 * jn + t2));
+                        rs[h2] += cv.x * a0 + cv.y * a1;
+                    }
+                    acc[jn][2 * h2] += a0;
+                    acc[jn][2 * h2 + 1] += a1;
+                }
+            }
+            if constexpr (!kDB) store_rows(rs, q.rowdot + (b * p.nheads + h) * p.seqlen * kTiles + blockIdx.y, c0, m0, len);
+        }
+    }
+    float* out = (float*)(kDB ? q.dB : q.dC);  // the call's fp32 gradient
+    const i64 os0 = kDB ? q.dB_s[0] : q.dC_s[0], os1 = kDB ? q.dB_s[1] : q.dC_s[1];
+    const i64 os2 = kDB ? q.dB_s[2] : q.dC_s[2];
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = m0 + acc_row(e), col = acc_col(jn, e);
+            if (r < len && col < nv) out[b * os0 + (c0 + r) * os1 + g * os2 + n0 + col] = acc[jn][e];
+        }
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dc16(const SsdBwdParams q) {
+#if FS_DTYPE != 2
+    chunk_dcdb16<false>(q);
+#endif
+}
+extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_db16(const SsdBwdParams q) {
+#if FS_DTYPE != 2
+    chunk_dcdb16<true>(q);
+#endif
+}

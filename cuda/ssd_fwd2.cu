@@ -92,7 +92,9 @@ struct Ssd2Params {
     // (cp.async / vector path); 0: element loads and stores
     int vec_x, vec_bc, vec_z, vec_out;
     int vec_states;  // 1: the states workspace starts 16-byte aligned
-    int pad_;
+    // 1: ssd2_state_passing leaves H_c in fp32 in each chunk's slot instead of 16-bit values (the
+    // backward's recompute, whose kernels read fp32 states); 0 on forward calls
+    int states_f32;
 };
 static_assert(sizeof(Ssd2Params) == 528, "Ssd2Params layout changed: update the host mirror");
 
@@ -348,6 +350,19 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd2_state_passing(co
             if (c + 1 < nc) load(k, c + 1, nxt);
             else if (k + 1 < nblocks) load(k + 1, 0, nxt);
             __syncthreads();  // every thread's S_c of block k is read: the 16-bit H may overwrite it
+            if (q.states_f32) {  // element e over element e (the one this thread read as S_c)
+                float* d32 = slot0 + c * step + e0;
+                if (vec && nv == 4) {
+                    *(float4*)d32 = make_float4(H[0], H[1], H[2], H[3]);
+                } else {
+#pragma unroll
+                    for (int u = 0; u < 4; ++u)
+                        if (u < nv) d32[u] = H[u];
+                }
+#pragma unroll
+                for (int u = 0; u < 4; ++u) H[u] = Hn[u];
+                continue;
+            }
             u16* dst = (u16*)(slot0 + c * step) + e0;
             if (vec && nv == 4) {
                 *(uint2*)dst = make_uint2(pack2<DT>(H[0], H[1]), pack2<DT>(H[2], H[3]));

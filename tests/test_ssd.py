@@ -375,7 +375,10 @@ def _h(*shape: int) -> np.ndarray:
 
 def _half() -> dict:
     """The 16-bit tensors of `_bwd_native_args`' call (x16, B16, dout16, dx16)."""
-    return dict(x16=_h(1, 5, 2, 4), B16=_h(1, 5, 1, 8), dout16=_h(1, 5, 2, 4), dx16=_h(1, 5, 2, 4))
+    return dict(
+        x16=_h(1, 5, 2, 4), B16=_h(1, 5, 1, 8), C16=_h(1, 5, 1, 8), dout16=_h(1, 5, 2, 4),
+        dx16=_h(1, 5, 2, 4),
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -393,6 +396,7 @@ def _half() -> dict:
         (dict(_half(), z16=_h(1, 5, 2, 4)), ValueError, "z16 is given exactly when z is"),
         (dict(_half(), x16=np.zeros((1, 5, 2, 4), np.float32)), Exception, "x16"),
         (dict(_half(), B16=_h(1, 5, 1, 7)), ValueError, "B16"),
+        (dict(_half(), C16=_h(1, 5, 2, 8)), ValueError, "C16"),
         (dict(_half(), dout16=_h(1, 4, 2, 4)), ValueError, "dout16"),
         (dict(_half(), dx16=np.zeros((1, 5, 2, 4), np.float32)), Exception, "dx16"),
     ],
@@ -409,6 +413,7 @@ def _half() -> dict:
         "z16-extra",
         "x16-dtype",
         "B16-shape",
+        "C16-shape",
         "dout16-shape",
         "dx16-dtype",
     ],  # fmt: skip

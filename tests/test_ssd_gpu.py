@@ -758,9 +758,10 @@ def _bwd_kernel_names(a: dict[str, Any], chunk: int, **kw: Any) -> set[str]:
 def test_backward_16bit_kernels_run_on_16bit_data(
     monkeypatch: pytest.MonkeyPatch, dt_name: str, switch: str | None, with_z: bool
 ) -> None:
-    """A 16-bit call without z takes its dx and dCB from ssd_bwd_chunk_dx16 / ssd_bwd_dcb16
-    (its own 16-bit tensors, dx written in x's dtype), not from chunk_dx2 / dcb on the float32
-    copies; FLASHSCAN_SSD_DX16=0, a call with z and float32 data take chunk_dx2 and dcb."""
+    """A 16-bit call without z recomputes its chunk states on ssd2's kernels and takes dx, dCB,
+    dC and dB from the 16-bit kernels (its own 16-bit tensors, dx written in x's dtype), not
+    from the float32 ones on the float32 copies; FLASHSCAN_SSD_DX16=0, a call with z and float32
+    data take the float32 kernels."""
     monkeypatch.delenv("FLASHSCAN_SSD_BWD", raising=False)
     if switch is None:
         monkeypatch.delenv("FLASHSCAN_SSD_DX16", raising=False)
@@ -775,6 +776,12 @@ def test_backward_16bit_kernels_run_on_16bit_data(
     assert ("ssd_bwd_chunk_dx2" in names) == (not want16), sorted(n for n in names if "dx" in n)
     assert ("ssd_bwd_dcb16" in names) == want16, sorted(n for n in names if "dcb" in n)
     assert ("ssd_bwd_dcb" in names) == (not want16), sorted(n for n in names if "dcb" in n)
+    for k in ("dc", "db"):
+        assert (f"ssd_bwd_chunk_{k}16" in names) == want16, sorted(n for n in names if k in n)
+        assert (f"ssd_bwd_chunk_{k}2" in names) == (not want16), sorted(n for n in names if k in n)
+    # the recompute of the chunk states: ssd2's kernels (the 16-bit forward runs them too), the
+    # first path's only without the 16-bit tensors
+    assert ("ssd_chunk_state" in names) == (not want16), sorted(n for n in names if "state" in n)
 
 
 # (dtype, ngroups, dstate, headdim, seqlen, chunk, seq_idx cuts or None)
@@ -791,10 +798,10 @@ DX16_CASES = [
 def test_backward_16bit_kernels_match_the_rule(
     case: tuple, rule: Any, poison: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """dx (and the X1 / X2 / dD partials behind ddt, dA, ddt_bias, dD) from the 16-bit dx
-    kernel and dCB (behind dB, dC, da) from the 16-bit dCB kernel, against float64 under the
-    rule, beside the float32 kernels' (FLASHSCAN_SSD_DX16=0) within the same rule: final
-    states, initial states, D per channel, seq_idx resets, NaN-poisoned scratch."""
+    """Every gradient of a 16-bit call without z (the states recomputed on ssd2's kernels; dx,
+    dCB, dC, dB and the partials behind ddt, dA, ddt_bias, dD from the 16-bit kernels) against
+    float64 under the rule, beside the float32 kernels' (FLASHSCAN_SSD_DX16=0) within the same
+    rule: final states, initial states, D per channel, seq_idx resets, NaN-poisoned scratch."""
     dt_name, g, n, p, L, chunk, cuts = case
     dtype = DTYPES[dt_name]
     monkeypatch.delenv("FLASHSCAN_SSD_BWD", raising=False)

@@ -470,6 +470,7 @@ def ssd_bwd(
     tf32: bool = False,
     x16: TensorArg | None = None,
     B16: TensorArg | None = None,
+    C16: TensorArg | None = None,
     z16: TensorArg | None = None,
     dout16: TensorArg | None = None,
     dx16: TensorArg | None = None,
@@ -481,11 +482,11 @@ def ssd_bwd(
     atomics (bitwise deterministic). Inputs as `ssd_fwd` takes them. tf32: the float32 data
     came from 16-bit tensors (exact in tf32), so the second backward path (the default;
     FLASHSCAN_SSD_BWD=1 takes the first) may round the operands of its dC / dB products to tf32
-    once instead of 3xTF32. x16, B16, z16 (with z), dout16: the fp16 / bf16 tensors the float32
-    x, B, z, dout were copied from, and dx16 (like x16): for a call without z the second path
-    then forms dx and dCB from them on 16-bit tiles, dx into dx16, leaving dx unwritten
-    (FLASHSCAN_SSD_DX16=0 keeps the float32 dx and dCB kernels). Returns True when dx16 was
-    written."""
+    once instead of 3xTF32. x16, B16, C16, z16 (with z), dout16: the fp16 / bf16 tensors the float32
+    x, B, C, z, dout were copied from, and dx16 (like x16): for a call without z the second
+    path then recomputes the chunk states and forms dx, dCB, dC and dB from them on 16-bit
+    tiles, dx into dx16, leaving dx unwritten (FLASHSCAN_SSD_DX16=0 keeps the float32
+    kernels). Returns True when dx16 was written."""
 
 def kernel_variants(arch: str = "sm_90a") -> list[dict[str, Any]]:
     """Every kernel variant the package can emit for `arch`: {"family": str, "name": str,

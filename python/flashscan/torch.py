@@ -1432,13 +1432,13 @@ def _ssd_bwd_impl(
         # pass, but as written they ran 14.6 ms of kernels against 9.3 through the copies at
         # b8 L2048 (benches/results/2026-11-27-h100-ssd-bwd-stable-da). (dt, A, D, dt_bias and
         # the states keep their dtypes: the kernels read those in any float dtype.) The 16-bit
-        # tensors go along too: for a call without z the dx and dCB kernels on 16-bit tiles
-        # (ssd_bwd_chunk_dx16, ssd_bwd_dcb16) read them, dx written in x's dtype; the native
-        # call says whether it was.
+        # tensors go along too: for a call without z the state recompute and the dx, dCB, dC
+        # and dB kernels run on 16-bit tiles of them (cuda/ssd_bwd.cu 8f-8h), dx written in x's
+        # dtype; the native call says whether it was.
         tf32 = x.dtype in (torch.float16, torch.bfloat16)
-        half: tuple[Optional[Tensor], ...] = (None,) * 5  # noqa: UP045
+        half: tuple[Optional[Tensor], ...] = (None,) * 6  # noqa: UP045
         if tf32:
-            half = (x, B, z, _dense(dout), x.new_empty(x.shape))
+            half = (x, B, C, z, _dense(dout), x.new_empty(x.shape))
             x, B, C, dout = x.float(), B.float(), C.float(), dout.float()
             z = None if z is None else z.float()
         kernel_in = (x, dt, A, B, C, D, z, dt_bias, initial_states)
@@ -1453,10 +1453,10 @@ def _ssd_bwd_impl(
             _desc(dfin, "dfinal_states"),
             *(_desc(g, "d" + n) for g, n in zip(grads, _SSD_NAMES)),
             chunk_size, dt_softplus, dt_min, dt_max, _stream(x), tf32,
-            *(_desc(t, n) for t, n in zip(half, ("x16", "B16", "z16", "dout16", "dx16"))),
+            *(_desc(t, n) for t, n in zip(half, ("x16", "B16", "C16", "z16", "dout16", "dx16"))),
         )  # fmt: skip
         if wrote16:
-            grads = (half[4], *grads[1:])
+            grads = (half[5], *grads[1:])
         return tuple(  # type: ignore[return-value]
             _absent(likes[0]) if g is None else (g if g.dtype == like.dtype else g.to(like.dtype))
             for g, like in zip(grads, likes)

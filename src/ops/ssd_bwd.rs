@@ -33,6 +33,9 @@ pub const ENTRY_DX2: &str = "ssd_bwd_chunk_dx2";
 pub const ENTRY_DX16: &str = "ssd_bwd_chunk_dx16";
 /// The 16-bit builds' dCB kernel (section 8g), launched from the 16-bit unit.
 pub const ENTRY_DCB16: &str = "ssd_bwd_dcb16";
+/// The 16-bit builds' dC / dB kernels (section 8h).
+pub const ENTRY_DC16: &str = "ssd_bwd_chunk_dc16";
+pub const ENTRY_DB16: &str = "ssd_bwd_chunk_db16";
 /// Every entry of the family: one translation unit per (dtype, chunk) holds them all.
 const ENTRIES: [&str; 15] = [
     ENTRY_OUT,
@@ -134,8 +137,9 @@ pub struct SsdBwdArgs<'a> {
     /// operands to tf32 once instead of the 3xTF32 split (second path only)
     pub tf32: bool,
     /// the 16-bit tensors the fp32 `inputs` / `dout` were copied from, and a 16-bit dx: the
-    /// second path then forms dx and dCB from them (`ssd_bwd_chunk_dx16`, `ssd_bwd_dcb16`) for
-    /// a call without z, dx into `half.dx`, and `dx` is left unwritten (`backward` returns true)
+    /// second path then recomputes the states on ssd2's kernels and forms dx, dCB, dC and dB
+    /// from them (`ssd_bwd_chunk_dx16`, `ssd_bwd_dcb16`, `ssd_bwd_chunk_dc16` / `_db16`) for a
+    /// call without z, dx into `half.dx`, and `dx` is left unwritten (`backward` returns true)
     pub half: Option<Half16<'a>>,
 }
 
@@ -143,6 +147,7 @@ pub struct SsdBwdArgs<'a> {
 pub struct Half16<'a> {
     pub x: &'a TensorView,
     pub b: &'a TensorView,
+    pub c: &'a TensorView,
     /// present exactly when the call has z
     pub z: Option<&'a TensorView>,
     pub dout: &'a TensorView,
@@ -156,22 +161,12 @@ fn dx16_enabled() -> bool {
     std::env::var("FLASHSCAN_SSD_DX16").as_deref() != Ok("0")
 }
 
-/// 1 when every row of a 16-bit (.., last) tensor starts 16-byte aligned and `last` is a
-/// multiple of 8 elements: ssd_bwd_chunk_dx16's cp.async rows and paired stores are valid.
-fn rows16_u16(t: &TensorView, last: i64) -> bool {
-    let n = t.strides.len();
-    let strides_ok = t.strides[..n - 1]
-        .iter()
-        .zip(&t.shape)
-        .all(|(s, &d)| d == 1 || s % 8 == 0);
-    t.dtype.size() == 2 && t.ptr % 16 == 0 && last % 8 == 0 && strides_ok
-}
-
 impl Half16<'_> {
-    fn read(&self) -> [(&'static str, Option<&TensorView>); 4] {
+    fn read(&self) -> [(&'static str, Option<&TensorView>); 5] {
         [
             ("x16", Some(self.x)),
             ("B16", Some(self.b)),
+            ("C16", Some(self.c)),
             ("z16", self.z),
             ("dout16", Some(self.dout)),
         ]
@@ -184,6 +179,9 @@ impl Half16<'_> {
         self.x.expect_shape("x16", &i.x.shape)?;
         self.b.expect_same_dtype("B16", self.x, "x16")?;
         self.b.expect_shape("B16", &i.b.shape)?;
+        self.c.expect_same_dtype("C16", self.x, "x16")?;
+        self.c.expect_shape("C16", &i.c.shape)?;
+        self.c.expect_unit_stride("C16", 3, "dstate")?;
         match (self.z, i.z) {
             (Some(z), Some(z32)) => {
                 z.expect_same_dtype("z16", self.x, "x16")?;
@@ -489,10 +487,12 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<bool> {
     let k16 = match half {
         Some(h) => {
             let dt16 = h.x.dtype.kernel_code()?;
-            Some((
+            Some([
                 dev.kernel(&spec(ENTRY_DX16, dt16, chunk, arch))?,
                 dev.kernel(&spec(ENTRY_DCB16, dt16, chunk, arch))?,
-            ))
+                dev.kernel(&spec(ENTRY_DC16, dt16, chunk, arch))?,
+                dev.kernel(&spec(ENTRY_DB16, dt16, chunk, arch))?,
+            ])
         }
         None => None,
     };
@@ -573,14 +573,17 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<bool> {
         q16.f.x_s = s3(h.x);
         q16.f.b = h.b.ptr;
         q16.f.b_s = s3(h.b);
+        q16.f.c = h.c.ptr;
+        q16.f.c_s = s3(h.c);
         q16.dout = h.dout.ptr;
         q16.dout_s = s3(h.dout);
         q16.dx = h.dx.ptr;
         q16.dx_s = s3(h.dx);
-        q16.vec_x = (rows16_u16(h.x, p.headdim)
-            && rows16_u16(h.dout, p.headdim)
-            && rows16_u16(h.dx, p.headdim)) as i32;
-        q16.vec_bc = rows16_u16(h.b, p.dstate) as i32;
+        // 16-byte rows of 16-bit data (headdim / dstate multiples of 8)
+        q16.vec_x = ssd::rows16(h.x, p.headdim)
+            & ssd::rows16(h.dout, p.headdim)
+            & ssd::rows16(h.dx, p.headdim);
+        q16.vec_bc = ssd::rows16(h.b, p.dstate) & ssd::rows16(h.c, p.dstate);
         q16
     });
     let bh = grid_u32(p.batch * p.nheads, "batch * nheads")?;
@@ -595,7 +598,14 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<bool> {
     // size `layout` gives it; the launches run in order on one stream, the scratch is freed
     // after them in stream order.
     unsafe {
-        ssd::launch_states(dev, &q.f, &p, dtype, chunk, arch, st)?;
+        // H_c and f_c again: from the 16-bit tensors on ssd2's kernels when they are given
+        match (half, &q16) {
+            (Some(h), Some(q16)) => {
+                let dt16 = h.x.dtype.kernel_code()?;
+                ssd::launch_states2(dev, &q16.f, h.x, h.b, &p, dt16, chunk, arch, st)?
+            }
+            _ => ssd::launch_states(dev, &q.f, &p, dtype, chunk, arch, st)?,
+        }
         if second {
             // the prologue and CB workspaces first: the dCB blocks, chunk_out2 and chunk_dx2
             // read them
@@ -606,8 +616,8 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<bool> {
             dev.launch(k_pro, (nc, bh, 1), (32, 1, 1), 0, st, &q)?;
             dev.launch(k_cb, (blocks, g, b), block, 0, st, &q)?;
             match (&k16, &q16) {
-                (Some((_, k)), Some(q16)) => {
-                    dev.launch(k, (blocks, shares, b), block, 0, st, q16)?
+                (Some(k), Some(q16)) => {
+                    dev.launch(&k[1], (blocks, shares, b), block, 0, st, q16)?
                 }
                 _ => dev.launch(k_dcb, (blocks, shares, b), block, 0, st, &q)?,
             }
@@ -632,10 +642,13 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<bool> {
             &q,
         )?;
         match (&k16, &q16) {
-            (Some((k, _)), Some(q16)) => dev.launch(k, (rows, pt, bh), block, 0, st, q16)?,
+            (Some(k), Some(q16)) => dev.launch(&k[0], (rows, pt, bh), block, 0, st, q16)?,
             _ => dev.launch(k_x, (rows, pt, bh), block, 0, st, &q)?,
         }
-        if second {
+        if let (Some(k), Some(q16)) = (&k16, &q16) {
+            dev.launch(&k[2], (rows, nt, bg), block, 0, st, q16)?;
+            dev.launch(&k[3], (rows, nt, bg), block, 0, st, q16)?;
+        } else if second {
             dev.launch(k_dc2, (rows, nt, bg), block, 0, st, &q)?;
             dev.launch(k_db2, (rows, nt, bg), block, 0, st, &q)?;
         } else {
