@@ -1919,19 +1919,20 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb16(const Ss
 //   intra: acc += dCB B (dC, over s-blocks <= i) / dCB^T C (dB, over l-blocks >= i): the dCB block's
 //          shares summed in fp32 into the A fragments in registers (dB reads it transposed), then
 //          rounded to 16 bits; the B / C tile by cp.async, .trans operand
-//   state term, per head: ah = g H_c (dC) / x dS_c (dB) over headdim (64 channels a step: the
-//          16-bit g / x tile by cp.async, the fp32 state rows converted to 16 bits by the threads),
-//          then acc += f ah with the head's row factor f (e_l, or v_s dt'_s) in fp32; dC also
-//          leaves R_state_l = sum_n C_ln (f ah)_ln per head (rowdot)
+//   state term, per head: ah = g H_c (dC) / x dS_c (dB) over headdim (64 channels a stage: the
+//          16-bit g / x tile by cp.async, the fp32 state rows loaded into registers and converted
+//          to 16 bits by the threads; two buffers, the next stage in flight under the mma), then
+//          acc += f ah with the head's row factor f (e_l, or v_s dt'_s) in fp32; dC also leaves
+//          R_state_l = sum_n C_ln (f ah)_ln per head (rowdot)
 // The gradients are stored in fp32 into the call's fp32 dB / dC (cast back by the caller).
 #if FS_DTYPE != 2
 template <bool kDB>
 __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
     const SsdParams& p = q.f;
-    __shared__ __align__(16) u16 s_m[kRows * kLd64];  // intra: B / C rows o x states; then g / x rows x channels
-    __shared__ __align__(16) u16 s_s[kRows * kLd64];  // the head's state rows p x states n (16-bit)
-    __shared__ __align__(16) u16 s_c[kRows * kLd64];  // dC: this tile's C rows l x states n (R_state)
-    __shared__ float s_f[2][kTile];                   // the head's row factors (parity)
+    __shared__ __align__(16) u16 s_m[2][kRows * kLd64];  // intra: B / C rows o x states; then g / x rows x channels
+    __shared__ __align__(16) u16 s_s[2][kRows * kLd64];  // the state term's state rows p x states n (16-bit)
+    __shared__ __align__(16) u16 s_c[kRows * kLd64];     // dC: this tile's C rows l x states n (R_state)
+    __shared__ float s_f[2][kTile];                      // a head's row factors (head parity)
 
     const i64 b = blockIdx.z / p.ngroups, g = blockIdx.z % p.ngroups;
     const i64 hpg = p.nheads / p.ngroups;
@@ -1948,15 +1949,14 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
                     (c0 * m_t + n0);
     const float* dcb = q.dcb + ((b * p.nchunks + c) * p.ngroups + g) * kQ * kQ;
     const i64 split_stride = p.batch * p.nchunks * p.ngroups * kQ * kQ;
-    const u32 tb = smem_u32(s_s) + lane_bt(lane, kLd64) * 2;  // .trans B operand lane address (s_m or s_s)
-    const u32 tb_m = smem_u32(s_m) + lane_bt(lane, kLd64) * 2;
+    const u32 lbt = lane_bt(lane, kLd64) * 2;  // .trans B operand lane offset (bytes)
 
     float acc[8][4];
     clear(acc);
     const int j_begin = kDB ? i : 0, j_end = kDB ? (len + kTile - 1) / kTile : i + 1;
     for (int jb = j_begin; jb < j_end; ++jb) {
         const int o0 = jb * kTile;
-        load_tile<kRows, 64, kLd64>(s_m, gm + o0 * m_t, m_t, len - o0, nv, q.vec_bc);
+        load_tile<kRows, 64, kLd64>(s_m[0], gm + o0 * m_t, m_t, len - o0, nv, q.vec_bc);
         cp_async_commit();
         // dC: A[l][s] = dCB[m0 + r][o0 + col]; dB: A[s][l] = dCB[o0 + col][m0 + r] (transposed)
         float av[8][4];
@@ -1976,7 +1976,7 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
         for (int kk = 0; kk < 4; ++kk) {
             u32 a[4];
             acc_to_a<DT>(a, av[2 * kk], av[2 * kk + 1]);
-            mma_row<8, true>(acc, a, tb_m + kk * 16 * kLd64 * 2, 16 * 2);
+            mma_row<8, true>(acc, a, smem_u32(s_m[0]) + lbt + kk * 16 * kLd64 * 2, 16 * 2);
         }
         __syncthreads();
     }
@@ -1986,18 +1986,59 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
         const int rows = len - m0;
         const int* seg = q.pseg + (b * p.nchunks + c) * kQ;
         const int seg_end = seg[len - 1];
-        if constexpr (!kDB) {  // C rows of this tile for R_state (waited with the first head's step)
+        if constexpr (!kDB) {  // C rows of this tile for R_state (waited with the first stage)
             const u16* gc = (const u16*)p.C + b * p.C_s[0] + (c0 + m0) * p.C_s[1] + g * p.C_s[2] + n0;
             load_tile<kRows, 64, kLd64>(s_c, gc, p.C_s[1], rows, nv, q.vec_bc);
             cp_async_commit();
         }
-        const u32 a_base = smem_u32(s_m + w16 * kLd64 + lane_a(lane, kLd64));
+        // Stages (head hh, 64-channel step ks), two buffers: stage t + 1's A tile (cp.async) and
+        // state rows (fp32 loads into registers) are issued after stage t's barrier and land
+        // under its mma; the state rows are converted into the other buffer after the mma.
+        const int nks = (int)((p.headdim + 63) / 64);
+        const int nstages = (int)hpg * nks;
         const i64 a_t = kDB ? p.x_s[1] : q.dout_s[1];
-        for (i64 hh = 0; hh < hpg; ++hh) {
-            const i64 h = g * hpg + hh;
-            const i64 pro = ((b * p.nheads + h) * p.nchunks + c) * kQ;
-            float* f_h = s_f[hh & 1];  // read after this head's barriers, rewritten two heads on
+        const bool s_vec = (p.dstate & 3) == 0;
+        float4 sreg[kRows * 16 / kThreads];  // this thread's 8 groups of 4 state values
+        auto issue_a = [&](int t, int buf) {
+            const i64 h = g * hpg + t / nks;
+            const int k0 = 64 * (t % nks);
+            const u16* ga = kDB ? (const u16*)p.x + b * p.x_s[0] + (c0 + m0) * p.x_s[1] + h * p.x_s[2]
+                                : (const u16*)q.dout + b * q.dout_s[0] + (c0 + m0) * q.dout_s[1] + h * q.dout_s[2];
+            load_tile<kRows, 64, kLd64>(s_m[buf], ga + k0, a_t, rows, (int)p.headdim - k0, q.vec_x);
+            cp_async_commit();
+        };
+        auto load_s = [&](int t) {  // state rows p = k0 + r (< kv) x states n0 + k .. + 3 (< nv)
+            const i64 h = g * hpg + t / nks;
+            const int k0 = 64 * (t % nks), kv = (int)p.headdim - k0;
+            const float* S = (kDB ? q.dstates : p.states) + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate;
+#pragma unroll
+            for (int u = 0; u < kRows * 16 / kThreads; ++u) {
+                const int e = threadIdx.x + u * kThreads, r = e / 16, k = (e % 16) * 4;
+                float4 v = zero4();
+                if (r < kv && k < nv) {
+                    const float* sp = S + (i64)(k0 + r) * p.dstate + n0 + k;
+                    if (s_vec) {
+                        v = *(const float4*)sp;
+                    } else {
+                        v.x = sp[0];
+                        v.y = k + 1 < nv ? sp[1] : 0.f;
+                        v.z = k + 2 < nv ? sp[2] : 0.f;
+                        v.w = k + 3 < nv ? sp[3] : 0.f;
+                    }
+                }
+                sreg[u] = v;
+            }
+        };
+        auto store_s = [&](int buf) {
+#pragma unroll
+            for (int u = 0; u < kRows * 16 / kThreads; ++u) {
+                const int e = threadIdx.x + u * kThreads, r = e / 16, k = (e % 16) * 4;
+                *(uint2*)(s_s[buf] + r * kLd64 + k) = make_uint2(pack2<DT>(sreg[u].x, sreg[u].y), pack2<DT>(sreg[u].z, sreg[u].w));
+            }
+        };
+        auto factors = [&](i64 hh) {  // the head's row factors into s_f[hh & 1]
             if (threadIdx.x < kTile) {
+                const i64 pro = ((b * p.nheads + g * hpg + hh) * p.nchunks + c) * kQ;
                 const int r = threadIdx.x, l = m0 + r;
                 float f = 0.f;
                 if (r < rows) {
@@ -2007,61 +2048,58 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
                         f = ex(q.pcum[pro + l]);
                     }
                 }
-                f_h[r] = f;
+                s_f[hh & 1][r] = f;
             }
-            const float* S = (kDB ? q.dstates : p.states) + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate;
-            const u16* ga = kDB ? (const u16*)p.x + b * p.x_s[0] + (c0 + m0) * p.x_s[1] + h * p.x_s[2]
-                                : (const u16*)q.dout + b * q.dout_s[0] + (c0 + m0) * q.dout_s[1] + h * q.dout_s[2];
-            float ah[8][4];
-            clear(ah);
-            for (int k0 = 0; k0 < p.headdim; k0 += 64) {
-                const int kv = (int)p.headdim - k0;
-                load_tile<kRows, 64, kLd64>(s_m, ga + k0, a_t, rows, kv, q.vec_x);
-                cp_async_commit();
-                // state rows p = k0 + r (< kv) x states n0 + k .. + 3 (< nv), fp32 -> 16-bit
-                for (int e = threadIdx.x; e < kRows * 16; e += kThreads) {
-                    const int r = e / 16, k = (e % 16) * 4, n = n0 + k;
-                    float4 v = zero4();
-                    if (r < kv && k < nv) {
-                        const float* sp = S + (i64)(k0 + r) * p.dstate + n;
-                        if ((p.dstate & 3) == 0) {
-                            v = *(const float4*)sp;
-                        } else {
-                            v.x = sp[0];
-                            v.y = k + 1 < nv ? sp[1] : 0.f;
-                            v.z = k + 2 < nv ? sp[2] : 0.f;
-                            v.w = k + 3 < nv ? sp[3] : 0.f;
+        };
+        issue_a(0, 0);
+        load_s(0);
+        store_s(0);
+        factors(0);
+        float ah[8][4];
+        for (int t = 0; t < nstages; ++t) {
+            const int buf = t & 1, ks = t % nks;
+            const i64 hh = t / nks;
+            cp_async_wait<0>();
+            __syncthreads();  // stage t landed; every warp is past stage t - 1 (its buffers free)
+            const bool more = t + 1 < nstages;
+            if (more) {
+                issue_a(t + 1, buf ^ 1);
+                load_s(t + 1);
+                if ((t + 1) % nks == 0) factors(hh + 1);
+            }
+            if (ks == 0) clear(ah);
+            const u32 a_base = smem_u32(s_m[buf] + w16 * kLd64 + lane_a(lane, kLd64));
+            const u32 sb = smem_u32(s_s[buf]) + lbt;
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                u32 a[4];
+                ldsm_x4(a, a_base + kk * 32);
+                mma_row<8, true>(ah, a, sb + kk * 16 * kLd64 * 2, 16 * 2);
+            }
+            if (more) store_s(buf ^ 1);
+            if (ks == nks - 1) {  // the head's term: acc += f ah (dC: R_state too)
+                const float* f_h = s_f[hh & 1];
+                float rs[2] = {0.f, 0.f};
+#pragma unroll
+                for (int h2 = 0; h2 < 2; ++h2) {
+                    const int r = r0 + 8 * h2;
+                    const float f = f_h[r];
+#pragma unroll
+                    for (int jn = 0; jn < 8; ++jn) {
+                        const float a0 = f * ah[jn][2 * h2], a1 = f * ah[jn][2 * h2 + 1];
+                        if constexpr (!kDB) {
+                            const float2 cv = unpack2<DT>(*(const u32*)(s_c + r * kLd64 + 8 * jn + t2));
+                            rs[h2] += cv.x * a0 + cv.y * a1;
                         }
+                        acc[jn][2 * h2] += a0;
+                        acc[jn][2 * h2 + 1] += a1;
                     }
-                    *(uint2*)(s_s + r * kLd64 + k) = make_uint2(pack2<DT>(v.x, v.y), pack2<DT>(v.z, v.w));
                 }
-                cp_async_wait<0>();
-                __syncthreads();
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk) {
-                    u32 a[4];
-                    ldsm_x4(a, a_base + kk * 32);
-                    mma_row<8, true>(ah, a, tb + kk * 16 * kLd64 * 2, 16 * 2);
-                }
-                __syncthreads();
-            }
-            float rs[2] = {0.f, 0.f};
-#pragma unroll
-            for (int h2 = 0; h2 < 2; ++h2) {
-                const int r = r0 + 8 * h2;
-                const float f = f_h[r];
-#pragma unroll
-                for (int jn = 0; jn < 8; ++jn) {
-                    const float a0 = f * ah[jn][2 * h2], a1 = f * ah[jn][2 * h2 + 1];
-                    if constexpr (!kDB) {
-                        const float2 cv = unpack2<DT>(*(const u32*)(s_c + r * kLd64 + 8 * jn + t2));
-                        rs[h2] += cv.x * a0 + cv.y * a1;
-                    }
-                    acc[jn][2 * h2] += a0;
-                    acc[jn][2 * h2 + 1] += a1;
+                if constexpr (!kDB) {
+                    const i64 h = g * hpg + hh;
+                    store_rows(rs, q.rowdot + (b * p.nheads + h) * p.seqlen * kTiles + blockIdx.y, c0, m0, len);
                 }
             }
-            if constexpr (!kDB) store_rows(rs, q.rowdot + (b * p.nheads + h) * p.seqlen * kTiles + blockIdx.y, c0, m0, len);
         }
     }
     float* out = (float*)(kDB ? q.dB : q.dC);  // the call's fp32 gradient
