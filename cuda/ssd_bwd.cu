@@ -1089,6 +1089,10 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_reduce(const 
 //                     state term per head (the only head loop left: one K = headdim product each;
 //                     dC2 leaves R_state per head and state tile)
 //   ssd_bwd_dt        da from R_state, the straddle records (straddle_da), X2 and df
+// A 16-bit call without z that gives its 16-bit tensors (flashscan.torch) runs sections 8f-8h in
+// place of chunk_dx2, dcb, dc2 and db2 (16-bit operand tiles; the chunk states recomputed on
+// cuda/ssd_fwd2.cu's kernels): 9.2 -> 4.7 ms of forward+backward kernels at the shape below
+// (H100, benches/results/2026-11-27-h100-ssd-bwd-16bit/).
 // 128 threads = 4 warps, warp w owns rows 16w .. 16w + 15 of each 64 x 64 tile (acc_row / acc_col).
 // fp32 data (what every call uses today: 16-bit calls come as fp32 copies) loads 16-byte rows when
 // q.vec_x / q.vec_bc allow, and with q.tf32x1 rounds operands to tf32 once instead of 3xTF32.
