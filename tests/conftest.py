@@ -15,6 +15,7 @@ element was never written).
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,11 +199,22 @@ def poison() -> Any:
     return poison_allocator
 
 
-@pytest.fixture
-def rng() -> np.random.Generator:
-    """Fresh random inputs each run; the seed is printed (shown on failure) and can be replayed
-    with FLASHSCAN_TEST_SEED=<seed>."""
+@pytest.fixture(autouse=True)
+def seed_all() -> int:
+    """One seed per test: FLASHSCAN_TEST_SEED=<seed>, else fresh entropy (fresh inputs each run).
+    Printed, so pytest shows it with a failure, and a failing draw replays with
+    FLASHSCAN_TEST_SEED=<seed>: it seeds torch's generators (CPU and every CUDA device, lazily)
+    when torch is loaded, as the GPU tests draw their inputs with torch.randn, and `rng`."""
     env = os.environ.get("FLASHSCAN_TEST_SEED")
     seed = int(env) if env else int(np.random.SeedSequence().entropy % (1 << 63))
     print(f"FLASHSCAN_TEST_SEED={seed}")
-    return np.random.default_rng(seed)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)
+    return seed
+
+
+@pytest.fixture
+def rng(seed_all: int) -> np.random.Generator:
+    """NumPy's generator on the test's seed (`seed_all`)."""
+    return np.random.default_rng(seed_all)
