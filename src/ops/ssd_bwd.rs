@@ -9,8 +9,9 @@ use crate::error::{unsupported, value_err, Error, Result};
 use crate::ops::ssd::{
     self, check_inputs, dtype_code, grid_u32, s3, s4, tiles, Problem, SsdInputs, SsdParams,
 };
-use crate::runtime::{runtime, KernelSpec, StreamChoice};
+use crate::runtime::{runtime, KernelSpec, LoadedKernel, StreamChoice};
 use crate::tensor::{common_cuda_device, expect_no_overlap, TensorView};
+use std::sync::Arc;
 
 pub const SOURCE: &str = include_str!("../../cuda/ssd_bwd.cu");
 pub const FAMILY: &str = "ssd_bwd";
@@ -143,6 +144,14 @@ pub struct SsdBwdArgs<'a> {
     pub half: Option<Half16<'a>>,
 }
 
+/// The 16-bit unit's kernels of a call that runs them (cuda/ssd_bwd.cu sections 8f-8h).
+struct Kernels16 {
+    dx: Arc<LoadedKernel>,
+    dcb: Arc<LoadedKernel>,
+    dc: Arc<LoadedKernel>,
+    db: Arc<LoadedKernel>,
+}
+
 /// A 16-bit call's own tensors beside their fp32 copies (flashscan.torch's 16-bit backward).
 pub struct Half16<'a> {
     pub x: &'a TensorView,
@@ -155,8 +164,9 @@ pub struct Half16<'a> {
     pub dx: &'a TensorView,
 }
 
-/// FLASHSCAN_SSD_DX16=0 keeps the fp32 dx and dCB kernels (chunk_dx2, dcb) for a call that
-/// gives its 16-bit tensors (a measurement override, read per call).
+/// FLASHSCAN_SSD_DX16=0 keeps the fp32 kernels (chunk_dx2, dcb, dc2, db2 and the first path's
+/// state recompute) for a call that gives its 16-bit tensors (a measurement override, read per
+/// call).
 fn dx16_enabled() -> bool {
     std::env::var("FLASHSCAN_SSD_DX16").as_deref() != Ok("0")
 }
@@ -483,16 +493,17 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<bool> {
         .half
         .as_ref()
         .filter(|h| second && dx16_enabled() && h.z.is_none());
-    // the 16-bit unit's dx and dCB kernels, for a call that gives its 16-bit tensors
+    // the 16-bit unit's kernels, for a call that gives its 16-bit tensors
     let k16 = match half {
         Some(h) => {
             let dt16 = h.x.dtype.kernel_code()?;
-            Some([
-                dev.kernel(&spec(ENTRY_DX16, dt16, chunk, arch))?,
-                dev.kernel(&spec(ENTRY_DCB16, dt16, chunk, arch))?,
-                dev.kernel(&spec(ENTRY_DC16, dt16, chunk, arch))?,
-                dev.kernel(&spec(ENTRY_DB16, dt16, chunk, arch))?,
-            ])
+            let load = |entry| dev.kernel(&spec(entry, dt16, chunk, arch));
+            Some(Kernels16 {
+                dx: load(ENTRY_DX16)?,
+                dcb: load(ENTRY_DCB16)?,
+                dc: load(ENTRY_DC16)?,
+                db: load(ENTRY_DB16)?,
+            })
         }
         None => None,
     };
@@ -566,7 +577,7 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<bool> {
         vec_bc: (rows16_f32(i.b, p.dstate) && rows16_f32(i.c, p.dstate)) as i32,
         dcb_splits: dcb_splits(&p, chunk) as i32,
     };
-    // the 16-bit dx kernel's params: q with x, B, z, dout and dx on the 16-bit tensors
+    // the 16-bit kernels' params: q with x, B, C, dout and dx on the 16-bit tensors
     let q16 = half.map(|h| {
         let mut q16 = q;
         q16.f.x = h.x.ptr;
@@ -617,7 +628,7 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<bool> {
             dev.launch(k_cb, (blocks, g, b), block, 0, st, &q)?;
             match (&k16, &q16) {
                 (Some(k), Some(q16)) => {
-                    dev.launch(&k[1], (blocks, shares, b), block, 0, st, q16)?
+                    dev.launch(&k.dcb, (blocks, shares, b), block, 0, st, q16)?
                 }
                 _ => dev.launch(k_dcb, (blocks, shares, b), block, 0, st, &q)?,
             }
@@ -642,12 +653,12 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<bool> {
             &q,
         )?;
         match (&k16, &q16) {
-            (Some(k), Some(q16)) => dev.launch(&k[0], (rows, pt, bh), block, 0, st, q16)?,
+            (Some(k), Some(q16)) => dev.launch(&k.dx, (rows, pt, bh), block, 0, st, q16)?,
             _ => dev.launch(k_x, (rows, pt, bh), block, 0, st, &q)?,
         }
         if let (Some(k), Some(q16)) = (&k16, &q16) {
-            dev.launch(&k[2], (rows, nt, bg), block, 0, st, q16)?;
-            dev.launch(&k[3], (rows, nt, bg), block, 0, st, q16)?;
+            dev.launch(&k.dc, (rows, nt, bg), block, 0, st, q16)?;
+            dev.launch(&k.db, (rows, nt, bg), block, 0, st, q16)?;
         } else if second {
             dev.launch(k_dc2, (rows, nt, bg), block, 0, st, &q)?;
             dev.launch(k_db2, (rows, nt, bg), block, 0, st, &q)?;
