@@ -1258,6 +1258,55 @@ __device__ __forceinline__ void straddle_record(float (&rv)[8][4], bool diag, fl
 }
 
 // ---- 8d. the head-summed dCB, and each head's straddle record, one lower 64 x 64 block per CTA ------
+// What ssd_bwd_dcb and ssd_bwd_dcb16 (8g) share:
+// s_cb (pitch kLdw2) = the CB block at cb (rows l = m0 .., columns s = s0 ..) with the mask of r:
+// s <= l, same sequence, both inside the chunk. 16-byte loads along s.
+__device__ __forceinline__ void load_masked_cb(const float* cb, const int* seg, int m0, int s0, int len, float* s_cb) {
+    for (int e = threadIdx.x; e < kTile * kTile / 4; e += kThreads) {
+        const int r = e / (kTile / 4), col = (e % (kTile / 4)) * 4, l = m0 + r;
+        const float4 v = *(const float4*)(cb + (i64)r * kQ + col);
+        const int sl = seg[min(l, kQ - 1)], s = s0 + col;
+        auto keep = [&](int u) { return l < len && s + u < len && s + u <= l && seg[s + u] == sl; };
+        *(float4*)(s_cb + r * kLdw2 + col) =
+            make_float4(keep(0) ? v.x : 0.f, keep(1) ? v.y : 0.f, keep(2) ? v.z : 0.f, keep(3) ? v.w : 0.f);
+    }
+}
+
+// One head's g x^T block dw (accumulator layout) scaled to its dCB share, exp(cum_l - cum_s) dt'_s
+// where s <= l (below: every element of an off-diagonal block), added into acc; dw then holds
+// r[l, s] = that share times CB (straddle_record's input). s_cl: cum of rows l; s_cs, s_ds: cum
+// and dt' of columns s (this head's).
+__device__ __forceinline__ void scale_head(float (&dw)[8][4], float (&acc)[8][4], bool below, const float* s_cl,
+                                           const float* s_cs, const float* s_ds, const float* s_cb) {
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = acc_row(e), col = acc_col(jn, e);
+            // exp only where s <= l: cum is per chunk, so cum_l - cum_s has no sign guarantee above
+            float v = 0.f;
+            if (below || col <= r) v = dw[jn][e] * ex(s_cl[r] - s_cs[col]) * s_ds[col];
+            acc[jn][e] += v;
+            dw[jn][e] = v * s_cb[r * kLdw2 + col];  // r[l, s] of this head
+        }
+}
+
+// The block's dCB share (acc) into out (rows l = m0 .., pitch kQ), masked: same sequence, both
+// inside the chunk (loaded rows past len are zero already).
+__device__ __forceinline__ void store_masked_dcb(const float (&acc)[8][4], float* out, const int* seg, int m0, int s0,
+                                                 int len) {
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int r = acc_row(2 * hh), col = acc_col(jn, 0), l = m0 + r, s = s0 + col;
+            const int sl = seg[min(l, kQ - 1)];
+            const bool ok0 = l < len && s < len && seg[s] == sl;
+            const bool ok1 = l < len && s + 1 < len && seg[s + 1] == sl;
+            *(float2*)(out + (i64)r * kQ + col) = make_float2(ok0 ? acc[jn][2 * hh] : 0.f, ok1 ? acc[jn][2 * hh + 1] : 0.f);
+        }
+}
+
 extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb(const SsdBwdParams q) {
     const SsdParams& p = q.f;
     __shared__ __align__(16) float s_a[kTile * kLd2];    // rows l: g
@@ -1279,15 +1328,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb(const SsdB
     const i64 blk = (((b * p.nchunks + c) * p.ngroups + g) * kQ + m0) * kQ + s0;
     const int pair = blockIdx.x % kPairs2;
     const int* seg = q.pseg + (b * p.nchunks + c) * kQ;
-    // CB with the mask of r: s <= l, same sequence, both inside the chunk
-    for (int e = threadIdx.x; e < kTile * kTile / 4; e += kThreads) {
-        const int r = e / (kTile / 4), col = (e % (kTile / 4)) * 4, l = m0 + r;
-        const float4 v = *(const float4*)(q.cb + blk + (i64)r * kQ + col);
-        const int sl = seg[min(l, kQ - 1)], s = s0 + col;
-        auto keep = [&](int u) { return l < len && s + u < len && s + u <= l && seg[s + u] == sl; };
-        *(float4*)(s_cb + r * kLdw2 + col) =
-            make_float4(keep(0) ? v.x : 0.f, keep(1) ? v.y : 0.f, keep(2) ? v.z : 0.f, keep(3) ? v.w : 0.f);
-    }
+    load_masked_cb(q.cb + blk, seg, m0, s0, len, s_cb);
 
     const i64 split_stride = p.batch * p.nchunks * p.ngroups * kQ * kQ;  // one share's dcb array
     float acc[8][4];
@@ -1324,32 +1365,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb(const SsdB
                               [&](int k, int n) { return s_o[n * kLd2 + k]; }, fast);
             __syncthreads();
         }
-#pragma unroll
-        for (int jn = 0; jn < 8; ++jn)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = acc_row(e), col = acc_col(jn, e);
-                // exp only where s <= l: cum is per chunk, so cum_l - cum_s has no sign guarantee above
-                float v = 0.f;
-                if (i > j || col <= r) v = dw[jn][e] * ex(s_cl[r] - s_cs[col]) * s_ds[col];
-                acc[jn][e] += v;
-                dw[jn][e] = v * s_cb[r * kLdw2 + col];  // r[l, s] of this head
-            }
+        scale_head(dw, acc, i > j, s_cl, s_cs, s_ds, s_cb);
         straddle_record(dw, i == j, q.strad + ((b * p.nheads + h) * p.nchunks + c) * kPairs2 * kRec + pair * kRec,
                         s_col);
     }
-    // mask: same sequence, both inside the chunk (loaded rows past len are zero already)
-#pragma unroll
-    for (int jn = 0; jn < 8; ++jn)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            const int r = acc_row(2 * hh), col = acc_col(jn, 0), l = m0 + r, s = s0 + col;
-            const int sl = seg[min(l, kQ - 1)];
-            const bool ok0 = l < len && s < len && seg[s] == sl;
-            const bool ok1 = l < len && s + 1 < len && seg[s + 1] == sl;
-            *(float2*)(q.dcb + share * split_stride + blk + (i64)r * kQ + col) =
-                make_float2(ok0 ? acc[jn][2 * hh] : 0.f, ok1 ? acc[jn][2 * hh + 1] : 0.f);
-        }
+    store_masked_dcb(acc, q.dcb + share * split_stride + blk, seg, m0, s0, len);
 }
 
 // ---- 8e. dC (kDB false) and dB (kDB true) from the dCB blocks, then the per-head state term ----------
@@ -1849,15 +1869,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb16(const Ss
         }
     };
     if (h_begin < h_end) issue(h_begin, 0);
-    // CB with the mask of r: s <= l, same sequence, both inside the chunk
-    for (int e = threadIdx.x; e < kTile * kTile / 4; e += kThreads) {
-        const int r = e / (kTile / 4), col = (e % (kTile / 4)) * 4, l = m0 + r;
-        const float4 v = *(const float4*)(q.cb + blk + (i64)r * kQ + col);
-        const int sl = seg[min(l, kQ - 1)], s = s0 + col;
-        auto keep = [&](int u) { return l < len && s + u < len && s + u <= l && seg[s + u] == sl; };
-        *(float4*)(s_cb + r * kLdw2 + col) =
-            make_float4(keep(0) ? v.x : 0.f, keep(1) ? v.y : 0.f, keep(2) ? v.z : 0.f, keep(3) ? v.w : 0.f);
-    }
+    load_masked_cb(q.cb + blk, seg, m0, s0, len, s_cb);
 
     const int lane = threadIdx.x & 31, w16 = 16 * (threadIdx.x >> 5);
     const u32 a_base = smem_u32(s_g + w16 * kLd64 + lane_a(lane, kLd64));
@@ -1885,32 +1897,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb16(const Ss
         }
         const int par = (int)(hh & 1);
         const i64 h = g * hpg + hh;
-#pragma unroll
-        for (int jn = 0; jn < 8; ++jn)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = acc_row(e), col = acc_col(jn, e);
-                // exp only where s <= l: cum is per chunk, so cum_l - cum_s has no sign guarantee above
-                float v = 0.f;
-                if (i > j || col <= r) v = dw[jn][e] * ex(s_cl[par][r] - s_cs[par][col]) * s_ds[par][col];
-                acc[jn][e] += v;
-                dw[jn][e] = v * s_cb[r * kLdw2 + col];  // r[l, s] of this head
-            }
+        scale_head(dw, acc, i > j, s_cl[par], s_cs[par], s_ds[par], s_cb);
         straddle_record(dw, i == j, q.strad + ((b * p.nheads + h) * p.nchunks + c) * kPairs2 * kRec + pair * kRec,
                         s_col);
     }
-    // mask: same sequence, both inside the chunk (loaded rows past len are zero already)
-#pragma unroll
-    for (int jn = 0; jn < 8; ++jn)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            const int r = acc_row(2 * hh), col = acc_col(jn, 0), l = m0 + r, s = s0 + col;
-            const int sl = seg[min(l, kQ - 1)];
-            const bool ok0 = l < len && s < len && seg[s] == sl;
-            const bool ok1 = l < len && s + 1 < len && seg[s + 1] == sl;
-            *(float2*)(q.dcb + share * split_stride + blk + (i64)r * kQ + col) =
-                make_float2(ok0 ? acc[jn][2 * hh] : 0.f, ok1 ? acc[jn][2 * hh + 1] : 0.f);
-        }
+    store_masked_dcb(acc, q.dcb + share * split_stride + blk, seg, m0, s0, len);
 #endif
 }
 
