@@ -1919,7 +1919,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb16(const Ss
 //          to 16 bits by the threads; two buffers, the next stage in flight under the mma), then
 //          acc += f ah with the head's row factor f (e_l, or v_s dt'_s) in fp32; dC also leaves
 //          R_state_l = sum_n C_ln (f ah)_ln per head (rowdot)
-// The gradients are stored in fp32 into the call's fp32 dB / dC (cast back by the caller).
+// The gradients are stored once, in the call's (16-bit) dB / dC.
 #if FS_DTYPE != 2
 template <bool kDB>
 __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
@@ -2097,7 +2097,7 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
             }
         }
     }
-    float* out = (float*)(kDB ? q.dB : q.dC);  // the call's fp32 gradient
+    void* out = kDB ? q.dB : q.dC;  // the call's gradient, in B's / C's dtype
     const i64 os0 = kDB ? q.dB_s[0] : q.dC_s[0], os1 = kDB ? q.dB_s[1] : q.dC_s[1];
     const i64 os2 = kDB ? q.dB_s[2] : q.dC_s[2];
 #pragma unroll
@@ -2105,7 +2105,7 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int r = m0 + acc_row(e), col = acc_col(jn, e);
-            if (r < len && col < nv) out[b * os0 + (c0 + r) * os1 + g * os2 + n0 + col] = acc[jn][e];
+            if (r < len && col < nv) st_f32<DT>(out, b * os0 + (c0 + r) * os1 + g * os2 + n0 + col, acc[jn][e]);
         }
 }
 #endif
@@ -2118,5 +2118,112 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dc16(const 
 extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_db16(const SsdBwdParams q) {
 #if FS_DTYPE != 2
     chunk_dcdb16<true>(q);
+#endif
+}
+
+// ---- 8i. L_c on 16-bit operand tiles (the fp16 / bf16 builds) ---------------------------------------
+// ssd_bwd_chunk_dstate's L_c = sum_l e_l g_l^T C_l, e_l = [seg_l == 0] exp(cum_l), from the call's own
+// 16-bit dout (calls without z: g = dout) and C, the way ssd2_chunk_state forms S_c (cuda/ssd_fwd2.cu)
+// instead of 1xTF32 on fp32 copies with scalar fragment loads. Grid (nchunks, ceil(headdim/64) *
+// ceil(dstate/128), batch*nheads): channels p0 .. p0 + 63 x states n0 .. n0 + 127 per CTA, warp w
+// channels 16w .. 16w + 15, acc[16][4]; K = the chunk's positions, 32 a step in two cp.async stages.
+// A = g^T by ldmatrix .trans, its k columns (positions) scaled by e_l in fp32 and split into a hi / lo
+// pair of 16-bit values (two mma on the same B fragments): the scaled g keeps ~16 significant bits
+// where one bf16 rounding would keep 8 (the fp32 kernel rounds it to tf32, 11). B = C by .trans.
+// e_l from the prologue records (q.pcum / q.pseg, ssd_bwd_prologue). L_c into q.dstates (fp32), as
+// ssd_bwd_chunk_dstate leaves it for the reverse state passing.
+#if FS_DTYPE != 2
+// acc[NT][4] += (hi + lo) B for one warp: each B fragment pair (ldmatrix .trans at b_addr + np * b_step)
+// loaded once for both A halves.
+template <int NT>
+__device__ __forceinline__ void mma_row_hilo(float (&acc)[NT][4], const u32 (&hi)[4], const u32 (&lo)[4], u32 b_addr,
+                                             u32 b_step) {
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+        u32 bf[4];
+        ldsm_x4_trans(bf, b_addr + np * b_step);
+        mma16_x2<DT>(acc[2 * np], acc[2 * np + 1], hi, bf);
+        mma16_x2<DT>(acc[2 * np], acc[2 * np + 1], lo, bf);
+    }
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate16(const SsdBwdParams q) {
+#if FS_DTYPE != 2
+    const SsdParams& p = q.f;
+    __shared__ __align__(8) float s_e[kQ];
+    __shared__ __align__(16) u16 s_g[2][32 * kLd64];   // positions l x channels p
+    __shared__ __align__(16) u16 s_c[2][32 * kLd128];  // positions l x states n
+
+    const i64 bh = blockIdx.z, b = bh / p.nheads, h = bh % p.nheads, c = blockIdx.x;
+    const i64 g = h / (p.nheads / p.ngroups);
+    const int ntn = (int)((p.dstate + 127) / 128);
+    const int p0 = (blockIdx.y / ntn) * 64, n0 = (blockIdx.y % ntn) * 128;
+    const i64 c0 = c * kQ;
+    const int len = (int)min((i64)kQ, p.seqlen - c0);
+    const int hd = (int)p.headdim - p0, ds = (int)p.dstate - n0;  // valid columns of the tiles
+    const u16* gd = (const u16*)q.dout + b * q.dout_s[0] + c0 * q.dout_s[1] + h * q.dout_s[2] + p0;
+    const u16* gc = (const u16*)p.C + b * p.C_s[0] + c0 * p.C_s[1] + g * p.C_s[2] + n0;
+    auto load = [&](int k, int st) {
+        load_tile<32, 64, kLd64>(s_g[st], gd + 32 * k * q.dout_s[1], q.dout_s[1], len - 32 * k, hd, q.vec_x);
+        load_tile<32, 128, kLd128>(s_c[st], gc + 32 * k * p.C_s[1], p.C_s[1], len - 32 * k, ds, q.vec_bc);
+        cp_async_commit();
+    };
+    load(0, 0);  // in flight while e_l is formed
+    {
+        const i64 pro = (bh * p.nchunks + c) * kQ;
+        const int* seg = q.pseg + (b * p.nchunks + c) * kQ;
+        for (int l = threadIdx.x; l < kQ; l += kThreads) s_e[l] = l < len && seg[l] == 0 ? ex(q.pcum[pro + l]) : 0.f;
+        // (the first __syncthreads of the loop publishes s_e)
+    }
+    const int lane = threadIdx.x & 31, w16 = 16 * (threadIdx.x >> 5), t2 = 2 * (lane & 3);
+    const int nsteps = (len + 31) / 32;
+    float acc[16][4];
+    clear(acc);
+    for (int k = 0; k < nsteps; ++k) {
+        if (k + 1 < nsteps) {
+            load(k + 1, (k + 1) & 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const u32 a_base = smem_u32(s_g[k & 1] + w16 + lane_at(lane, kLd64));
+        const u32 b_base = smem_u32(s_c[k & 1] + lane_bt(lane, kLd128));
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+            u32 a[4], lo[4];
+            ldsm_x4_trans(a, a_base + kk * 16 * kLd64 * 2);
+            // a[0], a[1] hold positions k = 2t, 2t + 1 of the step's 16; a[2], a[3] k + 8
+            const float* e_l = s_e + 32 * k + 16 * kk + t2;
+            const float2 el = *(const float2*)e_l, eh = *(const float2*)(e_l + 8);
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const float2 v = unpack2<DT>(a[u]), f = u < 2 ? el : eh;
+                const float x0 = v.x * f.x, x1 = v.y * f.y;
+                a[u] = pack2<DT>(x0, x1);
+                const float2 r = unpack2<DT>(a[u]);
+                lo[u] = pack2<DT>(x0 - r.x, x1 - r.y);
+            }
+            mma_row_hilo<16>(acc, a, lo, b_base + kk * 16 * kLd128 * 2, 16 * 2);
+        }
+        __syncthreads();
+    }
+    float* out = q.dstates + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate;
+    const bool pair = (p.dstate & 1) == 0;
+#pragma unroll
+    for (int jn = 0; jn < 16; ++jn)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int pp = acc_row(2 * hh), nn = acc_col(jn, 0);
+            if (pp >= hd || nn >= ds) continue;
+            float* o = out + (i64)(p0 + pp) * p.dstate + n0 + nn;
+            if (pair) {
+                *(float2*)o = make_float2(acc[jn][2 * hh], acc[jn][2 * hh + 1]);
+            } else {
+                o[0] = acc[jn][2 * hh];
+                if (nn + 1 < ds) o[1] = acc[jn][2 * hh + 1];
+            }
+        }
 #endif
 }

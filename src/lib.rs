@@ -805,7 +805,7 @@ fn ssd_fwd(
 /// the forward is recomputed inside (see ops::ssd_bwd).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, dout, dfinal_states, dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states, chunk_size, dt_softplus, dt_min, dt_max, stream, tf32 = false, x16 = None, B16 = None, C16 = None, z16 = None, dout16 = None, dx16 = None))]
+#[pyo3(signature = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, dout, dfinal_states, dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states, chunk_size, dt_softplus, dt_min, dt_max, stream, tf32 = false))]
 #[allow(non_snake_case)]
 fn ssd_bwd(
     x: &Bound<'_, PyAny>,
@@ -835,13 +835,7 @@ fn ssd_bwd(
     dt_max: f64,
     stream: Option<u64>,
     tf32: bool,
-    x16: Option<&Bound<'_, PyAny>>,
-    B16: Option<&Bound<'_, PyAny>>,
-    C16: Option<&Bound<'_, PyAny>>,
-    z16: Option<&Bound<'_, PyAny>>,
-    dout16: Option<&Bound<'_, PyAny>>,
-    dx16: Option<&Bound<'_, PyAny>>,
-) -> PyResult<bool> {
+) -> PyResult<()> {
     let ch = stream_choice(stream);
     let x = import(x, "x", ch)?;
     let dt = import(dt, "dt", ch)?;
@@ -864,34 +858,6 @@ fn ssd_bwd(
     let dz = import_opt(dz, "dz", ch)?;
     let dbias = import_opt(ddt_bias, "ddt_bias", ch)?;
     let dinit = import_opt(dinitial_states, "dinitial_states", ch)?;
-    let x16 = import_opt(x16, "x16", ch)?;
-    let b16 = import_opt(B16, "B16", ch)?;
-    let c16 = import_opt(C16, "C16", ch)?;
-    let z16 = import_opt(z16, "z16", ch)?;
-    let dout16 = import_opt(dout16, "dout16", ch)?;
-    let dx16 = import_opt(dx16, "dx16", ch)?;
-    let half =
-        match (
-            view_of(&x16),
-            view_of(&b16),
-            view_of(&c16),
-            view_of(&dout16),
-            view_of(&dx16),
-        ) {
-            (Some(x), Some(b), Some(c), Some(dout), Some(dx)) => Some(ops::ssd_bwd::Half16 {
-                x,
-                b,
-                c,
-                z: view_of(&z16),
-                dout,
-                dx,
-            }),
-            (None, None, None, None, None) if z16.is_none() => None,
-            _ => return Err(error::value_err(
-                "x16, B16, C16, dout16 and dx16 are given together (z16 with them when z is given)",
-            )
-            .into()),
-        };
     let args = ops::ssd_bwd::SsdBwdArgs {
         inputs: ops::ssd::SsdInputs {
             x: &x.view,
@@ -920,9 +886,15 @@ fn ssd_bwd(
         ddt_bias: view_of(&dbias),
         dinitial_states: view_of(&dinit),
         tf32,
-        half,
     };
     Ok(ops::ssd_bwd::backward(&args, ch)?)
+}
+
+/// Whether `ssd_bwd` takes a 16-bit call's own fp16 / bf16 tensors (its 16-bit kernels: calls
+/// without z on the second path, unless FLASHSCAN_SSD_DX16=0), or float32 copies with tf32.
+#[pyfunction]
+fn ssd_bwd_16bit(has_z: bool) -> bool {
+    ops::ssd_bwd::runs_16bit(has_z)
 }
 
 /// XLA FFI handlers as PyCapsules of their function pointers, for
@@ -1094,6 +1066,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(selective_state_update, m)?)?;
     m.add_function(wrap_pyfunction!(ssd_fwd, m)?)?;
     m.add_function(wrap_pyfunction!(ssd_bwd, m)?)?;
+    m.add_function(wrap_pyfunction!(ssd_bwd_16bit, m)?)?;
     m.add_function(wrap_pyfunction!(kernel_variants, m)?)?;
     m.add_function(wrap_pyfunction!(compile_variant, m)?)?;
     m.add_function(wrap_pyfunction!(precompile, m)?)?;

@@ -373,12 +373,13 @@ def _h(*shape: int) -> np.ndarray:
     return np.zeros(shape, np.float16)
 
 
-def _half() -> dict:
-    """The 16-bit tensors of `_bwd_native_args`' call (x16, B16, dout16, dx16)."""
-    return dict(
-        x16=_h(1, 5, 2, 4), B16=_h(1, 5, 1, 8), C16=_h(1, 5, 1, 8), dout16=_h(1, 5, 2, 4),
-        dx16=_h(1, 5, 2, 4),
+def _half(**over) -> dict:
+    """`_bwd_native_args` with x, B, C, dout and their gradients in fp16 (the 16-bit call)."""
+    a = dict(
+        x=_h(1, 5, 2, 4), B=_h(1, 5, 1, 8), C=_h(1, 5, 1, 8), dout=_h(1, 5, 2, 4),
+        dx=_h(1, 5, 2, 4), dB=_h(1, 5, 1, 8), dC=_h(1, 5, 1, 8),
     )  # fmt: skip
+    return _bwd_native_args(**(a | over))
 
 
 @pytest.mark.parametrize(
@@ -392,13 +393,6 @@ def _half() -> dict:
         (dict(dfinal_states=np.zeros((1, 2, 4, 9), np.float32)), ValueError, "dfinal_states"),
         (dict(chunk_size=100), flashscan.UnsupportedError, "chunk_size"),
         ({}, ValueError, "not a CUDA tensor"),
-        (dict(x16=_h(1, 5, 2, 4)), ValueError, "given together"),
-        (dict(_half(), z16=_h(1, 5, 2, 4)), ValueError, "z16 is given exactly when z is"),
-        (dict(_half(), x16=np.zeros((1, 5, 2, 4), np.float32)), Exception, "x16"),
-        (dict(_half(), B16=_h(1, 5, 1, 7)), ValueError, "B16"),
-        (dict(_half(), C16=_h(1, 5, 2, 8)), ValueError, "C16"),
-        (dict(_half(), dout16=_h(1, 4, 2, 4)), ValueError, "dout16"),
-        (dict(_half(), dx16=np.zeros((1, 5, 2, 4), np.float32)), Exception, "dx16"),
     ],
     ids=[
         "dD-missing",
@@ -409,13 +403,6 @@ def _half() -> dict:
         "dfinal-shape",
         "chunk",
         "cpu",
-        "half-partial",
-        "z16-extra",
-        "x16-dtype",
-        "B16-shape",
-        "C16-shape",
-        "dout16-shape",
-        "dx16-dtype",
     ],  # fmt: skip
 )
 def test_native_backward_checks_name_the_argument(over, exc, match):
@@ -425,3 +412,45 @@ def test_native_backward_checks_name_the_argument(over, exc, match):
         pytest.skip("no native module")
     with pytest.raises(exc, match=match):
         _native.ssd_bwd(**_bwd_native_args(**over))
+
+
+@pytest.mark.parametrize(
+    "over, exc, match",
+    [
+        ({}, ValueError, "not a CUDA tensor"),  # every check passed: the device is next
+        (dict(dx=np.zeros((1, 5, 2, 4), np.float32)), Exception, "dx"),
+        (dict(dB=np.zeros((1, 5, 1, 8), np.float32)), Exception, "dB"),
+        (dict(dC=np.zeros((1, 5, 1, 8), np.float32)), Exception, "dC"),
+        (dict(dout=np.zeros((1, 5, 2, 4), np.float32)), Exception, "dout"),
+        (dict(C=np.zeros((1, 5, 1, 8), np.float32)), Exception, "C"),
+        (dict(z=_h(1, 5, 2, 4), dz=_h(1, 5, 2, 4)), flashscan.UnsupportedError, "without z"),
+        (dict(x=_h(1, 5, 4, 2).transpose(0, 1, 3, 2)), Exception, "x"),
+    ],
+    ids=["ok", "dx-dtype", "dB-dtype", "dC-dtype", "dout-dtype", "C-dtype", "z", "x-stride"],
+)
+def test_native_backward_checks_16bit_calls(over, exc, match):
+    """A 16-bit call's own tensors: every gradient like its input (fp16 here), the 16-bit
+    kernels only without z (`ssd_bwd_16bit` says so first), rows with unit stride."""
+    from flashscan import _native
+
+    if _native is None:
+        pytest.skip("no native module")
+    assert _native.ssd_bwd_16bit(False) and not _native.ssd_bwd_16bit(True)
+    with pytest.raises(exc, match=match):
+        _native.ssd_bwd(**_half(**over))
+
+
+def test_native_backward_16bit_switches(monkeypatch):
+    """FLASHSCAN_SSD_DX16=0 and the first path (FLASHSCAN_SSD_BWD=1) send 16-bit calls to the
+    float32 kernels (copies), read per call; 16-bit tensors then fail the check."""
+    from flashscan import _native
+
+    if _native is None:
+        pytest.skip("no native module")
+    for var in ("FLASHSCAN_SSD_DX16", "FLASHSCAN_SSD_BWD"):
+        monkeypatch.setenv(var, "0" if var.endswith("DX16") else "1")
+        assert not _native.ssd_bwd_16bit(False)
+        with pytest.raises(flashscan.UnsupportedError, match="float32 copies"):
+            _native.ssd_bwd(**_half())
+        monkeypatch.delenv(var)
+    assert _native.ssd_bwd_16bit(False)

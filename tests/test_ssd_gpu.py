@@ -759,9 +759,9 @@ def test_backward_16bit_kernels_run_on_16bit_data(
     monkeypatch: pytest.MonkeyPatch, dt_name: str, switch: str | None, with_z: bool
 ) -> None:
     """A 16-bit call without z recomputes its chunk states on ssd2's kernels and takes dx, dCB,
-    dC and dB from the 16-bit kernels (its own 16-bit tensors, dx written in x's dtype), not
-    from the float32 ones on the float32 copies; FLASHSCAN_SSD_DX16=0, a call with z and float32
-    data take the float32 kernels."""
+    dC, dB and L_c from the 16-bit kernels on its own 16-bit tensors (every gradient written
+    in its dtype: no float32 copies, no casts back), not from the float32 ones on float32
+    copies; FLASHSCAN_SSD_DX16=0, a call with z and float32 data take the float32 kernels."""
     monkeypatch.delenv("FLASHSCAN_SSD_BWD", raising=False)
     if switch is None:
         monkeypatch.delenv("FLASHSCAN_SSD_DX16", raising=False)
@@ -780,8 +780,12 @@ def test_backward_16bit_kernels_run_on_16bit_data(
         assert (f"ssd_bwd_chunk_{k}16" in names) == want16, sorted(n for n in names if k in n)
         assert (f"ssd_bwd_chunk_{k}2" in names) == (not want16), sorted(n for n in names if k in n)
     # the recompute of the chunk states: ssd2's kernels (the 16-bit forward runs them too), the
-    # first path's only without the 16-bit tensors
+    # first path's only without the 16-bit tensors; L_c and C B^T alike
     assert ("ssd_chunk_state" in names) == (not want16), sorted(n for n in names if "state" in n)
+    dstate = sorted(n for n in names if "dstate" in n)
+    assert ("ssd_bwd_chunk_dstate16" in names) == want16, dstate
+    assert ("ssd_bwd_chunk_dstate" in names) == (not want16), dstate
+    assert ("ssd_bwd_cb" in names) == (not want16), sorted(n for n in names if "cb" in n)
 
 
 # (dtype, ngroups, dstate, headdim, seqlen, chunk, seq_idx cuts or None)

@@ -468,25 +468,20 @@ def ssd_bwd(
     dt_max: float,
     stream: int | None,
     tf32: bool = False,
-    x16: TensorArg | None = None,
-    B16: TensorArg | None = None,
-    C16: TensorArg | None = None,
-    z16: TensorArg | None = None,
-    dout16: TensorArg | None = None,
-    dx16: TensorArg | None = None,
-) -> bool:
+) -> None:
     """Mamba-2 SSD chunked scan backward: every gradient, each like its input (shape and
     dtype; dD, dz, ddt_bias, dinitial_states exactly when D, z, dt_bias, initial_states are
     given), from dout (like x) and dfinal_states ((batch, nheads, headdim, dstate), or None).
     The forward's chunk states are recomputed into stream-ordered fp32 scratch; no float
-    atomics (bitwise deterministic). Inputs as `ssd_fwd` takes them. tf32: the float32 data
-    came from 16-bit tensors (exact in tf32), so the second backward path (the default;
-    FLASHSCAN_SSD_BWD=1 takes the first) may round the operands of its dC / dB products to tf32
-    once instead of 3xTF32. x16, B16, C16, z16 (with z), dout16: the fp16 / bf16 tensors the float32
-    x, B, C, z, dout were copied from, and dx16 (like x16): for a call without z the second
-    path then recomputes the chunk states and forms dx, dCB, dC and dB from them on 16-bit
-    tiles, dx into dx16, leaving dx unwritten (FLASHSCAN_SSD_DX16=0 keeps the float32
-    kernels). Returns True when dx16 was written."""
+    atomics (bitwise deterministic). Inputs as `ssd_fwd` takes them. fp16 / bf16 x, B, C,
+    dout run the 16-bit kernels on the call's own tensors: only where `ssd_bwd_16bit(z is
+    not None)` says so (else UnsupportedError). tf32: float32 data copied from 16-bit tensors
+    (exact in tf32), so the second backward path (the default; FLASHSCAN_SSD_BWD=1 takes the
+    first) may round the operands of its products to tf32 once instead of 3xTF32."""
+
+def ssd_bwd_16bit(has_z: bool) -> bool:
+    """Whether `ssd_bwd` takes a 16-bit call's own fp16 / bf16 tensors (calls without z on
+    the second path, unless FLASHSCAN_SSD_DX16=0) rather than float32 copies with tf32."""
 
 def kernel_variants(arch: str = "sm_90a") -> list[dict[str, Any]]:
     """Every kernel variant the package can emit for `arch`: {"family": str, "name": str,

@@ -1426,19 +1426,18 @@ def _ssd_bwd_impl(
     and empty calls the NumPy reference on the host."""
     likes = (x, dt, A, B, C, D, z, dt_bias, initial_states)
     if x.numel() > 0 and _on_gpu(x, "mamba_chunk_scan_combined_bwd"):
-        # x, B, C, z and dout of a 16-bit call run the float32 kernels as float32 copies, and
-        # dB, dC, dz are cast back: the 16-bit kernel variants failed the rule in 6 of 9
-        # matrix cases on 2026-11-23; since the second path's da lost its cancellation they
-        # pass, but as written they ran 14.6 ms of kernels against 9.3 through the copies at
-        # b8 L2048 (benches/results/2026-11-27-h100-ssd-bwd-stable-da). (dt, A, D, dt_bias and
-        # the states keep their dtypes: the kernels read those in any float dtype.) The 16-bit
-        # tensors go along too: for a call without z the state recompute and the dx, dCB, dC
-        # and dB kernels run on 16-bit tiles of them (cuda/ssd_bwd.cu 8f-8h), dx written in x's
-        # dtype; the native call says whether it was.
+        # A 16-bit call without z runs on its own tensors (the 16-bit kernels, cuda/ssd_bwd.cu
+        # 8f-8i: the chunk states and C B^T recomputed on ssd2's kernels, every gradient written
+        # once in its input's dtype). One with z (or FLASHSCAN_SSD_DX16=0, or the first path)
+        # runs the float32 kernels on float32 copies of x, B, C, z and dout, and dx, dB, dC, dz
+        # are cast back: with z the 16-bit kernels' g = dout silu(z) would be rounded to 16 bits
+        # (an fp16 ddt_bias at 1.1x its limit, 2026-11-27). dt, A, D, dt_bias and the states
+        # keep their dtypes: every kernel reads those in any float dtype.
         tf32 = x.dtype in (torch.float16, torch.bfloat16)
-        half: tuple[Optional[Tensor], ...] = (None,) * 6  # noqa: UP045
-        if tf32:
-            half = (x, B, C, z, _dense(dout), x.new_empty(x.shape))
+        if tf32 and _native.ssd_bwd_16bit(z is not None):  # type: ignore[union-attr]
+            tf32 = False  # no copies: the 16-bit kernels read the call's tensors (their rows)
+            x, B, C = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, B, C))
+        elif tf32:
             x, B, C, dout = x.float(), B.float(), C.float(), dout.float()
             z = None if z is None else z.float()
         kernel_in = (x, dt, A, B, C, D, z, dt_bias, initial_states)
@@ -1446,17 +1445,14 @@ def _ssd_bwd_impl(
         dout = _dense(dout)
         dfin = None if dfinal_states is None else _dense(dfinal_states)
         seq = None if seq_idx is None or seq_idx.dtype == torch.int32 else seq_idx.int()
-        wrote16 = _native.ssd_bwd(  # type: ignore[union-attr]
+        _native.ssd_bwd(  # type: ignore[union-attr]
             *(_desc(t, n) for t, n in zip(kernel_in, _SSD_NAMES)),
             _desc(seq_idx if seq is None else seq, "seq_idx"),
             _desc(dout, "dout"),
             _desc(dfin, "dfinal_states"),
             *(_desc(g, "d" + n) for g, n in zip(grads, _SSD_NAMES)),
             chunk_size, dt_softplus, dt_min, dt_max, _stream(x), tf32,
-            *(_desc(t, n) for t, n in zip(half, ("x16", "B16", "C16", "z16", "dout16", "dx16"))),
         )  # fmt: skip
-        if wrote16:
-            grads = (half[5], *grads[1:])
         return tuple(  # type: ignore[return-value]
             _absent(likes[0]) if g is None else (g if g.dtype == like.dtype else g.to(like.dtype))
             for g, like in zip(grads, likes)

@@ -622,21 +622,23 @@ fn needs_carried_states(nchunks: i64, has_init: i32, has_final: i32) -> bool {
     nchunks > 1 || has_init != 0 || has_final != 0
 }
 
-/// The backward's recompute of the carried states on the second path's kernels, from a 16-bit
-/// call's own x and B (`params.x` / `params.b` point at them, with their strides): the chunk
-/// prologue records (scratch), ssd2_chunk_state, and ssd2_state_passing leaving H_c in fp32
+/// The backward's recompute on the second path's kernels, from a 16-bit call's own x, B and C
+/// (`params` points at them, with their strides): the chunk prologue records (scratch),
+/// ssd2_chunk_cb's C B^T blocks into `cb` (the backward's CB workspace: the layout and blocks
+/// ssd_bwd_cb writes), ssd2_chunk_state, and ssd2_state_passing leaving H_c in fp32
 /// (`states_f32`), so `params.states` / `params.decay` end as `launch_states` leaves them. At b8
 /// L2048 80 x 64, state 128 on the H100 the first path's pair took 0.86 ms on fp32 copies,
 /// ssd2's forward pair 0.26 ms.
 ///
 /// # Safety
-/// As `launch_states`'s, with `x16` / `b16` the tensors `params.x` / `params.b` describe.
+/// As `launch_states`'s, with `x16` / `b16` / `c16` the tensors `params.x` / `.b` / `.c`
+/// describe and `cb` a writable fp32 workspace of (batch, nchunks, ngroups, chunk, chunk).
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn launch_states2(
     dev: &DeviceCtx,
     params: &SsdParams,
-    x16: &TensorView,
-    b16: &TensorView,
+    (x16, b16, c16): (&TensorView, &TensorView, &TensorView),
+    cb: u64,
     p: &Problem,
     dtype: i64,
     chunk: i64,
@@ -645,10 +647,10 @@ pub(crate) unsafe fn launch_states2(
 ) -> Result<()> {
     let q = Ssd2Params {
         p: *params,
-        cb: 0,
+        cb,
         prep: 0,
         vec_x: rows16(x16, p.headdim),
-        vec_bc: rows16(b16, p.dstate),
+        vec_bc: rows16(b16, p.dstate) & rows16(c16, p.dstate),
         vec_z: 0,
         vec_out: 0,
         vec_states: (params.states % 16 == 0) as i32,
@@ -672,10 +674,17 @@ pub(crate) unsafe fn launch_states2(
         grid_u32(tiles(p.headdim) * n_tiles, "headdim * dstate")?,
         launch.bh,
     );
+    let nb = chunk / TILE;
+    let g_cb = (
+        grid_u32(p.nchunks * (nb * (nb + 1) / 2), "seqlen / chunk_size")?,
+        grid_u32(p.ngroups, "ngroups")?,
+        grid_u32(p.batch, "batch")?,
+    );
     // SAFETY: as the caller's; the records are written before the state kernel reads them (one
     // stream) and freed after it in stream order
     let launched = (|| unsafe {
         launch.one(ENTRY2_PREP, (launch.nchunks, launch.bh, 1), 32, &q)?;
+        launch.one(ENTRY2_CB, g_cb, THREADS, &q)?;
         launch.one(ENTRY2_STATE, g_state, THREADS, &q)?;
         launch.one(ENTRY2_PASS, (launch.bh, 1, 1), PASS_THREADS as u32, &q)
     })();
