@@ -92,7 +92,10 @@ struct SsdBwdParams {
     // 128 floats from ssd_bwd_dcb (null on the first path); rowdot then holds R_state_l (the
     // carried state's part of g_l . y_pre_l) per 64-state tile, stiles of them (dstate <= 256)
     float* strad;
-    int stiles, pad_;
+    int stiles;
+    // 1: the reverse state passing takes 4 consecutive state elements per thread (16-byte
+    // accesses; headdim * dstate a multiple of 4, the scratch 16-byte aligned), 0: one
+    int pass_vec;
 };
 static_assert(sizeof(SsdBwdParams) == 984, "SsdBwdParams layout changed: update the host mirror");
 
@@ -474,37 +477,51 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate(cons
 }
 
 // ---- 3. reverse state passing: dS_c, df_c partials, dinitial_states ------------------------------
-// One state element per thread, chunks in reverse with the next chunk's L and H loaded ahead; the
-// df_c partial of each warp (its 32 elements' G H, summed by shuffles) goes to
-// dfpart[(bh, 8 * tile + warp, c)] (q.npass_tiles counts those partials), summed by ssd_bwd_dt in a
-// fixed order: no block-wide barrier per chunk.
-extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_state_passing(const SsdBwdParams q) {
+// kE consecutive state elements per thread (4 with q.pass_vec: 16-byte loads and stores, 1
+// otherwise), chunks in reverse, kGroup chunks' L, H and decay loaded before any of their slots is
+// written (kGroup kE loads of each in flight per thread); G = dL / dH_{c+1} carried in registers.
+// The df_c partial of each warp (its 32 kE elements' G H, summed by the thread then by shuffles)
+// goes to dfpart[(bh, 8 * tile + warp, c)] (q.npass_tiles counts those partials), summed by
+// ssd_bwd_dt in a fixed order: no block-wide barrier per chunk. H100 b8 L2048 80 x 64, state 128
+// (2026-11-27): 370 us with one element a thread (504 MB moved: ~180 us of bandwidth).
+template <int kE>
+__device__ __forceinline__ void reverse_state_passing(const SsdBwdParams& q) {
     const SsdParams& p = q.f;
     constexpr int kWarps = kPassThreads / 32;
+    constexpr int kGroup = 4;
     const i64 pn = p.headdim * p.dstate;
-    const i64 e = (i64)blockIdx.x * kPassThreads + threadIdx.x;
-    const bool valid = e < pn;
+    const i64 e0 = ((i64)blockIdx.x * kPassThreads + threadIdx.x) * kE;
+    const bool valid = e0 < pn;  // kE = 4: pn is a multiple of 4, so the whole group is
     const i64 b = blockIdx.y / p.nheads, h = blockIdx.y % p.nheads;
-    const i64 pp = valid ? e / p.dstate : 0, nn = valid ? e % p.dstate : 0;
-    float G = 0.f;  // dL / dH_{c+1} while chunk c is visited
-    if (valid && q.has_dfinal)
-        G = ld_any(q.dfinal, b * q.dfinal_s[0] + h * q.dfinal_s[1] + pp * q.dfinal_s[2] + nn * q.dfinal_s[3],
-                   q.dfinal_dtype);
+    float G[kE];  // dL / dH_{c+1} while chunk c is visited
+#pragma unroll
+    for (int u = 0; u < kE; ++u) {
+        G[u] = 0.f;
+        if (valid && q.has_dfinal) {
+            const i64 pp = (e0 + u) / p.dstate, nn = (e0 + u) % p.dstate;
+            G[u] = ld_any(q.dfinal, b * q.dfinal_s[0] + h * q.dfinal_s[1] + pp * q.dfinal_s[2] + nn * q.dfinal_s[3],
+                          q.dfinal_dtype);
+        }
+    }
     const float* decay = p.decay + (b * p.nheads + h) * p.nchunks;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     float* dfpart = q.dfpart + ((i64)blockIdx.y * q.npass_tiles + (i64)blockIdx.x * kWarps + w) * p.nchunks;
     const i64 step = p.nheads * pn;  // from one chunk's slot to the next
-    // kGroup chunks' L, H and decay loaded before any of their slots is written (as the forward's
-    // ssd_state_passing): kGroup loads of each in flight per thread
-    constexpr int kGroup = 4;
-    i64 idx = ((b * p.nchunks + p.nchunks - 1) * p.nheads + h) * pn + e;
+    i64 idx = ((b * p.nchunks + p.nchunks - 1) * p.nheads + h) * pn + e0;
     for (i64 c0 = p.nchunks - 1; c0 >= 0; c0 -= kGroup, idx -= kGroup * step) {
-        float L[kGroup], H[kGroup], d[kGroup];
+        float L[kGroup][kE], H[kGroup][kE], d[kGroup];
 #pragma unroll
         for (int k = 0; k < kGroup; ++k) {
             const bool in = valid && c0 - k >= 0;
-            L[k] = in ? q.dstates[idx - k * step] : 0.f;
-            H[k] = in ? p.states[idx - k * step] : 0.f;
+            if constexpr (kE == 4) {
+                const float4 l4 = in ? *(const float4*)(q.dstates + idx - k * step) : zero4();
+                const float4 h4 = in ? *(const float4*)(p.states + idx - k * step) : zero4();
+                L[k][0] = l4.x, L[k][1] = l4.y, L[k][2] = l4.z, L[k][3] = l4.w;
+                H[k][0] = h4.x, H[k][1] = h4.y, H[k][2] = h4.z, H[k][3] = h4.w;
+            } else {
+                L[k][0] = in ? q.dstates[idx - k * step] : 0.f;
+                H[k][0] = in ? p.states[idx - k * step] : 0.f;
+            }
             d[k] = c0 - k >= 0 ? decay[c0 - k] : 0.f;
         }
 #pragma unroll
@@ -513,17 +530,37 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_state_passing
             if (c < 0) break;  // uniform across the block
             float part = 0.f;
             if (valid) {
-                part = G * H[k];
-                q.dstates[idx - k * step] = G;
-                G = L[k] + d[k] * G;
+#pragma unroll
+                for (int u = 0; u < kE; ++u) part += G[u] * H[k][u];
+                if constexpr (kE == 4) {
+                    *(float4*)(q.dstates + idx - k * step) = make_float4(G[0], G[1], G[2], G[3]);
+                } else {
+                    q.dstates[idx - k * step] = G[0];
+                }
+#pragma unroll
+                for (int u = 0; u < kE; ++u) G[u] = L[k][u] + d[k] * G[u];
             }
 #pragma unroll
             for (int off = 16; off > 0; off /= 2) part += __shfl_xor_sync(0xffffffffu, part, off);
             if (lane == 0) dfpart[c] = part;
         }
     }
-    if (valid && p.has_init)
-        st_any(q.dinit, b * q.dinit_s[0] + h * q.dinit_s[1] + pp * q.dinit_s[2] + nn * q.dinit_s[3], p.init_dtype, G);
+    if (valid && p.has_init) {
+#pragma unroll
+        for (int u = 0; u < kE; ++u) {
+            const i64 pp = (e0 + u) / p.dstate, nn = (e0 + u) % p.dstate;
+            st_any(q.dinit, b * q.dinit_s[0] + h * q.dinit_s[1] + pp * q.dinit_s[2] + nn * q.dinit_s[3], p.init_dtype,
+                   G[u]);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_state_passing(const SsdBwdParams q) {
+    if (q.pass_vec) {
+        reverse_state_passing<4>(q);
+    } else {
+        reverse_state_passing<1>(q);
+    }
 }
 
 // ---- 4. dx, X1, X2 -------------------------------------------------------------------------------
@@ -1047,16 +1084,40 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_reduce(const 
         if (p.has_dt_bias) st_any(q.dbias, h * q.dbias_s, p.bias_dtype, bsum);
     }
     if (!p.has_D) return;
+    // dD: the partials of (batch, l-block) m = 0 .. M - 1 per channel, summed by `slices` threads
+    // per channel (each m = its slice + slices k, four loads in flight), then the slices in order
+    // (a serial loop per channel took 105 us at b8 L2048 80 x 64 on the H100, 27 at b32 L60)
+    __syncthreads();  // s_red's block sums are done before s_dd (below) is written
+    __shared__ float s_dd[kPassThreads];
+    const int hd = (int)p.headdim;  // <= 256 (kTiles)
+    const int slices = max(1, kPassThreads / hd);
+    const i64 M = p.batch * q.nlblocks;
+    const int sl = threadIdx.x / hd, pp = threadIdx.x % hd;
+    if (sl < slices) {
+        float v[4] = {0.f, 0.f, 0.f, 0.f};
+        auto part = [&](i64 m) {
+            const i64 bb = m / q.nlblocks, lb = m % q.nlblocks;
+            return q.ddpart[((bb * p.nheads + h) * q.nlblocks + lb) * p.headdim + pp];
+        };
+        i64 m = sl;
+        for (; m + 3 * slices < M; m += 4 * slices) {
+#pragma unroll
+            for (int u = 0; u < 4; ++u) v[u] += part(m + u * slices);
+        }
+        // the last (at most three) m: fixed slots, no dynamic index into v
+        if (m < M) v[0] += part(m);
+        if (m + slices < M) v[1] += part(m + slices);
+        if (m + 2 * slices < M) v[2] += part(m + 2 * slices);
+        s_dd[threadIdx.x] = (v[0] + v[1]) + (v[2] + v[3]);
+    }
+    __syncthreads();
     const bool per_channel = q.d_per_channel;
     float dsum = 0.f;
-    for (i64 pp = threadIdx.x; pp < p.headdim; pp += kPassThreads) {
+    if (threadIdx.x < hd) {
         float v = 0.f;
-        for (i64 bb = 0; bb < p.batch; ++bb) {
-            const float* part = q.ddpart + (bb * p.nheads + h) * q.nlblocks * p.headdim + pp;
-            for (i64 lb = 0; lb < q.nlblocks; ++lb) v += part[lb * p.headdim];
-        }
-        if (per_channel) st_any(q.dD, h * q.dD_s[0] + pp * q.dD_s[1], p.D_dtype, v);
-        dsum += v;
+        for (int k = 0; k < slices; ++k) v += s_dd[k * hd + threadIdx.x];
+        if (per_channel) st_any(q.dD, h * q.dD_s[0] + threadIdx.x * q.dD_s[1], p.D_dtype, v);
+        dsum = v;
     }
     if (!per_channel) {
         dsum = block_sum(dsum, s_red);

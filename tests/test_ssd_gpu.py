@@ -610,7 +610,9 @@ BWD_CASES = [
     ("bfloat16", 1, 128, 128, 300, 256, False),
     ("float32", 1, 256, 256, 130, 64, False),
     ("bfloat16", 2, 64, 64, 1, 256, False),
-    ("float16", 2, 18, 30, 77, 64, True),  # rows not a multiple of 4: element loads on path 2
+    # rows not a multiple of 4: element loads on path 2; 17 x 30 states a head, not a multiple
+    # of 4: the reverse state passing's one-element threads
+    ("float16", 2, 17, 30, 77, 64, True),
 ]
 
 
@@ -794,7 +796,8 @@ DX16_CASES = [
     ("float16", 2, 64, 128, 1000, 128, None),  # two channel tiles, ngroups 2
     ("bfloat16", 1, 16, 64, 64, 64, None),  # one chunk of one block (dS = dfinal)
     ("float16", 1, 64, 64, 600, 256, (0, 1, 5, 200, 256, 300, 511)),  # masked upper blocks
-    ("bfloat16", 2, 20, 40, 333, 64, None),  # dstate 20 / headdim 40: element dS rows, odd tiles
+    # dstate 21 / headdim 42: element dS rows, odd tiles, one-element state passing threads
+    ("bfloat16", 2, 21, 42, 333, 64, None),
 ]
 
 

@@ -118,7 +118,7 @@ pub struct SsdBwdParams {
     pub dcb_splits: i32,
     pub strad: u64,
     pub stiles: i32,
-    pub pad_: i32,
+    pub pass_vec: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<SsdBwdParams>() == 984);
@@ -447,7 +447,12 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
     };
     let st = dev.stream(stream)?;
 
-    let npass_tiles = (p.headdim * p.dstate + PASS_THREADS - 1) / PASS_THREADS;
+    // the reverse state passing: 4 consecutive elements a thread when they form 16-byte groups
+    // (the scratch slots are 16-byte aligned when headdim * dstate is a multiple of 4)
+    let pn = p.headdim * p.dstate;
+    let pass_vec = (pn % 4 == 0) as i32;
+    let per_thread = if pass_vec == 1 { 4 } else { 1 };
+    let npass_tiles = (pn + PASS_THREADS * per_thread - 1) / (PASS_THREADS * per_thread);
     // the state passing leaves one df partial per warp
     let npass_parts = npass_tiles * (PASS_THREADS / 32);
     let second = second_path();
@@ -528,7 +533,7 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         pseg: if second { at(lay.pseg) } else { 0 },
         strad: if second { at(lay.strad) } else { 0 },
         stiles: tiles(p.dstate) as i32,
-        pad_: 0,
+        pass_vec,
         tf32x1: a.tf32 as i32,
         // 16-byte rows: of fp32 data (last dimension a multiple of 4) for the fp32 kernels, of
         // 16-bit data (a multiple of 8) for the 16-bit unit's
