@@ -956,6 +956,18 @@ __device__ __forceinline__ void straddle_da(const float* rec, int len, int lane,
 }
 
 // ---- 6. da, ddt, dA and ddt_bias partials (one warp per chunk and head) ---------------------------
+// The first n (1 .. kTiles) of a position's kTiles tile partials (a 16-byte aligned row), summed in
+// tile order from 0.
+__device__ __forceinline__ float tile_sum(const float* row, int n) {
+    static_assert(kTiles == 4, "one float4 per position");
+    const float4 v = *(const float4*)row;
+    float s = 0.f + v.x;
+    if (n > 1) s += v.y;
+    if (n > 2) s += v.z;
+    if (n > 3) s += v.w;
+    return s;
+}
+
 extern "C" __global__ void __launch_bounds__(32) ssd_bwd_dt(const SsdBwdParams q) {
     const SsdParams& p = q.f;
     constexpr int kPer = kQ / 32;
@@ -983,21 +995,17 @@ extern "C" __global__ void __launch_bounds__(32) ssd_bwd_dt(const SsdBwdParams q
             if (p.softplus) v = softplus(v);
             inside[i] = v >= p.dt_min && v <= p.dt_max;
             v = fminf(fmaxf(v, p.dt_min), p.dt_max);
-            float s1 = 0.f, s2 = 0.f;
-            for (int k = 0; k < q.ptiles; ++k) {
-                s1 += x1[t * kTiles + k];
-                s2 += x2[t * kTiles + k];
-            }
+            // a position's kTiles tile partials are one 16-byte row: one load each (the scalar
+            // loop per tile issued up to 12 dependent-address loads a position); tiles past the
+            // used ones are never written, so they are masked, and the sums keep tile order
+            const float s1 = tile_sum(x1 + t * kTiles, q.ptiles), s2 = tile_sum(x2 + t * kTiles, q.ptiles);
             d[i] = v;
             x12[i] = s1 + s2;
             a2[i] = v * s2;  // summed over s < k
             if (stable) {  // R_state_l (zero while H_c is): summed over l >= k
-                if (c > 0 || p.has_init)
-                    for (int k = 0; k < q.stiles; ++k) a1[i] += rowdot[t * kTiles + k];
+                if (c > 0 || p.has_init) a1[i] = tile_sum(rowdot + t * kTiles, q.stiles);
             } else {  // R_l - dt'_l X1_l, summed over l >= k
-                float rd = 0.f;
-                for (int k = 0; k < q.ptiles; ++k) rd += rowdot[t * kTiles + k];
-                a1[i] = rd - v * s1;
+                a1[i] = tile_sum(rowdot + t * kTiles, q.ptiles) - v * s1;
             }
         }
     }
@@ -2171,7 +2179,10 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dc16(const SsdBwdParams q) {
+// dC: three CTAs per SM (168 registers): NVRTC 13.0 (the H100 machine's) gave it 202 without the
+// bound, two CTAs per SM, 12.5% occupancy with 70% of issue cycles idle under ncu (2026-11-27;
+// NVRTC 13.2 had chosen 168 itself)
+extern "C" __global__ void __launch_bounds__(kThreads, 3) ssd_bwd_chunk_dc16(const SsdBwdParams q) {
 #if FS_DTYPE != 2
     chunk_dcdb16<false>(q);
 #endif
