@@ -2179,10 +2179,11 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
 }
 #endif
 
-// dC: three CTAs per SM (168 registers): NVRTC 13.0 (the H100 machine's) gave it 202 without the
-// bound, two CTAs per SM, 12.5% occupancy with 70% of issue cycles idle under ncu (2026-11-27;
-// NVRTC 13.2 had chosen 168 itself)
-extern "C" __global__ void __launch_bounds__(kThreads, 3) ssd_bwd_chunk_dc16(const SsdBwdParams q) {
+// dC takes 202 registers under NVRTC 13.0 (the H100 machine's; 13.2 chooses 168): two CTAs per
+// SM, 12.5% occupancy, 70% of issue cycles idle under ncu (2026-11-27). Bounding it to three CTAs
+// (168 registers, 8 bytes of stack) made it slower on the H100, 464 -> 534-546 us at b8 L2048:
+// not kept.
+extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dc16(const SsdBwdParams q) {
 #if FS_DTYPE != 2
     chunk_dcdb16<false>(q);
 #endif
