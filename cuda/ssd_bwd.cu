@@ -1158,12 +1158,14 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_reduce(const 
 //                     state term per head (the only head loop left: one K = headdim product each;
 //                     dC2 leaves R_state per head and state tile)
 //   ssd_bwd_dt        da from R_state, the straddle records (straddle_da), X2 and df
-// A 16-bit call without z that gives its 16-bit tensors (flashscan.torch) runs sections 8f-8h in
-// place of chunk_dx2, dcb, dc2 and db2 (16-bit operand tiles; the chunk states recomputed on
-// cuda/ssd_fwd2.cu's kernels): 9.2 -> 4.7 ms of forward+backward kernels at the shape below
-// (H100, benches/results/2026-11-27-h100-ssd-bwd-16bit/).
+// A 16-bit call without z runs on its own fp16 / bf16 tensors (the host's rule, ops::ssd_bwd::
+// runs_16bit): sections 8f-8i in place of chunk_dx2, dcb, dc2, db2 and chunk_dstate (16-bit
+// operand tiles; the chunk states and C B^T recomputed on cuda/ssd_fwd2.cu's kernels, so
+// ssd_bwd_cb does not run): 9.2 -> 4.7 ms of forward+backward kernels at the shape below (H100,
+// benches/results/2026-11-27-h100-ssd-bwd-16bit/), 3.7 ms without the float32 copies
+// (benches/results/2026-11-27-h100-ssd-bwd-own16/).
 // 128 threads = 4 warps, warp w owns rows 16w .. 16w + 15 of each 64 x 64 tile (acc_row / acc_col).
-// fp32 data (what every call uses today: 16-bit calls come as fp32 copies) loads 16-byte rows when
+// fp32 data (fp32 calls, and 16-bit calls with z as fp32 copies) loads 16-byte rows when
 // q.vec_x / q.vec_bc allow, and with q.tf32x1 rounds operands to tf32 once instead of 3xTF32.
 // A 16-bit call's error then stays within 2^-11 of each term's own size: nothing cancels after
 // the rounding (tools/ssd_da_model.py models the straddle sums' float32 accumulation).
@@ -1625,10 +1627,10 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dc2(const S
 extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_db2(const SsdBwdParams q) { chunk_dcdb2<true>(q); }
 
 // ---- 8f. dx, X1, X2 and the dD partials on 16-bit operand tiles (the fp16 / bf16 builds) -------------
-// ssd_bwd_chunk_dx2's outputs from the call's own 16-bit tensors (calls without z: load_g16): the
-// host launches it with a copy of the params whose x, B, dout and dx point at the 16-bit tensors (vec_x / vec_bc then mean
-// 16-byte rows of 16-bit data, headdim / dstate multiples of 8); everything else -- the prologue and
-// CB workspaces, dS_c, the row and dD partials -- is the fp32 call's. So dx is written once in x's
+// ssd_bwd_chunk_dx2's outputs from the call's own 16-bit tensors (calls without z: load_g16; the
+// params' x, B, dout and dx are the 16-bit tensors, vec_x / vec_bc then mean 16-byte rows of 16-bit
+// data, headdim / dstate multiples of 8); the prologue and CB workspaces, dS_c, the row and dD
+// partials are fp32 scratch as on the fp32 path. So dx is written once in x's
 // dtype (no fp32 dx and no cast back) and the products run m16n8k16 on ldmatrix tiles, the way
 // ssd2_chunk_scan forms W x (cuda/ssd_fwd2.cu), transposed, instead of 1xTF32 on fp32 shared memory
 // with scalar fragment loads (chunk_dx2: 2.5 ms at b8 L2048 80 x 64, state 128 on the H100, 9.1
@@ -1885,7 +1887,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_dx16(con
 
 // ---- 8g. ssd_bwd_dcb on 16-bit operand tiles (the fp16 / bf16 builds) ---------------------------------
 // ssd_bwd_dcb's outputs (the head-summed dCB block of one share, each head's straddle record) from
-// the call's own 16-bit g and x (the host's 16-bit params copy, as for ssd_bwd_chunk_dx16): per head
+// the call's own 16-bit g and x (as for ssd_bwd_chunk_dx16): per head
 // and 64-channel step, g (rows l) and x (rows s) arrive as 16-bit tiles by cp.async and g x^T runs
 // m16n8k16 from ldmatrix (A = g [l][p], B = x [s][p], both non-transposed), where ssd_bwd_dcb loads
 // fp32 copies into fp32 shared memory and runs 1xTF32 (1.29 ms at b8 L2048 80 x 64 on the H100,
@@ -1976,7 +1978,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb16(const Ss
 
 // ---- 8h. chunk_dc2 / chunk_db2 on 16-bit operand tiles (the fp16 / bf16 builds) ----------------------
 // chunk_dcdb2's dC / dB (and dC's R_state) from the call's own 16-bit B, C, x and dout (calls without
-// z; the host's 16-bit params copy), m16n8k16 on ldmatrix tiles instead of 1xTF32 on fp32 copies
+// z), m16n8k16 on ldmatrix tiles instead of 1xTF32 on fp32 copies
 // (dc2 1.31 ms, db2 0.74 at b8 L2048 80 x 64 on the H100, 2026-11-27). Grid and work split as
 // chunk_dcdb2: (nchunks * kQ/64, ceil(dstate/64), batch*ngroups), rows m0 .. (l for dC, s for dB) x
 // states n0 .., warp w rows 16w .. 16w + 15:
