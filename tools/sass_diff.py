@@ -1,6 +1,7 @@
 """Compare the SASS of every kernel variant between two builds of flashscan (no GPU needed).
 
     python tools/sass_diff.py A B [--arch sm_90a:all --arch sm_80:main] [--only TEXT] [--jobs 2]
+                              [--nvrtc-a LIB] [--nvrtc-b LIB]
 
 A and B: a PYTHONPATH entry holding `flashscan/` with its `_native` extension, a wheel (.whl), or
 a folder written by `--save`. Each side compiles its variants (ARCH:all, or ARCH:main: the main
@@ -9,6 +10,16 @@ subprocess and disassembles them with `cuobjdump -sass` (it needs `nvdisasm`: th
 nvidia-cuda-nvdisasm wheel or triton's copy is found). Prints per arch how many variants have the
 same SASS (instructions and encodings, registers, stack, shared and local memory); for each that
 differs, both instruction counts and resources. Exit status 1 when any differ.
+
+--nvrtc-a / --nvrtc-b: that side compiles with this libnvrtc.so (its FLASHSCAN_NVRTC; its folder
+also goes on LD_LIBRARY_PATH for the builtins library beside it). One build under two NVRTCs
+shows what the compiler version alone changes: the H100 machine (and torch cu130) runs NVRTC
+13.0 while the CPU checks install the newest wheel, and on 2026-11-27 the two gave
+ssd_bwd_chunk_dc16 202 and 168 registers (2 and 3 CTAs per SM). For example:
+
+    pip install --target /tmp/nvrtc130 "nvidia-cuda-nvrtc==13.0.*"
+    python tools/sass_diff.py W.whl W.whl --arch sm_90a:all --only ssd_bwd \
+        --nvrtc-b /tmp/nvrtc130/nvidia/cu13/lib/libnvrtc.so.13
 """
 
 from __future__ import annotations
@@ -62,8 +73,9 @@ def dump(out: Path, archs: list[str], only: list[str], jobs: int) -> None:
         (out / arch / "index.json").write_text(json.dumps(names))
 
 
-def side(src: str, args: argparse.Namespace, keep: Path | None) -> Path:
-    """A folder of dumps: src itself when it is one, else written by a subprocess on src."""
+def side(src: str, args: argparse.Namespace, keep: Path | None, nvrtc: str | None) -> Path:
+    """A folder of dumps: src itself when it is one, else written by a subprocess on src (with
+    `nvrtc` as its libnvrtc when given)."""
     if Path(src, args.arch[0].split(":")[0], "index.json").is_file():
         return Path(src)
     out, path = keep or Path(tempfile.mkdtemp(prefix="sass-")), src
@@ -75,6 +87,14 @@ def side(src: str, args: argparse.Namespace, keep: Path | None) -> Path:
         x for o in args.only for x in ("--only", o)
     ]
     env = dict(os.environ, PYTHONPATH=path)
+    if nvrtc:
+        lib = Path(nvrtc).resolve()
+        if not lib.is_file():
+            sys.exit(f"--nvrtc: {nvrtc} is not a file")
+        env["FLASHSCAN_NVRTC"] = str(lib)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (str(lib.parent), os.environ.get("LD_LIBRARY_PATH", "")) if p
+        )
     subprocess.run(cmd, env=env, check=True, cwd=tempfile.gettempdir())
     return out
 
@@ -124,6 +144,8 @@ def main() -> int:
     ap.add_argument("--only", action="append", default=[], help="name substring (repeatable)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--save", type=Path, help="keep the dumps of A and B in DIR/a and DIR/b")
+    ap.add_argument("--nvrtc-a", help="libnvrtc.so for side A (default: the one flashscan finds)")
+    ap.add_argument("--nvrtc-b", help="libnvrtc.so for side B")
     ap.add_argument("--dump", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.arch = args.arch or ["sm_90a:all", "sm_80:main"]
@@ -133,7 +155,8 @@ def main() -> int:
     if not (args.a and args.b):
         ap.error("give two builds to compare")
     keep = {k: args.save / k if args.save else None for k in "ab"}
-    return compare(side(args.a, args, keep["a"]), side(args.b, args, keep["b"]), args.arch)
+    a = side(args.a, args, keep["a"], args.nvrtc_a)
+    return compare(a, side(args.b, args, keep["b"], args.nvrtc_b), args.arch)
 
 
 if __name__ == "__main__":
