@@ -2201,28 +2201,13 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_db16(const 
 // 16-bit dout (calls without z: g = dout) and C, the way ssd2_chunk_state forms S_c (cuda/ssd_fwd2.cu)
 // instead of 1xTF32 on fp32 copies with scalar fragment loads. Grid (nchunks, ceil(headdim/64) *
 // ceil(dstate/128), batch*nheads): channels p0 .. p0 + 63 x states n0 .. n0 + 127 per CTA, warp w
-// channels 16w .. 16w + 15, acc[16][4]; K = the chunk's positions, 32 a step in two cp.async stages.
-// A = g^T by ldmatrix .trans, its k columns (positions) scaled by e_l in fp32 and split into a hi / lo
-// pair of 16-bit values (two mma on the same B fragments): the scaled g keeps ~16 significant bits
-// where one bf16 rounding would keep 8 (the fp32 kernel rounds it to tf32, 11). B = C by .trans.
+// channels 16w .. 16w + 15, acc[16][4]; K = the chunk's positions, 32 a step in two cp.async stages
+// (common/ssd_tiles.cuh weighted_state_product, ssd2_chunk_state's loop). A = g^T by ldmatrix .trans,
+// its k columns (positions) scaled by e_l in fp32 and split into a hi / lo pair of 16-bit values (two
+// mma on the same B fragments): the scaled g keeps ~16 significant bits where one bf16 rounding
+// would keep 8 (the fp32 kernel rounds it to tf32, 11). B = C by .trans.
 // e_l from the prologue records (q.pcum / q.pseg, ssd_bwd_prologue). L_c into q.dstates (fp32), as
 // ssd_bwd_chunk_dstate leaves it for the reverse state passing.
-#if FS_DTYPE != 2
-// acc[NT][4] += (hi + lo) B for one warp: each B fragment pair (ldmatrix .trans at b_addr + np * b_step)
-// loaded once for both A halves.
-template <int NT>
-__device__ __forceinline__ void mma_row_hilo(float (&acc)[NT][4], const u32 (&hi)[4], const u32 (&lo)[4], u32 b_addr,
-                                             u32 b_step) {
-#pragma unroll
-    for (int np = 0; np < NT / 2; ++np) {
-        u32 bf[4];
-        ldsm_x4_trans(bf, b_addr + np * b_step);
-        mma16_x2<DT>(acc[2 * np], acc[2 * np + 1], hi, bf);
-        mma16_x2<DT>(acc[2 * np], acc[2 * np + 1], lo, bf);
-    }
-}
-#endif
-
 extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate16(const SsdBwdParams q) {
 #if FS_DTYPE != 2
     const SsdParams& p = q.f;
@@ -2251,54 +2236,10 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate16(co
         for (int l = threadIdx.x; l < kQ; l += kThreads) s_e[l] = l < len && seg[l] == 0 ? ex(q.pcum[pro + l]) : 0.f;
         // (the first __syncthreads of the loop publishes s_e)
     }
-    const int lane = threadIdx.x & 31, w16 = 16 * (threadIdx.x >> 5), t2 = 2 * (lane & 3);
-    const int nsteps = (len + 31) / 32;
     float acc[16][4];
     clear(acc);
-    for (int k = 0; k < nsteps; ++k) {
-        if (k + 1 < nsteps) {
-            load(k + 1, (k + 1) & 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        const u32 a_base = smem_u32(s_g[k & 1] + w16 + lane_at(lane, kLd64));
-        const u32 b_base = smem_u32(s_c[k & 1] + lane_bt(lane, kLd128));
-#pragma unroll
-        for (int kk = 0; kk < 2; ++kk) {
-            u32 a[4], lo[4];
-            ldsm_x4_trans(a, a_base + kk * 16 * kLd64 * 2);
-            // a[0], a[1] hold positions k = 2t, 2t + 1 of the step's 16; a[2], a[3] k + 8
-            const float* e_l = s_e + 32 * k + 16 * kk + t2;
-            const float2 el = *(const float2*)e_l, eh = *(const float2*)(e_l + 8);
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const float2 v = unpack2<DT>(a[u]), f = u < 2 ? el : eh;
-                const float x0 = v.x * f.x, x1 = v.y * f.y;
-                a[u] = pack2<DT>(x0, x1);
-                const float2 r = unpack2<DT>(a[u]);
-                lo[u] = pack2<DT>(x0 - r.x, x1 - r.y);
-            }
-            mma_row_hilo<16>(acc, a, lo, b_base + kk * 16 * kLd128 * 2, 16 * 2);
-        }
-        __syncthreads();
-    }
-    float* out = q.dstates + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate;
-    const bool pair = (p.dstate & 1) == 0;
-#pragma unroll
-    for (int jn = 0; jn < 16; ++jn)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            const int pp = acc_row(2 * hh), nn = acc_col(jn, 0);
-            if (pp >= hd || nn >= ds) continue;
-            float* o = out + (i64)(p0 + pp) * p.dstate + n0 + nn;
-            if (pair) {
-                *(float2*)o = make_float2(acc[jn][2 * hh], acc[jn][2 * hh + 1]);
-            } else {
-                o[0] = acc[jn][2 * hh];
-                if (nn + 1 < ds) o[1] = acc[jn][2 * hh + 1];
-            }
-        }
+    weighted_state_product<true>(acc, s_g, s_c, s_e, (len + 31) / 32, load);
+    store_state_tile(q.dstates + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate, acc, p0, hd, n0, ds,
+                     p.dstate);
 #endif
 }

@@ -246,52 +246,11 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ss
         s_w[s] = s < len && s_seg[s] == seg_end ? ex2(cl2_end - s_lw[s]) : 0.f;
     // (the first __syncthreads of the loop publishes s_w)
 
-    const int lane = threadIdx.x & 31, w16 = 16 * (threadIdx.x >> 5), t2 = 2 * (lane & 3);
-    const int nsteps = (len + 31) / 32;
     float acc[16][4];
     clear(acc);
-    for (int k = 0; k < nsteps; ++k) {
-        if (k + 1 < nsteps) {
-            load(k + 1, (k + 1) & 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        const u32 a_base = smem_u32(s_x[k & 1] + w16 + lane_at(lane, kLd64));
-        const u32 b_base = smem_u32(s_b[k & 1] + lane_bt(lane, kLd128));
-#pragma unroll
-        for (int kk = 0; kk < 2; ++kk) {
-            u32 a[4];
-            ldsm_x4_trans(a, a_base + kk * 16 * kLd64 * 2);
-            // scale x^T's k columns (positions) by w_s: a[0], a[1] hold k = 2t, 2t+1; a[2], a[3] k + 8
-            const float* w = s_w + 32 * k + 16 * kk + t2;
-            const float2 wl = *(const float2*)w, wh = *(const float2*)(w + 8);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float2 v = unpack2<DT>(a[e]), f = e < 2 ? wl : wh;
-                a[e] = pack2<DT>(v.x * f.x, v.y * f.y);
-            }
-            mma_row<16, true>(acc, a, b_base + kk * 16 * kLd128 * 2, 16 * 2);
-        }
-        __syncthreads();
-    }
-    float* out = p.states + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate;
-    const bool pair = (p.dstate & 1) == 0;
-#pragma unroll
-    for (int jn = 0; jn < 16; ++jn)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            const int pp = acc_row(2 * hh), nn = acc_col(jn, 0);
-            if (pp >= hd || nn >= ds) continue;
-            float* o = out + (i64)(p0 + pp) * p.dstate + n0 + nn;
-            if (pair) {
-                *(float2*)o = make_float2(acc[jn][2 * hh], acc[jn][2 * hh + 1]);
-            } else {
-                o[0] = acc[jn][2 * hh];
-                if (nn + 1 < ds) o[1] = acc[jn][2 * hh + 1];
-            }
-        }
+    weighted_state_product<false>(acc, s_x, s_b, s_w, (len + 31) / 32, load);
+    store_state_tile(p.states + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate, acc, p0, hd, n0, ds,
+                     p.dstate);
     if (blockIdx.y == 0 && threadIdx.x == 0)
         p.decay[(b * p.nheads + h) * p.nchunks + c] = seg_end == 0 ? ex(cum_end) : 0.f;
 }

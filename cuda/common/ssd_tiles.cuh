@@ -68,3 +68,91 @@ __device__ __forceinline__ void mma_row(float (&acc)[NT][4], const u32 (&a)[4], 
         mma16_x2<DT>(acc[2 * np], acc[2 * np + 1], a, bf);
     }
 }
+
+// acc[NT][4] += (hi + lo) B for one warp: mma_row with an A operand split into a hi / lo pair of
+// 16-bit values, each B fragment pair (ldmatrix .trans at b_addr + np * b_step) loaded once for both.
+template <int NT>
+__device__ __forceinline__ void mma_row_hilo(float (&acc)[NT][4], const u32 (&hi)[4], const u32 (&lo)[4], u32 b_addr,
+                                             u32 b_step) {
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+        u32 bf[4];
+        ldsm_x4_trans(bf, b_addr + np * b_step);
+        mma16_x2<DT>(acc[2 * np], acc[2 * np + 1], hi, bf);
+        mma16_x2<DT>(acc[2 * np], acc[2 * np + 1], lo, bf);
+    }
+}
+
+// A chunk's state-shaped product, 64 rows p x 128 columns n per CTA (warp w rows 16w .. 16w + 15,
+// acc[16][4]): acc += sum over positions l of w_l a_l^T b_l, K = the chunk's positions, 32 a step in
+// two stages: load(k, stage) fills s_a[stage] (32 positions x 64 rows, pitch kLd64) and s_b[stage]
+// (32 positions x 128 columns, pitch kLd128) by cp.async and commits; the caller has issued step
+// 0 (and may have committed earlier groups: step 0's wait covers them). A = a^T by ldmatrix .trans
+// with its k columns (positions) scaled by s_w in fp32, rounded to 16 bits once, or with kHiLo as
+// a hi / lo pair of 16-bit values (two mma: ~16 significant bits); B = b by .trans.
+// ssd2_chunk_state (S_c: a = x, b = B) and ssd_bwd_chunk_dstate16 (L_c: a = dout, b = C).
+template <bool kHiLo, typename Load>
+__device__ __forceinline__ void weighted_state_product(float (&acc)[16][4], u16 (*s_a)[32 * kLd64],
+                                                       u16 (*s_b)[32 * kLd128], const float* s_w, int nsteps, Load load) {
+    const int lane = threadIdx.x & 31, w16 = 16 * (threadIdx.x >> 5), t2 = 2 * (lane & 3);
+    for (int k = 0; k < nsteps; ++k) {
+        if (k + 1 < nsteps) {
+            load(k + 1, (k + 1) & 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const u32 a_base = smem_u32(s_a[k & 1] + w16 + lane_at(lane, kLd64));
+        const u32 b_base = smem_u32(s_b[k & 1] + lane_bt(lane, kLd128));
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+            u32 a[4];
+            ldsm_x4_trans(a, a_base + kk * 16 * kLd64 * 2);
+            // a[0], a[1] hold positions k = 2t, 2t + 1 of the step's 16; a[2], a[3] k + 8
+            const float* w = s_w + 32 * k + 16 * kk + t2;
+            const float2 wl = *(const float2*)w, wh = *(const float2*)(w + 8);
+            if constexpr (kHiLo) {
+                u32 lo[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float2 v = unpack2<DT>(a[e]), f = e < 2 ? wl : wh;
+                    const float x0 = v.x * f.x, x1 = v.y * f.y;
+                    a[e] = pack2<DT>(x0, x1);
+                    const float2 r = unpack2<DT>(a[e]);
+                    lo[e] = pack2<DT>(x0 - r.x, x1 - r.y);
+                }
+                mma_row_hilo<16>(acc, a, lo, b_base + kk * 16 * kLd128 * 2, 16 * 2);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float2 v = unpack2<DT>(a[e]), f = e < 2 ? wl : wh;
+                    a[e] = pack2<DT>(v.x * f.x, v.y * f.y);
+                }
+                mma_row<16, true>(acc, a, b_base + kk * 16 * kLd128 * 2, 16 * 2);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// weighted_state_product's acc into out (fp32, row-major rows p0 + r x dstate columns, from n0):
+// rows < hd and columns < ds of the tile (8-byte stores where dstate is even).
+__device__ __forceinline__ void store_state_tile(float* out, const float (&acc)[16][4], int p0, int hd, int n0, int ds,
+                                                 i64 dstate) {
+    const bool pair = (dstate & 1) == 0;
+#pragma unroll
+    for (int jn = 0; jn < 16; ++jn)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int pp = acc_row(2 * hh), nn = acc_col(jn, 0);
+            if (pp >= hd || nn >= ds) continue;
+            float* o = out + (i64)(p0 + pp) * dstate + n0 + nn;
+            if (pair) {
+                *(float2*)o = make_float2(acc[jn][2 * hh], acc[jn][2 * hh + 1]);
+            } else {
+                o[0] = acc[jn][2 * hh];
+                if (nn + 1 < ds) o[1] = acc[jn][2 * hh + 1];
+            }
+        }
+}

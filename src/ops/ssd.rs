@@ -656,37 +656,16 @@ pub(crate) unsafe fn launch_states2(
         vec_states: (params.states % 16 == 0) as i32,
         states_f32: 1,
     };
-    let launch = Launch2 {
-        dev,
-        dtype,
-        chunk,
-        arch,
-        st,
-        bh: grid_u32(p.batch * p.nheads, "batch * nheads")?,
-        nchunks: grid_u32(p.nchunks, "seqlen / chunk_size")?,
-    };
+    let launch = Launch2::new(dev, dtype, chunk, arch, st, p)?;
     let mut q = q;
     let mut scratch = dev.scratch(st)?;
     q.prep = scratch.alloc(prep_bytes(p, chunk))?;
-    let n_tiles = (p.dstate + STATE2_TILE_N - 1) / STATE2_TILE_N;
-    let g_state = (
-        launch.nchunks,
-        grid_u32(tiles(p.headdim) * n_tiles, "headdim * dstate")?,
-        launch.bh,
-    );
-    let nb = chunk / TILE;
-    let g_cb = (
-        grid_u32(p.nchunks * (nb * (nb + 1) / 2), "seqlen / chunk_size")?,
-        grid_u32(p.ngroups, "ngroups")?,
-        grid_u32(p.batch, "batch")?,
-    );
     // SAFETY: as the caller's; the records are written before the state kernel reads them (one
     // stream) and freed after it in stream order
     let launched = (|| unsafe {
-        launch.one(ENTRY2_PREP, (launch.nchunks, launch.bh, 1), 32, &q)?;
-        launch.one(ENTRY2_CB, g_cb, THREADS, &q)?;
-        launch.one(ENTRY2_STATE, g_state, THREADS, &q)?;
-        launch.one(ENTRY2_PASS, (launch.bh, 1, 1), PASS_THREADS as u32, &q)
+        launch.prep(&q)?;
+        launch.cb(&q, p)?;
+        launch.states(&q, p)
     })();
     scratch.free()?;
     launched
@@ -725,15 +704,7 @@ unsafe fn launch2(
 ) -> Result<()> {
     let fused = one_block(p, q.p.has_init);
     let states = needs_carried_states(p.nchunks, q.p.has_init, q.p.has_final);
-    let launch = Launch2 {
-        dev,
-        dtype,
-        chunk,
-        arch,
-        st,
-        bh: grid_u32(p.batch * p.nheads, "batch * nheads")?,
-        nchunks: grid_u32(p.nchunks, "seqlen / chunk_size")?,
-    };
+    let launch = Launch2::new(dev, dtype, chunk, arch, st, p)?;
     if fused && !states {
         // SAFETY: as the caller's; the fused kernel reads no records
         return unsafe { launch.scan(q, p, true) };
@@ -744,27 +715,12 @@ unsafe fn launch2(
     // SAFETY: as the caller's; ssd2_chunk_prep writes the records before the state and scan
     // kernels read them (one stream), and they are freed after those launches.
     let launched = (|| unsafe {
-        // one warp per (batch, head, chunk): cuda/ssd_fwd2.cu kPrepThreads
-        launch.one(ENTRY2_PREP, (launch.nchunks, launch.bh, 1), 32, &q)?;
+        launch.prep(&q)?;
         if !fused {
-            let nb = chunk / TILE;
-            let g_cb = (
-                grid_u32(p.nchunks * (nb * (nb + 1) / 2), "seqlen / chunk_size")?,
-                grid_u32(p.ngroups, "ngroups")?,
-                grid_u32(p.batch, "batch")?,
-            );
-            launch.one(ENTRY2_CB, g_cb, THREADS, &q)?;
+            launch.cb(&q, p)?;
         }
         if states {
-            let n_tiles = (p.dstate + STATE2_TILE_N - 1) / STATE2_TILE_N;
-            let g_state = (
-                launch.nchunks,
-                grid_u32(tiles(p.headdim) * n_tiles, "headdim * dstate")?,
-                launch.bh,
-            );
-            launch.one(ENTRY2_STATE, g_state, THREADS, &q)?;
-            // one CTA per (batch, head): it overwrites each chunk's slot with the 16-bit H in place
-            launch.one(ENTRY2_PASS, (launch.bh, 1, 1), PASS_THREADS as u32, &q)?;
+            launch.states(&q, p)?;
         }
         launch.scan(&q, p, fused)
     })();
@@ -783,7 +739,69 @@ struct Launch2<'a> {
     nchunks: u32,
 }
 
-impl Launch2<'_> {
+impl<'a> Launch2<'a> {
+    fn new(
+        dev: &'a DeviceCtx,
+        dtype: i64,
+        chunk: i64,
+        arch: i64,
+        st: Stream,
+        p: &Problem,
+    ) -> Result<Self> {
+        Ok(Launch2 {
+            dev,
+            dtype,
+            chunk,
+            arch,
+            st,
+            bh: grid_u32(p.batch * p.nheads, "batch * nheads")?,
+            nchunks: grid_u32(p.nchunks, "seqlen / chunk_size")?,
+        })
+    }
+
+    /// ssd2_chunk_prep: one warp per (batch, head, chunk) (cuda/ssd_fwd2.cu kPrepThreads).
+    ///
+    /// # Safety
+    /// As `one`'s.
+    unsafe fn prep(&self, q: &Ssd2Params) -> Result<()> {
+        // SAFETY: as the caller's
+        unsafe { self.one(ENTRY2_PREP, (self.nchunks, self.bh, 1), 32, q) }
+    }
+
+    /// ssd2_chunk_cb: one lower 64 x 64 block of C B^T per CTA, per (chunk, group, batch).
+    ///
+    /// # Safety
+    /// As `one`'s.
+    unsafe fn cb(&self, q: &Ssd2Params, p: &Problem) -> Result<()> {
+        let nb = self.chunk / TILE;
+        let grid = (
+            grid_u32(p.nchunks * (nb * (nb + 1) / 2), "seqlen / chunk_size")?,
+            grid_u32(p.ngroups, "ngroups")?,
+            grid_u32(p.batch, "batch")?,
+        );
+        // SAFETY: as the caller's
+        unsafe { self.one(ENTRY2_CB, grid, THREADS, q) }
+    }
+
+    /// ssd2_chunk_state (64 x 128 tiles), then ssd2_state_passing, one CTA per (batch, head): it
+    /// overwrites each chunk's slot with H (16-bit, or fp32 under `states_f32`) in place.
+    ///
+    /// # Safety
+    /// As `one`'s; the prep records are written.
+    unsafe fn states(&self, q: &Ssd2Params, p: &Problem) -> Result<()> {
+        let n_tiles = (p.dstate + STATE2_TILE_N - 1) / STATE2_TILE_N;
+        let grid = (
+            self.nchunks,
+            grid_u32(tiles(p.headdim) * n_tiles, "headdim * dstate")?,
+            self.bh,
+        );
+        // SAFETY: as the caller's
+        unsafe {
+            self.one(ENTRY2_STATE, grid, THREADS, q)?;
+            self.one(ENTRY2_PASS, (self.bh, 1, 1), PASS_THREADS as u32, q)
+        }
+    }
+
     /// # Safety
     /// `q` must describe checked tensors and workspaces for `entry`'s reads and writes.
     unsafe fn one(
