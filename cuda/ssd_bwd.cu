@@ -96,8 +96,13 @@ struct SsdBwdParams {
     // 1: the reverse state passing takes 4 consecutive state elements per thread (16-byte
     // accesses; headdim * dstate a multiple of 4, the scratch 16-byte aligned), 0: one
     int pass_vec;
+    // chunk_dc16 / _db16's head shares (section 8h): each (row block, state tile)'s head loop
+    // split over that many CTAs (1: not split), each leaving an fp32 partial in share_part[share]
+    // (batch, seqlen, ngroups, dstate), summed in share order by ssd_bwd_share_sum_dc / _db
+    float* share_part;
+    int dcdb_shares, pad2_;
 };
-static_assert(sizeof(SsdBwdParams) == 984, "SsdBwdParams layout changed: update the host mirror");
+static_assert(sizeof(SsdBwdParams) == 1000, "SsdBwdParams layout changed: update the host mirror");
 
 constexpr int kMBlocks = kQ / kTile;
 constexpr int kTiles = 4;  // channel tiles of 64 (headdim <= 256): the row partials' last dimension
@@ -1990,7 +1995,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb16(const Ss
 //          to 16 bits by the threads; two buffers, the next stage in flight under the mma), then
 //          acc += f ah with the head's row factor f (e_l, or v_s dt'_s) in fp32; dC also leaves
 //          R_state_l = sum_n C_ln (f ah)_ln per head (rowdot)
-// The gradients are stored once, in the call's (16-bit) dB / dC.
+// Head shares (q.dcdb_shares, the host's dcdb_shares: grid y = (share, state tile)): each CTA runs
+// one share of the group's heads in the state term, share 0 also the intra part, and stores its
+// fp32 partial (share_part); ssd_bwd_share_sum_dc / _db add the shares in order and write dC / dB
+// in their dtype. At b8 L2048 80 heads, state 128 the unsplit grid was 512 CTAs walking 80 heads
+// each: 1.3-1.9 waves, 70% of issue cycles without an eligible warp (ncu, 2026-11-27); the
+// real-time shape had 32 CTAs. db16 is bounded to 3 CTAs per SM: the share code took it from 168
+// to 208 registers under NVRTC 13.0 (168 with the bound, no stack).
 #if FS_DTYPE != 2
 template <bool kDB>
 __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
@@ -2003,11 +2014,16 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
     const i64 b = blockIdx.z / p.ngroups, g = blockIdx.z % p.ngroups;
     const i64 hpg = p.nheads / p.ngroups;
     const i64 c = blockIdx.x / kNb2;
-    const int i = blockIdx.x % kNb2, m0 = i * kTile, n0 = blockIdx.y * kTile;
+    const int ntn = (int)((p.dstate + kTile - 1) / kTile);
+    const int n_tile = blockIdx.y % ntn, share = blockIdx.y / ntn;  // grid y = (share, state tile)
+    const int i = blockIdx.x % kNb2, m0 = i * kTile, n0 = n_tile * kTile;
     const i64 c0 = c * kQ;
     const int len = (int)min((i64)kQ, p.seqlen - c0);
     if (m0 >= len) return;
     const int nv = (int)p.dstate - n0;  // valid state columns of the tile
+    // this share's heads of the group: [h_lo, h_hi) (all of them without a split)
+    const int nsh = q.dcdb_shares, per_share = (int)((hpg + nsh - 1) / nsh);
+    const int h_lo = min((int)hpg, share * per_share), h_hi = min((int)hpg, h_lo + per_share);
     const int lane = threadIdx.x & 31, w16 = 16 * (threadIdx.x >> 5), t2 = 2 * (lane & 3);
     const int r0 = w16 + (lane >> 2);
     const i64 m_t = kDB ? p.C_s[1] : p.B_s[1];
@@ -2019,7 +2035,8 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
 
     float acc[8][4];
     clear(acc);
-    const int j_begin = kDB ? i : 0, j_end = kDB ? (len + kTile - 1) / kTile : i + 1;
+    // the intra-chunk part in share 0 only
+    const int j_begin = kDB ? i : 0, j_end = share > 0 ? j_begin : kDB ? (len + kTile - 1) / kTile : i + 1;
     for (int jb = j_begin; jb < j_end; ++jb) {
         const int o0 = jb * kTile;
         load_tile<kRows, 64, kLd64>(s_m[0], gm + o0 * m_t, m_t, len - o0, nv, q.vec_bc);
@@ -2047,7 +2064,7 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
         __syncthreads();
     }
 
-    const bool term = kDB ? (c < p.nchunks - 1 || q.has_dfinal) : (c > 0 || p.has_init);
+    const bool term = (kDB ? (c < p.nchunks - 1 || q.has_dfinal) : (c > 0 || p.has_init)) && h_hi > h_lo;
     if (term) {
         const int rows = len - m0;
         const int* seg = q.pseg + (b * p.nchunks + c) * kQ;
@@ -2060,13 +2077,14 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
         // Stages (head hh, 64-channel step ks), two buffers: stage t + 1's A tile (cp.async) and
         // state rows (fp32 loads into registers) are issued after stage t's barrier and land
         // under its mma; the state rows are converted into the other buffer after the mma.
+        // stage t: this share's head h_lo + t / nks (local head t / nks), channel step t % nks
         const int nks = (int)((p.headdim + 63) / 64);
-        const int nstages = (int)hpg * nks;
+        const int nstages = (h_hi - h_lo) * nks;
         const i64 a_t = kDB ? p.x_s[1] : q.dout_s[1];
         const bool s_vec = (p.dstate & 3) == 0;
         float4 sreg[kRows * 16 / kThreads];  // this thread's 8 groups of 4 state values
         auto issue_a = [&](int t, int buf) {
-            const i64 h = g * hpg + t / nks;
+            const i64 h = g * hpg + h_lo + t / nks;
             const int k0 = 64 * (t % nks);
             const u16* ga = kDB ? (const u16*)p.x + b * p.x_s[0] + (c0 + m0) * p.x_s[1] + h * p.x_s[2]
                                 : (const u16*)q.dout + b * q.dout_s[0] + (c0 + m0) * q.dout_s[1] + h * q.dout_s[2];
@@ -2074,7 +2092,7 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
             cp_async_commit();
         };
         auto load_s = [&](int t) {  // state rows p = k0 + r (< kv) x states n0 + k .. + 3 (< nv)
-            const i64 h = g * hpg + t / nks;
+            const i64 h = g * hpg + h_lo + t / nks;
             const int k0 = 64 * (t % nks), kv = (int)p.headdim - k0;
             const float* S = (kDB ? q.dstates : p.states) + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate;
 #pragma unroll
@@ -2102,9 +2120,9 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
                 *(uint2*)(s_s[buf] + r * kLd64 + k) = make_uint2(pack2<DT>(sreg[u].x, sreg[u].y), pack2<DT>(sreg[u].z, sreg[u].w));
             }
         };
-        auto factors = [&](i64 hh) {  // the head's row factors into s_f[hh & 1]
+        auto factors = [&](i64 hh) {  // local head hh's row factors into s_f[hh & 1]
             if (threadIdx.x < kTile) {
-                const i64 pro = ((b * p.nheads + g * hpg + hh) * p.nchunks + c) * kQ;
+                const i64 pro = ((b * p.nheads + g * hpg + h_lo + hh) * p.nchunks + c) * kQ;
                 const int r = threadIdx.x, l = m0 + r;
                 float f = 0.f;
                 if (r < rows) {
@@ -2162,22 +2180,41 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
                     }
                 }
                 if constexpr (!kDB) {
-                    const i64 h = g * hpg + hh;
-                    store_rows(rs, q.rowdot + (b * p.nheads + h) * p.seqlen * kTiles + blockIdx.y, c0, m0, len);
+                    const i64 h = g * hpg + h_lo + hh;
+                    store_rows(rs, q.rowdot + (b * p.nheads + h) * p.seqlen * kTiles + n_tile, c0, m0, len);
                 }
             }
         }
     }
-    void* out = kDB ? q.dB : q.dC;  // the call's gradient, in B's / C's dtype
-    const i64 os0 = kDB ? q.dB_s[0] : q.dC_s[0], os1 = kDB ? q.dB_s[1] : q.dC_s[1];
-    const i64 os2 = kDB ? q.dB_s[2] : q.dC_s[2];
+    // this share's fp32 partial (every row < len and state < dstate, zeros included); the sum
+    // kernel writes the gradient in its dtype. (One fp32 store path: a second one, straight into
+    // the 16-bit dB / dC for unsplit calls, took db16 from 168 to 214 registers under NVRTC 13.0.)
+    float* part = q.share_part + (((share * p.batch + b) * p.seqlen + c0) * p.ngroups + g) * p.dstate + n0;
 #pragma unroll
     for (int jn = 0; jn < 8; ++jn)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int r = m0 + acc_row(e), col = acc_col(jn, e);
-            if (r < len && col < nv) st_f32<DT>(out, b * os0 + (c0 + r) * os1 + g * os2 + n0 + col, acc[jn][e]);
+            if (r < len && col < nv) part[(i64)r * p.ngroups * p.dstate + col] = acc[jn][e];
         }
+}
+
+// dC / dB: the shares' partials summed in share order (one share: converted), one element a
+// thread, in the gradient's dtype. Grid ceil(batch * seqlen * ngroups * dstate / kPassThreads).
+template <bool kDB>
+__device__ __forceinline__ void share_sum(const SsdBwdParams& q) {
+    const SsdParams& p = q.f;
+    const i64 n = p.batch * p.seqlen * p.ngroups * p.dstate;
+    const i64 e = (i64)blockIdx.x * kPassThreads + threadIdx.x;
+    if (e >= n) return;
+    float v = 0.f;
+    for (int k = 0; k < q.dcdb_shares; ++k) v += q.share_part[k * n + e];
+    const i64 nn = e % p.dstate, g = (e / p.dstate) % p.ngroups, t = (e / (p.dstate * p.ngroups)) % p.seqlen;
+    const i64 b = e / (p.dstate * p.ngroups * p.seqlen);
+    void* out = kDB ? q.dB : q.dC;
+    const i64 os0 = kDB ? q.dB_s[0] : q.dC_s[0], os1 = kDB ? q.dB_s[1] : q.dC_s[1];
+    const i64 os2 = kDB ? q.dB_s[2] : q.dC_s[2];
+    st_f32<DT>(out, b * os0 + t * os1 + g * os2 + nn, v);
 }
 #endif
 
@@ -2190,9 +2227,19 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dc16(const 
     chunk_dcdb16<false>(q);
 #endif
 }
-extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_db16(const SsdBwdParams q) {
+extern "C" __global__ void __launch_bounds__(kThreads, 3) ssd_bwd_chunk_db16(const SsdBwdParams q) {
 #if FS_DTYPE != 2
     chunk_dcdb16<true>(q);
+#endif
+}
+extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_share_sum_dc(const SsdBwdParams q) {
+#if FS_DTYPE != 2
+    share_sum<false>(q);
+#endif
+}
+extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_share_sum_db(const SsdBwdParams q) {
+#if FS_DTYPE != 2
+    share_sum<true>(q);
 #endif
 }
 

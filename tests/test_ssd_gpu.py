@@ -835,6 +835,44 @@ def test_backward_16bit_kernels_match_the_rule(
     check_grads(rule, old, ref, base, dtype)
 
 
+@pytest.mark.parametrize(
+    "shape",
+    [(2, 300, 6, 64, 2, 64, 64), (32, 60, 8, 64, 1, 64, 256)],
+    ids=["b2-L300-3heads-per-group", "realtime-b32-L60"],
+)
+def test_backward_16bit_head_shares_change_only_the_sum_order(
+    shape: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dc16 / db16 split their head loop over FLASHSCAN_SSD_DCDB_SHARES CTAs (the default picks
+    a count by grid size): every share count gives the same gradients, bitwise for everything
+    but dB / dC (the same per-head terms; only the order of the fp32 sum over heads differs),
+    and dB / dC within a few 16-bit ulps; the shares cover every head once (2 and 3 do not
+    divide 3 heads evenly)."""
+    b, L, h, p, g, n, chunk = shape
+    monkeypatch.delenv("FLASHSCAN_SSD_BWD", raising=False)
+    monkeypatch.delenv("FLASHSCAN_SSD_DX16", raising=False)
+    a = ssd_inputs(b, L, h, p, g, n, torch.bfloat16, D2=True)
+    del a["z"]
+    dout, dfinal = upstream(a)
+    got = {}
+    for k in ("1", "2", "3", None):
+        if k is None:
+            monkeypatch.delenv("FLASHSCAN_SSD_DCDB_SHARES", raising=False)
+        else:
+            monkeypatch.setenv("FLASHSCAN_SSD_DCDB_SHARES", k)
+        got[k] = grads_of(ours(a, chunk), a, dout, dfinal)
+    one = got["1"]
+    for k, g2 in got.items():
+        assert set(g2) == set(one)
+        for name, v in g2.items():
+            if name in ("B", "C"):
+                err = (v.float() - one[name].float()).abs().max().item()
+                scale = one[name].float().abs().max().item()
+                assert err <= 2 * 2.0**-8 * scale, (k, name, err, scale)
+            else:
+                assert torch.equal(v, one[name]), (k, name)
+
+
 def test_backward_16bit_kernels_read_strided_unaligned_views(rule: Any) -> None:
     """x, B, C and dt as views of one projection (Mamba-2's in_proj split, z left out as the
     layer passes none) whose rows do not start on 16-byte boundaries, the gradient taken through

@@ -42,6 +42,9 @@ pub const ENTRY_DC16: &str = "ssd_bwd_chunk_dc16";
 pub const ENTRY_DB16: &str = "ssd_bwd_chunk_db16";
 /// The 16-bit builds' L_c kernel (section 8i).
 pub const ENTRY_DSTATE16: &str = "ssd_bwd_chunk_dstate16";
+/// The 16-bit builds' sums of dc16 / db16's head-share partials (section 8h).
+pub const ENTRY_SHARE_SUM_DC: &str = "ssd_bwd_share_sum_dc";
+pub const ENTRY_SHARE_SUM_DB: &str = "ssd_bwd_share_sum_db";
 /// Every entry of the family: one translation unit per (dtype, chunk) holds them all.
 const ENTRIES: [&str; 15] = [
     ENTRY_OUT,
@@ -66,7 +69,7 @@ const TILE: i64 = 64;
 /// Channel tiles of 64 the per-position partials keep (headdim <= 256).
 const ROW_TILES: i64 = 4;
 
-/// Mirrors `struct SsdBwdParams` in cuda/ssd_bwd.cu (984 bytes). Strides in elements.
+/// Mirrors `struct SsdBwdParams` in cuda/ssd_bwd.cu (1000 bytes). Strides in elements.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SsdBwdParams {
@@ -119,9 +122,12 @@ pub struct SsdBwdParams {
     pub strad: u64,
     pub stiles: i32,
     pub pass_vec: i32,
+    pub share_part: u64,
+    pub dcdb_shares: i32,
+    pub pad2_: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<SsdBwdParams>() == 984);
+const _: () = assert!(std::mem::size_of::<SsdBwdParams>() == 1000);
 
 pub struct SsdBwdArgs<'a> {
     pub inputs: SsdInputs<'a>,
@@ -151,6 +157,8 @@ struct Kernels16 {
     dc: Arc<LoadedKernel>,
     db: Arc<LoadedKernel>,
     dstate: Arc<LoadedKernel>,
+    sum_dc: Arc<LoadedKernel>,
+    sum_db: Arc<LoadedKernel>,
 }
 
 /// FLASHSCAN_SSD_DX16=0 keeps every 16-bit call on the fp32 kernels over float32 copies (a
@@ -343,6 +351,9 @@ struct Layout {
     pseg: i64,
     /// the straddle records of the stable da: kRec (128) floats per (batch, head, chunk, block pair)
     strad: i64,
+    /// dc16 / db16's head-share partials: shares x (batch, seqlen, ngroups, dstate) (16-bit
+    /// calls only: 0 sized for shares 0)
+    share_part: i64,
     total: i64,
 }
 
@@ -363,13 +374,40 @@ fn dcb_splits(p: &Problem, chunk: i64) -> i64 {
     for_loop.max(for_sms).clamp(1, 8.min(hpg))
 }
 
+/// ssd_bwd_chunk_dc16 / _db16's head shares: each (64-row block, 64-state tile, batch, group)
+/// CTA walks its group's heads in series, and at b8 L2048 80 heads, state 128 their 512 CTAs
+/// made 1.3-1.9 waves with 70% of issue cycles idle on the H100 (ncu, 2026-11-27); the real-time
+/// shape (b32 L60 8 heads) has 32 CTAs. Shares split the head loop so that about 528 CTAs (4 a
+/// SM) run, at most 8 shares and one head each; each share leaves an fp32 partial that a sum
+/// kernel adds in share order. FLASHSCAN_SSD_DCDB_SHARES=k forces k (read per call; sweeps).
+fn dcdb_shares(p: &Problem, chunk: i64) -> i64 {
+    let hpg = (p.nheads / p.ngroups.max(1)).max(1);
+    if let Some(k) = std::env::var("FLASHSCAN_SSD_DCDB_SHARES")
+        .ok()
+        .and_then(|v| v.parse::<i64>().ok())
+    {
+        return k.clamp(1, hpg);
+    }
+    let tail = p.seqlen - (p.nchunks - 1) * chunk;
+    let row_blocks = (p.nchunks - 1) * (chunk / TILE) + (tail + TILE - 1) / TILE;
+    let live = row_blocks * ((p.dstate + TILE - 1) / TILE) * p.batch * p.ngroups;
+    ((528 + live - 1) / live.max(1)).clamp(1, 8.min(hpg))
+}
+
 /// Lower 64 x 64 blocks (pairs of an l-block and an s-block at or below it) of one chunk.
 fn pairs(chunk: i64) -> i64 {
     let nb = chunk / TILE;
     nb * (nb + 1) / 2
 }
 
-fn layout(p: &Problem, chunk: i64, has_d: bool, npass_parts: i64, second: bool) -> Layout {
+fn layout(
+    p: &Problem,
+    chunk: i64,
+    has_d: bool,
+    npass_parts: i64,
+    second: bool,
+    shares: i64,
+) -> Layout {
     let bh = p.batch * p.nheads;
     let mut at = 0i64;
     let mut take = |n: i64| {
@@ -401,6 +439,7 @@ fn layout(p: &Problem, chunk: i64, has_d: bool, npass_parts: i64, second: bool) 
     let pcum = take(k * bh * p.nchunks * chunk);
     let pseg = take(k * p.batch * p.nchunks * chunk);
     let strad = take(k * bh * p.nchunks * pairs(chunk) * 2 * TILE);
+    let share_part = take(shares * p.batch * p.seqlen * p.ngroups * p.dstate);
     Layout {
         states,
         decay,
@@ -418,6 +457,7 @@ fn layout(p: &Problem, chunk: i64, has_d: bool, npass_parts: i64, second: bool) 
         pcum,
         pseg,
         strad,
+        share_part,
         total: at,
     }
 }
@@ -467,11 +507,15 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
             dc: load(ENTRY_DC16)?,
             db: load(ENTRY_DB16)?,
             dstate: load(ENTRY_DSTATE16)?,
+            sum_dc: load(ENTRY_SHARE_SUM_DC)?,
+            sum_db: load(ENTRY_SHARE_SUM_DB)?,
         })
     } else {
         None
     };
-    let lay = layout(&p, chunk, i.d.is_some(), npass_parts, second);
+    // dc16 / db16's head shares (16-bit calls only)
+    let shares = if sixteen { dcdb_shares(&p, chunk) } else { 0 };
+    let lay = layout(&p, chunk, i.d.is_some(), npass_parts, second, shares);
     let mut scratch = dev.scratch(st)?;
     let base = scratch.alloc(4 * lay.total.max(1) as usize)?;
     let at = |off: i64| base + 4 * off as u64;
@@ -534,6 +578,9 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         strad: if second { at(lay.strad) } else { 0 },
         stiles: tiles(p.dstate) as i32,
         pass_vec,
+        share_part: if sixteen { at(lay.share_part) } else { 0 },
+        dcdb_shares: shares as i32,
+        pad2_: 0,
         tf32x1: a.tf32 as i32,
         // 16-byte rows: of fp32 data (last dimension a multiple of 4) for the fp32 kernels, of
         // 16-bit data (a multiple of 8) for the 16-bit unit's
@@ -617,8 +664,19 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         )?;
         if let Some(k) = &k16 {
             dev.launch(&k.dx, (rows, pt, bh), block, 0, st, &q)?;
-            dev.launch(&k.dc, (rows, nt, bg), block, 0, st, &q)?;
-            dev.launch(&k.db, (rows, nt, bg), block, 0, st, &q)?;
+            // grid y = (head share, state tile); the fp32 partials summed into the gradient after
+            // each, in one scratch array (dB's overwrite dC's after their sum ran: one stream)
+            let nts = grid_u32(tiles(p.dstate) * shares, "dstate")?;
+            let elems = p.batch * p.seqlen * p.ngroups * p.dstate;
+            let sum_grid = (
+                grid_u32((elems + PASS_THREADS - 1) / PASS_THREADS, "elements")?,
+                1,
+                1,
+            );
+            for (kern, sum) in [(&k.dc, &k.sum_dc), (&k.db, &k.sum_db)] {
+                dev.launch(kern, (rows, nts, bg), block, 0, st, &q)?;
+                dev.launch(sum, sum_grid, (PASS_THREADS as u32, 1, 1), 0, st, &q)?;
+            }
         } else if second {
             dev.launch(k_x, (rows, pt, bh), block, 0, st, &q)?;
             dev.launch(k_dc2, (rows, nt, bg), block, 0, st, &q)?;
@@ -695,6 +753,36 @@ mod tests {
     }
 
     #[test]
+    fn dcdb_shares_fill_the_gpu_within_the_heads() {
+        // b8 L2048 80 heads, state 128, chunk 256: 32 row blocks x 2 state tiles x 8 = 512 CTAs
+        let p = Problem {
+            batch: 8,
+            seqlen: 2048,
+            nheads: 80,
+            headdim: 64,
+            ngroups: 1,
+            dstate: 128,
+            nchunks: 8,
+        };
+        assert_eq!(dcdb_shares(&p, 256), 2);
+        // the real-time shape: 32 CTAs for 8 heads: one head a share
+        let rt = Problem {
+            batch: 32,
+            seqlen: 60,
+            nheads: 8,
+            headdim: 64,
+            ngroups: 1,
+            dstate: 64,
+            nchunks: 1,
+        };
+        assert_eq!(dcdb_shares(&rt, 256), 8);
+        // one head a group: nothing to split
+        assert_eq!(dcdb_shares(&Problem { ngroups: 8, ..rt }, 256), 1);
+        // a large grid: no split
+        assert_eq!(dcdb_shares(&Problem { batch: 64, ..p }, 256), 1);
+    }
+
+    #[test]
     fn scratch_arrays_do_not_overlap() {
         let p = Problem {
             batch: 2,
@@ -705,15 +793,34 @@ mod tests {
             dstate: 16,
             nchunks: 2,
         };
-        let l = layout(&p, 64, true, 3, true);
+        let l = layout(&p, 64, true, 3, true, 2);
         let offs = [
-            l.states, l.decay, l.dstates, l.rowdot, l.x1, l.x2, l.dfpart, l.ddpart, l.dapart,
-            l.dbpart, l.cb, l.dcb, l.pdt, l.pcum, l.pseg, l.strad, l.total,
+            l.states,
+            l.decay,
+            l.dstates,
+            l.rowdot,
+            l.x1,
+            l.x2,
+            l.dfpart,
+            l.ddpart,
+            l.dapart,
+            l.dbpart,
+            l.cb,
+            l.dcb,
+            l.pdt,
+            l.pcum,
+            l.pseg,
+            l.strad,
+            l.share_part,
+            l.total,
         ];
+        // two shares of (batch, seqlen, ngroups, dstate)
+        assert_eq!(l.total - l.share_part, 2 * 2 * 100 * 16);
+        assert_eq!(layout(&p, 64, true, 3, true, 0).total, l.share_part);
         assert!(offs.windows(2).all(|w| w[0] < w[1]));
         assert!(offs.iter().all(|o| o % 4 == 0));
         // the second path's arrays take no room on the first
-        let first = layout(&p, 64, true, 3, false);
+        let first = layout(&p, 64, true, 3, false, 0);
         assert_eq!(first.total, first.cb);
         assert_eq!(l.dcb - l.cb, 2 * 2 * 64 * 64);
         assert_eq!(l.pdt - l.dcb, 2 * 2 * 64 * 64 * dcb_splits(&p, 64));
