@@ -1988,8 +1988,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb16(const Ss
 // chunk_dcdb2: (nchunks * kQ/64, ceil(dstate/64), batch*ngroups), rows m0 .. (l for dC, s for dB) x
 // states n0 .., warp w rows 16w .. 16w + 15:
 //   intra: acc += dCB B (dC, over s-blocks <= i) / dCB^T C (dB, over l-blocks >= i): the dCB block's
-//          shares summed in fp32 into the A fragments in registers (dB reads it transposed), then
-//          rounded to 16 bits; the B / C tile by cp.async, .trans operand
+//          splits summed in fp32 by 16-byte rows, rounded to 16 bits into shared memory, A by
+//          ldmatrix (dB .trans); the B / C tile by cp.async, .trans operand
 //   state term, per head: ah = g H_c (dC) / x dS_c (dB) over headdim (64 channels a stage: the
 //          16-bit g / x tile by cp.async, the fp32 state rows loaded into registers and converted
 //          to 16 bits by the threads; two buffers, the next stage in flight under the mma), then
@@ -2035,30 +2035,38 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
 
     float acc[8][4];
     clear(acc);
-    // the intra-chunk part in share 0 only
+    // the intra-chunk part in share 0 only. The dCB block (rows l x columns s; dB takes the block
+    // below its s-block) is read by 16-byte rows, its head splits summed in fp32 in split order,
+    // rounded to 16 bits into s_s[0] (free until the state term); A fragments by ldmatrix, dB's
+    // .trans (A = block^T). (Fragment-order fp32 loads, 32 a thread a split with a 256-byte stride
+    // for dB, made this part ~25 us of both kernels at the real-time shape on the H100.)
     const int j_begin = kDB ? i : 0, j_end = share > 0 ? j_begin : kDB ? (len + kTile - 1) / kTile : i + 1;
+    const u32 a_intra = kDB ? smem_u32(s_s[0] + w16 + lane_at(lane, kLd64)) : smem_u32(s_s[0] + w16 * kLd64 + lane_a(lane, kLd64));
     for (int jb = j_begin; jb < j_end; ++jb) {
         const int o0 = jb * kTile;
         load_tile<kRows, 64, kLd64>(s_m[0], gm + o0 * m_t, m_t, len - o0, nv, q.vec_bc);
         cp_async_commit();
-        // dC: A[l][s] = dCB[m0 + r][o0 + col]; dB: A[s][l] = dCB[o0 + col][m0 + r] (transposed)
-        float av[8][4];
+        const float* blk = dcb + (kDB ? (i64)o0 * kQ + m0 : (i64)m0 * kQ + o0);
 #pragma unroll
-        for (int jn = 0; jn < 8; ++jn)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = r0 + 8 * (e >> 1), col = 8 * jn + t2 + (e & 1);
-                const i64 off = kDB ? (i64)(o0 + col) * kQ + m0 + r : (i64)(m0 + r) * kQ + o0 + col;
-                float v = dcb[off];
-                for (int k = 1; k < q.dcb_splits; ++k) v += dcb[k * split_stride + off];
-                av[jn][e] = v;
+        for (int u = 0; u < kRows * 16 / kThreads; ++u) {
+            const int e = threadIdx.x + u * kThreads, r = e / 16, k = (e % 16) * 4;
+            float4 v = *(const float4*)(blk + (i64)r * kQ + k);
+            for (int sp = 1; sp < q.dcb_splits; ++sp) {
+                const float4 w = *(const float4*)(blk + sp * split_stride + (i64)r * kQ + k);
+                v.x += w.x;
+                v.y += w.y;
+                v.z += w.z;
+                v.w += w.w;
             }
+            *(uint2*)(s_s[0] + r * kLd64 + k) = make_uint2(pack2<DT>(v.x, v.y), pack2<DT>(v.z, v.w));
+        }
         cp_async_wait<0>();
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
             u32 a[4];
-            acc_to_a<DT>(a, av[2 * kk], av[2 * kk + 1]);
+            if constexpr (kDB) ldsm_x4_trans(a, a_intra + kk * 16 * kLd64 * 2);
+            else ldsm_x4(a, a_intra + kk * 32);
             mma_row<8, true>(acc, a, smem_u32(s_m[0]) + lbt + kk * 16 * kLd64 * 2, 16 * 2);
         }
         __syncthreads();

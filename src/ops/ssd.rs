@@ -618,7 +618,7 @@ pub(crate) fn rows16(t: &TensorView, last: i64) -> i32 {
 
 /// Whether the second path's chunk states and state passing must run: more than one chunk, or
 /// initial states to carry in, or final states to write out.
-fn needs_carried_states(nchunks: i64, has_init: i32, has_final: i32) -> bool {
+pub(crate) fn needs_carried_states(nchunks: i64, has_init: i32, has_final: i32) -> bool {
     nchunks > 1 || has_init != 0 || has_final != 0
 }
 

@@ -514,7 +514,18 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         None
     };
     // dc16 / db16's head shares (16-bit calls only)
-    let shares = if sixteen { dcdb_shares(&p, chunk) } else { 0 };
+    let terms = ssd::needs_carried_states(
+        p.nchunks,
+        i.initial_states.is_some() as i32,
+        a.dfinal_states.is_some() as i32,
+    );
+    let shares = if !sixteen {
+        0
+    } else if terms {
+        dcdb_shares(&p, chunk)
+    } else {
+        1 // one chunk and no state in or out: no state term to split, only its partial stores
+    };
     let lay = layout(&p, chunk, i.d.is_some(), npass_parts, second, shares);
     let mut scratch = dev.scratch(st)?;
     let base = scratch.alloc(4 * lay.total.max(1) as usize)?;
