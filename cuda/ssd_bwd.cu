@@ -1999,8 +1999,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb16(const Ss
 // one share of the group's heads in the state term, share 0 also the intra part, and stores its
 // fp32 partial (share_part); ssd_bwd_share_sum_dc / _db add the shares in order and write dC / dB
 // in their dtype. At b8 L2048 80 heads, state 128 the unsplit grid was 512 CTAs walking 80 heads
-// each: 1.3-1.9 waves, 70% of issue cycles without an eligible warp (ncu, 2026-11-27); the
-// real-time shape had 32 CTAs. db16 is bounded to 3 CTAs per SM: the share code took it from 168
+// each: 1.3-1.9 waves, 70% of issue cycles without an eligible warp (ncu, 2026-11-27); 4 shares
+// took dc16 / db16 from 464 / 487 to 362 / 284 us (+ 21 + 21 us of sums; H100, 2026-11-27). A
+// call without a state term (one chunk, no initial or final state) runs one share. db16 is bounded to 3 CTAs per SM: the share code took it from 168
 // to 208 registers under NVRTC 13.0 (168 with the bound, no stack).
 #if FS_DTYPE != 2
 template <bool kDB>

@@ -376,10 +376,11 @@ fn dcb_splits(p: &Problem, chunk: i64) -> i64 {
 
 /// ssd_bwd_chunk_dc16 / _db16's head shares: each (64-row block, 64-state tile, batch, group)
 /// CTA walks its group's heads in series, and at b8 L2048 80 heads, state 128 their 512 CTAs
-/// made 1.3-1.9 waves with 70% of issue cycles idle on the H100 (ncu, 2026-11-27); the real-time
-/// shape (b32 L60 8 heads) has 32 CTAs. Shares split the head loop so that about 528 CTAs (4 a
-/// SM) run, at most 8 shares and one head each; each share leaves an fp32 partial that a sum
-/// kernel adds in share order. FLASHSCAN_SSD_DCDB_SHARES=k forces k (read per call; sweeps).
+/// made 1.3-1.9 waves with 70% of issue cycles idle on the H100 (ncu, 2026-11-27). Shares split
+/// the head loop so that about 2048 CTAs run (several waves of 2-3 a SM), at most 8 shares and
+/// one head each; each share leaves an fp32 partial that a sum kernel adds in share order. H100,
+/// b8 L2048 (2026-11-27): dc16 + db16 + sums 951 us unsplit, 723 with 2 shares, 687 with 4.
+/// FLASHSCAN_SSD_DCDB_SHARES=k forces k (read per call; sweeps).
 fn dcdb_shares(p: &Problem, chunk: i64) -> i64 {
     let hpg = (p.nheads / p.ngroups.max(1)).max(1);
     if let Some(k) = std::env::var("FLASHSCAN_SSD_DCDB_SHARES")
@@ -391,7 +392,7 @@ fn dcdb_shares(p: &Problem, chunk: i64) -> i64 {
     let tail = p.seqlen - (p.nchunks - 1) * chunk;
     let row_blocks = (p.nchunks - 1) * (chunk / TILE) + (tail + TILE - 1) / TILE;
     let live = row_blocks * ((p.dstate + TILE - 1) / TILE) * p.batch * p.ngroups;
-    ((528 + live - 1) / live.max(1)).clamp(1, 8.min(hpg))
+    ((2048 + live - 1) / live.max(1)).clamp(1, 8.min(hpg))
 }
 
 /// Lower 64 x 64 blocks (pairs of an l-block and an s-block at or below it) of one chunk.
@@ -775,8 +776,8 @@ mod tests {
             dstate: 128,
             nchunks: 8,
         };
-        assert_eq!(dcdb_shares(&p, 256), 2);
-        // the real-time shape: 32 CTAs for 8 heads: one head a share
+        assert_eq!(dcdb_shares(&p, 256), 4);
+        // the real-time shape (with a state term: initial states): 32 CTAs for 8 heads: one head a share
         let rt = Problem {
             batch: 32,
             seqlen: 60,
