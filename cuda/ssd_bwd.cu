@@ -101,8 +101,14 @@ struct SsdBwdParams {
     // (batch, seqlen, ngroups, dstate), summed in share order by ssd_bwd_share_sum_dc / _db
     float* share_part;
     int dcdb_shares, pad2_;
+    // 16-bit calls: H_c and dS_c rounded to the input dtype by the reverse state passing (the
+    // layout of states / dstates), loaded by cp.async into chunk_dc16 / _db16 / _dx16's operand
+    // tiles (null otherwise); vec_states16: their rows are 16-byte aligned (dstate % 8 == 0)
+    u16* states16;
+    u16* dstates16;
+    int vec_states16, pad3_;
 };
-static_assert(sizeof(SsdBwdParams) == 1000, "SsdBwdParams layout changed: update the host mirror");
+static_assert(sizeof(SsdBwdParams) == 1024, "SsdBwdParams layout changed: update the host mirror");
 
 constexpr int kMBlocks = kQ / kTile;
 constexpr int kTiles = 4;  // channel tiles of 64 (headdim <= 256): the row partials' last dimension
@@ -542,6 +548,18 @@ __device__ __forceinline__ void reverse_state_passing(const SsdBwdParams& q) {
                 } else {
                     q.dstates[idx - k * step] = G[0];
                 }
+#if FS_DTYPE != 2
+                if (q.states16) {  // the 16-bit kernels' copies of H_c and dS_c (the same roundings they made)
+                    if constexpr (kE == 4) {
+                        *(uint2*)(q.states16 + idx - k * step) =
+                            make_uint2(pack2<DT>(H[k][0], H[k][1]), pack2<DT>(H[k][2], H[k][3]));
+                        *(uint2*)(q.dstates16 + idx - k * step) = make_uint2(pack2<DT>(G[0], G[1]), pack2<DT>(G[2], G[3]));
+                    } else {
+                        q.states16[idx - k * step] = (u16)pack2<DT>(H[k][0], 0.f);
+                        q.dstates16[idx - k * step] = (u16)pack2<DT>(G[0], 0.f);
+                    }
+                }
+#endif
 #pragma unroll
                 for (int u = 0; u < kE; ++u) G[u] = L[k][u] + d[k] * G[u];
             }
@@ -1644,7 +1662,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_db2(cons
 // batch*nheads), rows s (positions m0 ..) x channels p0 .., warp w rows 16w .. 16w + 15, one
 // accumulator acc[8][4]:
 //   1. the carried state's term (chunks with a dS_c): acc = B_s . dS_c^T over dstate, 32 states a
-//      step (B tile by cp.async, dS rows fp32 -> 16-bit by the threads), rows then scaled by v_s;
+//      step (B and 16-bit dS_c tiles by cp.async), rows then scaled by v_s;
 //      X2 = x . acc (x's tile landed with the first group)
 //   2. the intra-chunk term (g = dout) over the l-blocks from the last one down to the diagonal (g tiles
 //      double-buffered; the diagonal's stays for the epilogue): acc += W^T g, W^T[s, l] = CB[l, s]
@@ -1758,32 +1776,17 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_dx16(con
     float r2[2] = {0.f, 0.f};
     // 1. dxu_state_s = v_s dS_c B_s (dS of the last chunk is dfinal: zero without it)
     if (c < p.nchunks - 1 || q.has_dfinal) {
-        const float* dS = q.dstates + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate;
+        const u16* dS = q.dstates16 + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate + (i64)p0 * p.dstate;
         const u16* gb = (const u16*)p.B + b * p.B_s[0] + (c0 + m0) * p.B_s[1] + g * p.B_s[2];
         const int ds = (int)p.dstate;
-        const bool s_vec = (ds & 3) == 0;  // dS rows 16-byte aligned (the scratch is)
         const u32 a_base = smem_u32(s_b + w16 * kLd32 + lane_a(lane, kLd32));
         const u32 b_base = smem_u32(s_h + lane_bn(lane, kLd32));
         for (int n0 = 0; n0 < ds; n0 += 32) {
+            // B rows s x states n0 .. n0 + 31; dS_c rows p0 + r (r < hd) x the same states (16-bit,
+            // rounded by the reverse state passing)
             load_tile<kRows, 32, kLd32>(s_b, gb + n0, p.B_s[1], len - m0, ds - n0, q.vec_bc);
+            load_tile<kRows, 32, kLd32>(s_h, dS + n0, p.dstate, hd, ds - n0, q.vec_states16);
             cp_async_commit();
-            // dS rows p0 + r (r < hd) x states n0 + k .. + 3, fp32 -> 16-bit, 8-byte shared stores
-            for (int i = threadIdx.x; i < kRows * 8; i += kThreads) {
-                const int r = i / 8, k = (i % 8) * 4, n = n0 + k;
-                float4 v = zero4();
-                if (r < hd && n < ds) {
-                    const float* src = dS + (i64)(p0 + r) * ds + n;
-                    if (s_vec) {
-                        v = *(const float4*)src;
-                    } else {
-                        v.x = src[0];
-                        v.y = n + 1 < ds ? src[1] : 0.f;
-                        v.z = n + 2 < ds ? src[2] : 0.f;
-                        v.w = n + 3 < ds ? src[3] : 0.f;
-                    }
-                }
-                *(uint2*)(s_h + r * kLd32 + k) = make_uint2(pack2<DT>(v.x, v.y), pack2<DT>(v.z, v.w));
-            }
             cp_async_wait<0>();  // (the first step also waits for group 0)
             __syncthreads();
 #pragma unroll
@@ -1991,8 +1994,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb16(const Ss
 //          splits summed in fp32 by 16-byte rows, rounded to 16 bits into shared memory, A by
 //          ldmatrix (dB .trans); the B / C tile by cp.async, .trans operand
 //   state term, per head: ah = g H_c (dC) / x dS_c (dB) over headdim (64 channels a stage: the
-//          16-bit g / x tile by cp.async, the fp32 state rows loaded into registers and converted
-//          to 16 bits by the threads; two buffers, the next stage in flight under the mma), then
+//          16-bit g / x tile and the 16-bit state rows (q.states16 / q.dstates16, rounded by the
+//          reverse state passing) by cp.async; two buffers, the next stage in flight under the
+//          mma), then
 //          acc += f ah with the head's row factor f (e_l, or v_s dt'_s) in fp32; dC also leaves
 //          R_state_l = sum_n C_ln (f ah)_ln per head (rowdot)
 // Head shares (q.dcdb_shares, the host's dcdb_shares: grid y = (share, state tile)): each CTA runs
@@ -2083,51 +2087,24 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
             load_tile<kRows, 64, kLd64>(s_c, gc, p.C_s[1], rows, nv, q.vec_bc);
             cp_async_commit();
         }
-        // Stages (head hh, 64-channel step ks), two buffers: stage t + 1's A tile (cp.async) and
-        // state rows (fp32 loads into registers) are issued after stage t's barrier and land
-        // under its mma; the state rows are converted into the other buffer after the mma.
+        // Stages (head hh, 64-channel step ks), two buffers: stage t + 1's A tile and state rows
+        // (H_c / dS_c in 16 bits, from the reverse state passing) by cp.async, issued after stage
+        // t's barrier, land under its mma.
         // stage t: this share's head h_lo + t / nks (local head t / nks), channel step t % nks
         const int nks = (int)((p.headdim + 63) / 64);
         const int nstages = (h_hi - h_lo) * nks;
         const i64 a_t = kDB ? p.x_s[1] : q.dout_s[1];
-        const bool s_vec = (p.dstate & 3) == 0;
-        float4 sreg[kRows * 16 / kThreads];  // this thread's 8 groups of 4 state values
-        auto issue_a = [&](int t, int buf) {
+        auto issue = [&](int t, int buf) {
             const i64 h = g * hpg + h_lo + t / nks;
             const int k0 = 64 * (t % nks);
             const u16* ga = kDB ? (const u16*)p.x + b * p.x_s[0] + (c0 + m0) * p.x_s[1] + h * p.x_s[2]
                                 : (const u16*)q.dout + b * q.dout_s[0] + (c0 + m0) * q.dout_s[1] + h * q.dout_s[2];
             load_tile<kRows, 64, kLd64>(s_m[buf], ga + k0, a_t, rows, (int)p.headdim - k0, q.vec_x);
+            // state rows p = k0 + r x states n0 .. (zero past headdim / dstate)
+            const u16* S = (kDB ? q.dstates16 : q.states16) + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate;
+            load_tile<kRows, 64, kLd64>(s_s[buf], S + (i64)k0 * p.dstate + n0, p.dstate, (int)p.headdim - k0, nv,
+                                        q.vec_states16);
             cp_async_commit();
-        };
-        auto load_s = [&](int t) {  // state rows p = k0 + r (< kv) x states n0 + k .. + 3 (< nv)
-            const i64 h = g * hpg + h_lo + t / nks;
-            const int k0 = 64 * (t % nks), kv = (int)p.headdim - k0;
-            const float* S = (kDB ? q.dstates : p.states) + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate;
-#pragma unroll
-            for (int u = 0; u < kRows * 16 / kThreads; ++u) {
-                const int e = threadIdx.x + u * kThreads, r = e / 16, k = (e % 16) * 4;
-                float4 v = zero4();
-                if (r < kv && k < nv) {
-                    const float* sp = S + (i64)(k0 + r) * p.dstate + n0 + k;
-                    if (s_vec) {
-                        v = *(const float4*)sp;
-                    } else {
-                        v.x = sp[0];
-                        v.y = k + 1 < nv ? sp[1] : 0.f;
-                        v.z = k + 2 < nv ? sp[2] : 0.f;
-                        v.w = k + 3 < nv ? sp[3] : 0.f;
-                    }
-                }
-                sreg[u] = v;
-            }
-        };
-        auto store_s = [&](int buf) {
-#pragma unroll
-            for (int u = 0; u < kRows * 16 / kThreads; ++u) {
-                const int e = threadIdx.x + u * kThreads, r = e / 16, k = (e % 16) * 4;
-                *(uint2*)(s_s[buf] + r * kLd64 + k) = make_uint2(pack2<DT>(sreg[u].x, sreg[u].y), pack2<DT>(sreg[u].z, sreg[u].w));
-            }
         };
         auto factors = [&](i64 hh) {  // local head hh's row factors into s_f[hh & 1]
             if (threadIdx.x < kTile) {
@@ -2144,9 +2121,7 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
                 s_f[hh & 1][r] = f;
             }
         };
-        issue_a(0, 0);
-        load_s(0);
-        store_s(0);
+        issue(0, 0);
         factors(0);
         float ah[8][4];
         for (int t = 0; t < nstages; ++t) {
@@ -2156,8 +2131,7 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
             __syncthreads();  // stage t landed; every warp is past stage t - 1 (its buffers free)
             const bool more = t + 1 < nstages;
             if (more) {
-                issue_a(t + 1, buf ^ 1);
-                load_s(t + 1);
+                issue(t + 1, buf ^ 1);
                 if ((t + 1) % nks == 0) factors(hh + 1);
             }
             if (ks == 0) clear(ah);
@@ -2169,7 +2143,6 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
                 ldsm_x4(a, a_base + kk * 32);
                 mma_row<8, true>(ah, a, sb + kk * 16 * kLd64 * 2, 16 * 2);
             }
-            if (more) store_s(buf ^ 1);
             if (ks == nks - 1) {  // the head's term: acc += f ah (dC: R_state too)
                 const float* f_h = s_f[hh & 1];
                 float rs[2] = {0.f, 0.f};

@@ -125,9 +125,13 @@ pub struct SsdBwdParams {
     pub share_part: u64,
     pub dcdb_shares: i32,
     pub pad2_: i32,
+    pub states16: u64,
+    pub dstates16: u64,
+    pub vec_states16: i32,
+    pub pad3_: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<SsdBwdParams>() == 1000);
+const _: () = assert!(std::mem::size_of::<SsdBwdParams>() == 1024);
 
 pub struct SsdBwdArgs<'a> {
     pub inputs: SsdInputs<'a>,
@@ -354,6 +358,10 @@ struct Layout {
     /// dc16 / db16's head-share partials: shares x (batch, seqlen, ngroups, dstate) (16-bit
     /// calls only: 0 sized for shares 0)
     share_part: i64,
+    /// H_c and dS_c in the input's 16-bit dtype (u16 elements, like states / dstates), written by
+    /// the reverse state passing for dx16 / dc16 / db16 (16-bit calls only)
+    states16: i64,
+    dstates16: i64,
     total: i64,
 }
 
@@ -441,6 +449,9 @@ fn layout(
     let pseg = take(k * p.batch * p.nchunks * chunk);
     let strad = take(k * bh * p.nchunks * pairs(chunk) * 2 * TILE);
     let share_part = take(shares * p.batch * p.seqlen * p.ngroups * p.dstate);
+    let half = (shares > 0) as i64 * ((st + 1) / 2); // st u16 elements in f32 slots
+    let states16 = take(half);
+    let dstates16 = take(half);
     Layout {
         states,
         decay,
@@ -459,6 +470,8 @@ fn layout(
         pseg,
         strad,
         share_part,
+        states16,
+        dstates16,
         total: at,
     }
 }
@@ -593,6 +606,12 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         share_part: if sixteen { at(lay.share_part) } else { 0 },
         dcdb_shares: shares as i32,
         pad2_: 0,
+        states16: if sixteen { at(lay.states16) } else { 0 },
+        dstates16: if sixteen { at(lay.dstates16) } else { 0 },
+        // the arrays start 16-byte aligned (layout's take): rows of dstate u16 are when dstate
+        // is a multiple of 8
+        vec_states16: (p.dstate % 8 == 0) as i32,
+        pad3_: 0,
         tf32x1: a.tf32 as i32,
         // 16-byte rows: of fp32 data (last dimension a multiple of 4) for the fp32 kernels, of
         // 16-bit data (a multiple of 8) for the 16-bit unit's
@@ -824,10 +843,16 @@ mod tests {
             l.pseg,
             l.strad,
             l.share_part,
+            l.states16,
+            l.dstates16,
             l.total,
         ];
         // two shares of (batch, seqlen, ngroups, dstate)
-        assert_eq!(l.total - l.share_part, 2 * 2 * 100 * 16);
+        assert_eq!(l.states16 - l.share_part, 2 * 2 * 100 * 16);
+        // the 16-bit H_c and dS_c: (batch, nchunks, nheads, headdim, dstate) u16 each
+        let st = 2 * 2 * 3 * 48 * 16;
+        assert_eq!(l.dstates16 - l.states16, st / 2);
+        assert_eq!(l.total - l.dstates16, st / 2);
         assert_eq!(layout(&p, 64, true, 3, true, 0).total, l.share_part);
         assert!(offs.windows(2).all(|w| w[0] < w[1]));
         assert!(offs.iter().all(|o| o % 4 == 0));
