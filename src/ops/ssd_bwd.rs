@@ -606,8 +606,17 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         share_part: if sixteen { at(lay.share_part) } else { 0 },
         dcdb_shares: shares as i32,
         pad2_: 0,
-        states16: if sixteen { at(lay.states16) } else { 0 },
-        dstates16: if sixteen { at(lay.dstates16) } else { 0 },
+        // (without a state term no kernel reads them: the state passing skips the stores)
+        states16: if sixteen && terms {
+            at(lay.states16)
+        } else {
+            0
+        },
+        dstates16: if sixteen && terms {
+            at(lay.dstates16)
+        } else {
+            0
+        },
         // the arrays start 16-byte aligned (layout's take): rows of dstate u16 are when dstate
         // is a multiple of 8
         vec_states16: (p.dstate % 8 == 0) as i32,
