@@ -106,7 +106,11 @@ struct SsdBwdParams {
     // tiles (null otherwise); vec_states16: their rows are 16-byte aligned (dstate % 8 == 0)
     u16* states16;
     u16* dstates16;
-    int vec_states16, pad3_;
+    int vec_states16;
+    // 0: no carried state (one chunk, no initial or final state): a 16-bit call then skips the
+    // chunk states, L_c and the reverse state passing, and ssd_bwd_dt takes df_c = 0 without
+    // reading f_c or the df partials
+    int terms;
 };
 static_assert(sizeof(SsdBwdParams) == 1024, "SsdBwdParams layout changed: update the host mirror");
 
@@ -1033,7 +1037,7 @@ extern "C" __global__ void __launch_bounds__(32) ssd_bwd_dt(const SsdBwdParams q
         }
     }
     // df_c f_c: the chunk's decay gradient (element-tile partials summed in a fixed order)
-    const float f = p.decay[bh * p.nchunks + c];
+    const float f = q.terms ? p.decay[bh * p.nchunks + c] : 0.f;
     float dfs = 0.f;
     if (f != 0.f)
         for (i64 k = lane; k < q.npass_tiles; k += 32) dfs += q.dfpart[(bh * q.npass_tiles + k) * p.nchunks + c];

@@ -873,6 +873,60 @@ def test_backward_16bit_head_shares_change_only_the_sum_order(
                 assert torch.equal(v, one[name]), (k, name)
 
 
+@pytest.mark.parametrize("seqlen", [1, 60, 200])
+def test_backward_16bit_without_carried_state(
+    seqlen: int, rule: Any, poison: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 16-bit call of one chunk without initial or final states (the real-time shape) has no
+    carried state: its backward launches neither the chunk states and state passing of the
+    recompute, nor L_c, nor the reverse state passing (nothing reads H_c, f_c, dS_c or the df
+    partials; ssd_bwd_dt takes df = 0), and every gradient still follows the rule against
+    float64. A call with carried states runs first, so the scratch the skipped kernels would
+    have written holds its values (a stale read shows in dA). With initial states the same
+    call launches them all."""
+    from torch.profiler import ProfilerActivity, profile
+
+    import flashscan.torch as fst
+
+    monkeypatch.delenv("FLASHSCAN_SSD_BWD", raising=False)
+    monkeypatch.delenv("FLASHSCAN_SSD_DX16", raising=False)
+    chunk = 256
+    a = ssd_inputs(4, seqlen, 4, 64, 1, 64, torch.bfloat16, D2=True, init=False)
+    del a["z"]
+    warm = ssd_inputs(4, seqlen, 4, 64, 1, 64, torch.bfloat16, D2=True)
+    del warm["z"]
+    grads_of(ours(warm, chunk), warm, *upstream(warm))
+    dout, _ = upstream(a, final=False)
+    ref = ref_grads(a, chunk, dout, None)
+    base = grads_of(lambda lv: baseline_lowp(lv, chunk, True), a, dout, None)
+    poison(4 * seqlen * 4 * 64 * 2, 4 * seqlen * 64 * 2)
+    got = grads_of(ours(a, chunk), a, dout, None)
+    check_grads(rule, got, ref, base, torch.bfloat16)
+
+    carried = {"ssd2_chunk_state", "ssd2_state_passing", "ssd_bwd_chunk_dstate16"}
+    carried.add("ssd_bwd_state_passing")
+
+    def names(t: dict[str, Any]) -> set[str]:
+        lv = leaves(t)
+        step = lambda: torch.autograd.grad(  # noqa: E731
+            fst.mamba_chunk_scan_combined(**lv, chunk_size=chunk, dt_softplus=True),
+            [v for v in lv.values() if v is not None],
+            dout,
+        )
+        step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        return {e.name for e in prof.events()}
+
+    without = names(a)
+    assert "ssd_bwd_chunk_dx16" in without, sorted(n for n in without if "ssd" in n)
+    assert not (carried & without), sorted(carried & without)
+    a["initial_states"] = torch.randn(4, 4, 64, 64, device="cuda") * 0.5
+    assert carried <= names(a)
+
+
 def test_backward_16bit_kernels_read_strided_unaligned_views(rule: Any) -> None:
     """x, B, C and dt as views of one projection (Mamba-2's in_proj split, z left out as the
     layer passes none) whose rows do not start on 16-byte boundaries, the gradient taken through

@@ -628,7 +628,8 @@ pub(crate) fn needs_carried_states(nchunks: i64, has_init: i32, has_final: i32) 
 /// ssd_bwd_cb writes), ssd2_chunk_state, and ssd2_state_passing leaving H_c in fp32
 /// (`states_f32`), so `params.states` / `params.decay` end as `launch_states` leaves them. At b8
 /// L2048 80 x 64, state 128 on the H100 the first path's pair took 0.86 ms on fp32 copies,
-/// ssd2's forward pair 0.26 ms.
+/// ssd2's forward pair 0.26 ms. `with_states` false (a call with no carried state: one chunk, no
+/// initial or final state, where the backward reads neither H_c nor f_c) launches only C B^T.
 ///
 /// # Safety
 /// As `launch_states`'s, with `x16` / `b16` / `c16` the tensors `params.x` / `.b` / `.c`
@@ -644,6 +645,7 @@ pub(crate) unsafe fn launch_states2(
     chunk: i64,
     arch: i64,
     st: Stream,
+    with_states: bool,
 ) -> Result<()> {
     let q = Ssd2Params {
         p: *params,
@@ -657,6 +659,10 @@ pub(crate) unsafe fn launch_states2(
         states_f32: 1,
     };
     let launch = Launch2::new(dev, dtype, chunk, arch, st, p)?;
+    if !with_states {
+        // SAFETY: as the caller's (C B^T reads only C and B)
+        return unsafe { launch.cb(&q, p) };
+    }
     let mut q = q;
     let mut scratch = dev.scratch(st)?;
     q.prep = scratch.alloc(prep_bytes(p, chunk))?;

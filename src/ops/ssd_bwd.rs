@@ -128,7 +128,7 @@ pub struct SsdBwdParams {
     pub states16: u64,
     pub dstates16: u64,
     pub vec_states16: i32,
-    pub pad3_: i32,
+    pub terms: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<SsdBwdParams>() == 1024);
@@ -620,7 +620,7 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         // the arrays start 16-byte aligned (layout's take): rows of dstate u16 are when dstate
         // is a multiple of 8
         vec_states16: (p.dstate % 8 == 0) as i32,
-        pad3_: 0,
+        terms: terms as i32,
         tf32x1: a.tf32 as i32,
         // 16-byte rows: of fp32 data (last dimension a multiple of 4) for the fp32 kernels, of
         // 16-bit data (a multiple of 8) for the 16-bit unit's
@@ -654,9 +654,13 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
     unsafe {
         // H_c and f_c again: from the 16-bit tensors on ssd2's kernels (with CB into the
         // workspace), or on the first path's fp32 kernels
+        // (a 16-bit call with no state term skips them, L_c and the reverse state passing: no
+        // kernel reads H_c, f_c, dS_c or the df partials then; ssd_bwd_dt takes df = 0)
+        let carried = !sixteen || terms;
         if sixteen {
             let cb = at(lay.cb);
-            ssd::launch_states2(dev, &q.f, (i.x, i.b, i.c), cb, &p, dtype, chunk, arch, st)?;
+            let x16 = (i.x, i.b, i.c);
+            ssd::launch_states2(dev, &q.f, x16, cb, &p, dtype, chunk, arch, st, carried)?;
         } else {
             ssd::launch_states(dev, &q.f, &p, dtype, chunk, arch, st)?;
         }
@@ -686,22 +690,24 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         if !second || i.z.is_some() {
             dev.launch(k_o, (rows, pt, bh), block, 0, st, &q)?;
         }
-        match &k16 {
-            // 64 x 128 tiles (ssd2_chunk_state's)
-            Some(k) => {
-                let nt128 = grid_u32((p.dstate + 127) / 128, "dstate")?;
-                dev.launch(&k.dstate, (nc, pt * nt128, bh), block, 0, st, &q)?
+        if carried {
+            match &k16 {
+                // 64 x 128 tiles (ssd2_chunk_state's)
+                Some(k) => {
+                    let nt128 = grid_u32((p.dstate + 127) / 128, "dstate")?;
+                    dev.launch(&k.dstate, (nc, pt * nt128, bh), block, 0, st, &q)?
+                }
+                None => dev.launch(k_dstate, (nc, pt * nt, bh), block, 0, st, &q)?,
             }
-            None => dev.launch(k_dstate, (nc, pt * nt, bh), block, 0, st, &q)?,
+            dev.launch(
+                k_pass,
+                (grid_u32(npass_tiles, "headdim * dstate")?, bh, 1),
+                (PASS_THREADS as u32, 1, 1),
+                0,
+                st,
+                &q,
+            )?;
         }
-        dev.launch(
-            k_pass,
-            (grid_u32(npass_tiles, "headdim * dstate")?, bh, 1),
-            (PASS_THREADS as u32, 1, 1),
-            0,
-            st,
-            &q,
-        )?;
         if let Some(k) = &k16 {
             dev.launch(&k.dx, (rows, pt, bh), block, 0, st, &q)?;
             // grid y = (head share, state tile); the fp32 partials summed into the gradient after
