@@ -69,7 +69,7 @@ const TILE: i64 = 64;
 /// Channel tiles of 64 the per-position partials keep (headdim <= 256).
 const ROW_TILES: i64 = 4;
 
-/// Mirrors `struct SsdBwdParams` in cuda/ssd_bwd.cu (1000 bytes). Strides in elements.
+/// Mirrors `struct SsdBwdParams` in cuda/ssd_bwd.cu (1024 bytes). Strides in elements.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SsdBwdParams {
