@@ -12,6 +12,7 @@ backward call alone on prepared descriptors), and cProfile's top entries by own 
 import argparse, cProfile, io, pstats, statistics, time, torch
 import flashscan.torch as fst
 from flashscan import _native
+from flashscan.bench.timing import best_wall_us
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--batch", type=int, default=32)
@@ -56,19 +57,9 @@ def host_us(fn, n=args.steps):
     return statistics.median(ts)
 
 
-def wall_us(fn, n=args.steps):
-    for _ in range(30):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e6
-
-
 print(f"# SSD training step host profile, b{b} L{L} {h} x {p}, state {n}, bf16")
-print(f"step wall per call (synchronised loop): {wall_us(step):.1f} us")
+wall = best_wall_us(step, torch.cuda.synchronize, calls=args.steps, warmup=30, repeat=1)
+print(f"step wall per call (synchronised loop): {wall:.1f} us")
 print(f"step host per call (no sync): {host_us(step):.1f} us")
 print(f"forward alone, grad enabled: {host_us(fwd):.1f} us")
 with torch.no_grad():
