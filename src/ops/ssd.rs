@@ -190,6 +190,29 @@ pub struct Problem {
     pub nchunks: i64,
 }
 
+/// The shapes the unit tests of the SSD launch rules reason about: Mamba-2 2.7B-like b8 L2048
+/// (80 heads x 64, state 128, chunk 256) and the real-time b32 L60 (8 heads x 64, state 64).
+#[cfg(test)]
+pub(crate) const LAYER_2K: Problem = Problem {
+    batch: 8,
+    seqlen: 2048,
+    nheads: 80,
+    headdim: 64,
+    ngroups: 1,
+    dstate: 128,
+    nchunks: 8,
+};
+#[cfg(test)]
+pub(crate) const REALTIME: Problem = Problem {
+    batch: 32,
+    seqlen: 60,
+    nheads: 8,
+    headdim: 64,
+    ngroups: 1,
+    dstate: 64,
+    nchunks: 1,
+};
+
 const FLOATS: [DType; 3] = [DType::F16, DType::BF16, DType::F32];
 
 pub(crate) fn s3(t: &TensorView) -> [i64; 3] {
@@ -862,15 +885,7 @@ mod tests {
     #[test]
     fn one_chunk_without_carried_states_skips_state_launches() {
         assert!(!needs_carried_states(1, 0, 0));
-        let mut p = Problem {
-            batch: 32,
-            seqlen: 60,
-            nheads: 8,
-            headdim: 64,
-            ngroups: 1,
-            dstate: 64,
-            nchunks: 1,
-        };
+        let mut p = REALTIME;
         assert!(one_block(&p, 0));
         assert!(!one_block(&p, 1));
         p.seqlen = 64;

@@ -760,15 +760,7 @@ mod tests {
     #[test]
     fn dcb_shares_bound_the_head_loop_and_fill_the_gpu() {
         // b8 L2048 80 heads, chunk 256: 640 live blocks; the loop bound gives 5 shares of 16
-        let mut p = Problem {
-            batch: 8,
-            seqlen: 2048,
-            nheads: 80,
-            headdim: 64,
-            ngroups: 1,
-            dstate: 128,
-            nchunks: 8,
-        };
+        let mut p = ssd::LAYER_2K;
         assert_eq!(dcb_splits(&p, 256), 5);
         p.ngroups = 80; // one head per group
         assert_eq!(dcb_splits(&p, 256), 1);
@@ -776,15 +768,7 @@ mod tests {
         p.nheads = 1024;
         assert_eq!(dcb_splits(&p, 256), 8);
         // the real-time shape: 32 live blocks, 8 heads: one share per head
-        let rt = Problem {
-            batch: 32,
-            seqlen: 60,
-            nheads: 8,
-            headdim: 64,
-            ngroups: 1,
-            dstate: 64,
-            nchunks: 1,
-        };
+        let rt = ssd::REALTIME;
         assert_eq!(dcb_splits(&rt, 256), 8);
         // a tail chunk counts only its live blocks: 1 chunk of 130 positions = 3 pairs
         let tail = Problem {
@@ -801,26 +785,10 @@ mod tests {
     #[test]
     fn dcdb_shares_fill_the_gpu_within_the_heads() {
         // b8 L2048 80 heads, state 128, chunk 256: 32 row blocks x 2 state tiles x 8 = 512 CTAs
-        let p = Problem {
-            batch: 8,
-            seqlen: 2048,
-            nheads: 80,
-            headdim: 64,
-            ngroups: 1,
-            dstate: 128,
-            nchunks: 8,
-        };
+        let p = ssd::LAYER_2K;
         assert_eq!(dcdb_shares(&p, 256), 4);
         // the real-time shape (with a state term: initial states): 32 CTAs for 8 heads: one head a share
-        let rt = Problem {
-            batch: 32,
-            seqlen: 60,
-            nheads: 8,
-            headdim: 64,
-            ngroups: 1,
-            dstate: 64,
-            nchunks: 1,
-        };
+        let rt = ssd::REALTIME;
         assert_eq!(dcdb_shares(&rt, 256), 8);
         // one head a group: nothing to split
         assert_eq!(dcdb_shares(&Problem { ngroups: 8, ..rt }, 256), 1);
