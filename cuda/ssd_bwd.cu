@@ -1834,15 +1834,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_dx16(con
         for (int jn = 0; jn < 8; ++jn)
 #pragma unroll
             for (int e = 0; e < 4; ++e) cbv[jn][e] = __ldg(cbp + (8 * jn + (e & 1)) * kQ + 8 * (e >> 1));
-        if (k + 1 < nblk) {
-            // l-block i - 1 < last is whole
-            load_g16(q, s_g[(k + 1) & 1], b, h, c0 + (i - 1) * kTile, kTile, p0, hd);
+        // step k + 1 is l-block i - 1 < last: whole
+        next_stage(k, nblk, [&](int, int st) {
+            load_g16(q, s_g[st], b, h, c0 + (i - 1) * kTile, kTile, p0, hd);
             cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        });
         const u32 gbs = smem_u32(s_g[k & 1]) + gb_lane;
         if (fast && i > m)
             accumulate_wtg<false>(acc, cbv, i * kTile, s_of, cs2, seg_s, s_c2, s_seg, gbs);

@@ -183,13 +183,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_cb(const Ssd2P
     };
     load(0, 0);
     for (int k = 0; k < nsteps; ++k) {
-        if (k + 1 < nsteps) {
-            load(k + 1, (k + 1) & 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        next_stage(k, nsteps, load);
         const u32 a_base = smem_u32(s_c[k & 1] + w16 * kLd32 + lane_a(lane, kLd32));
         const u32 b_base = smem_u32(s_b[k & 1] + lane_bn(lane, kLd32));
 #pragma unroll
@@ -485,13 +479,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
     if (has_h) {
         const int nsteps = (ds + 63) / 64;
         for (int k = 0; k < nsteps; ++k) {
-            if (k + 1 < nsteps) {
-                load_ch(64 * (k + 1), (k + 1) & 1);
-                cp_async_wait<1>();
-            } else {
-                cp_async_wait<0>();
-            }
-            __syncthreads();
+            next_stage(k, nsteps, [&](int kn, int st) { load_ch(64 * kn, st); });
             const u32 a_base = smem_u32(((k & 1) ? s_x[1] : s_c) + w16 * kLd64 + lane_a(lane, kLd64));
             const u32 b_base = smem_u32(s_h[k & 1] + lane_bn(lane, kLd64));
 #pragma unroll
@@ -545,13 +533,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
                 cbv[jn][2 * hh] = v.x;
                 cbv[jn][2 * hh + 1] = v.y;
             }
-        if (j < i) {
-            load_x(j + 1, (j + 1) & 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        next_stage(j, i + 1, load_x);
         const u32 xb = smem_u32(s_x[j & 1]) + xb_lane;
         if (fast && j < i)
             accumulate_wx<false>(acc, cbv, j * kRows, l_of, cl2, seg_l, len, s_lw, s_seg, xb);

@@ -83,6 +83,21 @@ __device__ __forceinline__ void mma_row_hilo(float (&acc)[NT][4], const u32 (&hi
     }
 }
 
+// The top of step k of a two-stage cp.async loop of nsteps steps: step k + 1 issued into the other
+// stage (load(k + 1, stage), which commits its group) and every older group waited for, or at the
+// last step every group; then the barrier that shows step k's stage to every warp. (The caller ends
+// a step with its own barrier where the next one refills the stage just read.)
+template <typename Load>
+__device__ __forceinline__ void next_stage(int k, int nsteps, Load&& load) {
+    if (k + 1 < nsteps) {
+        load(k + 1, (k + 1) & 1);
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    __syncthreads();
+}
+
 // A chunk's state-shaped product, 64 rows p x 128 columns n per CTA (warp w rows 16w .. 16w + 15,
 // acc[16][4]): acc += sum over positions l of w_l a_l^T b_l, K = the chunk's positions, 32 a step in
 // two stages: load(k, stage) fills s_a[stage] (32 positions x 64 rows, pitch kLd64) and s_b[stage]
@@ -96,13 +111,7 @@ __device__ __forceinline__ void weighted_state_product(float (&acc)[16][4], u16 
                                                        u16 (*s_b)[32 * kLd128], const float* s_w, int nsteps, Load load) {
     const int lane = threadIdx.x & 31, w16 = 16 * (threadIdx.x >> 5), t2 = 2 * (lane & 3);
     for (int k = 0; k < nsteps; ++k) {
-        if (k + 1 < nsteps) {
-            load(k + 1, (k + 1) & 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        next_stage(k, nsteps, load);
         const u32 a_base = smem_u32(s_a[k & 1] + w16 + lane_at(lane, kLd64));
         const u32 b_base = smem_u32(s_b[k & 1] + lane_bt(lane, kLd128));
 #pragma unroll
