@@ -499,6 +499,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate(cons
 // goes to dfpart[(bh, 8 * tile + warp, c)] (q.npass_tiles counts those partials), summed by
 // ssd_bwd_dt in a fixed order: no block-wide barrier per chunk. H100 b8 L2048 80 x 64, state 128
 // (2026-11-27): 370 us with one element a thread (504 MB moved: ~180 us of bandwidth).
+// With the 16-bit copies (q.states16: the 16-bit kernels read dS_c only from q.dstates16) the
+// fp32 dS_c is not stored: 84 MB of the 420 MB a b8 L2048 call moves through this kernel.
 template <int kE>
 __device__ __forceinline__ void reverse_state_passing(const SsdBwdParams& q) {
     const SsdParams& p = q.f;
@@ -547,10 +549,17 @@ __device__ __forceinline__ void reverse_state_passing(const SsdBwdParams& q) {
             if (valid) {
 #pragma unroll
                 for (int u = 0; u < kE; ++u) part += G[u] * H[k][u];
-                if constexpr (kE == 4) {
-                    *(float4*)(q.dstates + idx - k * step) = make_float4(G[0], G[1], G[2], G[3]);
-                } else {
-                    q.dstates[idx - k * step] = G[0];
+#if FS_DTYPE != 2
+                const bool f32_out = !q.states16;  // the 16-bit kernels read only the 16-bit copies
+#else
+                constexpr bool f32_out = true;
+#endif
+                if (f32_out) {
+                    if constexpr (kE == 4) {
+                        *(float4*)(q.dstates + idx - k * step) = make_float4(G[0], G[1], G[2], G[3]);
+                    } else {
+                        q.dstates[idx - k * step] = G[0];
+                    }
                 }
 #if FS_DTYPE != 2
                 if (q.states16) {  // the 16-bit kernels' copies of H_c and dS_c (the same roundings they made)
@@ -1119,31 +1128,38 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_reduce(const 
         if (p.has_dt_bias) st_any(q.dbias, h * q.dbias_s, p.bias_dtype, bsum);
     }
     if (!p.has_D) return;
-    // dD: the partials of (batch, l-block) m = 0 .. M - 1 per channel, summed by `slices` threads
-    // per channel (each m = its slice + slices k, four loads in flight), then the slices in order
-    // (a serial loop per channel took 105 us at b8 L2048 80 x 64 on the H100, 27 at b32 L60)
+    // dD: the partials of (batch, live l-block) m = 0 .. M - 1 per channel, summed by `slices`
+    // threads per channel (each m = its slice + slices k, eight loads in flight), then the slices
+    // in order (a serial loop per channel took 105 us at b8 L2048 80 x 64 on the H100, 27 at b32
+    // L60; four loads in flight over every l-block, 13 us at b32 L60: the last chunk's l-blocks
+    // past seqlen hold zeros (zero_dd) and are not read)
     __syncthreads();  // s_red's block sums are done before s_dd (below) is written
     __shared__ float s_dd[kPassThreads];
     const int hd = (int)p.headdim;  // <= 256 (kTiles)
     const int slices = max(1, kPassThreads / hd);
-    const i64 M = p.batch * q.nlblocks;
+    const i64 tail = p.seqlen - (p.nchunks - 1) * kQ;
+    const i64 live = q.nlblocks - (kNb2 - (tail + kTile - 1) / kTile);  // l-blocks of a batch row
+    const i64 M = p.batch * live;
     const int sl = threadIdx.x / hd, pp = threadIdx.x % hd;
     if (sl < slices) {
-        float v[4] = {0.f, 0.f, 0.f, 0.f};
+        constexpr int kIn = 8;
+        float v[kIn];
+#pragma unroll
+        for (int u = 0; u < kIn; ++u) v[u] = 0.f;
         auto part = [&](i64 m) {
-            const i64 bb = m / q.nlblocks, lb = m % q.nlblocks;
+            const i64 bb = m / live, lb = m % live;
             return q.ddpart[((bb * p.nheads + h) * q.nlblocks + lb) * p.headdim + pp];
         };
         i64 m = sl;
-        for (; m + 3 * slices < M; m += 4 * slices) {
+        for (; m + (kIn - 1) * slices < M; m += kIn * slices) {
 #pragma unroll
-            for (int u = 0; u < 4; ++u) v[u] += part(m + u * slices);
+            for (int u = 0; u < kIn; ++u) v[u] += part(m + u * slices);
         }
-        // the last (at most three) m: fixed slots, no dynamic index into v
-        if (m < M) v[0] += part(m);
-        if (m + slices < M) v[1] += part(m + slices);
-        if (m + 2 * slices < M) v[2] += part(m + 2 * slices);
-        s_dd[threadIdx.x] = (v[0] + v[1]) + (v[2] + v[3]);
+        // the last (at most kIn - 1) m: fixed slots (the unrolled u), no dynamic index into v
+#pragma unroll
+        for (int u = 0; u < kIn - 1; ++u)
+            if (m + u * slices < M) v[u] += part(m + u * slices);
+        s_dd[threadIdx.x] = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
     }
     __syncthreads();
     const bool per_channel = q.d_per_channel;
@@ -2002,7 +2018,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb16(const Ss
 // Head shares (q.dcdb_shares, the host's dcdb_shares: grid y = (share, state tile)): each CTA runs
 // one share of the group's heads in the state term, share 0 also the intra part, and stores its
 // fp32 partial (share_part); ssd_bwd_share_sum_dc / _db add the shares in order and write dC / dB
-// in their dtype. At b8 L2048 80 heads, state 128 the unsplit grid was 512 CTAs walking 80 heads
+// in their dtype. One share (q.dcdb_shares == 1) stores dC / dB itself and the host launches no sum
+// (the real-time shape's two sums took 2.5 us each on the H100). At b8 L2048 80 heads, state 128 the unsplit grid was 512 CTAs walking 80 heads
 // each: 1.3-1.9 waves, 70% of issue cycles without an eligible warp (ncu, 2026-11-27); 4 shares
 // took dc16 / db16 from 464 / 487 to 362 / 284 us (+ 21 + 21 us of sums; H100, 2026-11-27). A
 // call without a state term (one chunk, no initial or final state) runs one share. db16 is bounded to 3 CTAs per SM: the share code took it from 168
@@ -2169,8 +2186,22 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
         }
     }
     // this share's fp32 partial (every row < len and state < dstate, zeros included); the sum
-    // kernel writes the gradient in its dtype. (One fp32 store path: a second one, straight into
-    // the 16-bit dB / dC for unsplit calls, took db16 from 168 to 214 registers under NVRTC 13.0.)
+    // kernel writes the gradient in its dtype. (A second store path, straight into the 16-bit
+    // dB / dC, took db16 from 168 to 214 registers under NVRTC 13.0 before the 16-bit states; with
+    // them it costs none: 168 / 168, no stack, NVRTC 13.0, 2026-11-28.)
+    if (q.dcdb_shares == 1) {  // one share: the gradient itself, in its dtype (no sum kernel)
+        void* out = kDB ? q.dB : q.dC;
+        const i64 os1 = kDB ? q.dB_s[1] : q.dC_s[1];
+        const i64 o = b * (kDB ? q.dB_s[0] : q.dC_s[0]) + (c0 + m0) * os1 + g * (kDB ? q.dB_s[2] : q.dC_s[2]) + n0;
+#pragma unroll
+        for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = acc_row(e), col = acc_col(jn, e);
+                if (m0 + r < len && col < nv) st_f32<DT>(out, o + r * os1 + col, acc[jn][e]);
+            }
+        return;
+    }
     float* part = q.share_part + (((share * p.batch + b) * p.seqlen + c0) * p.ngroups + g) * p.dstate + n0;
 #pragma unroll
     for (int jn = 0; jn < 8; ++jn)
@@ -2181,7 +2212,7 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
         }
 }
 
-// dC / dB: the shares' partials summed in share order (one share: converted), one element a
+// dC / dB: the shares' partials summed in share order (launched for two or more), one element a
 // thread, in the gradient's dtype. Grid ceil(batch * seqlen * ngroups * dstate / kPassThreads).
 template <bool kDB>
 __device__ __forceinline__ void share_sum(const SsdBwdParams& q) {

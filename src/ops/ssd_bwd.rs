@@ -448,7 +448,9 @@ fn layout(
     let pcum = take(k * bh * p.nchunks * chunk);
     let pseg = take(k * p.batch * p.nchunks * chunk);
     let strad = take(k * bh * p.nchunks * pairs(chunk) * 2 * TILE);
-    let share_part = take(shares * p.batch * p.seqlen * p.ngroups * p.dstate);
+    // one share writes dC / dB itself: no partials
+    let parts = if shares > 1 { shares } else { 0 };
+    let share_part = take(parts * p.batch * p.seqlen * p.ngroups * p.dstate);
     let half = (shares > 0) as i64 * ((st + 1) / 2); // st u16 elements in f32 slots
     let states16 = take(half);
     let dstates16 = take(half);
@@ -603,7 +605,11 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         strad: if second { at(lay.strad) } else { 0 },
         stiles: tiles(p.dstate) as i32,
         pass_vec,
-        share_part: if sixteen { at(lay.share_part) } else { 0 },
+        share_part: if sixteen && shares > 1 {
+            at(lay.share_part)
+        } else {
+            0
+        },
         dcdb_shares: shares as i32,
         pad2_: 0,
         // (without a state term no kernel reads them: the state passing skips the stores)
@@ -711,7 +717,8 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         if let Some(k) = &k16 {
             dev.launch(&k.dx, (rows, pt, bh), block, 0, st, &q)?;
             // grid y = (head share, state tile); the fp32 partials summed into the gradient after
-            // each, in one scratch array (dB's overwrite dC's after their sum ran: one stream)
+            // each, in one scratch array (dB's overwrite dC's after their sum ran: one stream); one
+            // share stores the gradient itself
             let nts = grid_u32(tiles(p.dstate) * shares, "dstate")?;
             let elems = p.batch * p.seqlen * p.ngroups * p.dstate;
             let sum_grid = (
@@ -721,7 +728,9 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
             );
             for (kern, sum) in [(&k.dc, &k.sum_dc), (&k.db, &k.sum_db)] {
                 dev.launch(kern, (rows, nts, bg), block, 0, st, &q)?;
-                dev.launch(sum, sum_grid, (PASS_THREADS as u32, 1, 1), 0, st, &q)?;
+                if shares > 1 {
+                    dev.launch(sum, sum_grid, (PASS_THREADS as u32, 1, 1), 0, st, &q)?;
+                }
             }
         } else if second {
             dev.launch(k_x, (rows, pt, bh), block, 0, st, &q)?;
@@ -837,6 +846,9 @@ mod tests {
         assert_eq!(l.dstates16 - l.states16, st / 2);
         assert_eq!(l.total - l.dstates16, st / 2);
         assert_eq!(layout(&p, 64, true, 3, true, 0).total, l.share_part);
+        // one share stores dC / dB itself: no partials
+        let one = layout(&p, 64, true, 3, true, 1);
+        assert_eq!(one.states16, one.share_part);
         assert!(offs.windows(2).all(|w| w[0] < w[1]));
         assert!(offs.iter().all(|o| o % 4 == 0));
         // the second path's arrays take no room on the first
