@@ -431,6 +431,10 @@ __device__ __forceinline__ void store_y(const Ssd2Params& q, const float (&acc)[
     }
 }
 
+// W x's CB blocks in shared memory (load_cb_block): pitch 72 floats, so the float2 fragment reads
+// (rows r0, r0 + 8, columns 8 jn + t2) of a half-warp hit 32 distinct banks.
+constexpr int kLdCb = 64 + 8;
+
 extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const Ssd2Params q) {
     const SsdParams& p = q.p;
     __shared__ __align__(16) float s_lw[kQ];  // the prep record (ssd2_chunk_prep)
@@ -438,7 +442,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
     __shared__ __align__(16) int s_seg[kQ];
     __shared__ __align__(16) u16 s_x[2][kRows * kLd64];  // source positions s x channels p
     __shared__ __align__(16) u16 s_c[kRows * kLd64];     // positions l x states n; then z (l x p)
-    __shared__ __align__(16) u16 s_h[2][kRows * kLd64];  // channels p x states n (H_c, rounded)
+    // channels p x states n (H_c, rounded) for C.H^T; then the CB block of W x (64 x kLdCb fp32)
+    __shared__ __align__(16) u16 s_h[2][kRows * kLd64];
+    static_assert(kRows * kLdCb * 4 <= sizeof(s_h), "the CB block fits in the H_c stages");
+    float* const s_cb = (float*)s_h[0];
 
     const i64 b = blockIdx.z / p.nheads, h = blockIdx.z % p.nheads;
     const int c = blockIdx.x / kNb, i = blockIdx.x % kNb, m0 = i * kRows, p0 = blockIdx.y * 64;
@@ -452,12 +459,24 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
         load_tile<kRows, 64, kLd64>(s_x[st], gx + (i64)j * kRows * p.x_s[1], p.x_s[1], len - j * kRows, hd, q.vec_x);
         cp_async_commit();
     };
+    const bool has_h = c > 0 || p.has_init;
+    // W x's CB blocks (fp32 workspace, 64 x 64 each: rows l of this tile, one source block's
+    // columns) pass through s_cb, which C.H^T's H stages occupy until its loop ends; z (rows l x
+    // channels p) goes to s_c, C.H^T's C stage 0
+    const float* cbg = q.cb + (((b * p.nchunks + c) * p.ngroups + g) * kQ + m0) * kQ;
+    auto load_z_cb0 = [&]() {
+        if (p.has_z) {
+            const u16* gz = (const u16*)p.z + b * p.z_s[0] + (c0 + m0) * p.z_s[1] + h * p.z_s[2] + p0;
+            load_tile<kRows, 64, kLd64>(s_c, gz, p.z_s[1], len - m0, hd, q.vec_z);
+        }
+        load_cb_block<kLdCb>(s_cb, cbg);
+    };
     load_prep(q, blockIdx.z, c, s_lw, s_cum, s_seg);
+    if (!has_h) load_z_cb0();  // (no C.H^T: s_c and s_cb are free from the start)
     load_x(0, 0);  // one group with the prep record, in flight while C.H^T runs
 
     // C.H^T operands, 64 states a step, two stages: (C, H) into (s_c, s_h[0]) and (s_x[1], s_h[1]),
     // s_x[1] being free until the W x loop; the first step in flight with the prep record and x
-    const bool has_h = c > 0 || p.has_init;
     const u16* gc = (const u16*)p.C + b * p.C_s[0] + (c0 + m0) * p.C_s[1] + g * p.C_s[2];
     // H_c in x's dtype, packed at the start of chunk c's fp32 slot by ssd2_state_passing
     const u16* gh =
@@ -504,42 +523,44 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
     }
 
     // y_l += sum_{s <= l} W[l, s] x_s, W = CB[l, s] exp(cum_l - cum_s) dt'_s on the same sequence
-    if (!has_h) {  // the prep record's group (with x's first tile) is not waited on yet
+    if (has_h) {  // z and CB block 0 into the stages C.H^T has left (its loop ended with a barrier)
+        load_z_cb0();
+        cp_async_commit();
+    } else {  // the prep record's group (with x's first tile, z and CB block 0) is not waited on yet
         cp_async_wait<0>();
         __syncthreads();
     }
-    const float* cbp = q.cb + (((b * p.nchunks + c) * p.ngroups + g) * kQ + m0 + r0) * kQ + t2;
     float cl2[2];
     int seg_l[2], l_of[2];
     row_terms(m0 + r0, len, s_cum, s_seg, l_of, cl2, seg_l);
-    // z (rows l x channels p) into s_c, free after C.H^T (its loop ended with __syncthreads): in
-    // flight during the W x blocks, whose first wait and barrier cover it
-    if (p.has_z) {
-        const u16* gz = (const u16*)p.z + b * p.z_s[0] + (c0 + m0) * p.z_s[1] + h * p.z_s[2] + p0;
-        load_tile<kRows, 64, kLd64>(s_c, gz, p.z_s[1], len - m0, hd, q.vec_z);
-        cp_async_commit();
-    }
     const u32 xb_lane = lane_bt(lane, kLd64) * 2;
     const bool fast = !p.has_seq;  // blocks below the diagonal skip the mask (accumulate_wx<false>)
+    // Source block j: its CB block and x tile landed (and, at j = 0, z); cbv read from s_cb; a
+    // barrier (every warp has its cbv, and is past block j - 1's W x, whose x stage is refilled
+    // next); block j + 1's CB and x issued; W x of block j under those loads.
 #pragma unroll 1
     for (int j = 0; j <= i; ++j) {
-        // CB block (rows r0, r0 + 8; columns 8 jn + t2, + 1) into registers before waiting on x
+        cp_async_wait<0>();
+        __syncthreads();
         float cbv[8][4];
 #pragma unroll
         for (int jn = 0; jn < 8; ++jn)
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
-                const float2 v = __ldg((const float2*)(cbp + 8 * hh * kQ + j * kRows + 8 * jn));
+                const float2 v = *(const float2*)(s_cb + (r0 + 8 * hh) * kLdCb + 8 * jn + t2);
                 cbv[jn][2 * hh] = v.x;
                 cbv[jn][2 * hh + 1] = v.y;
             }
-        next_stage(j, i + 1, load_x);
+        __syncthreads();
+        if (j < i) {
+            load_cb_block<kLdCb>(s_cb, cbg + (j + 1) * kRows);
+            load_x(j + 1, (j + 1) & 1);  // (commits both)
+        }
         const u32 xb = smem_u32(s_x[j & 1]) + xb_lane;
         if (fast && j < i)
             accumulate_wx<false>(acc, cbv, j * kRows, l_of, cl2, seg_l, len, s_lw, s_seg, xb);
         else
             accumulate_wx<true>(acc, cbv, j * kRows, l_of, cl2, seg_l, len, s_lw, s_seg, xb);
-        if (j < i) __syncthreads();  // stage j & 1 is refilled by the next iteration's load
     }
 
     // epilogue: D x (x of row l from the diagonal block's tile, still in s_x[i & 1]), silu(z) (z from

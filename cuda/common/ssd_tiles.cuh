@@ -83,6 +83,19 @@ __device__ __forceinline__ void mma_row_hilo(float (&acc)[NT][4], const u32 (&hi
     }
 }
 
+// One 64 x 64 fp32 block of the C B^T workspace (64 rows of kQ floats from g, 16-byte aligned) into
+// shared memory of pitch kLd floats by cp.async, 8 16-byte chunks a thread; the caller commits.
+// (ssd2_chunk_scan and ssd_bwd_chunk_dx16 stage their CB blocks so, one block ahead of the mma,
+// instead of loading fragments from L2 at the top of each block.)
+template <int kLd>
+__device__ __forceinline__ void load_cb_block(float* s, const float* g) {
+#pragma unroll
+    for (int k = 0; k < kRows * 16 / kThreads; ++k) {
+        const int e = threadIdx.x + k * kThreads, r = e / 16, c4 = (e % 16) * 4;
+        cp_async16(smem_u32(s + r * kLd + c4), g + (i64)r * kQ + c4, true);
+    }
+}
+
 // The top of step k of a two-stage cp.async loop of nsteps steps: step k + 1 issued into the other
 // stage (load(k + 1, stage), which commits its group) and every older group waited for, or at the
 // last step every group; then the barrier that shows step k's stage to every warp. (The caller ends
