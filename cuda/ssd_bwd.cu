@@ -1738,11 +1738,6 @@ __device__ __forceinline__ void load_g16(const SsdBwdParams& q, u16* s, i64 b, i
 }
 #endif
 
-// dx16's CB block in shared memory: pitch 68 floats, so the transposed fragment reads (rows
-// l = 8 jn + t2 + odd, columns s = r0 + 8 hh) of a warp hit 32 distinct banks.
-constexpr int kLdCbT = 64 + 4;
-static_assert(2 * kRows * kLd32 * 2 <= kRows * kLdCbT * 4, "the state term's tiles fit in the CB block");
-
 extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_dx16(const SsdBwdParams q) {
 #if FS_DTYPE != 2
     const SsdParams& p = q.f;
@@ -1751,11 +1746,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_dx16(con
     __shared__ __align__(16) int s_seg[kQ];
     __shared__ __align__(16) u16 s_g[2][kRows * kLd64];  // g: positions l x channels p
     __shared__ __align__(16) u16 s_x[kRows * kLd64];     // x: positions s x channels p
-    // the state term's tiles (B: positions s x 32 states; dS_c: channels p x 32 states), then the
-    // intra term's CB block (64 l x 64 s fp32, pitch kLdCbT)
-    __shared__ __align__(16) float s_cb[kRows * kLdCbT];
-    u16* const s_b = (u16*)s_cb;
-    u16* const s_h = s_b + kRows * kLd32;
+    __shared__ __align__(16) u16 s_b[kRows * kLd32];     // B: positions s x 32 states
+    __shared__ __align__(16) u16 s_h[kRows * kLd32];     // dS_c: channels p x 32 states
     __shared__ float s_dd[kThreads / 32][kTile];
 
     const i64 b = blockIdx.z / p.nheads, h = blockIdx.z % p.nheads;
@@ -1843,37 +1835,32 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_dx16(con
     }
 
     // 2. dxu_intra_s = sum_{l >= s} (B_s.C_l) decay(l, s) g_l, l-blocks last .. m
-    // CB[l, s] of block (l-block i, s-block m) through s_cb (free after the state term), read
-    // transposed: cbv[jn][e] = CB[64 i + 8 jn + t2 + (e & 1), m0 + r0 + 8 (e >> 1)]. Block i: its CB
-    // block and g tile landed; cbv read; a barrier (every warp has its cbv and is past block i + 1's
-    // mma, whose g stage is refilled next); block i - 1's CB and g issued; the mma under them.
-    const float* cbb = q.cb + ((b * p.nchunks + c) * p.ngroups + g) * kQ * kQ + m0;
-    load_cb_block<kLdCbT>(s_cb, cbb + (i64)last * kTile * kQ);
-    cp_async_commit();
+    // CB[l, s] of block (l-block i, s-block m) for this thread: cbb[(64 i + 8 jn + odd) kQ + 8 hh]
+    const float* cbb = q.cb + ((b * p.nchunks + c) * p.ngroups + g) * kQ * kQ + (i64)t2 * kQ + m0 + r0;
     const u32 gb_lane = lane_bt(lane, kLd64) * 2;
     const bool fast = !p.has_seq;
     const int nblk = last - m + 1;
 #pragma unroll 1
     for (int k = 0; k < nblk; ++k) {
         const int i = last - k;
-        cp_async_wait<0>();  // (block `last`: with group 0)
-        __syncthreads();
+        // the CB block into registers before waiting on g
+        const float* cbp = cbb + (i64)i * kTile * kQ;
         float cbv[8][4];
 #pragma unroll
         for (int jn = 0; jn < 8; ++jn)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) cbv[jn][e] = s_cb[(8 * jn + t2 + (e & 1)) * kLdCbT + r0 + 8 * (e >> 1)];
-        __syncthreads();
-        if (k + 1 < nblk) {  // l-block i - 1 < last: whole
-            load_cb_block<kLdCbT>(s_cb, cbb + (i64)(i - 1) * kTile * kQ);
-            load_g16(q, s_g[(k + 1) & 1], b, h, c0 + (i - 1) * kTile, kTile, p0, hd);
+            for (int e = 0; e < 4; ++e) cbv[jn][e] = __ldg(cbp + (8 * jn + (e & 1)) * kQ + 8 * (e >> 1));
+        // step k + 1 is l-block i - 1 < last: whole
+        next_stage(k, nblk, [&](int, int st) {
+            load_g16(q, s_g[st], b, h, c0 + (i - 1) * kTile, kTile, p0, hd);
             cp_async_commit();
-        }
+        });
         const u32 gbs = smem_u32(s_g[k & 1]) + gb_lane;
         if (fast && i > m)
             accumulate_wtg<false>(acc, cbv, i * kTile, s_of, cs2, seg_s, s_c2, s_seg, gbs);
         else
             accumulate_wtg<true>(acc, cbv, i * kTile, s_of, cs2, seg_s, s_c2, s_seg, gbs);
+        if (k + 1 < nblk) __syncthreads();  // stage k & 1 is refilled by the next iteration
     }
 
     // 3. epilogue: g of the rows s from the diagonal block's tile (the last one loaded)

@@ -75,6 +75,11 @@
 // 1248 -> 823 us of kernels, against Triton's 740 (its chunk_scan 464, chunk_state 162). Tried and
 // dropped (same lease A/B): loading the next CB block into registers during this block's W x
 // (166 registers, 3 CTAs per SM) made the scan slower, 516 -> 546 us (chunk 128: 154 -> 172).
+// MEASURED 2026-11-28 (H100, same lease): the CB blocks staged through shared memory by cp.async one
+// block ahead (over the H_c stages, dead after C.H^T; registers unchanged): chunk_scan 513 -> 493 us
+// (predicted ~430). Tried and dropped: two heads of a group per CTA (C tile and CB block read once
+// for both; 168 registers, 3 CTAs per SM), 513 -> 567 us: the scan is latency-bound, not held by
+// the L2 traffic it saved (benches/results/2026-11-28-h100-ssd-small-kernels/).
 //
 // Compile-time constants (host prelude): FS_DTYPE (0 fp16, 1 bf16), FS_CHUNK (64, 128 or 256).
 
