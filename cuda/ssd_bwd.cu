@@ -1692,6 +1692,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_db2(cons
 //   3. epilogue: dx = dt'_s acc + D g_s, X1 = x . acc - X2, the dD partial sum_s g x
 // Positions past the chunk's end: their g rows are zero (tile zero fill), their CB rows zero and
 // their cum the last position's (W finite), their own rows never stored.
+// Tried and dropped (H100, b8 L2048, 2026-11-28, benches/results/2026-11-28-h100-ssd-small-kernels/):
+// two heads of a group per CTA (B tile and CB block once for both; 168 registers, 3 CTAs an SM)
+// 587 -> 643 us; the CB block staged through shared memory by cp.async and read transposed
+// 585 -> 606; dx staged in shared memory for 16-byte stores 585 -> 603. ncu at 700 us (clocks
+// locked): 25% occupancy, 0.48 issued a cycle per scheduler, 25% excess global sectors.
 #if FS_DTYPE != 2
 // acc += W^T g for the 64 x 64 block of l-block l0 (g's tile at lane address gb, .trans B operand):
 // the A fragment of k16 step kk from the n8 columns 2 kk, 2 kk + 1 of cbv (CB[l, s] at row s = s_of,

@@ -79,7 +79,11 @@
 // block ahead (over the H_c stages, dead after C.H^T; registers unchanged): chunk_scan 513 -> 493 us
 // (predicted ~430). Tried and dropped: two heads of a group per CTA (C tile and CB block read once
 // for both; 168 registers, 3 CTAs per SM), 513 -> 567 us: the scan is latency-bound, not held by
-// the L2 traffic it saved (benches/results/2026-11-28-h100-ssd-small-kernels/).
+// the L2 traffic it saved (benches/results/2026-11-28-h100-ssd-small-kernels/). ncu at 493 us: 25%
+// occupancy (registers and shared memory both cap 4 CTAs), 0.52 instructions issued a cycle per
+// scheduler, 24% excess global sectors (the epilogue's 4-byte stores) and 24% excess shared
+// wavefronts. Staging y in shared memory for 16-byte stores (a barrier before them) made the scan
+// slower, 494 -> 534 us: dropped.
 //
 // Compile-time constants (host prelude): FS_DTYPE (0 fp16, 1 bf16), FS_CHUNK (64, 128 or 256).
 
