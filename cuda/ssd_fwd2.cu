@@ -18,10 +18,10 @@
 //                        reads 2 bytes per state element instead of 4.
 //   3. ssd2_chunk_scan   y (64 positions l x 64 channels p per CTA) = [seg_l == 0] exp(cum_l) C_l . H_c
 //                        + sum over 64-wide source blocks s <= l of W x, W = CB * exp(cum_l - cum_s)
-//                        dt'_s * [s <= l, seg_s == seg_l] built in registers straight from the CB
-//                        workspace in the accumulator layout, which is the A layout of the next mma
-//                        (no shared-memory round trip for W); x tiles double-buffered; z prefetched
-//                        by cp.async during W x; D x reads the diagonal block's x tile (already in
+//                        dt'_s * [s <= l, seg_s == seg_l] built in registers from the CB workspace
+//                        block (staged in shared memory by cp.async one block ahead, with x's tile)
+//                        in the accumulator layout, which is the A layout of the next mma (no
+//                        shared-memory round trip for W); z prefetched by cp.async during W x; D x reads the diagonal block's x tile (already in
 //                        shared memory), then silu(z) and the store.
 //   3'. ssd2_chunk_scan_one a call that is one 64-row block (seqlen <= 64) without initial states:
 //                        0 and 3 in one kernel (its C B^T block formed from C / B tiles in shared
