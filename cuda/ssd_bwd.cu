@@ -549,12 +549,7 @@ __device__ __forceinline__ void reverse_state_passing(const SsdBwdParams& q) {
             if (valid) {
 #pragma unroll
                 for (int u = 0; u < kE; ++u) part += G[u] * H[k][u];
-#if FS_DTYPE != 2
-                const bool f32_out = !q.states16;  // the 16-bit kernels read only the 16-bit copies
-#else
-                constexpr bool f32_out = true;
-#endif
-                if (f32_out) {
+                if (!q.states16) {  // (with the 16-bit copies nothing reads the fp32 dS_c)
                     if constexpr (kE == 4) {
                         *(float4*)(q.dstates + idx - k * step) = make_float4(G[0], G[1], G[2], G[3]);
                     } else {

@@ -85,10 +85,7 @@ __device__ __forceinline__ void mma_row_hilo(float (&acc)[NT][4], const u32 (&hi
 
 // One 64 x 64 fp32 block of the C B^T workspace (64 rows of kQ floats from g, 16-byte aligned) into
 // shared memory of pitch kLd floats by cp.async, 8 16-byte chunks a thread; the caller commits.
-// (ssd2_chunk_scan stages its CB blocks so, one block ahead of the mma, instead of loading
-// fragments from L2 at the top of each block: 513 -> 493 us at b8 L2048 on the H100. The same
-// staging in ssd_bwd_chunk_dx16, its block read transposed from a pitch-68 buffer over the
-// state term's tiles, made dx16 slower, 585 -> 606 us, and was dropped; 2026-11-28.)
+// (ssd2_chunk_scan's W x, one block ahead of the mma; its header has the measurements.)
 template <int kLd>
 __device__ __forceinline__ void load_cb_block(float* s, const float* g) {
 #pragma unroll

@@ -542,6 +542,8 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
     } else {
         1 // one chunk and no state in or out: no state term to split, only its partial stores
     };
+    // two or more shares leave fp32 partials that the sum kernels add; one stores dC / dB itself
+    let summed = sixteen && shares > 1;
     let lay = layout(&p, chunk, i.d.is_some(), npass_parts, second, shares);
     let mut scratch = dev.scratch(st)?;
     let base = scratch.alloc(4 * lay.total.max(1) as usize)?;
@@ -605,11 +607,7 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         strad: if second { at(lay.strad) } else { 0 },
         stiles: tiles(p.dstate) as i32,
         pass_vec,
-        share_part: if sixteen && shares > 1 {
-            at(lay.share_part)
-        } else {
-            0
-        },
+        share_part: if summed { at(lay.share_part) } else { 0 },
         dcdb_shares: shares as i32,
         pad2_: 0,
         // (without a state term no kernel reads them: the state passing skips the stores)
@@ -728,7 +726,7 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
             );
             for (kern, sum) in [(&k.dc, &k.sum_dc), (&k.db, &k.sum_db)] {
                 dev.launch(kern, (rows, nts, bg), block, 0, st, &q)?;
-                if shares > 1 {
+                if summed {
                     dev.launch(sum, sum_grid, (PASS_THREADS as u32, 1, 1), 0, st, &q)?;
                 }
             }
