@@ -94,12 +94,13 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kItems = 2 * kVec;          // channel-first: positions per thread
 constexpr int kChunk = kThreads * kItems; // channel-first: positions per block
-constexpr int kT = 32;                    // channel-last: positions per warp
+constexpr int kT = 32;                    // channel-last forward: positions per warp
+constexpr int kTB = 64;                   // channel-last backward: positions per warp
 constexpr int kVecF = 4;                  // channel-last: channels per lane
 constexpr int kU = 4;                     // channel-last forward: rows per ring stage
 constexpr int kUB = 2;                    // channel-last backward: rows (of x and of dout) per stage
 static_assert(kW >= 2 && kW <= 4, "FS_WIDTH: 2..4");
-static_assert(kT % kU == 0 && kT % kUB == 0, "kT must be a multiple of kU and kUB");
+static_assert(kT % kU == 0 && kTB % kUB == 0, "kT / kTB must be multiples of kU / kUB");
 
 // ---- helpers -------------------------------------------------------------------------------------
 // The widest access (16 / 8 / 4 / 2 bytes) the address allows.
@@ -223,6 +224,14 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cf(cons
 constexpr int kRowB = kVecF * kES;        // bytes of one lane's slice of a row: 8 (16-bit) or 16 (fp32)
 constexpr u32 kRowStride = 32 * kRowB;    // bytes between rows of one stage
 using RowRaw = Raw<kVecF, kES>;
+// The lean walks (interior warps: no bounds, masks or 64-bit index products in their loops): rows go
+// kR at a time through kSL ring stages, pointers advanced by the row stride; since kR is a multiple
+// of every H, the history of row r (relative to the warp's first) sits in slot r % H, a compile-time
+// index in the unrolled stage (row j of a stage: slot j % H), so the window slides without moves.
+constexpr int kR = 6;                     // rows a stage: a multiple of H = 1, 2, 3
+constexpr int kSL = 3;                    // stages a warp: two in flight while one is read
+constexpr u32 kStageL = kR * kRowStride;  // 1.5 KB (16-bit) / 3 KB (fp32) a stage and tensor
+static_assert(kR % kH == 0, "a lean stage must hold whole history periods");
 
 // Whether every lane's slice of every row of a tensor like x is kRowB-aligned (c0 is a multiple of
 // kVecF and the dim stride is 1).
@@ -301,7 +310,7 @@ constexpr int kSF = 4;
 constexpr u32 kStageF = kU * kRowStride;  // 1 KB (16-bit) / 2 KB (fp32); the ring 16 / 32 KB a block
 // kSeq: seq_idx given (the kernel picks one body per call: without it no mask is evaluated)
 template <bool kSeq>
-__device__ __forceinline__ void fwd_cl(const Conv1dParams& p, char (*ring)[kSF][kU][32][kRowB]) {
+__device__ __forceinline__ void fwd_cl(const Conv1dParams& p, u32 ring) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const i64 c0 = ((i64)blockIdx.x * 32 + lane) * kVecF;
   const i64 ts = ((i64)blockIdx.y * kWarps + warp) * kT;
@@ -312,7 +321,7 @@ __device__ __forceinline__ void fwd_cl(const Conv1dParams& p, char (*ring)[kSF][
   const int nsteps = (int)((te - ts + kU - 1) / kU);
   const i64 xb = b * p.x_s[0] + c0;
   const bool vec = rows_aligned(p.x, p.x_s), vout = rows_aligned(p.out, p.out_s);
-  const u32 ring0 = smem_u32(&ring[warp][0][0][lane][0]);
+  const u32 ring0 = ring + lane * kRowB;  // this warp's ring: [stage][row][lane]
   // step s's rows into stage s % kSF (none past the last step), then close the group
   auto issue = [&](int s) {
     if (s < nsteps) ring_rows<kU>(ring0 + (s % kSF) * kStageF, p.x, xb, p.x_s[2], ts + s * kU, te, nv, vec);
@@ -373,17 +382,93 @@ __device__ __forceinline__ void fwd_cl(const Conv1dParams& p, char (*ring)[kSF][
     }
   }
 }
-// sm_90: 5 blocks per SM (<= 102 registers: 96-106 unbounded at 4; more warps, more rows in
-// flight; the measured H100 configuration). sm_80 / 86 / 89 spill 8 bytes at that bound: 4 there.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#define FS_CL_FWD_BLOCKS 4
-#else
-#define FS_CL_FWD_BLOCKS 5
-#endif
-extern "C" __global__ void __launch_bounds__(kThreads, FS_CL_FWD_BLOCKS) causal_conv1d_fwd_cl(const Conv1dParams p) {
-  __shared__ __align__(16) char ring[kWarps][kSF][kU][32][kRowB];
-  if (p.has_seq) fwd_cl<true>(p, ring);
-  else fwd_cl<false>(p, ring);
+// The lean forward (the ring section's note) of a warp whose kT rows all exist and are not the last
+// (no final states to write), full lane slices, rows of x and out aligned, no seq_idx: at L >= 256
+// nearly every warp. Stage `it`: rows r = it kR + j; the last stage is partial (kCheck).
+constexpr int kNIF = (kT + kR - 1) / kR;
+template <bool kSilu, bool kCheck>
+__device__ __forceinline__ void lean_fwd_stage(const float (&w)[kW][kVecF], const float (&bias)[kVecF],
+                                               float (&xh)[kH][kVecF], u32 rx, char* outs, i64 so, int it) {
+#pragma unroll
+  for (int j = 0; j < kR; ++j) {
+    if (kCheck && it * kR + j >= kT) break;
+    RowRaw xraw;
+    lds_raw(xraw, rx + j * kRowStride);
+    float xr[kVecF], o[kVecF];
+#pragma unroll
+    for (int i = 0; i < kVecF; ++i) {
+      xr[i] = elem<DT>(xraw, i);
+      // x at row r - H + k (k < H): slot (j + k) % H
+      float acc = bias[i];
+#pragma unroll
+      for (int k = 0; k < kH; ++k) acc = fmaf(w[k][i], xh[(j + k) % kH][i], acc);
+      acc = fmaf(w[kH][i], xr[i], acc);
+      o[i] = kSilu ? silu(acc) : acc;
+    }
+    RowRaw out;
+    pack_raw<DT, kVecF>(out, o);
+    store_raw<kVecF, kES>(outs + j * so, out, kVecF, kRowB);
+#pragma unroll
+    for (int i = 0; i < kVecF; ++i) xh[j % kH][i] = xr[i];
+  }
+}
+template <bool kSilu>
+__device__ __forceinline__ void fwd_cl_lean(const Conv1dParams& p, u32 ring, i64 b, i64 c0, i64 ts) {
+  const int lane = threadIdx.x % 32;
+  const i64 sx = p.x_s[2] * kES, so = p.out_s[2] * kES;  // row strides, bytes
+  const char* gx = elem_ptr(p.x, b * p.x_s[0] + c0 + ts * p.x_s[2]);
+  char* outs = (char*)p.out + (b * p.out_s[0] + c0 + ts * p.out_s[2]) * kES;
+  const u32 rx = ring + lane * kRowB;  // this warp's ring: [stage][row][lane]
+  auto issue = [&](int q) {
+    if (q < kNIF) {
+      const u32 off = (q % kSL) * kStageL;
+#pragma unroll
+      for (int j = 0; j < kR; ++j) {
+        if (q * kR + j < kT) cp_async_ca<kRowB>(rx + off + j * kRowStride, gx + j * sx, kRowB);
+      }
+      gx += kR * sx;
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int q = 0; q < kSL - 1; ++q) issue(q);
+  float w[kW][kVecF], bias[kVecF], xh[kH][kVecF];
+  int hs[kH];
+  lane_weights(w, bias, p, c0);
+  lane_history<false>(xh, hs, p, b, c0, b * p.x_s[0] + c0, ts, kVecF);  // slot j: row j - H
+#pragma unroll 1
+  for (int it = 0; it < kNIF; ++it) {
+    issue(it + kSL - 1);
+    cp_async_wait<kSL - 1>();  // stage it's rows are in the ring
+    const u32 off = (it % kSL) * kStageL;
+    if (it >= kT / kR) lean_fwd_stage<kSilu, true>(w, bias, xh, rx + off, outs, so, it);  // rows past kT
+    else lean_fwd_stage<kSilu, false>(w, bias, xh, rx + off, outs, so, it);
+    outs += kR * so;
+  }
+}
+// Each warp's ring in its own bytes: the general walk's kSF stages of kU rows or the lean walk's kSL
+// stages of kR rows (4.5 KB 16-bit, 9 KB fp32).
+constexpr u32 kWarpRingF = kSF * kStageF > kSL * kStageL ? kSF * kStageF : kSL * kStageL;
+
+// 4 blocks per SM (<= 128 registers). The general walk alone ran at 5 on sm_90 (<= 96 registers);
+// with the lean walk beside it that bound spills 8-64 bytes, and the lean walk measured 123.3 us at
+// 5 against 125.5 at 4 (H100, b8 L2048 d5376 bf16): not worth a spilling seq_idx walk.
+extern "C" __global__ void __launch_bounds__(kThreads, 4) causal_conv1d_fwd_cl(const Conv1dParams p) {
+  __shared__ __align__(16) char ring[kWarps][kWarpRingF];
+  const int warp = threadIdx.x / 32;
+  if (p.has_seq) {
+    fwd_cl<true>(p, smem_u32(ring[warp]));
+    return;
+  }
+  const i64 ts = ((i64)blockIdx.y * kWarps + warp) * kT;
+  if (p.dim % kVecF == 0 && ts + kT < p.seqlen && rows_aligned(p.x, p.x_s) && rows_aligned(p.out, p.out_s)) {
+    const i64 c0 = ((i64)blockIdx.x * 32 + threadIdx.x % 32) * kVecF;
+    if (c0 >= p.dim) return;  // no block barrier in this kernel
+    if (p.silu) fwd_cl_lean<true>(p, smem_u32(ring[warp]), blockIdx.z, c0, ts);
+    else fwd_cl_lean<false>(p, smem_u32(ring[warp]), blockIdx.z, c0, ts);
+  } else {
+    fwd_cl<false>(p, smem_u32(ring[warp]));
+  }
 }
 #endif
 
@@ -523,7 +608,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cf(cons
 #endif
 
 // ==== channel-last backward ========================================================================
-// Grid and ownership as causal_conv1d_fwd_cl. Warp w walks t = ts .. te + H - 1 (te = min(ts + kT, L)):
+// Grid and ownership as causal_conv1d_fwd_cl with kTB positions a warp (the dweight / dbias partials
+// and the H rows each warp re-reads halve against kT). Warp w walks t = ts .. te + H - 1 (te = min(ts + kTB, L)):
 // at each t it forms dy[t] (0 past L) and, with the last H dy kept, dx at s = t - H for s in [ts, te)
 // (dinitial_states for s < 0 in the first warp); dweight / dbias terms for t in [ts, te). Rows of x
 // and dout go in steps of kUB through two rings of kSB stages. The 4 warps share the lanes'
@@ -532,22 +618,15 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cf(cons
 constexpr int kSB = DT == 2 ? 3 : 6;       // stages: 24 KB of rings a block either way (static <= 48 KB)
 constexpr u32 kStageB = kUB * kRowStride;  // 512 B (16-bit) / 1 KB (fp32) per stage and tensor
 template <bool kSeq>
-__device__ __forceinline__ void bwd_cl(const Conv1dParams& p, char (*ring)[kWarps][kSB][kUB][32][kRowB],
-                                       float (*red)[kW + 1][kVecF][32]) {
+__device__ __forceinline__ void bwd_cl(const Conv1dParams& p, u32 ring, float (&dw)[kW][kVecF],
+                                       float (&db)[kVecF]) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const i64 c0 = ((i64)blockIdx.x * 32 + lane) * kVecF;
-  const i64 ts = ((i64)blockIdx.y * kWarps + warp) * kT;
+  const i64 ts = ((i64)blockIdx.y * kWarps + warp) * kTB;
   const i64 b = blockIdx.z;
-  float dw[kW][kVecF], db[kVecF];
-#pragma unroll
-  for (int i = 0; i < kVecF; ++i) {
-    db[i] = 0.f;
-#pragma unroll
-    for (int k = 0; k < kW; ++k) dw[k][i] = 0.f;
-  }
   if (c0 < p.dim && ts < p.seqlen) {
     const int nv = (int)(p.dim - c0 < kVecF ? p.dim - c0 : kVecF);
-    const i64 te = ts + kT < p.seqlen ? ts + kT : p.seqlen;
+    const i64 te = ts + kTB < p.seqlen ? ts + kTB : p.seqlen;
     const i64 tend = te + kH;                         // one past the last t visited
     const i64 tv = tend < p.seqlen ? tend : p.seqlen;  // rows read: [ts, tv); x, dout are 0 past L
     const int nsteps = (int)((tend - ts + kUB - 1) / kUB);
@@ -555,8 +634,8 @@ __device__ __forceinline__ void bwd_cl(const Conv1dParams& p, char (*ring)[kWarp
     const i64 gb = b * p.dout_s[0] + c0;
     const bool vec = rows_aligned(p.x, p.x_s) && rows_aligned(p.dout, p.dout_s);
     const bool vdx = rows_aligned(p.dx, p.dx_s);
-    const u32 rx = smem_u32(&ring[0][warp][0][0][lane][0]);
-    const u32 rg = smem_u32(&ring[1][warp][0][0][lane][0]);
+    const u32 rx = ring + lane * kRowB;  // this warp's rings: [stage][row][lane], x then dout
+    const u32 rg = rx + kSB * kStageB;
     // step s's rows of x and dout into stage s % kSB (none past the last step), then close the group
     auto issue = [&](int s) {
       if (s < nsteps) {
@@ -664,6 +743,147 @@ __device__ __forceinline__ void bwd_cl(const Conv1dParams& p, char (*ring)[kWarp
       for (int u = 0; u < kUB; ++u) sr[u] = sn[u];
     }
   }
+}
+
+// ---- the interior warps' lean walk -----------------------------------------------------------------
+// A warp whose walk [ts, ts + kTB + H) lies inside [0, L), with full lane slices, 16-bit rows aligned
+// in x, dout and dx, no seq_idx and no dinitial_states to write (ts > 0 or no dinit): at L >= 512
+// nearly every warp. Same sums as bwd_cl through the lean walk (the ring section's note). Walk rows
+// r = 0 .. kTB + H - 1; dweight / dbias from r < kTB, dx at r - H from r >= H. Only the stages that
+// hold a row where a test fails evaluate them (kCheck); the others run every row whole.
+constexpr int kRows = kTB + kH;             // rows a warp walks
+constexpr int kNI = (kRows + kR - 1) / kR;  // stages a warp walks
+
+// The per-warp, per-lane state of the lean walk.
+struct LeanWalk {
+  float w[kW][kVecF], bias[kVecF];
+  float xh[kH][kVecF], gh[kH][kVecF];  // x and dy of row r in slot r % H
+};
+
+// Stage `it` of the walk (its rows in the ring at ring offset `off`): row j = row r = it kR + j.
+template <bool kSilu, bool kCheck>
+__device__ __forceinline__ void lean_stage(LeanWalk& s, float (&dw)[kW][kVecF], float (&db)[kVecF], u32 rx,
+                                           u32 rg, char* dxs, i64 sdx, int it) {
+#pragma unroll
+  for (int j = 0; j < kR; ++j) {
+    const int r = it * kR + j;
+    if (kCheck && r >= kRows) break;
+    RowRaw xraw, graw;
+    lds_raw(xraw, rx + j * kRowStride);
+    lds_raw(graw, rg + j * kRowStride);
+    float xr[kVecF], g[kVecF];
+#pragma unroll
+    for (int i = 0; i < kVecF; ++i) {
+      xr[i] = elem<DT>(xraw, i);
+      g[i] = elem<DT>(graw, i);
+      if (kSilu) {
+        // y[t] = bias + sum_{k < H} w[k] x[t - H + k] + w[H] x[t]; x[t - H + k] is row r - H + k: slot (j + k) % H
+        float y = s.bias[i];
+#pragma unroll
+        for (int k = 0; k < kH; ++k) y = fmaf(s.w[k][i], s.xh[(j + k) % kH][i], y);
+        y = fmaf(s.w[kH][i], xr[i], y);
+        g[i] *= dsilu(y);
+      }
+    }
+    if (!kCheck || r < kTB) {
+#pragma unroll
+      for (int i = 0; i < kVecF; ++i) {
+        db[i] += g[i];
+#pragma unroll
+        for (int k = 0; k < kH; ++k) dw[k][i] = fmaf(g[i], s.xh[(j + k) % kH][i], dw[k][i]);
+        dw[kH][i] = fmaf(g[i], xr[i], dw[kH][i]);
+      }
+    }
+    if (!kCheck || r >= kH) {
+      // dx at row r - H: sum_k w[k] dy[row r - k]; dy of row r - k (k >= 1) is in slot (j - k) mod H
+      float d[kVecF];
+#pragma unroll
+      for (int i = 0; i < kVecF; ++i) {
+        float a = s.w[0][i] * g[i];
+#pragma unroll
+        for (int k = 1; k < kW; ++k) a = fmaf(s.w[k][i], s.gh[(j - k + kH * kW) % kH][i], a);
+        d[i] = a;
+      }
+      RowRaw o;
+      pack_raw<DT, kVecF>(o, d);
+      store_raw<kVecF, kES>(dxs + (j - kH) * sdx, o, kVecF, kRowB);
+    }
+#pragma unroll
+    for (int i = 0; i < kVecF; ++i) {
+      s.xh[j % kH][i] = xr[i];
+      s.gh[j % kH][i] = g[i];
+    }
+  }
+}
+
+// The lean walk of warp `warp` (rows from ts; channels c0 ..; ring: this warp's [x | dout] stages).
+template <bool kSilu>
+__device__ __forceinline__ void bwd_cl_lean(const Conv1dParams& p, u32 ring, float (&dw)[kW][kVecF],
+                                            float (&db)[kVecF], i64 b, i64 c0, i64 ts) {
+  const int lane = threadIdx.x % 32;
+  const i64 sx = p.x_s[2] * kES, sg = p.dout_s[2] * kES, sdx = p.dx_s[2] * kES;  // row strides, bytes
+  const char* gx = elem_ptr(p.x, b * p.x_s[0] + c0 + ts * p.x_s[2]);
+  const char* gg = elem_ptr(p.dout, b * p.dout_s[0] + c0 + ts * p.dout_s[2]);
+  char* dxs = (char*)p.dx + (b * p.dx_s[0] + c0 + ts * p.dx_s[2]) * kES;  // row r - H of stage 0: dxs + (j - H) sdx
+  const u32 rx = ring + lane * kRowB;  // this warp's rings: [stage][row][lane], x then dout
+  const u32 rg = rx + kSL * kStageL;
+  // stage q's rows (those of the walk) into slot q % kSL, then close the group (empty past the walk)
+  auto issue = [&](int q) {
+    if (q < kNI) {
+      const u32 off = (q % kSL) * kStageL;
+#pragma unroll
+      for (int j = 0; j < kR; ++j) {
+        if (q * kR + j < kRows) {
+          cp_async_ca<kRowB>(rx + off + j * kRowStride, gx + j * sx, kRowB);
+          cp_async_ca<kRowB>(rg + off + j * kRowStride, gg + j * sg, kRowB);
+        }
+      }
+      gx += kR * sx;
+      gg += kR * sg;
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int q = 0; q < kSL - 1; ++q) issue(q);
+  LeanWalk s;
+  int hs[kH];
+  lane_weights(s.w, s.bias, p, c0);
+  lane_history<false>(s.xh, hs, p, b, c0, b * p.x_s[0] + c0, ts, kVecF);  // slot j: row j - H
+#pragma unroll
+  for (int j = 0; j < kH; ++j) {
+#pragma unroll
+    for (int i = 0; i < kVecF; ++i) s.gh[j][i] = 0.f;  // dy before ts: never read (dx from r >= H)
+  }
+#pragma unroll 1
+  for (int it = 0; it < kNI; ++it) {
+    issue(it + kSL - 1);
+    cp_async_wait<kSL - 1>();  // stage it's rows are in the ring
+    const u32 off = (it % kSL) * kStageL;
+    // checked: stage 0 (rows r < H emit no dx) and every stage from the one holding row kTB (rows
+    // r >= kTB add no dweight; r >= kRows do not exist): with H = 3 that is the last two
+    if (it == 0 || it >= kTB / kR) lean_stage<kSilu, true>(s, dw, db, rx + off, rg + off, dxs, sdx, it);
+    else lean_stage<kSilu, false>(s, dw, db, rx + off, rg + off, dxs, sdx, it);
+    dxs += kR * sdx;
+  }
+}
+
+// Whether warp ts of a call without seq_idx takes the lean walk (the same answer for its every lane:
+// the walks' rings share the warp's shared memory). dim % kVecF == 0: no partial lane slice.
+__device__ __forceinline__ bool lean_ok(const Conv1dParams& p, i64 ts) {
+  if constexpr (DT == 2) {
+    return false;  // fp32 rows: 2x the ring (the general walk's 3 stages fit, the lean walk's do not)
+  } else {
+    return p.dim % kVecF == 0 && ts + kRows <= p.seqlen && (ts > 0 || !p.has_dinit) &&
+           rows_aligned(p.x, p.x_s) && rows_aligned(p.dout, p.dout_s) && rows_aligned(p.dx, p.dx_s);
+  }
+}
+
+// The block's dweight / dbias partial sums: each warp's lanes into shared memory, summed over the
+// warps by warp 0 into partials[part][c][W + 1] (part = b * gridDim.y + blockIdx.y).
+__device__ __forceinline__ void cl_partials(const Conv1dParams& p, const float (&dw)[kW][kVecF],
+                                            const float (&db)[kVecF], float (*red)[kW + 1][kVecF][32]) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const i64 c0 = ((i64)blockIdx.x * 32 + lane) * kVecF;
 #pragma unroll
   for (int i = 0; i < kVecF; ++i) {
 #pragma unroll
@@ -672,56 +892,93 @@ __device__ __forceinline__ void bwd_cl(const Conv1dParams& p, char (*ring)[kWarp
   }
   __syncthreads();
   if (warp == 0 && c0 < p.dim) {
-    const i64 part = b * gridDim.y + blockIdx.y;
+    const i64 part = (i64)blockIdx.z * gridDim.y + blockIdx.y;
 #pragma unroll
     for (int i = 0; i < kVecF; ++i) {
       if (c0 + i >= p.dim) break;
       float* dst = p.partials + (part * p.dim + c0 + i) * (kW + 1);
 #pragma unroll
       for (int k = 0; k < kW + 1; ++k) {
-        float s = 0.f;
+        float sum = 0.f;
 #pragma unroll
-        for (int wi = 0; wi < kWarps; ++wi) s += red[wi][k][i][lane];
-        dst[k] = s;
+        for (int wi = 0; wi < kWarps; ++wi) sum += red[wi][k][i][lane];
+        dst[k] = sum;
       }
     }
   }
 }
-// 3 blocks per SM (<= 168 registers; unbounded it takes ~195, and at 4 blocks it spills)
+
+// Each warp's rings, x then dout, in its own kWarpRing bytes: the general walk's kSB stages of kUB
+// rows or (16-bit only) the lean walk's kSL stages of kR rows. 36 KB a block, + 10 KB of `red`.
+constexpr u32 kRingGeneral = kSB * kStageB;
+constexpr u32 kRingLean = DT == 2 ? 0 : kSL * kStageL;
+constexpr u32 kWarpRing = 2 * (kRingGeneral > kRingLean ? kRingGeneral : kRingLean);
+
+// 3 blocks per SM (<= 168 registers: the general walk unbounded takes ~195, and at 4 blocks spills)
 extern "C" __global__ void __launch_bounds__(kThreads, 3) causal_conv1d_bwd_cl(const Conv1dParams p) {
-  __shared__ __align__(16) char ring[2][kWarps][kSB][kUB][32][kRowB];  // [0]: x, [1]: dout
+  __shared__ __align__(16) char ring[kWarps][kWarpRing];
   __shared__ float red[kWarps][kW + 1][kVecF][32];
-  if (p.has_seq) bwd_cl<true>(p, ring, red);
-  else bwd_cl<false>(p, ring, red);
+  float dw[kW][kVecF], db[kVecF];
+#pragma unroll
+  for (int i = 0; i < kVecF; ++i) {
+    db[i] = 0.f;
+#pragma unroll
+    for (int k = 0; k < kW; ++k) dw[k][i] = 0.f;
+  }
+  const int warp = threadIdx.x / 32;
+  const i64 c0 = ((i64)blockIdx.x * 32 + threadIdx.x % 32) * kVecF;
+  const i64 ts = ((i64)blockIdx.y * kWarps + warp) * kTB;
+  const u32 mine = smem_u32(ring[warp]);
+  if (p.has_seq) {
+    bwd_cl<true>(p, mine, dw, db);
+  } else if (lean_ok(p, ts)) {
+    if (c0 < p.dim) {  // lanes past dim: nothing to walk
+      if (p.silu) bwd_cl_lean<true>(p, mine, dw, db, blockIdx.z, c0, ts);
+      else bwd_cl_lean<false>(p, mine, dw, db, blockIdx.z, c0, ts);
+    }
+  } else {
+    bwd_cl<false>(p, mine, dw, db);
+  }
+  cl_partials(p, dw, db, red);
 }
 #endif
 
 // ==== dweight / dbias: the sum of the parts ========================================================
-// grid ceil(dim * (W + 1) / kThreads), block kThreads; thread = one (c, k) (k = W: the bias), summing
-// partials[part][c][k] over part in order (consecutive threads read consecutive floats).
+// grid ceil(dim * (W + 1) / 32), block kThreads. Column = one (c, k) (k = W: the bias); lane l of a
+// block owns column blockIdx.x * 32 + l (a warp reads 128 contiguous bytes of a part), warp w sums
+// parts w, w + kWarps, ... with 8 loads in flight, and warp 0 adds the warps' sums in warp order:
+// deterministic, no atomics. (One thread a column summing every part in turn ran at ~0.75 TB/s.)
 #if FS_HAS_ENTRY(4)
 extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_dw_reduce(const Conv1dParams p) {
-  const i64 idx = (i64)blockIdx.x * kThreads + threadIdx.x;
-  if (idx >= p.dim * (kW + 1)) return;
-  const i64 c = idx / (kW + 1);
-  const int k = (int)(idx % (kW + 1));
-  // 8 independent sums (8 loads in flight per thread: the channel-last backward makes
-  // batch * seqlen / 128 parts), added in a fixed order at the end: deterministic
-  const i64 stride = p.dim * (kW + 1);
+  __shared__ float sums[kWarps][32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const i64 cols = p.dim * (kW + 1);
+  const i64 idx = (i64)blockIdx.x * 32 + lane;
   float acc[8];
 #pragma unroll
   for (int u = 0; u < 8; ++u) acc[u] = 0.f;
-  i64 part = 0;
-  for (; part + 8 <= p.nparts; part += 8) {
+  if (idx < cols) {
+    i64 part = warp;
+    for (; part + 7 * kWarps < p.nparts; part += 8 * kWarps) {
 #pragma unroll
-    for (int u = 0; u < 8; ++u) acc[u] += p.partials[(part + u) * stride + idx];
+      for (int u = 0; u < 8; ++u) acc[u] += p.partials[(part + u * kWarps) * cols + idx];
+    }
+    for (; part < p.nparts; part += kWarps) acc[0] += p.partials[part * cols + idx];
   }
-  for (; part < p.nparts; ++part) acc[0] += p.partials[part * stride + idx];
   float s = 0.f;
 #pragma unroll
   for (int u = 0; u < 8; ++u) s += acc[u];
-  if (k < kW) st_f32<WDT>(p.dweight, c * p.dw_s[0] + k * p.dw_s[1], s);
-  else if (p.dbias != nullptr) st_f32<WDT>(p.dbias, c * p.dbias_s, s);
+  sums[warp][lane] = s;
+  __syncthreads();
+  if (warp == 0 && idx < cols) {
+    float t = 0.f;
+#pragma unroll
+    for (int wi = 0; wi < kWarps; ++wi) t += sums[wi][lane];
+    const i64 c = idx / (kW + 1);
+    const int k = (int)(idx % (kW + 1));
+    if (k < kW) st_f32<WDT>(p.dweight, c * p.dw_s[0] + k * p.dw_s[1], t);
+    else if (p.dbias != nullptr) st_f32<WDT>(p.dbias, c * p.dbias_s, t);
+  }
 }
 #endif
 

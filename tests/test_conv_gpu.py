@@ -295,6 +295,64 @@ def test_channel_last_partial_and_unaligned_rows(dt: str, view: str, seqlen: int
         check_grad(t.grad, ref_g, bl, dtype, n)
 
 
+@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize(
+    "seqlen, opts",
+    [(70, "bias_silu"), (300, "bias_silu"), (1000, "plain"), (1000, "states"), (4097, "bias_silu")],
+)
+def test_channel_last_backward_lean_walk(dt: str, width: int, seqlen: int, opts: str) -> None:
+    """The backward's lean walk (warps of 64 positions whose walk of 64 + H rows ends inside the
+    sequence, no seq_idx, dim % 4 == 0, rows aligned) over widths 2..4 and 16-bit dtypes: seqlen
+    70 (the first warp only), 300 / 1000 / 4097 (all but the last; with `states` the first writes
+    dinitial_states on the general walk); bias + SiLU, neither, or initial / final states; dout
+    channel-last as in a Mamba-2 block. Width 4 is where the walk's last two stages are the
+    checked ones (an unchecked middle stage once added rows 64, 65 to dweight: O(1) errors here).
+    Gradients against the float64 reference under the rule; dx and dinit poisoned first."""
+    import flashscan.torch as fst
+
+    dtype = DTYPES[dt]
+    batch, dim = 2, 136  # two blocks of channels: the second with lanes past dim
+    x = make_x(batch, dim, seqlen, dtype, "cl").detach().requires_grad_()
+    w = (torch.randn(dim, width, device="cuda") / width).to(dtype).requires_grad_()
+    b = torch.randn(dim, device="cuda").to(dtype).requires_grad_() if opts != "plain" else None
+    init = (
+        torch.randn(batch, dim, width - 1, device="cuda", dtype=dtype).requires_grad_()
+        if opts == "states"
+        else None
+    )
+    act = None if opts == "plain" else "silu"
+    dout = make_x(batch, dim, seqlen, dtype, "cl")
+    dfin = None
+    if init is not None:
+        dfin = torch.randn(batch, dim, width - 1, device="cuda", dtype=dtype)
+    _FIXTURES["poison"](x.numel() * x.element_size())
+    if init is not None:
+        out, fin = fst.causal_conv1d_fn(x, w, b, init, return_final_states=True, activation=act)
+        torch.autograd.backward((out, fin), (dout, dfin))
+    else:
+        out = fst.causal_conv1d_fn(x, w, b, activation=act)
+        out.backward(dout)
+    want = rc.causal_conv1d_bwd(
+        host(dout), host(x), host(w), host(b), host(init), host(dfin), act, None
+    )
+    leaves = [t for t in (x, w, b, init) if t is not None]
+    lc = [t.detach().clone().requires_grad_() for t in leaves]
+    bb = lc[2] if b is not None else None
+    ib = lc[-1] if init is not None else None
+    yb = torch_conv(lc[0], lc[1], bb, ib, act is not None, dtype)
+    loss = (yb.float() * dout.float()).sum()
+    if init is not None:
+        xcat = torch.cat([ib, lc[0]], dim=2)
+        loss = loss + (xcat[:, :, seqlen:].float() * dfin.float()).sum()
+    base = torch.autograd.grad(loss, lc)
+    all_names = ["dx", "dweight", "dbias", "dinitial_states"]
+    names = [n for n, g in zip(all_names, want) if g is not None]
+    present = [g for g in want if g is not None]
+    for t, ref_g, bl, n in zip(leaves, present, base, names):
+        check_grad(t.grad, ref_g, bl, dtype, n)
+
+
 @pytest.mark.parametrize("dt", list(DTYPES))
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("ring", [False, True])

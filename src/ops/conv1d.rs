@@ -10,8 +10,11 @@ pub const SOURCE: &str = include_str!("../../cuda/causal_conv1d.cu");
 pub const FAMILY: &str = "causal_conv1d";
 const THREADS: i64 = 128;
 const WARPS: i64 = THREADS / 32;
-/// Positions per warp of the channel-last kernels (the kernel's kT).
+/// Positions per warp of the channel-last forward (the kernel's kT) and backward (its kTB).
 const CL_STEPS: i64 = 32;
+const CL_STEPS_BWD: i64 = 64;
+/// Columns ((channel, tap) sums) per block of the dweight / dbias reduce (one a lane).
+const REDUCE_COLS: i64 = 32;
 /// Channels per lane of the channel-last kernels (the kernel's kVecF).
 const CL_CHANNELS: i64 = 4;
 
@@ -233,13 +236,15 @@ fn vec_elems(dt: DType) -> i64 {
     16 / dt.size() as i64
 }
 
-/// (grid, parts along time) of the forward or backward for a layout (both take the same grid).
+/// (grid, parts along time) of the forward or backward for a layout; `cl_steps`: positions per warp
+/// of the channel-last kernel launched (CL_STEPS or CL_STEPS_BWD).
 fn grid(
     layout: Layout,
     dt: DType,
     batch: i64,
     dim: i64,
     seqlen: i64,
+    cl_steps: i64,
 ) -> Result<((u32, u32, u32), i64)> {
     let too_big = || unsupported("dim * seqlen too large for one launch");
     match layout {
@@ -251,7 +256,7 @@ fn grid(
         }
         Layout::ChannelLast => {
             let gx = (dim + 32 * CL_CHANNELS - 1) / (32 * CL_CHANNELS);
-            let gy = (seqlen + WARPS * CL_STEPS - 1) / (WARPS * CL_STEPS);
+            let gy = (seqlen + WARPS * cl_steps - 1) / (WARPS * cl_steps);
             let gy32 = u32::try_from(gy)
                 .ok()
                 .filter(|&v| v <= 65535)
@@ -331,7 +336,7 @@ pub fn forward(a: &Conv1dFwdArgs, stream: StreamChoice) -> Result<()> {
         Layout::ChannelLast => "causal_conv1d_fwd_cl",
     };
     let k = dev.kernel(&spec(entry, a.x.dtype, a.weight.dtype, width)?)?;
-    let (g, _) = grid(layout, a.x.dtype, p.batch, p.dim, p.seqlen)?;
+    let (g, _) = grid(layout, a.x.dtype, p.batch, p.dim, p.seqlen, CL_STEPS)?;
     let st = dev.stream(stream)?;
     // SAFETY: params mirrors Conv1dParams; shapes, dtypes, layouts, devices were checked.
     unsafe { dev.launch(&k, g, (THREADS as u32, 1, 1), 0, st, &p)? };
@@ -465,10 +470,10 @@ pub fn backward(a: &Conv1dBwdArgs, stream: StreamChoice) -> Result<()> {
     let (g, tparts) = if empty {
         ((0, 0, 0), 0)
     } else {
-        grid(layout, xd, p.batch, p.dim, p.seqlen)?
+        grid(layout, xd, p.batch, p.dim, p.seqlen, CL_STEPS_BWD)?
     };
     p.nparts = p.batch * tparts;
-    let red_grid = u32::try_from((p.dim * (width + 1) + THREADS - 1) / THREADS)
+    let red_grid = u32::try_from((p.dim * (width + 1) + REDUCE_COLS - 1) / REDUCE_COLS)
         .map_err(|_| unsupported("dim too large"))?;
     let s = dev.stream(stream)?;
     let bytes = (p.nparts.max(1) * p.dim * (width + 1) * 4) as usize;
