@@ -18,14 +18,17 @@
 //   the H positions on each side it needs (the neighbours' data: L1 hits) element by element.
 // - channel-last (dim stride 1): block = 4 warps x 32 lanes; lane l owns kVecF = 4 consecutive
 //   channels (one 8-byte slice of a row for 16-bit x, 16 bytes for fp32), warp w a range of kT
-//   positions, walked in order with the last H inputs (and in the backward the last H dy) kept in
-//   registers. Rows stream through a per-warp ring of shared-memory stages filled by cp.async, so
-//   several steps of loads are in flight per lane without holding registers. H100, b8 L2048 d5376
-//   bf16 width 4: the forward 173 -> 133 us (the two-steps-in-registers version before it: 68% ->
-//   87% of copy), the backward 862 -> 362 us (it held 16-byte slices of x, dout and both histories
-//   in 253 registers, 2 blocks per SM, no loads ahead; ncu: 0.33 -> 0.51 issued per scheduler).
-//   The backward is now issue-bound (12 warps per SM at 168 registers; 4 blocks spill): 2 rows a
-//   stage measured faster than 4 (362 vs 379 us) and 3 blocks faster than 2 (474 us).
+//   positions (forward) or kTB (backward), walked in order with the last H inputs (and in the
+//   backward the last H dy) kept in registers. Rows stream through a per-warp ring of shared-memory
+//   stages filled by cp.async, so several steps of loads are in flight per lane without holding
+//   registers. Interior warps (no seq_idx, aligned rows, dim % 4 == 0, the walk inside the
+//   sequence; 16-bit for the backward) take a lean walk: no per-row bounds, masks, 64-bit index
+//   products or register moves (the history in slot r % H of an unrolled 6-row stage); the
+//   general walk serves seq_idx, the sequence's edges, partial or unaligned rows.
+//   H100, b8 L2048 d5376 bf16 width 4: the forward 173 -> 133 us (ring) -> 125.5 (lean walk, 89% of
+//   copy); the backward 862 -> 362 us (ring; it held 16-byte slices of x, dout and both histories
+//   in 253 registers before) -> 231 (lean walk: ~250 -> ~110 SASS instructions a row) at 3 blocks
+//   per SM (4 spill the general walk and measured 240).
 // Every forward / backward kernel runs one of two bodies (kSeq: seq_idx given or not), so a call
 // without seq_idx evaluates no mask.
 // Backward dweight / dbias: each block reduces its own partial sums (shuffles, then shared memory
@@ -504,6 +507,9 @@ __device__ __forceinline__ void block_sum_cf(float (&v)[kW + 1], float (*red)[kW
 // dx at its positions (and dinitial_states in the block of position 0), and adds its dweight / dbias
 // terms to the block's partial sums (part = b * nchunks + chunk).
 #if FS_HAS_ENTRY(2)
+// Tried and dropped (H100, b8 L2048 d5120 bf16 width 4, same lease): a lean body for threads whose
+// window lies inside the sequence (no bounds or masks, the halos as one 8-byte access each instead
+// of element loads): causal_conv1d_bwd_cf 290.6 -> 377.5 us, correct but slower; not profiled.
 template <bool kSeq>
 __device__ __forceinline__ void bwd_cf(const Conv1dParams& p, float (*red)[kW + 1]) {
   const u32 nchunks = (u32)((p.seqlen + kChunk - 1) / kChunk);  // 32-bit division, as the forward

@@ -295,25 +295,28 @@ def test_channel_last_partial_and_unaligned_rows(dt: str, view: str, seqlen: int
         check_grad(t.grad, ref_g, bl, dtype, n)
 
 
-@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dt", list(DTYPES))
 @pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("layout", ["cl", "cf"])
 @pytest.mark.parametrize(
     "seqlen, opts",
-    [(70, "bias_silu"), (300, "bias_silu"), (1000, "plain"), (1000, "states"), (4097, "bias_silu")],
+    [(72, "bias_silu"), (304, "bias_silu"), (1000, "plain"), (1000, "states"), (4104, "bias_silu")],
 )
-def test_channel_last_backward_lean_walk(dt: str, width: int, seqlen: int, opts: str) -> None:
-    """The backward's lean walk (warps of 64 positions whose walk of 64 + H rows ends inside the
-    sequence, no seq_idx, dim % 4 == 0, rows aligned) over widths 2..4 and 16-bit dtypes: seqlen
-    70 (the first warp only), 300 / 1000 / 4097 (all but the last; with `states` the first writes
-    dinitial_states on the general walk); bias + SiLU, neither, or initial / final states; dout
-    channel-last as in a Mamba-2 block. Width 4 is where the walk's last two stages are the
-    checked ones (an unchecked middle stage once added rows 64, 65 to dweight: O(1) errors here).
-    Gradients against the float64 reference under the rule; dx and dinit poisoned first."""
+def test_backward_lean_paths(dt: str, width: int, layout: str, seqlen: int, opts: str) -> None:
+    """The backward's lean paths (no seq_idx, rows aligned, dout in x's layout as in a Mamba
+    block). Channel-last (16-bit): warps of 64 positions whose walk of 64 + H rows ends inside
+    the sequence; seqlen 72 is the first warp only, 304 / 1000 / 4104 all but the last (with
+    `states` the first writes dinitial_states on the general walk). Width 4 is where the walk's
+    last two stages are the checked ones (an unchecked middle stage once added rows 64, 65 to
+    dweight: O(1) errors here). Channel-first (every dtype) at the same lengths, multiples of 8:
+    rows 16-byte aligned, every interior thread's vector path. Widths 2..4; bias + SiLU,
+    neither, or initial / final states. Gradients against the float64 reference under the
+    rule; dx and dinit poisoned first."""
     import flashscan.torch as fst
 
     dtype = DTYPES[dt]
-    batch, dim = 2, 136  # two blocks of channels: the second with lanes past dim
-    x = make_x(batch, dim, seqlen, dtype, "cl").detach().requires_grad_()
+    batch, dim = 2, 136  # channel-last: two blocks of channels, the second with lanes past dim
+    x = make_x(batch, dim, seqlen, dtype, layout).detach().requires_grad_()
     w = (torch.randn(dim, width, device="cuda") / width).to(dtype).requires_grad_()
     b = torch.randn(dim, device="cuda").to(dtype).requires_grad_() if opts != "plain" else None
     init = (
@@ -322,7 +325,7 @@ def test_channel_last_backward_lean_walk(dt: str, width: int, seqlen: int, opts:
         else None
     )
     act = None if opts == "plain" else "silu"
-    dout = make_x(batch, dim, seqlen, dtype, "cl")
+    dout = make_x(batch, dim, seqlen, dtype, layout)
     dfin = None
     if init is not None:
         dfin = torch.randn(batch, dim, width - 1, device="cuda", dtype=dtype)

@@ -328,11 +328,13 @@ def conv_cases() -> int:
         return None if t is None else t.detach().double().cpu().numpy()
 
     bad = 0
-    # d 70: channel-last rows not 8 / 16-byte aligned (the synchronous path); d 72: cp.async rows
+    # d 70, L 1031: channel-last rows not 8 / 16-byte aligned (the synchronous path), channel-first
+    # rows not 16-byte aligned; d 72, L 1032: cp.async rows and, without seq_idx, the channel-last
+    # lean walks of every interior warp; channel-first rows aligned
     for dtype, width, layout, seq, d in itertools.product(
         [torch.float32, torch.bfloat16], [2, 4], ["cf", "cl"], [False, True], [70, 72]
     ):
-        b, L = 2, 1031
+        b, L = 2, (1031 if d == 70 else 1032)
         x = torch.randn(b, L, d, device="cuda", dtype=dtype).transpose(1, 2)
         if layout == "cf":
             x = x.contiguous()
