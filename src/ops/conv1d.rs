@@ -678,6 +678,37 @@ mod tests {
         assert!(check_fwd(&a).unwrap_err().to_string().contains("out"));
     }
 
+    /// The launch geometry the host computes must be the one the kernel walks: its kT / kTB /
+    /// kVecF constants (a mismatch leaves positions or channels unwritten, silently).
+    #[test]
+    fn channel_last_grid_matches_the_kernel_constants() {
+        for (name, value) in [
+            ("kT", CL_STEPS),
+            ("kTB", CL_STEPS_BWD),
+            ("kVecF", CL_CHANNELS),
+            ("kThreads", THREADS),
+        ] {
+            let decl = format!("constexpr int {name} = {value};");
+            assert!(
+                SOURCE.contains(&decl),
+                "cuda/causal_conv1d.cu lacks `{decl}`"
+            );
+        }
+        let ((gx, gy, gz), parts) =
+            grid(Layout::ChannelLast, DType::BF16, 8, 5376, 2048, CL_STEPS).unwrap();
+        assert_eq!((gx, gy, gz, parts), (42, 16, 8, 16));
+        let ((_, gy, _), parts) = grid(
+            Layout::ChannelLast,
+            DType::BF16,
+            8,
+            5376,
+            2049,
+            CL_STEPS_BWD,
+        )
+        .unwrap();
+        assert_eq!((gy, parts), (9, 9)); // 256 positions a block: one more for the last position
+    }
+
     #[test]
     fn every_variant_is_listed_once() {
         let v = all_specs(90);
