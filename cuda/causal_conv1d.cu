@@ -436,7 +436,7 @@ __device__ __forceinline__ void fwd_cl_lean(const Conv1dParams& p, u32 ring, i64
 #pragma unroll
   for (int q = 0; q < kSL - 1; ++q) issue(q);
   float w[kW][kVecF], bias[kVecF], xh[kH][kVecF];
-  int hs[kH];
+  int hs[kH];  // lane_history's seq ids: unused without seq_idx
   lane_weights(w, bias, p, c0);
   lane_history<false>(xh, hs, p, b, c0, b * p.x_s[0] + c0, ts, kVecF);  // slot j: row j - H
 #pragma unroll 1
@@ -826,7 +826,7 @@ __device__ __forceinline__ void lean_stage(LeanWalk& s, float (&dw)[kW][kVecF], 
   }
 }
 
-// The lean walk of warp `warp` (rows from ts; channels c0 ..; ring: this warp's [x | dout] stages).
+// This warp's lean walk (rows from ts; this lane's channels c0 ..; ring: the warp's [x | dout] stages).
 template <bool kSilu>
 __device__ __forceinline__ void bwd_cl_lean(const Conv1dParams& p, u32 ring, float (&dw)[kW][kVecF],
                                             float (&db)[kVecF], i64 b, i64 c0, i64 ts) {
@@ -856,7 +856,7 @@ __device__ __forceinline__ void bwd_cl_lean(const Conv1dParams& p, u32 ring, flo
 #pragma unroll
   for (int q = 0; q < kSL - 1; ++q) issue(q);
   LeanWalk s;
-  int hs[kH];
+  int hs[kH];  // lane_history's seq ids: unused without seq_idx
   lane_weights(s.w, s.bias, p, c0);
   lane_history<false>(s.xh, hs, p, b, c0, b * p.x_s[0] + c0, ts, kVecF);  // slot j: row j - H
 #pragma unroll
