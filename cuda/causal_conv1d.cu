@@ -510,7 +510,7 @@ __device__ __forceinline__ void block_sum_cf(float (&v)[kW + 1], float (*red)[kW
 // Tried and dropped (H100, b8 L2048 d5120 bf16 width 4, same lease): a lean body for threads whose
 // window lies inside the sequence (no bounds or masks, the halos as one 8-byte access each instead
 // of element loads): causal_conv1d_bwd_cf 290.6 -> 377.5 us, correct but slower; not profiled.
-// Likely why (SASS, not measured): the choice was per thread, so warp 0 (s0 = 0) and warp 3 (the
+// Likely why (read from the code, not measured): the choice was per thread, so warp 0 (s0 = 0) and warp 3 (the
 // chunk's last thread) of every block ran both bodies one after the other, and block_sum_cf's
 // barrier made each block wait for them. Next try: one body for every thread, its halo loads
 // predicated (zero / initial_states fill) instead of a second body.
