@@ -209,6 +209,27 @@ extern "C" __global__ void __launch_bounds__(256) flash_bwd_preprocess(FS_BWD_PA
 }
 
 // ---- dq = softmax_scale * sum over slices of dq_accum, cast ---------------------------------------
+// FS_DQ_FRAG = 0: the accumulator is row-major (rows of kHeadDim floats). FS_DQ_FRAG = 64 / 128:
+// it holds flash_bwd_sm90.cu's fragment order, blocks of FS_DQ_FRAG rows (that file's header):
+// element (row, col) of a block sits at frag_index below.
+#ifndef FS_DQ_FRAG
+#define FS_DQ_FRAG 0
+#endif
+namespace fb {
+#if FS_DQ_FRAG
+static_assert((FS_DQ_FRAG == 64 && kHeadDim == 128) || (FS_DQ_FRAG == 128 && kHeadDim == 64),
+              "the wgmma backward's dQ blocks: 64 x 128 or 128 x 64");
+// Offset in floats, within its block, of the even column `col` of block row `r` (col + 1 follows).
+__device__ __forceinline__ int frag_index(int r, int col) {
+    const int wg = FS_DQ_FRAG == 64 ? col >> 6 : r >> 6;  // the warpgroup's half of the columns / rows
+    const int c = FS_DQ_FRAG == 64 ? col & 63 : col;
+    const int w = wg * 4 + ((r & 63) >> 4);              // warp: 16 rows of its warpgroup's half
+    const int lane = 4 * (r & 7) + ((c & 7) >> 1);       // g = row % 8, t = (col % 8) / 2
+    return ((w * 8 + (c >> 3)) * 32 + lane) * 4 + 2 * ((r >> 3) & 1);  // j = col / 8, h = row / 8 % 2
+}
+#endif
+}  // namespace fb
+
 // grid = (ceil(seqlen_q / 32), nheads, batch), block = 256: 8 threads per row, 4 columns per step.
 extern "C" __global__ void __launch_bounds__(256) flash_bwd_dq_convert(FS_BWD_PARAMS) {
     using namespace fb;
@@ -217,12 +238,22 @@ extern "C" __global__ void __launch_bounds__(256) flash_bwd_dq_convert(FS_BWD_PA
     const int l8 = threadIdx.x & 7;
     const int h = blockIdx.y, b = blockIdx.z;
     if (row >= p.seqlen_q) return;
+#if FS_DQ_FRAG
+    const int rb = row % FS_DQ_FRAG;  // row within its block
+    const float* acc = p.dq_accum + (((long long)b * p.nheads + h) * p.seqlen_q_pad + row - rb) * kHeadDim;
+#else
     const long long slice = (long long)p.batch * p.nheads * p.seqlen_q_pad * kHeadDim;
     const float* acc = p.dq_accum + (((long long)b * p.nheads + h) * p.seqlen_q_pad + row) * kHeadDim;
+#endif
     char* out = static_cast<char*>(p.dq) + ((long long)b * p.dq_batch_stride +
                                             (long long)row * p.dq_row_stride +
                                             (long long)h * p.dq_head_stride) * kElemBytes;
     for (int c = l8 * 4; c < p.head_dim; c += 32) {
+#if FS_DQ_FRAG
+        const float2 lo = *reinterpret_cast<const float2*>(acc + frag_index(rb, c));
+        const float2 hi = *reinterpret_cast<const float2*>(acc + frag_index(rb, c + 2));
+        float4 s = make_float4(lo.x, lo.y, hi.x, hi.y);  // the wgmma backward runs one slice
+#else
         float4 s = *reinterpret_cast<const float4*>(acc + c);
         for (int k = 1; k < p.nsplit; ++k) {
             const float4 x = *reinterpret_cast<const float4*>(acc + k * slice + c);
@@ -231,6 +262,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_bwd_dq_convert(FS_BWD_PA
             s.z += x.z;
             s.w += x.w;
         }
+#endif
         const float sc = p.softmax_scale;
 #if FS_DTYPE == 2
         *reinterpret_cast<float4*>(out + c * 4) = make_float4(s.x * sc, s.y * sc, s.z * sc, s.w * sc);

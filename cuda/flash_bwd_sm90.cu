@@ -12,7 +12,8 @@
 //       dK  += dS^T Q     same with dS^T and Q
 //       dS^T -> shared memory (swizzled);  dQ_partial = dS K   wgmma m64n64k16, A = dS read
 //                         MN-major from the dS^T tile (transposed A), B = K MN-major
-//       dQ_partial -> red.global.add.v2.f32 into the fp32 accumulator
+//       dQ_partial -> shared memory in fragment order -> one bulk reduce-add (the TMA unit) into
+//                     the fp32 accumulator's block, issued after the next iteration's first barrier
 //   and writes dK (times softmax_scale) and dV once, summed over the group, through shared memory.
 //
 // Threads: 256 = two warpgroups. Warpgroup wg owns keys [64 wg, 64 wg + 64) of the block for
@@ -29,7 +30,22 @@
 //   K (128 rows) | V (128 rows) | 2 stages x [Q (kBlockM rows) | dO (kBlockM rows)]
 //   | dS^T (128 key rows x kBlockM query columns: kBlockM / 64 column blocks)
 //   | 2 stages x [lse_log2 (kBlockM floats) | D (kBlockM floats)]
-// hd128: 32 + 32 + 64 + 16 + 1 KB = 145 KB; hd64: 16 + 16 + 64 + 32 + 2 KB = 130 KB (+1 KB align).
+//   | 2 stages x dQ (kBlockM x hd floats)
+// hd128: 32 + 32 + 64 + 16 + 1 + 64 KB = 209 KB; hd64: 16 + 16 + 64 + 32 + 2 + 64 KB = 194 KB
+// (+1 KB align).
+//
+// dQ in fragment order. The kBlockM x hd fp32 block of one (q head, q block) is contiguous in the
+// accumulator (rows of hd floats, seqlen_q_pad rows a head), so one bulk reduce-add moves it. Its
+// layout there and in shared memory is the dQ wgmma's fragment order, not row-major: warp w (0..7)
+// stores acc_dq[4 j .. 4 j + 3] as the float4 at ((w 8 + j) 32 + lane) 4 floats, so each store
+// instruction writes 512 contiguous bytes (no bank conflict). acc_dq[4 j + 2 h + e] of lane
+// 4 g + t of warp w (warpgroup wg = w / 4) is element (row, col) of the block with
+//   row = (kBlockM == 128 ? 64 wg : 0) + 16 (w % 4) + 8 h + g,
+//   col = (kBlockM == 64 ? 64 wg : 0) + 8 j + 2 t + e       (the dQ split above).
+// flash_bwd.cu's convert pass reads this order when built with
+// FS_DQ_FRAG = kBlockM (attention_bwd.rs asks for it with this kernel). Why not red.global.add
+// per thread, as before 2026-11-28: 16 RED.64 a thread an iteration kept the LSU queues full and
+// the warps waiting (measured: the same kernel without them 346 -> 550 TFLOP/s, hd128 s4096).
 // Q / dO / lse_log2 / D are cp.async double-buffered: iteration it issues it + 1's loads into the
 // other stage after the barrier that ends iteration it - 1 (whose wgmmas all completed), right
 // behind its own S^T / dP^T wgmmas so the address arithmetic runs while the tensor cores work.
@@ -46,7 +62,12 @@
 //   wgmma.wait_group); dK group (register A = packed dS^T)
 //   fence.proxy.async; __syncthreads                              dS^T visible to both warpgroups'
 //     tensor cores
-//   dQ group; wait_group 0 (dQ, dV, dK done); red.add dQ
+//   dQ group; wait_group 0 (dQ, dV, dK done); dQ -> shared memory (fragment order)
+// Thread 0 issues the bulk reduce-add of iteration it - 1's dQ (stage (it - 1) % 2) right after
+// iteration it's first barrier (every thread's dQ stores and proxy fence precede it) and, before
+// iteration it's second barrier, waits until the reduce of it - 2 has read stage it % 2: the dQ
+// stores at the end of iteration it come after that barrier. Two stages let a reduce read for a
+// whole iteration while the next one runs. The last iteration's block goes after the loop.
 // The descriptor / fence review for a first GPU run is in ARCHITECTURE.md ("Hopper backward").
 //
 // Covered (the launcher falls back to flash_bwd.cu otherwise): sm_90a, fp16 / bf16, head dim
@@ -59,6 +80,7 @@
 #include "common/copy.cuh"
 #include "common/flash_params.cuh"
 #include "common/math.cuh"
+#include "common/tma.cuh"
 #include "common/wgmma.cuh"
 
 #if !defined(FS_HEAD_DIM) || !defined(FS_DTYPE) || !defined(FS_HAS_MASK) || !defined(FS_ARCH)
@@ -86,7 +108,10 @@ static constexpr int kVOff = kKVTile;
 static constexpr int kQOff = 2 * kKVTile;                    // stage s: Q at + 2 s kQTile, dO after
 static constexpr int kSOff = kQOff + 4 * kQTile;
 static constexpr int kLOff = kSOff + kSTile;                 // stage s: lse_log2, then D
-static constexpr int kSmemBytes = kLOff + 2 * 2 * kBlockM * 4 + 1024;  // + 1 KB base alignment
+static constexpr int kDQOff = kLOff + 2 * 2 * kBlockM * 4;  // dQ blocks, fp32, fragment order
+static constexpr int kDQBytes = kBlockM * kHeadDim * 4;
+static constexpr int kDQStages = 2;  // iteration it stores into stage it % 2 while it - 1's reduce reads
+static constexpr int kSmemBytes = kDQOff + kDQStages * kDQBytes + 1024;  // + 1 KB base alignment
 static constexpr int kSRegs = kBlockM / 2;                   // S^T / dP^T floats per thread
 static constexpr int kDRegs = kHeadDim / 2;                  // dK / dV floats per thread
 static constexpr int kPSteps = kBlockM / 16;                 // k16 steps of dV / dK (queries)
@@ -96,6 +121,7 @@ static_assert(FS_DTYPE == 0 || FS_DTYPE == 1, "16-bit inputs only");
 static_assert(FS_ARCH == 90, "wgmma needs sm_90a");
 static_assert(kKVTile % 1024 == 0 && kQTile % 1024 == 0 && kSTile % 1024 == 0, "swizzle atoms");
 static_assert(kBlockM % kRowsPerPass == 0 && kBlockN % kRowsPerPass == 0, "load passes");
+static_assert(kDQOff % 16 == 0 && kDQBytes == kThreads * 32 * 4, "dQ: 32 floats a thread, 16-byte aligned");
 
 // dQ_partial (+)= dS K: m64n64k16, A = dS MN-major (transposed, read from the dS^T tile), B = K
 // MN-major (transposed). The two trailing immediates of wgmma are imm-trans-a and imm-trans-b.
@@ -229,12 +255,11 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
     // dQ split (see the header): A column block (query rows) and B column block (head-dim columns)
     const u32 dq_a_off = kBlockM == 128 ? wg * (kBlockN * 128) : 0;
     const u32 dq_b_off = kBlockM == 64 ? wg * kKVColBlock : 0;
-    const int dq_row0 = (kBlockM == 128 ? wg * 64 : 0) + warp_in_wg * 16 + g;
-    const int dq_col0 = (kBlockM == 64 ? wg * 64 : 0) + 2 * t;
+    // the accumulator block of the dQ waiting in shared memory: its offset in floats / kHeadDim
+    long long dq_pending = 0;
 
     for (int it = 0; it < n_iters; ++it) {
         const int st = it & 1;
-        const int hq = hk * group + it / nm;
         const int m0 = (m_begin + it % nm) * kBlockM;
         const u32 sQ = s_base + kQOff + st * 2 * kQTile;
         const u32 sdO = sQ + kQTile;
@@ -242,8 +267,14 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
         const float* sD = sL + kBlockM;
 
         cp_async_wait<0>();   // stage st (and on it == 0 K, V) landed for this thread
-        fence_proxy_async();  // ...and is visible to the tensor cores (async proxy)
+        fence_proxy_async();  // ...and is visible to the tensor cores (async proxy), and this
+                              // thread's dQ stores of it - 1 to the bulk reduce (async proxy)
         __syncthreads();      // ...for every thread; iteration it - 1 is done everywhere
+        if (tid == 0 && it > 0) {  // iteration it - 1's dQ block, added by the TMA unit
+            bulk_reduce_add_f32(p.dq_accum + dq_pending * kHeadDim,
+                                s_base + kDQOff + ((it - 1) % kDQStages) * kDQBytes, kDQBytes);
+            bulk_commit();
+        }
 
         // ---- S^T = K Q^T and dP^T = V dO^T: hd / 16 k-steps each, both operands K-major ----
         float acc_s[kSRegs], acc_dp[kSRegs];
@@ -355,8 +386,10 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
             wgmma_rs<kHeadDim, FS_DTYPE, 1>(acc_dk, sa[kk], wgmma_desc(sQ + kk * 16 * 128, kQColBlock, 1024), 1);
         wgmma_commit();
 
+        if (tid == 0) bulk_wait_read<kDQStages - 1>();  // the reduce of it - 2 has read stage it % 2
         fence_proxy_async();  // the st.shared above are read next by the tensor cores
-        __syncthreads();      // dS^T complete: each warpgroup's dQ reads both warpgroups' keys
+        __syncthreads();      // dS^T complete: each warpgroup's dQ reads both warpgroups' keys;
+                              // dQ's shared memory is free again
 
         // ---- dQ_partial = dS K: m64n64, 8 k16 steps over the 128 keys ----
         float acc_dq[32];
@@ -377,16 +410,24 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
         reg_fence_u(pa);
         reg_fence_u(sa);
 
-        // ---- dQ_partial -> fp32 accumulator (rows past seqlen_q hold zeros: skipped) ----
-        float* accum = p.dq_accum + (((long long)b * p.nheads + hq) * p.seqlen_q_pad + m0 + dq_row0) * kHeadDim + dq_col0;
+        // ---- dQ_partial -> shared memory in fragment order (header); rows past seqlen_q hold
+        //      zeros (their Q / dO rows were zero-filled, lse_log2 = +inf) and are added as such:
+        //      the accumulator has seqlen_q_pad rows ----
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            if (m0 + dq_row0 + 8 * h < seqlen_q) {
-#pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    red_add2(accum + 8 * h * kHeadDim + 8 * j, acc_dq[4 * j + 2 * h], acc_dq[4 * j + 2 * h + 1]);
-            }
-        }
+        for (int j = 0; j < 8; ++j)
+            *reinterpret_cast<float4*>(smem + kDQOff + (it % kDQStages) * kDQBytes +
+                                       (((tid >> 5) * 8 + j) * 32 + lane) * 16) =
+                make_float4(acc_dq[4 * j], acc_dq[4 * j + 1], acc_dq[4 * j + 2], acc_dq[4 * j + 3]);
+        dq_pending = ((long long)b * p.nheads + hk * group + it / nm) * p.seqlen_q_pad + m0;
+    }
+    // the last iteration's dQ block
+    fence_proxy_async();
+    __syncthreads();
+    if (tid == 0 && n_iters > 0) {
+        bulk_reduce_add_f32(p.dq_accum + dq_pending * kHeadDim,
+                            s_base + kDQOff + ((n_iters - 1) % kDQStages) * kDQBytes, kDQBytes);
+        bulk_commit();
+        bulk_wait<0>();
     }
 
     // ---- epilogue: dK * scale and dV staged in the K / V tiles (swizzled), 16-byte stores ----

@@ -2,7 +2,8 @@
 its variants are listed for sm_90a only and as main (spill-free), compile with NVRTC, spill
 nothing, and run all five products on the warpgroup tensor cores: S^T and dP^T K-major from
 shared memory, dV and dK with the register A operand and B transposed, dQ with both operands
-transposed (A = dS read from the dS^T tile), no mma.sync HMMA, dQ through the vector RED."""
+transposed (A = dS read from the dS^T tile), no mma.sync HMMA, dQ through shared memory and
+the bulk reduce-add."""
 
 from __future__ import annotations
 
@@ -145,8 +146,12 @@ def test_every_product_runs_on_hgmma(sass_of, hd: int, dtype: int, mask: int) ->
         wait0,
     ]
     assert steps[: len(loop)] == loop, steps
-    # dQ partials: the vector reduction, 8 n8 slabs x 2 rows per thread
-    assert sum("REDG.E.ADD.F32x2" in line for line in sass.splitlines()) == 16
+    # dQ partials: stored to shared memory in fragment order (8 x STS.128 a thread) and added
+    # by the TMA unit (one bulk reduce in the loop, one after it), no per-thread RED left
+    lines = sass.splitlines()
+    assert sum("UBLKRED.G.S.ADD.F32" in line for line in lines) == 2
+    assert not any("REDG" in line for line in lines), "a per-thread global reduction is back"
+    assert sum("STS.128" in line for line in lines) >= 8
 
 
 _INS = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")

@@ -1,6 +1,7 @@
 """The NumPy model of the wgmma backward's index math (tools/sm90_bwd_model.py) on the CPU:
 tiles stored through swz_offset, operands read through the kernel's descriptors, register A and
-accumulators through the fragment layouts, masks and dQ addresses, every CTA and iteration of
+accumulators through the fragment layouts, masks, dQ blocks in fragment order and the convert
+pass that reads them (frag_index), every CTA and iteration of
 seven small odd problems (GQA and MQA, causal, windows, seqlen_q != seqlen_k both ways, tails,
 hd64 and hd128), against float64.
 Shared memory starts as NaN, so a read of anything the kernel did not write fails the test. The

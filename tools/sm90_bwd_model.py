@@ -4,9 +4,9 @@
 It replays the kernel's shared-memory traffic byte for byte: tiles stored through the kernel's
 swz_offset, the wgmma operands fetched through the descriptors the kernel builds (start address,
 LBO, SBO, 128-byte swizzle, K-major or MN-major by the transpose bits), the register A operand
-and the accumulators through the per-thread fragment layouts of common/wgmma.cuh, the masks and
-the dQ red.add addresses, for every CTA and every iteration of a small problem; then compares dq,
-dk, dv with a float64 reference.
+and the accumulators through the per-thread fragment layouts of common/wgmma.cuh, the masks, the
+dQ blocks in fragment order and the convert pass that reads them back, for every CTA and every
+iteration of a small problem; then compares dq, dk, dv with a float64 reference.
 
 What it rests on (and cannot prove): the hardware's reading of a descriptor. The model reads a
 K-major operand row r, k-element k at start + (r / 8) SBO + (r % 8) 128 + 2 k and an MN-major one
@@ -234,14 +234,16 @@ def run_cta(
                 a = fetch_mnmajor(sm, s_off + a_off + kk * 16 * 128, block_n * 128, 1024, 64)
                 b = fetch_mnmajor(sm, k_off + b_off + kk * 16 * 128, kv_col, 1024, 64)
                 d += a @ b.T
-            acc_dq = gather_acc(d)  # [128][32]
+            acc_dq = gather_acc(d)  # [128][32]: thread t of the warpgroup, acc_dq[i]
+            # stored in fragment order: warp w = 4 wg + t / 32 writes acc_dq[4 j .. 4 j + 3] as
+            # the float4 at ((w 8 + j) 32 + lane) 4 of the block; the bulk reduce adds the
+            # whole block (rows past seqlen_q hold zeros) to the accumulator's contiguous block
             t = np.arange(128)[:, None]
             i = np.arange(32)[None, :]
-            jj, e = i // 4, i % 4
-            row = (wg * 64 if block_m == 128 else 0) + (t // 32) * 16 + (t % 32) // 4 + 8 * (e >> 1)
-            col = (wg * 64 if block_m == 64 else 0) + 2 * (t % 4) + 8 * jj + (e & 1)
-            live = m0 + row < sq
-            np.add.at(dq_accum[hq], (m0 + row[live], col[live]), acc_dq[live])
+            w, lane = 4 * wg + t // 32, t % 32
+            flat = ((w * 8 + i // 4) * 32 + lane) * 4 + i % 4
+            block = dq_accum[hq].reshape(-1)[m0 * hd : (m0 + block_m) * hd]  # a view
+            np.add.at(block, flat, acc_dq)
     # epilogue: dK * scale, dV staged through the K / V tiles, rows < keys stored
     dk_out = np.zeros((block_n, hd), np.float32)
     dv_out = np.zeros((block_n, hd), np.float32)
@@ -339,8 +341,24 @@ def backward_model(sq, sk, h, hk, hd, window, seed=0, dt=np.float16):  # noqa: A
             )
             dk[n_block * 128 : n_block * 128 + a.shape[0], hkk] = a
             dv[n_block * 128 : n_block * 128 + b.shape[0], hkk] = b
-    dq = rnd(dq_accum[:, :sq].transpose(1, 0, 2) * scale, dt)
+    # the convert pass (flash_bwd_dq_convert built with FS_DQ_FRAG = block_m): element (row,
+    # col) read through frag_index
+    r = np.arange(sq)[:, None]
+    c = np.arange(hd)[None, :]
+    rb = r % block_m
+    at = (r - rb) * hd + frag_index(block_m, rb, c - c % 2) + c % 2
+    dq = rnd(dq_accum.reshape(h, -1)[:, at].transpose(1, 0, 2) * scale, dt)
     return (dq, dk, dv), ref
+
+
+def frag_index(block_m: int, r: np.ndarray, col: np.ndarray) -> np.ndarray:
+    """cuda/flash_bwd.cu's frag_index: the offset in floats, within its block of block_m rows,
+    of the even column `col` of block row `r` in the wgmma backward's fragment order."""
+    wg = col >> 6 if block_m == 64 else r >> 6
+    c = col & 63 if block_m == 64 else col
+    w = wg * 4 + ((r & 63) >> 4)
+    lane = 4 * (r & 7) + ((c & 7) >> 1)
+    return ((w * 8 + (c >> 3)) * 32 + lane) * 4 + 2 * ((r >> 3) & 1)
 
 
 def check_forward_descriptors() -> None:

@@ -62,6 +62,28 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const TensorMap* map, int c
         : "memory");
 }
 
+// ---- bulk reductions (shared -> global, no tensor map) ----
+// dst[i] += src[i] for `bytes` / 4 floats, element-wise atomic in L2, done by the TMA unit: the
+// issuing thread goes on at once. dst, src 16-byte aligned, bytes a multiple of 16. The source
+// must have been written before a fence.proxy.async + barrier (generic proxy writes, async
+// proxy read) and stays busy until bulk_wait_read says the group read it.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, u32 src, u32 bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+                 "r"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Waits until at most N committed bulk groups of this thread still read their shared memory.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// Waits until at most N committed bulk groups of this thread are incomplete (writes included).
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // ---- named barriers (id 0 is __syncthreads); `count` threads, a multiple of 32 ----
 __device__ __forceinline__ void named_bar_sync(u32 id, u32 count) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");

@@ -449,9 +449,11 @@ pub fn sm90_main_spec(
         SM90_TILE_HD64
     };
     // K, V (128 rows), 2 x (Q, dO) (block_m rows), dS^T (128 x block_m), 2 x 2 x block_m
-    // floats, 1 KB for aligning the base to the 1024-byte swizzle atom (kSmemBytes).
+    // floats, 2 stages of the fp32 dQ block (block_m x hd), 1 KB for aligning the base to the
+    // 1024-byte swizzle atom (kSmemBytes).
     let (bm, hd) = (tile.block_m, head_dim as u32);
-    let smem = 2 * 128 * hd * 2 + 4 * bm * hd * 2 + 128 * bm * 2 + 4 * bm * 4 + 1024;
+    let smem =
+        2 * 128 * hd * 2 + 4 * bm * hd * 2 + 128 * bm * 2 + 4 * bm * 4 + 2 * bm * hd * 4 + 1024;
     let defines = vec![
         ("FS_HEAD_DIM", head_dim),
         ("FS_DTYPE", code),
@@ -518,6 +520,51 @@ pub fn sm90_specs(arch_num: i64) -> Vec<KernelSpec> {
                 {
                     out.push(s);
                 }
+            }
+        }
+    }
+    out
+}
+
+/// The convert pass that reads the wgmma backward's dQ accumulator: blocks of `block_m` rows in
+/// that kernel's fragment order (`FS_DQ_FRAG`, cuda/flash_bwd_sm90.cu's header).
+pub fn sm90_convert_spec(head_dim: i64, dtype: DType, arch_num: i64) -> Result<KernelSpec> {
+    let tile = if head_dim == 128 {
+        SM90_TILE_HD128
+    } else {
+        SM90_TILE_HD64
+    };
+    let mut spec = aux_spec(head_dim, dtype, arch_num, ENTRY_CONVERT, false)?;
+    spec.defines.push(("FS_DQ_FRAG", tile.block_m as i64));
+    Ok(spec)
+}
+
+/// The convert pass for the main kernel `main`: the wgmma kernel leaves dQ in its fragment
+/// order, which only its own convert variant reads.
+pub fn convert_choice(
+    main: &KernelSpec,
+    head_dim: i64,
+    dtype: DType,
+    arch_num: i64,
+    varlen: bool,
+) -> Result<KernelSpec> {
+    if main.family == FAMILY_SM90 {
+        sm90_convert_spec(head_dim, dtype, arch_num)
+    } else {
+        aux_spec(head_dim, dtype, arch_num, ENTRY_CONVERT, varlen)
+    }
+}
+
+/// The convert variants of every wgmma backward variant (sm_90 only).
+pub fn sm90_aux_specs(arch_num: i64) -> Vec<KernelSpec> {
+    let mut out = Vec::new();
+    if sm90_specs(arch_num).is_empty() {
+        return out;
+    }
+    for hd in [64, 128] {
+        for dtype in [DType::F16, DType::BF16] {
+            if let Ok(s) = sm90_convert_spec(hd, dtype, arch_num) {
+                out.push(s);
             }
         }
     }
@@ -693,12 +740,8 @@ pub(crate) fn launch(
     let pre_k = dev.kernel(&aux_spec(
         p.head_dim, run.dtype, arch_num, ENTRY_PRE, run.varlen,
     )?)?;
-    let conv_k = dev.kernel(&aux_spec(
-        p.head_dim,
-        run.dtype,
-        arch_num,
-        ENTRY_CONVERT,
-        run.varlen,
+    let conv_k = dev.kernel(&convert_choice(
+        &mspec, p.head_dim, run.dtype, arch_num, run.varlen,
     )?)?;
     let i32_of = |name: &str, v: i64| {
         i32::try_from(v).map_err(|_| unsupported(format!("{name} = {v} exceeds 2^31 - 1")))
@@ -977,12 +1020,12 @@ mod tests {
             (tile.block_m, tile.block_n, tile.warps * 32),
             (64, 128, 256)
         );
-        // K, V 32 KB each, 4 x 16 KB Q / dO, dS^T 16 KB, lse / D 1 KB, 1 KB alignment
-        assert_eq!(smem, 65536 + 65536 + 16384 + 1024 + 1024);
+        // K, V 32 KB each, 4 x 16 KB Q / dO, dS^T 16 KB, lse / D 1 KB, 2 x dQ 32 KB, 1 KB alignment
+        assert_eq!(smem, 65536 + 65536 + 16384 + 1024 + 65536 + 1024);
         let (_, tile, smem) =
             main_choice(true, 64, DType::F16, false, false, 90, false, false).expect("covered");
         assert_eq!((tile.block_m, tile.block_n, tile.warps), (128, 128, 8));
-        assert_eq!(smem, 32768 + 65536 + 32768 + 2048 + 1024);
+        assert_eq!(smem, 32768 + 65536 + 32768 + 2048 + 65536 + 1024);
         assert!(
             smem <= 232_448 - 1024,
             "fits sm_90's 227 KB with the static 1 KB"
@@ -1019,6 +1062,40 @@ mod tests {
         assert!(specs.iter().all(|s| s.family == FAMILY_SM90));
         assert!(sm90_specs(80).is_empty());
         assert!(sm90_specs(100).is_empty());
+    }
+
+    #[test]
+    fn the_wgmma_kernel_gets_the_fragment_order_convert() {
+        let frag = |s: &KernelSpec| {
+            s.defines
+                .iter()
+                .find(|&&(k, _)| k == "FS_DQ_FRAG")
+                .map(|&(_, v)| v)
+        };
+        for (hd, bm) in [(128, 64), (64, 128)] {
+            for dtype in [DType::F16, DType::BF16] {
+                let (main, tile, _) =
+                    main_choice(true, hd, dtype, false, false, 90, false, false).expect("main");
+                assert_eq!(main.family, FAMILY_SM90);
+                assert_eq!(tile.block_m, bm);
+                let conv = convert_choice(&main, hd, dtype, 90, false).expect("convert");
+                assert_eq!(conv.entry, ENTRY_CONVERT);
+                assert_eq!(
+                    frag(&conv),
+                    Some(bm as i64),
+                    "hd {hd}: dQ blocks of block_m rows"
+                );
+                assert!(sm90_aux_specs(90).contains(&conv), "precompiled");
+                // the mma.sync kernel (deterministic here) keeps the row-major convert
+                let (main, _, _) =
+                    main_choice(true, hd, dtype, false, false, 90, false, true).expect("main");
+                assert_eq!(main.family, FAMILY);
+                let conv = convert_choice(&main, hd, dtype, 90, false).expect("convert");
+                assert_eq!(frag(&conv), None);
+            }
+        }
+        assert_eq!(sm90_aux_specs(90).len(), 4);
+        assert!(sm90_aux_specs(80).is_empty());
     }
 
     #[test]

@@ -47,6 +47,9 @@ pub fn all_variants(arch_num: i64) -> Vec<(KernelSpec, bool)> {
     for s in attention_bwd::sm90_specs(arch_num) {
         out.push((s, true));
     }
+    for s in attention_bwd::sm90_aux_specs(arch_num) {
+        out.push((s, true));
+    }
     // Varlen: the packed-sequence builds of the attention kernels. None is "main": the 255-register
     // tiles spill a little in some (sm_90a bf16 hd64 128x128 masked forward: 32 B, measured
     // 2026-11-23); test_kernels_compile bounds their spills with the training variants.
