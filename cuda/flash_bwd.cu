@@ -13,7 +13,8 @@
 //       dV += P^T dO,   dK += dS^T Q                                (P^T / dS^T straight from registers)
 //       dS^T -> shared memory;  dQ_partial = dS K  -> fp32 red.add into the accumulator
 //     and writes dK (times softmax_scale) and dV once, summed over the group: no dK/dV reduction pass.
-//   flash_bwd_dq_convert  (FS_AUX_ONLY=1 build)  dq = softmax_scale * sum_split(dq_accum), cast.
+//   flash_bwd_dq_convert  (FS_AUX_ONLY=1 build)  dq = softmax_scale * sum_split(dq_accum), cast
+//                         (FS_DQ_FRAG: the accumulator in flash_bwd_sm90.cu's fragment order).
 //
 // Warp ownership in flash_bwd_kernel: warp w owns keys [WK w, WK (w + 1)) of the block, WK =
 // BLOCK_N / NWARPS = 16 or 32 (kWK), for S^T, dP^T, dS^T and the dK / dV accumulators (kDOut

@@ -1,6 +1,7 @@
 // flash_bwd_sm90.cu: FlashAttention backward main kernel for Hopper (sm_90a) on warpgroup MMA
 // (wgmma). Same algorithm, parameters and scratch as flash_bwd.cu's flash_bwd_kernel (whose
-// flash_bwd_preprocess and flash_bwd_dq_convert passes run before and after this one, unchanged):
+// flash_bwd_preprocess and flash_bwd_dq_convert passes run before and after this one; the convert
+// built with FS_DQ_FRAG, since this kernel leaves the dQ accumulator in fragment order, below):
 //
 //   one CTA = one block of 128 keys of one kv head (grid x = kv block, y = kv head, z = batch);
 //   it loops over every q head of the kv head's GQA group and every q block of kBlockM queries that
