@@ -87,6 +87,18 @@
 #if !defined(FS_HEAD_DIM) || !defined(FS_DTYPE) || !defined(FS_HAS_MASK) || !defined(FS_ARCH)
 #error "the prelude must define FS_HEAD_DIM, FS_DTYPE, FS_HAS_MASK and FS_ARCH"
 #endif
+#ifndef FS_BWD_TMA
+#define FS_BWD_TMA 0
+#endif
+
+// FS_BWD_TMA = 1: the kernel parameter carries tensor maps of q and dout (4D: head dim, seqlen,
+// heads, batch; boxes of 64 columns x kBlockM rows, 128-byte swizzle: the tiles' layout), and
+// thread 0 loads each iteration's Q / dO tiles by TMA and its lse_log2 / D rows by bulk copy,
+// completing on one mbarrier per stage, instead of every thread issuing cp.async.
+struct FlashBwdTmaParams {
+    fs::TensorMap tm_q, tm_do;
+    FlashBwdParams p;
+};
 
 
 namespace fb90 {
@@ -112,7 +124,8 @@ static constexpr int kLOff = kSOff + kSTile;                 // stage s: lse_log
 static constexpr int kDQOff = kLOff + 2 * 2 * kBlockM * 4;  // dQ blocks, fp32, fragment order
 static constexpr int kDQBytes = kBlockM * kHeadDim * 4;
 static constexpr int kDQStages = 2;  // iteration it stores into stage it % 2 while it - 1's reduce reads
-static constexpr int kSmemBytes = kDQOff + kDQStages * kDQBytes + 1024;  // + 1 KB base alignment
+static constexpr int kBarOff = kDQOff + kDQStages * kDQBytes;  // 2 mbarriers (TMA build), 16 bytes
+static constexpr int kSmemBytes = kBarOff + 16 + 1024;  // + 1 KB base alignment
 static constexpr int kSRegs = kBlockM / 2;                   // S^T / dP^T floats per thread
 static constexpr int kDRegs = kHeadDim / 2;                  // dK / dV floats per thread
 static constexpr int kPSteps = kBlockM / 16;                 // k16 steps of dV / dK (queries)
@@ -173,7 +186,13 @@ __device__ __forceinline__ void load_tile(u32 dst, const char* src, long long ro
 }  // namespace fb90
 
 // grid = (ceil(seqlen_k / 128), nheads_k, batch), block = 256, dynamic smem = fb90::kSmemBytes.
+#if FS_BWD_TMA
+extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1)
+    flash_bwd_sm90_kernel(const __grid_constant__ FlashBwdTmaParams P) {
+    const FlashBwdParams& p = P.p;
+#else
 extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_kernel(const FlashBwdParams p) {
+#endif
     using namespace fb90;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 raw_base = smem_u32(smem_raw);
@@ -216,10 +235,25 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
                         ((long long)b * p.v_batch_stride + (long long)n0 * p.v_row_stride +
                          (long long)hk * p.v_head_stride) * 2;
 
-    // Q / dO / lse_log2 / D of iteration `it` into stage `st`.
+    // Q / dO / lse_log2 / D of iteration `it` into stage `st` (TMA build: thread 0 only).
     auto load_q = [&](int it, int st) {
         const int hq = hk * group + it / nm;
         const int m0 = (m_begin + it % nm) * kBlockM;
+#if FS_BWD_TMA
+        const u32 bar = s_base + kBarOff + st * 8;
+        const u32 sQ = s_base + kQOff + st * 2 * kQTile;
+        const u32 sL = s_base + kLOff + st * 2 * kBlockM * 4;
+        const long long roff = ((long long)b * p.nheads + hq) * p.seqlen_q_pad + m0;
+        // whole boxes count, rows past seqlen_q included (TMA fills them with zeros)
+        mbar_arrive_expect_tx(bar, 2 * kQTile + 2 * kBlockM * 4);
+#pragma unroll
+        for (int cb = 0; cb < kHeadDim / 64; ++cb) {
+            tma_load_4d(sQ + cb * kQColBlock, &P.tm_q, cb * 64, m0, hq, b, bar);
+            tma_load_4d(sQ + kQTile + cb * kQColBlock, &P.tm_do, cb * 64, m0, hq, b, bar);
+        }
+        bulk_load(sL, p.lse_log2 + roff, kBlockM * 4, bar);
+        bulk_load(sL + kBlockM * 4, p.dpsum + roff, kBlockM * 4, bar);
+#else
         const char* q_ptr = static_cast<const char*>(p.q) +
                             ((long long)b * p.q_batch_stride + (long long)m0 * p.q_row_stride +
                              (long long)hq * p.q_head_stride) * 2;
@@ -235,11 +269,24 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
         if (tid < kBlockM / 4) cp_async16(sL + tid * 16, p.lse_log2 + roff + tid * 4, true);
         else if (tid < kBlockM / 2)
             cp_async16(sL + kBlockM * 4 + (tid - kBlockM / 4) * 16, p.dpsum + roff + (tid - kBlockM / 4) * 4, true);
+#endif
     };
 
     load_tile<kBlockN>(sK, k_ptr, p.k_row_stride, keys);
     load_tile<kBlockN>(sV, v_ptr, p.v_row_stride, keys);
+#if FS_BWD_TMA
+    if (tid == 0) {
+        tma_prefetch_map(&P.tm_q);
+        tma_prefetch_map(&P.tm_do);
+        mbar_init(s_base + kBarOff, 1);
+        mbar_init(s_base + kBarOff + 8, 1);
+        mbar_init_fence();
+        if (n_iters > 0) load_q(0, 0);
+    }
+    __syncthreads();  // the barriers are initialised before any thread waits on them
+#else
     if (n_iters > 0) load_q(0, 0);
+#endif
     cp_async_commit();
 
     float acc_dk[kDRegs], acc_dv[kDRegs];
@@ -268,6 +315,9 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
         const float* sD = sL + kBlockM;
 
         cp_async_wait<0>();   // stage st (and on it == 0 K, V) landed for this thread
+#if FS_BWD_TMA
+        mbar_wait(s_base + kBarOff + st * 8, (it >> 1) & 1);  // stage st's TMA / bulk bytes landed
+#endif
         fence_proxy_async();  // ...and is visible to the tensor cores (async proxy), and this
                               // thread's dQ stores of it - 1 to the bulk reduce (async proxy)
         __syncthreads();      // ...for every thread; iteration it - 1 is done everywhere
@@ -298,10 +348,14 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
         wgmma_commit();
         // Q / dO / lse / D of it + 1 into the other stage (free: its last readers, iteration
         // it - 1's wgmmas, were waited for before the barrier), issued under S^T / dP^T.
+#if FS_BWD_TMA
+        if (tid == 0 && it + 1 < n_iters) load_q(it + 1, st ^ 1);
+#else
         if (it + 1 < n_iters) {
             load_q(it + 1, st ^ 1);
             cp_async_commit();
         }
+#endif
 
         // ---- P^T = exp2(S^T scale log2e - lse_log2) (raw scores: the scale is applied to dK at the
         //      end and to dQ in the convert pass) while dP^T still runs ----

@@ -264,13 +264,16 @@ def _sm90_cases() -> list[tuple]:
 SM90_CASES = _sm90_cases()
 
 
-@pytest.fixture
-def sm90_bwd(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(params=["tma", "cp.async"])
+def sm90_bwd(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """The wgmma backward for this test, set explicitly (the default, but a caller's
-    FLASHSCAN_SM90_BWD=0 must not turn these tests into mma.sync runs); sm_90 GPUs only."""
+    FLASHSCAN_SM90_BWD=0 must not turn these tests into mma.sync runs), in its TMA build (Q / dO
+    by tensor maps, the default) and its cp.async build (what runs where the driver refuses a
+    map: FLASHSCAN_SM90_BWD_TMA=0); sm_90 GPUs only."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma backward runs on sm_90 (H100 / H200) only")
     monkeypatch.setenv(SM90_ENV, "1")
+    monkeypatch.setenv("FLASHSCAN_SM90_BWD_TMA", "1" if request.param == "tma" else "0")
 
 
 @pytest.mark.parametrize("case", SM90_CASES, ids=[_attn_id(c) for c in SM90_CASES])

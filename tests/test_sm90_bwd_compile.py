@@ -32,11 +32,15 @@ pytestmark = pytest.mark.skipif(
 FAMILY = "flash_bwd_sm90"
 
 
-def _name(hd: int, dtype: int, mask: int) -> str:
+def _name(hd: int, dtype: int, mask: int, tma: int) -> str:
     return (
         f"{FAMILY}.flash_bwd_sm90_kernel"
-        f"[FS_HEAD_DIM={hd},FS_DTYPE={dtype},FS_HAS_MASK={mask},FS_ARCH=90]"
+        f"[FS_HEAD_DIM={hd},FS_DTYPE={dtype},FS_HAS_MASK={mask},FS_ARCH=90,FS_BWD_TMA={tma}]"
     )
+
+
+# (hd, dtype, mask, tma): both head dims, both dtypes, masks, the TMA and cp.async builds
+SAMPLES = [(128, 1, 0, 1), (128, 0, 1, 0), (64, 1, 0, 0), (64, 0, 1, 1)]
 
 
 def _variants(arch: str) -> list[dict]:
@@ -61,9 +65,9 @@ def sass_of(cubins: dict[str, bytes]):  # noqa: ANN201
 
 def test_variants_cover_hd64_hd128_dtypes_masks_on_sm90a_only() -> None:
     listed = _variants("sm_90a")
-    keys = ("FS_HEAD_DIM", "FS_DTYPE", "FS_HAS_MASK")
+    keys = ("FS_HEAD_DIM", "FS_DTYPE", "FS_HAS_MASK", "FS_BWD_TMA")
     got = {tuple(v["defines"][d] for d in keys) for v in listed}
-    assert got == set(itertools.product((64, 128), (0, 1), (0, 1)))
+    assert got == set(itertools.product((64, 128), (0, 1), (0, 1), (0, 1)))
     assert all(v["main"] for v in listed), "every wgmma backward variant must stay spill-free"
     assert _variants("sm_80") == [], "wgmma needs sm_90a: no variant for sm_80"
 
@@ -72,7 +76,7 @@ def test_variants_compile_without_spills(cubins: dict[str, bytes]) -> None:
     tool = find_cuobjdump()
     if tool is None:
         pytest.skip(CUOBJDUMP_MISSING)
-    assert len(cubins) == 8
+    assert len(cubins) == 16
     for name, cubin in cubins.items():
         assert cubin[:4] == b"\x7fELF", name
         for func, regs, stack, local, _smem in resource_usage(cubin, tool):
@@ -94,9 +98,9 @@ def _hgmma_mix(sass: str) -> Counter:
     return mix
 
 
-@pytest.mark.parametrize("hd,dtype,mask", [(128, 1, 0), (128, 0, 1), (64, 1, 0), (64, 0, 1)])
-def test_every_product_runs_on_hgmma(sass_of, hd: int, dtype: int, mask: int) -> None:  # noqa: ANN001
-    sass = sass_of(_name(hd, dtype, mask))
+@pytest.mark.parametrize("hd,dtype,mask,tma", SAMPLES)
+def test_every_product_runs_on_hgmma(sass_of, hd: int, dtype: int, mask: int, tma: int) -> None:  # noqa: ANN001
+    sass = sass_of(_name(hd, dtype, mask, tma))
     block_m = 64 if hd == 128 else 128
     mix = _hgmma_mix(sass)
     want = Counter(
@@ -145,6 +149,9 @@ def test_every_product_runs_on_hgmma(sass_of, hd: int, dtype: int, mask: int) ->
         dq,
         wait0,
     ]
+    if tma:  # the barrier after thread 0 initialised the mbarriers, before the loop
+        assert steps[0] == "BAR.SYNC", steps
+        steps = steps[1:]
     assert steps[: len(loop)] == loop, steps
     # dQ partials: stored to shared memory in fragment order (8 x STS.128 a thread) and added
     # by the TMA unit (one bulk reduce in the loop, one after it), no per-thread RED left
@@ -152,6 +159,11 @@ def test_every_product_runs_on_hgmma(sass_of, hd: int, dtype: int, mask: int) ->
     assert sum("UBLKRED.G.S.ADD.F32" in line for line in lines) == 2
     assert not any("REDG" in line for line in lines), "a per-thread global reduction is back"
     assert sum("STS.128" in line for line in lines) >= 8
+    # Q / dO: TMA boxes (hd / 64 per tensor, before the loop and in it) and lse / D by bulk copy
+    # in the TMA build; cp.async for them (and for K / V in both) otherwise
+    tma_loads = sum("UTMALDG.4D" in line for line in lines)
+    bulk_loads = sum("UBLKCP.S.G" in line for line in lines)
+    assert (tma_loads, bulk_loads) == ((2 * 2 * hd // 64, 4) if tma else (0, 0))
 
 
 _INS = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
@@ -217,11 +229,11 @@ def test_register_hazard_check_can_fail() -> None:
     assert wgmma_register_hazards("\n".join([hgmma, wait, sts])) == []
 
 
-@pytest.mark.parametrize("hd,dtype,mask", [(128, 1, 0), (128, 0, 1), (64, 1, 0), (64, 0, 1)])
+@pytest.mark.parametrize("hd,dtype,mask,tma", SAMPLES)
 def test_no_register_touched_under_an_inflight_wgmma(
-    sass_of, hd: int, dtype: int, mask: int
+    sass_of, hd: int, dtype: int, mask: int, tma: int
 ) -> None:  # noqa: ANN001
     """No instruction reads or writes the accumulators or register-A operands (pa, sa) of a wgmma
     before the wait that completes it (the verified forwards pass this check too)."""
-    bad = wgmma_register_hazards(sass_of(_name(hd, dtype, mask)))
+    bad = wgmma_register_hazards(sass_of(_name(hd, dtype, mask, tma)))
     assert bad == [], "\n".join(bad[:20])

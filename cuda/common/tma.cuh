@@ -62,6 +62,14 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const TensorMap* map, int c
         : "memory");
 }
 
+// `bytes` contiguous bytes global -> shared memory (no tensor map), counted against `bar`'s
+// transactions; dst, src 16-byte aligned, bytes a multiple of 16.
+__device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
 // ---- bulk reductions (shared -> global, no tensor map) ----
 // dst[i] += src[i] for `bytes` / 4 floats, element-wise atomic in L2, done by the TMA unit: the
 // issuing thread goes on at once. dst, src 16-byte aligned, bytes a multiple of 16. The source

@@ -6,7 +6,9 @@
 
 use crate::error::{unsupported, value_err, Error, Result};
 use crate::ops::attention::{self, head_dim_tile, FlashFwdArgs, Problem};
+use crate::ops::attention_tma;
 use crate::ops::flash_tiles::HEAD_DIM_TILES;
+use crate::runtime::driver::encode_tensor_map_4d;
 use crate::runtime::{runtime, KernelSpec, StreamChoice};
 use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
 
@@ -449,16 +451,24 @@ pub fn sm90_main_spec(
         SM90_TILE_HD64
     };
     // K, V (128 rows), 2 x (Q, dO) (block_m rows), dS^T (128 x block_m), 2 x 2 x block_m
-    // floats, 2 stages of the fp32 dQ block (block_m x hd), 1 KB for aligning the base to the
-    // 1024-byte swizzle atom (kSmemBytes).
+    // floats, 2 stages of the fp32 dQ block (block_m x hd), 2 mbarriers (16 bytes), 1 KB for
+    // aligning the base to the 1024-byte swizzle atom (kSmemBytes).
     let (bm, hd) = (tile.block_m, head_dim as u32);
-    let smem =
-        2 * 128 * hd * 2 + 4 * bm * hd * 2 + 128 * bm * 2 + 4 * bm * 4 + 2 * bm * hd * 4 + 1024;
+    let smem = 2 * 128 * hd * 2
+        + 4 * bm * hd * 2
+        + 128 * bm * 2
+        + 4 * bm * 4
+        + 2 * bm * hd * 4
+        + 16
+        + 1024;
+    // FS_BWD_TMA 1 (Q / dO by TMA, the maps in the parameter: `sm90_tma_params`) by default;
+    // `launch` switches a call to 0 (cp.async) when a map cannot be encoded (`without_tma`).
     let defines = vec![
         ("FS_HEAD_DIM", head_dim),
         ("FS_DTYPE", code),
         ("FS_HAS_MASK", has_mask as i64),
         ("FS_ARCH", arch_num),
+        ("FS_BWD_TMA", 1),
     ];
     Some((
         KernelSpec {
@@ -470,6 +480,66 @@ pub fn sm90_main_spec(
         tile,
         smem,
     ))
+}
+
+/// Mirrors `struct FlashBwdTmaParams` in cuda/flash_bwd_sm90.cu: the tensor maps of q and dout
+/// (64-byte aligned, 128 bytes each), then the plain parameters (the dense kernel's 344 bytes
+/// of them: the driver copies the kernel's own parameter size).
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug)]
+pub struct FlashBwdTmaParams {
+    pub tm_q: [u64; 16],
+    pub tm_do: [u64; 16],
+    pub base: FlashBwdParams,
+}
+
+const _: () = assert!(std::mem::offset_of!(FlashBwdTmaParams, base) == 256);
+
+/// The TMA build's parameter for `params` (sizes filled in): q and dout maps with boxes of 64
+/// columns x `block_m` rows of one head. An error means "run the cp.async build".
+pub fn sm90_tma_params(
+    params: &FlashBwdParams,
+    dtype: DType,
+    block_m: u32,
+) -> Result<FlashBwdTmaParams> {
+    let bf16 = dtype == DType::BF16;
+    let [q, dout] = sm90_map_args(params, block_m);
+    let map = |ptr: u64, a: Option<attention_tma::MapArgs>| -> Result<[u64; 16]> {
+        let a = a.ok_or_else(|| unsupported("a stride TMA cannot address"))?;
+        encode_tensor_map_4d(ptr, bf16, a.dims, a.strides, a.box_dims)
+    };
+    Ok(FlashBwdTmaParams {
+        tm_q: map(params.q, q)?,
+        tm_do: map(params.dout, dout)?,
+        base: *params,
+    })
+}
+
+/// The q and dout maps' arguments (None where TMA cannot address the tensor).
+fn sm90_map_args(params: &FlashBwdParams, block_m: u32) -> [Option<attention_tma::MapArgs>; 2] {
+    let (hd, sq) = (params.head_dim as i64, params.seqlen_q as i64);
+    let (h, b) = (params.nheads as i64, params.batch as i64);
+    // (batch, row, head) strides per tensor in the kernel's order: q at 0, dout at 12
+    let of = |i: usize| {
+        let s = &params.strides[i..i + 3];
+        attention_tma::map_args(block_m, hd, sq, h, b, s[1], s[2], s[0])
+    };
+    [of(0), of(12)]
+}
+
+/// `spec` (a wgmma backward variant) as its cp.async build (FS_BWD_TMA 0).
+pub fn without_tma(mut spec: KernelSpec) -> KernelSpec {
+    for d in spec.defines.iter_mut() {
+        if d.0 == "FS_BWD_TMA" {
+            d.1 = 0;
+        }
+    }
+    spec
+}
+
+/// FLASHSCAN_SM90_BWD_TMA=0 keeps the wgmma backward on its cp.async build (read per call).
+fn sm90_bwd_tma_enabled() -> bool {
+    std::env::var("FLASHSCAN_SM90_BWD_TMA").as_deref() != Ok("0")
 }
 
 /// The wgmma backward serves every problem it covers unless FLASHSCAN_SM90_BWD=0 (the default
@@ -518,6 +588,7 @@ pub fn sm90_specs(arch_num: i64) -> Vec<KernelSpec> {
                 if let Some((s, _, _)) =
                     sm90_main_spec(hd, dtype, mask, false, arch_num, false, false)
                 {
+                    out.push(without_tma(s.clone()));
                     out.push(s);
                 }
             }
@@ -724,7 +795,7 @@ pub(crate) fn launch(
     let _bound = dev.bind()?;
     let arch_num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
     let has_mask = p.window_left >= 0 || p.window_right >= 0;
-    let (mspec, tile, smem) = main_choice(
+    let (mut mspec, tile, smem) = main_choice(
         sm90_bwd_enabled(),
         p.head_dim,
         run.dtype,
@@ -736,7 +807,6 @@ pub(crate) fn launch(
     )?;
     // the scratch's padded query length follows the chosen kernel's block_m
     let pl = plan_for_tile(p, tile, dev.props.sm_count as i64, run.deterministic)?;
-    let main_k = dev.kernel(&mspec)?;
     let pre_k = dev.kernel(&aux_spec(
         p.head_dim, run.dtype, arch_num, ENTRY_PRE, run.varlen,
     )?)?;
@@ -759,6 +829,20 @@ pub(crate) fn launch(
     params.softcap = run.softcap;
     params.window_left = p.window_left as i32;
     params.window_right = p.window_right as i32;
+    // the wgmma kernel's TMA build needs q / dout maps; where the driver refuses one (or
+    // FLASHSCAN_SM90_BWD_TMA=0) its cp.async build runs
+    let mut tma = None;
+    if mspec.family == FAMILY_SM90 {
+        tma = if sm90_bwd_tma_enabled() {
+            sm90_tma_params(&params, run.dtype, tile.block_m).ok()
+        } else {
+            None
+        };
+        if tma.is_none() {
+            mspec = without_tma(mspec);
+        }
+    }
+    let main_k = dev.kernel(&mspec)?;
     let nh = p.nheads as u32;
     let nb = p.batch as u32;
     let aux_grid = |rows: i64| -> Result<(u32, u32, u32)> {
@@ -782,14 +866,14 @@ pub(crate) fn launch(
             dev.launch(&pre_k, pre_grid, (AUX_THREADS, 1, 1), 0, s, &params)?;
         }
         // With seqlen_q == 0 the main kernel only writes dK = dV = 0.
-        dev.launch(
-            &main_k,
-            pl.grid_main,
-            (tile.warps * 32, 1, 1),
-            smem,
-            s,
-            &params,
-        )?;
+        let block = (tile.warps * 32, 1, 1);
+        match tma.as_mut() {
+            Some(tp) => {
+                tp.base = params; // the scratch pointers were filled in after the maps
+                dev.launch(&main_k, pl.grid_main, block, smem, s, tp)?
+            }
+            None => dev.launch(&main_k, pl.grid_main, block, smem, s, &params)?,
+        }
         if p.seqlen_q > 0 {
             dev.launch(&conv_k, conv_grid, (AUX_THREADS, 1, 1), 0, s, &params)?;
         }
@@ -1020,12 +1104,13 @@ mod tests {
             (tile.block_m, tile.block_n, tile.warps * 32),
             (64, 128, 256)
         );
-        // K, V 32 KB each, 4 x 16 KB Q / dO, dS^T 16 KB, lse / D 1 KB, 2 x dQ 32 KB, 1 KB alignment
-        assert_eq!(smem, 65536 + 65536 + 16384 + 1024 + 65536 + 1024);
+        // K, V 32 KB each, 4 x 16 KB Q / dO, dS^T 16 KB, lse / D 1 KB, 2 x dQ 32 KB, 2
+        // mbarriers, 1 KB alignment
+        assert_eq!(smem, 65536 + 65536 + 16384 + 1024 + 65536 + 16 + 1024);
         let (_, tile, smem) =
             main_choice(true, 64, DType::F16, false, false, 90, false, false).expect("covered");
         assert_eq!((tile.block_m, tile.block_n, tile.warps), (128, 128, 8));
-        assert_eq!(smem, 32768 + 65536 + 32768 + 2048 + 65536 + 1024);
+        assert_eq!(smem, 32768 + 65536 + 32768 + 2048 + 65536 + 16 + 1024);
         assert!(
             smem <= 232_448 - 1024,
             "fits sm_90's 227 KB with the static 1 KB"
@@ -1058,10 +1143,51 @@ mod tests {
     #[test]
     fn sm90_specs_are_listed_for_sm90_only() {
         let specs = sm90_specs(90);
-        assert_eq!(specs.len(), 8); // hd 64 / 128 x fp16 / bf16 x mask
+        assert_eq!(specs.len(), 16); // hd 64 / 128 x fp16 / bf16 x mask x TMA / cp.async
+        for tma in [0, 1] {
+            let n = specs
+                .iter()
+                .filter(|s| s.defines.contains(&("FS_BWD_TMA", tma)))
+                .count();
+            assert_eq!(n, 8);
+        }
         assert!(specs.iter().all(|s| s.family == FAMILY_SM90));
         assert!(sm90_specs(80).is_empty());
         assert!(sm90_specs(100).is_empty());
+    }
+
+    #[test]
+    fn tma_maps_read_q_and_dout_strides_as_head_dim_rows_heads_batches() {
+        let (b, s, h, d) = (2i64, 100i64, 4i64, 128i64);
+        let mut params = FlashBwdParams {
+            batch: b as i32,
+            seqlen_q: s as i32,
+            nheads: h as i32,
+            head_dim: d as i32,
+            ..Default::default()
+        };
+        params.strides[0..3].copy_from_slice(&[s * h * d, h * d, d]); // q: bshd
+        params.strides[12..15].copy_from_slice(&[h * s * d, d, s * d]); // dout: a bhsd view
+        let [q, dout] = sm90_map_args(&params, 64);
+        let q = q.expect("q");
+        assert_eq!(q.dims, [128, 100, 4, 2]);
+        assert_eq!(
+            q.strides,
+            [(h * d * 2) as u64, (d * 2) as u64, (s * h * d * 2) as u64]
+        );
+        assert_eq!(q.box_dims, [64, 64, 1, 1]);
+        let dout = dout.expect("dout");
+        assert_eq!(
+            dout.strides,
+            [(d * 2) as u64, (s * d * 2) as u64, (h * s * d * 2) as u64]
+        );
+        // a row stride TMA cannot step (not a multiple of 16 bytes): the cp.async build
+        params.strides[13] = d + 3;
+        assert!(sm90_map_args(&params, 64)[1].is_none());
+        let (spec, _, _) =
+            sm90_main_spec(128, DType::BF16, false, false, 90, false, false).expect("covered");
+        assert!(spec.defines.contains(&("FS_BWD_TMA", 1)));
+        assert!(without_tma(spec).defines.contains(&("FS_BWD_TMA", 0)));
     }
 
     #[test]
