@@ -47,13 +47,19 @@
 // FS_DQ_FRAG = kBlockM (attention_bwd.rs asks for it with this kernel). Why not red.global.add
 // per thread, as before 2026-11-28: 16 RED.64 a thread an iteration kept the LSU queues full and
 // the warps waiting (measured: the same kernel without them 346 -> 550 TFLOP/s, hd128 s4096).
-// Q / dO / lse_log2 / D are cp.async double-buffered: iteration it issues it + 1's loads into the
-// other stage after the barrier that ends iteration it - 1 (whose wgmmas all completed), right
-// behind its own S^T / dP^T wgmmas so the address arithmetic runs while the tensor cores work.
+// Q / dO / lse_log2 / D are double-buffered: iteration it issues it + 1's loads into the other
+// stage after the barrier that ends iteration it - 1 (whose wgmmas all completed), right behind
+// its own S^T / dP^T wgmmas. TMA build (FS_BWD_TMA, the default): thread 0 issues one TMA box a
+// 64-column block of Q and of dO and two bulk copies (lse_log2, D), all on stage st's mbarrier
+// (expect_tx of the whole boxes; rows past seqlen_q arrive as zeros), and every thread waits on
+// it (parity = (it / 2) % 2) at the loop top; measured +8-11% over the cp.async build, where
+// every thread issues 8 cp.async and their address math (2026-11-28). The cp.async build runs
+// where the driver refuses a map (FLASHSCAN_SM90_BWD_TMA=0 forces it).
 //
 // Synchronisation per iteration (every wgmma batch: wgmma.fence, issue, commit_group, and
 // wait_group before registers or shared memory they touch are reused):
-//   cp.async.wait_group 0; fence.proxy.async; __syncthreads      stage `st` (and K, V) visible
+//   cp.async.wait_group 0 (TMA build: + the stage's mbarrier wait); fence.proxy.async;
+//   __syncthreads                                                 stage `st` (and K, V) visible
 //     to the tensor cores; every thread is done with iteration it - 1 (its dQ wgmma read dS^T and
 //     K, its dV / dK wgmma read the other stage's Q / dO, all waited for)
 //   S^T group, dP^T group; issue loads of it + 1 into stage st ^ 1 (under the wgmmas)
