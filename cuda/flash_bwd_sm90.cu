@@ -79,7 +79,7 @@
 //
 // Covered (the launcher falls back to flash_bwd.cu otherwise): sm_90a, fp16 / bf16, head dim
 // exactly 64 or 128, dense (no varlen), causal / sliding windows (FS_HAS_MASK), seqlen_q !=
-// seqlen_k (bottom-right), GQA / MQA, non-deterministic (red.add). No softcap.
+// seqlen_k (bottom-right), GQA / MQA, non-deterministic (the dQ reduce-adds land in any order). No softcap.
 //
 // The prelude defines FS_HEAD_DIM (64 or 128), FS_DTYPE (0 fp16, 1 bf16), FS_HAS_MASK, FS_ARCH (90).
 
