@@ -429,6 +429,16 @@ pub const SM90_TILE_HD64: BwdTile = BwdTile {
     ..SM90_TILE_HD128
 };
 
+/// The wgmma backward's tile at a head dim it covers (64 or 128): its block_m is also the row
+/// count of the dQ blocks the convert pass reads back (`sm90_convert_spec`).
+fn sm90_tile(head_dim: i64) -> BwdTile {
+    if head_dim == 128 {
+        SM90_TILE_HD128
+    } else {
+        SM90_TILE_HD64
+    }
+}
+
 /// The wgmma backward's variant, tile and dynamic shared memory when it covers the problem
 /// (sm_90a, fp16/bf16, head dim exactly 64 or 128, no softcap: `sm90_dtype_code`; dense,
 /// non-deterministic); None for everything else.
@@ -445,11 +455,7 @@ pub fn sm90_main_spec(
         return None;
     }
     let code = attention::sm90_dtype_code(head_dim, dtype, softcap, arch_num)?;
-    let tile = if head_dim == 128 {
-        SM90_TILE_HD128
-    } else {
-        SM90_TILE_HD64
-    };
+    let tile = sm90_tile(head_dim);
     // K, V (128 rows), 2 x (Q, dO) (block_m rows), dS^T (128 x block_m), 2 x 2 x block_m
     // floats, 2 stages of the fp32 dQ block (block_m x hd), 2 mbarriers (16 bytes), 1 KB for
     // aligning the base to the 1024-byte swizzle atom (kSmemBytes).
@@ -600,11 +606,7 @@ pub fn sm90_specs(arch_num: i64) -> Vec<KernelSpec> {
 /// The convert pass that reads the wgmma backward's dQ accumulator: blocks of `block_m` rows in
 /// that kernel's fragment order (`FS_DQ_FRAG`, cuda/flash_bwd_sm90.cu's header).
 pub fn sm90_convert_spec(head_dim: i64, dtype: DType, arch_num: i64) -> Result<KernelSpec> {
-    let tile = if head_dim == 128 {
-        SM90_TILE_HD128
-    } else {
-        SM90_TILE_HD64
-    };
+    let tile = sm90_tile(head_dim);
     let mut spec = aux_spec(head_dim, dtype, arch_num, ENTRY_CONVERT, false)?;
     spec.defines.push(("FS_DQ_FRAG", tile.block_m as i64));
     Ok(spec)
