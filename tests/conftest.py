@@ -15,6 +15,7 @@ element was never written).
 from __future__ import annotations
 
 import os
+import random
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -204,10 +205,12 @@ def seed_all() -> int:
     """One seed per test: FLASHSCAN_TEST_SEED=<seed>, else fresh entropy (fresh inputs each run).
     Printed, so pytest shows it with a failure, and a failing draw replays with
     FLASHSCAN_TEST_SEED=<seed>: it seeds torch's generators (CPU and every CUDA device, lazily)
-    when torch is loaded, as the GPU tests draw their inputs with torch.randn, and `rng`."""
+    when torch is loaded, as the GPU tests draw their inputs with torch.randn, Python's `random`
+    (the GPU helpers seed their own torch.Generator from random.getrandbits) and `rng`."""
     env = os.environ.get("FLASHSCAN_TEST_SEED")
     seed = int(env) if env else int(np.random.SeedSequence().entropy % (1 << 63))
     print(f"FLASHSCAN_TEST_SEED={seed}")
+    random.seed(seed)
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.manual_seed(seed)
