@@ -13,9 +13,12 @@
 //   dweight[c, k] = sum_{b,t} dy[t] * m_k(t) * xcat[t + k], dbias[c] = sum_{b,t} dy[t]
 //
 // Two layouts of x (batch, dim, seqlen), each with its own kernels, fp32 accumulation throughout:
-// - channel-first (seqlen stride 1): block = one (channel c, chunk of kChunk positions, batch b);
-//   thread i owns kItems = 2 * kVec consecutive positions (two 16-byte loads / stores), and reads
-//   the H positions on each side it needs (the neighbours' data: L1 hits) element by element.
+// - channel-first (seqlen stride 1): forward block = one (channel c, chunk of kChunk positions,
+//   batch b); thread i owns kItems = 2 * kVec consecutive positions (two 16-byte loads / stores),
+//   and reads the H positions on each side it needs (the neighbours' data: L1 hits) element by
+//   element. The backward walks a row's steps of kThreads 16-byte slices (one a thread) backwards
+//   and trades the halos through shared memory (causal_conv1d_bwd_cf); with seq_idx it runs the
+//   forward's ownership with per-element halos and masks (causal_conv1d_bwd_cf_seq).
 // - channel-last (dim stride 1): block = 4 warps x 32 lanes; lane l owns kVecF = 4 consecutive
 //   channels (one 8-byte slice of a row for 16-bit x, 16 bytes for fp32), warp w a range of kT
 //   positions (forward) or kTB (backward), walked in order with the last H inputs (and in the
@@ -29,8 +32,8 @@
 //   copy); the backward 862 -> 362 us (ring; it held 16-byte slices of x, dout and both histories
 //   in 253 registers before) -> 231 (lean walk: ~250 -> ~110 SASS instructions a row) at 3 blocks
 //   per SM (4 spill the general walk and measured 240).
-// Every forward / backward kernel runs one of two bodies (kSeq: seq_idx given or not), so a call
-// without seq_idx evaluates no mask.
+// Every other forward / backward kernel runs one of two bodies (kSeq: seq_idx given or not), so a
+// call without seq_idx evaluates no mask.
 // Backward dweight / dbias: each block reduces its own partial sums (shuffles, then shared memory
 // across warps) and writes them to partials[part][c][W + 1] (part = b * blocks along time + block);
 // causal_conv1d_dw_reduce sums the parts per (c, k) in a fixed order: deterministic, no atomics.
@@ -43,7 +46,7 @@
 //   FS_W_DTYPE  weight / bias / dweight / dbias dtype (FS_DTYPE or fp32)
 //   FS_WIDTH    the kernel width W, 2..4
 //   FS_ENTRY    which entry this translation unit holds (0 fwd_cf, 1 fwd_cl, 2 bwd_cf, 3 bwd_cl,
-//               4 dw_reduce, 5 update; -1 or absent: all): a variant compiles only its own kernel
+//               4 dw_reduce, 5 update, 6 bwd_cf_seq; -1 or absent: all): a variant compiles only its own kernel
 
 #if !defined(FS_DTYPE) || !defined(FS_W_DTYPE) || !defined(FS_WIDTH)
 #error "the host prelude must define FS_DTYPE, FS_W_DTYPE and FS_WIDTH"
@@ -501,21 +504,204 @@ __device__ __forceinline__ void block_sum_cf(float (&v)[kW + 1], float (*red)[kW
   }
 }
 
-// ==== channel-first backward =======================================================================
-// Grid and ownership as causal_conv1d_fwd_cf. Thread i recomputes y (and dy) at its positions and the
-// H after them (window of x: s0 - H .. s0 + kItems + H - 1, index q <-> position s0 - H + q), writes
-// dx at its positions (and dinitial_states in the block of position 0), and adds its dweight / dbias
-// terms to the block's partial sums (part = b * nchunks + chunk).
+// ==== channel-first backward (no seq_idx) =========================================================
+// grid (dim * nsplit, batch), block kThreads. A row (b, c) is cut into steps of kStepCF = kThreads * kVec
+// positions (thread i owns the kVec positions p0 = step * kStepCF + i * kVec .. p0 + kVec - 1: one
+// 16-byte slice of x, dout and dx) and block (c, split) walks kStepsCF consecutive steps, the last
+// first (nsplit = ceil(steps / kStepsCF)). Per step, with two block barriers:
+//   1. each thread posts its last H inputs (xt) and thread 0 takes the H before p0 from memory (the
+//      previous step's or initial_states): barrier; every thread forms y and dy at its own positions
+//      and adds its dweight / dbias terms;
+//   2. each thread posts its first H dy (dh): barrier; dx at s needs dy at s .. s + H, the last
+//      thread's H after come from the step after (thread 0's dh of the previous iteration, carried
+//      in registers: the walk goes backwards for this) or, for the block's first step, from memory.
+// xt / dh alternate between two buffers by step parity, so no third barrier guards their reuse.
+// Occupancy is what hides the loads' latency here: at 48 registers 10 blocks (40 warps) fit an SM.
+// H200, same process: 10 blocks without prefetch 194-197 us; the next step's slices prefetched into
+// registers at 8 blocks (64 registers) 210, at 6 blocks 252; through a cp.async ring in shared
+// memory at 10 blocks 206-209, at 12 (40 registers, spilling at width 4) 212.
+// The block's dweight / dbias sums go to partials[part = b * nsplit + split] at the end.
+// H100 (b8 L2048 d5376 bf16, width 4): this replaced one block per 2048 positions of a row, 16 a
+// thread with element loads for the halos (105 registers, 4 blocks per SM, 57 instructions a
+// position, 290.8 us against causal-conv1d's 194.7).
 #if FS_HAS_ENTRY(2)
-// Tried and dropped (H100, b8 L2048 d5120 bf16 width 4, same lease): a lean body for threads whose
-// window lies inside the sequence (no bounds or masks, the halos as one 8-byte access each instead
-// of element loads): causal_conv1d_bwd_cf 290.6 -> 377.5 us, correct but slower; not profiled.
-// Likely why (read from the code, not measured): the choice was per thread, so warp 0 (s0 = 0) and warp 3 (the
-// chunk's last thread) of every block ran both bodies one after the other, and block_sum_cf's
-// barrier made each block wait for them. Next try: one body for every thread, its halo loads
-// predicated (zero / initial_states fill) instead of a second body.
-template <bool kSeq>
-__device__ __forceinline__ void bwd_cf(const Conv1dParams& p, float (*red)[kW + 1]) {
+constexpr int kStepCF = kThreads * kVec;  // positions of a row per step of the channel-first backward
+constexpr int kStepsCF = 4;               // steps a block walks (the host's CF_BWD_STEPS)
+
+struct CfBwdSmem {
+  float xt[2][kH][kThreads];  // [buf][j][thread]: x at the thread's last H positions
+  float dh[2][kH][kThreads];  // dy at its first H positions
+  float red[kWarps][kW + 1];
+};
+
+// dy at position t (0 past seqlen) from memory: the block's first step's look-ahead (no seq_idx).
+__device__ __forceinline__ float dy_from_memory(const Conv1dParams& p, i64 b, i64 c, i64 xrow, i64 grow,
+                                                const float (&w)[kW], float bias, i64 t) {
+  if (t >= p.seqlen) return 0.f;
+  const float g = ldg_f32<DT>(p.dout, grow + t);
+  if (!p.silu) return g;
+  float y = bias;
+#pragma unroll
+  for (int k = 0; k < kW; ++k) {
+    const i64 pos = t - kH + k;
+    const float v = pos < 0 ? before_x(p, b, c, pos) : ldg_f32<DT>(p.x, xrow + pos);
+    y = fmaf(w[k], v, y);
+  }
+  return g * dsilu(y);
+}
+
+// One step's loads: this thread's x and dout slices (16-byte vectors where the row is aligned and
+// the slice full, else element by element), and for thread 0 the H inputs before p0.
+struct CfStepLoad {
+  Raw<kVec, kES> x, g;
+  float before[kH];
+};
+__device__ __forceinline__ void cf_load_step(CfStepLoad& ld, const Conv1dParams& p, i64 b, i64 c, i64 xrow,
+                                             i64 grow, i64 p0) {
+  const char* qx = elem_ptr(p.x, xrow + p0);
+  const char* qg = elem_ptr(p.dout, grow + p0);
+  const i64 valid = p.seqlen - p0;
+  const int v = (int)(valid < kVec ? (valid < 0 ? 0 : valid) : kVec);
+  load_raw<kVec, kES>(ld.x, qx, v, align_of(qx));
+  load_raw<kVec, kES>(ld.g, qg, v, align_of(qg));
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int j = 0; j < kH; ++j) {
+      const i64 pos = p0 - kH + j;
+      ld.before[j] = pos < 0 ? before_x(p, b, c, pos) : ldg_f32<DT>(p.x, xrow + pos);
+    }
+  }
+}
+
+__device__ __forceinline__ void bwd_cf(const Conv1dParams& p, CfBwdSmem& sm) {
+  const int tid = threadIdx.x;
+  const i64 L = p.seqlen;
+  const i64 nsteps = (L + kStepCF - 1) / kStepCF;
+  const u32 nsplit = (u32)((nsteps + kStepsCF - 1) / kStepsCF);
+  const i64 c = blockIdx.x / nsplit;
+  const i64 split = blockIdx.x % nsplit;
+  const i64 b = blockIdx.y;
+  const i64 s_first = split * kStepsCF;
+  const i64 s_last = min(s_first + kStepsCF, nsteps) - 1;
+  float w[kW];
+#pragma unroll
+  for (int k = 0; k < kW; ++k) w[k] = ldg_f32<WDT>(p.weight, c * p.w_s[0] + k * p.w_s[1]);
+  const float bias = p.has_bias ? ldg_f32<WDT>(p.bias, c * p.bias_s) : 0.f;
+  const i64 xrow = b * p.x_s[0] + c * p.x_s[1];
+  const i64 grow = b * p.dout_s[0] + c * p.dout_s[1];
+  const i64 dxrow = b * p.dx_s[0] + c * p.dx_s[1];
+  float acc[kW + 1];
+#pragma unroll
+  for (int k = 0; k < kW + 1; ++k) acc[k] = 0.f;
+  // dy at the H positions after the current step: the last thread's look-ahead
+  float dy_next[kH];
+#pragma unroll
+  for (int j = 0; j < kH; ++j) dy_next[j] = 0.f;
+  if (tid == kThreads - 1) {
+    const i64 e = (s_last + 1) * kStepCF;
+#pragma unroll
+    for (int j = 0; j < kH; ++j) dy_next[j] = dy_from_memory(p, b, c, xrow, grow, w, bias, e + j);
+  }
+  for (i64 s = s_last; s >= s_first; --s) {
+    const int buf = (int)(s & 1);
+    const i64 p0 = s * kStepCF + tid * kVec;
+    CfStepLoad cur;
+    cf_load_step(cur, p, b, c, xrow, grow, p0);
+
+    // x window xw[q] <-> position p0 - H + q
+    float xw[kVec + kH], g[kVec];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      xw[kH + i] = elem<DT>(cur.x, i);
+      g[i] = elem<DT>(cur.g, i);
+    }
+#pragma unroll
+    for (int j = 0; j < kH; ++j) sm.xt[buf][j][tid] = xw[kVec + j];
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kH; ++j) xw[j] = tid > 0 ? sm.xt[buf][j][tid - 1] : cur.before[j];
+    // dy at the own positions (0 past seqlen: dout reads 0 there); dweight / dbias terms
+    float dyw[kVec + kH];  // dy at p0 .. p0 + kVec + H - 1
+#pragma unroll
+    for (int r = 0; r < kVec; ++r) {
+      float d = g[r];
+      if (p.silu) {
+        float y = bias;
+#pragma unroll
+        for (int k = 0; k < kW; ++k) y = fmaf(w[k], xw[r + k], y);
+        d *= dsilu(y);
+      }
+      dyw[r] = d;
+      acc[kW] += d;
+#pragma unroll
+      for (int k = 0; k < kW; ++k) acc[k] = fmaf(d, xw[r + k], acc[k]);
+    }
+#pragma unroll
+    for (int j = 0; j < kH; ++j) sm.dh[buf][j][tid] = dyw[j];
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kH; ++j) dyw[kVec + j] = tid < kThreads - 1 ? sm.dh[buf][j][tid + 1] : dy_next[j];
+    if (tid == kThreads - 1) {  // the next (earlier) step's look-ahead: this step's first H dy
+#pragma unroll
+      for (int j = 0; j < kH; ++j) dy_next[j] = sm.dh[buf][j][0];
+    }
+    // dx at s = p0 + i: sum_k w[k] dy[t], t = s + H - k (dyw index i + H - k)
+    float dxv[kVec];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      float d = 0.f;
+#pragma unroll
+      for (int k = 0; k < kW; ++k) d = fmaf(w[k], dyw[i + kH - k], d);
+      dxv[i] = d;
+    }
+    if (p.has_dfinal && p0 + kVec > L - kH && p0 < L) {
+      // dxcat index pos + H is final_states[pos + H - L] for pos in [L - H, L): rare, kept apart
+      // so the common path holds no 64-bit addresses for it
+      const i64 fbase = b * p.dfinal_s[0] + c * p.dfinal_s[1];
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        const i64 pos = p0 + i;
+        if (pos >= L - kH && pos < L) dxv[i] += ldg_f32<DT>(p.dfinal, fbase + (pos + kH - L) * p.dfinal_s[2]);
+      }
+    }
+    store_f32<kVec>(p.dx, dxrow + p0, dxv, L - p0);
+    if (p0 == 0 && p.has_dinit) {
+      // dinit[j] = dxcat[j] = sum_k w[k] dy[j - k] (dy before 0 does not exist)
+#pragma unroll
+      for (int j = 0; j < kH; ++j) {
+        float d = 0.f;
+#pragma unroll
+        for (int k = 0; k <= j; ++k) d = fmaf(w[k], dyw[j - k], d);
+        if (p.has_dfinal && j >= L)
+          d += ldg_f32<DT>(p.dfinal, b * p.dfinal_s[0] + c * p.dfinal_s[1] + (j - L) * p.dfinal_s[2]);
+        st_f32<DT>(p.dinit, b * p.dinit_s[0] + c * p.dinit_s[1] + j * p.dinit_s[2], d);
+      }
+    }
+  }
+  block_sum_cf(acc, sm.red);
+  if (tid == 0) {
+    float* dst = p.partials + ((b * (i64)nsplit + split) * p.dim + c) * (kW + 1);
+#pragma unroll
+    for (int k = 0; k < kW + 1; ++k) dst[k] = acc[k];
+  }
+}
+extern "C" __global__ void __launch_bounds__(kThreads, 10) causal_conv1d_bwd_cf(const Conv1dParams p) {
+  __shared__ CfBwdSmem sm;
+  bwd_cf(p, sm);
+}
+#endif
+
+// ==== channel-first backward with seq_idx ==========================================================
+// grid (dim * ceil(seqlen / kChunk), batch), block kThreads, as causal_conv1d_fwd_cf. Thread i owns
+// kItems = 2 * kVec positions from s0 = chunk * kChunk + i * kItems; it recomputes y (and dy) at its
+// positions and the H after them from a window of x (s0 - H .. s0 + kItems + H - 1, index q <->
+// position s0 - H + q) and the seq ids of that window read element by element, writes dx at its
+// positions, and adds its dweight / dbias terms to the block's partial sums (part = b * nchunks +
+// chunk). The general walk of the channel-first layout: its own entry, so the masks and per-element
+// loads cost the lean backward (causal_conv1d_bwd_cf) no registers.
+#if FS_HAS_ENTRY(6)
+__device__ __forceinline__ void bwd_cf_seq(const Conv1dParams& p, float (*red)[kW + 1]) {
+  constexpr bool kSeq = true;
   const u32 nchunks = (u32)((p.seqlen + kChunk - 1) / kChunk);  // 32-bit division, as the forward
   const i64 c = blockIdx.x / nchunks;
   const i64 chunk = blockIdx.x % nchunks;
@@ -610,10 +796,9 @@ __device__ __forceinline__ void bwd_cf(const Conv1dParams& p, float (*red)[kW + 
     for (int k = 0; k < kW + 1; ++k) dst[k] = acc[k];
   }
 }
-extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cf(const Conv1dParams p) {
+extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cf_seq(const Conv1dParams p) {
   __shared__ float red[kWarps][kW + 1];
-  if (p.has_seq) bwd_cf<true>(p, red);
-  else bwd_cf<false>(p, red);
+  bwd_cf_seq(p, red);
 }
 #endif
 

@@ -13,6 +13,9 @@ const WARPS: i64 = THREADS / 32;
 /// Positions per warp of the channel-last forward (the kernel's kT) and backward (its kTB).
 const CL_STEPS: i64 = 32;
 const CL_STEPS_BWD: i64 = 64;
+/// Steps (THREADS x one 16-byte slice of positions each) a block of the channel-first backward
+/// walks (the kernel's kStepsCF).
+const CF_BWD_STEPS: i64 = 4;
 /// Columns ((channel, tap) sums) per block of the dweight / dbias reduce (one a lane).
 const REDUCE_COLS: i64 = 32;
 /// Channels per lane of the channel-last kernels (the kernel's kVecF).
@@ -198,16 +201,17 @@ pub fn spec(entry: &'static str, x: DType, w: DType, width: i64) -> Result<Kerne
     })
 }
 
-pub const ENTRIES: [&str; 6] = [
+pub const ENTRIES: [&str; 7] = [
     "causal_conv1d_fwd_cf",
     "causal_conv1d_fwd_cl",
     "causal_conv1d_bwd_cf",
     "causal_conv1d_bwd_cl",
     "causal_conv1d_dw_reduce",
     "causal_conv1d_update",
+    "causal_conv1d_bwd_cf_seq",
 ];
 
-/// Every variant: 6 entries x (x dtype, weight dtype: x's or fp32) x width 2..4. The
+/// Every variant: 7 entries x (x dtype, weight dtype: x's or fp32) x width 2..4. The
 /// forward and update entries are "main" (they must not spill).
 pub fn all_specs(_arch: i64) -> Vec<(KernelSpec, bool)> {
     let mut out = Vec::new();
@@ -264,6 +268,17 @@ fn grid(
             Ok(((gx as u32, gy32, batch as u32), gy))
         }
     }
+}
+
+/// (grid, parts along time) of the channel-first backward: a block walks CF_BWD_STEPS steps of
+/// THREADS 16-byte slices of a row, so a row takes ceil(steps / CF_BWD_STEPS) blocks.
+fn cf_bwd_grid(dt: DType, batch: i64, dim: i64, seqlen: i64) -> Result<((u32, u32, u32), i64)> {
+    let step = THREADS * vec_elems(dt);
+    let nsteps = (seqlen + step - 1) / step;
+    let nsplit = (nsteps + CF_BWD_STEPS - 1) / CF_BWD_STEPS;
+    let gx = u32::try_from(dim * nsplit)
+        .map_err(|_| unsupported("dim * seqlen too large for one launch"))?;
+    Ok(((gx, batch as u32, 1), nsplit))
 }
 
 pub struct Conv1dFwdArgs<'a> {
@@ -461,7 +476,10 @@ pub fn backward(a: &Conv1dBwdArgs, stream: StreamChoice) -> Result<()> {
             "seqlen 0 with initial_states: use the reference path",
         ));
     }
+    // channel-first: the lean walk, or with seq_idx the general one (its own entry and grid)
+    let cf_seq = layout == Layout::ChannelFirst && p.has_seq == 1;
     let main_entry = match layout {
+        Layout::ChannelFirst if cf_seq => "causal_conv1d_bwd_cf_seq",
         Layout::ChannelFirst => "causal_conv1d_bwd_cf",
         Layout::ChannelLast => "causal_conv1d_bwd_cl",
     };
@@ -469,6 +487,8 @@ pub fn backward(a: &Conv1dBwdArgs, stream: StreamChoice) -> Result<()> {
     let red_k = dev.kernel(&spec("causal_conv1d_dw_reduce", xd, wd, width)?)?;
     let (g, tparts) = if empty {
         ((0, 0, 0), 0)
+    } else if layout == Layout::ChannelFirst && !cf_seq {
+        cf_bwd_grid(xd, p.batch, p.dim, p.seqlen)?
     } else {
         grid(layout, xd, p.batch, p.dim, p.seqlen, CL_STEPS_BWD)?
     };
@@ -709,10 +729,32 @@ mod tests {
         assert_eq!((gy, parts), (9, 9)); // 256 positions a block: one more for the last position
     }
 
+    /// The channel-first backward's blocks walk kStepsCF steps of kThreads slices of kVec
+    /// positions: the host's split of a row must be the kernel's (a mismatch leaves dx unwritten).
+    #[test]
+    fn channel_first_backward_grid_matches_the_kernel_constants() {
+        for decl in [
+            format!("constexpr int kStepsCF = {CF_BWD_STEPS};"),
+            "constexpr int kStepCF = kThreads * kVec;".to_string(),
+        ] {
+            assert!(
+                SOURCE.contains(&decl),
+                "cuda/causal_conv1d.cu lacks `{decl}`"
+            );
+        }
+        // bf16: 1024 positions a step; 2048 -> 2 steps, one block a row
+        let ((gx, gy, gz), parts) = cf_bwd_grid(DType::BF16, 8, 5376, 2048).unwrap();
+        assert_eq!((gx, gy, gz, parts), (5376, 8, 1, 1));
+        // 4097 positions: 5 steps -> 2 blocks a row; fp32 (512 a step): 9 steps -> 3
+        assert_eq!(cf_bwd_grid(DType::BF16, 1, 7, 4097).unwrap().1, 2);
+        assert_eq!(cf_bwd_grid(DType::F32, 1, 7, 4097).unwrap().1, 3);
+        assert_eq!(cf_bwd_grid(DType::F16, 2, 3, 1).unwrap(), ((3, 2, 1), 1));
+    }
+
     #[test]
     fn every_variant_is_listed_once() {
         let v = all_specs(90);
-        assert_eq!(v.len(), 6 * 5 * 3);
+        assert_eq!(v.len(), 7 * 5 * 3);
         let names: std::collections::HashSet<String> = v.iter().map(|(s, _)| s.name()).collect();
         assert_eq!(names.len(), v.len());
     }

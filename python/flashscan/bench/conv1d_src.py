@@ -45,6 +45,19 @@ def _build(torch: Any, src: str, build_dir: str, log: Callable[[str], None]) -> 
     return module
 
 
+def _import_prebuilt(path: str) -> Any:
+    """The extension module from a .so built earlier (by `_build` on a machine like this one)
+    and carried here without its build tree: imported as is, nothing compiled."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("causal_conv1d_cuda", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def load(src: str, build_dir: str | None, log: Callable[[str], None]) -> dict[str, Any]:
     """Build and import causal-conv1d from the checkout `src`. Returns {"src_commit",
     "build_s", "error", "module"}: module is the imported `causal_conv1d` package (None, with
@@ -64,7 +77,13 @@ def load(src: str, build_dir: str | None, log: Callable[[str], None]) -> dict[st
             raise FileNotFoundError(f"{src} has no causal_conv1d/ package directory")
         if "causal_conv1d_cuda" not in sys.modules:
             build = build_dir or os.path.join(src, ".flashscan-build")
-            sys.modules["causal_conv1d_cuda"] = _build(torch, src, build, log)
+            so = os.path.join(build, "causal_conv1d_cuda.so")
+            if os.path.isfile(so) and not os.path.isfile(os.path.join(build, "build.ninja")):
+                # a carried build: the .so alone, no tree for ninja to bring up to date
+                sys.modules["causal_conv1d_cuda"] = _import_prebuilt(so)
+                log(f"causal-conv1d: imported the prebuilt {so}")
+            else:
+                sys.modules["causal_conv1d_cuda"] = _build(torch, src, build, log)
         if src not in sys.path:
             sys.path.insert(0, src)
         import causal_conv1d
