@@ -516,6 +516,7 @@ __device__ __forceinline__ void block_sum_cf(float (&v)[kW + 1], float (*red)[kW
 //      thread's H after come from the step after (thread 0's dh of the previous iteration, carried
 //      in registers: the walk goes backwards for this) or, for the block's first step, from memory.
 // xt / dh alternate between two buffers by step parity, so no third barrier guards their reuse.
+// The block's dweight / dbias sums go to partials[part = b * nsplit + split] at the end.
 // Occupancy is what hides the loads' latency here: at 48 registers 10 blocks (40 warps) fit an SM.
 // H200, same process: 10 blocks without prefetch 194-197 us; the next step's slices prefetched into
 // registers at 8 blocks (64 registers) 210, at 6 blocks 252; through a cp.async ring in shared
@@ -524,7 +525,6 @@ __device__ __forceinline__ void block_sum_cf(float (&v)[kW + 1], float (*red)[kW
 // for blocks whose slices are all full and whose rows are 16-byte aligned, the vector-only loop are
 // compile-time variants (kSilu, kFast): 141 M instead of 165 M instructions, 192 -> 170 us
 // (causal-conv1d's kernel 162 us, 126.5 M instructions).
-// The block's dweight / dbias sums go to partials[part = b * nsplit + split] at the end.
 // H100 (b8 L2048 d5376 bf16, width 4): this replaced one block per 2048 positions of a row, 16 a
 // thread with element loads for the halos (105 registers, 4 blocks per SM, 57 instructions a
 // position, 290.8 us against causal-conv1d's 194.7).
