@@ -41,9 +41,9 @@ SHAPES = {
 def child(shape: str, ref: str, save: bool, reps: int, bwd: bool) -> None:
     import numpy as np
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     import flashscan
+    from flashscan.bench.timing import kernel_us
 
     b, d, L = SHAPES[shape]
     n = 16
@@ -95,20 +95,9 @@ def child(shape: str, ref: str, save: bool, reps: int, bwd: bool) -> None:
     finite = all(bool(np.isfinite(o).all()) for o in outs)
     ok = finite and row["max_rel_diff"] <= 1e-2  # type: ignore[operator]
     row["status"] = "ok" if ok else "FAIL"
-    for _ in range(5):
-        call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            call()
-        torch.cuda.synchronize()
-    kern = sum(
-        e.device_time_total
-        for e in prof.key_averages()
-        if e.device_type == torch.autograd.DeviceType.CUDA
-        and ("selective_scan_bwd" in e.key if bwd else "selective_scan" in e.key)
-    )
-    row["kernel_us"] = round(kern / reps, 2)
+    name = "selective_scan_bwd" if bwd else "selective_scan"
+    kern = kernel_us(torch, call, reps, warm=5, keep=lambda key: name in key)
+    row["kernel_us"] = round(kern, 2)
     if bwd:
         print(json.dumps(row))
         return

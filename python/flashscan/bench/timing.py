@@ -164,19 +164,31 @@ def best_wall_us(
     return best
 
 
-def kernel_us(torch: Any, fn: Callable[[], Any], reps: int = 5) -> float:
+def kernel_us(
+    torch: Any,
+    fn: Callable[[], Any],
+    reps: int = 5,
+    warm: int = 1,
+    keep: Callable[[str], bool] | None = None,
+) -> float:
     """Microseconds of GPU activity per call: the device time of every CUDA event (kernels,
-    memsets, copies) torch.profiler records over `reps` calls, divided by `reps`, after one
-    warm call. What the call costs the GPU whatever the host does around it: the figure to
-    compare when wall-clock medians move with the host (an autograd step's launches)."""
+    memsets, copies; with `keep`, only those whose name it keeps) torch.profiler records over
+    `reps` calls, divided by `reps`, after `warm` calls. What the call costs the GPU whatever
+    the host does around it: the figure to compare when wall-clock medians move with the host
+    (an autograd step's launches)."""
     from torch.profiler import ProfilerActivity, profile
 
-    fn()
+    for _ in range(warm):
+        fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
     cuda = torch.autograd.DeviceType.CUDA
-    total = sum(e.device_time_total for e in prof.key_averages() if e.device_type == cuda)
+    total = sum(
+        e.device_time_total
+        for e in prof.key_averages()
+        if e.device_type == cuda and (keep is None or keep(e.key))
+    )
     return total / reps
