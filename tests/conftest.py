@@ -163,6 +163,20 @@ def assert_rel(got: Any, ref: Any, rtol: float, *, atol: float = 0.0, name: str 
     return err
 
 
+def assert_same_up_to_order(got: Any, want: Any, *, tol: float = 1e-3, name: str = "out") -> None:
+    """Two results of one computation whose float32 sums ran in different orders (atomics, a
+    different plan) and were then rounded to their tensor's dtype: equal within `tol` (absolute
+    and relative), widened to one unit in the last place of a 16-bit dtype, since an order
+    difference far below `tol` can still flip the final rounding (bf16: 2^-7 relative)."""
+    import torch
+
+    assert got.dtype == want.dtype and got.shape == want.shape, name
+    rtol = max(tol, float(torch.finfo(got.dtype).eps)) if got.is_floating_point() else tol
+    torch.testing.assert_close(
+        got.float(), want.float(), atol=tol, rtol=rtol, msg=lambda m: f"{name}: {m}"
+    )
+
+
 class Rule:
     """What the `rule` fixture hands out (plain functions, so tests need no imports)."""
 
@@ -170,6 +184,7 @@ class Rule:
     rel = staticmethod(assert_rel)
     to_f64 = staticmethod(to_f64)
     max_err = staticmethod(max_err)
+    same_up_to_order = staticmethod(assert_same_up_to_order)
 
 
 @pytest.fixture
