@@ -18,7 +18,9 @@
 //   and reads the H positions on each side it needs (the neighbours' data: L1 hits) element by
 //   element. The backward walks a row's steps of kThreads 16-byte slices (one a thread) backwards
 //   and trades the halos through shared memory (causal_conv1d_bwd_cf); with seq_idx it runs the
-//   forward's ownership with per-element halos and masks (causal_conv1d_bwd_cf_seq).
+//   forward's ownership with per-element halos and masks (causal_conv1d_bwd_cf_seq). Rows that
+//   fewer than kThreads threads cover (short sequences: the real-time shapes) share blocks, a row
+//   to each 2^cf_lg threads (causal_conv1d_fwd_cf_rows, causal_conv1d_bwd_cf_rows).
 // - channel-last (dim stride 1): block = 4 warps x 32 lanes; lane l owns kVecF = 4 consecutive
 //   channels (one 8-byte slice of a row for 16-bit x, 16 bytes for fp32), warp w a range of kT
 //   positions (forward) or kTB (backward), walked in order with the last H inputs (and in the
@@ -27,7 +29,9 @@
 //   registers. Interior warps (no seq_idx, aligned rows, dim % 4 == 0, the walk inside the
 //   sequence; 16-bit for the backward) take a lean walk: no per-row bounds, masks, 64-bit index
 //   products or register moves (the history in slot r % H of an unrolled 6-row stage); the
-//   general walk serves seq_idx, the sequence's edges, partial or unaligned rows.
+//   general walk serves seq_idx, the sequence's edges, partial or unaligned rows. Grids that
+//   would not fill one wave of blocks take shorter walks (p.cl_rows, down to 4 positions a warp:
+//   the general walk) so that short sequences spread over the SMs.
 //   H100, b8 L2048 d5376 bf16 width 4: the forward 173 -> 133 us (ring) -> 125.5 (lean walk, 89% of
 //   copy); the backward 862 -> 362 us (ring; it held 16-byte slices of x, dout and both histories
 //   in 253 registers before) -> 231 (lean walk: ~250 -> ~110 SASS instructions a row) at 3 blocks
@@ -46,7 +50,8 @@
 //   FS_W_DTYPE  weight / bias / dweight / dbias dtype (FS_DTYPE or fp32)
 //   FS_WIDTH    the kernel width W, 2..4
 //   FS_ENTRY    which entry this translation unit holds (0 fwd_cf, 1 fwd_cl, 2 bwd_cf, 3 bwd_cl,
-//               4 dw_reduce, 5 update, 6 bwd_cf_seq; -1 or absent: all): a variant compiles only its own kernel
+//               4 dw_reduce, 5 update, 6 bwd_cf_seq, 7 fwd_cf_rows, 8 bwd_cf_rows; -1 or absent: all): a variant compiles
+//               only its own kernel
 
 #if !defined(FS_DTYPE) || !defined(FS_W_DTYPE) || !defined(FS_WIDTH)
 #error "the host prelude must define FS_DTYPE, FS_W_DTYPE and FS_WIDTH"
@@ -62,7 +67,7 @@
 
 using namespace fs;
 
-// One by-value parameter block for every entry: 16 pointers, 40 int64s, 8 int32s (sizeof = 480).
+// One by-value parameter block for every entry: 16 pointers, 40 int64s, 10 int32s (sizeof = 488).
 // Strides in elements, in the logical order (batch, dim, seqlen) for x-like tensors, (batch,
 // seqlen) for seq_idx, (dim, width) for weight / dweight. Absent tensors are null.
 struct Conv1dParams {
@@ -87,8 +92,15 @@ struct Conv1dParams {
   i64 seq_s[2], w_s[2], dw_s[2];
   i64 bias_s, dbias_s;
   int silu, has_bias, has_init, has_seq, has_final, has_dfinal, has_dinit, circular;
+  // channel-last forward / backward: positions a warp walks. kT / kTB, or (host: conv1d.rs
+  // `cl_rows`) a power of two down to 4 where the grid would leave SMs without warps (short
+  // sequences, small batches); only a warp of kT / kTB rows takes the lean walk.
+  int cl_rows;
+  // channel-first *_rows kernels: log2 of the threads T a row (T < kThreads: a block serves
+  // kThreads / T rows; host: conv1d.rs `cf_rows`)
+  int cf_lg;
 };
-static_assert(sizeof(Conv1dParams) == 480, "Conv1dParams layout changed: update the host mirror");
+static_assert(sizeof(Conv1dParams) == 488, "Conv1dParams layout changed: update the host mirror");
 
 constexpr int DT = FS_DTYPE;
 constexpr int WDT = FS_W_DTYPE;
@@ -163,15 +175,30 @@ __device__ __forceinline__ int seq_at(const Conv1dParams& p, i64 b, i64 pos) {
 __device__ __forceinline__ bool same_seq(int a, int t) { return a == t && t >= 0; }
 
 // ==== channel-first forward ========================================================================
-// grid (dim * ceil(seqlen / kChunk), batch), block kThreads. Thread i: positions s0 .. s0 + kItems - 1,
-// s0 = chunk * kChunk + i * kItems; window index q <-> position s0 - H + q.
-#if FS_HAS_ENTRY(0)
-template <bool kSeq>
+// causal_conv1d_fwd_cf: grid (dim * ceil(seqlen / kChunk), batch), block kThreads. Thread i:
+// positions s0 .. s0 + kItems - 1, s0 = chunk * kChunk + i * kItems; window index q <-> position
+// s0 - H + q.
+// causal_conv1d_fwd_cf_rows (kRows), for rows shorter than kChunk (host: conv1d.rs `cf_rows`):
+// T = 2^p.cf_lg < kThreads threads a row (the fewest whose kItems each cover it), R = kThreads / T
+// rows a block, grid (ceil(dim / R), batch); thread i: channel c = blockIdx.x R + i / T, s0 =
+// (i % T) kItems. Short rows had a block each, most of its threads idle: b32 L60 d640 ran 20480
+// blocks of 4 working threads, 19.4 us on the H200 against 8.3 packed. Its own entry: one kernel
+// with T at run time for every row measured 104.5 against 100 us at b8 L2048 d5376 bf16 (H200).
+#if FS_HAS_ENTRY(0) || FS_HAS_ENTRY(7)
+template <bool kSeq, bool kRows>
 __device__ __forceinline__ void fwd_cf(const Conv1dParams& p) {
-  // grid.x = dim * nchunks < 2^31: 32-bit division (a 64-bit one is a subroutine call)
-  const u32 nchunks = (u32)((p.seqlen + kChunk - 1) / kChunk);
-  const i64 c = blockIdx.x / nchunks;
-  const i64 s0 = (i64)(blockIdx.x % nchunks) * kChunk + (i64)threadIdx.x * kItems;
+  i64 c, s0;
+  if constexpr (kRows) {
+    const int lg = p.cf_lg;
+    c = (i64)blockIdx.x * (kThreads >> lg) + (threadIdx.x >> lg);
+    s0 = (i64)(threadIdx.x & ((1u << lg) - 1)) * kItems;
+    if (c >= p.dim) return;  // no block barrier in this kernel
+  } else {
+    // grid.x = dim * nchunks < 2^31: 32-bit division (a 64-bit one is a subroutine call)
+    const u32 nchunks = (u32)((p.seqlen + kChunk - 1) / kChunk);
+    c = blockIdx.x / nchunks;
+    s0 = (i64)(blockIdx.x % nchunks) * kChunk + (i64)threadIdx.x * kItems;
+  }
   const i64 b = blockIdx.y;
   if (s0 >= p.seqlen) return;
   float w[kW];
@@ -214,9 +241,17 @@ __device__ __forceinline__ void fwd_cf(const Conv1dParams& p) {
     }
   }
 }
+#endif
+#if FS_HAS_ENTRY(0)
 extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cf(const Conv1dParams p) {
-  if (p.has_seq) fwd_cf<true>(p);  // kSeq: seq_idx given; without it no mask is evaluated
-  else fwd_cf<false>(p);
+  if (p.has_seq) fwd_cf<true, false>(p);  // kSeq: seq_idx given; without it no mask is evaluated
+  else fwd_cf<false, false>(p);
+}
+#endif
+#if FS_HAS_ENTRY(7)
+extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cf_rows(const Conv1dParams p) {
+  if (p.has_seq) fwd_cf<true, true>(p);
+  else fwd_cf<false, true>(p);
 }
 #endif
 
@@ -307,10 +342,11 @@ __device__ __forceinline__ void lane_history(float (&h)[kH][kVecF], int (&hs)[kH
 #endif
 
 // ==== channel-last forward =========================================================================
-// grid (ceil(dim / (32 kVecF)), ceil(seqlen / (kWarps kT)), batch), block kThreads. Lane l of warp w:
-// channels c0 .. c0 + kVecF - 1 (c0 = (blockIdx.x * 32 + l) * kVecF) at positions ts .. ts + kT - 1
-// (ts = (blockIdx.y * kWarps + w) * kT), in order; h[j] holds the input at t - H + j. Rows go in
-// steps of kU through a ring of kSF stages: kSF - 1 steps of loads in flight.
+// grid (ceil(dim / (32 kVecF)), ceil(seqlen / (kWarps R)), batch), block kThreads, R = p.cl_rows (kT,
+// or fewer on small grids). Lane l of warp w: channels c0 .. c0 + kVecF - 1 (c0 = (blockIdx.x * 32 +
+// l) * kVecF) at positions ts .. ts + R - 1 (ts = (blockIdx.y * kWarps + w) * R), in order; h[j]
+// holds the input at t - H + j. Rows go in steps of kU through a ring of kSF stages: kSF - 1 steps
+// of loads in flight.
 #if FS_HAS_ENTRY(1)
 constexpr int kSF = 4;
 constexpr u32 kStageF = kU * kRowStride;  // 1 KB (16-bit) / 2 KB (fp32); the ring 16 / 32 KB a block
@@ -319,11 +355,11 @@ template <bool kSeq>
 __device__ __forceinline__ void fwd_cl(const Conv1dParams& p, u32 ring) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const i64 c0 = ((i64)blockIdx.x * 32 + lane) * kVecF;
-  const i64 ts = ((i64)blockIdx.y * kWarps + warp) * kT;
+  const i64 ts = ((i64)blockIdx.y * kWarps + warp) * p.cl_rows;
   const i64 b = blockIdx.z;
   if (c0 >= p.dim || ts >= p.seqlen) return;  // no block barrier in this kernel
   const int nv = (int)(p.dim - c0 < kVecF ? p.dim - c0 : kVecF);  // channels of this lane that exist
-  const i64 te = ts + kT < p.seqlen ? ts + kT : p.seqlen;
+  const i64 te = ts + p.cl_rows < p.seqlen ? ts + p.cl_rows : p.seqlen;
   const int nsteps = (int)((te - ts + kU - 1) / kU);
   const i64 xb = b * p.x_s[0] + c0;
   const bool vec = rows_aligned(p.x, p.x_s), vout = rows_aligned(p.out, p.out_s);
@@ -466,8 +502,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) causal_conv1d_fwd_cl(c
     fwd_cl<true>(p, smem_u32(ring[warp]));
     return;
   }
-  const i64 ts = ((i64)blockIdx.y * kWarps + warp) * kT;
-  if (p.dim % kVecF == 0 && ts + kT < p.seqlen && rows_aligned(p.x, p.x_s) && rows_aligned(p.out, p.out_s)) {
+  const i64 ts = ((i64)blockIdx.y * kWarps + warp) * p.cl_rows;
+  if (p.cl_rows == kT && p.dim % kVecF == 0 && ts + kT < p.seqlen && rows_aligned(p.x, p.x_s) &&
+      rows_aligned(p.out, p.out_s)) {
     const i64 c0 = ((i64)blockIdx.x * 32 + threadIdx.x % 32) * kVecF;
     if (c0 >= p.dim) return;  // no block barrier in this kernel
     if (p.silu) fwd_cl_lean<true>(p, smem_u32(ring[warp]), blockIdx.z, c0, ts);
@@ -744,6 +781,117 @@ extern "C" __global__ void __launch_bounds__(kThreads, 10) causal_conv1d_bwd_cf(
 }
 #endif
 
+// ==== channel-first backward, short rows (no seq_idx) ==============================================
+// For rows of at most kThreads / 2 slices (host: conv1d.rs `cf_rows`; longer rows and seq_idx take
+// the kernels above and below). T = 2^p.cf_lg <= kThreads / 2 threads a row (the fewest whose
+// 16-byte slices cover it), R = kThreads / T rows a block: grid (ceil(dim / R), batch). Thread i:
+// channel c = blockIdx.x R + i / T, positions p0 = (i % T) kVec .. p0 + kVec - 1. The row is one
+// step of causal_conv1d_bwd_cf's walk done by T threads: x's last H to the right neighbour and dy's
+// first H to the left through shared memory; before the row initial_states (or 0), after it nothing
+// (T kVec >= L: dy is 0 there). The row's dweight / dbias sums: xor shuffles within its T lanes, and
+// at T = 64 its two warps' sums through shared memory; part = b (nparts = batch). One block a row
+// left most threads idle: b32 L60 d640 ran 20480 blocks of 8 working threads (H200: ~78 us).
+#if FS_HAS_ENTRY(8)
+extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cf_rows(const Conv1dParams p) {
+  __shared__ float xt[kH][kThreads];  // x at each thread's last H positions
+  __shared__ float dh[kH][kThreads];  // dy at its first H positions
+  __shared__ float red[kWarps][kW + 1];
+  const int tid = threadIdx.x, lg = p.cf_lg, nt = 1 << lg, lt = tid & (nt - 1);
+  const i64 c = (i64)blockIdx.x * (kThreads >> lg) + (tid >> lg);
+  const i64 b = blockIdx.y, L = p.seqlen;
+  // threads of rows past dim load and store nothing but still reach the barriers
+  const bool row = c < p.dim;
+  const i64 cw = row ? c : p.dim - 1;
+  const i64 p0 = (i64)lt * kVec;
+  const i64 valid = row ? L - p0 : 0;
+  float w[kW];
+#pragma unroll
+  for (int k = 0; k < kW; ++k) w[k] = ldg_f32<WDT>(p.weight, cw * p.w_s[0] + k * p.w_s[1]);
+  const float bias = p.has_bias ? ldg_f32<WDT>(p.bias, cw * p.bias_s) : 0.f;
+  float xi[kVec], g[kVec];
+  load_f32<kVec>(xi, p.x, b * p.x_s[0] + cw * p.x_s[1] + p0, valid);
+  load_f32<kVec>(g, p.dout, b * p.dout_s[0] + cw * p.dout_s[1] + p0, valid);
+#pragma unroll
+  for (int j = 0; j < kH; ++j) xt[j][tid] = xi[kVec - kH + j];
+  __syncthreads();
+  float xw[kVec + kH];  // x window: xw[q] <-> position p0 - H + q
+#pragma unroll
+  for (int j = 0; j < kH; ++j) xw[j] = lt > 0 ? xt[j][tid - 1] : (row ? before_x(p, b, cw, j - kH) : 0.f);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) xw[kH + i] = xi[i];
+  float acc[kW + 1], dyw[kVec + kH];  // dyw: dy at p0 .. p0 + kVec + H - 1
+#pragma unroll
+  for (int k = 0; k < kW + 1; ++k) acc[k] = 0.f;
+#pragma unroll
+  for (int r = 0; r < kVec; ++r) {
+    float d = g[r];  // 0 past seqlen
+    if (p.silu) {
+      float y = bias;
+#pragma unroll
+      for (int k = 0; k < kW; ++k) y = fmaf(w[k], xw[r + k], y);
+      d *= dsilu(y);
+    }
+    dyw[r] = d;
+    acc[kW] += d;
+#pragma unroll
+    for (int k = 0; k < kW; ++k) acc[k] = fmaf(d, xw[r + k], acc[k]);
+  }
+#pragma unroll
+  for (int j = 0; j < kH; ++j) dh[j][tid] = dyw[j];
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kH; ++j) dyw[kVec + j] = lt < nt - 1 ? dh[j][tid + 1] : 0.f;
+  if (row) {
+    // dx at s = p0 + i: sum_k w[k] dy[s + H - k] (+ dfinal[s + H - L] for s in [L - H, L))
+    float dxv[kVec];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      float d = 0.f;
+#pragma unroll
+      for (int k = 0; k < kW; ++k) d = fmaf(w[k], dyw[i + kH - k], d);
+      const i64 pos = p0 + i;
+      if (p.has_dfinal && pos >= L - kH && pos < L)
+        d += ldg_f32<DT>(p.dfinal, b * p.dfinal_s[0] + c * p.dfinal_s[1] + (pos + kH - L) * p.dfinal_s[2]);
+      dxv[i] = d;
+    }
+    store_f32<kVec>(p.dx, b * p.dx_s[0] + c * p.dx_s[1] + p0, dxv, L - p0);
+    if (lt == 0 && p.has_dinit) {
+      // dinit[j] = dxcat[j] = sum_k w[k] dy[j - k] (+ dfinal[j - L] where j >= L)
+#pragma unroll
+      for (int j = 0; j < kH; ++j) {
+        float d = 0.f;
+#pragma unroll
+        for (int k = 0; k <= j; ++k) d = fmaf(w[k], dyw[j - k], d);
+        if (p.has_dfinal && j >= L)
+          d += ldg_f32<DT>(p.dfinal, b * p.dfinal_s[0] + c * p.dfinal_s[1] + (j - L) * p.dfinal_s[2]);
+        st_f32<DT>(p.dinit, b * p.dinit_s[0] + c * p.dinit_s[1] + j * p.dinit_s[2], d);
+      }
+    }
+  }
+  // the row's sums: its T lanes (T <= 32: one warp's aligned group), then at T = 64 its two warps
+#pragma unroll
+  for (int k = 0; k < kW + 1; ++k) {
+    for (int m = (nt < 32 ? nt : 32) >> 1; m >= 1; m >>= 1) acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], m);
+  }
+  if (nt > 32) {
+    if (tid % 32 == 0) {
+#pragma unroll
+      for (int k = 0; k < kW + 1; ++k) red[tid / 32][k] = acc[k];
+    }
+    __syncthreads();
+    if (lt == 0) {
+#pragma unroll
+      for (int k = 0; k < kW + 1; ++k) acc[k] += red[tid / 32 + 1][k];
+    }
+  }
+  if (row && lt == 0) {
+    float* dst = p.partials + (b * p.dim + c) * (kW + 1);
+#pragma unroll
+    for (int k = 0; k < kW + 1; ++k) dst[k] = acc[k];
+  }
+}
+#endif
+
 // ==== channel-first backward with seq_idx ==========================================================
 // grid (dim * ceil(seqlen / kChunk), batch), block kThreads, as causal_conv1d_fwd_cf. Thread i owns
 // kItems = 2 * kVec positions from s0 = chunk * kChunk + i * kItems; it recomputes y (and dy) at its
@@ -856,8 +1004,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cf_seq(
 #endif
 
 // ==== channel-last backward ========================================================================
-// Grid and ownership as causal_conv1d_fwd_cl with kTB positions a warp (the dweight / dbias partials
-// and the H rows each warp re-reads halve against kT). Warp w walks t = ts .. te + H - 1 (te = min(ts + kTB, L)):
+// Grid and ownership as causal_conv1d_fwd_cl with R = p.cl_rows positions a warp (kTB, or fewer on
+// small grids; kTB = 2 kT halves the dweight / dbias partials and the H rows each warp re-reads).
+// Warp w walks t = ts .. te + H - 1 (te = min(ts + R, L)):
 // at each t it forms dy[t] (0 past L) and, with the last H dy kept, dx at s = t - H for s in [ts, te)
 // (dinitial_states for s < 0 in the first warp); dweight / dbias terms for t in [ts, te). Rows of x
 // and dout go in steps of kUB through two rings of kSB stages. The 4 warps share the lanes'
@@ -870,11 +1019,11 @@ __device__ __forceinline__ void bwd_cl(const Conv1dParams& p, u32 ring, float (&
                                        float (&db)[kVecF]) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const i64 c0 = ((i64)blockIdx.x * 32 + lane) * kVecF;
-  const i64 ts = ((i64)blockIdx.y * kWarps + warp) * kTB;
+  const i64 ts = ((i64)blockIdx.y * kWarps + warp) * p.cl_rows;
   const i64 b = blockIdx.z;
   if (c0 < p.dim && ts < p.seqlen) {
     const int nv = (int)(p.dim - c0 < kVecF ? p.dim - c0 : kVecF);
-    const i64 te = ts + kTB < p.seqlen ? ts + kTB : p.seqlen;
+    const i64 te = ts + p.cl_rows < p.seqlen ? ts + p.cl_rows : p.seqlen;
     const i64 tend = te + kH;                         // one past the last t visited
     const i64 tv = tend < p.seqlen ? tend : p.seqlen;  // rows read: [ts, tv); x, dout are 0 past L
     const int nsteps = (int)((tend - ts + kUB - 1) / kUB);
@@ -1121,7 +1270,7 @@ __device__ __forceinline__ bool lean_ok(const Conv1dParams& p, i64 ts) {
   if constexpr (DT == 2) {
     return false;  // fp32 rows: 2x the ring (the general walk's 3 stages fit, the lean walk's do not)
   } else {
-    return p.dim % kVecF == 0 && ts + kRows <= p.seqlen && (ts > 0 || !p.has_dinit) &&
+    return p.cl_rows == kTB && p.dim % kVecF == 0 && ts + kRows <= p.seqlen && (ts > 0 || !p.has_dinit) &&
            rows_aligned(p.x, p.x_s) && rows_aligned(p.dout, p.dout_s) && rows_aligned(p.dx, p.dx_s);
   }
 }
@@ -1175,7 +1324,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 3) causal_conv1d_bwd_cl(c
   }
   const int warp = threadIdx.x / 32;
   const i64 c0 = ((i64)blockIdx.x * 32 + threadIdx.x % 32) * kVecF;
-  const i64 ts = ((i64)blockIdx.y * kWarps + warp) * kTB;
+  const i64 ts = ((i64)blockIdx.y * kWarps + warp) * p.cl_rows;
   const u32 mine = smem_u32(ring[warp]);
   if (p.has_seq) {
     bwd_cl<true>(p, mine, dw, db);

@@ -55,6 +55,19 @@ def make_x(batch: int, dim: int, seqlen: int, dtype: Any, layout: str) -> Any:
     return torch.randn(batch, dim, seqlen, device="cuda", dtype=dtype)
 
 
+def full_walk_batch(dim: int, seqlen: int) -> int:
+    """The smallest batch at which the channel-last kernels keep their full walks (32 positions
+    a forward warp, 64 a backward one): src/ops/conv1d.rs `cl_rows` halves a walk while the
+    grid of the half still fits one wave of blocks (4 an SM forward, 3 backward); the lean walks
+    only run at full length."""
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    lanes = -(-dim // 128)
+    # blocks of 4 warps at half the walk: lanes x batch x ceil(seqlen / (4 * full / 2))
+    fwd = sms * 4 // (lanes * -(-seqlen // 64)) + 1
+    bwd = sms * 3 // (lanes * -(-seqlen // 128)) + 1
+    return max(2, fwd, bwd)
+
+
 def torch_conv(x: Any, w: Any, b: Any, init: Any, silu: bool, dtype: Any) -> Any:
     """The plain same-precision implementation: F.conv1d over [init | x] in `dtype`."""
     width = w.shape[1]
@@ -311,11 +324,14 @@ def test_backward_lean_paths(dt: str, width: int, layout: str, seqlen: int, opts
     dweight: O(1) errors here). Channel-first (every dtype) at the same lengths, multiples of 8:
     rows 16-byte aligned, every interior thread's vector path. Widths 2..4; bias + SiLU,
     neither, or initial / final states. Gradients against the float64 reference under the
-    rule; dx and dinit poisoned first."""
+    rule; dx and dinit poisoned first. Channel-last runs a batch large enough for the full walks
+    (`full_walk_batch`: smaller grids take shorter, general walks), and its forward output is
+    checked too (the forward's lean walk)."""
     import flashscan.torch as fst
 
     dtype = DTYPES[dt]
-    batch, dim = 2, 136  # channel-last: two blocks of channels, the second with lanes past dim
+    dim = 136  # channel-last: two blocks of channels, the second with lanes past dim
+    batch = full_walk_batch(dim, seqlen) if layout == "cl" else 2
     x = make_x(batch, dim, seqlen, dtype, layout).detach().requires_grad_()
     w = (torch.randn(dim, width, device="cuda") / width).to(dtype).requires_grad_()
     b = torch.randn(dim, device="cuda").to(dtype).requires_grad_() if opts != "plain" else None
@@ -336,6 +352,8 @@ def test_backward_lean_paths(dt: str, width: int, layout: str, seqlen: int, opts
     else:
         out = fst.causal_conv1d_fn(x, w, b, activation=act)
         out.backward(dout)
+    ref_out, _ = rc.causal_conv1d_fn(host(x), host(w), host(b), host(init), True, act)
+    check(out, ref_out, torch_conv(x, w, b, init, act is not None, dtype), dtype, "out")
     want = rc.causal_conv1d_bwd(
         host(dout), host(x), host(w), host(b), host(init), host(dfin), act, None
     )
@@ -406,3 +424,32 @@ def test_graph_capture() -> None:
     want, want_state = rc.causal_conv1d_update(host(xs), host(before), host(w), host(b), "silu")
     check(step, want, torch.from_numpy(want).to(torch.bfloat16), torch.bfloat16, "update")
     torch.testing.assert_close(state.double().cpu(), torch.from_numpy(want_state), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("layout", ["cf", "cl"])
+@pytest.mark.parametrize("batch, dim, seqlen", [(32, 640, 60), (1, 640, 60), (3, 200, 17)])
+def test_short_sequences(dt: str, layout: str, batch: int, dim: int, seqlen: int) -> None:
+    """The real-time shapes (Mamba-2 b32 L60 d640, b1) and an odd one: channel-first rows
+    shorter than a block's positions share blocks (several rows a block), channel-last grids
+    with few warps walk 4-16 positions a warp. Forward (poisoned out) and gradients under the
+    rule, bias + SiLU + final states."""
+    import flashscan.torch as fst
+
+    dtype = DTYPES[dt]
+    x = make_x(batch, dim, seqlen, dtype, layout).detach().requires_grad_()
+    w = (torch.randn(dim, 4, device="cuda") / 4).to(dtype).requires_grad_()
+    b = torch.randn(dim, device="cuda").to(dtype).requires_grad_()
+    dout = make_x(batch, dim, seqlen, dtype, layout)
+    _FIXTURES["poison"](x.numel() * x.element_size())
+    out, fin = fst.causal_conv1d_fn(x, w, b, return_final_states=True, activation="silu")
+    ref_out, ref_fin = rc.causal_conv1d_fn(host(x), host(w), host(b), None, True, "silu")
+    check(out, ref_out, torch_conv(x, w, b, None, True, dtype), dtype, "out")
+    torch.testing.assert_close(fin.double().cpu(), torch.from_numpy(ref_fin), atol=0, rtol=0)
+    out.backward(dout)
+    want = rc.causal_conv1d_bwd(host(dout), host(x), host(w), host(b), None, None, "silu", None)
+    lc = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+    loss = (torch_conv(lc[0], lc[1], lc[2], None, True, dtype).float() * dout.float()).sum()
+    base = torch.autograd.grad(loss, lc)
+    for t, ref_g, bl, n in zip((x, w, b), want, base, ("dx", "dweight", "dbias")):
+        check_grad(t.grad, ref_g, bl, dtype, n)

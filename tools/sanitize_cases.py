@@ -329,12 +329,20 @@ def conv_cases() -> int:
 
     bad = 0
     # d 70, L 1031: channel-last rows not 8 / 16-byte aligned (the synchronous path), channel-first
-    # rows not 16-byte aligned; d 72, L 1032: cp.async rows and, without seq_idx, the channel-last
-    # lean walks of every interior warp; channel-first rows aligned
+    # rows not 16-byte aligned; d 72, L 1032: cp.async rows, channel-first rows aligned; d 640,
+    # L 60 (b 32, the real-time shape): channel-first rows sharing blocks, channel-last warps of 4
+    # positions; d 1032 (16-bit, no seq_idx): a batch whose grid keeps the channel-last full walks
+    # (src/ops/conv1d.rs `cl_rows`), so interior warps take the lean walks
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    # 9 lane groups, L 1032: more blocks than a wave at half the walks (16 / 32 positions a warp)
+    full = max(sms * 4 // (9 * 17) + 1, sms * 3 // (9 * 9) + 1)
+    shapes = {70: (2, 1031), 72: (2, 1032), 640: (32, 60), 1032: (full, 1032)}
     for dtype, width, layout, seq, d in itertools.product(
-        [torch.float32, torch.bfloat16], [2, 4], ["cf", "cl"], [False, True], [70, 72]
+        [torch.float32, torch.bfloat16], [2, 4], ["cf", "cl"], [False, True], list(shapes)
     ):
-        b, L = 2, (1031 if d == 70 else 1032)
+        if d == 1032 and (seq or dtype == torch.float32):
+            continue
+        b, L = shapes[d]
         x = torch.randn(b, L, d, device="cuda", dtype=dtype).transpose(1, 2)
         if layout == "cf":
             x = x.contiguous()

@@ -21,7 +21,7 @@ const REDUCE_COLS: i64 = 32;
 /// Channels per lane of the channel-last kernels (the kernel's kVecF).
 const CL_CHANNELS: i64 = 4;
 
-/// Mirrors `struct Conv1dParams` in cuda/causal_conv1d.cu (480 bytes). Strides in elements.
+/// Mirrors `struct Conv1dParams` in cuda/causal_conv1d.cu (488 bytes). Strides in elements.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Conv1dParams {
@@ -68,9 +68,13 @@ pub struct Conv1dParams {
     pub has_dfinal: i32,
     pub has_dinit: i32,
     pub circular: i32,
+    /// Channel-last forward / backward: positions a warp walks (`cl_rows`).
+    pub cl_rows: i32,
+    /// Channel-first `*_rows` kernels: log2 of the threads a row (`cf_rows`).
+    pub cf_lg: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<Conv1dParams>() == 480);
+const _: () = assert!(std::mem::size_of::<Conv1dParams>() == 488);
 
 /// Which axis of x (and of every tensor shaped like it) is contiguous.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -201,7 +205,7 @@ pub fn spec(entry: &'static str, x: DType, w: DType, width: i64) -> Result<Kerne
     })
 }
 
-pub const ENTRIES: [&str; 7] = [
+pub const ENTRIES: [&str; 9] = [
     "causal_conv1d_fwd_cf",
     "causal_conv1d_fwd_cl",
     "causal_conv1d_bwd_cf",
@@ -209,9 +213,11 @@ pub const ENTRIES: [&str; 7] = [
     "causal_conv1d_dw_reduce",
     "causal_conv1d_update",
     "causal_conv1d_bwd_cf_seq",
+    "causal_conv1d_fwd_cf_rows",
+    "causal_conv1d_bwd_cf_rows",
 ];
 
-/// Every variant: 7 entries x (x dtype, weight dtype: x's or fp32) x width 2..4. The
+/// Every variant: 9 entries x (x dtype, weight dtype: x's or fp32) x width 2..4. The
 /// forward and update entries are "main" (they must not spill).
 pub fn all_specs(_arch: i64) -> Vec<(KernelSpec, bool)> {
     let mut out = Vec::new();
@@ -268,6 +274,46 @@ fn grid(
             Ok(((gx as u32, gy32, batch as u32), gy))
         }
     }
+}
+
+/// The channel-first `*_rows` kernels' split of short rows: `Some(log2 T)` when T threads of
+/// `per_thread` positions each (the fewest, a power of two) cover a row and T < THREADS, so a
+/// block serves THREADS / T rows; `None`: one row a block (the long rows' kernels). Per thread:
+/// the forward 2 x 16 bytes, the backward 16. One row a block left most threads of short rows
+/// idle (b32 L60 d640 bf16: 20480 blocks of 4 working threads in the forward, 8 in the backward).
+fn cf_rows(per_thread: i64, seqlen: i64) -> Option<i32> {
+    let mut lg = 0;
+    while (per_thread << lg) < seqlen {
+        lg += 1;
+    }
+    ((1i64 << lg) < THREADS).then_some(lg)
+}
+
+/// Grid of a `*_rows` kernel: THREADS >> lg rows a block, (ceil(dim / rows), batch).
+fn cf_rows_grid(lg: i32, batch: i64, dim: i64) -> Result<(u32, u32, u32)> {
+    let rows = THREADS >> lg;
+    let gx = u32::try_from((dim + rows - 1) / rows).map_err(|_| unsupported("dim too large"))?;
+    Ok((gx, batch as u32, 1))
+}
+
+/// Positions a warp of the channel-last forward (`full` = CL_STEPS, `blocks_per_sm` = its 4)
+/// or backward (CL_STEPS_BWD, 3) walks: the fewest (a power of two, >= 4) whose grid still fits
+/// one wave of blocks, or `full` when even that grid does not. A short sequence otherwise gives
+/// each warp its whole length in order: at b32 L60 d640 (Mamba-2 real-time) 160 warps of 60 rows,
+/// a latency chain with most SMs idle (H200: 9.3 us forward). Shorter walks re-read H rows of
+/// history each (L2 hits), and only full-length warps take the lean walk: long grids keep `full`.
+/// Measured (H200, b32 L60 d640 bf16, GPU time): 60 rows a warp 9.3 us forward / 51.6 forward +
+/// backward, 4 rows (640 blocks, 1.2 waves; warps rather than blocks counted) 7.4 / 33.9, 8 rows
+/// (this rule) 5.5 / 24.5.
+fn cl_rows(full: i64, batch: i64, dim: i64, seqlen: i64, sm_count: i64, blocks_per_sm: i64) -> i64 {
+    let lanes = (dim + 32 * CL_CHANNELS - 1) / (32 * CL_CHANNELS);
+    let blocks = |r: i64| lanes * batch * ((seqlen + WARPS * r - 1) / (WARPS * r));
+    let wave = sm_count.max(1) * blocks_per_sm;
+    let mut r = full;
+    while r > 4 && blocks(r / 2) <= wave {
+        r /= 2;
+    }
+    r
 }
 
 /// (grid, parts along time) of the channel-first backward: a block walks CF_BWD_STEPS steps of
@@ -329,7 +375,7 @@ pub fn check_fwd(a: &Conv1dFwdArgs) -> Result<(Conv1dParams, Layout, i64)> {
 }
 
 pub fn forward(a: &Conv1dFwdArgs, stream: StreamChoice) -> Result<()> {
-    let (p, layout, width) = check_fwd(a)?;
+    let (mut p, layout, width) = check_fwd(a)?;
     if p.batch == 0 || p.dim == 0 || p.seqlen == 0 {
         return Ok(());
     }
@@ -346,12 +392,26 @@ pub fn forward(a: &Conv1dFwdArgs, stream: StreamChoice) -> Result<()> {
     let dev = rt.device(device)?;
     // the device's context stays current for the whole call; the caller's is restored after
     let _bound = dev.bind()?;
+    let cf_rows_lg = cf_rows(2 * vec_elems(a.x.dtype), p.seqlen);
     let entry = match layout {
+        Layout::ChannelFirst if cf_rows_lg.is_some() => "causal_conv1d_fwd_cf_rows",
         Layout::ChannelFirst => "causal_conv1d_fwd_cf",
         Layout::ChannelLast => "causal_conv1d_fwd_cl",
     };
     let k = dev.kernel(&spec(entry, a.x.dtype, a.weight.dtype, width)?)?;
-    let (g, _) = grid(layout, a.x.dtype, p.batch, p.dim, p.seqlen, CL_STEPS)?;
+    let sms = dev.props.sm_count as i64;
+    let g = match (layout, cf_rows_lg) {
+        (Layout::ChannelFirst, Some(lg)) => {
+            p.cf_lg = lg;
+            cf_rows_grid(lg, p.batch, p.dim)?
+        }
+        (Layout::ChannelFirst, None) => grid(layout, a.x.dtype, p.batch, p.dim, p.seqlen, 0)?.0,
+        (Layout::ChannelLast, _) => {
+            let rows = cl_rows(CL_STEPS, p.batch, p.dim, p.seqlen, sms, 4);
+            p.cl_rows = rows as i32;
+            grid(layout, a.x.dtype, p.batch, p.dim, p.seqlen, rows)?.0
+        }
+    };
     let st = dev.stream(stream)?;
     // SAFETY: params mirrors Conv1dParams; shapes, dtypes, layouts, devices were checked.
     unsafe { dev.launch(&k, g, (THREADS as u32, 1, 1), 0, st, &p)? };
@@ -478,8 +538,11 @@ pub fn backward(a: &Conv1dBwdArgs, stream: StreamChoice) -> Result<()> {
     }
     // channel-first: the lean walk, or with seq_idx the general one (its own entry and grid)
     let cf_seq = layout == Layout::ChannelFirst && p.has_seq == 1;
+    let cf_rows_lg =
+        cf_rows(vec_elems(xd), p.seqlen).filter(|_| layout == Layout::ChannelFirst && !cf_seq);
     let main_entry = match layout {
         Layout::ChannelFirst if cf_seq => "causal_conv1d_bwd_cf_seq",
+        Layout::ChannelFirst if cf_rows_lg.is_some() => "causal_conv1d_bwd_cf_rows",
         Layout::ChannelFirst => "causal_conv1d_bwd_cf",
         Layout::ChannelLast => "causal_conv1d_bwd_cl",
     };
@@ -487,10 +550,16 @@ pub fn backward(a: &Conv1dBwdArgs, stream: StreamChoice) -> Result<()> {
     let red_k = dev.kernel(&spec("causal_conv1d_dw_reduce", xd, wd, width)?)?;
     let (g, tparts) = if empty {
         ((0, 0, 0), 0)
+    } else if let Some(lg) = cf_rows_lg {
+        p.cf_lg = lg;
+        (cf_rows_grid(lg, p.batch, p.dim)?, 1)
     } else if layout == Layout::ChannelFirst && !cf_seq {
         cf_bwd_grid(xd, p.batch, p.dim, p.seqlen)?
     } else {
-        grid(layout, xd, p.batch, p.dim, p.seqlen, CL_STEPS_BWD)?
+        let sms = dev.props.sm_count as i64;
+        let rows = cl_rows(CL_STEPS_BWD, p.batch, p.dim, p.seqlen, sms, 3);
+        p.cl_rows = rows as i32;
+        grid(layout, xd, p.batch, p.dim, p.seqlen, rows)?
     };
     p.nparts = p.batch * tparts;
     let red_grid = u32::try_from((p.dim * (width + 1) + REDUCE_COLS - 1) / REDUCE_COLS)
@@ -729,6 +798,62 @@ mod tests {
         assert_eq!((gy, parts), (9, 9)); // 256 positions a block: one more for the last position
     }
 
+    /// Long grids keep the kernels' full walks (the lean walks need them); short sequences and
+    /// small batches get shorter walks until the SMs have warps, never below 4 rows.
+    #[test]
+    fn channel_last_rows_fill_the_sms() {
+        assert_eq!(cl_rows(CL_STEPS, 8, 5376, 2048, 132, 4), CL_STEPS);
+        assert_eq!(cl_rows(CL_STEPS_BWD, 8, 5376, 2048, 132, 3), CL_STEPS_BWD);
+        // b32 L60 d640: 5 lane groups x 32 rows of a batch; 4 rows a warp would be 640 blocks
+        // (> 528 = one wave of 4 an SM), 8 rows 320
+        assert_eq!(cl_rows(CL_STEPS, 32, 640, 60, 132, 4), 8);
+        assert_eq!(cl_rows(CL_STEPS_BWD, 32, 640, 60, 132, 3), 8);
+        // b8 L60 d5376: 42 x 8 = 336 blocks at 32 or 16 rows a warp (60 rows: one block of 4
+        // warps), 672 at 8 (> 528)
+        assert_eq!(cl_rows(CL_STEPS, 8, 5376, 60, 132, 4), 16);
+        assert_eq!(cl_rows(CL_STEPS, 1, 1, 1, 132, 4), 4);
+        // every position is some warp's: the grid covers seqlen with the rows chosen
+        for (b, d, l) in [(32, 640, 60), (1, 7, 5), (2, 300, 129), (8, 5376, 60)] {
+            for (full, per_sm) in [(CL_STEPS, 4), (CL_STEPS_BWD, 3)] {
+                let r = cl_rows(full, b, d, l, 132, per_sm);
+                assert!(r >= 4 && r <= full && full % r == 0);
+                let ((_, gy, _), parts) =
+                    grid(Layout::ChannelLast, DType::BF16, b, d, l, r).unwrap();
+                assert!(gy as i64 * WARPS * r >= l && parts == gy as i64);
+            }
+        }
+    }
+
+    /// The channel-first `*_rows` kernels take rows that fewer than THREADS threads cover
+    /// (the forward's kItems = 2 x 16 bytes a thread, the backward's one 16-byte slice).
+    #[test]
+    fn channel_first_short_rows_share_blocks() {
+        // bf16 forward: 16 positions a thread; L60 -> 4 threads, 32 rows a block
+        assert_eq!(cf_rows(16, 60), Some(2));
+        assert_eq!(cf_rows_grid(2, 32, 640).unwrap(), (20, 32, 1));
+        // up to 64 threads (1024 positions); 1025 and the long rows: one row a block
+        assert_eq!(cf_rows(16, 1024), Some(6));
+        assert_eq!(cf_rows(16, 1025), None);
+        assert_eq!(cf_rows(16, 2048), None);
+        // bf16 backward (8 a thread): L60 -> 8 threads; fp32 (4): 16; seqlen 1: one thread
+        assert_eq!(cf_rows(8, 60), Some(3));
+        assert_eq!(cf_rows(4, 60), Some(4));
+        assert_eq!(cf_rows(8, 1), Some(0));
+        assert_eq!(cf_rows_grid(0, 2, 129).unwrap(), (2, 2, 1));
+        // every (row, position) is some thread's
+        for (d, l, per) in [
+            (1, 1, 16),
+            (7, 60, 8),
+            (640, 60, 16),
+            (33, 1000, 16),
+            (5, 511, 8),
+        ] {
+            let lg = cf_rows(per, l).unwrap();
+            let (gx, _, _) = cf_rows_grid(lg, 1, d).unwrap();
+            assert!(gx as i64 * (THREADS >> lg) >= d && (per << lg) >= l);
+        }
+    }
+
     /// The channel-first backward's blocks walk kStepsCF steps of kThreads slices of kVec
     /// positions: the host's split of a row must be the kernel's (a mismatch leaves dx unwritten).
     #[test]
@@ -754,7 +879,7 @@ mod tests {
     #[test]
     fn every_variant_is_listed_once() {
         let v = all_specs(90);
-        assert_eq!(v.len(), 7 * 5 * 3);
+        assert_eq!(v.len(), 9 * 5 * 3);
         let names: std::collections::HashSet<String> = v.iter().map(|(s, _)| s.name()).collect();
         assert_eq!(names.len(), v.len());
     }
