@@ -67,7 +67,7 @@
 
 using namespace fs;
 
-// One by-value parameter block for every entry: 16 pointers, 40 int64s, 10 int32s (sizeof = 488).
+// One by-value parameter block for every entry: 16 pointers, 40 int64s, 12 int32s (sizeof = 496).
 // Strides in elements, in the logical order (batch, dim, seqlen) for x-like tensors, (batch,
 // seqlen) for seq_idx, (dim, width) for weight / dweight. Absent tensors are null.
 struct Conv1dParams {
@@ -99,8 +99,12 @@ struct Conv1dParams {
   // channel-first *_rows kernels: log2 of the threads T a row (T < kThreads: a block serves
   // kThreads / T rows; host: conv1d.rs `cf_rows`)
   int cf_lg;
+  // decode update: every element offset of x, out, conv_state, weight, bias is below 2^31 (host:
+  // conv1d.rs `offsets_fit_i32`), so its index arithmetic is 32-bit
+  int idx32;
+  int pad_;
 };
-static_assert(sizeof(Conv1dParams) == 488, "Conv1dParams layout changed: update the host mirror");
+static_assert(sizeof(Conv1dParams) == 496, "Conv1dParams layout changed: update the host mirror");
 
 constexpr int DT = FS_DTYPE;
 constexpr int WDT = FS_W_DTYPE;
@@ -1383,48 +1387,61 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_dw_reduce(c
 // grid (ceil(dim / kThreads), batch), block kThreads; thread = channel c of row b. seqlen = the new
 // inputs n; the H inputs before them are the state's last H (or, in ring mode, the H slots before
 // cache_seqlens[b] % state_len). The state is read whole before any of its slots is written.
+// I: the index type, int where the host found every element offset of the call's tensors below 2^31
+// (p.idx32: any decode batch of a real model), else i64. The kernel is instruction-bound (ncu, H200,
+// b256 d5376 bf16: SM 72% busy, DRAM 11%), and the 64-bit index products and the 64-bit ring
+// modulo (a subroutine call) were most of its instructions.
 #if FS_HAS_ENTRY(5)
-extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_update(const Conv1dParams p) {
-  const i64 c = (i64)blockIdx.x * kThreads + threadIdx.x;
-  const i64 b = blockIdx.y;
-  if (c >= p.dim) return;
-  const i64 S = p.state_len, n = p.seqlen;
+template <typename I>
+__device__ __forceinline__ void update_body(const Conv1dParams& p) {
+  const I c = (I)blockIdx.x * kThreads + (I)threadIdx.x;
+  const I b = (I)blockIdx.y;
+  if (c >= (I)p.dim) return;
+  const I S = (I)p.state_len, n = (I)p.seqlen;
+  const I ss2 = (I)p.state_s[2], xs2 = (I)p.x_s[2], os2 = (I)p.out_s[2];
   float w[kW];
 #pragma unroll
-  for (int k = 0; k < kW; ++k) w[k] = ldg_f32<WDT>(p.weight, c * p.w_s[0] + k * p.w_s[1]);
-  const float bias = p.has_bias ? ldg_f32<WDT>(p.bias, c * p.bias_s) : 0.f;
-  const i64 st0 = b * p.state_s[0] + c * p.state_s[1];
-  const i64 x0 = b * p.x_s[0] + c * p.x_s[1];
-  const i64 o0 = b * p.out_s[0] + c * p.out_s[1];
-  const i64 head = p.circular ? (i64)__ldg(p.cache_seqlens + b) : S;
+  for (int k = 0; k < kW; ++k) w[k] = ldg_f32<WDT>(p.weight, c * (I)p.w_s[0] + k * (I)p.w_s[1]);
+  const float bias = p.has_bias ? ldg_f32<WDT>(p.bias, c * (I)p.bias_s) : 0.f;
+  const I st0 = b * (I)p.state_s[0] + c * (I)p.state_s[1];
+  const I x0 = b * (I)p.x_s[0] + c * (I)p.x_s[1];
+  const I o0 = b * (I)p.out_s[0] + c * (I)p.out_s[1];
+  // ring slots in 32-bit arithmetic (state_len < 2^31, host-checked)
+  const int S32 = (int)S;
+  const int head = p.circular ? __ldg(p.cache_seqlens + b) : S32;
   float h[kH];
 #pragma unroll
   for (int j = 0; j < kH; ++j) {
-    i64 q = head - kH + j;
-    if (p.circular) q = ((q % S) + S) % S;
-    h[j] = ld_state(p.state, st0 + q * p.state_s[2]);
+    int q = head - kH + j;
+    if (p.circular) q = ((q % S32) + S32) % S32;
+    h[j] = ld_state(p.state, st0 + (I)q * ss2);
   }
-  for (i64 t = 0; t < n; ++t) {
-    const float xt = ldg_f32<DT>(p.x, x0 + t * p.x_s[2]);
+  for (I t = 0; t < n; ++t) {
+    const float xt = ldg_f32<DT>(p.x, x0 + t * xs2);
     float acc = bias;
 #pragma unroll
     for (int k = 0; k < kH; ++k) acc = fmaf(w[k], h[k], acc);
     acc = fmaf(w[kH], xt, acc);
-    st_f32<DT>(p.out, o0 + t * p.out_s[2], p.silu ? silu(acc) : acc);
+    st_f32<DT>(p.out, o0 + t * os2, p.silu ? silu(acc) : acc);
 #pragma unroll
     for (int j = 0; j < kH; ++j) h[j] = j + 1 < kH ? h[j + 1] : xt;
   }
   if (p.circular) {
-    const i64 base = ((head % S) + S) % S;
-    for (i64 t = 0; t < n; ++t)
-      st_state_raw(p.state, st0 + ((base + t) % S) * p.state_s[2], ldg_raw<DT>(p.x, x0 + t * p.x_s[2]));
+    int slot = ((head % S32) + S32) % S32;
+    for (I t = 0; t < n; ++t) {
+      st_state_raw(p.state, st0 + (I)slot * ss2, ldg_raw<DT>(p.x, x0 + t * xs2));
+      slot = slot + 1 == S32 ? 0 : slot + 1;
+    }
   } else {
     // ascending: slot i reads slot i + n (not yet written) or input i + n - S
-    for (i64 i = 0; i < S; ++i) {
-      const u32 v = i + n < S ? ld_state_raw(p.state, st0 + (i + n) * p.state_s[2])
-                              : ldg_raw<DT>(p.x, x0 + (i + n - S) * p.x_s[2]);
-      st_state_raw(p.state, st0 + i * p.state_s[2], v);
+    for (I i = 0; i < S; ++i) {
+      const u32 v = i + n < S ? ld_state_raw(p.state, st0 + (i + n) * ss2) : ldg_raw<DT>(p.x, x0 + (i + n - S) * xs2);
+      st_state_raw(p.state, st0 + i * ss2, v);
     }
   }
+}
+extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_update(const Conv1dParams p) {
+  if (p.idx32) update_body<int>(p);
+  else update_body<i64>(p);
 }
 #endif

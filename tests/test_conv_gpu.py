@@ -377,12 +377,29 @@ def test_backward_lean_paths(dt: str, width: int, layout: str, seqlen: int, opts
 @pytest.mark.parametrize("dt", list(DTYPES))
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("ring", [False, True])
-def test_update_matches_reference(dt: str, width: int, ring: bool) -> None:
+@pytest.mark.parametrize("kind", ["dense", "padded", "sliced", "long"])
+def test_update_matches_reference(dt: str, width: int, ring: bool, kind: str) -> None:
+    """The decode update against the reference, the state updated in place, one and three new
+    inputs, shift and ring modes. `dense`: conv_state contiguous, dim 264 (two full blocks of
+    128 channels and a partial one);
+    `padded`: the first 258 channels of a 264-channel buffer (the rest must stay as they were);
+    `sliced`: a view into a buffer wider along state_len (its other columns must stay); `long`:
+    state_len 13-16."""
     dtype = DTYPES[dt]
-    batch, dim, state_len = 5, 300, width - 1 + (3 if ring else 0)
+    batch, dim = 5, (258 if kind == "padded" else 264)
+    state_len = width - 1 + (3 if ring else 0) + (10 if kind == "long" else 0)
     for n in (None, 1, 3):
         x = torch.randn(batch, dim, *(() if n is None else (n,)), device="cuda", dtype=dtype)
-        state = torch.randn(batch, dim, state_len, device="cuda", dtype=dtype)
+        if kind == "sliced":
+            buf = torch.randn(batch, dim, state_len + 2, device="cuda", dtype=dtype)
+            state = buf[:, :, 1 : 1 + state_len]
+            edges = buf[:, :, [0, state_len + 1]].clone()
+        elif kind == "padded":
+            buf = torch.randn(batch, 264, state_len, device="cuda", dtype=dtype)
+            state = buf[:, :dim]
+            edges = buf[:, dim:].clone()
+        else:
+            state = torch.randn(batch, dim, state_len, device="cuda", dtype=dtype)
         w = torch.randn(dim, width, device="cuda")
         b = torch.randn(dim, device="cuda")
         lens = torch.randint(0, 50, (batch,), device="cuda", dtype=torch.int32) if ring else None
@@ -395,6 +412,26 @@ def test_update_matches_reference(dt: str, width: int, ring: bool) -> None:
         torch.testing.assert_close(
             state.double().cpu(), torch.from_numpy(want_state), atol=0, rtol=0
         )
+        if kind == "sliced":
+            assert torch.equal(buf[:, :, [0, state_len + 1]], edges)
+        if kind == "padded":
+            assert torch.equal(buf[:, dim:], edges)
+
+
+def test_update_with_offsets_past_2_31() -> None:
+    """A conv_state whose second batch row lies 2^31 elements after the first (a view into a
+    4 GiB buffer): the update's 64-bit index path (32-bit only where every offset fits)."""
+    dtype, dim, state_len = torch.bfloat16, 64, 3
+    buf = torch.zeros(2**31 + dim * state_len, device="cuda", dtype=dtype)
+    state = buf.as_strided((2, dim, state_len), (2**31, state_len, 1))
+    state.copy_(torch.randn(2, dim, state_len, device="cuda", dtype=dtype))
+    x = torch.randn(2, dim, device="cuda", dtype=dtype)
+    w = torch.randn(dim, 4, device="cuda")
+    want, want_state = rc.causal_conv1d_update(host(x), host(state), host(w), None, "silu", None)
+    out = flashscan.causal_conv1d_update(x, state, w, activation="silu")
+    check(out, want, torch.from_numpy(want).to(dtype), dtype, "out")
+    torch.testing.assert_close(state.double().cpu(), torch.from_numpy(want_state), atol=0, rtol=0)
+    del buf, state
 
 
 def test_graph_capture() -> None:

@@ -7,7 +7,9 @@ installed wheel. With --peer, causal-conv1d's `causal_conv1d_fn` (built from a s
 flashscan.bench.conv1d_src) is profiled the same way on the same inputs: a GPU-time comparison
 that the host's own speed does not move.
 
-    python tools/conv1d_profile.py TAG [--peer SRC BUILD_DIR]
+    python tools/conv1d_profile.py TAG [--peer SRC BUILD_DIR] [--shape BATCH DIM SEQLEN]
+
+--shape replaces the bench shape (e.g. the real-time 32 640 60).
 """
 
 from __future__ import annotations
@@ -68,7 +70,12 @@ def profile(tag: str, layout: str, fn_impl: Any = None) -> str:
 
 
 def main() -> int:
+    global B, D, L
     args = sys.argv[1:]
+    if "--shape" in args:
+        i = args.index("--shape")
+        B, D, L = (int(v) for v in args[i + 1 : i + 4])
+        del args[i : i + 4]
     peer = None
     if "--peer" in args:
         i = args.index("--peer")

@@ -374,9 +374,16 @@ def conv_cases() -> int:
         if not max(errs) < 0.05:
             print(f"conv {dtype} width={width} {layout} seq={seq} d={d}: errs {errs}")
             bad += 1
-    for dtype, ring in itertools.product([torch.float16, torch.float32], [False, True]):
-        x = torch.randn(3, 130, 2, device="cuda", dtype=dtype)
-        state = torch.randn(3, 130, 5, device="cuda", dtype=dtype)
+    # one and two new inputs, shift and ring; conv_state (3, 130, 5), or the first 130 channels
+    # of a (3, 136, 3) buffer
+    for dtype, ring, padded, n in itertools.product(
+        [torch.float16, torch.float32], [False, True], [False, True], [1, 2]
+    ):
+        x = torch.randn(3, 130, n, device="cuda", dtype=dtype)
+        if padded:
+            state = torch.randn(3, 136, 3, device="cuda", dtype=dtype)[:, :130]
+        else:
+            state = torch.randn(3, 130, 5, device="cuda", dtype=dtype)
         w = torch.randn(130, 4, device="cuda")
         lens = torch.tensor([0, 7, 3], device="cuda", dtype=torch.int32) if ring else None
         want, want_state = rc.causal_conv1d_update(h(x), h(state), h(w), None, "silu", h(lens))
@@ -384,7 +391,10 @@ def conv_cases() -> int:
         err = (out.double().cpu() - torch.from_numpy(want)).abs().max().item()
         err_s = (state.double().cpu() - torch.from_numpy(want_state)).abs().max().item()
         if not (err < 0.05 and err_s == 0):
-            print(f"conv update {dtype} ring={ring}: err {err}, state err {err_s}")
+            print(
+                f"conv update {dtype} ring={ring} padded={padded} n={n}: "
+                f"err {err}, state err {err_s}"
+            )
             bad += 1
     return bad
 

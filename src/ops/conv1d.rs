@@ -21,7 +21,7 @@ const REDUCE_COLS: i64 = 32;
 /// Channels per lane of the channel-last kernels (the kernel's kVecF).
 const CL_CHANNELS: i64 = 4;
 
-/// Mirrors `struct Conv1dParams` in cuda/causal_conv1d.cu (488 bytes). Strides in elements.
+/// Mirrors `struct Conv1dParams` in cuda/causal_conv1d.cu (496 bytes). Strides in elements.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Conv1dParams {
@@ -72,9 +72,33 @@ pub struct Conv1dParams {
     pub cl_rows: i32,
     /// Channel-first `*_rows` kernels: log2 of the threads a row (`cf_rows`).
     pub cf_lg: i32,
+    /// Decode update: 32-bit index arithmetic (`offsets_fit_i32`).
+    pub idx32: i32,
+    pub pad_: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<Conv1dParams>() == 488);
+const _: () = assert!(std::mem::size_of::<Conv1dParams>() == 496);
+
+/// Whether every element offset of every tensor (the largest: sum of (size - 1) * stride) is
+/// below 2^31 with no negative stride: then a kernel may index them in 32-bit arithmetic.
+fn offsets_fit_i32(ts: &[Option<&TensorView>]) -> bool {
+    ts.iter().flatten().all(|t| {
+        let mut last: i64 = 0;
+        for (&n, &s) in t.shape.iter().zip(t.strides.iter()) {
+            if s < 0 {
+                return false;
+            }
+            last = match (n.max(1) - 1)
+                .checked_mul(s)
+                .and_then(|v| last.checked_add(v))
+            {
+                Some(v) => v,
+                None => return false,
+            };
+        }
+        last < i32::MAX as i64
+    })
+}
 
 /// Which axis of x (and of every tensor shaped like it) is contiguous.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -638,6 +662,9 @@ pub fn check_update(a: &Conv1dUpdateArgs) -> Result<(Conv1dParams, i64)> {
     a.conv_state.expect_same_dtype("conv_state", a.x, "x")?;
     a.conv_state.expect_writable("conv_state")?;
     let state_len = a.conv_state.shape[2];
+    if state_len > i32::MAX as i64 {
+        return Err(unsupported("conv_state's state_len must be < 2^31"));
+    }
     if state_len < width - 1 {
         return Err(value_err(format!(
             "conv_state has state_len {state_len}: it must be >= width - 1 = {}",
@@ -682,6 +709,13 @@ pub fn check_update(a: &Conv1dUpdateArgs) -> Result<(Conv1dParams, i64)> {
     p.state = a.conv_state.ptr;
     p.cache_seqlens = ptr(a.cache_seqlens);
     p.silu = a.silu as i32;
+    p.idx32 = offsets_fit_i32(&[
+        Some(a.x),
+        Some(a.out),
+        Some(a.conv_state),
+        Some(a.weight),
+        a.bias,
+    ]) as i32;
     Ok((p, width))
 }
 
@@ -796,6 +830,21 @@ mod tests {
         )
         .unwrap();
         assert_eq!((gy, parts), (9, 9)); // 256 positions a block: one more for the last position
+    }
+
+    /// 32-bit indexing only where every offset fits: a (256, 5376, 3) state does, a (2^20,
+    /// 4096) x does not; negative strides never take it.
+    #[test]
+    fn update_indexes_in_32_bits_where_offsets_fit() {
+        let small = view(&[256, 5376, 3], &[5376 * 3, 3, 1], DType::BF16, 0x1000);
+        let big = view(&[1 << 20, 4096], &[4096, 1], DType::BF16, 0x1000);
+        let neg = view(&[4, 8], &[-8, 1], DType::BF16, 0x1000);
+        let edge = view(&[2, 1 << 30], &[1 << 30, 1], DType::BF16, 0x1000);
+        assert!(offsets_fit_i32(&[Some(&small), None]));
+        assert!(!offsets_fit_i32(&[Some(&small), Some(&big)]));
+        assert!(!offsets_fit_i32(&[Some(&neg)]));
+        // last offset 2^31 - 1: not below i32::MAX
+        assert!(!offsets_fit_i32(&[Some(&edge)]));
     }
 
     /// Long grids keep the kernels' full walks (the lean walks need them); short sequences and
