@@ -93,8 +93,8 @@ struct Conv1dParams {
   i64 bias_s, dbias_s;
   int silu, has_bias, has_init, has_seq, has_final, has_dfinal, has_dinit, circular;
   // channel-last forward / backward: positions a warp walks. kT / kTB, or (host: conv1d.rs
-  // `cl_rows`) a power of two down to 4 where the grid would leave SMs without warps (short
-  // sequences, small batches); only a warp of kT / kTB rows takes the lean walk.
+  // `cl_rows`) the fewest, a power of two down to 4, whose grid still fits one wave of blocks
+  // (short sequences, small batches); only a warp of kT / kTB rows takes the lean walk.
   int cl_rows;
   // channel-first *_rows kernels: log2 of the threads T a row (T < kThreads: a block serves
   // kThreads / T rows; host: conv1d.rs `cf_rows`)

@@ -848,7 +848,8 @@ mod tests {
     }
 
     /// Long grids keep the kernels' full walks (the lean walks need them); short sequences and
-    /// small batches get shorter walks until the SMs have warps, never below 4 rows.
+    /// small batches the shortest walks whose grid still fits one wave of blocks, never below 4
+    /// rows.
     #[test]
     fn channel_last_rows_fill_the_sms() {
         assert_eq!(cl_rows(CL_STEPS, 8, 5376, 2048, 132, 4), CL_STEPS);
