@@ -188,7 +188,50 @@ __device__ __forceinline__ bool same_seq(int a, int t) { return a == t && t >= 0
 // (i % T) kItems. Short rows had a block each, most of its threads idle: b32 L60 d640 ran 20480
 // blocks of 4 working threads, 19.4 us on the H200 against 8.3 packed. Its own entry: one kernel
 // with T at run time for every row measured 104.5 against 100 us at b8 L2048 d5376 bf16 (H200).
-#if FS_HAS_ENTRY(0) || FS_HAS_ENTRY(7)
+#if FS_HAS_ENTRY(0) || FS_HAS_ENTRY(7) || FS_HAS_ENTRY(9)
+// The long rows' common thread (no seq_idx, all kItems positions inside the row, x and out rows
+// 16-byte aligned, no final states to write): two vector loads, the H inputs before it from the
+// previous 16 bytes (one vector, an L1 hit) or initial_states at the row's start, the window slid
+// through registers and each pair of outputs packed as it is formed, two vector stores. The
+// general body (load_f32 / store_f32 with run-time alignment paths) held all kItems inputs and
+// outputs as floats: 55 registers, 9 blocks an SM, 49% achieved occupancy, against causal-conv1d's
+// 32 registers and 95% (ncu, H200, b8 L2048 d5376: 100.2 vs 92.0 us).
+template <bool kSilu>
+__device__ __forceinline__ void fwd_cf_fast(const Conv1dParams& p, i64 b, i64 c, i64 s0, const char* qx, char* qo,
+                                            const float (&w)[kW], float bias) {
+  Raw<kItems, kES> xr;
+  load_raw<kItems, kES>(xr, qx, kItems, 16);
+  float win[kW];  // win[k]: the input at s - H + k for the output s being formed
+  if (s0 > 0) {
+    Raw<kVec, kES> prev;
+    load_raw<kVec, kES>(prev, qx - 16, kVec, 16);
+#pragma unroll
+    for (int j = 0; j < kH; ++j) win[j] = elem<DT>(prev, kVec - kH + j);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kH; ++j) win[j] = before_x(p, b, c, j - kH);
+  }
+  Raw<kItems, kES> orr;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    win[kH] = elem<DT>(xr, i);
+    float acc = bias;
+#pragma unroll
+    for (int k = 0; k < kW; ++k) acc = fmaf(w[k], win[k], acc);
+    const float o = kSilu ? silu(acc) : acc;
+    if constexpr (DT == 2) {
+      orr.w[i] = __float_as_uint(o);
+    } else if (i & 1) {
+      orr.w[i / 2] = pack2<DT>(__uint_as_float(orr.w[i / 2]), o);  // the even output waits in its word
+    } else {
+      orr.w[i / 2] = __float_as_uint(o);
+    }
+#pragma unroll
+    for (int k = 0; k < kH; ++k) win[k] = win[k + 1];
+  }
+  store_raw<kItems, kES>(qo, orr, kItems, 16);
+}
+
 template <bool kSeq, bool kRows>
 __device__ __forceinline__ void fwd_cf(const Conv1dParams& p) {
   i64 c, s0;
@@ -250,6 +293,26 @@ __device__ __forceinline__ void fwd_cf(const Conv1dParams& p) {
 extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cf(const Conv1dParams p) {
   if (p.has_seq) fwd_cf<true, false>(p);  // kSeq: seq_idx given; without it no mask is evaluated
   else fwd_cf<false, false>(p);
+}
+#endif
+// A launch whose every thread is the fast one (host: conv1d.rs `cf_fast`: no seq_idx, no final
+// states, seqlen a multiple of kItems, x and out rows 16-byte aligned): one row a block as
+// causal_conv1d_fwd_cf, 16 blocks an SM (<= 32 registers, none spilled; as causal-conv1d's kernel).
+#if FS_HAS_ENTRY(9)
+extern "C" __global__ void __launch_bounds__(kThreads, 16) causal_conv1d_fwd_cf_fast(const Conv1dParams p) {
+  const u32 nchunks = (u32)((p.seqlen + kChunk - 1) / kChunk);
+  const i64 c = blockIdx.x / nchunks;
+  const i64 s0 = (i64)(blockIdx.x % nchunks) * kChunk + (i64)threadIdx.x * kItems;
+  const i64 b = blockIdx.y;
+  if (s0 >= p.seqlen) return;
+  float w[kW];
+#pragma unroll
+  for (int k = 0; k < kW; ++k) w[k] = ldg_f32<WDT>(p.weight, c * p.w_s[0] + k * p.w_s[1]);
+  const float bias = p.has_bias ? ldg_f32<WDT>(p.bias, c * p.bias_s) : 0.f;
+  const char* qx = elem_ptr(p.x, b * p.x_s[0] + c * p.x_s[1] + s0);
+  char* qo = (char*)p.out + (b * p.out_s[0] + c * p.out_s[1] + s0) * kES;
+  if (p.silu) fwd_cf_fast<true>(p, b, c, s0, qx, qo, w, bias);
+  else fwd_cf_fast<false>(p, b, c, s0, qx, qo, w, bias);
 }
 #endif
 #if FS_HAS_ENTRY(7)

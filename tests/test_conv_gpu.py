@@ -464,6 +464,29 @@ def test_graph_capture() -> None:
 
 
 @pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("seqlen", [2048, 4112])
+@pytest.mark.parametrize("opts", ["plain", "bias_silu", "init"])
+def test_channel_first_fast_forward(dt: str, width: int, seqlen: int, opts: str) -> None:
+    """Channel-first rows of 2 x 16-byte multiples, aligned, no seq_idx or final states: every
+    thread of the launch takes the fast body (causal_conv1d_fwd_cf_fast; 4112 = two chunks, the
+    second partial). Poisoned out; initial_states reach the first thread of each row."""
+    dtype = DTYPES[dt]
+    batch, dim = 2, 72
+    x = make_x(batch, dim, seqlen, dtype, "cf")
+    w = torch.randn(dim, width, device="cuda", dtype=dtype) / width
+    b = torch.randn(dim, device="cuda", dtype=dtype) if opts == "bias_silu" else None
+    act = "silu" if opts == "bias_silu" else None
+    init = (
+        torch.randn(batch, dim, width - 1, device="cuda", dtype=dtype) if opts == "init" else None
+    )
+    _FIXTURES["poison"](x.numel() * x.element_size())
+    out = flashscan.causal_conv1d_fn(x, w, b, init, activation=act)
+    ref, _ = rc.causal_conv1d_fn(host(x), host(w), host(b), host(init), True, act)
+    check(out, ref, torch_conv(x, w, b, init, act is not None, dtype), dtype, "out")
+
+
+@pytest.mark.parametrize("dt", list(DTYPES))
 @pytest.mark.parametrize("layout", ["cf", "cl"])
 @pytest.mark.parametrize("batch, dim, seqlen", [(32, 640, 60), (1, 640, 60), (3, 200, 17)])
 def test_short_sequences(dt: str, layout: str, batch: int, dim: int, seqlen: int) -> None:

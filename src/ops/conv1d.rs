@@ -229,7 +229,7 @@ pub fn spec(entry: &'static str, x: DType, w: DType, width: i64) -> Result<Kerne
     })
 }
 
-pub const ENTRIES: [&str; 9] = [
+pub const ENTRIES: [&str; 10] = [
     "causal_conv1d_fwd_cf",
     "causal_conv1d_fwd_cl",
     "causal_conv1d_bwd_cf",
@@ -239,9 +239,10 @@ pub const ENTRIES: [&str; 9] = [
     "causal_conv1d_bwd_cf_seq",
     "causal_conv1d_fwd_cf_rows",
     "causal_conv1d_bwd_cf_rows",
+    "causal_conv1d_fwd_cf_fast",
 ];
 
-/// Every variant: 9 entries x (x dtype, weight dtype: x's or fp32) x width 2..4. The
+/// Every variant: 10 entries x (x dtype, weight dtype: x's or fp32) x width 2..4. The
 /// forward and update entries are "main" (they must not spill).
 pub fn all_specs(_arch: i64) -> Vec<(KernelSpec, bool)> {
     let mut out = Vec::new();
@@ -311,6 +312,20 @@ fn cf_rows(per_thread: i64, seqlen: i64) -> Option<i32> {
         lg += 1;
     }
     ((1i64 << lg) < THREADS).then_some(lg)
+}
+
+/// Whether every thread of a long-row channel-first forward takes the fast body (the kernel's
+/// `causal_conv1d_fwd_cf_fast`): no seq_idx or final states, seqlen a multiple of a thread's
+/// 2 x 16 bytes, and every row of x and out 16-byte aligned (base and the batch / dim strides).
+fn cf_fast(p: &Conv1dParams, dt: DType) -> bool {
+    let v = vec_elems(dt);
+    let rows16 =
+        |base: u64, s: &[i64; 3]| base % 16 == 0 && s[0] % v == 0 && s[1] % v == 0 && s[2] == 1;
+    p.has_seq == 0
+        && p.has_final == 0
+        && p.seqlen % (2 * v) == 0
+        && rows16(p.x, &p.x_s)
+        && rows16(p.out, &p.out_s)
 }
 
 /// Grid of a `*_rows` kernel: THREADS >> lg rows a block, (ceil(dim / rows), batch).
@@ -419,6 +434,7 @@ pub fn forward(a: &Conv1dFwdArgs, stream: StreamChoice) -> Result<()> {
     let cf_rows_lg = cf_rows(2 * vec_elems(a.x.dtype), p.seqlen);
     let entry = match layout {
         Layout::ChannelFirst if cf_rows_lg.is_some() => "causal_conv1d_fwd_cf_rows",
+        Layout::ChannelFirst if cf_fast(&p, a.x.dtype) => "causal_conv1d_fwd_cf_fast",
         Layout::ChannelFirst => "causal_conv1d_fwd_cf",
         Layout::ChannelLast => "causal_conv1d_fwd_cl",
     };
@@ -929,7 +945,7 @@ mod tests {
     #[test]
     fn every_variant_is_listed_once() {
         let v = all_specs(90);
-        assert_eq!(v.len(), 9 * 5 * 3);
+        assert_eq!(v.len(), 10 * 5 * 3);
         let names: std::collections::HashSet<String> = v.iter().map(|(s, _)| s.name()).collect();
         assert_eq!(names.len(), v.len());
     }
