@@ -328,7 +328,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cf_rows
 // lane while it computes on an earlier one. Lane l's slice of a row (kVecF channels, kRowB bytes)
 // sits at [stage][row][lane]: one conflict-free ld.shared per row. Rows whose slices are not
 // kRowB-aligned (odd strides or base) take the synchronous path into the same slots.
-#if FS_HAS_ENTRY(1) || FS_HAS_ENTRY(3)
+#if FS_HAS_ENTRY(1) || FS_HAS_ENTRY(3) || FS_HAS_ENTRY(10) || FS_HAS_ENTRY(11)
 constexpr int kRowB = kVecF * kES;        // bytes of one lane's slice of a row: 8 (16-bit) or 16 (fp32)
 constexpr u32 kRowStride = 32 * kRowB;    // bytes between rows of one stage
 using RowRaw = Raw<kVecF, kES>;
@@ -582,6 +582,85 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) causal_conv1d_fwd_cl(c
 }
 #endif
 
+// ==== channel-last forward, short walks ==========================================================
+// Grid and ownership as causal_conv1d_fwd_cl with R = p.cl_rows = 4 or 8 (grids that would not fill
+// one wave of blocks: the real-time shapes), for calls without seq_idx whose lane slices are all full
+// and whose x and out rows are kRowB-aligned (host: conv1d.rs `cl_short`). Its own entry: inside
+// causal_conv1d_fwd_cl's code this walk measured 7.4 -> 7.3 us at b32 L60 d640 (H200), the warps
+// waiting on instruction fetches of that kernel's other walks (ncu, 2026-11-28).
+#if FS_HAS_ENTRY(10)
+// A warp of kRS = p.cl_rows rows: every row it needs (H before ts, kRS from ts)
+// is loaded at once, one vector a row, and converted once; then each row's outputs are formed
+// from registers with compile-time indices and stored. No ring, no history moves, no per-row
+// bounds but the sequence's end; the warp holding row L - 1 writes the final states from them.
+// (The general walk at b32 L60 d640, 8 rows a warp: 1.71 M warp instructions against
+// causal-conv1d's 0.80 M, most warps waiting on instruction fetches.)
+template <int kRS, bool kSilu>
+__device__ __forceinline__ void fwd_cl_short(const Conv1dParams& p, i64 b, i64 c0, i64 ts) {
+  float w[kW][kVecF], bias[kVecF];
+  lane_weights(w, bias, p, c0);
+  const i64 L = p.seqlen;
+  const char* gx = elem_ptr(p.x, b * p.x_s[0] + c0 + (ts - kH) * p.x_s[2]);  // row ts - H
+  const i64 sx = p.x_s[2] * kES;
+  float xf[kH + kRS][kVecF];  // xf[j]: the input at row ts - H + j (0 past the sequence's end)
+#pragma unroll
+  for (int j = 0; j < kH + kRS; ++j) {
+    const i64 t = ts - kH + j;
+    if (t >= 0 && t < L) {
+      RowRaw r;
+      load_raw<kVecF, kES>(r, gx + j * sx, kVecF, kRowB);
+#pragma unroll
+      for (int i = 0; i < kVecF; ++i) xf[j][i] = elem<DT>(r, i);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVecF; ++i) xf[j][i] = t < 0 ? before_x(p, b, c0 + i, t) : 0.f;
+    }
+  }
+  if (p.has_final && ts + kRS >= L) {
+    // the final states: inputs at L - H .. L - 1, i.e. xf[L - ts + q] (before_x values if L < H)
+#pragma unroll
+    for (int j = 0; j < kH + kRS; ++j) {
+      const i64 q = j - (L - ts);
+      if (q < 0 || q >= kH) continue;
+#pragma unroll
+      for (int i = 0; i < kVecF; ++i)
+        st_f32<DT>(p.final_states, b * p.final_s[0] + (c0 + i) * p.final_s[1] + q * p.final_s[2], xf[j][i]);
+    }
+  }
+  char* outs = (char*)p.out + (b * p.out_s[0] + c0 + ts * p.out_s[2]) * kES;
+  const i64 so = p.out_s[2] * kES;
+#pragma unroll
+  for (int r = 0; r < kRS; ++r) {
+    if (ts + r >= L) break;
+    float o[kVecF];
+#pragma unroll
+    for (int i = 0; i < kVecF; ++i) {
+      float acc = bias[i];
+#pragma unroll
+      for (int k = 0; k < kW; ++k) acc = fmaf(w[k][i], xf[r + k][i], acc);
+      o[i] = kSilu ? silu(acc) : acc;
+    }
+    RowRaw out;
+    pack_raw<DT, kVecF>(out, o);
+    store_raw<kVecF, kES>(outs + r * so, out, kVecF, kRowB);
+  }
+}
+// 4 or 8 rows (16 would hold 76 inputs a lane: spills under the kernel's 128 registers).
+template <bool kSilu>
+__device__ __forceinline__ void fwd_cl_short_rows(const Conv1dParams& p, i64 b, i64 c0, i64 ts) {
+  if (p.cl_rows == 4) fwd_cl_short<4, kSilu>(p, b, c0, ts);
+  else fwd_cl_short<8, kSilu>(p, b, c0, ts);
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cl_short(const Conv1dParams p) {
+  const i64 ts = ((i64)blockIdx.y * kWarps + threadIdx.x / 32) * p.cl_rows;
+  const i64 c0 = ((i64)blockIdx.x * 32 + threadIdx.x % 32) * kVecF;
+  if (c0 >= p.dim || ts >= p.seqlen) return;
+  if (p.silu) fwd_cl_short_rows<true>(p, blockIdx.z, c0, ts);
+  else fwd_cl_short_rows<false>(p, blockIdx.z, c0, ts);
+}
+#endif
+
 // ==== block reduction of the weight / bias partial sums ===========================================
 // Channel-first: every thread of the block serves the block's one channel, so v is summed over the
 // whole block (xor shuffles in each warp, then the warps' sums through shared memory); the result is
@@ -632,6 +711,67 @@ __device__ __forceinline__ void block_sum_cf(float (&v)[kW + 1], float (*red)[kW
 // H100 (b8 L2048 d5376 bf16, width 4): this replaced one block per 2048 positions of a row, 16 a
 // thread with element loads for the halos (105 registers, 4 blocks per SM, 57 instructions a
 // position, 290.8 us against causal-conv1d's 194.7).
+#if FS_HAS_ENTRY(2) || FS_HAS_ENTRY(8)
+// One thread's 16-byte slice of a channel-first row in the backward (causal_conv1d_bwd_cf and
+// causal_conv1d_bwd_cf_rows), positions p0 .. p0 + kVec - 1 of row (b, c).
+// dy at its positions (dout g, 0 past seqlen; times silu'(y) with the activation, y from the x
+// window xw[q] <-> position p0 - H + q) into dyw[0 .. kVec), its dweight / dbias terms into acc.
+__device__ __forceinline__ void slice_dy(bool silu, const float (&g)[kVec], const float (&xw)[kVec + kH],
+                                         const float (&w)[kW], float bias, float (&dyw)[kVec + kH],
+                                         float (&acc)[kW + 1]) {
+#pragma unroll
+  for (int r = 0; r < kVec; ++r) {
+    float d = g[r];
+    if (silu) {
+      float y = bias;
+#pragma unroll
+      for (int k = 0; k < kW; ++k) y = fmaf(w[k], xw[r + k], y);
+      d *= dsilu(y);
+    }
+    dyw[r] = d;
+    acc[kW] += d;
+#pragma unroll
+    for (int k = 0; k < kW; ++k) acc[k] = fmaf(d, xw[r + k], acc[k]);
+  }
+}
+// dx at s = p0 + i: sum_k w[k] dy[s + H - k] (dyw index i + H - k; dyw[kVec ..] the H dy after the
+// slice), plus dfinal_states[s + H - L] for s in [L - H, L): rare, kept apart so the common path
+// holds no 64-bit addresses for it.
+__device__ __forceinline__ void slice_dx(const Conv1dParams& p, i64 b, i64 c, i64 p0, const float (&w)[kW],
+                                         const float (&dyw)[kVec + kH], float (&dxv)[kVec]) {
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    float d = 0.f;
+#pragma unroll
+    for (int k = 0; k < kW; ++k) d = fmaf(w[k], dyw[i + kH - k], d);
+    dxv[i] = d;
+  }
+  const i64 L = p.seqlen;
+  if (p.has_dfinal && p0 + kVec > L - kH && p0 < L) {
+    const i64 fbase = b * p.dfinal_s[0] + c * p.dfinal_s[1];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const i64 pos = p0 + i;
+      if (pos >= L - kH && pos < L) dxv[i] += ldg_f32<DT>(p.dfinal, fbase + (pos + kH - L) * p.dfinal_s[2]);
+    }
+  }
+}
+// The row's first slice: dinitial_states[j] = dxcat[j] = sum_k w[k] dy[j - k] (dy before 0 does not
+// exist), plus dfinal_states[j - L] where j >= L.
+__device__ __forceinline__ void slice_dinit(const Conv1dParams& p, i64 b, i64 c, const float (&w)[kW],
+                                            const float (&dyw)[kVec + kH]) {
+#pragma unroll
+  for (int j = 0; j < kH; ++j) {
+    float d = 0.f;
+#pragma unroll
+    for (int k = 0; k <= j; ++k) d = fmaf(w[k], dyw[j - k], d);
+    if (p.has_dfinal && j >= p.seqlen)
+      d += ldg_f32<DT>(p.dfinal, b * p.dfinal_s[0] + c * p.dfinal_s[1] + (j - p.seqlen) * p.dfinal_s[2]);
+    st_f32<DT>(p.dinit, b * p.dinit_s[0] + c * p.dinit_s[1] + j * p.dinit_s[2], d);
+  }
+}
+#endif
+
 #if FS_HAS_ENTRY(2)
 constexpr int kStepCF = kThreads * kVec;  // positions of a row per step of the channel-first backward
 constexpr int kStepsCF = 4;               // steps a block walks (the host's CF_BWD_STEPS)
@@ -759,20 +899,7 @@ __device__ __forceinline__ void bwd_cf(const Conv1dParams& p, CfBwdSmem& sm, con
     for (int j = 0; j < kH; ++j) xw[j] = tid > 0 ? sm.xt[buf][j][tid - 1] : cur.before[j];
     // dy at the own positions (0 past seqlen: dout reads 0 there); dweight / dbias terms
     float dyw[kVec + kH];  // dy at p0 .. p0 + kVec + H - 1
-#pragma unroll
-    for (int r = 0; r < kVec; ++r) {
-      float d = g[r];
-      if constexpr (kSilu) {
-        float y = bias;
-#pragma unroll
-        for (int k = 0; k < kW; ++k) y = fmaf(w[k], xw[r + k], y);
-        d *= dsilu(y);
-      }
-      dyw[r] = d;
-      acc[kW] += d;
-#pragma unroll
-      for (int k = 0; k < kW; ++k) acc[k] = fmaf(d, xw[r + k], acc[k]);
-    }
+    slice_dy(kSilu, g, xw, w, bias, dyw, acc);
 #pragma unroll
     for (int j = 0; j < kH; ++j) sm.dh[buf][j][tid] = dyw[j];
     __syncthreads();
@@ -782,25 +909,8 @@ __device__ __forceinline__ void bwd_cf(const Conv1dParams& p, CfBwdSmem& sm, con
 #pragma unroll
       for (int j = 0; j < kH; ++j) dy_next[j] = sm.dh[buf][j][0];
     }
-    // dx at s = p0 + i: sum_k w[k] dy[t], t = s + H - k (dyw index i + H - k)
     float dxv[kVec];
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      float d = 0.f;
-#pragma unroll
-      for (int k = 0; k < kW; ++k) d = fmaf(w[k], dyw[i + kH - k], d);
-      dxv[i] = d;
-    }
-    if (p.has_dfinal && p0 + kVec > L - kH && p0 < L) {
-      // dxcat index pos + H is final_states[pos + H - L] for pos in [L - H, L): rare, kept apart
-      // so the common path holds no 64-bit addresses for it
-      const i64 fbase = b * p.dfinal_s[0] + c * p.dfinal_s[1];
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        const i64 pos = p0 + i;
-        if (pos >= L - kH && pos < L) dxv[i] += ldg_f32<DT>(p.dfinal, fbase + (pos + kH - L) * p.dfinal_s[2]);
-      }
-    }
+    slice_dx(p, b, c, p0, w, dyw, dxv);
     if constexpr (kFast) {
       Raw<kVec, kES> r;
       pack_raw<DT, kVec>(r, dxv);
@@ -808,18 +918,7 @@ __device__ __forceinline__ void bwd_cf(const Conv1dParams& p, CfBwdSmem& sm, con
     } else {
       store_f32<kVec>(p.dx, dxrow + p0, dxv, L - p0);
     }
-    if (p0 == 0 && p.has_dinit) {
-      // dinit[j] = dxcat[j] = sum_k w[k] dy[j - k] (dy before 0 does not exist)
-#pragma unroll
-      for (int j = 0; j < kH; ++j) {
-        float d = 0.f;
-#pragma unroll
-        for (int k = 0; k <= j; ++k) d = fmaf(w[k], dyw[j - k], d);
-        if (p.has_dfinal && j >= L)
-          d += ldg_f32<DT>(p.dfinal, b * p.dfinal_s[0] + c * p.dfinal_s[1] + (j - L) * p.dfinal_s[2]);
-        st_f32<DT>(p.dinit, b * p.dinit_s[0] + c * p.dinit_s[1] + j * p.dinit_s[2], d);
-      }
-    }
+    if (p0 == 0 && p.has_dinit) slice_dinit(p, b, c, w, dyw);
   }
   block_sum_cf(acc, sm.red);
   if (tid == 0) {
@@ -889,51 +988,17 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cf_rows
   float acc[kW + 1], dyw[kVec + kH];  // dyw: dy at p0 .. p0 + kVec + H - 1
 #pragma unroll
   for (int k = 0; k < kW + 1; ++k) acc[k] = 0.f;
-#pragma unroll
-  for (int r = 0; r < kVec; ++r) {
-    float d = g[r];  // 0 past seqlen
-    if (p.silu) {
-      float y = bias;
-#pragma unroll
-      for (int k = 0; k < kW; ++k) y = fmaf(w[k], xw[r + k], y);
-      d *= dsilu(y);
-    }
-    dyw[r] = d;
-    acc[kW] += d;
-#pragma unroll
-    for (int k = 0; k < kW; ++k) acc[k] = fmaf(d, xw[r + k], acc[k]);
-  }
+  slice_dy(p.silu, g, xw, w, bias, dyw, acc);
 #pragma unroll
   for (int j = 0; j < kH; ++j) dh[j][tid] = dyw[j];
   __syncthreads();
 #pragma unroll
   for (int j = 0; j < kH; ++j) dyw[kVec + j] = lt < nt - 1 ? dh[j][tid + 1] : 0.f;
   if (row) {
-    // dx at s = p0 + i: sum_k w[k] dy[s + H - k] (+ dfinal[s + H - L] for s in [L - H, L))
     float dxv[kVec];
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      float d = 0.f;
-#pragma unroll
-      for (int k = 0; k < kW; ++k) d = fmaf(w[k], dyw[i + kH - k], d);
-      const i64 pos = p0 + i;
-      if (p.has_dfinal && pos >= L - kH && pos < L)
-        d += ldg_f32<DT>(p.dfinal, b * p.dfinal_s[0] + c * p.dfinal_s[1] + (pos + kH - L) * p.dfinal_s[2]);
-      dxv[i] = d;
-    }
+    slice_dx(p, b, c, p0, w, dyw, dxv);
     store_f32<kVec>(p.dx, b * p.dx_s[0] + c * p.dx_s[1] + p0, dxv, L - p0);
-    if (lt == 0 && p.has_dinit) {
-      // dinit[j] = dxcat[j] = sum_k w[k] dy[j - k] (+ dfinal[j - L] where j >= L)
-#pragma unroll
-      for (int j = 0; j < kH; ++j) {
-        float d = 0.f;
-#pragma unroll
-        for (int k = 0; k <= j; ++k) d = fmaf(w[k], dyw[j - k], d);
-        if (p.has_dfinal && j >= L)
-          d += ldg_f32<DT>(p.dfinal, b * p.dfinal_s[0] + c * p.dfinal_s[1] + (j - L) * p.dfinal_s[2]);
-        st_f32<DT>(p.dinit, b * p.dinit_s[0] + c * p.dinit_s[1] + j * p.dinit_s[2], d);
-      }
-    }
+    if (lt == 0 && p.has_dinit) slice_dinit(p, b, c, w, dyw);
   }
   // the row's sums: its T lanes (T <= 32: one warp's aligned group), then at T = 64 its two warps
 #pragma unroll
@@ -1078,6 +1143,38 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cf_seq(
 // (dinitial_states for s < 0 in the first warp); dweight / dbias terms for t in [ts, te). Rows of x
 // and dout go in steps of kUB through two rings of kSB stages. The 4 warps share the lanes'
 // channels: their partial sums meet in shared memory (part = b * gridDim.y + blockIdx.y).
+#if FS_HAS_ENTRY(3) || FS_HAS_ENTRY(11)
+// The block's dweight / dbias partial sums: each warp's lanes into shared memory, summed over the
+// warps by warp 0 into partials[part][c][W + 1] (part = b * gridDim.y + blockIdx.y).
+__device__ __forceinline__ void cl_partials(const Conv1dParams& p, const float (&dw)[kW][kVecF],
+                                            const float (&db)[kVecF], float (*red)[kW + 1][kVecF][32]) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const i64 c0 = ((i64)blockIdx.x * 32 + lane) * kVecF;
+#pragma unroll
+  for (int i = 0; i < kVecF; ++i) {
+#pragma unroll
+    for (int k = 0; k < kW; ++k) red[warp][k][i][lane] = dw[k][i];
+    red[warp][kW][i][lane] = db[i];
+  }
+  __syncthreads();
+  if (warp == 0 && c0 < p.dim) {
+    const i64 part = (i64)blockIdx.z * gridDim.y + blockIdx.y;
+#pragma unroll
+    for (int i = 0; i < kVecF; ++i) {
+      if (c0 + i >= p.dim) break;
+      float* dst = p.partials + (part * p.dim + c0 + i) * (kW + 1);
+#pragma unroll
+      for (int k = 0; k < kW + 1; ++k) {
+        float sum = 0.f;
+#pragma unroll
+        for (int wi = 0; wi < kWarps; ++wi) sum += red[wi][k][i][lane];
+        dst[k] = sum;
+      }
+    }
+  }
+}
+#endif
+
 #if FS_HAS_ENTRY(3)
 constexpr int kSB = DT == 2 ? 3 : 6;       // stages: 24 KB of rings a block either way (static <= 48 KB)
 constexpr u32 kStageB = kUB * kRowStride;  // 512 B (16-bit) / 1 KB (fp32) per stage and tensor
@@ -1342,36 +1439,6 @@ __device__ __forceinline__ bool lean_ok(const Conv1dParams& p, i64 ts) {
   }
 }
 
-// The block's dweight / dbias partial sums: each warp's lanes into shared memory, summed over the
-// warps by warp 0 into partials[part][c][W + 1] (part = b * gridDim.y + blockIdx.y).
-__device__ __forceinline__ void cl_partials(const Conv1dParams& p, const float (&dw)[kW][kVecF],
-                                            const float (&db)[kVecF], float (*red)[kW + 1][kVecF][32]) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const i64 c0 = ((i64)blockIdx.x * 32 + lane) * kVecF;
-#pragma unroll
-  for (int i = 0; i < kVecF; ++i) {
-#pragma unroll
-    for (int k = 0; k < kW; ++k) red[warp][k][i][lane] = dw[k][i];
-    red[warp][kW][i][lane] = db[i];
-  }
-  __syncthreads();
-  if (warp == 0 && c0 < p.dim) {
-    const i64 part = (i64)blockIdx.z * gridDim.y + blockIdx.y;
-#pragma unroll
-    for (int i = 0; i < kVecF; ++i) {
-      if (c0 + i >= p.dim) break;
-      float* dst = p.partials + (part * p.dim + c0 + i) * (kW + 1);
-#pragma unroll
-      for (int k = 0; k < kW + 1; ++k) {
-        float sum = 0.f;
-#pragma unroll
-        for (int wi = 0; wi < kWarps; ++wi) sum += red[wi][k][i][lane];
-        dst[k] = sum;
-      }
-    }
-  }
-}
-
 // Each warp's rings, x then dout, in its own kWarpRing bytes: the general walk's kSB stages of kUB
 // rows or (16-bit only) the lean walk's kSL stages of kR rows. 36 KB a block, + 10 KB of `red`.
 constexpr u32 kRingGeneral = kSB * kStageB;
@@ -1402,6 +1469,115 @@ extern "C" __global__ void __launch_bounds__(kThreads, 3) causal_conv1d_bwd_cl(c
     }
   } else {
     bwd_cl<false>(p, mine, dw, db);
+  }
+  cl_partials(p, dw, db, red);
+}
+#endif
+
+// ==== channel-last backward, short walks =========================================================
+// Grid and ownership as causal_conv1d_bwd_cl with R = p.cl_rows = 4 or 8, for calls without
+// seq_idx, dinitial_states or dfinal_states whose lane slices are all full and whose x, dout and dx
+// rows are kRowB-aligned (host: conv1d.rs `cl_short`). Its own entry, as the forward's: a warp's
+// rows come from registers, so the block needs no rings, only `red` for the partial sums.
+#if FS_HAS_ENTRY(11)
+// The short walks (cl_rows 4 or 8: grids that would not fill one wave), as fwd_cl_short: every x
+// row the warp needs (ts - H .. ts + R + H - 1) and dout row (ts .. ts + R + H - 1) loaded at once
+// and converted once; dy, the dweight / dbias terms and dx from registers with compile-time
+// indices. Not for calls with dinitial_states or dfinal_states: the general walk keeps those. (The general walk at b32 L60 d640: 3.92 M
+// warp instructions against causal-conv1d's 1.64 M.)
+template <int kRS, bool kSilu>
+__device__ __forceinline__ void bwd_cl_short(const Conv1dParams& p, float (&dw)[kW][kVecF], float (&db)[kVecF],
+                                             i64 b, i64 c0, i64 ts) {
+  constexpr int kNX = kRS + 2 * kH;  // xf[j]: x at row ts - H + j
+  constexpr int kNG = kRS + kH;      // dy[j]: dy at row ts + j (0 past the sequence's end)
+  float w[kW][kVecF], bias[kVecF];
+  lane_weights(w, bias, p, c0);
+  const i64 L = p.seqlen;
+  const char* gx = elem_ptr(p.x, b * p.x_s[0] + c0 + (ts - kH) * p.x_s[2]);
+  const char* gg = elem_ptr(p.dout, b * p.dout_s[0] + c0 + ts * p.dout_s[2]);
+  const i64 sx = p.x_s[2] * kES, sg = p.dout_s[2] * kES;
+  float xf[kNX][kVecF], dy[kNG][kVecF];
+#pragma unroll
+  for (int j = 0; j < kNX; ++j) {
+    const i64 t = ts - kH + j;
+    if (t >= 0 && t < L) {
+      RowRaw r;
+      load_raw<kVecF, kES>(r, gx + j * sx, kVecF, kRowB);
+#pragma unroll
+      for (int i = 0; i < kVecF; ++i) xf[j][i] = elem<DT>(r, i);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVecF; ++i) xf[j][i] = t < 0 ? before_x(p, b, c0 + i, t) : 0.f;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kNG; ++j) {
+    RowRaw r;
+    load_raw<kVecF, kES>(r, gg + j * sg, ts + j < L ? kVecF : 0, kRowB);
+#pragma unroll
+    for (int i = 0; i < kVecF; ++i) dy[j][i] = elem<DT>(r, i);
+  }
+  if constexpr (kSilu) {
+    // y at row ts + j: bias + sum_k w[k] x[ts + j - H + k] = xf[j + k]
+#pragma unroll
+    for (int j = 0; j < kNG; ++j) {
+#pragma unroll
+      for (int i = 0; i < kVecF; ++i) {
+        float y = bias[i];
+#pragma unroll
+        for (int k = 0; k < kW; ++k) y = fmaf(w[k][i], xf[j + k][i], y);
+        dy[j][i] *= dsilu(y);
+      }
+    }
+  }
+  // dweight / dbias: rows ts .. min(ts + R, L) - 1 (dy is 0 past L, so no test is needed)
+#pragma unroll
+  for (int j = 0; j < kRS; ++j) {
+#pragma unroll
+    for (int i = 0; i < kVecF; ++i) {
+      db[i] += dy[j][i];
+#pragma unroll
+      for (int k = 0; k < kW; ++k) dw[k][i] = fmaf(dy[j][i], xf[j + k][i], dw[k][i]);
+    }
+  }
+  // dx at s = ts + r: sum_k w[k] dy[s + H - k] = dy[r + H - k]
+  char* dxs = (char*)p.dx + (b * p.dx_s[0] + c0 + ts * p.dx_s[2]) * kES;
+  const i64 sd = p.dx_s[2] * kES;
+#pragma unroll
+  for (int r = 0; r < kRS; ++r) {
+    if (ts + r >= L) break;
+    float d[kVecF];
+#pragma unroll
+    for (int i = 0; i < kVecF; ++i) {
+      float a = 0.f;
+#pragma unroll
+      for (int k = 0; k < kW; ++k) a = fmaf(w[k][i], dy[r + kH - k][i], a);
+      d[i] = a;
+    }
+    RowRaw out;
+    pack_raw<DT, kVecF>(out, d);
+    store_raw<kVecF, kES>(dxs + r * sd, out, kVecF, kRowB);
+  }
+}
+extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cl_short(const Conv1dParams p) {
+  __shared__ float red[kWarps][kW + 1][kVecF][32];
+  float dw[kW][kVecF], db[kVecF];
+#pragma unroll
+  for (int i = 0; i < kVecF; ++i) {
+    db[i] = 0.f;
+#pragma unroll
+    for (int k = 0; k < kW; ++k) dw[k][i] = 0.f;
+  }
+  const i64 c0 = ((i64)blockIdx.x * 32 + threadIdx.x % 32) * kVecF;
+  const i64 ts = ((i64)blockIdx.y * kWarps + threadIdx.x / 32) * p.cl_rows;
+  if (c0 < p.dim && ts < p.seqlen) {  // no return: every thread reaches cl_partials' barrier
+    if (p.silu) {
+      if (p.cl_rows == 4) bwd_cl_short<4, true>(p, dw, db, blockIdx.z, c0, ts);
+      else bwd_cl_short<8, true>(p, dw, db, blockIdx.z, c0, ts);
+    } else {
+      if (p.cl_rows == 4) bwd_cl_short<4, false>(p, dw, db, blockIdx.z, c0, ts);
+      else bwd_cl_short<8, false>(p, dw, db, blockIdx.z, c0, ts);
+    }
   }
   cl_partials(p, dw, db, red);
 }

@@ -513,3 +513,55 @@ def test_short_sequences(dt: str, layout: str, batch: int, dim: int, seqlen: int
     base = torch.autograd.grad(loss, lc)
     for t, ref_g, bl, n in zip((x, w, b), want, base, ("dx", "dweight", "dbias")):
         check_grad(t.grad, ref_g, bl, dtype, n)
+
+
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize("batch, dim, seqlen", [(32, 640, 60), (2, 72, 9), (2, 72, 2)])
+def test_channel_last_short_walks_with_states(
+    dt: str, silu: bool, batch: int, dim: int, seqlen: int
+) -> None:
+    """The channel-last short-walk entries (grids short of a wave: 4 or 8 positions a warp) with
+    initial and final states: the forward's short kernel reads initial_states before position 0
+    and writes the final states (L 2 < H: partly initial_states), the backward (dinitial_states,
+    dfinal_states) takes the general walk. Forward poisoned; every gradient against float64."""
+    import flashscan.torch as fst
+
+    dtype = DTYPES[dt]
+    width = 4
+    act = "silu" if silu else None
+    x = make_x(batch, dim, seqlen, dtype, "cl").detach().requires_grad_()
+    w = (torch.randn(dim, width, device="cuda") / width).to(dtype).requires_grad_()
+    b = torch.randn(dim, device="cuda").to(dtype).requires_grad_()
+    # channel-last initial states, as causal-conv1d takes them: (batch, width - 1, dim) transposed
+    init = torch.randn(batch, width - 1, dim, device="cuda", dtype=dtype).transpose(1, 2)
+    init = init.detach().requires_grad_()
+    dout = make_x(batch, dim, seqlen, dtype, "cl")
+    dfin = torch.randn(batch, dim, width - 1, device="cuda", dtype=dtype)
+    _FIXTURES["poison"](x.numel() * x.element_size())
+    out, fin = fst.causal_conv1d_fn(x, w, b, init, return_final_states=True, activation=act)
+    ref_out, ref_fin = rc.causal_conv1d_fn(host(x), host(w), host(b), host(init), True, act)
+    check(out, ref_out, torch_conv(x, w, b, init, silu, dtype), dtype, "out")
+    torch.testing.assert_close(fin.double().cpu(), torch.from_numpy(ref_fin), atol=0, rtol=0)
+    torch.autograd.backward([out, fin], [dout, dfin])
+    want = rc.causal_conv1d_bwd(
+        host(dout), host(x), host(w), host(b), host(init), host(dfin), act, None
+    )
+    lc = [t.detach().clone().requires_grad_() for t in (x, w, b, init)]
+    y = torch_conv(lc[0], lc[1], lc[2], lc[3], silu, dtype)
+    xc = torch.cat([lc[3], lc[0]], dim=2)[:, :, -(width - 1) :]
+    loss = (y.float() * dout.float()).sum() + (xc.float() * dfin.float()).sum()
+    base = torch.autograd.grad(loss, lc)
+    for t, ref_g, bl, n in zip(
+        (x, w, b, init), want, base, ("dx", "dweight", "dbias", "dinitial_states")
+    ):
+        check_grad(t.grad, ref_g, bl, dtype, n)
+    # without states the backward takes its short kernel too (both activations)
+    x2, w2, b2 = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    fst.causal_conv1d_fn(x2, w2, b2, activation=act).backward(dout)
+    want = rc.causal_conv1d_bwd(host(dout), host(x), host(w), host(b), None, None, act, None)
+    lc = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+    loss = (torch_conv(lc[0], lc[1], lc[2], None, silu, dtype).float() * dout.float()).sum()
+    base = torch.autograd.grad(loss, lc)
+    for t, ref_g, bl, n in zip((x2, w2, b2), want, base, ("dx", "dweight", "dbias")):
+        check_grad(t.grad, ref_g, bl, dtype, n)

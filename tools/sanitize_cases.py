@@ -336,11 +336,17 @@ def conv_cases() -> int:
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     # 9 lane groups, L 1032: more blocks than a wave at half the walks (16 / 32 positions a warp)
     full = max(sms * 4 // (9 * 17) + 1, sms * 3 // (9 * 9) + 1)
-    shapes = {70: (2, 1031), 72: (2, 1032), 640: (32, 60), 1032: (full, 1032)}
-    for dtype, width, layout, seq, d in itertools.product(
-        [torch.float32, torch.bfloat16], [2, 4], ["cf", "cl"], [False, True], list(shapes)
+    # d 136, L 1024: channel-first rows of whole 2 x 16-byte slices (causal_conv1d_fwd_cf_fast);
+    # states "none" (no initial states, so no dinitial_states) at d 640 / 136: the channel-last
+    # short-walk backward (causal_conv1d_bwd_cl_short), which calls with dinitial_states leave
+    shapes = {70: (2, 1031), 72: (2, 1032), 640: (32, 60), 1032: (full, 1032), 136: (2, 1024)}
+    for dtype, width, layout, states, d in itertools.product(
+        [torch.float32, torch.bfloat16], [2, 4], ["cf", "cl"], ["init", "seq", "none"], list(shapes)
     ):
+        seq = states == "seq"
         if d == 1032 and (seq or dtype == torch.float32):
+            continue
+        if states == "none" and d not in (640, 136):
             continue
         b, L = shapes[d]
         x = torch.randn(b, L, d, device="cuda", dtype=dtype).transpose(1, 2)
@@ -349,7 +355,9 @@ def conv_cases() -> int:
         x.requires_grad_()
         w = torch.randn(d, width, device="cuda", requires_grad=True)
         bias = torch.randn(d, device="cuda", requires_grad=True)
-        init = None if seq else torch.randn(b, d, width - 1, device="cuda", dtype=dtype)
+        init = None
+        if states == "init":
+            init = torch.randn(b, d, width - 1, device="cuda", dtype=dtype)
         sidx = None
         if seq:
             sidx = torch.zeros(b, L, device="cuda", dtype=torch.int32)
@@ -372,7 +380,7 @@ def conv_cases() -> int:
                     (t.grad.double().cpu() - torch.from_numpy(g)).abs().max().item() / scale
                 )
         if not max(errs) < 0.05:
-            print(f"conv {dtype} width={width} {layout} seq={seq} d={d}: errs {errs}")
+            print(f"conv {dtype} width={width} {layout} {states} d={d}: errs {errs}")
             bad += 1
     # one and two new inputs, shift and ring; conv_state (3, 130, 5), or the first 130 channels
     # of a (3, 136, 3) buffer

@@ -229,7 +229,7 @@ pub fn spec(entry: &'static str, x: DType, w: DType, width: i64) -> Result<Kerne
     })
 }
 
-pub const ENTRIES: [&str; 10] = [
+pub const ENTRIES: [&str; 12] = [
     "causal_conv1d_fwd_cf",
     "causal_conv1d_fwd_cl",
     "causal_conv1d_bwd_cf",
@@ -240,9 +240,11 @@ pub const ENTRIES: [&str; 10] = [
     "causal_conv1d_fwd_cf_rows",
     "causal_conv1d_bwd_cf_rows",
     "causal_conv1d_fwd_cf_fast",
+    "causal_conv1d_fwd_cl_short",
+    "causal_conv1d_bwd_cl_short",
 ];
 
-/// Every variant: 10 entries x (x dtype, weight dtype: x's or fp32) x width 2..4. The
+/// Every variant: 12 entries x (x dtype, weight dtype: x's or fp32) x width 2..4. The
 /// forward and update entries are "main" (they must not spill).
 pub fn all_specs(_arch: i64) -> Vec<(KernelSpec, bool)> {
     let mut out = Vec::new();
@@ -326,6 +328,24 @@ fn cf_fast(p: &Conv1dParams, dt: DType) -> bool {
         && p.seqlen % (2 * v) == 0
         && rows16(p.x, &p.x_s)
         && rows16(p.out, &p.out_s)
+}
+
+/// Whether every lane slice of a channel-last tensor like x is CL_CHANNELS elements at a
+/// CL_CHANNELS-aligned offset (the kernels' `rows_aligned`): base, batch and time strides.
+fn cl_rows_aligned(base: u64, s: &[i64; 3], dt: DType) -> bool {
+    base % (CL_CHANNELS as u64 * dt.size() as u64) == 0
+        && s[0] % CL_CHANNELS == 0
+        && s[2] % CL_CHANNELS == 0
+}
+
+/// Whether a channel-last launch of `rows` positions a warp takes the short-walk entries
+/// (`causal_conv1d_{fwd,bwd}_cl_short`): 4 or 8 rows (`cl_rows` on a grid that would not fill a
+/// wave), no seq_idx, full lane slices, and every lane slice of `tensors` aligned.
+fn cl_short(p: &Conv1dParams, rows: i64, dt: DType, tensors: &[(u64, &[i64; 3])]) -> bool {
+    rows <= 8
+        && p.has_seq == 0
+        && p.dim % CL_CHANNELS == 0
+        && tensors.iter().all(|(b, s)| cl_rows_aligned(*b, s, dt))
 }
 
 /// Grid of a `*_rows` kernel: THREADS >> lg rows a block, (ceil(dim / rows), batch).
@@ -432,14 +452,20 @@ pub fn forward(a: &Conv1dFwdArgs, stream: StreamChoice) -> Result<()> {
     // the device's context stays current for the whole call; the caller's is restored after
     let _bound = dev.bind()?;
     let cf_rows_lg = cf_rows(2 * vec_elems(a.x.dtype), p.seqlen);
+    let sms = dev.props.sm_count as i64;
+    let rows = cl_rows(CL_STEPS, p.batch, p.dim, p.seqlen, sms, 4);
     let entry = match layout {
         Layout::ChannelFirst if cf_rows_lg.is_some() => "causal_conv1d_fwd_cf_rows",
         Layout::ChannelFirst if cf_fast(&p, a.x.dtype) => "causal_conv1d_fwd_cf_fast",
         Layout::ChannelFirst => "causal_conv1d_fwd_cf",
+        Layout::ChannelLast
+            if cl_short(&p, rows, a.x.dtype, &[(p.x, &p.x_s), (p.out, &p.out_s)]) =>
+        {
+            "causal_conv1d_fwd_cl_short"
+        }
         Layout::ChannelLast => "causal_conv1d_fwd_cl",
     };
     let k = dev.kernel(&spec(entry, a.x.dtype, a.weight.dtype, width)?)?;
-    let sms = dev.props.sm_count as i64;
     let g = match (layout, cf_rows_lg) {
         (Layout::ChannelFirst, Some(lg)) => {
             p.cf_lg = lg;
@@ -447,7 +473,6 @@ pub fn forward(a: &Conv1dFwdArgs, stream: StreamChoice) -> Result<()> {
         }
         (Layout::ChannelFirst, None) => grid(layout, a.x.dtype, p.batch, p.dim, p.seqlen, 0)?.0,
         (Layout::ChannelLast, _) => {
-            let rows = cl_rows(CL_STEPS, p.batch, p.dim, p.seqlen, sms, 4);
             p.cl_rows = rows as i32;
             grid(layout, a.x.dtype, p.batch, p.dim, p.seqlen, rows)?.0
         }
@@ -580,10 +605,21 @@ pub fn backward(a: &Conv1dBwdArgs, stream: StreamChoice) -> Result<()> {
     let cf_seq = layout == Layout::ChannelFirst && p.has_seq == 1;
     let cf_rows_lg =
         cf_rows(vec_elems(xd), p.seqlen).filter(|_| layout == Layout::ChannelFirst && !cf_seq);
+    let sms = dev.props.sm_count as i64;
+    let rows = cl_rows(CL_STEPS_BWD, p.batch, p.dim, p.seqlen, sms, 3);
+    let cl_short_ok = p.has_dinit == 0
+        && p.has_dfinal == 0
+        && cl_short(
+            &p,
+            rows,
+            xd,
+            &[(p.x, &p.x_s), (p.dout, &p.dout_s), (p.dx, &p.dx_s)],
+        );
     let main_entry = match layout {
         Layout::ChannelFirst if cf_seq => "causal_conv1d_bwd_cf_seq",
         Layout::ChannelFirst if cf_rows_lg.is_some() => "causal_conv1d_bwd_cf_rows",
         Layout::ChannelFirst => "causal_conv1d_bwd_cf",
+        Layout::ChannelLast if cl_short_ok => "causal_conv1d_bwd_cl_short",
         Layout::ChannelLast => "causal_conv1d_bwd_cl",
     };
     let main_k = dev.kernel(&spec(main_entry, xd, wd, width)?)?;
@@ -596,8 +632,6 @@ pub fn backward(a: &Conv1dBwdArgs, stream: StreamChoice) -> Result<()> {
     } else if layout == Layout::ChannelFirst && !cf_seq {
         cf_bwd_grid(xd, p.batch, p.dim, p.seqlen)?
     } else {
-        let sms = dev.props.sm_count as i64;
-        let rows = cl_rows(CL_STEPS_BWD, p.batch, p.dim, p.seqlen, sms, 3);
         p.cl_rows = rows as i32;
         grid(layout, xd, p.batch, p.dim, p.seqlen, rows)?
     };
@@ -945,7 +979,7 @@ mod tests {
     #[test]
     fn every_variant_is_listed_once() {
         let v = all_specs(90);
-        assert_eq!(v.len(), 10 * 5 * 3);
+        assert_eq!(v.len(), 12 * 5 * 3);
         let names: std::collections::HashSet<String> = v.iter().map(|(s, _)| s.name()).collect();
         assert_eq!(names.len(), v.len());
     }
