@@ -50,7 +50,10 @@
 // scan <= 128 (__launch_bounds__(128, 4): sm_80 took 166 without it); no stack or local bytes; static
 // shared memory 21, 32, 0, 40 KB: 3 state CTAs and 4 scan CTAs per SM (capping state at 128 registers
 // spills 16 bytes). Since 2026-11-27 the scan's two-stage C.H^T takes 48 KB (still 4 CTAs per SM). SASS: LDGSTS for every tile, LDSM (.MT88 for x^T, B and x in W x),
-// HMMA.16816.F32, LDG.128 / 8-byte stores in the state passing.
+// HMMA.16816.F32, LDG.128 / 8-byte stores in the state passing. Since 2026-11-28 ssd2_chunk_state runs
+// three cp.async stages on sm_90 (NVRTC 13.0: 128 registers, 41-45 KB static, 4 CTAs per SM; sm_80
+// keeps two: 162 registers with three): b8 L2048 on the H200 147.1 -> 143.0 us, predicted ~120 from
+// twice the bytes in flight, so those were not what held it.
 //
 // PREDICTION for b8 L2048 nheads 80 headdim 64 dstate 128 ngroups 1 chunk 256 bf16 on H100, written
 // before the first run (the first path takes 7809 us there, Triton 741 us). MEASURED 2026-11-23 (H100,
@@ -214,14 +217,21 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_cb(const Ssd2P
 }
 
 // ---- 1. chunk states --------------------------------------------------------------------------------
+// Stages of ssd2_chunk_state's x / B tiles: three on sm_90 (two steps in flight; 128 registers
+// and 42-45 KB static either way there), two elsewhere (sm_80 took 162 registers with three)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr int kStateStages = 3;
+#else
+constexpr int kStateStages = 2;
+#endif
 extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ssd2Params q) {
     const SsdParams& p = q.p;
     __shared__ __align__(16) float s_lw[kQ];  // the prep record (ssd2_chunk_prep)
     __shared__ __align__(16) float s_cum[kQ];
     __shared__ __align__(16) int s_seg[kQ];
     __shared__ __align__(8) float s_w[kQ];
-    __shared__ __align__(16) u16 s_x[2][32 * kLd64];   // positions s x channels p
-    __shared__ __align__(16) u16 s_b[2][32 * kLd128];  // positions s x states n
+    __shared__ __align__(16) u16 s_x[kStateStages][32 * kLd64];   // positions s x channels p
+    __shared__ __align__(16) u16 s_b[kStateStages][32 * kLd128];  // positions s x states n
 
     const i64 b = blockIdx.z / p.nheads, h = blockIdx.z % p.nheads, c = blockIdx.x;
     const i64 g = h / (p.nheads / p.ngroups);
@@ -237,10 +247,16 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ss
         load_tile<32, 128, kLd128>(s_b[st], gb + 32 * k * p.B_s[1], p.B_s[1], len - 32 * k, ds, q.vec_bc);
         cp_async_commit();
     };
+    const int nsteps = (len + 31) / 32;
     load_prep(q, blockIdx.z, c, s_lw, s_cum, s_seg);
     cp_async_commit();
-    load(0, 0);  // in flight while the weights are formed
-    cp_async_wait<1>();
+    load(0, 0);  // steps 0 .. kStateStages - 2 in flight while the weights are formed
+#pragma unroll
+    for (int k = 1; k < kStateStages - 1; ++k) {
+        if (k < nsteps) load(k, k);
+        else cp_async_commit();
+    }
+    cp_async_wait<kStateStages - 1>();
     __syncthreads();
     const float cum_end = s_cum[len - 1], cl2_end = cum_end * kLog2e;
     const int seg_end = s_seg[len - 1];
@@ -251,7 +267,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ss
 
     float acc[16][4];
     clear(acc);
-    weighted_state_product<false>(acc, s_x, s_b, s_w, (len + 31) / 32, load);
+    weighted_state_product<false, kStateStages>(acc, s_x, s_b, s_w, nsteps, load);
     store_state_tile(p.states + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate, acc, p0, hd, n0, ds,
                      p.dstate);
     if (blockIdx.y == 0 && threadIdx.x == 0)

@@ -110,6 +110,19 @@ __device__ __forceinline__ void next_stage(int k, int nsteps, Load&& load) {
     __syncthreads();
 }
 
+// The top of step k of a kStages-stage loop whose caller issued steps 0 .. kStages - 2: step
+// k + kStages - 1 issued into the stage step k - 1 read (the barrier ending step k - 1 freed it),
+// or an empty group past the last step so that the count stays uniform; then step k's group
+// waited for (kStages - 1 younger groups may stay in flight) and the barrier.
+template <int kStages, typename Load>
+__device__ __forceinline__ void next_stage_n(int k, int nsteps, Load&& load) {
+    const int kn = k + kStages - 1;
+    if (kn < nsteps) load(kn, kn % kStages);
+    else cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    __syncthreads();
+}
+
 // A chunk's state-shaped product, 64 rows p x 128 columns n per CTA (warp w rows 16w .. 16w + 15,
 // acc[16][4]): acc += sum over positions l of w_l a_l^T b_l, K = the chunk's positions, 32 a step in
 // two stages: load(k, stage) fills s_a[stage] (32 positions x 64 rows, pitch kLd64) and s_b[stage]
@@ -118,14 +131,18 @@ __device__ __forceinline__ void next_stage(int k, int nsteps, Load&& load) {
 // with its k columns (positions) scaled by s_w in fp32, rounded to 16 bits once, or with kHiLo as
 // a hi / lo pair of 16-bit values (two mma: ~16 significant bits); B = b by .trans.
 // ssd2_chunk_state (S_c: a = x, b = B) and ssd_bwd_chunk_dstate16 (L_c: a = dout, b = C).
-template <bool kHiLo, typename Load>
+// kStages > 2 (ssd2_chunk_state on sm_90): s_a / s_b hold kStages stages and the caller has issued
+// steps 0 .. kStages - 2 (an empty group for each past nsteps): kStages - 1 steps of loads stay in
+// flight (next_stage_n).
+template <bool kHiLo, int kStages = 2, typename Load>
 __device__ __forceinline__ void weighted_state_product(float (&acc)[16][4], u16 (*s_a)[32 * kLd64],
                                                        u16 (*s_b)[32 * kLd128], const float* s_w, int nsteps, Load load) {
     const int lane = threadIdx.x & 31, w16 = 16 * (threadIdx.x >> 5), t2 = 2 * (lane & 3);
     for (int k = 0; k < nsteps; ++k) {
-        next_stage(k, nsteps, load);
-        const u32 a_base = smem_u32(s_a[k & 1] + w16 + lane_at(lane, kLd64));
-        const u32 b_base = smem_u32(s_b[k & 1] + lane_bt(lane, kLd128));
+        if constexpr (kStages == 2) next_stage(k, nsteps, load);
+        else next_stage_n<kStages>(k, nsteps, load);
+        const u32 a_base = smem_u32(s_a[k % kStages] + w16 + lane_at(lane, kLd64));
+        const u32 b_base = smem_u32(s_b[k % kStages] + lane_bt(lane, kLd128));
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk) {
             u32 a[4];
