@@ -977,6 +977,54 @@ mod tests {
     }
 
     #[test]
+    fn short_and_fast_entries_need_whole_aligned_slices() {
+        // channel-last bf16 x (batch 2, dim 640, seqlen 60): strides (60 * 640, 1, 640)
+        let mut p = Conv1dParams {
+            dim: 640,
+            seqlen: 60,
+            x: 4096,
+            x_s: [60 * 640, 1, 640],
+            ..Default::default()
+        };
+        let ok = |p: &Conv1dParams, rows: i64| cl_short(p, rows, DType::BF16, &[(p.x, &p.x_s)]);
+        assert!(ok(&p, 8) && ok(&p, 4));
+        assert!(!ok(&p, 16), "a full walk keeps the general kernel");
+        p.x = 4096 + 2; // one element off: slices no longer 8-byte aligned
+        assert!(!ok(&p, 8));
+        p.x = 4096;
+        p.x_s[2] = 642; // a time stride that breaks the slices' alignment
+        assert!(!ok(&p, 8));
+        p.x_s[2] = 640;
+        p.has_seq = 1;
+        assert!(!ok(&p, 8));
+        p.has_seq = 0;
+        p.dim = 642; // a partial last slice
+        assert!(!ok(&p, 8));
+        // fp32 slices are 16 bytes: an 8-byte aligned base is not enough
+        assert!(!cl_rows_aligned(4104, &[640, 1, 4], DType::F32));
+        assert!(cl_rows_aligned(4112, &[640, 1, 4], DType::F32));
+
+        // channel-first bf16 rows of 64 positions (2 x 8 elements a thread), aligned
+        let mut q = Conv1dParams {
+            seqlen: 64,
+            x: 4096,
+            out: 8192,
+            x_s: [640 * 64, 64, 1],
+            out_s: [640 * 64, 64, 1],
+            ..Default::default()
+        };
+        assert!(cf_fast(&q, DType::BF16));
+        q.seqlen = 60; // not a multiple of 16 elements
+        assert!(!cf_fast(&q, DType::BF16));
+        q.seqlen = 64;
+        q.has_final = 1;
+        assert!(!cf_fast(&q, DType::BF16));
+        q.has_final = 0;
+        q.out = 8192 + 8;
+        assert!(!cf_fast(&q, DType::BF16));
+    }
+
+    #[test]
     fn every_variant_is_listed_once() {
         let v = all_specs(90);
         assert_eq!(v.len(), 12 * 5 * 3);
