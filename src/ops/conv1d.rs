@@ -452,8 +452,18 @@ pub fn forward(a: &Conv1dFwdArgs, stream: StreamChoice) -> Result<()> {
     // the device's context stays current for the whole call; the caller's is restored after
     let _bound = dev.bind()?;
     let cf_rows_lg = cf_rows(2 * vec_elems(a.x.dtype), p.seqlen);
-    let sms = dev.props.sm_count as i64;
-    let rows = cl_rows(CL_STEPS, p.batch, p.dim, p.seqlen, sms, 4);
+    // positions a channel-last warp walks (unused by the channel-first kernels)
+    let rows = match layout {
+        Layout::ChannelLast => cl_rows(
+            CL_STEPS,
+            p.batch,
+            p.dim,
+            p.seqlen,
+            dev.props.sm_count as i64,
+            4,
+        ),
+        Layout::ChannelFirst => 0,
+    };
     let entry = match layout {
         Layout::ChannelFirst if cf_rows_lg.is_some() => "causal_conv1d_fwd_cf_rows",
         Layout::ChannelFirst if cf_fast(&p, a.x.dtype) => "causal_conv1d_fwd_cf_fast",
@@ -605,21 +615,34 @@ pub fn backward(a: &Conv1dBwdArgs, stream: StreamChoice) -> Result<()> {
     let cf_seq = layout == Layout::ChannelFirst && p.has_seq == 1;
     let cf_rows_lg =
         cf_rows(vec_elems(xd), p.seqlen).filter(|_| layout == Layout::ChannelFirst && !cf_seq);
-    let sms = dev.props.sm_count as i64;
-    let rows = cl_rows(CL_STEPS_BWD, p.batch, p.dim, p.seqlen, sms, 3);
-    let cl_short_ok = p.has_dinit == 0
-        && p.has_dfinal == 0
-        && cl_short(
-            &p,
-            rows,
-            xd,
-            &[(p.x, &p.x_s), (p.dout, &p.dout_s), (p.dx, &p.dx_s)],
-        );
+    // positions a channel-last warp walks (unused by the channel-first kernels)
+    let rows = match layout {
+        Layout::ChannelLast => cl_rows(
+            CL_STEPS_BWD,
+            p.batch,
+            p.dim,
+            p.seqlen,
+            dev.props.sm_count as i64,
+            3,
+        ),
+        Layout::ChannelFirst => 0,
+    };
     let main_entry = match layout {
         Layout::ChannelFirst if cf_seq => "causal_conv1d_bwd_cf_seq",
         Layout::ChannelFirst if cf_rows_lg.is_some() => "causal_conv1d_bwd_cf_rows",
         Layout::ChannelFirst => "causal_conv1d_bwd_cf",
-        Layout::ChannelLast if cl_short_ok => "causal_conv1d_bwd_cl_short",
+        Layout::ChannelLast
+            if p.has_dinit == 0
+                && p.has_dfinal == 0
+                && cl_short(
+                    &p,
+                    rows,
+                    xd,
+                    &[(p.x, &p.x_s), (p.dout, &p.dout_s), (p.dx, &p.dx_s)],
+                ) =>
+        {
+            "causal_conv1d_bwd_cl_short"
+        }
         Layout::ChannelLast => "causal_conv1d_bwd_cl",
     };
     let main_k = dev.kernel(&spec(main_entry, xd, wd, width)?)?;
