@@ -126,11 +126,28 @@ __device__ __forceinline__ void warp_mma_q(float (&acc)[NT][4], const FA& a, con
 __device__ __forceinline__ int acc_row(int e) { return 16 * (threadIdx.x >> 5) + ((threadIdx.x & 31) >> 2) + 8 * (e >> 1); }
 __device__ __forceinline__ int acc_col(int j, int e) { return 8 * j + 2 * (threadIdx.x & 3) + (e & 1); }
 
+// A lane's kQ/32 dt values at positions c0 + lane * kQ/32 + i (clamped to len - 1: every address
+// is inside the sequence), in dt's dtype DTC: every load issued before any value is used.
+template <int DTC>
+__device__ __forceinline__ void lane_dt(float (&raw)[kQ / 32], const SsdParams& p, i64 b, i64 h, i64 c0, int len,
+                                        int lane) {
+    constexpr int kPer = kQ / 32;
+    const i64 base = b * p.dt_s[0] + h * p.dt_s[2];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) raw[i] = ldg_f32<DTC>(p.dt, base + (c0 + min(lane * kPer + i, len - 1)) * p.dt_s[1]);
+}
+
 // One warp's share of chunk_prologue: lane `lane` gets positions lane * kQ/32 + i (i < kQ/32) in
-// registers (dt' in d, cum in cs, seg in sg), the warp-wide prefix already added.
+// registers (dt' in d, cum in cs, seg in sg), the warp-wide prefix already added. The dt loads go
+// first, all in flight at once (lane_dt, the dtype chosen once): with each load inside its
+// position's branch (and ld_any's dtype branch) each waited for the one before.
 __device__ __forceinline__ void warp_chunk_prologue(const SsdParams& p, i64 b, i64 h, i64 c0, int len, int lane,
                                                     float (&d)[kQ / 32], float (&cs)[kQ / 32], int (&sg)[kQ / 32]) {
     constexpr int kPer = kQ / 32;
+    float raw[kPer];
+    if (p.dt_dtype == 2) lane_dt<2>(raw, p, b, h, c0, len, lane);
+    else if (p.dt_dtype == 1) lane_dt<1>(raw, p, b, h, c0, len, lane);
+    else lane_dt<0>(raw, p, b, h, c0, len, lane);
     const float A = ld_any(p.A, h * p.A_s, p.A_dtype);
     const float bias = p.has_dt_bias ? ld_any(p.dt_bias, h * p.bias_s, p.bias_dtype) : 0.f;
     float run = 0.f;
@@ -142,7 +159,7 @@ __device__ __forceinline__ void warp_chunk_prologue(const SsdParams& p, i64 b, i
         int start = 0;
         if (pos < len) {
             const i64 t = c0 + pos;
-            v = ld_any(p.dt, b * p.dt_s[0] + t * p.dt_s[1] + h * p.dt_s[2], p.dt_dtype) + bias;
+            v = raw[i] + bias;
             if (p.softplus) v = softplus(v);
             v = fminf(fmaxf(v, p.dt_min), p.dt_max);
             if (p.has_seq) start = seq_at(p, b, t) != (t > 0 ? seq_at(p, b, t - 1) : 0);
