@@ -1012,6 +1012,29 @@ extern "C" __global__ void __launch_bounds__(32) ssd_bwd_dt(const SsdBwdParams q
     const float* x1 = q.x1 + bh * p.seqlen * kTiles;
     const float* x2 = q.x2 + bh * p.seqlen * kTiles;
     const bool stable = q.strad != nullptr;  // the second path
+    // Every load of the lane's positions first (dt by lane_dt; a position's kTiles tile partials are
+    // one 16-byte row: one load each; tiles past the used ones are never written, so they are
+    // masked, and the sums keep tile order), addresses clamped into the chunk: with the loads in
+    // each position's branch, positions went one round trip at a time.
+    float raw[kPer], s1[kPer], s2[kPer], rd[kPer];
+    if (p.dt_dtype == 2) lane_dt<2>(raw, p, b, h, c0, len, lane);
+    else if (p.dt_dtype == 1) lane_dt<1>(raw, p, b, h, c0, len, lane);
+    else lane_dt<0>(raw, p, b, h, c0, len, lane);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+        const i64 t = c0 + min(lane * kPer + i, len - 1);
+        s1[i] = tile_sum(x1 + t * kTiles, q.ptiles);
+        s2[i] = tile_sum(x2 + t * kTiles, q.ptiles);
+    }
+    // R_state_l on the second path (zero while H_c is), R_l on the first
+    const bool need_rd = !stable || c > 0 || p.has_init;
+    const int rd_tiles = stable ? q.stiles : q.ptiles;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) rd[i] = 0.f;
+    if (need_rd) {
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) rd[i] = tile_sum(rowdot + (c0 + min(lane * kPer + i, len - 1)) * kTiles, rd_tiles);
+    }
     float d[kPer], pre[kPer], x12[kPer], a1[kPer], a2[kPer];
     bool inside[kPer];
 #pragma unroll
@@ -1020,23 +1043,18 @@ extern "C" __global__ void __launch_bounds__(32) ssd_bwd_dt(const SsdBwdParams q
         d[i] = pre[i] = x12[i] = a1[i] = a2[i] = 0.f;
         inside[i] = false;
         if (pos < len) {
-            const i64 t = c0 + pos;
-            float v = ld_any(p.dt, b * p.dt_s[0] + t * p.dt_s[1] + h * p.dt_s[2], p.dt_dtype) + bias;
+            float v = raw[i] + bias;
             pre[i] = v;
             if (p.softplus) v = softplus(v);
             inside[i] = v >= p.dt_min && v <= p.dt_max;
             v = fminf(fmaxf(v, p.dt_min), p.dt_max);
-            // a position's kTiles tile partials are one 16-byte row: one load each (the scalar
-            // loop per tile issued up to 12 dependent-address loads a position); tiles past the
-            // used ones are never written, so they are masked, and the sums keep tile order
-            const float s1 = tile_sum(x1 + t * kTiles, q.ptiles), s2 = tile_sum(x2 + t * kTiles, q.ptiles);
             d[i] = v;
-            x12[i] = s1 + s2;
-            a2[i] = v * s2;  // summed over s < k
-            if (stable) {  // R_state_l (zero while H_c is): summed over l >= k
-                if (c > 0 || p.has_init) a1[i] = tile_sum(rowdot + t * kTiles, q.stiles);
+            x12[i] = s1[i] + s2[i];
+            a2[i] = v * s2[i];  // summed over s < k
+            if (stable) {  // R_state_l: summed over l >= k
+                a1[i] = rd[i];
             } else {  // R_l - dt'_l X1_l, summed over l >= k
-                a1[i] = tile_sum(rowdot + t * kTiles, q.ptiles) - v * s1;
+                a1[i] = rd[i] - v * s1[i];
             }
         }
     }
@@ -1866,13 +1884,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_dx16(con
     // 3. epilogue: g of the rows s from the diagonal block's tile (the last one loaded)
     const u16* s_gd = s_g[(nblk - 1) & 1];
     float dv[8][2];
-#pragma unroll
-    for (int jn = 0; jn < 8; ++jn)
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-            const int col = 8 * jn + t2 + u;
-            dv[jn][u] = p.has_D && col < hd ? ld_any(p.D, h * p.D_s[0] + (p0 + col) * p.D_s[1], p.D_dtype) : 0.f;
-        }
+    lane_d(dv, p, h, p0, hd, t2);
     float dd[8][2], rt[2] = {0.f, 0.f};
 #pragma unroll
     for (int jn = 0; jn < 8; ++jn) dd[jn][0] = dd[jn][1] = 0.f;

@@ -422,13 +422,7 @@ __device__ __forceinline__ void store_y(const Ssd2Params& q, const float (&acc)[
                                        i64 b, i64 h, i64 t0, int rows, int p0, int hd, int r0, int t2) {
     const SsdParams& p = q.p;
     float dv[8][2];
-#pragma unroll
-    for (int jn = 0; jn < 8; ++jn)
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-            const int col = 8 * jn + t2 + u;
-            dv[jn][u] = p.has_D && col < hd ? ld_any(p.D, h * p.D_s[0] + (p0 + col) * p.D_s[1], p.D_dtype) : 0.f;
-        }
+    lane_d(dv, p, h, p0, hd, t2);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         const int r = r0 + 8 * hh;

@@ -137,6 +137,32 @@ __device__ __forceinline__ void lane_dt(float (&raw)[kQ / 32], const SsdParams& 
     for (int i = 0; i < kPer; ++i) raw[i] = ldg_f32<DTC>(p.dt, base + (c0 + min(lane * kPer + i, len - 1)) * p.dt_s[1]);
 }
 
+// D at a thread's 16 epilogue columns p0 + 8 jn + t2 + u (0 at or past hd, or without D), in D's
+// dtype DTC, all 16 loads in flight at once (each in its own branch went one at a time).
+template <int DTC>
+__device__ __forceinline__ void lane_d_typed(float (&dv)[8][2], const SsdParams& p, i64 h, int p0, int hd, int t2) {
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int col = 8 * jn + t2 + u;
+            const float v = ldg_f32<DTC>(p.D, h * p.D_s[0] + (p0 + min(col, hd - 1)) * p.D_s[1]);
+            dv[jn][u] = col < hd ? v : 0.f;
+        }
+}
+__device__ __forceinline__ void lane_d(float (&dv)[8][2], const SsdParams& p, i64 h, int p0, int hd, int t2) {
+    if (!p.has_D) {
+#pragma unroll
+        for (int jn = 0; jn < 8; ++jn) dv[jn][0] = dv[jn][1] = 0.f;
+    } else if (p.D_dtype == 2) {
+        lane_d_typed<2>(dv, p, h, p0, hd, t2);
+    } else if (p.D_dtype == 1) {
+        lane_d_typed<1>(dv, p, h, p0, hd, t2);
+    } else {
+        lane_d_typed<0>(dv, p, h, p0, hd, t2);
+    }
+}
+
 // One warp's share of chunk_prologue: lane `lane` gets positions lane * kQ/32 + i (i < kQ/32) in
 // registers (dt' in d, cum in cs, seg in sg), the warp-wide prefix already added. The dt loads go
 // first, all in flight at once (lane_dt, the dtype chosen once): with each load inside its
