@@ -632,6 +632,33 @@ def test_backward_matrix(case: tuple, rule: Any, poison: Any, bwd_path: str) -> 
     check_grads(rule, got, ref, base, dtype)
 
 
+@pytest.mark.parametrize("pdt", ["bfloat16", "float16"])
+@pytest.mark.parametrize("D2", [False, True])
+def test_small_parameters_in_16_bit(pdt: str, D2: bool, rule: Any, bwd_path: str) -> None:
+    """dt, A, D and dt_bias in a 16-bit dtype of their own (the kernels read them by run-time dtype
+    codes: the chunk prologues' and ssd_bwd_dt's dt loads, the epilogues' D loads), bf16 data;
+    forward and every gradient against float64 under the rule."""
+    dtype = torch.bfloat16
+    a = ssd_inputs(2, 300, 4, 64, 1, 64, dtype, D2=D2)
+    for k in ("dt", "A", "D", "dt_bias"):
+        a[k] = a[k].to(DTYPES[pdt])
+    out, final = flashscan.mamba_chunk_scan_combined(
+        **a, chunk_size=128, dt_softplus=True, return_final_states=True
+    )
+    ref_y, ref_h = ref64(a, 128, dt_softplus=True)
+    base_y, base_h = baseline_lowp(a, 128, True)
+    scale = max(float(np.abs(ref_y).max()), 1.0)
+    rule.check(out, torch.from_numpy(ref_y), base_y, atol=1e-5 * scale)
+    rule.check(final, torch.from_numpy(ref_h), base_h, atol=1e-5, name="final_states")
+    dout, dfinal = upstream(a)
+    ref = ref_grads(a, 128, dout, dfinal)
+    base = grads_of(lambda lv: baseline_lowp(lv, 128, True), a, dout, dfinal)
+    got = grads_of(ours(a, 128), a, dout, dfinal)
+    for k, v in got.items():
+        assert v.dtype == a[k].dtype, k
+    check_grads(rule, got, ref, base, dtype)
+
+
 @pytest.mark.parametrize("dt_name", ["float32", "bfloat16"])
 def test_backward_seq_idx_resets(dt_name: str, rule: Any, bwd_path: str) -> None:
     dtype = DTYPES[dt_name]
