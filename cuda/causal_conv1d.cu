@@ -155,6 +155,11 @@ __device__ __forceinline__ float ld_state(const void* base, i64 idx) {
   if constexpr (DT == 2) return ((const float*)base)[idx];
   else return half_to_f32<DT>(((const u16*)base)[idx]);
 }
+// A state / x element's raw bits (ld_state_raw, ldg_raw) as float.
+__device__ __forceinline__ float raw_f32(u32 v) {
+  if constexpr (DT == 2) return __uint_as_float(v);
+  else return half_to_f32<DT>((u16)v);
+}
 __device__ __forceinline__ u32 ld_state_raw(const void* base, i64 idx) {
   if constexpr (DT == 2) return ((const u32*)base)[idx];
   else return ((const u16*)base)[idx];
@@ -1667,24 +1672,37 @@ __device__ __forceinline__ void update_body(const Conv1dParams& p) {
   // ring slots in 32-bit arithmetic (state_len < 2^31, host-checked)
   const int S32 = (int)S;
   const int head = p.circular ? __ldg(p.cache_seqlens + b) : S32;
+  // the window: h[j] (and its raw bits hr[j]) = [state, x] at the H positions before the next input
   float h[kH];
+  u32 hr[kH];
 #pragma unroll
   for (int j = 0; j < kH; ++j) {
     int q = head - kH + j;
     if (p.circular) q = ((q % S32) + S32) % S32;
-    h[j] = ld_state(p.state, st0 + (I)q * ss2);
+    hr[j] = ld_state_raw(p.state, st0 + (I)q * ss2);
+    h[j] = raw_f32(hr[j]);
   }
   for (I t = 0; t < n; ++t) {
-    const float xt = ldg_f32<DT>(p.x, x0 + t * xs2);
+    const u32 xr = ldg_raw<DT>(p.x, x0 + t * xs2);
+    const float xt = raw_f32(xr);
     float acc = bias;
 #pragma unroll
     for (int k = 0; k < kH; ++k) acc = fmaf(w[k], h[k], acc);
     acc = fmaf(w[kH], xt, acc);
     st_f32<DT>(p.out, o0 + t * os2, p.silu ? silu(acc) : acc);
 #pragma unroll
-    for (int j = 0; j < kH; ++j) h[j] = j + 1 < kH ? h[j + 1] : xt;
+    for (int j = 0; j < kH; ++j) {
+      h[j] = j + 1 < kH ? h[j + 1] : xt;
+      hr[j] = j + 1 < kH ? hr[j + 1] : xr;
+    }
   }
-  if (p.circular) {
+  if (!p.circular && S == (I)kH) {
+    // state_len W - 1 (causal-conv1d's own layout): the new state, slot j = [state, x][n + j], is
+    // the window the walk ends with, stored from registers; the shift below reloads each slot and
+    // stores it before loading the next (one round trip a slot)
+#pragma unroll
+    for (int j = 0; j < kH; ++j) st_state_raw(p.state, st0 + (I)j * ss2, hr[j]);
+  } else if (p.circular) {
     int slot = ((head % S32) + S32) % S32;
     for (I t = 0; t < n; ++t) {
       st_state_raw(p.state, st0 + (I)slot * ss2, ldg_raw<DT>(p.x, x0 + t * xs2));
