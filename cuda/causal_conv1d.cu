@@ -1704,9 +1704,20 @@ __device__ __forceinline__ void update_body(const Conv1dParams& p) {
     for (int j = 0; j < kH; ++j) st_state_raw(p.state, st0 + (I)j * ss2, hr[j]);
   } else if (p.circular) {
     int slot = ((head % S32) + S32) % S32;
-    for (I t = 0; t < n; ++t) {
-      st_state_raw(p.state, st0 + (I)slot * ss2, ldg_raw<DT>(p.x, x0 + t * xs2));
-      slot = slot + 1 == S32 ? 0 : slot + 1;
+    if (n <= (I)kH) {
+      // n <= W - 1 inputs (a decode step) are the window's last n entries: stored from registers
+      // instead of reloaded, slot (head + t) mod state_len taking input t = j - (kH - n)
+#pragma unroll
+      for (int j = 0; j < kH; ++j) {
+        if (j < kH - (int)n) continue;
+        st_state_raw(p.state, st0 + (I)slot * ss2, hr[j]);
+        slot = slot + 1 == S32 ? 0 : slot + 1;
+      }
+    } else {
+      for (I t = 0; t < n; ++t) {
+        st_state_raw(p.state, st0 + (I)slot * ss2, ldg_raw<DT>(p.x, x0 + t * xs2));
+        slot = slot + 1 == S32 ? 0 : slot + 1;
+      }
     }
   } else {
     // ascending: slot i reads slot i + n (not yet written) or input i + n - S
