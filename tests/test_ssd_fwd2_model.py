@@ -81,7 +81,7 @@ def model_forward(
         None if D is None else (np.broadcast_to(D[:, None], (nheads, hd_all)) if D.ndim == 1 else D)
     )
 
-    # p. ssd2_chunk_prep: grid (nchunks, batch * nheads), one record (lw, cum, seg) per chunk
+    # p. ssd2_chunk_prep: one record (lw, cum, seg) per (batch, head, chunk)
     rec_lw = np.full((batch, nheads, nchunks, Q), nan)
     rec_cum = np.full((batch, nheads, nchunks, Q), nan)
     rec_seg = np.full((batch, nheads, nchunks, Q), -1, dtype=np.int64)

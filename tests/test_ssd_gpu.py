@@ -169,6 +169,8 @@ ODD_CASES = [
     ("bfloat16", 2, 6, 136, 40, 1000, 256, True),
     ("float16", 3, 3, 8, 128, 77, 256, False),
     ("bfloat16", 1, 2, 256, 8, 260, 64, False),
+    # 12 heads: ssd2_chunk_prep's second 8-head CTA half full
+    ("bfloat16", 3, 12, 64, 32, 300, 128, False),
 ]
 
 

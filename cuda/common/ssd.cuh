@@ -163,19 +163,12 @@ __device__ __forceinline__ void lane_d(float (&dv)[8][2], const SsdParams& p, i6
     }
 }
 
-// One warp's share of chunk_prologue: lane `lane` gets positions lane * kQ/32 + i (i < kQ/32) in
-// registers (dt' in d, cum in cs, seg in sg), the warp-wide prefix already added. The dt loads go
-// first, all in flight at once (lane_dt, the dtype chosen once): with each load inside its
-// position's branch (and ld_any's dtype branch) each waited for the one before.
-__device__ __forceinline__ void warp_chunk_prologue(const SsdParams& p, i64 b, i64 h, i64 c0, int len, int lane,
-                                                    float (&d)[kQ / 32], float (&cs)[kQ / 32], int (&sg)[kQ / 32]) {
+// The scan of warp_chunk_prologue from a lane's raw dt values (raw[i] at position lane kQ/32 + i,
+// any value past len) and the head's A and dt_bias (0 without): dt' in d, cum in cs, seg in sg.
+__device__ __forceinline__ void warp_chunk_scan(const SsdParams& p, i64 b, i64 c0, int len, int lane, float A, float bias,
+                                                const float (&raw)[kQ / 32], float (&d)[kQ / 32], float (&cs)[kQ / 32],
+                                                int (&sg)[kQ / 32]) {
     constexpr int kPer = kQ / 32;
-    float raw[kPer];
-    if (p.dt_dtype == 2) lane_dt<2>(raw, p, b, h, c0, len, lane);
-    else if (p.dt_dtype == 1) lane_dt<1>(raw, p, b, h, c0, len, lane);
-    else lane_dt<0>(raw, p, b, h, c0, len, lane);
-    const float A = ld_any(p.A, h * p.A_s, p.A_dtype);
-    const float bias = p.has_dt_bias ? ld_any(p.dt_bias, h * p.bias_s, p.bias_dtype) : 0.f;
     float run = 0.f;
     int srun = 0;
 #pragma unroll
@@ -214,6 +207,25 @@ __device__ __forceinline__ void warp_chunk_prologue(const SsdParams& p, i64 b, i
         cs[i] += ex;
         sg[i] += sex;
     }
+}
+
+// A head's A and dt_bias (0 without) as floats.
+__device__ __forceinline__ float head_A(const SsdParams& p, i64 h) { return ld_any(p.A, h * p.A_s, p.A_dtype); }
+__device__ __forceinline__ float head_bias(const SsdParams& p, i64 h) {
+    return p.has_dt_bias ? ld_any(p.dt_bias, h * p.bias_s, p.bias_dtype) : 0.f;
+}
+
+// One warp's share of chunk_prologue: lane `lane` gets positions lane * kQ/32 + i (i < kQ/32) in
+// registers (dt' in d, cum in cs, seg in sg), the warp-wide prefix already added. The dt loads go
+// first, all in flight at once (lane_dt, the dtype chosen once): with each load inside its
+// position's branch (and ld_any's dtype branch) each waited for the one before.
+__device__ __forceinline__ void warp_chunk_prologue(const SsdParams& p, i64 b, i64 h, i64 c0, int len, int lane,
+                                                    float (&d)[kQ / 32], float (&cs)[kQ / 32], int (&sg)[kQ / 32]) {
+    float raw[kQ / 32];
+    if (p.dt_dtype == 2) lane_dt<2>(raw, p, b, h, c0, len, lane);
+    else if (p.dt_dtype == 1) lane_dt<1>(raw, p, b, h, c0, len, lane);
+    else lane_dt<0>(raw, p, b, h, c0, len, lane);
+    warp_chunk_scan(p, b, c0, len, lane, head_A(p, h), head_bias(p, h), raw, d, cs, sg);
 }
 
 // The chunk's dt', cum (inclusive cumulative sum of dt' A) and seg, positions 0..kQ-1 (those past

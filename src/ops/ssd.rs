@@ -35,6 +35,9 @@ pub const MAX_DSTATE: i64 = 256;
 pub const MAX_HEADDIM: i64 = 256;
 const THREADS: u32 = 128;
 const PASS_THREADS: i64 = 256;
+/// ssd2_chunk_prep's heads and threads a CTA (cuda/ssd_fwd2.cu kPrepHeads, kPrepThreads).
+const PREP_HEADS: i64 = 8;
+const PREP_THREADS: u32 = 128;
 const TILE: i64 = 64;
 
 /// Mirrors `struct SsdParams` in cuda/ssd.cu (488 bytes). Strides in elements.
@@ -692,7 +695,7 @@ pub(crate) unsafe fn launch_states2(
     // SAFETY: as the caller's; the records are written before the state kernel reads them (one
     // stream) and freed after it in stream order
     let launched = (|| unsafe {
-        launch.prep(&q)?;
+        launch.prep(&q, p)?;
         launch.cb(&q, p)?;
         launch.states(&q, p)
     })();
@@ -744,7 +747,7 @@ unsafe fn launch2(
     // SAFETY: as the caller's; ssd2_chunk_prep writes the records before the state and scan
     // kernels read them (one stream), and they are freed after those launches.
     let launched = (|| unsafe {
-        launch.prep(&q)?;
+        launch.prep(&q, p)?;
         if !fused {
             launch.cb(&q, p)?;
         }
@@ -788,13 +791,19 @@ impl<'a> Launch2<'a> {
         })
     }
 
-    /// ssd2_chunk_prep: one warp per (batch, head, chunk) (cuda/ssd_fwd2.cu kPrepThreads).
+    /// ssd2_chunk_prep: one CTA of PREP_THREADS per (chunk, PREP_HEADS heads, batch)
+    /// (cuda/ssd_fwd2.cu kPrepHeads / kPrepThreads).
     ///
     /// # Safety
     /// As `one`'s.
-    unsafe fn prep(&self, q: &Ssd2Params) -> Result<()> {
+    unsafe fn prep(&self, q: &Ssd2Params, p: &Problem) -> Result<()> {
+        let grid = (
+            self.nchunks,
+            grid_u32((p.nheads + PREP_HEADS - 1) / PREP_HEADS, "nheads")?,
+            grid_u32(p.batch, "batch")?,
+        );
         // SAFETY: as the caller's
-        unsafe { self.one(ENTRY2_PREP, (self.nchunks, self.bh, 1), 32, q) }
+        unsafe { self.one(ENTRY2_PREP, grid, PREP_THREADS, q) }
     }
 
     /// ssd2_chunk_cb: one lower 64 x 64 block of C B^T per CTA, per (chunk, group, batch).
