@@ -88,6 +88,10 @@
 // scheduler, 24% excess global sectors (the epilogue's 4-byte stores) and 24% excess shared
 // wavefronts. Staging y in shared memory for 16-byte stores (a barrier before them) made the scan
 // slower, 494 -> 534 us: dropped.
+// MEASURED 2026-11-28 (H200, same-lease A/B, benches/results/2026-11-28-h200-ssd-loads-first-update/):
+// the epilogue's 16 D reads issued together (lane_d; each had waited in its own branch) moved the
+// scan 498 -> 461 us, more than anything since the CB staging; ssd2_chunk_prep reading dt for 8
+// heads a CTA 17.1 -> 10.3 us. Forward 737 -> 692 us of kernels, Triton 691.8 in the same process.
 //
 // Compile-time constants (host prelude): FS_DTYPE (0 fp16, 1 bf16), FS_CHUNK (64, 128 or 256).
 
