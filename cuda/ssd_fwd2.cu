@@ -132,88 +132,37 @@ __device__ __forceinline__ void to_log2_weights(float* s_dt, const float* s_cum)
 // stall samples on the H100, 2026-11-27, and four times per chunk at chunk 256). Record of
 // (bh, c) at prep + (bh * nchunks + c) * 3 kQ: [0, kQ) lw = cum log2 e - log2 dt' (+inf where
 // dt' = 0: a weight 2^(x - lw) of 0), [kQ, 2 kQ) cum, [2 kQ, 3 kQ) seg (int bits).
-// Grid (nchunks, ceil(nheads / kPrepHeads), batch), 128 threads: the CTA reads dt's rows for
-// kPrepHeads consecutive heads (thread t owns head t % kPrepHeads and positions t / kPrepHeads +
-// 16 k: a warp's load covers 4 positions x 8 heads, 16 or 32 contiguous bytes each, all kLoads in
-// flight at once), transposes them through s_raw, and warp w scans heads w and w + 4 from it
-// (warp_chunk_scan), staging each record in its own s_rec row for 16-byte coalesced stores.
+// Grid (nchunks, ceil(nheads / kPrepHeads), batch), kPrepThreads: heads_chunk_prologue
+// (common/ssd.cuh) reads dt for kPrepHeads consecutive heads at once and each warp scans two of
+// them; each record is staged in the warp's own s_rec row for 16-byte coalesced stores.
 // History (b8 L2048 80 heads chunk 256): one warp a CTA, each lane loading its own positions of one
 // head, took 19.6 us on the H100 and 17.2 on the H200 (2026-11-28): a warp's dt loads touched 256
 // sectors for 512 useful bytes (dt rows are nheads elements apart), 16x the bytes through L2, and
 // 5120 one-warp CTAs were 1.2 waves at 32 warps an SM; a 128-thread CTA with warp 0 scanning one
 // head and the others idle took 24.5, a warp storing its lanes' 8 positions uncoalesced 40.4.
-constexpr int kPrepHeads = 8;
-constexpr int kPrepThreads = 128;
-constexpr int kPrepWarps = kPrepThreads / 32;
-constexpr int kLdRaw = kQ + 4;  // s_raw's row pitch: the transposing stores hit 32 distinct banks
-// A thread's dt loads (positions t / kPrepHeads + (kPrepThreads / kPrepHeads) k of head
-// t % kPrepHeads), addresses clamped into the sequence and the heads, in dt's dtype DTC.
-template <int DTC>
-__device__ __forceinline__ void prep_dt(float (&raw)[kQ * kPrepHeads / kPrepThreads], const SsdParams& p, i64 b,
-                                        i64 h, i64 c0, int len) {
-    constexpr int kStep = kPrepThreads / kPrepHeads;
-    const i64 base = b * p.dt_s[0] + h * p.dt_s[2];
-#pragma unroll
-    for (int k = 0; k < kQ * kPrepHeads / kPrepThreads; ++k)
-        raw[k] = ldg_f32<DTC>(p.dt, base + (c0 + min((int)threadIdx.x / kPrepHeads + kStep * k, len - 1)) * p.dt_s[1]);
-}
 extern "C" __global__ void __launch_bounds__(kPrepThreads, 8) ssd2_chunk_prep(const Ssd2Params q) {
-    constexpr int kPer = kQ / 32, kLoads = kQ * kPrepHeads / kPrepThreads, kStep = kPrepThreads / kPrepHeads;
-    static_assert(kPrepHeads == 2 * kPrepWarps, "each warp scans two heads");
+    constexpr int kPer = kQ / 32;
     __shared__ __align__(16) float s_raw[kPrepHeads * kLdRaw];
     __shared__ __align__(16) float s_rec[kPrepWarps][3 * kQ];
     const SsdParams& p = q.p;
-    const i64 b = blockIdx.z, c = blockIdx.x, h0 = (i64)blockIdx.y * kPrepHeads, c0 = c * kQ;
+    const i64 b = blockIdx.z, c = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int len = (int)min((i64)kQ, p.seqlen - c0);
-    const int hh = threadIdx.x % kPrepHeads;
-    const i64 hl = min(h0 + hh, p.nheads - 1);  // this thread's load head (clamped: its values unused)
-    float raw[kLoads];
-    if (p.dt_dtype == 2) prep_dt<2>(raw, p, b, hl, c0, len);
-    else if (p.dt_dtype == 1) prep_dt<1>(raw, p, b, hl, c0, len);
-    else prep_dt<0>(raw, p, b, hl, c0, len);
-    // the warp's two heads' A and dt_bias, in flight with dt
-    const i64 ha = min(h0 + warp, p.nheads - 1), hb = min(h0 + warp + kPrepWarps, p.nheads - 1);
-    const float A0 = head_A(p, ha), A1 = head_A(p, hb), bias0 = head_bias(p, ha), bias1 = head_bias(p, hb);
+    heads_chunk_prologue(p, b, (i64)blockIdx.y * kPrepHeads, c * kQ, s_raw,
+                         [&](i64 h, const float(&d)[kPer], const float(&cs)[kPer], const int(&sg)[kPer]) {
+                             float* rec = s_rec[warp];
 #pragma unroll
-    for (int k = 0; k < kLoads; ++k) s_raw[hh * kLdRaw + (int)threadIdx.x / kPrepHeads + kStep * k] = raw[k];
-    __syncthreads();
-#pragma unroll  // (k constant in each copy: a select on a run-time k put A / bias in local memory)
-    for (int k = 0; k < 2; ++k) {
-        const int hw = warp + kPrepWarps * k;
-        const i64 h = h0 + hw;
-        if (h >= p.nheads) break;  // uniform per warp
-        float r[kPer], d[kPer], cs[kPer];
-        int sg[kPer];
-        const float* row = s_raw + hw * kLdRaw + lane * kPer;  // 8-byte aligned at least (kLdRaw, kPer even)
-        if constexpr (kPer % 4 == 0) {
-#pragma unroll
-            for (int i = 0; i < kPer; i += 4) {
-                const float4 v = *(const float4*)(row + i);
-                r[i] = v.x, r[i + 1] = v.y, r[i + 2] = v.z, r[i + 3] = v.w;
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < kPer; i += 2) {
-                const float2 v = *(const float2*)(row + i);
-                r[i] = v.x, r[i + 1] = v.y;
-            }
-        }
-        warp_chunk_scan(p, b, c0, len, lane, k ? A1 : A0, k ? bias1 : bias0, r, d, cs, sg);
-        float* rec = s_rec[warp];
-#pragma unroll
-        for (int i = 0; i < kPer; ++i) {
-            const int pos = lane * kPer + i;
-            rec[pos] = log2_weight(d[i], cs[i]);
-            rec[kQ + pos] = cs[i];
-            rec[2 * kQ + pos] = __int_as_float(sg[i]);
-        }
-        __syncwarp();
-        const i64 bh = b * p.nheads + h;
-        float4* out = (float4*)(q.prep + (bh * p.nchunks + c) * 3 * kQ);
-        for (int j = lane; j < 3 * kQ / 4; j += 32) out[j] = ((const float4*)rec)[j];
-        __syncwarp();  // rec is rewritten by the next head
-    }
+                             for (int i = 0; i < kPer; ++i) {
+                                 const int pos = lane * kPer + i;
+                                 rec[pos] = log2_weight(d[i], cs[i]);
+                                 rec[kQ + pos] = cs[i];
+                                 rec[2 * kQ + pos] = __int_as_float(sg[i]);
+                             }
+                             __syncwarp();
+                             const i64 bh = b * p.nheads + h;
+                             float4* out = (float4*)(q.prep + (bh * p.nchunks + c) * 3 * kQ);
+                             for (int j = lane; j < 3 * kQ / 4; j += 32) out[j] = ((const float4*)rec)[j];
+                             __syncwarp();  // rec is rewritten for the warp's next head
+                         });
 }
 
 // The (bh, c) prep record into shared memory (16-byte aligned arrays of kQ words) by cp.async;

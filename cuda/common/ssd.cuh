@@ -228,6 +228,79 @@ __device__ __forceinline__ void warp_chunk_prologue(const SsdParams& p, i64 b, i
     warp_chunk_scan(p, b, c0, len, lane, head_A(p, h), head_bias(p, h), raw, d, cs, sg);
 }
 
+// ---- the chunk prologue of kPrepHeads heads a CTA (ssd2_chunk_prep, ssd_bwd_prologue) -------------
+// dt's rows are nheads elements apart, so a warp reading one head's positions touched a 32-byte
+// sector per element (16x the useful bytes through L2 in 16 bits) and one-warp CTAs over every
+// (batch, head, chunk) ran in more than one wave. A CTA of kPrepThreads instead reads dt for
+// kPrepHeads consecutive heads at once (thread t: head t % kPrepHeads, positions t / kPrepHeads +
+// (kPrepThreads / kPrepHeads) k; a warp's load covers 4 positions x 8 heads, 16-32 contiguous
+// bytes each, every load in flight), transposes them through shared memory (s_raw, kPrepHeads rows
+// of kLdRaw floats), and warp w scans heads w and w + kPrepWarps from it.
+constexpr int kPrepHeads = 8;
+constexpr int kPrepThreads = 128;
+constexpr int kPrepWarps = kPrepThreads / 32;
+constexpr int kLdRaw = kQ + 4;  // s_raw's row pitch: the transposing stores hit 32 distinct banks
+static_assert(kPrepHeads == 2 * kPrepWarps, "each warp scans two heads");
+
+// A thread's dt loads (see above), addresses clamped into the sequence and the heads (the caller's
+// h), in dt's dtype DTC.
+template <int DTC>
+__device__ __forceinline__ void prep_dt(float (&raw)[kQ * kPrepHeads / kPrepThreads], const SsdParams& p, i64 b,
+                                        i64 h, i64 c0, int len) {
+    constexpr int kStep = kPrepThreads / kPrepHeads;
+    const i64 base = b * p.dt_s[0] + h * p.dt_s[2];
+#pragma unroll
+    for (int k = 0; k < kQ * kPrepHeads / kPrepThreads; ++k)
+        raw[k] = ldg_f32<DTC>(p.dt, base + (c0 + min((int)threadIdx.x / kPrepHeads + kStep * k, len - 1)) * p.dt_s[1]);
+}
+
+// The chunk prologue of heads h0 .. h0 + kPrepHeads - 1 (those < nheads) of chunk c0 / kQ, batch
+// row b, for a CTA of kPrepThreads: emit(h, d, cs, sg) is called by the whole warp for each of its
+// heads (dt', cum, seg of the lane's positions lane kQ/32 + i, as warp_chunk_prologue gives them).
+// s_raw: kPrepHeads * kLdRaw floats of shared memory, 16-byte aligned. Contains a __syncthreads.
+template <class Emit>
+__device__ __forceinline__ void heads_chunk_prologue(const SsdParams& p, i64 b, i64 h0, i64 c0, float* s_raw, Emit&& emit) {
+    constexpr int kPer = kQ / 32, kLoads = kQ * kPrepHeads / kPrepThreads, kStep = kPrepThreads / kPrepHeads;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int len = (int)min((i64)kQ, p.seqlen - c0);
+    const int hh = threadIdx.x % kPrepHeads;
+    const i64 hl = min(h0 + hh, p.nheads - 1);  // this thread's load head (clamped: its values unused)
+    float raw[kLoads];
+    if (p.dt_dtype == 2) prep_dt<2>(raw, p, b, hl, c0, len);
+    else if (p.dt_dtype == 1) prep_dt<1>(raw, p, b, hl, c0, len);
+    else prep_dt<0>(raw, p, b, hl, c0, len);
+    // the warp's two heads' A and dt_bias, in flight with dt
+    const i64 ha = min(h0 + warp, p.nheads - 1), hb = min(h0 + warp + kPrepWarps, p.nheads - 1);
+    const float A0 = head_A(p, ha), A1 = head_A(p, hb), bias0 = head_bias(p, ha), bias1 = head_bias(p, hb);
+#pragma unroll
+    for (int k = 0; k < kLoads; ++k) s_raw[hh * kLdRaw + (int)threadIdx.x / kPrepHeads + kStep * k] = raw[k];
+    __syncthreads();
+#pragma unroll  // (k constant in each copy: a select on a run-time k put A / bias in local memory)
+    for (int k = 0; k < 2; ++k) {
+        const int hw = warp + kPrepWarps * k;
+        const i64 h = h0 + hw;
+        if (h >= p.nheads) break;  // uniform per warp
+        float r[kPer], d[kPer], cs[kPer];
+        int sg[kPer];
+        const float* row = s_raw + hw * kLdRaw + lane * kPer;  // 8-byte aligned at least (kLdRaw, kPer even)
+        if constexpr (kPer % 4 == 0) {
+#pragma unroll
+            for (int i = 0; i < kPer; i += 4) {
+                const float4 v = *(const float4*)(row + i);
+                r[i] = v.x, r[i + 1] = v.y, r[i + 2] = v.z, r[i + 3] = v.w;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < kPer; i += 2) {
+                const float2 v = *(const float2*)(row + i);
+                r[i] = v.x, r[i + 1] = v.y;
+            }
+        }
+        warp_chunk_scan(p, b, c0, len, lane, k ? A1 : A0, k ? bias1 : bias0, r, d, cs, sg);
+        emit(h, d, cs, sg);
+    }
+}
+
 // The chunk's dt', cum (inclusive cumulative sum of dt' A) and seg, positions 0..kQ-1 (those past
 // the sequence's end get dt' = 0 and repeat the last cum / seg). Warp 0: each lane scans kQ/32
 // consecutive positions, then the lanes' totals are scanned with shuffles. Ends with __syncthreads.

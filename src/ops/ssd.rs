@@ -35,9 +35,10 @@ pub const MAX_DSTATE: i64 = 256;
 pub const MAX_HEADDIM: i64 = 256;
 const THREADS: u32 = 128;
 const PASS_THREADS: i64 = 256;
-/// ssd2_chunk_prep's heads and threads a CTA (cuda/ssd_fwd2.cu kPrepHeads, kPrepThreads).
-const PREP_HEADS: i64 = 8;
-const PREP_THREADS: u32 = 128;
+/// The chunk prologue's heads and threads a CTA (cuda/common/ssd.cuh kPrepHeads, kPrepThreads):
+/// ssd2_chunk_prep and ssd_bwd_prologue.
+pub(crate) const PREP_HEADS: i64 = 8;
+pub(crate) const PREP_THREADS: u32 = 128;
 const TILE: i64 = 64;
 
 /// Mirrors `struct SsdParams` in cuda/ssd.cu (488 bytes). Strides in elements.
@@ -791,8 +792,7 @@ impl<'a> Launch2<'a> {
         })
     }
 
-    /// ssd2_chunk_prep: one CTA of PREP_THREADS per (chunk, PREP_HEADS heads, batch)
-    /// (cuda/ssd_fwd2.cu kPrepHeads / kPrepThreads).
+    /// ssd2_chunk_prep: one CTA of PREP_THREADS per (chunk, PREP_HEADS heads, batch).
     ///
     /// # Safety
     /// As `one`'s.

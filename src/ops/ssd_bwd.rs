@@ -675,7 +675,17 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
             let g = grid_u32(p.ngroups, "ngroups")?;
             let shares = grid_u32(p.ngroups * dcb_splits(&p, chunk), "ngroups")?;
             let b = grid_u32(p.batch, "batch")?;
-            dev.launch(k_pro, (nc, bh, 1), (32, 1, 1), 0, st, &q)?;
+            // ssd2_chunk_prep's CTAs: 8 heads each (cuda/common/ssd.cuh heads_chunk_prologue)
+            let head_blocks =
+                grid_u32((p.nheads + ssd::PREP_HEADS - 1) / ssd::PREP_HEADS, "nheads")?;
+            dev.launch(
+                k_pro,
+                (nc, head_blocks, b),
+                (ssd::PREP_THREADS, 1, 1),
+                0,
+                st,
+                &q,
+            )?;
             match &k16 {
                 Some(k) => dev.launch(&k.dcb, (blocks, shares, b), block, 0, st, &q)?,
                 None => {
