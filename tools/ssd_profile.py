@@ -4,6 +4,7 @@ channel-last conv1d forward, from torch.profiler's CUDA activity: which launch h
 so that tuning starts where the time is. GPU only.
 
     python tools/ssd_profile.py [--shape 2k|8k|rt|c128] [--reps 5] [--mamba-src DIR] [--fwd-only]
+                                [--paths 1,2|2]
 
 Prints one table per measured call: kernel name, launches per call, GPU us per call, share.
 --mamba-src (a state-spaces/mamba snapshot, imported as benches/ssd.py does: triton + einops, no
@@ -141,6 +142,11 @@ def main() -> None:
         "--mamba-src", default=None, help="a mamba source snapshot: profile its Triton SSD"
     )
     ap.add_argument("--fwd-only", action="store_true", help="forward tables only")
+    ap.add_argument(
+        "--paths",
+        default="1,2",
+        help="the SSD paths to profile, forward and backward (FLASHSCAN_SSD_FWD / _BWD): 1,2 or 2",
+    )
     ap.add_argument("--ncu-range", choices=["fwd", "step"], default=None)
     args = ap.parse_args()
     import torch
@@ -155,7 +161,8 @@ def main() -> None:
         return
     if args.mamba_src:
         profile_peer(torch, args.mamba_src, args.shape, a, chunk, args.reps, args.fwd_only)
-    for path in ("1", "2"):
+    paths = [v for v in args.paths.split(",") if v in ("1", "2")]
+    for path in paths:
         os.environ["FLASHSCAN_SSD_FWD"] = path
 
         def fwd() -> Any:
@@ -166,7 +173,7 @@ def main() -> None:
     if args.fwd_only:
         return
     step = training_step(torch, fst.mamba_chunk_scan_combined, a, chunk)
-    for bwd in ("1", "2"):
+    for bwd in paths:
         os.environ["FLASHSCAN_SSD_BWD"] = bwd
         name = f"SSD forward+backward {args.shape} bf16 (default forward, FLASHSCAN_SSD_BWD={bwd})"
         profile(torch, name, step, max(2, args.reps // 2))
