@@ -1653,7 +1653,10 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_dw_reduce(c
 // I: the index type, int where the host found every element offset of the call's tensors below 2^31
 // (p.idx32: any decode batch of a real model), else i64. The kernel is instruction-bound (ncu, H200,
 // b256 d5376 bf16: SM 72% busy, DRAM 11%), and the 64-bit index products and the 64-bit ring
-// modulo (a subroutine call) were most of its instructions.
+// modulo (a subroutine call) were most of its instructions. The new state is stored from the
+// window's registers where they hold it (state_len W - 1; a ring step of n <= W - 1 inputs): the
+// slot-by-slot reload went one round trip a slot (H200 2026-11-28, benches/results/
+// 2026-11-28-h200-ssd-loads-first-update/: b32 d640 2.14 -> 1.89 us, b256 d5376 12.9 -> 10.3).
 #if FS_HAS_ENTRY(5)
 template <typename I>
 __device__ __forceinline__ void update_body(const Conv1dParams& p) {
