@@ -1006,8 +1006,7 @@ extern "C" __global__ void __launch_bounds__(32) ssd_bwd_dt(const SsdBwdParams q
     const i64 bh = blockIdx.y, b = bh / p.nheads, h = bh % p.nheads, c = blockIdx.x;
     const i64 c0 = c * kQ;
     const int len = (int)min((i64)kQ, p.seqlen - c0);
-    const float A = ld_any(p.A, h * p.A_s, p.A_dtype);
-    const float bias = p.has_dt_bias ? ld_any(p.dt_bias, h * p.bias_s, p.bias_dtype) : 0.f;
+    const float A = head_A(p, h), bias = head_bias(p, h);
     const float* rowdot = q.rowdot + bh * p.seqlen * kTiles;
     const float* x1 = q.x1 + bh * p.seqlen * kTiles;
     const float* x2 = q.x2 + bh * p.seqlen * kTiles;
@@ -1017,9 +1016,7 @@ extern "C" __global__ void __launch_bounds__(32) ssd_bwd_dt(const SsdBwdParams q
     // masked, and the sums keep tile order), addresses clamped into the chunk: with the loads in
     // each position's branch, positions went one round trip at a time.
     float raw[kPer], s1[kPer], s2[kPer], rd[kPer];
-    if (p.dt_dtype == 2) lane_dt<2>(raw, p, b, h, c0, len, lane);
-    else if (p.dt_dtype == 1) lane_dt<1>(raw, p, b, h, c0, len, lane);
-    else lane_dt<0>(raw, p, b, h, c0, len, lane);
+    lane_dt_any(raw, p, b, h, c0, len, lane);
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
         const i64 t = c0 + min(lane * kPer + i, len - 1);
@@ -1255,27 +1252,13 @@ extern "C" __global__ void __launch_bounds__(kPrepThreads, 8) ssd_bwd_prologue(c
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     heads_chunk_prologue(p, b, (i64)blockIdx.y * kPrepHeads, c * kQ, s_raw,
                          [&](i64 h, const float(&d)[kPer], const float(&cs)[kPer], const int(&sg)[kPer]) {
-                             float* rec = s_rec[warp];
-#pragma unroll
-                             for (int i = 0; i < kPer; ++i) {
-                                 const int pos = lane * kPer + i;
-                                 rec[pos] = d[i];
-                                 rec[kQ + pos] = cs[i];
-                                 rec[2 * kQ + pos] = __int_as_float(sg[i]);
-                             }
-                             __syncwarp();
+                             const float* rec = s_rec[warp];
+                             warp_stage_record(s_rec[warp], lane, d, cs, sg);
                              const i64 o = ((b * p.nheads + h) * p.nchunks + c) * kQ;
-                             float4* pdt = (float4*)(q.pdt + o);
-                             float4* pcum = (float4*)(q.pcum + o);
-                             for (int j = lane; j < kQ / 4; j += 32) {
-                                 pdt[j] = ((const float4*)rec)[j];
-                                 pcum[j] = ((const float4*)(rec + kQ))[j];
-                             }
-                             if (h == 0) {
-                                 float4* pseg = (float4*)(q.pseg + (b * p.nchunks + c) * kQ);
-                                 for (int j = lane; j < kQ / 4; j += 32) pseg[j] = ((const float4*)(rec + 2 * kQ))[j];
-                             }
-                             __syncwarp();  // rec is rewritten for the warp's next head
+                             warp_copy16(q.pdt + o, rec, kQ, lane);
+                             warp_copy16(q.pcum + o, rec + kQ, kQ, lane);
+                             if (h == 0) warp_copy16((float*)q.pseg + (b * p.nchunks + c) * kQ, rec + 2 * kQ, kQ, lane);
+                             __syncwarp();  // the row is rewritten for the warp's next head
                          });
 }
 

@@ -149,19 +149,13 @@ extern "C" __global__ void __launch_bounds__(kPrepThreads, 8) ssd2_chunk_prep(co
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     heads_chunk_prologue(p, b, (i64)blockIdx.y * kPrepHeads, c * kQ, s_raw,
                          [&](i64 h, const float(&d)[kPer], const float(&cs)[kPer], const int(&sg)[kPer]) {
-                             float* rec = s_rec[warp];
+                             float lw[kPer];
 #pragma unroll
-                             for (int i = 0; i < kPer; ++i) {
-                                 const int pos = lane * kPer + i;
-                                 rec[pos] = log2_weight(d[i], cs[i]);
-                                 rec[kQ + pos] = cs[i];
-                                 rec[2 * kQ + pos] = __int_as_float(sg[i]);
-                             }
-                             __syncwarp();
+                             for (int i = 0; i < kPer; ++i) lw[i] = log2_weight(d[i], cs[i]);
+                             warp_stage_record(s_rec[warp], lane, lw, cs, sg);
                              const i64 bh = b * p.nheads + h;
-                             float4* out = (float4*)(q.prep + (bh * p.nchunks + c) * 3 * kQ);
-                             for (int j = lane; j < 3 * kQ / 4; j += 32) out[j] = ((const float4*)rec)[j];
-                             __syncwarp();  // rec is rewritten for the warp's next head
+                             warp_copy16(q.prep + (bh * p.nchunks + c) * 3 * kQ, s_rec[warp], 3 * kQ, lane);
+                             __syncwarp();  // the row is rewritten for the warp's next head
                          });
 }
 

@@ -137,6 +137,14 @@ __device__ __forceinline__ void lane_dt(float (&raw)[kQ / 32], const SsdParams& 
     for (int i = 0; i < kPer; ++i) raw[i] = ldg_f32<DTC>(p.dt, base + (c0 + min(lane * kPer + i, len - 1)) * p.dt_s[1]);
 }
 
+// lane_dt in dt's run-time dtype (the branch taken once, outside the loads).
+__device__ __forceinline__ void lane_dt_any(float (&raw)[kQ / 32], const SsdParams& p, i64 b, i64 h, i64 c0, int len,
+                                            int lane) {
+    if (p.dt_dtype == 2) lane_dt<2>(raw, p, b, h, c0, len, lane);
+    else if (p.dt_dtype == 1) lane_dt<1>(raw, p, b, h, c0, len, lane);
+    else lane_dt<0>(raw, p, b, h, c0, len, lane);
+}
+
 // D at a thread's 16 epilogue columns p0 + 8 jn + t2 + u (0 at or past hd, or without D), in D's
 // dtype DTC, all 16 loads in flight at once (each in its own branch went one at a time).
 template <int DTC>
@@ -222,9 +230,7 @@ __device__ __forceinline__ float head_bias(const SsdParams& p, i64 h) {
 __device__ __forceinline__ void warp_chunk_prologue(const SsdParams& p, i64 b, i64 h, i64 c0, int len, int lane,
                                                     float (&d)[kQ / 32], float (&cs)[kQ / 32], int (&sg)[kQ / 32]) {
     float raw[kQ / 32];
-    if (p.dt_dtype == 2) lane_dt<2>(raw, p, b, h, c0, len, lane);
-    else if (p.dt_dtype == 1) lane_dt<1>(raw, p, b, h, c0, len, lane);
-    else lane_dt<0>(raw, p, b, h, c0, len, lane);
+    lane_dt_any(raw, p, b, h, c0, len, lane);
     warp_chunk_scan(p, b, c0, len, lane, head_A(p, h), head_bias(p, h), raw, d, cs, sg);
 }
 
@@ -299,6 +305,25 @@ __device__ __forceinline__ void heads_chunk_prologue(const SsdParams& p, i64 b, 
         warp_chunk_scan(p, b, c0, len, lane, k ? A1 : A0, k ? bias1 : bias0, r, d, cs, sg);
         emit(h, d, cs, sg);
     }
+}
+
+// A chunk record of the lane's positions in the warp's shared row rec (3 kQ floats): [0, kQ) first,
+// [kQ, 2 kQ) cum, [2 kQ, 3 kQ) seg (int bits); ends with __syncwarp (the row is then the warp's).
+__device__ __forceinline__ void warp_stage_record(float* rec, int lane, const float (&first)[kQ / 32],
+                                                  const float (&cs)[kQ / 32], const int (&sg)[kQ / 32]) {
+#pragma unroll
+    for (int i = 0; i < kQ / 32; ++i) {
+        const int pos = lane * (kQ / 32) + i;
+        rec[pos] = first[i];
+        rec[kQ + pos] = cs[i];
+        rec[2 * kQ + pos] = __int_as_float(sg[i]);
+    }
+    __syncwarp();
+}
+
+// n floats (a multiple of 4; both sides 16-byte aligned) copied by the warp in 16-byte pieces.
+__device__ __forceinline__ void warp_copy16(float* dst, const float* src, int n, int lane) {
+    for (int j = lane; j < n / 4; j += 32) ((float4*)dst)[j] = ((const float4*)src)[j];
 }
 
 // The chunk's dt', cum (inclusive cumulative sum of dt' A) and seg, positions 0..kQ-1 (those past

@@ -355,6 +355,21 @@ fn cf_rows_grid(lg: i32, batch: i64, dim: i64) -> Result<(u32, u32, u32)> {
     Ok((gx, batch as u32, 1))
 }
 
+/// `cl_rows` for a channel-last call (`full` positions a warp at most), 0 for a channel-first one
+/// (its kernels never read it).
+fn walk_rows(
+    layout: Layout,
+    full: i64,
+    p: &Conv1dParams,
+    sm_count: i64,
+    blocks_per_sm: i64,
+) -> i64 {
+    match layout {
+        Layout::ChannelLast => cl_rows(full, p.batch, p.dim, p.seqlen, sm_count, blocks_per_sm),
+        Layout::ChannelFirst => 0,
+    }
+}
+
 /// Positions a warp of the channel-last forward (`full` = CL_STEPS, `blocks_per_sm` = its 4)
 /// or backward (CL_STEPS_BWD, 3) walks: the fewest (a power of two, >= 4) whose grid still fits
 /// one wave of blocks, or `full` when even that grid does not. A short sequence otherwise gives
@@ -452,18 +467,7 @@ pub fn forward(a: &Conv1dFwdArgs, stream: StreamChoice) -> Result<()> {
     // the device's context stays current for the whole call; the caller's is restored after
     let _bound = dev.bind()?;
     let cf_rows_lg = cf_rows(2 * vec_elems(a.x.dtype), p.seqlen);
-    // positions a channel-last warp walks (unused by the channel-first kernels)
-    let rows = match layout {
-        Layout::ChannelLast => cl_rows(
-            CL_STEPS,
-            p.batch,
-            p.dim,
-            p.seqlen,
-            dev.props.sm_count as i64,
-            4,
-        ),
-        Layout::ChannelFirst => 0,
-    };
+    let rows = walk_rows(layout, CL_STEPS, &p, dev.props.sm_count as i64, 4);
     let entry = match layout {
         Layout::ChannelFirst if cf_rows_lg.is_some() => "causal_conv1d_fwd_cf_rows",
         Layout::ChannelFirst if cf_fast(&p, a.x.dtype) => "causal_conv1d_fwd_cf_fast",
@@ -615,18 +619,7 @@ pub fn backward(a: &Conv1dBwdArgs, stream: StreamChoice) -> Result<()> {
     let cf_seq = layout == Layout::ChannelFirst && p.has_seq == 1;
     let cf_rows_lg =
         cf_rows(vec_elems(xd), p.seqlen).filter(|_| layout == Layout::ChannelFirst && !cf_seq);
-    // positions a channel-last warp walks (unused by the channel-first kernels)
-    let rows = match layout {
-        Layout::ChannelLast => cl_rows(
-            CL_STEPS_BWD,
-            p.batch,
-            p.dim,
-            p.seqlen,
-            dev.props.sm_count as i64,
-            3,
-        ),
-        Layout::ChannelFirst => 0,
-    };
+    let rows = walk_rows(layout, CL_STEPS_BWD, &p, dev.props.sm_count as i64, 3);
     let main_entry = match layout {
         Layout::ChannelFirst if cf_seq => "causal_conv1d_bwd_cf_seq",
         Layout::ChannelFirst if cf_rows_lg.is_some() => "causal_conv1d_bwd_cf_rows",
