@@ -706,6 +706,21 @@ def test_backward_without_z(dt_name: str, rule: Any, poison: Any, bwd_path: str)
     check_grads(rule, got, ref, base, dtype)
 
 
+@pytest.mark.parametrize("with_z", [False, True])
+def test_backward_twelve_heads(with_z: bool, rule: Any, poison: Any, bwd_path: str) -> None:
+    """12 heads in 3 groups: the chunk prologues' second 8-head CTA (ssd2_chunk_prep,
+    ssd_bwd_prologue) is half full; bf16 on the 16-bit kernels (no z) and on float32 copies (z)."""
+    a = ssd_inputs(2, 300, 12, 32, 3, 32, torch.bfloat16)
+    if not with_z:
+        del a["z"]
+    dout, dfinal = upstream(a)
+    ref = ref_grads(a, 128, dout, dfinal)
+    base = grads_of(lambda lv: baseline_lowp(lv, 128, True), a, dout, dfinal)
+    poison(2 * 300 * 12 * 32 * 2, 2 * 300 * 3 * 32 * 2)
+    got = grads_of(ours(a, 128), a, dout, dfinal)
+    check_grads(rule, got, ref, base, torch.bfloat16)
+
+
 def test_backward_without_z_runs_no_chunk_out(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch.profiler import ProfilerActivity, profile
 
