@@ -131,7 +131,8 @@ __device__ __forceinline__ void to_log2_weights(float* s_dt, const float* s_cum)
 // ran it themselves before (one warp working while three waited at the barrier: 20% of the scan's
 // stall samples on the H100, 2026-11-27, and four times per chunk at chunk 256). Record of
 // (bh, c) at prep + (bh * nchunks + c) * 3 kQ: [0, kQ) lw = cum log2 e - log2 dt' (+inf where
-// dt' = 0: a weight 2^(x - lw) of 0), [kQ, 2 kQ) cum, [2 kQ, 3 kQ) seg (int bits).
+// dt' = 0: a weight 2^(x - lw) of 0), [kQ, 2 kQ) cum, [2 kQ, 3 kQ) seg (int bits; stored only with
+// seq_idx: without it every seg is 0, which load_prep zero-fills).
 // Grid (nchunks, ceil(nheads / kPrepHeads), batch), kPrepThreads: heads_chunk_prologue
 // (common/ssd.cuh) reads dt for kPrepHeads consecutive heads at once and each warp scans two of
 // them; each record is staged in the warp's own s_rec row for 16-byte coalesced stores.
@@ -154,7 +155,9 @@ extern "C" __global__ void __launch_bounds__(kPrepThreads, 8) ssd2_chunk_prep(co
                              for (int i = 0; i < kPer; ++i) lw[i] = log2_weight(d[i], cs[i]);
                              warp_stage_record(s_rec[warp], lane, lw, cs, sg);
                              const i64 bh = b * p.nheads + h;
-                             warp_copy16(q.prep + (bh * p.nchunks + c) * 3 * kQ, s_rec[warp], 3 * kQ, lane);
+                             // seg (the record's third array) only with seq_idx: 0 otherwise, which
+                             // load_prep zero-fills instead of reading
+                             warp_copy16(q.prep + (bh * p.nchunks + c) * 3 * kQ, s_rec[warp], (p.has_seq ? 3 : 2) * kQ, lane);
                              __syncwarp();  // the row is rewritten for the warp's next head
                          });
 }
@@ -167,7 +170,8 @@ __device__ __forceinline__ void load_prep(const Ssd2Params& q, i64 bh, i64 c, fl
     for (int i = threadIdx.x; i < 3 * kPer; i += kThreads) {
         const int a = i / kPer, o = (i % kPer) * 4;
         float* dst = a == 0 ? s_lw : a == 1 ? s_cum : (float*)s_seg;
-        cp_async16(smem_u32(dst + o), src + a * kQ + o, true);
+        // without seq_idx every seg is 0 and ssd2_chunk_prep stores none: zero-filled, not read
+        cp_async16(smem_u32(dst + o), src + a * kQ + o, a < 2 || q.p.has_seq);
     }
 }
 
