@@ -922,38 +922,80 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_db(const Ss
 // fixed order. For k in 64-block bk: the in-block sum of the diagonal record, the exclusive prefix
 // (inside bk) of the column sums of the blocks (li > bk, bk), the inclusive suffix (inside bk) of the
 // row sums of the blocks (bk, sj < bk), and the totals of the blocks (li, sj) with sj < bk < li.
-// Blocks at or past len have no record (never written) and are not read.
+// Blocks at or past len have no record (never written): loaded with the others, never used.
 constexpr int kRec = 2 * kTile;  // a block's record: column sums, then row sums
+// kPer consecutive floats from src (16-byte aligned when kPer % 4 == 0, else 8-byte) by vector loads.
+template <int N>
+__device__ __forceinline__ void load_run(const float* src, float (&v)[N]) {
+    if constexpr (N % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < N; i += 4) {
+            const float4 t = *(const float4*)(src + i);
+            v[i] = t.x, v[i + 1] = t.y, v[i + 2] = t.z, v[i + 3] = t.w;
+        }
+    } else {
+        static_assert(N % 2 == 0, "runs of an even length");
+#pragma unroll
+        for (int i = 0; i < N; i += 2) {
+            const float2 t = *(const float2*)(src + i);
+            v[i] = t.x, v[i + 1] = t.y;
+        }
+    }
+}
 __device__ __forceinline__ void straddle_da(const float* rec, int len, int lane, float (&st)[kQ / 32]) {
     constexpr int kPer = kQ / 32;
     constexpr int kLanes = kTile / kPer;  // lanes of one 64-block: 8 (chunk 256), 16, 32 (chunk 64)
     const int nb = (len + kTile - 1) / kTile;
     const int bk = lane * kPer / kTile, kk0 = lane * kPer % kTile;
     auto at = [&](int li, int sj) { return rec + (li * (li + 1) / 2 + sj) * kRec; };
+    // Every record value the lane needs is loaded before any is used (kPer-runs by vector loads),
+    // the terms outside the sums masked to 0 and added in the same order (the same sums), blocks at
+    // or past len read but never used (unwritten scratch). The loads had sat in runtime loops and
+    // branches, one round trip after another.
+    float vb[kNb2 > 2 ? kNb2 * (kNb2 - 1) / 2 - (kNb2 - 1) : 1][kTile / 32];  // the between blocks
+    {
+        int n = 0;
+#pragma unroll
+        for (int li = 2; li < kNb2; ++li)
+#pragma unroll
+            for (int sj = 0; sj + 2 <= li; ++sj, ++n)
+#pragma unroll
+                for (int u = 0; u < kTile / 32; ++u) vb[n][u] = at(li, sj)[lane + 32 * u];
+    }
+    // block m of the lane's 64-block bk: m > bk the column sums of block (m, bk), m < bk the row sums
+    // of block (bk, m), m == bk the diagonal record's column sums
+    float vm[kNb2][kPer];
+#pragma unroll
+    for (int m = 0; m < kNb2; ++m)
+        load_run(m > bk ? at(m, bk) + kk0 : m < bk ? at(bk, m) + kTile + kk0 : at(bk, bk) + kk0, vm[m]);
     // the totals of blocks with at least one block between their rows and columns
     float between = 0.f;
+    {
+        int n = 0;
 #pragma unroll
-    for (int li = 2; li < kNb2; ++li)
+        for (int li = 2; li < kNb2; ++li)
 #pragma unroll
-        for (int sj = 0; sj + 2 <= li; ++sj) {
-            if (li >= nb) continue;
-            const float* r = at(li, sj);
-            float v = 0.f;
-            for (int k = lane; k < kTile; k += 32) v += r[k];
+            for (int sj = 0; sj + 2 <= li; ++sj, ++n) {
+                float v = 0.f;
 #pragma unroll
-            for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-            if (sj < bk && bk < li) between += v;
-        }
+                for (int u = 0; u < kTile / 32; ++u) v += vb[n][u];
+                if (li >= nb) v = 0.f;  // (uniform) an unwritten block
+#pragma unroll
+                for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+                if (sj < bk && bk < li) between += v;
+            }
+    }
     float col[kPer], row[kPer];
     float ct = 0.f, rt = 0.f;
+    const bool live = bk < nb;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
-        const int kk = kk0 + i;
         float cs = 0.f, rs = 0.f, dg = 0.f;
-        if (bk < nb) {
-            dg = at(bk, bk)[kk];
-            for (int li = bk + 1; li < nb; ++li) cs += at(li, bk)[kk];
-            for (int sj = 0; sj < bk; ++sj) rs += at(bk, sj)[kTile + kk];
+#pragma unroll
+        for (int m = 0; m < kNb2; ++m) {
+            cs += m > bk && m < nb ? vm[m][i] : 0.f;
+            rs += m < bk && live ? vm[m][i] : 0.f;
+            if (m == bk && live) dg = vm[m][i];
         }
         st[i] = dg + between;
         col[i] = cs;
