@@ -1041,24 +1041,24 @@ __device__ __forceinline__ float tile_sum(const float* row, int n) {
     return s;
 }
 
-extern "C" __global__ void __launch_bounds__(32) ssd_bwd_dt(const SsdBwdParams q) {
+// One warp's (batch b, head h, chunk c) of ssd_bwd_dt from the lane's raw dt values: ddt' of the
+// lane's positions into ddt_row (kQ floats of shared memory, positions < len), the chunk's dA and
+// ddt_bias partials into dapart / dbpart.
+__device__ __forceinline__ void dt_head(const SsdBwdParams& q, i64 b, i64 h, i64 c, int len, int lane, float A,
+                                        float bias, const float (&raw)[kQ / 32], float* ddt_row) {
     const SsdParams& p = q.f;
     constexpr int kPer = kQ / 32;
-    const int lane = threadIdx.x;
-    const i64 bh = blockIdx.y, b = bh / p.nheads, h = bh % p.nheads, c = blockIdx.x;
+    const i64 bh = b * p.nheads + h;
     const i64 c0 = c * kQ;
-    const int len = (int)min((i64)kQ, p.seqlen - c0);
-    const float A = head_A(p, h), bias = head_bias(p, h);
     const float* rowdot = q.rowdot + bh * p.seqlen * kTiles;
     const float* x1 = q.x1 + bh * p.seqlen * kTiles;
     const float* x2 = q.x2 + bh * p.seqlen * kTiles;
     const bool stable = q.strad != nullptr;  // the second path
-    // Every load of the lane's positions first (dt by lane_dt; a position's kTiles tile partials are
-    // one 16-byte row: one load each; tiles past the used ones are never written, so they are
-    // masked, and the sums keep tile order), addresses clamped into the chunk: with the loads in
-    // each position's branch, positions went one round trip at a time.
-    float raw[kPer], s1[kPer], s2[kPer], rd[kPer];
-    lane_dt_any(raw, p, b, h, c0, len, lane);
+    // Every load of the lane's positions first (a position's kTiles tile partials are one 16-byte
+    // row: one load each; tiles past the used ones are never written, so they are masked, and the
+    // sums keep tile order), addresses clamped into the chunk: with the loads in each position's
+    // branch, positions went one round trip at a time.
+    float s1[kPer], s2[kPer], rd[kPer];
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
         const i64 t = c0 + min(lane * kPer + i, len - 1);
@@ -1143,11 +1143,10 @@ extern "C" __global__ void __launch_bounds__(32) ssd_bwd_dt(const SsdBwdParams q
     for (int i = 0; i < kPer; ++i) {
         const int pos = lane * kPer + i;
         if (pos >= len) continue;
-        const i64 t = c0 + pos;
         dA += da[i] * d[i];
         float v = inside[i] ? x12[i] + da[i] * A : 0.f;
         if (p.softplus && pre[i] <= 20.f) v *= sigmoid(pre[i]);
-        st_any(q.ddt, b * q.ddt_s[0] + t * q.ddt_s[1] + h * q.ddt_s[2], p.dt_dtype, v);
+        ddt_row[pos] = v;
         db += v;
     }
 #pragma unroll
@@ -1158,6 +1157,41 @@ extern "C" __global__ void __launch_bounds__(32) ssd_bwd_dt(const SsdBwdParams q
     if (lane == 0) {
         q.dapart[bh * p.nchunks + c] = dA;
         q.dbpart[bh * p.nchunks + c] = db;
+    }
+}
+
+// Grid (nchunks, ceil(nheads / kPrepHeads), batch), kPrepThreads: dt of 8 heads read together and
+// transposed through s_raw (heads_dt_to_smem, as the chunk prologues do), each warp runs dt_head for
+// two heads, leaving ddt' in its head's s_raw row in place of dt (each lane rewrites only its own
+// positions), and the CTA stores ddt' in dt's layout with the loads' pattern (a warp's store covers
+// 4 positions x 8 heads). One warp a CTA per (batch, head, chunk) read dt and stored ddt' at a
+// stride of nheads elements (2 useful bytes a 32-byte sector in 16 bits).
+extern "C" __global__ void __launch_bounds__(kPrepThreads) ssd_bwd_dt(const SsdBwdParams q) {
+    constexpr int kPer = kQ / 32, kLoads = kQ * kPrepHeads / kPrepThreads, kStep = kPrepThreads / kPrepHeads;
+    const SsdParams& p = q.f;
+    __shared__ __align__(16) float s_raw[kPrepHeads * kLdRaw];
+    const i64 b = blockIdx.z, c = blockIdx.x, h0 = (i64)blockIdx.y * kPrepHeads, c0 = c * kQ;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int len = (int)min((i64)kQ, p.seqlen - c0);
+    float A0, A1, bias0, bias1;
+    heads_dt_to_smem(p, b, h0, c0, len, s_raw, A0, A1, bias0, bias1);
+#pragma unroll  // (k constant in each copy: see heads_chunk_prologue)
+    for (int k = 0; k < 2; ++k) {
+        const int hw = warp + kPrepWarps * k;
+        if (h0 + hw < p.nheads) {  // uniform per warp; every thread reaches the barrier below
+            float r[kPer];
+            warp_head_raw(s_raw, hw, lane, r);
+            dt_head(q, b, h0 + hw, c, len, lane, k ? A1 : A0, k ? bias1 : bias0, r, s_raw + hw * kLdRaw);
+        }
+    }
+    __syncthreads();
+    const int hh = threadIdx.x % kPrepHeads;
+    if (h0 + hh >= p.nheads) return;
+    const i64 base = b * q.ddt_s[0] + (h0 + hh) * q.ddt_s[2];
+#pragma unroll
+    for (int k = 0; k < kLoads; ++k) {
+        const int pos = (int)threadIdx.x / kPrepHeads + kStep * k;
+        if (pos < len) st_any(q.ddt, base + (c0 + pos) * q.ddt_s[1], p.dt_dtype, s_raw[hh * kLdRaw + pos]);
     }
 }
 

@@ -260,15 +260,15 @@ __device__ __forceinline__ void prep_dt(float (&raw)[kQ * kPrepHeads / kPrepThre
         raw[k] = ldg_f32<DTC>(p.dt, base + (c0 + min((int)threadIdx.x / kPrepHeads + kStep * k, len - 1)) * p.dt_s[1]);
 }
 
-// The chunk prologue of heads h0 .. h0 + kPrepHeads - 1 (those < nheads) of chunk c0 / kQ, batch
-// row b, for a CTA of kPrepThreads: emit(h, d, cs, sg) is called by the whole warp for each of its
-// heads (dt', cum, seg of the lane's positions lane kQ/32 + i, as warp_chunk_prologue gives them).
-// s_raw: kPrepHeads * kLdRaw floats of shared memory, 16-byte aligned. Contains a __syncthreads.
-template <class Emit>
-__device__ __forceinline__ void heads_chunk_prologue(const SsdParams& p, i64 b, i64 h0, i64 c0, float* s_raw, Emit&& emit) {
-    constexpr int kPer = kQ / 32, kLoads = kQ * kPrepHeads / kPrepThreads, kStep = kPrepThreads / kPrepHeads;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int len = (int)min((i64)kQ, p.seqlen - c0);
+// dt of heads h0 .. h0 + kPrepHeads - 1 of chunk c0 / kQ, batch row b, into s_raw (row hh: head
+// h0 + hh, kQ positions; rows of heads past nheads hold the last head's values), and the A / dt_bias
+// of the calling warp's two heads (h0 + warp, h0 + warp + kPrepWarps; clamped to the last head),
+// for a CTA of kPrepThreads. s_raw: kPrepHeads * kLdRaw floats, 16-byte aligned. Ends with a
+// __syncthreads.
+__device__ __forceinline__ void heads_dt_to_smem(const SsdParams& p, i64 b, i64 h0, i64 c0, int len, float* s_raw,
+                                                 float& A0, float& A1, float& bias0, float& bias1) {
+    constexpr int kLoads = kQ * kPrepHeads / kPrepThreads, kStep = kPrepThreads / kPrepHeads;
+    const int warp = threadIdx.x >> 5;
     const int hh = threadIdx.x % kPrepHeads;
     const i64 hl = min(h0 + hh, p.nheads - 1);  // this thread's load head (clamped: its values unused)
     float raw[kLoads];
@@ -277,10 +277,42 @@ __device__ __forceinline__ void heads_chunk_prologue(const SsdParams& p, i64 b, 
     else prep_dt<0>(raw, p, b, hl, c0, len);
     // the warp's two heads' A and dt_bias, in flight with dt
     const i64 ha = min(h0 + warp, p.nheads - 1), hb = min(h0 + warp + kPrepWarps, p.nheads - 1);
-    const float A0 = head_A(p, ha), A1 = head_A(p, hb), bias0 = head_bias(p, ha), bias1 = head_bias(p, hb);
+    A0 = head_A(p, ha), A1 = head_A(p, hb), bias0 = head_bias(p, ha), bias1 = head_bias(p, hb);
 #pragma unroll
     for (int k = 0; k < kLoads; ++k) s_raw[hh * kLdRaw + (int)threadIdx.x / kPrepHeads + kStep * k] = raw[k];
     __syncthreads();
+}
+
+// A lane's kQ/32 raw dt values (positions lane kQ/32 + i) of s_raw's row hw (heads_dt_to_smem).
+__device__ __forceinline__ void warp_head_raw(const float* s_raw, int hw, int lane, float (&r)[kQ / 32]) {
+    constexpr int kPer = kQ / 32;
+    const float* row = s_raw + hw * kLdRaw + lane * kPer;  // 8-byte aligned at least (kLdRaw, kPer even)
+    if constexpr (kPer % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < kPer; i += 4) {
+            const float4 v = *(const float4*)(row + i);
+            r[i] = v.x, r[i + 1] = v.y, r[i + 2] = v.z, r[i + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < kPer; i += 2) {
+            const float2 v = *(const float2*)(row + i);
+            r[i] = v.x, r[i + 1] = v.y;
+        }
+    }
+}
+
+// The chunk prologue of heads h0 .. h0 + kPrepHeads - 1 (those < nheads) of chunk c0 / kQ, batch
+// row b, for a CTA of kPrepThreads: emit(h, d, cs, sg) is called by the whole warp for each of its
+// heads (dt', cum, seg of the lane's positions lane kQ/32 + i, as warp_chunk_prologue gives them).
+// s_raw: kPrepHeads * kLdRaw floats of shared memory, 16-byte aligned. Contains a __syncthreads.
+template <class Emit>
+__device__ __forceinline__ void heads_chunk_prologue(const SsdParams& p, i64 b, i64 h0, i64 c0, float* s_raw, Emit&& emit) {
+    constexpr int kPer = kQ / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int len = (int)min((i64)kQ, p.seqlen - c0);
+    float A0, A1, bias0, bias1;
+    heads_dt_to_smem(p, b, h0, c0, len, s_raw, A0, A1, bias0, bias1);
 #pragma unroll  // (k constant in each copy: a select on a run-time k put A / bias in local memory)
     for (int k = 0; k < 2; ++k) {
         const int hw = warp + kPrepWarps * k;
@@ -288,20 +320,7 @@ __device__ __forceinline__ void heads_chunk_prologue(const SsdParams& p, i64 b, 
         if (h >= p.nheads) break;  // uniform per warp
         float r[kPer], d[kPer], cs[kPer];
         int sg[kPer];
-        const float* row = s_raw + hw * kLdRaw + lane * kPer;  // 8-byte aligned at least (kLdRaw, kPer even)
-        if constexpr (kPer % 4 == 0) {
-#pragma unroll
-            for (int i = 0; i < kPer; i += 4) {
-                const float4 v = *(const float4*)(row + i);
-                r[i] = v.x, r[i + 1] = v.y, r[i + 2] = v.z, r[i + 3] = v.w;
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < kPer; i += 2) {
-                const float2 v = *(const float2*)(row + i);
-                r[i] = v.x, r[i + 1] = v.y;
-            }
-        }
+        warp_head_raw(s_raw, hw, lane, r);
         warp_chunk_scan(p, b, c0, len, lane, k ? A1 : A0, k ? bias1 : bias0, r, d, cs, sg);
         emit(h, d, cs, sg);
     }

@@ -749,7 +749,17 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
             dev.launch(k_dc, (rows, nt, bg), block, 0, st, &q)?;
             dev.launch(k_db, (rows, nt, bg), block, 0, st, &q)?;
         }
-        dev.launch(k_dt, (nc, bh, 1), (32, 1, 1), 0, st, &q)?;
+        // 8 heads a CTA, as the prologues (cuda/common/ssd.cuh heads_dt_to_smem)
+        let head_blocks = grid_u32((p.nheads + ssd::PREP_HEADS - 1) / ssd::PREP_HEADS, "nheads")?;
+        let batch = grid_u32(p.batch, "batch")?;
+        dev.launch(
+            k_dt,
+            (nc, head_blocks, batch),
+            (ssd::PREP_THREADS, 1, 1),
+            0,
+            st,
+            &q,
+        )?;
         dev.launch(
             k_reduce,
             (grid_u32(p.nheads, "nheads")?, 1, 1),
