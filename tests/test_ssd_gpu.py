@@ -17,6 +17,10 @@ is stored in its input's dtype).
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+import textwrap
 from typing import Any
 
 import numpy as np
@@ -442,6 +446,49 @@ def test_cuda_graph_capture_and_replay(rule: Any, fwd_path: str) -> None:
         g.replay()
         torch.cuda.synchronize()
         check_case(rule, out, final, a, 256, True)
+
+
+FIRST_SCRATCH_IN_CAPTURE = """
+import torch, flashscan
+torch.manual_seed(0)
+b, L, h, p, n = 4, 60, 8, 64, 64
+x = torch.randn(b, L, h, p, device="cuda", dtype=torch.bfloat16)
+dt = torch.rand(b, L, h, device="cuda") - 1.5
+A = -torch.rand(h, device="cuda") - 0.2
+B = (torch.randn(b, L, 1, n, device="cuda") * 0.3).to(torch.bfloat16)
+C = (torch.randn(b, L, 1, n, device="cuda") * 0.3).to(torch.bfloat16)
+kw = dict(initial_states=torch.randn(b, h, p, n, device="cuda"), dt_softplus=True,
+          return_final_states=True)
+s = torch.cuda.Stream()
+s.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(s):
+    want, want_f = flashscan.mamba_chunk_scan_combined(x, dt, A, B, C, 256, **kw)
+torch.cuda.current_stream().wait_stream(s)
+torch.cuda.synchronize()
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):
+    out, fin = flashscan.mamba_chunk_scan_combined(x, dt, A, B, C, 256, **kw)
+out.fill_(float("nan"))
+fin.fill_(float("nan"))
+g.replay()
+torch.cuda.synchronize()
+assert torch.equal(out, want) and torch.equal(fin, want_f)
+print("ok")
+"""
+
+
+def test_first_scratch_use_inside_a_capture() -> None:
+    """A process whose first scratch allocation is captured: a warm-up on the first forward path
+    (no scratch: torch allocates its workspaces), then the planned call, whose workspaces come
+    from the scratch pool, inside torch.cuda.graph. Capture and replay work and match the warm-up
+    (the pool was made lazily, and torch's global-mode capture refused cuMemPoolCreate: found
+    when test_cuda_graph_capture_and_replay first ran in a fresh pytest worker, 2026-11-28)."""
+    env = {**os.environ, "FLASHSCAN_SSD_FWD": "1"}
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(FIRST_SCRATCH_IN_CAPTURE)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
 
 
 def test_gpu_errors_are_clear() -> None:

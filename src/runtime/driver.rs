@@ -338,7 +338,8 @@ pub fn alloc_async(bytes: usize, stream: Stream, pool: Option<ScratchPool>) -> R
     Ok(ptr)
 }
 
-fn is_capturing(stream: Stream) -> Result<bool> {
+/// Whether `stream` is being captured into a CUDA graph.
+pub fn is_capturing(stream: Stream) -> Result<bool> {
     let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     // SAFETY: out-pointer to a local; the handle came from the caller (0: the legacy stream).
     unsafe { sys::cuStreamIsCapturing(stream.0, &mut status) }

@@ -275,6 +275,13 @@ impl DeviceCtx {
     /// The scratch buffers of one call on `stream` (a stream of this device), from this
     /// device's scratch pool (made on first use; see `driver::ScratchPool::create`).
     pub fn scratch(&self, stream: Stream) -> Result<StreamScratch> {
+        // Not made under stream capture: torch's (global-mode) capture refuses cuMemPoolCreate
+        // (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), and captured allocations come from the
+        // default pool anyway (`driver::alloc_async`). A process whose first scratch use is
+        // captured (a warm-up on a path without scratch, then the planned call) makes it later.
+        if self.scratch_pool.get().is_none() && driver::is_capturing(stream).unwrap_or(true) {
+            return Ok(StreamScratch::new(stream, None));
+        }
         let pool = self
             .scratch_pool
             .get_or_init(|| driver::ScratchPool::create(self.props.ordinal))
