@@ -100,7 +100,11 @@ struct SsdBwdParams {
     // split over that many CTAs (1: not split), each leaving an fp32 partial in share_part[share]
     // (batch, seqlen, ngroups, dstate), summed in share order by ssd_bwd_share_sum_dc / _db
     float* share_part;
-    int dcdb_shares, pad2_;
+    int dcdb_shares;
+    // 1: states16 is the forward's kept H_c (SsdBwdArgs::kept on the host): nothing recomputed
+    // H_c or f_c (f.states is null, f.decay the forward's), and the reverse state passing reads
+    // its df sums' H_c from states16 instead of writing it there
+    int kept;
     // 16-bit calls: H_c and dS_c rounded to the input dtype by the reverse state passing (the
     // layout of states / dstates), loaded by cp.async into chunk_dc16 / _db16 / _dx16's operand
     // tiles (null otherwise); vec_states16: their rows are 16-byte aligned (dstate % 8 == 0)
@@ -501,7 +505,10 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate(cons
 // (2026-11-27): 370 us with one element a thread (504 MB moved: ~180 us of bandwidth).
 // With the 16-bit copies (q.states16: the 16-bit kernels read dS_c only from q.dstates16) the
 // fp32 dS_c is not stored: 84 MB of the 420 MB a b8 L2048 call moves through this kernel.
-template <int kE>
+// kKept (q.kept): H_c from the forward's 16-bit copy (q.states16) instead of the fp32 recompute,
+// and no 16-bit H_c stored. A template parameter, not a run-time branch: with the choice inside
+// the unrolled chunk loop the loads of a group no longer issued together (H200: 122 -> 168 us).
+template <int kE, bool kKept>
 __device__ __forceinline__ void reverse_state_passing(const SsdBwdParams& q) {
     const SsdParams& p = q.f;
     constexpr int kWarps = kPassThreads / 32;
@@ -532,12 +539,28 @@ __device__ __forceinline__ void reverse_state_passing(const SsdBwdParams& q) {
             const bool in = valid && c0 - k >= 0;
             if constexpr (kE == 4) {
                 const float4 l4 = in ? *(const float4*)(q.dstates + idx - k * step) : zero4();
-                const float4 h4 = in ? *(const float4*)(p.states + idx - k * step) : zero4();
                 L[k][0] = l4.x, L[k][1] = l4.y, L[k][2] = l4.z, L[k][3] = l4.w;
-                H[k][0] = h4.x, H[k][1] = h4.y, H[k][2] = h4.z, H[k][3] = h4.w;
             } else {
                 L[k][0] = in ? q.dstates[idx - k * step] : 0.f;
-                H[k][0] = in ? p.states[idx - k * step] : 0.f;
+            }
+#if FS_DTYPE != 2
+            if constexpr (kKept) {  // the forward's 16-bit H_c
+                if constexpr (kE == 4) {
+                    const uint2 h4 = in ? *(const uint2*)(q.states16 + idx - k * step) : make_uint2(0u, 0u);
+                    const float2 lo = unpack2<DT>(h4.x), hi = unpack2<DT>(h4.y);
+                    H[k][0] = lo.x, H[k][1] = lo.y, H[k][2] = hi.x, H[k][3] = hi.y;
+                } else {
+                    H[k][0] = in ? half_to_f32<DT>(q.states16[idx - k * step]) : 0.f;
+                }
+            } else
+#endif
+            {
+                if constexpr (kE == 4) {
+                    const float4 h4 = in ? *(const float4*)(p.states + idx - k * step) : zero4();
+                    H[k][0] = h4.x, H[k][1] = h4.y, H[k][2] = h4.z, H[k][3] = h4.w;
+                } else {
+                    H[k][0] = in ? p.states[idx - k * step] : 0.f;
+                }
             }
             d[k] = c0 - k >= 0 ? decay[c0 - k] : 0.f;
         }
@@ -557,13 +580,14 @@ __device__ __forceinline__ void reverse_state_passing(const SsdBwdParams& q) {
                     }
                 }
 #if FS_DTYPE != 2
-                if (q.states16) {  // the 16-bit kernels' copies of H_c and dS_c (the same roundings they made)
+                if (q.states16) {  // the 16-bit kernels' copies of H_c (unless kept) and dS_c (the same roundings)
                     if constexpr (kE == 4) {
-                        *(uint2*)(q.states16 + idx - k * step) =
-                            make_uint2(pack2<DT>(H[k][0], H[k][1]), pack2<DT>(H[k][2], H[k][3]));
+                        if constexpr (!kKept)
+                            *(uint2*)(q.states16 + idx - k * step) =
+                                make_uint2(pack2<DT>(H[k][0], H[k][1]), pack2<DT>(H[k][2], H[k][3]));
                         *(uint2*)(q.dstates16 + idx - k * step) = make_uint2(pack2<DT>(G[0], G[1]), pack2<DT>(G[2], G[3]));
                     } else {
-                        q.states16[idx - k * step] = (u16)pack2<DT>(H[k][0], 0.f);
+                        if constexpr (!kKept) q.states16[idx - k * step] = (u16)pack2<DT>(H[k][0], 0.f);
                         q.dstates16[idx - k * step] = (u16)pack2<DT>(G[0], 0.f);
                     }
                 }
@@ -587,10 +611,20 @@ __device__ __forceinline__ void reverse_state_passing(const SsdBwdParams& q) {
 }
 
 extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_state_passing(const SsdBwdParams q) {
+#if FS_DTYPE != 2
+    if (q.kept) {
+        if (q.pass_vec) {
+            reverse_state_passing<4, true>(q);
+        } else {
+            reverse_state_passing<1, true>(q);
+        }
+        return;
+    }
+#endif
     if (q.pass_vec) {
-        reverse_state_passing<4>(q);
+        reverse_state_passing<4, false>(q);
     } else {
-        reverse_state_passing<1>(q);
+        reverse_state_passing<1, false>(q);
     }
 }
 

@@ -112,8 +112,20 @@ struct Ssd2Params {
     // 1: ssd2_state_passing leaves H_c in fp32 in each chunk's slot instead of 16-bit values (the
     // backward's recompute, whose kernels read fp32 states); 0 on forward calls
     int states_f32;
+    // non-null (a forward whose backward keeps H_c): ssd2_state_passing writes the 16-bit H_c here,
+    // (batch, nchunks, nheads, headdim, dstate) in x's dtype, the layout of the backward's
+    // states16, and the scan reads it from here; null: packed in place over each fp32 slot
+    u16* h16;
 };
-static_assert(sizeof(Ssd2Params) == 528, "Ssd2Params layout changed: update the host mirror");
+static_assert(sizeof(Ssd2Params) == 536, "Ssd2Params layout changed: update the host mirror");
+
+// Where the 16-bit H_c of (batch b, chunk c, head h) starts: q.h16's compact rows, or the start of
+// the chunk's fp32 slot in p.states (packed in place by ssd2_state_passing).
+__device__ __forceinline__ u16* h16_slot(const Ssd2Params& q, i64 b, i64 c, i64 h) {
+    const SsdParams& p = q.p;
+    const i64 slot = ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate;
+    return q.h16 ? q.h16 + slot : (u16*)(p.states + slot);
+}
 
 // W[l, s] = CB[l, s] exp(cum_l - cum_s) dt'_s [s <= l, seg_s == seg_l, l < len], formed as
 // CB 2^(cl2_l - lw_s) with cl2_l = cum_l log2 e and lw_s = cum_s log2 e - log2 dt'_s (+inf where
@@ -287,14 +299,20 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ss
 // each block through every chunk: S_c read (fp32), the fp32 recurrence H_{c+1} = f_c H_c + S_c carried
 // in registers, and H_c (the state entering chunk c) written OVER chunk c's slot as 16-bit values
 // packed at the slot's start (element e at u16 index e, in x's dtype: the scan rounds it so anyway),
-// final states in fp32. The scan then reads half the bytes, by cp.async.
+// final states in fp32. The scan then reads half the bytes, by cp.async. A forward whose backward keeps
+// H_c (q.h16) writes the 16-bit values to that tensor instead (the same values; no in-place question).
 // In place without a race (tests/test_ssd_fwd2_model.py replays the order): block k's 16-bit H
 // covers the bytes of fp32 elements [k B / 2, (k + 1) B / 2) of the slot, all in blocks <= k: read in
 // an earlier block, or, for block k, consumed by every thread (the FFMA of H_{c+1} waits for the load)
 // before the step's barrier. The prefetch of the next step reads chunk c + 1's slot or block k + 1
 // (elements >= (k + 1) B): never bytes written before.
+// kCompact (q.h16 set): the 16-bit H_c go to q.h16 (compact rows: u16 index = the fp32 slot's element
+// index) instead of over the slot. A template parameter: with the layout chosen at run time the kernel
+// took 56 registers instead of 48, 4 CTAs of 256 threads an SM instead of 5, and the 640 (batch, head)
+// CTAs of b8 80 heads two waves on 132 SMs (68 -> 94 us on the H200).
 constexpr int kPassBlock = 4 * kPassThreads;
-extern "C" __global__ void __launch_bounds__(kPassThreads) ssd2_state_passing(const Ssd2Params q) {
+template <bool kCompact>
+__device__ __forceinline__ void pass_states(const Ssd2Params& q) {
     const SsdParams& p = q.p;
     const i64 pn = p.headdim * p.dstate;
     const i64 b = blockIdx.x / p.nheads, h = blockIdx.x % p.nheads;
@@ -302,6 +320,9 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd2_state_passing(co
     const float* decay = p.decay + (b * p.nheads + h) * p.nchunks;
     const i64 step = p.nheads * pn;  // from one chunk's slot to the next
     float* slot0 = p.states + (b * p.nchunks * p.nheads + h) * pn;
+    // where the 16-bit H_c go (h16_slot's two layouts)
+    u16* const h0 = kCompact ? q.h16 + (slot0 - p.states) : (u16*)slot0;
+    const i64 hstep = kCompact ? step : 2 * step;  // u16 elements from one chunk's H_c to the next
     const int nblocks = (int)((pn + kPassBlock - 1) / kPassBlock), nc = (int)p.nchunks;
     auto load = [&](int k, int c, float (&v)[4]) {
         const i64 e0 = (i64)k * kPassBlock + 4 * threadIdx.x;
@@ -349,7 +370,7 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd2_state_passing(co
                 for (int u = 0; u < 4; ++u) H[u] = Hn[u];
                 continue;
             }
-            u16* dst = (u16*)(slot0 + c * step) + e0;
+            u16* dst = h0 + c * hstep + e0;
             if (vec && nv == 4) {
                 *(uint2*)dst = make_uint2(pack2<DT>(H[0], H[1]), pack2<DT>(H[2], H[3]));
             } else {
@@ -367,6 +388,14 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd2_state_passing(co
                     const i64 e = e0 + u, pp = e / p.dstate, nn = e % p.dstate;
                     p.final_states[b * p.final_s[0] + h * p.final_s[1] + pp * p.final_s[2] + nn * p.final_s[3]] = H[u];
                 }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(kPassThreads, 5) ssd2_state_passing(const Ssd2Params q) {
+    if (q.h16) {
+        pass_states<true>(q);
+    } else {
+        pass_states<false>(q);
     }
 }
 
@@ -505,9 +534,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
     // C.H^T operands, 64 states a step, two stages: (C, H) into (s_c, s_h[0]) and (s_x[1], s_h[1]),
     // s_x[1] being free until the W x loop; the first step in flight with the prep record and x
     const u16* gc = (const u16*)p.C + b * p.C_s[0] + (c0 + m0) * p.C_s[1] + g * p.C_s[2];
-    // H_c in x's dtype, packed at the start of chunk c's fp32 slot by ssd2_state_passing
-    const u16* gh =
-        (const u16*)(p.states + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate) + (i64)p0 * ds;
+    // H_c in x's dtype, written by ssd2_state_passing (h16_slot)
+    const u16* gh = h16_slot(q, b, c, h) + (i64)p0 * ds;
     const bool h_vec = q.vec_states && (ds & 7) == 0;
     auto load_ch = [&](int n0, int st) {
         load_tile<kRows, 64, kLd64>(st ? s_x[1] : s_c, gc + n0, p.C_s[1], len - m0, ds - n0, q.vec_bc);

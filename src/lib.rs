@@ -735,7 +735,7 @@ fn selective_state_update(
 /// selects the second forward path for fp16 / bf16 data (ops::ssd::SOURCE2).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, out, final_states, states, decay, chunk_size, dt_softplus, dt_min, dt_max, stream, cb=None))]
+#[pyo3(signature = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, out, final_states, states, decay, chunk_size, dt_softplus, dt_min, dt_max, stream, cb=None, states16=None))]
 #[allow(non_snake_case)]
 fn ssd_fwd(
     x: &Bound<'_, PyAny>,
@@ -758,6 +758,7 @@ fn ssd_fwd(
     dt_max: f64,
     stream: Option<u64>,
     cb: Option<&Bound<'_, PyAny>>,
+    states16: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     let ch = stream_choice(stream);
     let x = import(x, "x", ch)?;
@@ -775,6 +776,7 @@ fn ssd_fwd(
     let states = import(states, "states", ch)?;
     let decay = import(decay, "decay", ch)?;
     let cb = import_opt(cb, "cb", ch)?;
+    let states16 = import_opt(states16, "states16", ch)?;
     let args = ops::ssd::SsdArgs {
         inputs: ops::ssd::SsdInputs {
             x: &x.view,
@@ -796,6 +798,7 @@ fn ssd_fwd(
         states: &states.view,
         decay: &decay.view,
         cb: view_of(&cb),
+        states16: view_of(&states16),
     };
     Ok(ops::ssd::forward(&args, ch)?)
 }
@@ -805,7 +808,7 @@ fn ssd_fwd(
 /// the forward is recomputed inside (see ops::ssd_bwd).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, dout, dfinal_states, dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states, chunk_size, dt_softplus, dt_min, dt_max, stream, tf32 = false))]
+#[pyo3(signature = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, dout, dfinal_states, dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states, chunk_size, dt_softplus, dt_min, dt_max, stream, tf32 = false, kept_states16 = None, kept_decay = None))]
 #[allow(non_snake_case)]
 fn ssd_bwd(
     x: &Bound<'_, PyAny>,
@@ -835,6 +838,8 @@ fn ssd_bwd(
     dt_max: f64,
     stream: Option<u64>,
     tf32: bool,
+    kept_states16: Option<&Bound<'_, PyAny>>,
+    kept_decay: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     let ch = stream_choice(stream);
     let x = import(x, "x", ch)?;
@@ -858,6 +863,17 @@ fn ssd_bwd(
     let dz = import_opt(dz, "dz", ch)?;
     let dbias = import_opt(ddt_bias, "ddt_bias", ch)?;
     let dinit = import_opt(dinitial_states, "dinitial_states", ch)?;
+    let kept16 = import_opt(kept_states16, "kept_states16", ch)?;
+    let kept_decay = import_opt(kept_decay, "kept_decay", ch)?;
+    let kept = match (view_of(&kept16), view_of(&kept_decay)) {
+        (Some(s), Some(d)) => Some((s, d)),
+        (None, None) => None,
+        _ => {
+            return Err(PyValueError::new_err(
+                "ssd_bwd: kept_states16 and kept_decay go together",
+            ))
+        }
+    };
     let args = ops::ssd_bwd::SsdBwdArgs {
         inputs: ops::ssd::SsdInputs {
             x: &x.view,
@@ -886,6 +902,7 @@ fn ssd_bwd(
         ddt_bias: view_of(&dbias),
         dinitial_states: view_of(&dinit),
         tf32,
+        kept,
     };
     Ok(ops::ssd_bwd::backward(&args, ch)?)
 }

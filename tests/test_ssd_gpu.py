@@ -1104,3 +1104,67 @@ def test_backward_cuda_graph_capture_and_replay(rule: Any, bwd_path: str) -> Non
         got = dict(zip(names, grads))
         base = grads_of(lambda lv2: baseline_lowp(lv2, 256, True), a, dout, dfinal)
         check_grads(rule, got, ref, base, torch.bfloat16)
+
+
+def _launches(fn: Any, names: tuple[str, ...]) -> dict[str, int]:
+    """How many times each kernel in `names` ran during one (warm) call of fn."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {n: sum(e.name == n for e in prof.events()) for n in names}
+
+
+# (dtype, ngroups, dstate, headdim, seqlen, chunk, seq_idx cuts or None)
+KEPT_CASES = [
+    ("bfloat16", 1, 128, 64, 2 * 256 + 37, 256, None),
+    ("float16", 2, 64, 64, 600, 128, (0, 1, 5, 200, 256, 300, 511)),
+    # element rows: dstate 21 / headdim 42 (one-element state passing threads, 2-byte H_c reads)
+    ("bfloat16", 2, 21, 42, 333, 64, None),
+]
+
+
+@pytest.mark.parametrize("case", KEPT_CASES, ids=lambda c: "-".join(str(v) for v in c[:6]))
+def test_backward_takes_the_forward_states(
+    case: tuple, rule: Any, poison: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 16-bit forward without z keeps its 16-bit H_c and chunk decays for the backward, which
+    then recomputes neither (one ssd2_chunk_state / ssd2_state_passing launch per forward +
+    backward, two under FLASHSCAN_SSD_KEEP_STATES=0). The gradients that do not pass through the
+    df sums (dx, dB, dC, dD, dinitial_states) are bitwise the recompute's (the kept H_c are the
+    values the backward rounded itself); ddt, dA, ddt_bias (whose df sums now read the 16-bit
+    H_c) hold the rule against float64, beside the recompute's."""
+    dt_name, g, n, p, L, chunk, cuts = case
+    dtype = DTYPES[dt_name]
+    monkeypatch.delenv("FLASHSCAN_SSD_BWD", raising=False)
+    monkeypatch.delenv("FLASHSCAN_SSD_DX16", raising=False)
+    monkeypatch.delenv("FLASHSCAN_SSD_FWD", raising=False)
+    a = ssd_inputs(2, L, 4, p, g, n, dtype, D2=True)
+    del a["z"]
+    kw: dict[str, Any] = {}
+    seq_np = None
+    if cuts is not None:
+        seq = (torch.arange(L, device="cuda")[:, None] >= torch.tensor(cuts, device="cuda")).sum(-1)
+        seq = (seq - 1).to(torch.int32)
+        kw["seq_idx"] = torch.stack([seq, torch.zeros_like(seq)])
+        seq_np = kw["seq_idx"].cpu().numpy()
+    dout, dfinal = upstream(a)
+    ref = ref_grads(a, chunk, dout, dfinal, **({} if seq_np is None else {"seq_idx": seq_np}))
+    if cuts is None:
+        base = grads_of(lambda lv: baseline_lowp(lv, chunk, True), a, dout, dfinal)
+    else:
+        base = grads_of(lambda lv: baseline_packed(lv, chunk, kw["seq_idx"]), a, dout, dfinal)
+    step = ("ssd2_chunk_state", "ssd2_state_passing")
+    got = {}
+    for keep in ("1", "0"):
+        monkeypatch.setenv("FLASHSCAN_SSD_KEEP_STATES", keep)
+        poison(2 * L * 4 * p * a["x"].element_size(), 2 * L * g * n * a["B"].element_size())
+        got[keep] = grads_of(ours(a, chunk, **kw), a, dout, dfinal)
+        runs = _launches(lambda: grads_of(ours(a, chunk, **kw), a, dout, dfinal), step)
+        assert runs == dict.fromkeys(step, 1 if keep == "1" else 2), (keep, runs)
+        check_grads(rule, got[keep], ref, base, dtype)
+    for k in ("x", "B", "C", "D", "initial_states"):
+        assert torch.equal(got["1"][k], got["0"][k]), k

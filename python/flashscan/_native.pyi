@@ -433,12 +433,15 @@ def ssd_fwd(
     dt_max: float,
     stream: int | None,
     cb: TensorArg | None = None,
+    states16: TensorArg | None = None,
 ) -> None:
     """Mamba-2 SSD chunked scan forward into out (and final_states, float32). states
     (batch, nchunks, nheads, headdim, dstate) and decay (batch, nheads, nchunks) are float32
     contiguous workspaces; chunk_size 64, 128 or 256; B, C, z in x's dtype; seq_idx int32.
     cb (batch, nchunks, ngroups, chunk_size, chunk_size) float32 contiguous, when given,
-    selects the second forward path for float16 / bfloat16 x (cuda/ssd_fwd2.cu)."""
+    selects the second forward path for float16 / bfloat16 x (cuda/ssd_fwd2.cu). states16
+    (like states, in x's dtype, contiguous; second path only): the 16-bit H_c written there,
+    for `ssd_bwd`'s kept_states16 (with decay as kept_decay)."""
 
 def ssd_bwd(
     x: TensorArg,
@@ -468,6 +471,8 @@ def ssd_bwd(
     dt_max: float,
     stream: int | None,
     tf32: bool = False,
+    kept_states16: TensorArg | None = None,
+    kept_decay: TensorArg | None = None,
 ) -> None:
     """Mamba-2 SSD chunked scan backward: every gradient, each like its input (shape and
     dtype; dD, dz, ddt_bias, dinitial_states exactly when D, z, dt_bias, initial_states are
@@ -477,7 +482,9 @@ def ssd_bwd(
     dout run the 16-bit kernels on the call's own tensors: only where `ssd_bwd_16bit(z is
     not None)` says so (else UnsupportedError). tf32: float32 data copied from 16-bit tensors
     (exact in tf32), so the second backward path (the default; FLASHSCAN_SSD_BWD=1 takes the
-    first) may round the operands of its products to tf32 once instead of 3xTF32."""
+    first) may round the operands of its products to tf32 once instead of 3xTF32.
+    kept_states16 / kept_decay (both or neither; 16-bit calls): the forward's states16 and
+    decay, read instead of recomputing the chunk states and the state passing."""
 
 def ssd_bwd_16bit(has_z: bool) -> bool:
     """Whether `ssd_bwd` takes a 16-bit call's own fp16 / bf16 tensors (calls without z on

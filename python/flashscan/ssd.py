@@ -196,11 +196,13 @@ def ssd_any(
     return_varlen_states: Any,
     floats: tuple[str, ...] = _checks.FLOAT_DTYPES,
     key: Any = None,
+    keep: list[Any] | None = None,
 ) -> tuple[Any, Any, Any]:
     """Every check, then the GPU or the host: (out, final_states or None, varlen_states or
     None) in x's framework. The torch adapter calls this with `floats` widened to float64.
     `key`: the torch signature of the call (`_key`), recorded with its plan when served on
-    the GPU, or None."""
+    the GPU, or None. `keep`: a list that receives the forward's (states16, decay) when the
+    GPU forward kept them for the backward (see `_gpu_forward`)."""
     hx = _HANDLERS.get(type(x)) or _resolve(x, "x")
     objs = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens)
     hands, descs = _describe(objs, hx)
@@ -220,7 +222,7 @@ def ssd_any(
             )
         if dx[5] in _backend.usable_devices():
             out, final = _gpu_forward(
-                hx, objs, descs, chunk_size, dt_softplus, limit, return_final_states
+                hx, objs, descs, chunk_size, dt_softplus, limit, return_final_states, keep
             )
             if key is not None and (descs[9] is None or descs[9][3] == "int32"):
                 _checks.remember(
@@ -259,9 +261,13 @@ def _gpu_forward(
     dt_softplus: bool,
     limit: tuple[float, float],
     return_final_states: bool,
+    keep: list[Any] | None = None,
 ) -> tuple[Any, Any]:
     """`_native.ssd_fwd` on the caller's stream: allocates out, the final states (when asked)
-    and the fp32 workspaces (chunk states, chunk decays) like x. (out, final_states or None)."""
+    and the fp32 workspaces (chunk states, chunk decays) like x. (out, final_states or None).
+    `keep` (a list): where the call carries states on the second path (`_keeps`), the state
+    passing also writes the 16-bit H_c to a tensor of its own, and (that tensor, the chunk
+    decays) are appended to `keep` for the backward."""
     x = objs[0]
     dx = descs[0]
     assert dx is not None
@@ -288,20 +294,31 @@ def _gpu_forward(
     # allocator, and the next workspace may be carved from the same bytes
     states, n_states = new((batch, nchunks, nheads, headdim, dstate), "float32")
     decay, n_decay = new((batch, nheads, nchunks), "float32")
-    cb = n_cb = None
+    cb = n_cb = h16 = n_h16 = None
     if _fwd2(dx[3]):
         ngroups = int(descs[3][1][2])  # type: ignore[index]
         cb, n_cb = new((batch, nchunks, ngroups, chunk_size, chunk_size), "float32")
+        if keep is not None and _keeps(nchunks, objs[8] is not None, return_final_states):
+            h16, n_h16 = new((batch, nchunks, nheads, headdim, dstate), dx[3])
     _native.ssd_fwd(  # type: ignore[union-attr]
         *nargs, n_out, n_final, n_states, n_decay, chunk_size, dt_softplus, limit[0], limit[1],
-        hx.stream(dx[5]), n_cb,
+        hx.stream(dx[5]), n_cb, n_h16,
     )  # fmt: skip
-    del states, decay, cb  # released after the launch (stream-ordered reuse from here on)
+    if h16 is not None:
+        keep.append((h16, decay))  # type: ignore[union-attr]
+    del states, decay, cb, h16  # released after the launch (stream-ordered reuse from here on)
     if hx.needs_finish:
         out = hx.finish(out)
         if final is not None:
             final = hx.finish(final)
     return out, final
+
+
+def _keeps(nchunks: int, has_init: bool, has_final: bool) -> bool:
+    """Whether a second-path forward asked to keep its states has any: it runs the state
+    passing (more than one chunk, or initial or final states), else the backward has no state
+    term either."""
+    return nchunks > 1 or has_init or has_final
 
 
 def _key(tensors: tuple[Any, ...], options: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -364,9 +381,12 @@ def _record(
     )
 
 
-def _serve(plan: tuple[Any, ...], tensors: tuple[Any, ...]) -> tuple[Any, Any]:
+def _serve(
+    plan: tuple[Any, ...], tensors: tuple[Any, ...], keep: list[Any] | None = None
+) -> tuple[Any, Any]:
     """The hot path: allocate, describe from the plan, one `_native.ssd_fwd` call.
-    (out, final states or None); final states only when the key asked for them."""
+    (out, final states or None); final states only when the key asked for them. `keep`: as
+    `_gpu_forward`'s."""
     (
         dev,
         names,
@@ -399,9 +419,15 @@ def _serve(plan: tuple[Any, ...], tensors: tuple[Any, ...]) -> tuple[Any, Any]:
     states, d_states = new(s_shape, f32, "float32")
     decay, d_decay = new(d_shape, f32, "float32")
     cb, d_cb = new(cb_shape, f32, "float32") if _fwd2(names[0]) else (None, None)
+    h16 = d_h16 = None
+    carried = _keeps(s_shape[1], tensors[8] is not None, f_shape is not None)
+    if cb is not None and keep is not None and carried:
+        h16, d_h16 = new(s_shape, x.dtype, names[0])
     _native.ssd_fwd(  # type: ignore[union-attr]
         *descs, d_out, d_final, d_states, d_decay, chunk, softplus, limit[0], limit[1], stream(dev),
-        d_cb,
+        d_cb, d_h16,
     )  # fmt: skip
-    del states, decay, cb
+    if h16 is not None:
+        keep.append((h16, decay))  # type: ignore[union-attr]
+    del states, decay, cb, h16
     return out, final

@@ -28,6 +28,7 @@ no gradient through it.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -1424,6 +1425,33 @@ def _ssd_bwd_impl(
     an absent input's gradient is an empty (0,) tensor. CUDA tensors (not float64, not empty)
     run the backward kernels (`_native.ssd_bwd`, the forward recomputed inside); float64, CPU
     and empty calls the NumPy reference on the host."""
+    return _ssd_bwd_run(
+        dout, dfinal_states, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+        dt_softplus, dt_min, dt_max, None,
+    )  # fmt: skip
+
+
+def _ssd_bwd_run(
+    dout: Tensor,
+    dfinal_states: Tensor | None,
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    chunk_size: int,
+    D: Tensor | None,
+    z: Tensor | None,
+    dt_bias: Tensor | None,
+    initial_states: Tensor | None,
+    seq_idx: Tensor | None,
+    dt_softplus: bool,
+    dt_min: float,
+    dt_max: float,
+    kept: tuple[Tensor, Tensor] | None,
+) -> tuple[Tensor, ...]:
+    """`_ssd_bwd_impl`'s body; `kept`: the forward's (16-bit H_c, chunk decays) when it kept
+    them (`_keeps_states`), which a 16-bit call's kernels then read instead of recomputing."""
     likes = (x, dt, A, B, C, D, z, dt_bias, initial_states)
     if x.numel() > 0 and _on_gpu(x, "mamba_chunk_scan_combined_bwd"):
         # A 16-bit call without z runs on its own tensors (the 16-bit kernels, cuda/ssd_bwd.cu
@@ -1434,7 +1462,8 @@ def _ssd_bwd_impl(
         # (an fp16 ddt_bias at 1.1x its limit, 2026-11-27). dt, A, D, dt_bias and the states
         # keep their dtypes: every kernel reads those in any float dtype.
         tf32 = x.dtype in (torch.float16, torch.bfloat16)
-        if tf32 and _native.ssd_bwd_16bit(z is not None):  # type: ignore[union-attr]
+        sixteen = tf32 and _native.ssd_bwd_16bit(z is not None)  # type: ignore[union-attr]
+        if sixteen:
             tf32 = False  # no copies: the 16-bit kernels read the call's tensors (their rows)
             x, B, C = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, B, C))
         elif tf32:
@@ -1452,6 +1481,7 @@ def _ssd_bwd_impl(
             _desc(dfin, "dfinal_states"),
             *(_desc(g, "d" + n) for g, n in zip(grads, _SSD_NAMES)),
             chunk_size, dt_softplus, dt_min, dt_max, _stream(x), tf32,
+            *(kept if sixteen and kept is not None else (None, None)),
         )  # fmt: skip
         return tuple(  # type: ignore[return-value]
             _absent(likes[0]) if g is None else (g if g.dtype == like.dtype else g.to(like.dtype))
@@ -1517,6 +1547,24 @@ def _ssd_grad(ctx: Any, dout: Tensor, dfinal: Tensor) -> tuple[Any, ...]:
 _ssd_fwd.register_autograd(_ssd_grad, setup_context=_ssd_setup)
 
 
+def _keeps_states(x: Tensor, z: Tensor | None) -> bool:
+    """Whether an eager forward keeps its 16-bit H_c and chunk decays for the backward: a
+    16-bit x without z on the GPU, whose backward runs the 16-bit kernels (they read H_c in
+    x's dtype, the values the forward's scan read), unless FLASHSCAN_SSD_KEEP_STATES=0 (read
+    per call). The price is memory until the backward: batch * nchunks * nheads * headdim *
+    dstate 16-bit values (at b8 L2048 80 x 64, state 128: 84 MB, half of x's). What it saves:
+    the backward's recompute of the chunk states and the state passing (H200, 2026-11-28:
+    see benches/results/2026-11-28-h200-ssd-kept-states)."""
+    return (
+        x.dtype in (torch.float16, torch.bfloat16)
+        and z is None
+        and x.is_cuda
+        and os.environ.get("FLASHSCAN_SSD_KEEP_STATES") != "0"
+        and _native is not None
+        and bool(_native.ssd_bwd_16bit(False))
+    )
+
+
 class _MambaChunkScan(torch.autograd.Function):
     """The eager path of the SSD (see `_FlashAttn`): the same implementations as the custom
     ops without their dispatch; an output the loss does not use gets no materialised zeros
@@ -1549,14 +1597,17 @@ class _MambaChunkScan(torch.autograd.Function):
         tensors = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
         key = _ssd._key(tensors, (chunk_size, dt_softplus, (dt_min, dt_max), want_final, False))
         plan = None if key is None else _ssd._PLANS.get(key)
+        keep: list[Any] | None = [] if _keeps_states(x, z) else None
         if plan is not None and plan[0] in (_backend._usable or _NO_DEVICES):
-            out, final = _ssd._serve(plan, tensors)
+            out, final = _ssd._serve(plan, tensors, keep)
         else:
             out, final, _ = _ssd.ssd_any(
                 x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, None,
                 dt_softplus, (dt_min, dt_max), want_final, False, floats=_SSD_FLOATS, key=key,
+                keep=keep,
             )  # fmt: skip
-        ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
+        kept = keep[0] if keep else (None, None)
+        ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, *kept)
         ctx.options = (chunk_size, dt_softplus, dt_min, dt_max)
         return out, final
 
@@ -1564,13 +1615,14 @@ class _MambaChunkScan(torch.autograd.Function):
     def backward(ctx: Any, dout: Tensor | None, dfinal: Tensor | None) -> tuple[Any, ...]:  # type: ignore[override]
         if dout is None and dfinal is None:
             return (None,) * 15
-        x, dt, A, B, C, D, z, dt_bias, init, seq_idx = ctx.saved_tensors
+        x, dt, A, B, C, D, z, dt_bias, init, seq_idx, h16, decay = ctx.saved_tensors
         chunk, softplus, lo, hi = ctx.options
         if dout is None:  # only the final states reach the loss
             dout = torch.zeros_like(x)
-        grads = _ssd_bwd_impl(
-            dout, dfinal, x, dt, A, B, C, chunk, D, z, dt_bias, init, seq_idx, softplus, lo, hi
-        )
+        grads = _ssd_bwd_run(
+            dout, dfinal, x, dt, A, B, C, chunk, D, z, dt_bias, init, seq_idx, softplus, lo, hi,
+            None if h16 is None else (h16, decay),
+        )  # fmt: skip
         need = ctx.needs_input_grad
         inputs = (x, dt, A, B, C, D, z, dt_bias, init)
         g = [gi if t is not None and need[i if i < 5 else i + 1] else None

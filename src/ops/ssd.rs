@@ -117,9 +117,11 @@ pub struct Ssd2Params {
     pub vec_states: i32,
     /// 1: ssd2_state_passing leaves H_c in fp32 (the backward's recompute)
     pub states_f32: i32,
+    /// the kept 16-bit H_c (`SsdArgs::states16`), or 0: packed in place over the fp32 slots
+    pub h16: u64,
 }
 
-const _: () = assert!(std::mem::size_of::<Ssd2Params>() == 528);
+const _: () = assert!(std::mem::size_of::<Ssd2Params>() == 536);
 
 /// The inputs and options of a call, shared by the forward and the backward (`ops::ssd_bwd`).
 pub struct SsdInputs<'a> {
@@ -151,6 +153,11 @@ pub struct SsdArgs<'a> {
     /// forward path runs (fp16 / bf16 x; an fp32 x ignores it and runs the default path); then
     /// `cb` and `states` must start 8-byte aligned (its float2 accesses)
     pub cb: Option<&'a TensorView>,
+    /// (batch, nchunks, nheads, headdim, dstate) in x's dtype, contiguous, second path only: the
+    /// state passing writes the 16-bit H_c (the state entering each chunk) here, where the scan
+    /// reads it, so that the backward can take it with `decay` (`SsdBwdArgs::kept`) instead of
+    /// recomputing both (written only when the call carries states: `needs_carried_states`)
+    pub states16: Option<&'a TensorView>,
 }
 
 impl SsdInputs<'_> {
@@ -171,13 +178,14 @@ impl SsdInputs<'_> {
 }
 
 impl SsdArgs<'_> {
-    fn outputs(&self) -> [(&'static str, Option<&TensorView>); 5] {
+    fn outputs(&self) -> [(&'static str, Option<&TensorView>); 6] {
         [
             ("out", Some(self.out)),
             ("final_states", self.final_states),
             ("states", Some(self.states)),
             ("decay", Some(self.decay)),
             ("cb", self.cb),
+            ("states16", self.states16),
         ]
     }
 }
@@ -371,6 +379,17 @@ pub fn check(a: &SsdArgs) -> Result<Problem> {
     }
     if let (Some(cb), true) = (a.cb, x.dtype != DType::F32) {
         fwd2_workspaces_aligned(cb, a.states)?;
+    }
+    if let Some(t) = a.states16 {
+        if a.cb.is_none() || x.dtype == DType::F32 {
+            return Err(value_err(
+                "states16 is written by the second forward path only (fp16 / bf16 x with cb)",
+            ));
+        }
+        t.expect_same_dtype("states16", x, "x")?;
+        t.expect_shape("states16", &[batch, nchunks, nheads, headdim, dstate])?;
+        t.expect_contiguous("states16")?;
+        t.expect_writable("states16")?;
     }
     expect_no_overlap(&a.outputs(), &a.inputs.named())?;
     Ok(p)
@@ -602,8 +621,10 @@ pub fn forward(a: &SsdArgs, stream: StreamChoice) -> Result<()> {
             vec_bc: (rows16(inp.b, p.dstate) == 1 && rows16(inp.c, p.dstate) == 1) as i32,
             vec_z: inp.z.map_or(0, |z| rows16(z, p.headdim)),
             vec_out: rows16(a.out, p.headdim),
-            vec_states: (a.states.ptr % 16 == 0) as i32,
+            vec_states: (a.states.ptr % 16 == 0 && a.states16.map_or(true, |t| t.ptr % 16 == 0))
+                as i32,
             states_f32: 0,
+            h16: a.states16.map_or(0, |t| t.ptr),
         };
         // SAFETY: as below; cb was checked (shape, fp32, contiguous, no overlap).
         unsafe { launch2(dev, &q, &p, dtype, inp.chunk_size, arch, st)? };
@@ -684,6 +705,7 @@ pub(crate) unsafe fn launch_states2(
         vec_out: 0,
         vec_states: (params.states % 16 == 0) as i32,
         states_f32: 1,
+        h16: 0,
     };
     let launch = Launch2::new(dev, dtype, chunk, arch, st, p)?;
     if !with_states {

@@ -124,7 +124,8 @@ pub struct SsdBwdParams {
     pub pass_vec: i32,
     pub share_part: u64,
     pub dcdb_shares: i32,
-    pub pad2_: i32,
+    /// 1: states16 is the forward's kept H_c (`SsdBwdArgs::kept`)
+    pub kept: i32,
     pub states16: u64,
     pub dstates16: u64,
     pub vec_states16: i32,
@@ -152,6 +153,12 @@ pub struct SsdBwdArgs<'a> {
     /// the fp32 data came from 16-bit tensors (exact in tf32): products may round their
     /// operands to tf32 once instead of the 3xTF32 split (second path only)
     pub tf32: bool,
+    /// (states16, decay) the forward kept (`SsdArgs::states16` and its `decay`): H_c in x's
+    /// dtype, (batch, nchunks, nheads, headdim, dstate), and f_c in fp32, (batch, nheads,
+    /// nchunks). A 16-bit call then skips the recompute of both (ssd2_chunk_prep, _state and
+    /// _state_passing: 0.22 ms of 2.72 at b8 L2048 80 x 64, state 128 on the H200) and the
+    /// reverse state passing reads the 16-bit H_c for its df sums; None: recomputed
+    pub kept: Option<(&'a TensorView, &'a TensorView)>,
 }
 
 /// The 16-bit unit's kernels (cuda/ssd_bwd.cu sections 8f-8i) of a call on 16-bit tensors.
@@ -205,6 +212,8 @@ impl SsdBwdArgs<'_> {
         let mut v = self.inputs.named().to_vec();
         v.push(("dout", Some(self.dout)));
         v.push(("dfinal_states", self.dfinal_states));
+        v.push(("kept_states16", self.kept.map(|k| k.0)));
+        v.push(("kept_decay", self.kept.map(|k| k.1)));
         v
     }
     fn outputs(&self) -> [(&'static str, Option<&TensorView>); 9] {
@@ -293,6 +302,27 @@ pub fn check(a: &SsdBwdArgs) -> Result<Problem> {
         i.x.expect_unit_stride("x", 3, "headdim")?;
         i.b.expect_unit_stride("B", 3, "dstate")?;
         i.c.expect_unit_stride("C", 3, "dstate")?;
+    }
+    if let Some((s16, decay)) = a.kept {
+        if !is_16bit(i) {
+            return Err(value_err(
+                "kept_states16 / kept_decay: only a 16-bit call's backward takes the forward's \
+                 states",
+            ));
+        }
+        s16.expect_same_dtype("kept_states16", i.x, "x")?;
+        s16.expect_shape(
+            "kept_states16",
+            &[p.batch, p.nchunks, p.nheads, p.headdim, p.dstate],
+        )?;
+        s16.expect_contiguous("kept_states16")?;
+        if s16.ptr % 16 != 0 {
+            // (the 16-bit kernels' cp.async rows and the state passing's 8-byte groups)
+            return Err(value_err("kept_states16 must start 16-byte aligned"));
+        }
+        decay.expect_dtype("kept_decay", &[crate::tensor::DType::F32])?;
+        decay.expect_shape("kept_decay", &[p.batch, p.nheads, p.nchunks])?;
+        decay.expect_contiguous("kept_decay")?;
     }
     expect_no_overlap(&a.outputs(), &a.read())?;
     if p.batch == 0 || p.seqlen == 0 || p.nheads == 0 {
@@ -416,6 +446,7 @@ fn layout(
     npass_parts: i64,
     second: bool,
     shares: i64,
+    kept: bool,
 ) -> Layout {
     let bh = p.batch * p.nheads;
     let mut at = 0i64;
@@ -426,8 +457,10 @@ fn layout(
     };
     let st = p.batch * p.nchunks * p.nheads * p.headdim * p.dstate;
     let rows = bh * p.seqlen * ROW_TILES;
-    let states = take(st);
-    let decay = take(bh * p.nchunks);
+    // the forward's kept H_c and f_c (`SsdBwdArgs::kept`) take their place: no room here
+    let fresh = !kept as i64;
+    let states = take(fresh * st);
+    let decay = take(fresh * bh * p.nchunks);
     let dstates = take(st);
     let rowdot = take(rows);
     let x1 = take(rows);
@@ -452,7 +485,7 @@ fn layout(
     let parts = if shares > 1 { shares } else { 0 };
     let share_part = take(parts * p.batch * p.seqlen * p.ngroups * p.dstate);
     let half = (shares > 0) as i64 * ((st + 1) / 2); // st u16 elements in f32 slots
-    let states16 = take(half);
+    let states16 = take(fresh * half);
     let dstates16 = take(half);
     Layout {
         states,
@@ -544,7 +577,10 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
     };
     // two or more shares leave fp32 partials that the sum kernels add; one stores dC / dB itself
     let summed = sixteen && shares > 1;
-    let lay = layout(&p, chunk, i.d.is_some(), npass_parts, second, shares);
+    // the forward's H_c and f_c, where a 16-bit call with a state term can use them
+    let kept_by_fwd = a.kept.filter(|_| sixteen && terms);
+    let kept = kept_by_fwd.is_some();
+    let lay = layout(&p, chunk, i.d.is_some(), npass_parts, second, shares, kept);
     let mut scratch = dev.scratch(st)?;
     let base = scratch.alloc(4 * lay.total.max(1) as usize)?;
     let at = |off: i64| base + 4 * off as u64;
@@ -554,8 +590,9 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
     // cancelling sum there (cuda/ssd_bwd.cu section 8)
     f.tf32x1 = (a.tf32 && second) as i32;
     f.vec_xb = (rows16_f32(i.x, p.headdim) && rows16_f32(i.b, p.dstate)) as i32;
-    f.states = at(lay.states);
-    f.decay = at(lay.decay);
+    // (kept: no kernel reads an fp32 H_c; the reverse state passing reads the 16-bit one)
+    f.states = if kept { 0 } else { at(lay.states) };
+    f.decay = kept_by_fwd.map_or(at(lay.decay), |(_, d)| d.ptr);
     let opt = |t: Option<&TensorView>| t.map_or(0, |t| t.ptr);
     let q = SsdBwdParams {
         f,
@@ -609,12 +646,12 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         pass_vec,
         share_part: if summed { at(lay.share_part) } else { 0 },
         dcdb_shares: shares as i32,
-        pad2_: 0,
+        kept: kept as i32,
         // (without a state term no kernel reads them: the state passing skips the stores)
-        states16: if sixteen && terms {
-            at(lay.states16)
-        } else {
-            0
+        states16: match kept_by_fwd {
+            Some((h, _)) => h.ptr,
+            None if sixteen && terms => at(lay.states16),
+            None => 0,
         },
         dstates16: if sixteen && terms {
             at(lay.dstates16)
@@ -664,7 +701,8 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         if sixteen {
             let cb = at(lay.cb);
             let x16 = (i.x, i.b, i.c);
-            ssd::launch_states2(dev, &q.f, x16, cb, &p, dtype, chunk, arch, st, carried)?;
+            let again = carried && !kept; // (kept: only C B^T)
+            ssd::launch_states2(dev, &q.f, x16, cb, &p, dtype, chunk, arch, st, again)?;
         } else {
             ssd::launch_states(dev, &q.f, &p, dtype, chunk, arch, st)?;
         }
@@ -834,7 +872,7 @@ mod tests {
             dstate: 16,
             nchunks: 2,
         };
-        let l = layout(&p, 64, true, 3, true, 2);
+        let l = layout(&p, 64, true, 3, true, 2, false);
         let offs = [
             l.states,
             l.decay,
@@ -863,16 +901,21 @@ mod tests {
         let st = 2 * 2 * 3 * 48 * 16;
         assert_eq!(l.dstates16 - l.states16, st / 2);
         assert_eq!(l.total - l.dstates16, st / 2);
-        assert_eq!(layout(&p, 64, true, 3, true, 0).total, l.share_part);
+        assert_eq!(layout(&p, 64, true, 3, true, 0, false).total, l.share_part);
         // one share stores dC / dB itself: no partials
-        let one = layout(&p, 64, true, 3, true, 1);
+        let one = layout(&p, 64, true, 3, true, 1, false);
         assert_eq!(one.states16, one.share_part);
         assert!(offs.windows(2).all(|w| w[0] < w[1]));
         assert!(offs.iter().all(|o| o % 4 == 0));
         // the second path's arrays take no room on the first
-        let first = layout(&p, 64, true, 3, false, 0);
+        let first = layout(&p, 64, true, 3, false, 0, false);
         assert_eq!(first.total, first.cb);
         assert_eq!(l.dcb - l.cb, 2 * 2 * 64 * 64);
         assert_eq!(l.pdt - l.dcb, 2 * 2 * 64 * 64 * dcb_splits(&p, 64));
+        // the forward's kept H_c / f_c: no fp32 H_c, f_c or 16-bit H_c of the backward's own
+        let k = layout(&p, 64, true, 3, true, 2, true);
+        assert_eq!((k.states, k.decay, k.dstates), (0, 0, 0));
+        assert_eq!(k.dstates16, k.states16);
+        assert_eq!(l.total - k.total, l.dstates - l.states + st / 2);
     }
 }

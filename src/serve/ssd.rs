@@ -249,6 +249,7 @@ impl SsdServer {
             states: &vs,
             decay: &vd,
             cb: vcb.as_ref(),
+            states16: None,
         };
         ops::ssd::forward(&args, StreamChoice::Caller(stream))?;
         scratch.free()?;
