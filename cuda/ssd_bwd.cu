@@ -115,8 +115,12 @@ struct SsdBwdParams {
     // chunk states, L_c and the reverse state passing, and ssd_bwd_dt takes df_c = 0 without
     // reading f_c or the df partials
     int terms;
+    // 1: dB and dC are dense (batch, seqlen, ngroups, dstate) rows, 8-byte aligned, and their
+    // element count a multiple of 4: the share sums take 4 elements a thread (16-byte partial
+    // loads, one 8-byte store, no index arithmetic); the host sizes their grid by it
+    int sum_vec, pad3_;
 };
-static_assert(sizeof(SsdBwdParams) == 1024, "SsdBwdParams layout changed: update the host mirror");
+static_assert(sizeof(SsdBwdParams) == 1032, "SsdBwdParams layout changed: update the host mirror");
 
 constexpr int kMBlocks = kQ / kTile;
 constexpr int kTiles = 4;  // channel tiles of 64 (headdim <= 256): the row partials' last dimension
@@ -1262,23 +1266,29 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_reduce(const 
     const i64 M = p.batch * live;
     const int sl = threadIdx.x / hd, pp = threadIdx.x % hd;
     if (sl < slices) {
+        // partial m = sl + (kIn k + u) slices goes to v[u], k rising (the sums and their order as
+        // before); (bb, lb) = (m / live, m % live) is carried from one m to the next by subtraction
+        // (a 64-bit division and remainder by the run-time live per load had held the kernel:
+        // 36 us at b8 L2048 on the H200 for 1.3 M floats), and the kIn loads of a step issue
+        // before their adds (absent ones read as 0)
         constexpr int kIn = 8;
         float v[kIn];
 #pragma unroll
         for (int u = 0; u < kIn; ++u) v[u] = 0.f;
-        auto part = [&](i64 m) {
-            const i64 bb = m / live, lb = m % live;
-            return q.ddpart[((bb * p.nheads + h) * q.nlblocks + lb) * p.headdim + pp];
-        };
-        i64 m = sl;
-        for (; m + (kIn - 1) * slices < M; m += kIn * slices) {
+        const i64 row = p.nheads * q.nlblocks * p.headdim;  // from batch row bb to bb + 1
+        const float* base = q.ddpart + h * q.nlblocks * p.headdim + pp;
+        i64 bb = sl / live, lb = sl % live;  // (once)
+        for (i64 m = sl; m < M; m += kIn * slices) {
+            float x[kIn];
 #pragma unroll
-            for (int u = 0; u < kIn; ++u) v[u] += part(m + u * slices);
+            for (int u = 0; u < kIn; ++u) {
+                x[u] = m + u * slices < M ? base[bb * row + lb * p.headdim] : 0.f;
+                lb += slices;
+                while (lb >= live) lb -= live, ++bb;
+            }
+#pragma unroll
+            for (int u = 0; u < kIn; ++u) v[u] += x[u];
         }
-        // the last (at most kIn - 1) m: fixed slots (the unrolled u), no dynamic index into v
-#pragma unroll
-        for (int u = 0; u < kIn - 1; ++u)
-            if (m + u * slices < M) v[u] += part(m + u * slices);
         s_dd[threadIdx.x] = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
     }
     __syncthreads();
@@ -2340,12 +2350,32 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
         }
 }
 
-// dC / dB: the shares' partials summed in share order (launched for two or more), one element a
-// thread, in the gradient's dtype. Grid ceil(batch * seqlen * ngroups * dstate / kPassThreads).
+// dC / dB: the shares' partials summed in share order (launched for two or more, at most
+// kMaxShares), in the gradient's dtype. q.sum_vec (dense rows): 4 elements a thread, every share's
+// 16-byte load issued before the first add (a run-time trip count had kept them one round trip at a
+// time), the 4 sums stored as one 8-byte group, the same sums in the same order (bitwise the one-
+// element form); grid ceil(elements / (4 kPassThreads)). Else one element a thread through the
+// strides; grid ceil(elements / kPassThreads).
+constexpr int kMaxShares = 8;
 template <bool kDB>
 __device__ __forceinline__ void share_sum(const SsdBwdParams& q) {
     const SsdParams& p = q.f;
     const i64 n = p.batch * p.seqlen * p.ngroups * p.dstate;
+    if (q.sum_vec) {
+        const i64 e = ((i64)blockIdx.x * kPassThreads + threadIdx.x) * 4;
+        if (e >= n) return;
+        float4 part[kMaxShares];
+#pragma unroll
+        for (int k = 0; k < kMaxShares; ++k)
+            part[k] = k < q.dcdb_shares ? *(const float4*)(q.share_part + k * n + e) : zero4();
+        float4 v = zero4();
+#pragma unroll
+        for (int k = 0; k < kMaxShares; ++k)
+            if (k < q.dcdb_shares) v.x += part[k].x, v.y += part[k].y, v.z += part[k].z, v.w += part[k].w;
+        u16* out = (u16*)(kDB ? q.dB : q.dC) + e;
+        *(uint2*)out = make_uint2(pack2<DT>(v.x, v.y), pack2<DT>(v.z, v.w));
+        return;
+    }
     const i64 e = (i64)blockIdx.x * kPassThreads + threadIdx.x;
     if (e >= n) return;
     float v = 0.f;

@@ -69,7 +69,7 @@ const TILE: i64 = 64;
 /// Channel tiles of 64 the per-position partials keep (headdim <= 256).
 const ROW_TILES: i64 = 4;
 
-/// Mirrors `struct SsdBwdParams` in cuda/ssd_bwd.cu (1024 bytes). Strides in elements.
+/// Mirrors `struct SsdBwdParams` in cuda/ssd_bwd.cu (1032 bytes). Strides in elements.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SsdBwdParams {
@@ -130,9 +130,22 @@ pub struct SsdBwdParams {
     pub dstates16: u64,
     pub vec_states16: i32,
     pub terms: i32,
+    /// 1: the share sums take 4 elements a thread (`sum_vec`)
+    pub sum_vec: i32,
+    pub pad3_: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<SsdBwdParams>() == 1024);
+const _: () = assert!(std::mem::size_of::<SsdBwdParams>() == 1032);
+
+/// The share sums' (ssd_bwd_share_sum_dc / _db) 4-element form: every partial summed in one
+/// thread (at most `MAX_SHARES`, the kernel's kMaxShares), dB and dC dense rows whose element
+/// count is a multiple of 4 and whose starts allow 8-byte stores.
+const MAX_SHARES: i64 = 8;
+fn sum_vec(shares: i64, elems: i64, db: &TensorView, dc: &TensorView) -> bool {
+    shares <= MAX_SHARES
+        && elems % 4 == 0
+        && [db, dc].iter().all(|t| t.is_contiguous() && t.ptr % 8 == 0)
+}
 
 pub struct SsdBwdArgs<'a> {
     pub inputs: SsdInputs<'a>,
@@ -578,6 +591,8 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
     };
     // two or more shares leave fp32 partials that the sum kernels add; one stores dC / dB itself
     let summed = sixteen && shares > 1;
+    let elems = p.batch * p.seqlen * p.ngroups * p.dstate;
+    let vec4 = summed && sum_vec(shares, elems, a.db, a.dc);
     // the forward's H_c and f_c, where a 16-bit call with a state term can use them
     let kept_by_fwd = a.kept.filter(|_| sixteen && terms);
     let kept = kept_by_fwd.is_some();
@@ -663,6 +678,8 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         // is a multiple of 8
         vec_states16: (p.dstate % 8 == 0) as i32,
         terms: terms as i32,
+        sum_vec: vec4 as i32,
+        pad3_: 0,
         tf32x1: a.tf32 as i32,
         // 16-byte rows: of fp32 data (last dimension a multiple of 4) for the fp32 kernels, of
         // 16-bit data (a multiple of 8) for the 16-bit unit's
@@ -767,9 +784,9 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
             // each, in one scratch array (dB's overwrite dC's after their sum ran: one stream); one
             // share stores the gradient itself
             let nts = grid_u32(tiles(p.dstate) * shares, "dstate")?;
-            let elems = p.batch * p.seqlen * p.ngroups * p.dstate;
+            let per_block = PASS_THREADS * if vec4 { 4 } else { 1 };
             let sum_grid = (
-                grid_u32((elems + PASS_THREADS - 1) / PASS_THREADS, "elements")?,
+                grid_u32((elems + per_block - 1) / per_block, "elements")?,
                 1,
                 1,
             );
