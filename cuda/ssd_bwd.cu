@@ -118,7 +118,11 @@ struct SsdBwdParams {
     // 1: dB and dC are dense (batch, seqlen, ngroups, dstate) rows, 8-byte aligned, and their
     // element count a multiple of 4: the share sums take 4 elements a thread (16-byte partial
     // loads, one 8-byte store, no index arithmetic); the host sizes their grid by it
-    int sum_vec, pad3_;
+    int sum_vec;
+    // 1 (the default): ssd_bwd_chunk_dstate16 splits its scaled dout into a hi / lo pair of 16-bit
+    // values (two mma); 0 (FLASHSCAN_SSD_DSTATE_HILO=0, a measurement switch): one rounding, one
+    // mma, as Triton's dstates kernel does
+    int dstate_hilo;
 };
 static_assert(sizeof(SsdBwdParams) == 1032, "SsdBwdParams layout changed: update the host mirror");
 
@@ -2426,7 +2430,9 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_share_sum_db(
 // would keep 8 (the fp32 kernel rounds it to tf32, 11). B = C by .trans.
 // e_l from the prologue records (q.pcum / q.pseg, ssd_bwd_prologue). L_c into q.dstates (fp32), as
 // ssd_bwd_chunk_dstate leaves it for the reverse state passing.
-extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate16(const SsdBwdParams q) {
+// (Under __launch_bounds__(kThreads, 4): with both products inlined NVRTC 13.0 chose 130 registers,
+// 3 CTAs an SM instead of 4; bounded, 128 and no stack, as the hi / lo form alone took.)
+extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_dstate16(const SsdBwdParams q) {
 #if FS_DTYPE != 2
     const SsdParams& p = q.f;
     __shared__ __align__(8) float s_e[kQ];
@@ -2456,7 +2462,11 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate16(co
     }
     float acc[16][4];
     clear(acc);
-    weighted_state_product<true>(acc, s_g, s_c, s_e, (len + 31) / 32, load);
+    if (q.dstate_hilo) {
+        weighted_state_product<true>(acc, s_g, s_c, s_e, (len + 31) / 32, load);
+    } else {
+        weighted_state_product<false>(acc, s_g, s_c, s_e, (len + 31) / 32, load);
+    }
     store_state_tile(q.dstates + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate, acc, p0, hd, n0, ds,
                      p.dstate);
 #endif

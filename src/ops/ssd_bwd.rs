@@ -132,7 +132,8 @@ pub struct SsdBwdParams {
     pub terms: i32,
     /// 1: the share sums take 4 elements a thread (`sum_vec`)
     pub sum_vec: i32,
-    pub pad3_: i32,
+    /// 1: ssd_bwd_chunk_dstate16's hi / lo split (`dstate_hilo`)
+    pub dstate_hilo: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<SsdBwdParams>() == 1032);
@@ -188,6 +189,15 @@ struct Kernels16 {
 
 /// FLASHSCAN_SSD_DX16=0 keeps every 16-bit call on the fp32 kernels over float32 copies (a
 /// measurement override, read per call).
+/// Whether ssd_bwd_chunk_dstate16 splits its scaled dout into a hi / lo pair (two mma, ~16
+/// significant bits: the default) or rounds it once (one mma, 8 bits, as Triton's dstates kernel):
+/// FLASHSCAN_SSD_DSTATE_HILO=0, read per call, a measurement switch for the speed / accuracy
+/// trade (ncu, H200, b8 L2048: dstate16 latency-bound at 25% occupancy, 31% of its stall cycles on
+/// fixed-latency dependencies, which the split's conversions lengthen).
+fn dstate_hilo() -> bool {
+    std::env::var("FLASHSCAN_SSD_DSTATE_HILO").as_deref() != Ok("0")
+}
+
 fn dx16_enabled() -> bool {
     std::env::var("FLASHSCAN_SSD_DX16").as_deref() != Ok("0")
 }
@@ -679,7 +689,7 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         vec_states16: (p.dstate % 8 == 0) as i32,
         terms: terms as i32,
         sum_vec: vec4 as i32,
-        pad3_: 0,
+        dstate_hilo: dstate_hilo() as i32,
         tf32x1: a.tf32 as i32,
         // 16-byte rows: of fp32 data (last dimension a multiple of 4) for the fp32 kernels, of
         // 16-bit data (a multiple of 8) for the 16-bit unit's
