@@ -304,7 +304,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ss
 
 // ---- 1b. the states after each packed sequence (return_varlen_states, batch 1) -----------------------
 // Sequence i holds positions cu[i] .. cu[i+1] - 1 of batch row 0; e = cu[i+1] - 1 lies in chunk c at pe =
-// e - c c_Q. Its state after e is ssd2_chunk_state's product ending at pe instead of at the chunk's last
+// e - c kQ. Its state after e is ssd2_chunk_state's product ending at pe instead of at the chunk's last
 // position, plus the carried state: H_e = [seg_pe == 0] exp(cum_pe) H_c + sum over s <= pe with seg_s ==
 // seg_pe of exp(cum_pe - cum_s) dt'_s x_s B_s^T, with H_c the state entering chunk c in fp32 (the state
 // passing ran with states_f32). seq_idx must mark the same sequences as cu_seqlens (the host checks it):
