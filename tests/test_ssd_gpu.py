@@ -496,8 +496,15 @@ def test_gpu_errors_are_clear() -> None:
     with pytest.raises(flashscan.UnsupportedError, match="chunk_size"):
         flashscan.mamba_chunk_scan_combined(**a, chunk_size=100)
     with pytest.raises(flashscan.UnsupportedError, match="return_varlen_states"):
-        flashscan.mamba_chunk_scan_combined(
-            **a, chunk_size=64, cu_seqlens=torch.tensor([0, 64], device="cuda"),
+        flashscan.mamba_chunk_scan_combined(  # float32 x: no GPU varlen states
+            **{**a, "x": a["x"].float(), "B": a["B"].float(), "C": a["C"].float(),
+               "z": a["z"].float()},
+            chunk_size=64, cu_seqlens=torch.tensor([0, 64], device="cuda"),
+            return_varlen_states=True,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="seq_idx must change exactly"):
+        flashscan.mamba_chunk_scan_combined(  # two sequences, no seq_idx to reset the state
+            **a, chunk_size=64, cu_seqlens=torch.tensor([0, 30, 64], device="cuda"),
             return_varlen_states=True,
         )  # fmt: skip
     with pytest.raises(flashscan.UnsupportedError, match="B is float32"):
@@ -1168,3 +1175,73 @@ def test_backward_takes_the_forward_states(
         check_grads(rule, got[keep], ref, base, dtype)
     for k in ("x", "B", "C", "D", "initial_states"):
         assert torch.equal(got["1"][k], got["0"][k]), k
+
+
+# (dtype, ngroups, dstate, headdim, chunk, cu_seqlens, initial states)
+VARLEN_CASES = [
+    # sequences across chunk boundaries, an empty one, a one-position one, one ending on a boundary
+    ("bfloat16", 1, 64, 64, 64, (0, 37, 37, 300, 301, 384, 700), False),
+    ("float16", 2, 128, 64, 256, (0, 5, 600, 700), True),
+    # dstate 24 / headdim 40: partial tiles; one sequence without seq_idx
+    ("bfloat16", 2, 24, 40, 128, (0, 333), True),
+]
+
+
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=lambda c: f"{c[0]}-c{c[4]}-n{len(c[5]) - 1}")
+def test_varlen_states_match_the_reference(
+    case: tuple, rule: Any, poison: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """return_varlen_states on the GPU (ssd2_varlen_states): each packed sequence's final state
+    against float64 (each sequence scanned alone from zero, sequence 0 from the initial state)
+    under the rule, the same-precision baseline being the plain torch SSD of that sequence
+    alone; out and final_states unchanged by asking for them; empty sequences exact."""
+    dt_name, g, n, p, chunk, cuts, init = case
+    dtype = DTYPES[dt_name]
+    monkeypatch.delenv("FLASHSCAN_SSD_FWD", raising=False)
+    L = cuts[-1]
+    a = ssd_inputs(1, L, 4, p, g, n, dtype, init=init)
+    cu = torch.tensor(cuts, device="cuda", dtype=torch.int32)
+    pos = torch.arange(L, device="cuda")
+    seq = ((pos[:, None] >= cu[1:-1][None, :]).sum(-1)).to(torch.int32)[None]
+    kw = dict(chunk_size=chunk, dt_softplus=True, seq_idx=seq)
+    poison(L * 4 * p * a["x"].element_size(), L * g * n * a["B"].element_size())
+    out, final, varlen = flashscan.mamba_chunk_scan_combined(
+        **a, **kw, cu_seqlens=cu, return_final_states=True, return_varlen_states=True
+    )
+    out0, final0 = flashscan.mamba_chunk_scan_combined(**a, **kw, return_final_states=True)
+    assert torch.equal(out, out0) and torch.equal(final, final0)
+    assert varlen.shape == (len(cuts) - 1, 4, p, n) and varlen.dtype == torch.float32
+    host = {k: None if v is None else v.detach().double().cpu().numpy() for k, v in a.items()}
+    _, _, ref = reference_ssd.mamba_chunk_scan_combined(
+        **host, chunk_size=chunk, dt_softplus=True, seq_idx=seq.cpu().numpy(),
+        cu_seqlens=np.asarray(cuts), return_final_states=True, return_varlen_states=True,
+    )  # fmt: skip
+    base = []
+    for i, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:])):
+        h0 = a["initial_states"][0] if init and i == 0 else torch.zeros_like(varlen[0])
+        if hi == lo:
+            assert torch.equal(varlen[i], h0.float()), i
+            base.append(h0.float())
+            continue
+        piece = {k: v for k, v in a.items()}
+        for k in ("x", "dt", "B", "C", "z"):
+            piece[k] = a[k][:, lo:hi]
+        piece["initial_states"] = h0[None] if init and i == 0 else None
+        base.append(baseline_lowp(piece, chunk, True)[1][0])
+    rule.check(varlen, torch.from_numpy(ref), torch.stack(base), atol=1e-5, name="varlen_states")
+
+
+def test_varlen_states_through_the_torch_op() -> None:
+    """flashscan.torch with inputs that need gradients: the varlen states come from a forward of
+    their own (no gradient through them, as in mamba_ssm) and equal the core call's."""
+    import flashscan.torch as fst
+
+    a = ssd_inputs(1, 300, 4, 64, 1, 64, torch.bfloat16, init=False)
+    cu = torch.tensor([0, 100, 300], device="cuda", dtype=torch.int32)
+    seq = (torch.arange(300, device="cuda") >= 100).to(torch.int32)[None]
+    kw = dict(chunk_size=128, dt_softplus=True, seq_idx=seq, cu_seqlens=cu)
+    want = flashscan.mamba_chunk_scan_combined(**a, **kw, return_varlen_states=True)[1]
+    leaves = {k: v.clone().requires_grad_(True) for k, v in a.items() if v is not None}
+    out, got = fst.mamba_chunk_scan_combined(**leaves, **kw, return_varlen_states=True)
+    assert out.requires_grad and not got.requires_grad
+    assert torch.equal(got, want)
