@@ -1168,3 +1168,25 @@ def test_backward_takes_the_forward_states(
         check_grads(rule, got[keep], ref, base, dtype)
     for k in ("x", "B", "C", "D", "initial_states"):
         assert torch.equal(got["1"][k], got["0"][k]), k
+
+
+def test_kept_states_survive_a_second_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backward reads the forward's kept H_c and chunk decays and never writes them: a
+    second backward of the same graph (retain_graph) gives bitwise the first one's gradients."""
+    import flashscan.torch as fst
+
+    monkeypatch.delenv("FLASHSCAN_SSD_KEEP_STATES", raising=False)
+    a = ssd_inputs(2, 600, 4, 64, 1, 64, torch.bfloat16)
+    del a["z"]
+    lv = leaves(a)
+    out, final = fst.mamba_chunk_scan_combined(
+        **lv, chunk_size=128, dt_softplus=True, return_final_states=True
+    )
+    dout, dfinal = upstream(a)
+    names = [k for k in GRAD_NAMES if lv.get(k) is not None]
+    first = torch.autograd.grad(
+        [out, final], [lv[k] for k in names], [dout, dfinal], retain_graph=True
+    )
+    second = torch.autograd.grad([out, final], [lv[k] for k in names], [dout, dfinal])
+    for k, g1, g2 in zip(names, first, second):
+        assert torch.equal(g1, g2), k
