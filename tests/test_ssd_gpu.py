@@ -1245,3 +1245,25 @@ def test_varlen_states_through_the_torch_op() -> None:
     out, got = fst.mamba_chunk_scan_combined(**leaves, **kw, return_varlen_states=True)
     assert out.requires_grad and not got.requires_grad
     assert torch.equal(got, want)
+
+
+def test_kept_states_survive_a_second_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backward reads the forward's kept H_c and chunk decays and never writes them: a
+    second backward of the same graph (retain_graph) gives bitwise the first one's gradients."""
+    import flashscan.torch as fst
+
+    monkeypatch.delenv("FLASHSCAN_SSD_KEEP_STATES", raising=False)
+    a = ssd_inputs(2, 600, 4, 64, 1, 64, torch.bfloat16)
+    del a["z"]
+    lv = leaves(a)
+    out, final = fst.mamba_chunk_scan_combined(
+        **lv, chunk_size=128, dt_softplus=True, return_final_states=True
+    )
+    dout, dfinal = upstream(a)
+    names = [k for k in GRAD_NAMES if lv.get(k) is not None]
+    first = torch.autograd.grad(
+        [out, final], [lv[k] for k in names], [dout, dfinal], retain_graph=True
+    )
+    second = torch.autograd.grad([out, final], [lv[k] for k in names], [dout, dfinal])
+    for k, g1, g2 in zip(names, first, second):
+        assert torch.equal(g1, g2), k
