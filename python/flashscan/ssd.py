@@ -469,7 +469,7 @@ def _serve(
         h16, d_h16 = new(s_shape, x.dtype, names[0])
     _native.ssd_fwd(  # type: ignore[union-attr]
         *descs, d_out, d_final, d_states, d_decay, chunk, softplus, limit[0], limit[1], stream(dev),
-        d_cb, d_h16, None, None,  # (no varlen states: the general path's call, argument for argument)
+        d_cb, d_h16, None, None,  # no varlen states: the general path's arguments, one for one
     )  # fmt: skip
     if h16 is not None:
         keep.append((h16, decay))  # type: ignore[union-attr]
