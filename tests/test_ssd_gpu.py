@@ -1267,3 +1267,32 @@ def test_kept_states_survive_a_second_backward(monkeypatch: pytest.MonkeyPatch) 
     second = torch.autograd.grad([out, final], [lv[k] for k in names], [dout, dfinal])
     for k, g1, g2 in zip(names, first, second):
         assert torch.equal(g1, g2), k
+
+
+def test_compiled_training_takes_the_forward_states(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile(fullgraph) of a 16-bit SSD block without z: the forward op keeps its 16-bit
+    H_c and decays and the backward op reads them (one ssd2_chunk_state / ssd2_state_passing
+    launch per step, as in eager), with the eager step's gradients bitwise."""
+    import flashscan.torch as fst
+
+    monkeypatch.delenv("FLASHSCAN_SSD_KEEP_STATES", raising=False)
+    torch._dynamo.reset()
+    a = ssd_inputs(2, 600, 4, 64, 1, 64, torch.bfloat16)
+    del a["z"]
+    names = [k for k in GRAD_NAMES if a.get(k) is not None]
+
+    def block(*args: Any) -> Any:
+        out, final = fst.mamba_chunk_scan_combined(
+            **dict(zip(names, args)), chunk_size=128, dt_softplus=True, return_final_states=True
+        )
+        return out.float().square().sum() + final.square().sum()
+
+    lv = [a[k].detach().clone().requires_grad_(True) for k in names]
+    want = torch.autograd.grad(block(*lv), lv)
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    got = torch.autograd.grad(compiled(*lv), lv)
+    for k, g, w in zip(names, got, want):
+        assert torch.equal(g, w), k
+    step = ("ssd2_chunk_state", "ssd2_state_passing")
+    runs = _launches(lambda: torch.autograd.grad(compiled(*lv), lv), step)
+    assert runs == dict.fromkeys(step, 1), runs
