@@ -966,24 +966,6 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_db(const Ss
 // row sums of the blocks (bk, sj < bk), and the totals of the blocks (li, sj) with sj < bk < li.
 // Blocks at or past len have no record (never written): loaded with the others, never used.
 constexpr int kRec = 2 * kTile;  // a block's record: column sums, then row sums
-// kPer consecutive floats from src (16-byte aligned when kPer % 4 == 0, else 8-byte) by vector loads.
-template <int N>
-__device__ __forceinline__ void load_run(const float* src, float (&v)[N]) {
-    if constexpr (N % 4 == 0) {
-#pragma unroll
-        for (int i = 0; i < N; i += 4) {
-            const float4 t = *(const float4*)(src + i);
-            v[i] = t.x, v[i + 1] = t.y, v[i + 2] = t.z, v[i + 3] = t.w;
-        }
-    } else {
-        static_assert(N % 2 == 0, "runs of an even length");
-#pragma unroll
-        for (int i = 0; i < N; i += 2) {
-            const float2 t = *(const float2*)(src + i);
-            v[i] = t.x, v[i + 1] = t.y;
-        }
-    }
-}
 __device__ __forceinline__ void straddle_da(const float* rec, int len, int lane, float (&st)[kQ / 32]) {
     constexpr int kPer = kQ / 32;
     constexpr int kLanes = kTile / kPer;  // lanes of one 64-block: 8 (chunk 256), 16, 32 (chunk 64)

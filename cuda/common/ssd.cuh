@@ -283,23 +283,29 @@ __device__ __forceinline__ void heads_dt_to_smem(const SsdParams& p, i64 b, i64 
     __syncthreads();
 }
 
-// A lane's kQ/32 raw dt values (positions lane kQ/32 + i) of s_raw's row hw (heads_dt_to_smem).
-__device__ __forceinline__ void warp_head_raw(const float* s_raw, int hw, int lane, float (&r)[kQ / 32]) {
-    constexpr int kPer = kQ / 32;
-    const float* row = s_raw + hw * kLdRaw + lane * kPer;  // 8-byte aligned at least (kLdRaw, kPer even)
-    if constexpr (kPer % 4 == 0) {
+// N consecutive floats from src (16-byte aligned when N % 4 == 0, else 8-byte) by vector loads.
+template <int N>
+__device__ __forceinline__ void load_run(const float* src, float (&v)[N]) {
+    if constexpr (N % 4 == 0) {
 #pragma unroll
-        for (int i = 0; i < kPer; i += 4) {
-            const float4 v = *(const float4*)(row + i);
-            r[i] = v.x, r[i + 1] = v.y, r[i + 2] = v.z, r[i + 3] = v.w;
+        for (int i = 0; i < N; i += 4) {
+            const float4 t = *(const float4*)(src + i);
+            v[i] = t.x, v[i + 1] = t.y, v[i + 2] = t.z, v[i + 3] = t.w;
         }
     } else {
+        static_assert(N % 2 == 0, "runs of an even length");
 #pragma unroll
-        for (int i = 0; i < kPer; i += 2) {
-            const float2 v = *(const float2*)(row + i);
-            r[i] = v.x, r[i + 1] = v.y;
+        for (int i = 0; i < N; i += 2) {
+            const float2 t = *(const float2*)(src + i);
+            v[i] = t.x, v[i + 1] = t.y;
         }
     }
+}
+
+// A lane's kQ/32 raw dt values (positions lane kQ/32 + i) of s_raw's row hw (heads_dt_to_smem).
+__device__ __forceinline__ void warp_head_raw(const float* s_raw, int hw, int lane, float (&r)[kQ / 32]) {
+    // (8-byte aligned at least: kLdRaw and kQ/32 even)
+    load_run(s_raw + hw * kLdRaw + lane * (kQ / 32), r);
 }
 
 // The chunk prologue of heads h0 .. h0 + kPrepHeads - 1 (those < nheads) of chunk c0 / kQ, batch

@@ -41,6 +41,16 @@ const PASS_THREADS: i64 = 256;
 /// ssd2_chunk_prep and ssd_bwd_prologue.
 pub(crate) const PREP_HEADS: i64 = 8;
 pub(crate) const PREP_THREADS: u32 = 128;
+
+/// The grid of the kernels on those 8-head CTAs (ssd2_chunk_prep, ssd_bwd_prologue,
+/// ssd_bwd_dt): (nchunks, ceil(nheads / PREP_HEADS), batch).
+pub(crate) fn head_block_grid(p: &Problem) -> Result<(u32, u32, u32)> {
+    Ok((
+        grid_u32(p.nchunks, "seqlen / chunk_size")?,
+        grid_u32((p.nheads + PREP_HEADS - 1) / PREP_HEADS, "nheads")?,
+        grid_u32(p.batch, "batch")?,
+    ))
+}
 const TILE: i64 = 64;
 
 /// Mirrors `struct SsdParams` in cuda/ssd.cu (488 bytes). Strides in elements.
@@ -889,13 +899,8 @@ impl<'a> Launch2<'a> {
     /// # Safety
     /// As `one`'s.
     unsafe fn prep(&self, q: &Ssd2Params, p: &Problem) -> Result<()> {
-        let grid = (
-            self.nchunks,
-            grid_u32((p.nheads + PREP_HEADS - 1) / PREP_HEADS, "nheads")?,
-            grid_u32(p.batch, "batch")?,
-        );
         // SAFETY: as the caller's
-        unsafe { self.one(ENTRY2_PREP, grid, PREP_THREADS, q) }
+        unsafe { self.one(ENTRY2_PREP, head_block_grid(p)?, PREP_THREADS, q) }
     }
 
     /// ssd2_chunk_cb: one lower 64 x 64 block of C B^T per CTA, per (chunk, group, batch).

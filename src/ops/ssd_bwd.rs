@@ -742,11 +742,9 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
             let shares = grid_u32(p.ngroups * dcb_splits(&p, chunk), "ngroups")?;
             let b = grid_u32(p.batch, "batch")?;
             // ssd2_chunk_prep's CTAs: 8 heads each (cuda/common/ssd.cuh heads_chunk_prologue)
-            let head_blocks =
-                grid_u32((p.nheads + ssd::PREP_HEADS - 1) / ssd::PREP_HEADS, "nheads")?;
             dev.launch(
                 k_pro,
-                (nc, head_blocks, b),
+                ssd::head_block_grid(&p)?,
                 (ssd::PREP_THREADS, 1, 1),
                 0,
                 st,
@@ -816,11 +814,9 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
             dev.launch(k_db, (rows, nt, bg), block, 0, st, &q)?;
         }
         // 8 heads a CTA, as the prologues (cuda/common/ssd.cuh heads_dt_to_smem)
-        let head_blocks = grid_u32((p.nheads + ssd::PREP_HEADS - 1) / ssd::PREP_HEADS, "nheads")?;
-        let batch = grid_u32(p.batch, "batch")?;
         dev.launch(
             k_dt,
-            (nc, head_blocks, batch),
+            ssd::head_block_grid(&p)?,
             (ssd::PREP_THREADS, 1, 1),
             0,
             st,
