@@ -118,11 +118,7 @@ struct SsdBwdParams {
     // 1: dB and dC are dense (batch, seqlen, ngroups, dstate) rows, 8-byte aligned, and their
     // element count a multiple of 4: the share sums take 4 elements a thread (16-byte partial
     // loads, one 8-byte store, no index arithmetic); the host sizes their grid by it
-    int sum_vec;
-    // 1 (the default): ssd_bwd_chunk_dstate16 splits its scaled dout into a hi / lo pair of 16-bit
-    // values (two mma); 0 (FLASHSCAN_SSD_DSTATE_HILO=0, a measurement switch): one rounding, one
-    // mma, as Triton's dstates kernel does
-    int dstate_hilo;
+    int sum_vec, pad3_;
 };
 static_assert(sizeof(SsdBwdParams) == 1032, "SsdBwdParams layout changed: update the host mirror");
 
@@ -2407,14 +2403,18 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_share_sum_db(
 // ceil(dstate/128), batch*nheads): channels p0 .. p0 + 63 x states n0 .. n0 + 127 per CTA, warp w
 // channels 16w .. 16w + 15, acc[16][4]; K = the chunk's positions, 32 a step in two cp.async stages
 // (common/ssd_tiles.cuh weighted_state_product, ssd2_chunk_state's loop). A = g^T by ldmatrix .trans,
-// its k columns (positions) scaled by e_l in fp32 and split into a hi / lo pair of 16-bit values (two
-// mma on the same B fragments): the scaled g keeps ~16 significant bits where one bf16 rounding
-// would keep 8 (the fp32 kernel rounds it to tf32, 11). B = C by .trans.
+// its k columns (positions) scaled by e_l in fp32, then rounded to 16 bits once or split into a hi / lo
+// pair of 16-bit values (two mma on the same B fragments: ~16 significant bits where one bf16
+// rounding keeps 8; the fp32 kernel rounds it to tf32, 11). B = C by .trans.
 // e_l from the prologue records (q.pcum / q.pseg, ssd_bwd_prologue). L_c into q.dstates (fp32), as
 // ssd_bwd_chunk_dstate leaves it for the reverse state passing.
-// (Under __launch_bounds__(kThreads, 4): with both products inlined NVRTC 13.0 chose 130 registers,
-// 3 CTAs an SM instead of 4; bounded, 128 and no stack, as the hi / lo form alone took.)
-extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_dstate16(const SsdBwdParams q) {
+// Two entries, one product each: ssd_bwd_chunk_dstate16 rounds the scaled g once (one mma, 8
+// significant bits in bf16, as Triton's dstates kernel; the default: measured on the H200 it keeps
+// the worst ddt / dA / ddt_bias error ratios of the split's), ssd_bwd_chunk_dstate16_hilo takes the
+// hi / lo pair (FLASHSCAN_SSD_DSTATE_HILO=1). Both products in one kernel behind a runtime flag cost
+// the split's form 171 -> 181 us at b8 L2048 (NVRTC's register choice under the shared bound).
+template <bool kHiLo>
+__device__ __forceinline__ void chunk_dstate16(const SsdBwdParams& q) {
 #if FS_DTYPE != 2
     const SsdParams& p = q.f;
     __shared__ __align__(8) float s_e[kQ];
@@ -2444,12 +2444,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_dstate16
     }
     float acc[16][4];
     clear(acc);
-    if (q.dstate_hilo) {
-        weighted_state_product<true>(acc, s_g, s_c, s_e, (len + 31) / 32, load);
-    } else {
-        weighted_state_product<false>(acc, s_g, s_c, s_e, (len + 31) / 32, load);
-    }
+    weighted_state_product<kHiLo>(acc, s_g, s_c, s_e, (len + 31) / 32, load);
     store_state_tile(q.dstates + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate, acc, p0, hd, n0, ds,
                      p.dstate);
 #endif
+}
+extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate16(const SsdBwdParams q) {
+    chunk_dstate16<false>(q);
+}
+extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate16_hilo(const SsdBwdParams q) {
+    chunk_dstate16<true>(q);
 }

@@ -863,6 +863,7 @@ def test_backward_16bit_kernels_run_on_16bit_data(
     in its dtype: no float32 copies, no casts back), not from the float32 ones on float32
     copies; FLASHSCAN_SSD_DX16=0, a call with z and float32 data take the float32 kernels."""
     monkeypatch.delenv("FLASHSCAN_SSD_BWD", raising=False)
+    monkeypatch.delenv("FLASHSCAN_SSD_DSTATE_HILO", raising=False)
     if switch is None:
         monkeypatch.delenv("FLASHSCAN_SSD_DX16", raising=False)
     else:
@@ -885,6 +886,11 @@ def test_backward_16bit_kernels_run_on_16bit_data(
     dstate = sorted(n for n in names if "dstate" in n)
     assert ("ssd_bwd_chunk_dstate16" in names) == want16, dstate
     assert ("ssd_bwd_chunk_dstate" in names) == (not want16), dstate
+    assert "ssd_bwd_chunk_dstate16_hilo" not in names, dstate
+    if want16:  # the hi / lo split of L_c's scaled dout only where asked for
+        monkeypatch.setenv("FLASHSCAN_SSD_DSTATE_HILO", "1")
+        split = sorted(n for n in _bwd_kernel_names(a, 128) if "dstate" in n)
+        assert split == ["ssd_bwd_chunk_dstate16_hilo"], split
     assert ("ssd_bwd_cb" in names) == (not want16), sorted(n for n in names if "cb" in n)
 
 
@@ -906,10 +912,13 @@ def test_backward_16bit_kernels_match_the_rule(
     """Every gradient of a 16-bit call without z (the states recomputed on ssd2's kernels; dx,
     dCB, dC, dB and the partials behind ddt, dA, ddt_bias, dD from the 16-bit kernels) against
     float64 under the rule, beside the float32 kernels' (FLASHSCAN_SSD_DX16=0) within the same
-    rule: final states, initial states, D per channel, seq_idx resets, NaN-poisoned scratch."""
+    rule: final states, initial states, D per channel, seq_idx resets, NaN-poisoned scratch. L_c
+    both ways: its scaled dout rounded once (the default) and split into a hi / lo pair
+    (FLASHSCAN_SSD_DSTATE_HILO=1)."""
     dt_name, g, n, p, L, chunk, cuts = case
     dtype = DTYPES[dt_name]
     monkeypatch.delenv("FLASHSCAN_SSD_BWD", raising=False)
+    monkeypatch.delenv("FLASHSCAN_SSD_DSTATE_HILO", raising=False)
     a = ssd_inputs(2, L, 4, p, g, n, dtype, D2=True)
     del a["z"]  # the 16-bit kernels' calls (with z the float32 ones run)
     kw: dict[str, Any] = {}
@@ -928,6 +937,10 @@ def test_backward_16bit_kernels_match_the_rule(
     poison(size, 2 * L * g * n * a["B"].element_size())
     got = grads_of(ours(a, chunk, **kw), a, dout, dfinal)
     check_grads(rule, got, ref, base, dtype)
+    monkeypatch.setenv("FLASHSCAN_SSD_DSTATE_HILO", "1")
+    split = grads_of(ours(a, chunk, **kw), a, dout, dfinal)
+    check_grads(rule, split, ref, base, dtype)
+    monkeypatch.delenv("FLASHSCAN_SSD_DSTATE_HILO")
     monkeypatch.setenv("FLASHSCAN_SSD_DX16", "0")
     old = grads_of(ours(a, chunk, **kw), a, dout, dfinal)
     check_grads(rule, old, ref, base, dtype)

@@ -42,6 +42,7 @@ pub const ENTRY_DC16: &str = "ssd_bwd_chunk_dc16";
 pub const ENTRY_DB16: &str = "ssd_bwd_chunk_db16";
 /// The 16-bit builds' L_c kernel (section 8i).
 pub const ENTRY_DSTATE16: &str = "ssd_bwd_chunk_dstate16";
+pub const ENTRY_DSTATE16_HILO: &str = "ssd_bwd_chunk_dstate16_hilo";
 /// The 16-bit builds' sums of dc16 / db16's head-share partials (section 8h).
 pub const ENTRY_SHARE_SUM_DC: &str = "ssd_bwd_share_sum_dc";
 pub const ENTRY_SHARE_SUM_DB: &str = "ssd_bwd_share_sum_db";
@@ -132,8 +133,7 @@ pub struct SsdBwdParams {
     pub terms: i32,
     /// 1: the share sums take 4 elements a thread (`sum_vec`)
     pub sum_vec: i32,
-    /// 1: ssd_bwd_chunk_dstate16's hi / lo split (`dstate_hilo`)
-    pub dstate_hilo: i32,
+    pub pad3_: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<SsdBwdParams>() == 1032);
@@ -189,13 +189,13 @@ struct Kernels16 {
 
 /// FLASHSCAN_SSD_DX16=0 keeps every 16-bit call on the fp32 kernels over float32 copies (a
 /// measurement override, read per call).
-/// Whether ssd_bwd_chunk_dstate16 splits its scaled dout into a hi / lo pair (two mma, ~16
-/// significant bits: the default) or rounds it once (one mma, 8 bits, as Triton's dstates kernel):
-/// FLASHSCAN_SSD_DSTATE_HILO=0, read per call, a measurement switch for the speed / accuracy
-/// trade (ncu, H200, b8 L2048: dstate16 latency-bound at 25% occupancy, 31% of its stall cycles on
-/// fixed-latency dependencies, which the split's conversions lengthen).
+/// Whether the 16-bit L_c product splits its scaled dout into a hi / lo pair
+/// (`ssd_bwd_chunk_dstate16_hilo`: two mma, ~16 significant bits; FLASHSCAN_SSD_DSTATE_HILO=1, read
+/// per call) or rounds it once (`ssd_bwd_chunk_dstate16`: one mma, as Triton's dstates kernel; the
+/// default). H200, b8 L2048 bf16: 159 against 171 us, the worst ddt / dA / ddt_bias error ratios
+/// over 40 seeded cases unchanged (0.30 / 0.28 / 0.66 against 0.30 / 0.25 / 0.74).
 fn dstate_hilo() -> bool {
-    std::env::var("FLASHSCAN_SSD_DSTATE_HILO").as_deref() != Ok("0")
+    std::env::var("FLASHSCAN_SSD_DSTATE_HILO").as_deref() == Ok("1")
 }
 
 fn dx16_enabled() -> bool {
@@ -579,7 +579,11 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
             dcb: load(ENTRY_DCB16)?,
             dc: load(ENTRY_DC16)?,
             db: load(ENTRY_DB16)?,
-            dstate: load(ENTRY_DSTATE16)?,
+            dstate: load(if dstate_hilo() {
+                ENTRY_DSTATE16_HILO
+            } else {
+                ENTRY_DSTATE16
+            })?,
             sum_dc: load(ENTRY_SHARE_SUM_DC)?,
             sum_db: load(ENTRY_SHARE_SUM_DB)?,
         })
@@ -689,7 +693,7 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         vec_states16: (p.dstate % 8 == 0) as i32,
         terms: terms as i32,
         sum_vec: vec4 as i32,
-        dstate_hilo: dstate_hilo() as i32,
+        pad3_: 0,
         tf32x1: a.tf32 as i32,
         // 16-byte rows: of fp32 data (last dimension a multiple of 4) for the fp32 kernels, of
         // 16-bit data (a multiple of 8) for the 16-bit unit's
