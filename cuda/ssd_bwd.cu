@@ -2151,7 +2151,8 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
     __shared__ __align__(16) u16 s_m[2][kRows * kLd64];  // intra: B / C rows o x states; then g / x rows x channels
     __shared__ __align__(16) u16 s_s[2][kRows * kLd64];  // the state term's state rows p x states n (16-bit)
     __shared__ __align__(16) u16 s_c[kRows * kLd64];     // dC: this tile's C rows l x states n (R_state)
-    __shared__ float s_f[2][kTile];                      // a head's row factors (head parity)
+    __shared__ __align__(16) float s_fr[2][2][kTile];     // a head's cum / dt rows for its row factors (stage parity)
+    __shared__ float s_fe[2];                            // dB: the head's cum at the chunk's last position
 
     const i64 b = blockIdx.z / p.ngroups, g = blockIdx.z % p.ngroups;
     const i64 hpg = p.nheads / p.ngroups;
@@ -2234,6 +2235,13 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
         auto issue = [&](int t, int buf) {
             const i64 h = g * hpg + h_lo + t / nks;
             const int k0 = 64 * (t % nks);
+            if (t % nks == nks - 1) {  // the head's last stage: its cum / dt rows for the row factors
+                const i64 pro = ((b * p.nheads + h) * p.nchunks + c) * kQ;
+                const int u = threadIdx.x;
+                if (u < 16) cp_async_ca<16>(smem_u32(s_fr[buf][0] + 4 * u), q.pcum + pro + m0 + 4 * u, 16);
+                else if (kDB && u < 32) cp_async_ca<16>(smem_u32(s_fr[buf][1] + 4 * (u - 16)), q.pdt + pro + m0 + 4 * (u - 16), 16);
+                else if (kDB && u == 32) cp_async_ca<4>(smem_u32(&s_fe[buf]), q.pcum + pro + len - 1, 4);
+            }
             const u16* ga = kDB ? (const u16*)p.x + b * p.x_s[0] + (c0 + m0) * p.x_s[1] + h * p.x_s[2]
                                 : (const u16*)q.dout + b * q.dout_s[0] + (c0 + m0) * q.dout_s[1] + h * q.dout_s[2];
             load_tile<kRows, 64, kLd64>(s_m[buf], ga + k0, a_t, rows, (int)p.headdim - k0, q.vec_x);
@@ -2243,23 +2251,15 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
                                         q.vec_states16);
             cp_async_commit();
         };
-        auto factors = [&](i64 hh) {  // local head hh's row factors into s_f[hh & 1]
-            if (threadIdx.x < kTile) {
-                const i64 pro = ((b * p.nheads + g * hpg + h_lo + hh) * p.nchunks + c) * kQ;
-                const int r = threadIdx.x, l = m0 + r;
-                float f = 0.f;
-                if (r < rows) {
-                    if (kDB) {
-                        if (seg[l] == seg_end) f = ex(q.pcum[pro + len - 1] - q.pcum[pro + l]) * q.pdt[pro + l];
-                    } else if (seg[l] == 0) {
-                        f = ex(q.pcum[pro + l]);
-                    }
-                }
-                s_f[hh & 1][r] = f;
-            }
-        };
+        // this thread's rows r0, r0 + 8 of the tile: inside the chunk and on the sequence whose
+        // factor is not zero (dB: the last position's; dC: the first's)
+        bool row_ok[2];
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+            const int r = r0 + 8 * h2;
+            row_ok[h2] = r < rows && (kDB ? seg[m0 + r] == seg_end : seg[m0 + r] == 0);
+        }
         issue(0, 0);
-        factors(0);
         float ah[8][4];
         for (int t = 0; t < nstages; ++t) {
             const int buf = t & 1, ks = t % nks;
@@ -2267,10 +2267,7 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
             cp_async_wait<0>();
             __syncthreads();  // stage t landed; every warp is past stage t - 1 (its buffers free)
             const bool more = t + 1 < nstages;
-            if (more) {
-                issue(t + 1, buf ^ 1);
-                if ((t + 1) % nks == 0) factors(hh + 1);
-            }
+            if (more) issue(t + 1, buf ^ 1);
             if (ks == 0) clear(ah);
             const u32 a_base = smem_u32(s_m[buf] + w16 * kLd64 + lane_a(lane, kLd64));
             const u32 sb = smem_u32(s_s[buf]) + lbt;
@@ -2281,12 +2278,14 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
                 mma_row<8, true>(ah, a, sb + kk * 16 * kLd64 * 2, 16 * 2);
             }
             if (ks == nks - 1) {  // the head's term: acc += f ah (dC: R_state too)
-                const float* f_h = s_f[hh & 1];
+                // its row factors, each thread its two rows' from the stage's cum / dt rows (a
+                // few threads' global loads between the stages left the others at the barrier)
                 float rs[2] = {0.f, 0.f};
 #pragma unroll
                 for (int h2 = 0; h2 < 2; ++h2) {
                     const int r = r0 + 8 * h2;
-                    const float f = f_h[r];
+                    float f = 0.f;
+                    if (row_ok[h2]) f = kDB ? ex(s_fe[buf] - s_fr[buf][0][r]) * s_fr[buf][1][r] : ex(s_fr[buf][0][r]);
 #pragma unroll
                     for (int jn = 0; jn < 8; ++jn) {
                         const float a0 = f * ah[jn][2 * h2], a1 = f * ah[jn][2 * h2 + 1];
@@ -2322,13 +2321,22 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
             }
         return;
     }
+    // (pairs as 8-byte stores where dstate is even: 4-byte stores used 13 of every 32-byte sector)
     float* part = q.share_part + (((share * p.batch + b) * p.seqlen + c0) * p.ngroups + g) * p.dstate + n0;
+    const bool pair = (p.dstate & 1) == 0;
 #pragma unroll
     for (int jn = 0; jn < 8; ++jn)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int r = m0 + acc_row(e), col = acc_col(jn, e);
-            if (r < len && col < nv) part[(i64)r * p.ngroups * p.dstate + col] = acc[jn][e];
+        for (int h2 = 0; h2 < 2; ++h2) {
+            const int r = m0 + acc_row(2 * h2), col = acc_col(jn, 0);
+            if (r >= len || col >= nv) continue;
+            float* o = part + (i64)r * p.ngroups * p.dstate + col;
+            if (pair) {
+                *(float2*)o = make_float2(acc[jn][2 * h2], acc[jn][2 * h2 + 1]);
+            } else {
+                o[0] = acc[jn][2 * h2];
+                if (col + 1 < nv) o[1] = acc[jn][2 * h2 + 1];
+            }
         }
 }
 
