@@ -2145,14 +2145,24 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb16(const Ss
 // call without a state term (one chunk, no initial or final state) runs one share. db16 is bounded to 3 CTAs per SM: the share code took it from 168
 // to 208 registers under NVRTC 13.0 (168 with the bound, no stack).
 #if FS_DTYPE != 2
+// Stages of the state term's loop: three where an SM has 228 KB of shared memory (sm_90 / sm_100:
+// 3 CTAs an SM, as the 168 registers allow, at 57-67 KB each), two elsewhere. s_m / s_s live in
+// dynamic shared memory, 2 x kDcdbStages x kRows x kLd64 16-bit values (the host's dcdb16_smem).
+#if FS_ARCH == 90 || FS_ARCH == 100 || FS_ARCH == 103
+constexpr int kDcdbStages = 3;
+#else
+constexpr int kDcdbStages = 2;
+#endif
 template <bool kDB>
 __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
     const SsdParams& p = q.f;
-    __shared__ __align__(16) u16 s_m[2][kRows * kLd64];  // intra: B / C rows o x states; then g / x rows x channels
-    __shared__ __align__(16) u16 s_s[2][kRows * kLd64];  // the state term's state rows p x states n (16-bit)
+    extern __shared__ __align__(16) u16 s_dyn16[];
+    // intra: B / C rows o x states (stage 0); then g / x rows x channels, a stage each
+    u16 (*s_m)[kRows * kLd64] = reinterpret_cast<u16 (*)[kRows * kLd64]>(s_dyn16);
+    u16 (*s_s)[kRows * kLd64] = s_m + kDcdbStages;  // the state term's state rows p x states n (16-bit)
     __shared__ __align__(16) u16 s_c[kRows * kLd64];     // dC: this tile's C rows l x states n (R_state)
-    __shared__ __align__(16) float s_fr[2][2][kTile];     // a head's cum / dt rows for its row factors (stage parity)
-    __shared__ float s_fe[2];                            // dB: the head's cum at the chunk's last position
+    __shared__ __align__(16) float s_fr[kDcdbStages][2][kTile];  // a head's cum / dt rows for its row factors
+    __shared__ float s_fe[kDcdbStages];                  // dB: the head's cum at the chunk's last position
 
     const i64 b = blockIdx.z / p.ngroups, g = blockIdx.z % p.ngroups;
     const i64 hpg = p.nheads / p.ngroups;
@@ -2225,9 +2235,10 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
             load_tile<kRows, 64, kLd64>(s_c, gc, p.C_s[1], rows, nv, q.vec_bc);
             cp_async_commit();
         }
-        // Stages (head hh, 64-channel step ks), two buffers: stage t + 1's A tile and state rows
-        // (H_c / dS_c in 16 bits, from the reverse state passing) by cp.async, issued after stage
-        // t's barrier, land under its mma.
+        // Stages (head hh, 64-channel step ks), kDcdbStages buffers: stage t + kDcdbStages - 1's A
+        // tile and state rows (H_c / dS_c in 16 bits, from the reverse state passing) by cp.async,
+        // issued after stage t's barrier into the buffer stage t - 1 read, land under the mma of
+        // stages t .. (kDcdbStages - 1 stages of loads in flight; an empty group past the last).
         // stage t: this share's head h_lo + t / nks (local head t / nks), channel step t % nks
         const int nks = (int)((p.headdim + 63) / 64);
         const int nstages = (h_hi - h_lo) * nks;
@@ -2260,14 +2271,20 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
             row_ok[h2] = r < rows && (kDB ? seg[m0 + r] == seg_end : seg[m0 + r] == 0);
         }
         issue(0, 0);
+#pragma unroll
+        for (int k = 1; k < kDcdbStages - 1; ++k) {
+            if (k < nstages) issue(k, k);
+            else cp_async_commit();
+        }
         float ah[8][4];
         for (int t = 0; t < nstages; ++t) {
-            const int buf = t & 1, ks = t % nks;
+            const int buf = t % kDcdbStages, ks = t % nks;
             const i64 hh = t / nks;
-            cp_async_wait<0>();
+            cp_async_wait<kDcdbStages - 2>();
             __syncthreads();  // stage t landed; every warp is past stage t - 1 (its buffers free)
-            const bool more = t + 1 < nstages;
-            if (more) issue(t + 1, buf ^ 1);
+            const int tn = t + kDcdbStages - 1;
+            if (tn < nstages) issue(tn, tn % kDcdbStages);
+            else cp_async_commit();
             if (ks == 0) clear(ah);
             const u32 a_base = smem_u32(s_m[buf] + w16 * kLd64 + lane_a(lane, kLd64));
             const u32 sb = smem_u32(s_s[buf]) + lbt;
@@ -2421,13 +2438,20 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_share_sum_db(
 // the worst ddt / dA / ddt_bias error ratios of the split's), ssd_bwd_chunk_dstate16_hilo takes the
 // hi / lo pair (FLASHSCAN_SSD_DSTATE_HILO=1). Both products in one kernel behind a runtime flag cost
 // the split's form 171 -> 181 us at b8 L2048 (NVRTC's register choice under the shared bound).
+// Stages of the dout / C tiles: three on sm_90 (two steps in flight, 41 KB static, still 4 CTAs an
+// SM at 128 registers), two elsewhere, as ssd2_chunk_state's.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr int kLcStages = 3;
+#else
+constexpr int kLcStages = 2;
+#endif
 template <bool kHiLo>
 __device__ __forceinline__ void chunk_dstate16(const SsdBwdParams& q) {
 #if FS_DTYPE != 2
     const SsdParams& p = q.f;
     __shared__ __align__(8) float s_e[kQ];
-    __shared__ __align__(16) u16 s_g[2][32 * kLd64];   // positions l x channels p
-    __shared__ __align__(16) u16 s_c[2][32 * kLd128];  // positions l x states n
+    __shared__ __align__(16) u16 s_g[kLcStages][32 * kLd64];   // positions l x channels p
+    __shared__ __align__(16) u16 s_c[kLcStages][32 * kLd128];  // positions l x states n
 
     const i64 bh = blockIdx.z, b = bh / p.nheads, h = bh % p.nheads, c = blockIdx.x;
     const i64 g = h / (p.nheads / p.ngroups);
@@ -2443,7 +2467,13 @@ __device__ __forceinline__ void chunk_dstate16(const SsdBwdParams& q) {
         load_tile<32, 128, kLd128>(s_c[st], gc + 32 * k * p.C_s[1], p.C_s[1], len - 32 * k, ds, q.vec_bc);
         cp_async_commit();
     };
-    load(0, 0);  // in flight while e_l is formed
+    const int nsteps = (len + 31) / 32;
+    load(0, 0);  // steps 0 .. kLcStages - 2 in flight while e_l is formed
+#pragma unroll
+    for (int k = 1; k < kLcStages - 1; ++k) {
+        if (k < nsteps) load(k, k);
+        else cp_async_commit();
+    }
     {
         const i64 pro = (bh * p.nchunks + c) * kQ;
         const int* seg = q.pseg + (b * p.nchunks + c) * kQ;
@@ -2452,7 +2482,7 @@ __device__ __forceinline__ void chunk_dstate16(const SsdBwdParams& q) {
     }
     float acc[16][4];
     clear(acc);
-    weighted_state_product<kHiLo>(acc, s_g, s_c, s_e, (len + 31) / 32, load);
+    weighted_state_product<kHiLo, kLcStages>(acc, s_g, s_c, s_e, nsteps, load);
     store_state_tile(q.dstates + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate, acc, p0, hd, n0, ds,
                      p.dstate);
 #endif

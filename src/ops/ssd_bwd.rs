@@ -457,6 +457,15 @@ fn dcdb_shares(p: &Problem, chunk: i64) -> i64 {
     ((2048 + live - 1) / live.max(1)).clamp(1, 8.min(hpg))
 }
 
+/// Dynamic shared memory of ssd_bwd_chunk_dc16 / _db16 (cuda/ssd_bwd.cu kDcdbStages): the A and
+/// state tiles of each stage, 2 x stages x 64 rows x 72 (kLd64) 16-bit values; three stages on the
+/// parts with 228 KB of shared memory an SM (sm_90, sm_100, sm_103: 3 CTAs an SM at 168
+/// registers either way), two elsewhere.
+fn dcdb16_smem(arch: i64) -> u32 {
+    let stages = if matches!(arch, 90 | 100 | 103) { 3 } else { 2 };
+    2 * stages * 64 * 72 * 2
+}
+
 /// Lower 64 x 64 blocks (pairs of an l-block and an s-block at or below it) of one chunk.
 fn pairs(chunk: i64) -> i64 {
     let nb = chunk / TILE;
@@ -803,7 +812,7 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
                 1,
             );
             for (kern, sum) in [(&k.dc, &k.sum_dc), (&k.db, &k.sum_db)] {
-                dev.launch(kern, (rows, nts, bg), block, 0, st, &q)?;
+                dev.launch(kern, (rows, nts, bg), block, dcdb16_smem(arch), st, &q)?;
                 if summed {
                     dev.launch(sum, sum_grid, (PASS_THREADS as u32, 1, 1), 0, st, &q)?;
                 }
