@@ -147,6 +147,18 @@ def fwd_bwd(api: Any, a: dict[str, Any], dout: torch.Tensor, kw: dict[str, Any])
     return step
 
 
+def peak_mib(step: Any) -> float:
+    """MiB the step allocates above what was allocated before it, at its peak (torch's caching
+    allocator's count: saved activations, workspaces, gradients), after one warm call."""
+    step()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
 def train_row(shape: tuple, peer: Any, bwd: str = "1") -> dict[str, Any]:
     name, b, L, h, p, n, g, chunk = shape
     a = inputs(b, L, h, p, n, g)
@@ -176,9 +188,13 @@ def train_row(shape: tuple, peer: Any, bwd: str = "1") -> dict[str, Any]:
     # the forward reads x, dt, B, C and writes out; the backward reads them and dout again
     # and writes dx, ddt, dB, dC: about three forwards' worth of traffic at least
     row["flashscan_GBps"] = 3 * bytes_moved(a) / 1e9 / (row["flashscan_us"] * 1e-6)
+    # (the forward keeps its 16-bit H_c for the backward unless FLASHSCAN_SSD_KEEP_STATES=0:
+    # memory traded for the recompute, shown beside the peer's)
+    row["flashscan_peak_MiB"] = peak_mib(ours)
     if peer is not None:
         row["mamba_ssm_us"] = do_bench(ref_step) * 1e6
         row["speedup"] = row["mamba_ssm_us"] / row["flashscan_us"]
+        row["mamba_ssm_peak_MiB"] = peak_mib(ref_step)
     return row
 
 
@@ -200,14 +216,15 @@ def fmt(rows: list[dict[str, Any]], peer_note: str) -> str:
     lines = [
         f"device: {torch.cuda.get_device_name()}; flashscan {flashscan.__version__}; "
         f"peer: {peer_note}",
-        "| shape | flashscan us | GB/s | mamba_ssm us | speedup | wall us (ours / peer) | check |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| shape | flashscan us | GB/s | mamba_ssm us | speedup | wall us (ours / peer) | "
+        "step peak MiB (ours / peer) | check |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         if not r["ok"]:
             worst = f" ({r['worst_grad']})" if "worst_grad" in r else ""
             lines.append(
-                f"| {r['shape']} | FAILED | | | | | rel RMS {r['rel_rms']:.2e}{worst} vs "
+                f"| {r['shape']} | FAILED | | | | | | rel RMS {r['rel_rms']:.2e}{worst} vs "
                 f"{r['checked_against']} |"
             )
             continue
@@ -216,9 +233,12 @@ def fmt(rows: list[dict[str, Any]], peer_note: str) -> str:
         wall = "-"
         if "flashscan_wall_us" in r:
             wall = f"{r['flashscan_wall_us']:.1f} / {r.get('mamba_ssm_wall_us', float('nan')):.1f}"
+        mem = "-"
+        if "flashscan_peak_MiB" in r:
+            mem = f"{r['flashscan_peak_MiB']:.0f} / {r.get('mamba_ssm_peak_MiB', float('nan')):.0f}"
         lines.append(
             f"| {r['shape']} | {r['flashscan_us']:.1f} | {r['flashscan_GBps']:.0f} | {peer} | "
-            f"{sp} | {wall} | rel RMS {r['rel_rms']:.1e}"
+            f"{sp} | {wall} | {mem} | rel RMS {r['rel_rms']:.1e}"
             f"{' (' + r['worst_grad'] + ')' if 'worst_grad' in r else ''} vs "
             f"{r['checked_against']} |"
         )

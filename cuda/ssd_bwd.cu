@@ -115,8 +115,12 @@ struct SsdBwdParams {
     // chunk states, L_c and the reverse state passing, and ssd_bwd_dt takes df_c = 0 without
     // reading f_c or the df partials
     int terms;
+    // 1: dB and dC are dense (batch, seqlen, ngroups, dstate) rows, 8-byte aligned, and their
+    // element count a multiple of 4: the share sums take 4 elements a thread (16-byte partial
+    // loads, one 8-byte store, no index arithmetic); the host sizes their grid by it
+    int sum_vec, pad3_;
 };
-static_assert(sizeof(SsdBwdParams) == 1024, "SsdBwdParams layout changed: update the host mirror");
+static_assert(sizeof(SsdBwdParams) == 1032, "SsdBwdParams layout changed: update the host mirror");
 
 constexpr int kMBlocks = kQ / kTile;
 constexpr int kTiles = 4;  // channel tiles of 64 (headdim <= 256): the row partials' last dimension
@@ -1244,23 +1248,29 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_reduce(const 
     const i64 M = p.batch * live;
     const int sl = threadIdx.x / hd, pp = threadIdx.x % hd;
     if (sl < slices) {
+        // partial m = sl + (kIn k + u) slices goes to v[u], k rising (the sums and their order as
+        // before); (bb, lb) = (m / live, m % live) is carried from one m to the next by subtraction
+        // (a 64-bit division and remainder by the run-time live per load had held the kernel:
+        // 36 us at b8 L2048 on the H200 for 1.3 M floats), and the kIn loads of a step issue
+        // before their adds (absent ones read as 0)
         constexpr int kIn = 8;
         float v[kIn];
 #pragma unroll
         for (int u = 0; u < kIn; ++u) v[u] = 0.f;
-        auto part = [&](i64 m) {
-            const i64 bb = m / live, lb = m % live;
-            return q.ddpart[((bb * p.nheads + h) * q.nlblocks + lb) * p.headdim + pp];
-        };
-        i64 m = sl;
-        for (; m + (kIn - 1) * slices < M; m += kIn * slices) {
+        const i64 row = p.nheads * q.nlblocks * p.headdim;  // from batch row bb to bb + 1
+        const float* base = q.ddpart + h * q.nlblocks * p.headdim + pp;
+        i64 bb = sl / live, lb = sl % live;  // (once)
+        for (i64 m = sl; m < M; m += kIn * slices) {
+            float x[kIn];
 #pragma unroll
-            for (int u = 0; u < kIn; ++u) v[u] += part(m + u * slices);
+            for (int u = 0; u < kIn; ++u) {
+                x[u] = m + u * slices < M ? base[bb * row + lb * p.headdim] : 0.f;
+                lb += slices;
+                while (lb >= live) lb -= live, ++bb;
+            }
+#pragma unroll
+            for (int u = 0; u < kIn; ++u) v[u] += x[u];
         }
-        // the last (at most kIn - 1) m: fixed slots (the unrolled u), no dynamic index into v
-#pragma unroll
-        for (int u = 0; u < kIn - 1; ++u)
-            if (m + u * slices < M) v[u] += part(m + u * slices);
         s_dd[threadIdx.x] = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
     }
     __syncthreads();
@@ -2135,13 +2145,24 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb16(const Ss
 // call without a state term (one chunk, no initial or final state) runs one share. db16 is bounded to 3 CTAs per SM: the share code took it from 168
 // to 208 registers under NVRTC 13.0 (168 with the bound, no stack).
 #if FS_DTYPE != 2
+// Stages of the state term's loop: three where an SM has 228 KB of shared memory (sm_90 / sm_100:
+// 3 CTAs an SM, as the 168 registers allow, at 57-67 KB each), two elsewhere. s_m / s_s live in
+// dynamic shared memory, 2 x kDcdbStages x kRows x kLd64 16-bit values (the host's dcdb16_smem).
+#if FS_ARCH == 90 || FS_ARCH == 100 || FS_ARCH == 103
+constexpr int kDcdbStages = 3;
+#else
+constexpr int kDcdbStages = 2;
+#endif
 template <bool kDB>
 __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
     const SsdParams& p = q.f;
-    __shared__ __align__(16) u16 s_m[2][kRows * kLd64];  // intra: B / C rows o x states; then g / x rows x channels
-    __shared__ __align__(16) u16 s_s[2][kRows * kLd64];  // the state term's state rows p x states n (16-bit)
+    extern __shared__ __align__(16) u16 s_dyn16[];
+    // intra: B / C rows o x states (stage 0); then g / x rows x channels, a stage each
+    u16 (*s_m)[kRows * kLd64] = reinterpret_cast<u16 (*)[kRows * kLd64]>(s_dyn16);
+    u16 (*s_s)[kRows * kLd64] = s_m + kDcdbStages;  // the state term's state rows p x states n (16-bit)
     __shared__ __align__(16) u16 s_c[kRows * kLd64];     // dC: this tile's C rows l x states n (R_state)
-    __shared__ float s_f[2][kTile];                      // a head's row factors (head parity)
+    __shared__ __align__(16) float s_fr[kDcdbStages][2][kTile];  // a head's cum / dt rows for its row factors
+    __shared__ float s_fe[kDcdbStages];                  // dB: the head's cum at the chunk's last position
 
     const i64 b = blockIdx.z / p.ngroups, g = blockIdx.z % p.ngroups;
     const i64 hpg = p.nheads / p.ngroups;
@@ -2214,9 +2235,10 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
             load_tile<kRows, 64, kLd64>(s_c, gc, p.C_s[1], rows, nv, q.vec_bc);
             cp_async_commit();
         }
-        // Stages (head hh, 64-channel step ks), two buffers: stage t + 1's A tile and state rows
-        // (H_c / dS_c in 16 bits, from the reverse state passing) by cp.async, issued after stage
-        // t's barrier, land under its mma.
+        // Stages (head hh, 64-channel step ks), kDcdbStages buffers: stage t + kDcdbStages - 1's A
+        // tile and state rows (H_c / dS_c in 16 bits, from the reverse state passing) by cp.async,
+        // issued after stage t's barrier into the buffer stage t - 1 read, land under the mma of
+        // stages t .. (kDcdbStages - 1 stages of loads in flight; an empty group past the last).
         // stage t: this share's head h_lo + t / nks (local head t / nks), channel step t % nks
         const int nks = (int)((p.headdim + 63) / 64);
         const int nstages = (h_hi - h_lo) * nks;
@@ -2224,6 +2246,13 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
         auto issue = [&](int t, int buf) {
             const i64 h = g * hpg + h_lo + t / nks;
             const int k0 = 64 * (t % nks);
+            if (t % nks == nks - 1) {  // the head's last stage: its cum / dt rows for the row factors
+                const i64 pro = ((b * p.nheads + h) * p.nchunks + c) * kQ;
+                const int u = threadIdx.x;
+                if (u < 16) cp_async_ca<16>(smem_u32(s_fr[buf][0] + 4 * u), q.pcum + pro + m0 + 4 * u, 16);
+                else if (kDB && u < 32) cp_async_ca<16>(smem_u32(s_fr[buf][1] + 4 * (u - 16)), q.pdt + pro + m0 + 4 * (u - 16), 16);
+                else if (kDB && u == 32) cp_async_ca<4>(smem_u32(&s_fe[buf]), q.pcum + pro + len - 1, 4);
+            }
             const u16* ga = kDB ? (const u16*)p.x + b * p.x_s[0] + (c0 + m0) * p.x_s[1] + h * p.x_s[2]
                                 : (const u16*)q.dout + b * q.dout_s[0] + (c0 + m0) * q.dout_s[1] + h * q.dout_s[2];
             load_tile<kRows, 64, kLd64>(s_m[buf], ga + k0, a_t, rows, (int)p.headdim - k0, q.vec_x);
@@ -2233,34 +2262,29 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
                                         q.vec_states16);
             cp_async_commit();
         };
-        auto factors = [&](i64 hh) {  // local head hh's row factors into s_f[hh & 1]
-            if (threadIdx.x < kTile) {
-                const i64 pro = ((b * p.nheads + g * hpg + h_lo + hh) * p.nchunks + c) * kQ;
-                const int r = threadIdx.x, l = m0 + r;
-                float f = 0.f;
-                if (r < rows) {
-                    if (kDB) {
-                        if (seg[l] == seg_end) f = ex(q.pcum[pro + len - 1] - q.pcum[pro + l]) * q.pdt[pro + l];
-                    } else if (seg[l] == 0) {
-                        f = ex(q.pcum[pro + l]);
-                    }
-                }
-                s_f[hh & 1][r] = f;
-            }
-        };
+        // this thread's rows r0, r0 + 8 of the tile: inside the chunk and on the sequence whose
+        // factor is not zero (dB: the last position's; dC: the first's)
+        bool row_ok[2];
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+            const int r = r0 + 8 * h2;
+            row_ok[h2] = r < rows && (kDB ? seg[m0 + r] == seg_end : seg[m0 + r] == 0);
+        }
         issue(0, 0);
-        factors(0);
+#pragma unroll
+        for (int k = 1; k < kDcdbStages - 1; ++k) {
+            if (k < nstages) issue(k, k);
+            else cp_async_commit();
+        }
         float ah[8][4];
         for (int t = 0; t < nstages; ++t) {
-            const int buf = t & 1, ks = t % nks;
+            const int buf = t % kDcdbStages, ks = t % nks;
             const i64 hh = t / nks;
-            cp_async_wait<0>();
+            cp_async_wait<kDcdbStages - 2>();
             __syncthreads();  // stage t landed; every warp is past stage t - 1 (its buffers free)
-            const bool more = t + 1 < nstages;
-            if (more) {
-                issue(t + 1, buf ^ 1);
-                if ((t + 1) % nks == 0) factors(hh + 1);
-            }
+            const int tn = t + kDcdbStages - 1;
+            if (tn < nstages) issue(tn, tn % kDcdbStages);
+            else cp_async_commit();
             if (ks == 0) clear(ah);
             const u32 a_base = smem_u32(s_m[buf] + w16 * kLd64 + lane_a(lane, kLd64));
             const u32 sb = smem_u32(s_s[buf]) + lbt;
@@ -2271,12 +2295,14 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
                 mma_row<8, true>(ah, a, sb + kk * 16 * kLd64 * 2, 16 * 2);
             }
             if (ks == nks - 1) {  // the head's term: acc += f ah (dC: R_state too)
-                const float* f_h = s_f[hh & 1];
+                // its row factors, each thread its two rows' from the stage's cum / dt rows (a
+                // few threads' global loads between the stages left the others at the barrier)
                 float rs[2] = {0.f, 0.f};
 #pragma unroll
                 for (int h2 = 0; h2 < 2; ++h2) {
                     const int r = r0 + 8 * h2;
-                    const float f = f_h[r];
+                    float f = 0.f;
+                    if (row_ok[h2]) f = kDB ? ex(s_fe[buf] - s_fr[buf][0][r]) * s_fr[buf][1][r] : ex(s_fr[buf][0][r]);
 #pragma unroll
                     for (int jn = 0; jn < 8; ++jn) {
                         const float a0 = f * ah[jn][2 * h2], a1 = f * ah[jn][2 * h2 + 1];
@@ -2312,22 +2338,51 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
             }
         return;
     }
+    // (pairs as 8-byte stores where dstate is even: 4-byte stores used 13 of every 32-byte sector)
     float* part = q.share_part + (((share * p.batch + b) * p.seqlen + c0) * p.ngroups + g) * p.dstate + n0;
+    const bool pair = (p.dstate & 1) == 0;
 #pragma unroll
     for (int jn = 0; jn < 8; ++jn)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int r = m0 + acc_row(e), col = acc_col(jn, e);
-            if (r < len && col < nv) part[(i64)r * p.ngroups * p.dstate + col] = acc[jn][e];
+        for (int h2 = 0; h2 < 2; ++h2) {
+            const int r = m0 + acc_row(2 * h2), col = acc_col(jn, 0);
+            if (r >= len || col >= nv) continue;
+            float* o = part + (i64)r * p.ngroups * p.dstate + col;
+            if (pair) {
+                *(float2*)o = make_float2(acc[jn][2 * h2], acc[jn][2 * h2 + 1]);
+            } else {
+                o[0] = acc[jn][2 * h2];
+                if (col + 1 < nv) o[1] = acc[jn][2 * h2 + 1];
+            }
         }
 }
 
-// dC / dB: the shares' partials summed in share order (launched for two or more), one element a
-// thread, in the gradient's dtype. Grid ceil(batch * seqlen * ngroups * dstate / kPassThreads).
+// dC / dB: the shares' partials summed in share order (launched for two or more, at most
+// kMaxShares), in the gradient's dtype. q.sum_vec (dense rows): 4 elements a thread, every share's
+// 16-byte load issued before the first add (a run-time trip count had kept them one round trip at a
+// time), the 4 sums stored as one 8-byte group, the same sums in the same order (bitwise the one-
+// element form); grid ceil(elements / (4 kPassThreads)). Else one element a thread through the
+// strides; grid ceil(elements / kPassThreads).
+constexpr int kMaxShares = 8;
 template <bool kDB>
 __device__ __forceinline__ void share_sum(const SsdBwdParams& q) {
     const SsdParams& p = q.f;
     const i64 n = p.batch * p.seqlen * p.ngroups * p.dstate;
+    if (q.sum_vec) {
+        const i64 e = ((i64)blockIdx.x * kPassThreads + threadIdx.x) * 4;
+        if (e >= n) return;
+        float4 part[kMaxShares];
+#pragma unroll
+        for (int k = 0; k < kMaxShares; ++k)
+            part[k] = k < q.dcdb_shares ? *(const float4*)(q.share_part + k * n + e) : zero4();
+        float4 v = zero4();
+#pragma unroll
+        for (int k = 0; k < kMaxShares; ++k)
+            if (k < q.dcdb_shares) v.x += part[k].x, v.y += part[k].y, v.z += part[k].z, v.w += part[k].w;
+        u16* out = (u16*)(kDB ? q.dB : q.dC) + e;
+        *(uint2*)out = make_uint2(pack2<DT>(v.x, v.y), pack2<DT>(v.z, v.w));
+        return;
+    }
     const i64 e = (i64)blockIdx.x * kPassThreads + threadIdx.x;
     if (e >= n) return;
     float v = 0.f;
@@ -2373,17 +2428,30 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_share_sum_db(
 // ceil(dstate/128), batch*nheads): channels p0 .. p0 + 63 x states n0 .. n0 + 127 per CTA, warp w
 // channels 16w .. 16w + 15, acc[16][4]; K = the chunk's positions, 32 a step in two cp.async stages
 // (common/ssd_tiles.cuh weighted_state_product, ssd2_chunk_state's loop). A = g^T by ldmatrix .trans,
-// its k columns (positions) scaled by e_l in fp32 and split into a hi / lo pair of 16-bit values (two
-// mma on the same B fragments): the scaled g keeps ~16 significant bits where one bf16 rounding
-// would keep 8 (the fp32 kernel rounds it to tf32, 11). B = C by .trans.
+// its k columns (positions) scaled by e_l in fp32, then rounded to 16 bits once or split into a hi / lo
+// pair of 16-bit values (two mma on the same B fragments: ~16 significant bits where one bf16
+// rounding keeps 8; the fp32 kernel rounds it to tf32, 11). B = C by .trans.
 // e_l from the prologue records (q.pcum / q.pseg, ssd_bwd_prologue). L_c into q.dstates (fp32), as
 // ssd_bwd_chunk_dstate leaves it for the reverse state passing.
-extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate16(const SsdBwdParams q) {
+// Two entries, one product each: ssd_bwd_chunk_dstate16 rounds the scaled g once (one mma, 8
+// significant bits in bf16, as Triton's dstates kernel; the default: measured on the H200 it keeps
+// the worst ddt / dA / ddt_bias error ratios of the split's), ssd_bwd_chunk_dstate16_hilo takes the
+// hi / lo pair (FLASHSCAN_SSD_DSTATE_HILO=1). Both products in one kernel behind a runtime flag cost
+// the split's form 171 -> 181 us at b8 L2048 (NVRTC's register choice under the shared bound).
+// Stages of the dout / C tiles: three on sm_90 (two steps in flight, 41 KB static, still 4 CTAs an
+// SM at 128 registers), two elsewhere, as ssd2_chunk_state's.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr int kLcStages = 3;
+#else
+constexpr int kLcStages = 2;
+#endif
+template <bool kHiLo>
+__device__ __forceinline__ void chunk_dstate16(const SsdBwdParams& q) {
 #if FS_DTYPE != 2
     const SsdParams& p = q.f;
     __shared__ __align__(8) float s_e[kQ];
-    __shared__ __align__(16) u16 s_g[2][32 * kLd64];   // positions l x channels p
-    __shared__ __align__(16) u16 s_c[2][32 * kLd128];  // positions l x states n
+    __shared__ __align__(16) u16 s_g[kLcStages][32 * kLd64];   // positions l x channels p
+    __shared__ __align__(16) u16 s_c[kLcStages][32 * kLd128];  // positions l x states n
 
     const i64 bh = blockIdx.z, b = bh / p.nheads, h = bh % p.nheads, c = blockIdx.x;
     const i64 g = h / (p.nheads / p.ngroups);
@@ -2399,7 +2467,13 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate16(co
         load_tile<32, 128, kLd128>(s_c[st], gc + 32 * k * p.C_s[1], p.C_s[1], len - 32 * k, ds, q.vec_bc);
         cp_async_commit();
     };
-    load(0, 0);  // in flight while e_l is formed
+    const int nsteps = (len + 31) / 32;
+    load(0, 0);  // steps 0 .. kLcStages - 2 in flight while e_l is formed
+#pragma unroll
+    for (int k = 1; k < kLcStages - 1; ++k) {
+        if (k < nsteps) load(k, k);
+        else cp_async_commit();
+    }
     {
         const i64 pro = (bh * p.nchunks + c) * kQ;
         const int* seg = q.pseg + (b * p.nchunks + c) * kQ;
@@ -2408,8 +2482,14 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate16(co
     }
     float acc[16][4];
     clear(acc);
-    weighted_state_product<true>(acc, s_g, s_c, s_e, (len + 31) / 32, load);
+    weighted_state_product<kHiLo, kLcStages>(acc, s_g, s_c, s_e, nsteps, load);
     store_state_tile(q.dstates + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate, acc, p0, hd, n0, ds,
                      p.dstate);
 #endif
+}
+extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate16(const SsdBwdParams q) {
+    chunk_dstate16<false>(q);
+}
+extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate16_hilo(const SsdBwdParams q) {
+    chunk_dstate16<true>(q);
 }

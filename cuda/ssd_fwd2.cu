@@ -100,7 +100,7 @@
 
 static_assert(DT != 2, "ssd_fwd2 covers fp16 / bf16; fp32 data uses cuda/ssd.cu");
 
-// The default path's parameter block plus this path's workspaces and alignment flags (sizeof 528).
+// The default path's parameter block plus this path's workspaces and alignment flags (sizeof 592).
 struct Ssd2Params {
     SsdParams p;
     float* cb;    // (batch, nchunks, ngroups, kQ, kQ) fp32 workspace: C_l . B_s
@@ -116,8 +116,16 @@ struct Ssd2Params {
     // (batch, nchunks, nheads, headdim, dstate) in x's dtype, the layout of the backward's
     // states16, and the scan reads it from here; null: packed in place over each fp32 slot
     u16* h16;
+    // return_varlen_states (batch 1; null otherwise): cu_seqlens (nseq + 1,) int32 on the device,
+    // and the states after each sequence, (nseq, nheads, headdim, dstate) fp32 at strides varlen_s,
+    // written by ssd2_varlen_states (the state passing then leaves fp32 H_c in place, states_f32,
+    // and the 16-bit H_c in h16)
+    const int* cu_seqlens;
+    float* varlen;
+    i64 varlen_s[4];
+    int nseq, pad_;
 };
-static_assert(sizeof(Ssd2Params) == 536, "Ssd2Params layout changed: update the host mirror");
+static_assert(sizeof(Ssd2Params) == 592, "Ssd2Params layout changed: update the host mirror");
 
 // Where the 16-bit H_c of (batch b, chunk c, head h) starts: q.h16's compact rows, or the start of
 // the chunk's fp32 slot in p.states (packed in place by ssd2_state_passing).
@@ -294,6 +302,87 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ss
         p.decay[(b * p.nheads + h) * p.nchunks + c] = seg_end == 0 ? ex(cum_end) : 0.f;
 }
 
+// ---- 1b. the states after each packed sequence (return_varlen_states, batch 1) -----------------------
+// Sequence i holds positions cu[i] .. cu[i+1] - 1 of batch row 0; e = cu[i+1] - 1 lies in chunk c at pe =
+// e - c kQ. Its state after e is ssd2_chunk_state's product ending at pe instead of at the chunk's last
+// position, plus the carried state: H_e = [seg_pe == 0] exp(cum_pe) H_c + sum over s <= pe with seg_s ==
+// seg_pe of exp(cum_pe - cum_s) dt'_s x_s B_s^T, with H_c the state entering chunk c in fp32 (the state
+// passing ran with states_f32). seq_idx must mark the same sequences as cu_seqlens (the host checks it):
+// its resets make H_c the sequence's own state and the seg mask drop the positions of earlier ones. An
+// empty sequence's state is 0 (sequence 0's: the initial state, when given). Grid (nseq,
+// ceil(headdim/64) * ceil(dstate/128), nheads), kThreads; warp w channels 16w .. 16w + 15 of the tile.
+extern "C" __global__ void __launch_bounds__(kThreads) ssd2_varlen_states(const Ssd2Params q) {
+    const SsdParams& p = q.p;
+    __shared__ __align__(16) float s_lw[kQ];
+    __shared__ __align__(16) float s_cum[kQ];
+    __shared__ __align__(16) int s_seg[kQ];
+    __shared__ __align__(8) float s_w[kQ];
+    __shared__ __align__(16) u16 s_x[kStateStages][32 * kLd64];   // positions s x channels p
+    __shared__ __align__(16) u16 s_b[kStateStages][32 * kLd128];  // positions s x states n
+
+    const int i = blockIdx.x;
+    const i64 h = blockIdx.z, g = h / (p.nheads / p.ngroups);
+    const int ntn = (int)((p.dstate + 127) / 128);
+    const int p0 = (blockIdx.y / ntn) * 64, n0 = (blockIdx.y % ntn) * 128;
+    const int hd = (int)p.headdim - p0, ds = (int)p.dstate - n0;  // valid columns of the tile
+    float* out = q.varlen + i * q.varlen_s[0] + h * q.varlen_s[1];
+    const i64 lo = q.cu_seqlens[i], hi = min((i64)q.cu_seqlens[i + 1], p.seqlen);
+    if (hi <= lo) {  // empty: zero, or the initial state for sequence 0
+        for (int e = threadIdx.x; e < 64 * 128; e += kThreads) {
+            const int pp = e / 128, nn = e % 128;
+            if (pp >= hd || nn >= ds) continue;
+            const i64 P = p0 + pp, N = n0 + nn;
+            const float v =
+                i == 0 && p.has_init ? ld_any(p.init, h * p.init_s[1] + P * p.init_s[2] + N * p.init_s[3], p.init_dtype)
+                                     : 0.f;
+            out[P * q.varlen_s[2] + N * q.varlen_s[3]] = v;
+        }
+        return;
+    }
+    const i64 c = (hi - 1) / kQ, c0 = c * kQ;
+    const int len = (int)(hi - c0);  // positions 0 .. pe = len - 1 of chunk c
+    const u16* gx = (const u16*)p.x + c0 * p.x_s[1] + h * p.x_s[2] + p0;
+    const u16* gb = (const u16*)p.B + c0 * p.B_s[1] + g * p.B_s[2] + n0;
+    auto load = [&](int k, int st) {
+        load_tile<32, 64, kLd64>(s_x[st], gx + 32 * k * p.x_s[1], p.x_s[1], len - 32 * k, hd, q.vec_x);
+        load_tile<32, 128, kLd128>(s_b[st], gb + 32 * k * p.B_s[1], p.B_s[1], len - 32 * k, ds, q.vec_bc);
+        cp_async_commit();
+    };
+    const int nsteps = (len + 31) / 32;
+    load_prep(q, h, c, s_lw, s_cum, s_seg);  // batch 0: the (batch, head) index is h
+    cp_async_commit();
+    load(0, 0);
+#pragma unroll
+    for (int k = 1; k < kStateStages - 1; ++k) {
+        if (k < nsteps) load(k, k);
+        else cp_async_commit();
+    }
+    cp_async_wait<kStateStages - 1>();
+    __syncthreads();
+    const float cum_e = s_cum[len - 1], cl2_e = cum_e * kLog2e;
+    const int seg_e = s_seg[len - 1];
+    for (int s = threadIdx.x; s < kQ; s += kThreads)
+        s_w[s] = s < len && s_seg[s] == seg_e ? ex2(cl2_e - s_lw[s]) : 0.f;
+    // (the first __syncthreads of the loop publishes s_w)
+    float acc[16][4];
+    clear(acc);
+    weighted_state_product<false, kStateStages>(acc, s_x, s_b, s_w, nsteps, load);
+    // the carried state, scaled to pe: only where pe continues the sequence that entered the chunk
+    const float carry = seg_e == 0 ? ex(cum_e) : 0.f;
+    const float* H = p.states + (c * p.nheads + h) * p.headdim * p.dstate;
+#pragma unroll
+    for (int jn = 0; jn < 16; ++jn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int pp = acc_row(e), nn = acc_col(jn, e);
+            if (pp >= hd || nn >= ds) continue;
+            const i64 P = p0 + pp, N = n0 + nn;
+            float v = acc[jn][e];
+            if (carry != 0.f) v += carry * H[P * p.dstate + N];
+            out[P * q.varlen_s[2] + N * q.varlen_s[3]] = v;
+        }
+}
+
 // ---- 2. state passing ---------------------------------------------------------------------------------
 // One CTA per (batch, head) walks the head's states in blocks of kPassBlock elements (4 per thread),
 // each block through every chunk: S_c read (fp32), the fp32 recurrence H_{c+1} = f_c H_c + S_c carried
@@ -366,9 +455,13 @@ __device__ __forceinline__ void pass_states(const Ssd2Params& q) {
                     for (int u = 0; u < 4; ++u)
                         if (u < nv) d32[u] = H[u];
                 }
+                // (with h16 as well, the 16-bit H_c below: a return_varlen_states call, whose scan
+                // reads those while ssd2_varlen_states reads the fp32 ones)
+                if (!kCompact) {
 #pragma unroll
-                for (int u = 0; u < 4; ++u) H[u] = Hn[u];
-                continue;
+                    for (int u = 0; u < 4; ++u) H[u] = Hn[u];
+                    continue;
+                }
             }
             u16* dst = h0 + c * hstep + e0;
             if (vec && nv == 4) {

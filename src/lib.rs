@@ -735,7 +735,7 @@ fn selective_state_update(
 /// selects the second forward path for fp16 / bf16 data (ops::ssd::SOURCE2).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, out, final_states, states, decay, chunk_size, dt_softplus, dt_min, dt_max, stream, cb=None, states16=None))]
+#[pyo3(signature = (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, out, final_states, states, decay, chunk_size, dt_softplus, dt_min, dt_max, stream, cb=None, states16=None, cu_seqlens=None, varlen_states=None))]
 #[allow(non_snake_case)]
 fn ssd_fwd(
     x: &Bound<'_, PyAny>,
@@ -759,6 +759,8 @@ fn ssd_fwd(
     stream: Option<u64>,
     cb: Option<&Bound<'_, PyAny>>,
     states16: Option<&Bound<'_, PyAny>>,
+    cu_seqlens: Option<&Bound<'_, PyAny>>,
+    varlen_states: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     let ch = stream_choice(stream);
     let x = import(x, "x", ch)?;
@@ -777,6 +779,17 @@ fn ssd_fwd(
     let decay = import(decay, "decay", ch)?;
     let cb = import_opt(cb, "cb", ch)?;
     let states16 = import_opt(states16, "states16", ch)?;
+    let cu = import_opt(cu_seqlens, "cu_seqlens", ch)?;
+    let vs = import_opt(varlen_states, "varlen_states", ch)?;
+    let varlen = match (view_of(&cu), view_of(&vs)) {
+        (Some(c), Some(v)) => Some((c, v)),
+        (None, None) => None,
+        _ => {
+            return Err(PyValueError::new_err(
+                "ssd_fwd: cu_seqlens and varlen_states go together",
+            ))
+        }
+    };
     let args = ops::ssd::SsdArgs {
         inputs: ops::ssd::SsdInputs {
             x: &x.view,
@@ -799,6 +812,7 @@ fn ssd_fwd(
         decay: &decay.view,
         cb: view_of(&cb),
         states16: view_of(&states16),
+        varlen,
     };
     Ok(ops::ssd::forward(&args, ch)?)
 }

@@ -5,6 +5,7 @@ float64, the torch.library ops and their fake implementations)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -234,7 +235,7 @@ def test_gradient_through_one_output_only(reach):
             True,
             0.0,
             math.inf,
-        )  # fmt: skip
+        )[:2]  # fmt: skip
     )
     for name, e, o in zip(names, eager, op):
         assert e is not None and o is not None, name
@@ -454,3 +455,38 @@ def test_native_backward_16bit_switches(monkeypatch):
             _native.ssd_bwd(**_half())
         monkeypatch.delenv(var)
     assert _native.ssd_bwd_16bit(False)
+
+
+def _varlen_check(cu: Any, seq: Any, seqlen: int = 40, init: bool = False) -> Any:
+    """ssd._varlen_offsets (the GPU varlen path's host checks) on numpy arrays."""
+    from flashscan import ssd as core
+    from flashscan._frameworks import NUMPY
+
+    objs = (None,) * 8 + (np.zeros((1, 2, 3, 4), np.float32) if init else None, seq, cu)
+    hands = [None] * 8 + [NUMPY if init else None, None if seq is None else NUMPY, NUMPY]
+    return core._varlen_offsets(NUMPY, objs, hands, seqlen)  # type: ignore[arg-type]
+
+
+def test_gpu_varlen_checks_tie_seq_idx_to_cu_seqlens() -> None:
+    """The GPU's varlen states take each sequence's carried state from the state passing, whose
+    resets seq_idx places: the host check passes a seq_idx that changes exactly where cu_seqlens
+    starts a non-empty sequence (empty ones in between allowed), and refuses any other, a
+    missing one for several sequences, and an initial state whose sequence 0 is empty."""
+    cu = np.array([0, 7, 7, 30, 40], np.int64)
+    seq = np.concatenate([np.full(7, 0), np.full(23, 2), np.full(10, 3)]).astype(np.int32)[None]
+    got = _varlen_check(cu, seq)
+    assert got.dtype == np.int32 and got.tolist() == cu.tolist()  # int64 offsets made int32
+    assert _varlen_check(np.array([0, 40], np.int32), None) is not None  # one sequence, no seq_idx
+    assert _varlen_check(np.array([0, 0, 40], np.int32), None).tolist() == [0, 0, 40]
+    with pytest.raises(ValueError, match="seq_idx must change exactly"):
+        _varlen_check(cu, None)
+    shifted = np.concatenate([np.full(8, 0), np.full(22, 2), np.full(10, 3)]).astype(np.int32)
+    with pytest.raises(ValueError, match="seq_idx must change exactly"):
+        _varlen_check(cu, shifted[None])
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        _varlen_check(np.array([0, 7, 39], np.int32), seq)
+    with pytest.raises(ValueError, match="initial state starts sequence 0"):
+        _varlen_check(np.array([0, 0, 40], np.int32), None, init=True)
+    with pytest.raises(ValueError, match="initial state starts sequence 0"):
+        _varlen_check(cu, seq + 1, init=True)
+    assert _varlen_check(cu, seq, init=True) is not None

@@ -496,8 +496,15 @@ def test_gpu_errors_are_clear() -> None:
     with pytest.raises(flashscan.UnsupportedError, match="chunk_size"):
         flashscan.mamba_chunk_scan_combined(**a, chunk_size=100)
     with pytest.raises(flashscan.UnsupportedError, match="return_varlen_states"):
-        flashscan.mamba_chunk_scan_combined(
-            **a, chunk_size=64, cu_seqlens=torch.tensor([0, 64], device="cuda"),
+        flashscan.mamba_chunk_scan_combined(  # float32 x: no GPU varlen states
+            **{**a, "x": a["x"].float(), "B": a["B"].float(), "C": a["C"].float(),
+               "z": a["z"].float()},
+            chunk_size=64, cu_seqlens=torch.tensor([0, 64], device="cuda"),
+            return_varlen_states=True,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="seq_idx must change exactly"):
+        flashscan.mamba_chunk_scan_combined(  # two sequences, no seq_idx to reset the state
+            **a, chunk_size=64, cu_seqlens=torch.tensor([0, 30, 64], device="cuda"),
             return_varlen_states=True,
         )  # fmt: skip
     with pytest.raises(flashscan.UnsupportedError, match="B is float32"):
@@ -856,6 +863,7 @@ def test_backward_16bit_kernels_run_on_16bit_data(
     in its dtype: no float32 copies, no casts back), not from the float32 ones on float32
     copies; FLASHSCAN_SSD_DX16=0, a call with z and float32 data take the float32 kernels."""
     monkeypatch.delenv("FLASHSCAN_SSD_BWD", raising=False)
+    monkeypatch.delenv("FLASHSCAN_SSD_DSTATE_HILO", raising=False)
     if switch is None:
         monkeypatch.delenv("FLASHSCAN_SSD_DX16", raising=False)
     else:
@@ -878,6 +886,11 @@ def test_backward_16bit_kernels_run_on_16bit_data(
     dstate = sorted(n for n in names if "dstate" in n)
     assert ("ssd_bwd_chunk_dstate16" in names) == want16, dstate
     assert ("ssd_bwd_chunk_dstate" in names) == (not want16), dstate
+    assert "ssd_bwd_chunk_dstate16_hilo" not in names, dstate
+    if want16:  # the hi / lo split of L_c's scaled dout only where asked for
+        monkeypatch.setenv("FLASHSCAN_SSD_DSTATE_HILO", "1")
+        split = sorted(n for n in _bwd_kernel_names(a, 128) if "dstate" in n)
+        assert split == ["ssd_bwd_chunk_dstate16_hilo"], split
     assert ("ssd_bwd_cb" in names) == (not want16), sorted(n for n in names if "cb" in n)
 
 
@@ -899,10 +912,13 @@ def test_backward_16bit_kernels_match_the_rule(
     """Every gradient of a 16-bit call without z (the states recomputed on ssd2's kernels; dx,
     dCB, dC, dB and the partials behind ddt, dA, ddt_bias, dD from the 16-bit kernels) against
     float64 under the rule, beside the float32 kernels' (FLASHSCAN_SSD_DX16=0) within the same
-    rule: final states, initial states, D per channel, seq_idx resets, NaN-poisoned scratch."""
+    rule: final states, initial states, D per channel, seq_idx resets, NaN-poisoned scratch. L_c
+    both ways: its scaled dout rounded once (the default) and split into a hi / lo pair
+    (FLASHSCAN_SSD_DSTATE_HILO=1)."""
     dt_name, g, n, p, L, chunk, cuts = case
     dtype = DTYPES[dt_name]
     monkeypatch.delenv("FLASHSCAN_SSD_BWD", raising=False)
+    monkeypatch.delenv("FLASHSCAN_SSD_DSTATE_HILO", raising=False)
     a = ssd_inputs(2, L, 4, p, g, n, dtype, D2=True)
     del a["z"]  # the 16-bit kernels' calls (with z the float32 ones run)
     kw: dict[str, Any] = {}
@@ -921,6 +937,10 @@ def test_backward_16bit_kernels_match_the_rule(
     poison(size, 2 * L * g * n * a["B"].element_size())
     got = grads_of(ours(a, chunk, **kw), a, dout, dfinal)
     check_grads(rule, got, ref, base, dtype)
+    monkeypatch.setenv("FLASHSCAN_SSD_DSTATE_HILO", "1")
+    split = grads_of(ours(a, chunk, **kw), a, dout, dfinal)
+    check_grads(rule, split, ref, base, dtype)
+    monkeypatch.delenv("FLASHSCAN_SSD_DSTATE_HILO")
     monkeypatch.setenv("FLASHSCAN_SSD_DX16", "0")
     old = grads_of(ours(a, chunk, **kw), a, dout, dfinal)
     check_grads(rule, old, ref, base, dtype)
@@ -1168,3 +1188,124 @@ def test_backward_takes_the_forward_states(
         check_grads(rule, got[keep], ref, base, dtype)
     for k in ("x", "B", "C", "D", "initial_states"):
         assert torch.equal(got["1"][k], got["0"][k]), k
+
+
+# (dtype, ngroups, dstate, headdim, chunk, cu_seqlens, initial states)
+VARLEN_CASES = [
+    # sequences across chunk boundaries, an empty one, a one-position one, one ending on a boundary
+    ("bfloat16", 1, 64, 64, 64, (0, 37, 37, 300, 301, 384, 700), False),
+    ("float16", 2, 128, 64, 256, (0, 5, 600, 700), True),
+    # dstate 24 / headdim 40: partial tiles; one sequence without seq_idx
+    ("bfloat16", 2, 24, 40, 128, (0, 333), True),
+]
+
+
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=lambda c: f"{c[0]}-c{c[4]}-n{len(c[5]) - 1}")
+def test_varlen_states_match_the_reference(
+    case: tuple, rule: Any, poison: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """return_varlen_states on the GPU (ssd2_varlen_states): each packed sequence's final state
+    against float64 (each sequence scanned alone from zero, sequence 0 from the initial state)
+    under the rule, the same-precision baseline being the plain torch SSD of that sequence
+    alone; out and final_states unchanged by asking for them; empty sequences exact."""
+    dt_name, g, n, p, chunk, cuts, init = case
+    dtype = DTYPES[dt_name]
+    monkeypatch.delenv("FLASHSCAN_SSD_FWD", raising=False)
+    L = cuts[-1]
+    a = ssd_inputs(1, L, 4, p, g, n, dtype, init=init)
+    cu = torch.tensor(cuts, device="cuda", dtype=torch.int32)
+    pos = torch.arange(L, device="cuda")
+    seq = ((pos[:, None] >= cu[1:-1][None, :]).sum(-1)).to(torch.int32)[None]
+    kw = dict(chunk_size=chunk, dt_softplus=True, seq_idx=seq)
+    poison(L * 4 * p * a["x"].element_size(), L * g * n * a["B"].element_size())
+    out, final, varlen = flashscan.mamba_chunk_scan_combined(
+        **a, **kw, cu_seqlens=cu, return_final_states=True, return_varlen_states=True
+    )
+    out0, final0 = flashscan.mamba_chunk_scan_combined(**a, **kw, return_final_states=True)
+    assert torch.equal(out, out0) and torch.equal(final, final0)
+    assert varlen.shape == (len(cuts) - 1, 4, p, n) and varlen.dtype == torch.float32
+    host = {k: None if v is None else v.detach().double().cpu().numpy() for k, v in a.items()}
+    _, _, ref = reference_ssd.mamba_chunk_scan_combined(
+        **host, chunk_size=chunk, dt_softplus=True, seq_idx=seq.cpu().numpy(),
+        cu_seqlens=np.asarray(cuts), return_final_states=True, return_varlen_states=True,
+    )  # fmt: skip
+    base = []
+    for i, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:])):
+        h0 = a["initial_states"][0] if init and i == 0 else torch.zeros_like(varlen[0])
+        if hi == lo:
+            assert torch.equal(varlen[i], h0.float()), i
+            base.append(h0.float())
+            continue
+        piece = {k: v for k, v in a.items()}
+        for k in ("x", "dt", "B", "C", "z"):
+            piece[k] = a[k][:, lo:hi]
+        piece["initial_states"] = h0[None] if init and i == 0 else None
+        base.append(baseline_lowp(piece, chunk, True)[1][0])
+    rule.check(varlen, torch.from_numpy(ref), torch.stack(base), atol=1e-5, name="varlen_states")
+
+
+def test_varlen_states_through_the_torch_op() -> None:
+    """flashscan.torch with inputs that need gradients: the varlen states come from a forward of
+    their own (no gradient through them, as in mamba_ssm) and equal the core call's."""
+    import flashscan.torch as fst
+
+    a = ssd_inputs(1, 300, 4, 64, 1, 64, torch.bfloat16, init=False)
+    cu = torch.tensor([0, 100, 300], device="cuda", dtype=torch.int32)
+    seq = (torch.arange(300, device="cuda") >= 100).to(torch.int32)[None]
+    kw = dict(chunk_size=128, dt_softplus=True, seq_idx=seq, cu_seqlens=cu)
+    want = flashscan.mamba_chunk_scan_combined(**a, **kw, return_varlen_states=True)[1]
+    leaves = {k: v.clone().requires_grad_(True) for k, v in a.items() if v is not None}
+    out, got = fst.mamba_chunk_scan_combined(**leaves, **kw, return_varlen_states=True)
+    assert out.requires_grad and not got.requires_grad
+    assert torch.equal(got, want)
+
+
+def test_kept_states_survive_a_second_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backward reads the forward's kept H_c and chunk decays and never writes them: a
+    second backward of the same graph (retain_graph) gives bitwise the first one's gradients."""
+    import flashscan.torch as fst
+
+    monkeypatch.delenv("FLASHSCAN_SSD_KEEP_STATES", raising=False)
+    a = ssd_inputs(2, 600, 4, 64, 1, 64, torch.bfloat16)
+    del a["z"]
+    lv = leaves(a)
+    out, final = fst.mamba_chunk_scan_combined(
+        **lv, chunk_size=128, dt_softplus=True, return_final_states=True
+    )
+    dout, dfinal = upstream(a)
+    names = [k for k in GRAD_NAMES if lv.get(k) is not None]
+    first = torch.autograd.grad(
+        [out, final], [lv[k] for k in names], [dout, dfinal], retain_graph=True
+    )
+    second = torch.autograd.grad([out, final], [lv[k] for k in names], [dout, dfinal])
+    for k, g1, g2 in zip(names, first, second):
+        assert torch.equal(g1, g2), k
+
+
+def test_compiled_training_takes_the_forward_states(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile(fullgraph) of a 16-bit SSD block without z: the forward op keeps its 16-bit
+    H_c and decays and the backward op reads them (one ssd2_chunk_state / ssd2_state_passing
+    launch per step, as in eager), with the eager step's gradients bitwise."""
+    import flashscan.torch as fst
+
+    monkeypatch.delenv("FLASHSCAN_SSD_KEEP_STATES", raising=False)
+    torch._dynamo.reset()
+    a = ssd_inputs(2, 600, 4, 64, 1, 64, torch.bfloat16)
+    del a["z"]
+    names = [k for k in GRAD_NAMES if a.get(k) is not None]
+
+    def block(*args: Any) -> Any:
+        out, final = fst.mamba_chunk_scan_combined(
+            **dict(zip(names, args)), chunk_size=128, dt_softplus=True, return_final_states=True
+        )
+        return out.float().square().sum() + final.square().sum()
+
+    lv = [a[k].detach().clone().requires_grad_(True) for k in names]
+    want = torch.autograd.grad(block(*lv), lv)
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    got = torch.autograd.grad(compiled(*lv), lv)
+    for k, g, w in zip(names, got, want):
+        assert torch.equal(g, w), k
+    step = ("ssd2_chunk_state", "ssd2_state_passing")
+    runs = _launches(lambda: torch.autograd.grad(compiled(*lv), lv), step)
+    assert runs == dict.fromkeys(step, 1), runs

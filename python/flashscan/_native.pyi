@@ -434,6 +434,8 @@ def ssd_fwd(
     stream: int | None,
     cb: TensorArg | None = None,
     states16: TensorArg | None = None,
+    cu_seqlens: TensorArg | None = None,
+    varlen_states: TensorArg | None = None,
 ) -> None:
     """Mamba-2 SSD chunked scan forward into out (and final_states, float32). states
     (batch, nchunks, nheads, headdim, dstate) and decay (batch, nheads, nchunks) are float32
@@ -441,7 +443,10 @@ def ssd_fwd(
     cb (batch, nchunks, ngroups, chunk_size, chunk_size) float32 contiguous, when given,
     selects the second forward path for float16 / bfloat16 x (cuda/ssd_fwd2.cu). states16
     (like states, in x's dtype, contiguous; second path only): the 16-bit H_c written there,
-    for `ssd_bwd`'s kept_states16 (with decay as kept_decay)."""
+    for `ssd_bwd`'s kept_states16 (with decay as kept_decay). cu_seqlens ((nseq + 1,) int32,
+    checked by the caller: offsets from 0 to seqlen, seq_idx resetting where each sequence
+    starts) with varlen_states ((nseq, nheads, headdim, dstate) float32; batch 1, second path):
+    the state after each packed sequence."""
 
 def ssd_bwd(
     x: TensorArg,

@@ -215,15 +215,21 @@ def ssd_any(
     dx = descs[0]
     assert dx is not None
     if dx[4] == CUDA and dx[3] != "float64" and all(int(s) for s in dx[1]):
-        if return_varlen_states:
+        if return_varlen_states and not _fwd2(dx[3]):
             raise UnsupportedError(
-                "mamba_chunk_scan_combined: return_varlen_states has no CUDA kernel yet (pass "
-                "return_final_states with one sequence per batch row, or CPU arrays)"
+                "mamba_chunk_scan_combined: return_varlen_states on the GPU covers float16 / "
+                "bfloat16 x on the second forward path (FLASHSCAN_SSD_FWD unset); float32 runs "
+                "on CPU arrays"
             )
         if dx[5] in _backend.usable_devices():
-            out, final = _gpu_forward(
-                hx, objs, descs, chunk_size, dt_softplus, limit, return_final_states, keep
+            varlen = None
+            if return_varlen_states:
+                varlen = _varlen_offsets(hx, objs, hands, int(dx[1][1]))
+            out, final, varlen_states = _gpu_forward(
+                hx, objs, descs, chunk_size, dt_softplus, limit, return_final_states, keep, varlen
             )
+            if return_varlen_states:  # (no plan: the hot path serves no varlen call)
+                return out, final, varlen_states
             if key is not None and (descs[9] is None or descs[9][3] == "int32"):
                 _checks.remember(
                     _PLANS,
@@ -247,6 +253,34 @@ def ssd_any(
     return out, final, varlen
 
 
+def _varlen_offsets(hx: Handler, objs: tuple[Any, ...], hands: list[Any], seqlen: int) -> Any:
+    """cu_seqlens (int32, on the device) for the GPU's varlen states, after checking on the host
+    (one synchronisation) that its offsets run from 0 to seqlen and that seq_idx (objs[9])
+    changes exactly where a non-empty sequence starts: the kernel takes a sequence's carried
+    state from the state passing, whose resets seq_idx places (mamba_ssm's contract, checked
+    here rather than assumed). With initial_states, position 0 must belong to sequence 0."""
+    import numpy as np
+
+    cu_obj, seq_obj = objs[10], objs[9]
+    cu = np.asarray(hands[10].to_host(cu_obj)).reshape(-1).astype(np.int64)
+    _checks.ssd_cu_seqlens_values(cu, seqlen)
+    starts = sorted({int(v) for v in cu[1:-1] if 0 < v < seqlen})
+    seq = None if seq_obj is None else np.asarray(hands[9].to_host(seq_obj))[0]
+    changes = [] if seq is None else (np.flatnonzero(seq[1:] != seq[:-1]) + 1).tolist()
+    if changes != starts:
+        raise ValueError(
+            "return_varlen_states on the GPU: seq_idx must change exactly where cu_seqlens starts "
+            f"a sequence (starts {starts[:8]}, seq_idx changes at {changes[:8]}); pass seq_idx "
+            "with the sequence index of every position, as mamba_ssm expects"
+        )
+    if objs[8] is not None and (int(cu[1]) == 0 or (seq is not None and int(seq[0]) != 0)):
+        raise ValueError(
+            "return_varlen_states with initial_states: the initial state starts sequence 0, so "
+            "sequence 0 must not be empty and seq_idx must start at 0"
+        )
+    return cu_obj if hands[10].describe(cu_obj, "cu_seqlens")[3] == "int32" else _as_int32(cu_obj)
+
+
 def _as_int32(seq_idx: Any) -> Any:
     """seq_idx as int32 (the kernels' index type): torch `.int()`, else `.astype`."""
     to_int = getattr(seq_idx, "int", None)
@@ -262,12 +296,15 @@ def _gpu_forward(
     limit: tuple[float, float],
     return_final_states: bool,
     keep: list[Any] | None = None,
-) -> tuple[Any, Any]:
+    cu_seqlens: Any = None,
+) -> tuple[Any, Any, Any]:
     """`_native.ssd_fwd` on the caller's stream: allocates out, the final states (when asked)
-    and the fp32 workspaces (chunk states, chunk decays) like x. (out, final_states or None).
-    `keep` (a list): where the call carries states on the second path (`_keeps`), the state
-    passing also writes the 16-bit H_c to a tensor of its own, and (that tensor, the chunk
-    decays) are appended to `keep` for the backward."""
+    and the fp32 workspaces (chunk states, chunk decays) like x. (out, final_states or None,
+    varlen_states or None). `keep` (a list): where the call carries states on the second path
+    (`_keeps`), the state passing also writes the 16-bit H_c to a tensor of its own, and (that
+    tensor, the chunk decays) are appended to `keep` for the backward. `cu_seqlens` (int32, on
+    the device, checked by `_varlen_offsets`): the states after each sequence, (nseq, nheads,
+    headdim, dstate) float32, from ssd2_varlen_states."""
     x = objs[0]
     dx = descs[0]
     assert dx is not None
@@ -300,9 +337,14 @@ def _gpu_forward(
         cb, n_cb = new((batch, nchunks, ngroups, chunk_size, chunk_size), "float32")
         if keep is not None and _keeps(nchunks, objs[8] is not None, return_final_states):
             h16, n_h16 = new((batch, nchunks, nheads, headdim, dstate), dx[3])
+    varlen = n_varlen = n_cu = None
+    if cu_seqlens is not None:
+        nseq = int(hx.describe(cu_seqlens, "cu_seqlens")[1][0]) - 1
+        varlen, n_varlen = new((nseq, nheads, headdim, dstate), "float32")
+        n_cu = hx.describe(cu_seqlens, "cu_seqlens") if fast else cu_seqlens
     _native.ssd_fwd(  # type: ignore[union-attr]
         *nargs, n_out, n_final, n_states, n_decay, chunk_size, dt_softplus, limit[0], limit[1],
-        hx.stream(dx[5]), n_cb, n_h16,
+        hx.stream(dx[5]), n_cb, n_h16, n_cu, n_varlen,
     )  # fmt: skip
     if h16 is not None:
         keep.append((h16, decay))  # type: ignore[union-attr]
@@ -311,7 +353,9 @@ def _gpu_forward(
         out = hx.finish(out)
         if final is not None:
             final = hx.finish(final)
-    return out, final
+        if varlen is not None:
+            varlen = hx.finish(varlen)
+    return out, final, varlen
 
 
 def _keeps(nchunks: int, has_init: bool, has_final: bool) -> bool:
@@ -425,7 +469,7 @@ def _serve(
         h16, d_h16 = new(s_shape, x.dtype, names[0])
     _native.ssd_fwd(  # type: ignore[union-attr]
         *descs, d_out, d_final, d_states, d_decay, chunk, softplus, limit[0], limit[1], stream(dev),
-        d_cb, d_h16,
+        d_cb, d_h16, None, None,  # no varlen states: the general path's arguments, one for one
     )  # fmt: skip
     if h16 is not None:
         keep.append((h16, decay))  # type: ignore[union-attr]

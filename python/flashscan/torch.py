@@ -1367,13 +1367,20 @@ def _ssd_fwd_impl(
     dt_softplus: bool,
     dt_min: float,
     dt_max: float,
-) -> tuple[Tensor, Tensor]:
-    """(out, final_states) through the API's general path (GPU, or the reference on host)."""
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(out, final_states, kept 16-bit H_c, kept chunk decays) through the API's general path
+    (GPU, or the reference on host); the last two are empty (0,) tensors unless `_op_keeps`
+    (then the backward op reads them instead of recomputing the states)."""
+    keep: list[Any] | None = [] if _op_keeps(x, z) else None
     out, final, _ = _ssd.ssd_any(
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, None, dt_softplus,
-        (dt_min, dt_max), True, False, floats=_SSD_FLOATS,
+        (dt_min, dt_max), True, False, floats=_SSD_FLOATS, keep=keep,
     )  # fmt: skip
-    return out, final
+    if keep:
+        return out, final, *keep[0]
+    if keep is not None:  # (_op_keeps holds, so the fake impl promised the kept shapes)
+        raise RuntimeError("mamba_chunk_scan_fwd: the GPU forward kept no states (internal)")
+    return out, final, _absent(x), _absent(x)
 
 
 _ssd_fwd = torch.library.custom_op(
@@ -1397,10 +1404,16 @@ def _ssd_fwd_fake(
     dt_softplus: bool,
     dt_min: float,
     dt_max: float,
-) -> tuple[Tensor, Tensor]:
-    batch, _, nheads, headdim = x.shape
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    batch, seqlen, nheads, headdim = x.shape
     acc = _F64 if x.dtype == _F64 else _F32
-    return x.new_empty(x.shape), x.new_empty((batch, nheads, headdim, B.shape[-1]), dtype=acc)
+    out = x.new_empty(x.shape)
+    final = x.new_empty((batch, nheads, headdim, B.shape[-1]), dtype=acc)
+    if _op_keeps(x, z):
+        nchunks = -(-seqlen // chunk_size)
+        h16 = x.new_empty((batch, nchunks, nheads, headdim, B.shape[-1]))
+        return out, final, h16, x.new_empty((batch, nheads, nchunks), dtype=_F32)
+    return out, final, _absent(x), _absent(x)
 
 
 def _ssd_bwd_impl(
@@ -1420,14 +1433,19 @@ def _ssd_bwd_impl(
     dt_softplus: bool,
     dt_min: float,
     dt_max: float,
+    kept_states16: Optional[Tensor] = None,  # noqa: UP045
+    kept_decay: Optional[Tensor] = None,  # noqa: UP045
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states), each in its input's dtype;
     an absent input's gradient is an empty (0,) tensor. CUDA tensors (not float64, not empty)
     run the backward kernels (`_native.ssd_bwd`, the forward recomputed inside); float64, CPU
     and empty calls the NumPy reference on the host."""
+    kept = None
+    if kept_states16 is not None and kept_decay is not None and kept_states16.numel() > 0:
+        kept = (kept_states16, kept_decay)  # the forward op's (empty where it kept none)
     return _ssd_bwd_run(
         dout, dfinal_states, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-        dt_softplus, dt_min, dt_max, None,
+        dt_softplus, dt_min, dt_max, kept,
     )  # fmt: skip
 
 
@@ -1522,23 +1540,30 @@ def _ssd_bwd_fake(
     dt_softplus: bool,
     dt_min: float,
     dt_max: float,
+    kept_states16: Optional[Tensor] = None,  # noqa: UP045
+    kept_decay: Optional[Tensor] = None,  # noqa: UP045
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     likes = (x, dt, A, B, C, D, z, dt_bias, initial_states)
     return tuple(_absent(x) if t is None else t.new_empty(t.shape) for t in likes)  # type: ignore[return-value]
 
 
-def _ssd_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+def _ssd_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
     x, dt, A, B, C, chunk, D, z, dt_bias, init, seq_idx, softplus, lo, hi = inputs
-    ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, init, seq_idx)
+    # the kept H_c and decays (empty where the forward kept none) go to the backward op
+    ctx.save_for_backward(x, dt, A, B, C, D, z, dt_bias, init, seq_idx, output[2], output[3])
+    ctx.mark_non_differentiable(output[2], output[3])
     ctx.options = (chunk, softplus, lo, hi)
 
 
-def _ssd_grad(ctx: Any, dout: Tensor, dfinal: Tensor) -> tuple[Any, ...]:
-    x, dt, A, B, C, D, z, dt_bias, init, seq_idx = ctx.saved_tensors
+def _ssd_grad(
+    ctx: Any, dout: Tensor, dfinal: Tensor, _dh16: Any = None, _ddecay: Any = None
+) -> tuple[Any, ...]:
+    x, dt, A, B, C, D, z, dt_bias, init, seq_idx, h16, decay = ctx.saved_tensors
     chunk, softplus, lo, hi = ctx.options
     grads = torch.ops.flashscan.mamba_chunk_scan_bwd(
-        dout, dfinal, x, dt, A, B, C, chunk, D, z, dt_bias, init, seq_idx, softplus, lo, hi
-    )
+        dout, dfinal, x, dt, A, B, C, chunk, D, z, dt_bias, init, seq_idx, softplus, lo, hi,
+        h16, decay,
+    )  # fmt: skip
     present = (True,) * 5 + tuple(t is not None for t in (D, z, dt_bias, init))
     g = [gi if p else None for gi, p in zip(grads, present)]
     return (*g[:5], None, *g[5:], None, None, None, None)
@@ -1563,6 +1588,18 @@ def _keeps_states(x: Tensor, z: Tensor | None) -> bool:
         and _native is not None
         and bool(_native.ssd_bwd_16bit(False))
     )
+
+
+def _op_keeps(x: Tensor, z: Tensor | None) -> bool:
+    """Whether the forward op (`flashscan::mamba_chunk_scan_fwd`, what torch.compile traces)
+    keeps its states: `_keeps_states` on a call that the second GPU path serves (its real and
+    fake impls both ask, so the kept outputs' shapes agree). The op always asks for the final
+    states, so a served call has states to keep."""
+    if not _keeps_states(x, z) or x.numel() == 0:
+        return False
+    name = "bfloat16" if x.dtype == torch.bfloat16 else "float16"
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    return _ssd._fwd2(name) and index in _backend.usable_devices()
 
 
 class _MambaChunkScan(torch.autograd.Function):
@@ -1677,7 +1714,7 @@ def mamba_chunk_scan_combined(
         )  # fmt: skip
     args = (x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus)
     if torch.compiler.is_compiling():
-        out, final = torch.ops.flashscan.mamba_chunk_scan_fwd(*args, lo, hi)
+        out, final, _, _ = torch.ops.flashscan.mamba_chunk_scan_fwd(*args, lo, hi)
     else:
         out, final = _MambaChunkScan.apply(*args, lo, hi, return_final_states)
     result = [out]

@@ -24,6 +24,8 @@ pub const ENTRY2_PREP: &str = "ssd2_chunk_prep";
 /// ssd2_chunk_cb + ssd2_chunk_scan in one kernel for a single block of <= 64 positions
 /// (`one_block`).
 pub const ENTRY2_SCAN_ONE: &str = "ssd2_chunk_scan_one";
+/// The states after each packed sequence (return_varlen_states): one CTA per (sequence, tile, head).
+pub const ENTRY2_VARLEN: &str = "ssd2_varlen_states";
 /// ssd2_chunk_state's tile of states per CTA (channels x states: 64 x 128).
 const STATE2_TILE_N: i64 = 128;
 pub const ENTRY_STATE: &str = "ssd_chunk_state";
@@ -129,9 +131,15 @@ pub struct Ssd2Params {
     pub states_f32: i32,
     /// the kept 16-bit H_c (`SsdArgs::states16`), or 0: packed in place over the fp32 slots
     pub h16: u64,
+    /// return_varlen_states: cu_seqlens (int32), the output and its strides, the sequences
+    pub cu_seqlens: u64,
+    pub varlen: u64,
+    pub varlen_s: [i64; 4],
+    pub nseq: i32,
+    pub pad_: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<Ssd2Params>() == 536);
+const _: () = assert!(std::mem::size_of::<Ssd2Params>() == 592);
 
 /// The inputs and options of a call, shared by the forward and the backward (`ops::ssd_bwd`).
 pub struct SsdInputs<'a> {
@@ -168,6 +176,11 @@ pub struct SsdArgs<'a> {
     /// reads it, so that the backward can take it with `decay` (`SsdBwdArgs::kept`) instead of
     /// recomputing both (written only when the call carries states: `needs_carried_states`)
     pub states16: Option<&'a TensorView>,
+    /// return_varlen_states (batch 1, the second path): cu_seqlens (nseq + 1,) int32 on the
+    /// device, already checked by the caller (from 0 to seqlen, non-decreasing, seq_idx
+    /// changing exactly where a sequence starts), and the output (nseq, nheads, headdim, dstate)
+    /// float32, both or neither
+    pub varlen: Option<(&'a TensorView, &'a TensorView)>,
 }
 
 impl SsdInputs<'_> {
@@ -188,7 +201,7 @@ impl SsdInputs<'_> {
 }
 
 impl SsdArgs<'_> {
-    fn outputs(&self) -> [(&'static str, Option<&TensorView>); 6] {
+    fn outputs(&self) -> [(&'static str, Option<&TensorView>); 7] {
         [
             ("out", Some(self.out)),
             ("final_states", self.final_states),
@@ -196,6 +209,7 @@ impl SsdArgs<'_> {
             ("decay", Some(self.decay)),
             ("cb", self.cb),
             ("states16", self.states16),
+            ("varlen_states", self.varlen.map(|v| v.1)),
         ]
     }
 }
@@ -401,7 +415,36 @@ pub fn check(a: &SsdArgs) -> Result<Problem> {
         t.expect_contiguous("states16")?;
         t.expect_writable("states16")?;
     }
-    expect_no_overlap(&a.outputs(), &a.inputs.named())?;
+    if let Some((cu, out)) = a.varlen {
+        if a.cb.is_none() || x.dtype == DType::F32 {
+            return Err(unsupported(
+                "mamba_chunk_scan_combined: return_varlen_states on the GPU covers fp16 / bf16 x \
+                 on the second forward path (FLASHSCAN_SSD_FWD unset)",
+            ));
+        }
+        if batch != 1 {
+            return Err(value_err(format!(
+                "return_varlen_states packs its sequences in one batch row, got batch={batch}"
+            )));
+        }
+        cu.expect_dtype("cu_seqlens", &[DType::I32])?;
+        if cu.rank() != 1 || cu.shape[0] < 2 {
+            return Err(value_err(format!(
+                "cu_seqlens: expected (nseq + 1,) offsets, got shape {:?}",
+                cu.shape
+            )));
+        }
+        let nseq = cu.shape[0] - 1;
+        out.expect_dtype("varlen_states", &[DType::F32])?;
+        out.expect_shape("varlen_states", &[nseq, nheads, headdim, dstate])?;
+        out.expect_writable("varlen_states")?;
+        if nseq > i32::MAX as i64 {
+            return Err(value_err("cu_seqlens: too many sequences"));
+        }
+    }
+    let mut read = a.inputs.named().to_vec();
+    read.push(("cu_seqlens", a.varlen.map(|v| v.0)));
+    expect_no_overlap(&a.outputs(), &read)?;
     Ok(p)
 }
 
@@ -465,6 +508,7 @@ pub fn all_specs2(arch: i64) -> Vec<KernelSpec> {
                 ENTRY2_PASS,
                 ENTRY2_SCAN,
                 ENTRY2_SCAN_ONE,
+                ENTRY2_VARLEN,
             ] {
                 out.push(spec2(entry, dtype, chunk, arch));
             }
@@ -635,6 +679,12 @@ pub fn forward(a: &SsdArgs, stream: StreamChoice) -> Result<()> {
                 as i32,
             states_f32: 0,
             h16: a.states16.map_or(0, |t| t.ptr),
+            cu_seqlens: a.varlen.map_or(0, |v| v.0.ptr),
+            varlen: a.varlen.map_or(0, |v| v.1.ptr),
+            varlen_s: a.varlen.map_or([0; 4], |v| s4(v.1)),
+            // (checked: nseq fits in i32)
+            nseq: a.varlen.map_or(0, |v| (v.0.shape[0] - 1) as i32),
+            pad_: 0,
         };
         // SAFETY: as below; cb was checked (shape, fp32, contiguous, no overlap).
         unsafe { launch2(dev, &q, &p, dtype, inp.chunk_size, arch, st)? };
@@ -716,6 +766,11 @@ pub(crate) unsafe fn launch_states2(
         vec_states: (params.states % 16 == 0) as i32,
         states_f32: 1,
         h16: 0,
+        cu_seqlens: 0,
+        varlen: 0,
+        varlen_s: [0; 4],
+        nseq: 0,
+        pad_: 0,
     };
     let launch = Launch2::new(dev, dtype, chunk, arch, st, p)?;
     if !with_states {
@@ -768,7 +823,9 @@ unsafe fn launch2(
     st: Stream,
 ) -> Result<()> {
     let fused = one_block(p, q.p.has_init);
-    let states = needs_carried_states(p.nchunks, q.p.has_init, q.p.has_final);
+    // return_varlen_states reads the fp32 H_c and the records: the states always run then
+    let varlen = q.varlen != 0;
+    let states = needs_carried_states(p.nchunks, q.p.has_init, q.p.has_final) || varlen;
     let launch = Launch2::new(dev, dtype, chunk, arch, st, p)?;
     if fused && !states {
         // SAFETY: as the caller's; the fused kernel reads no records
@@ -777,6 +834,16 @@ unsafe fn launch2(
     let mut q = *q;
     let mut scratch = dev.scratch(st)?;
     q.prep = scratch.alloc(prep_bytes(p, chunk))?;
+    if varlen {
+        // the state passing leaves fp32 H_c in place for ssd2_varlen_states and the 16-bit
+        // ones (which the scan reads) in h16: the caller's kept tensor, else scratch
+        q.states_f32 = 1;
+        if q.h16 == 0 {
+            let n = p.batch * p.nchunks * p.nheads * p.headdim * p.dstate;
+            q.h16 = scratch.alloc(2 * n.max(1) as usize)?;
+            q.vec_states &= (q.h16 % 16 == 0) as i32;
+        }
+    }
     // SAFETY: as the caller's; ssd2_chunk_prep writes the records before the state and scan
     // kernels read them (one stream), and they are freed after those launches.
     let launched = (|| unsafe {
@@ -786,6 +853,9 @@ unsafe fn launch2(
         }
         if states {
             launch.states(&q, p)?;
+        }
+        if varlen {
+            launch.varlen(&q, p)?;
         }
         launch.scan(&q, p, fused)
     })();
@@ -867,6 +937,21 @@ impl<'a> Launch2<'a> {
         }
     }
 
+    /// ssd2_varlen_states: one CTA per (sequence, 64 x 128 tile, head) of batch row 0.
+    ///
+    /// # Safety
+    /// As `one`'s; the records and the fp32 H_c (`states_f32`) are written.
+    unsafe fn varlen(&self, q: &Ssd2Params, p: &Problem) -> Result<()> {
+        let n_tiles = (p.dstate + STATE2_TILE_N - 1) / STATE2_TILE_N;
+        let grid = (
+            grid_u32(q.nseq as i64, "the number of sequences")?,
+            grid_u32(tiles(p.headdim) * n_tiles, "headdim * dstate")?,
+            grid_u32(p.nheads, "nheads")?,
+        );
+        // SAFETY: as the caller's
+        unsafe { self.one(ENTRY2_VARLEN, grid, THREADS, q) }
+    }
+
     /// # Safety
     /// `q` must describe checked tensors and workspaces for `entry`'s reads and writes.
     unsafe fn one(
@@ -913,9 +998,10 @@ mod tests {
         assert_eq!(s.len(), 1 + 2 * 3 * CHUNKS.len());
         assert!(s.iter().any(|k| k.entry == ENTRY_PASS));
         let s2 = all_specs2(90);
-        assert_eq!(s2.len(), 6 * 2 * CHUNKS.len());
+        assert_eq!(s2.len(), 7 * 2 * CHUNKS.len());
         assert!(s2.iter().all(|k| k.family == FAMILY2));
         assert!(s2.iter().any(|k| k.entry == ENTRY2_PREP));
+        assert!(s2.iter().any(|k| k.entry == ENTRY2_VARLEN));
     }
 
     #[test]

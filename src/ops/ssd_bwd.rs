@@ -42,6 +42,7 @@ pub const ENTRY_DC16: &str = "ssd_bwd_chunk_dc16";
 pub const ENTRY_DB16: &str = "ssd_bwd_chunk_db16";
 /// The 16-bit builds' L_c kernel (section 8i).
 pub const ENTRY_DSTATE16: &str = "ssd_bwd_chunk_dstate16";
+pub const ENTRY_DSTATE16_HILO: &str = "ssd_bwd_chunk_dstate16_hilo";
 /// The 16-bit builds' sums of dc16 / db16's head-share partials (section 8h).
 pub const ENTRY_SHARE_SUM_DC: &str = "ssd_bwd_share_sum_dc";
 pub const ENTRY_SHARE_SUM_DB: &str = "ssd_bwd_share_sum_db";
@@ -69,7 +70,7 @@ const TILE: i64 = 64;
 /// Channel tiles of 64 the per-position partials keep (headdim <= 256).
 const ROW_TILES: i64 = 4;
 
-/// Mirrors `struct SsdBwdParams` in cuda/ssd_bwd.cu (1024 bytes). Strides in elements.
+/// Mirrors `struct SsdBwdParams` in cuda/ssd_bwd.cu (1032 bytes). Strides in elements.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SsdBwdParams {
@@ -130,9 +131,22 @@ pub struct SsdBwdParams {
     pub dstates16: u64,
     pub vec_states16: i32,
     pub terms: i32,
+    /// 1: the share sums take 4 elements a thread (`sum_vec`)
+    pub sum_vec: i32,
+    pub pad3_: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<SsdBwdParams>() == 1024);
+const _: () = assert!(std::mem::size_of::<SsdBwdParams>() == 1032);
+
+/// The share sums' (ssd_bwd_share_sum_dc / _db) 4-element form: every partial summed in one
+/// thread (at most `MAX_SHARES`, the kernel's kMaxShares), dB and dC dense rows whose element
+/// count is a multiple of 4 and whose starts allow 8-byte stores.
+const MAX_SHARES: i64 = 8;
+fn sum_vec(shares: i64, elems: i64, db: &TensorView, dc: &TensorView) -> bool {
+    shares <= MAX_SHARES
+        && elems % 4 == 0
+        && [db, dc].iter().all(|t| t.is_contiguous() && t.ptr % 8 == 0)
+}
 
 pub struct SsdBwdArgs<'a> {
     pub inputs: SsdInputs<'a>,
@@ -175,6 +189,15 @@ struct Kernels16 {
 
 /// FLASHSCAN_SSD_DX16=0 keeps every 16-bit call on the fp32 kernels over float32 copies (a
 /// measurement override, read per call).
+/// Whether the 16-bit L_c product splits its scaled dout into a hi / lo pair
+/// (`ssd_bwd_chunk_dstate16_hilo`: two mma, ~16 significant bits; FLASHSCAN_SSD_DSTATE_HILO=1, read
+/// per call) or rounds it once (`ssd_bwd_chunk_dstate16`: one mma, as Triton's dstates kernel; the
+/// default). H200, b8 L2048 bf16: 159 against 171 us, the worst ddt / dA / ddt_bias error ratios
+/// over 40 seeded cases unchanged (0.30 / 0.28 / 0.66 against 0.30 / 0.25 / 0.74).
+fn dstate_hilo() -> bool {
+    std::env::var("FLASHSCAN_SSD_DSTATE_HILO").as_deref() == Ok("1")
+}
+
 fn dx16_enabled() -> bool {
     std::env::var("FLASHSCAN_SSD_DX16").as_deref() != Ok("0")
 }
@@ -434,6 +457,15 @@ fn dcdb_shares(p: &Problem, chunk: i64) -> i64 {
     ((2048 + live - 1) / live.max(1)).clamp(1, 8.min(hpg))
 }
 
+/// Dynamic shared memory of ssd_bwd_chunk_dc16 / _db16 (cuda/ssd_bwd.cu kDcdbStages): the A and
+/// state tiles of each stage, 2 x stages x 64 rows x 72 (kLd64) 16-bit values; three stages on the
+/// parts with 228 KB of shared memory an SM (sm_90, sm_100, sm_103: 3 CTAs an SM at 168
+/// registers either way), two elsewhere.
+fn dcdb16_smem(arch: i64) -> u32 {
+    let stages = if matches!(arch, 90 | 100 | 103) { 3 } else { 2 };
+    2 * stages * 64 * 72 * 2
+}
+
 /// Lower 64 x 64 blocks (pairs of an l-block and an s-block at or below it) of one chunk.
 fn pairs(chunk: i64) -> i64 {
     let nb = chunk / TILE;
@@ -556,7 +588,11 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
             dcb: load(ENTRY_DCB16)?,
             dc: load(ENTRY_DC16)?,
             db: load(ENTRY_DB16)?,
-            dstate: load(ENTRY_DSTATE16)?,
+            dstate: load(if dstate_hilo() {
+                ENTRY_DSTATE16_HILO
+            } else {
+                ENTRY_DSTATE16
+            })?,
             sum_dc: load(ENTRY_SHARE_SUM_DC)?,
             sum_db: load(ENTRY_SHARE_SUM_DB)?,
         })
@@ -578,6 +614,8 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
     };
     // two or more shares leave fp32 partials that the sum kernels add; one stores dC / dB itself
     let summed = sixteen && shares > 1;
+    let elems = p.batch * p.seqlen * p.ngroups * p.dstate;
+    let vec4 = summed && sum_vec(shares, elems, a.db, a.dc);
     // the forward's H_c and f_c, where a 16-bit call with a state term can use them
     let kept_by_fwd = a.kept.filter(|_| sixteen && terms);
     let kept = kept_by_fwd.is_some();
@@ -663,6 +701,8 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         // is a multiple of 8
         vec_states16: (p.dstate % 8 == 0) as i32,
         terms: terms as i32,
+        sum_vec: vec4 as i32,
+        pad3_: 0,
         tf32x1: a.tf32 as i32,
         // 16-byte rows: of fp32 data (last dimension a multiple of 4) for the fp32 kernels, of
         // 16-bit data (a multiple of 8) for the 16-bit unit's
@@ -765,14 +805,14 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
             // each, in one scratch array (dB's overwrite dC's after their sum ran: one stream); one
             // share stores the gradient itself
             let nts = grid_u32(tiles(p.dstate) * shares, "dstate")?;
-            let elems = p.batch * p.seqlen * p.ngroups * p.dstate;
+            let per_block = PASS_THREADS * if vec4 { 4 } else { 1 };
             let sum_grid = (
-                grid_u32((elems + PASS_THREADS - 1) / PASS_THREADS, "elements")?,
+                grid_u32((elems + per_block - 1) / per_block, "elements")?,
                 1,
                 1,
             );
             for (kern, sum) in [(&k.dc, &k.sum_dc), (&k.db, &k.sum_db)] {
-                dev.launch(kern, (rows, nts, bg), block, 0, st, &q)?;
+                dev.launch(kern, (rows, nts, bg), block, dcdb16_smem(arch), st, &q)?;
                 if summed {
                     dev.launch(sum, sum_grid, (PASS_THREADS as u32, 1, 1), 0, st, &q)?;
                 }

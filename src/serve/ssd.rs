@@ -250,6 +250,7 @@ impl SsdServer {
             decay: &vd,
             cb: vcb.as_ref(),
             states16: None,
+            varlen: None,
         };
         ops::ssd::forward(&args, StreamChoice::Caller(stream))?;
         scratch.free()?;
