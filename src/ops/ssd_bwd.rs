@@ -187,17 +187,17 @@ struct Kernels16 {
     sum_db: Arc<LoadedKernel>,
 }
 
-/// FLASHSCAN_SSD_DX16=0 keeps every 16-bit call on the fp32 kernels over float32 copies (a
-/// measurement override, read per call).
 /// Whether the 16-bit L_c product splits its scaled dout into a hi / lo pair
 /// (`ssd_bwd_chunk_dstate16_hilo`: two mma, ~16 significant bits; FLASHSCAN_SSD_DSTATE_HILO=1, read
 /// per call) or rounds it once (`ssd_bwd_chunk_dstate16`: one mma, as Triton's dstates kernel; the
-/// default). H200, b8 L2048 bf16: 159 against 171 us, the worst ddt / dA / ddt_bias error ratios
-/// over 40 seeded cases unchanged (0.30 / 0.28 / 0.66 against 0.30 / 0.25 / 0.74).
+/// default). H200, b8 L2048 bf16: 149.5 against 170.9 us, the worst ddt / dA / ddt_bias error ratios
+/// over 40 seeded cases 0.30 / 0.28 / 0.66 against the split's 0.30 / 0.25 / 0.74.
 fn dstate_hilo() -> bool {
     std::env::var("FLASHSCAN_SSD_DSTATE_HILO").as_deref() == Ok("1")
 }
 
+/// FLASHSCAN_SSD_DX16=0 keeps every 16-bit call on the fp32 kernels over float32 copies (a
+/// measurement override, read per call).
 fn dx16_enabled() -> bool {
     std::env::var("FLASHSCAN_SSD_DX16").as_deref() != Ok("0")
 }
