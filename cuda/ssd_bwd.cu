@@ -2036,7 +2036,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_dx16(con
 // m16n8k16 from ldmatrix (A = g [l][p], B = x [s][p], both non-transposed), where ssd_bwd_dcb loads
 // fp32 copies into fp32 shared memory and runs 1xTF32 (1.29 ms at b8 L2048 80 x 64 on the H100,
 // 2026-11-27). One stage of tiles: the next (head, step)'s loads are issued as soon as every warp
-// has read the current one, so they fly under the head's scaling and straddle record. Grid, masks,
+// has read the current one, so they fly under the head's scaling and straddle record, with the
+// next head's cum / dt' rows in the same cp.async group. Grid, masks,
 // sums and their order as ssd_bwd_dcb (bitwise the same reduction order over heads).
 extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb16(const SsdBwdParams q) {
 #if FS_DTYPE != 2
@@ -2045,7 +2046,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb16(const Ss
     __shared__ __align__(16) u16 s_x[kRows * kLd64];      // rows s: x, 64 channels
     __shared__ __align__(16) float s_cb[kTile * kLdw2];   // this block of CB, masked (rows l, columns s)
     __shared__ float s_col[kThreads / 32][kTile];         // straddle_record's column partials
-    __shared__ float s_cl[2][kTile], s_cs[2][kTile], s_ds[2][kTile];  // per head (parity)
+    // per head (parity): cum of the rows l, cum and dt' of the columns s (16-byte cp.async)
+    __shared__ __align__(16) float s_cl[2][kTile];
+    __shared__ __align__(16) float s_cs[2][kTile];
+    __shared__ __align__(16) float s_ds[2][kTile];
     int i, j;
     block_pair(i, j);
     const i64 c = blockIdx.x / kPairs2, g = blockIdx.y / q.dcb_splits, b = blockIdx.z;
@@ -2070,18 +2074,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb16(const Ss
         load_g16(q, s_g, b, h, c0 + m0, rows_l, k0, kv);
         const u16* gx = (const u16*)p.x + b * p.x_s[0] + (c0 + s0) * p.x_s[1] + h * p.x_s[2] + k0;
         load_tile<kRows, 64, kLd64>(s_x, gx, p.x_s[1], rows_s, kv, q.vec_x);
-        cp_async_commit();
-        if (ks == 0) {
+        if (ks == 0) {  // in the same group: a thread's global loads here held its warp until they landed
             const i64 pro = ((b * p.nheads + h) * p.nchunks + c) * kQ;
-            const int par = (int)(hh & 1);
-            if (threadIdx.x < kTile) {
-                s_cl[par][threadIdx.x] = q.pcum[pro + m0 + threadIdx.x];
-            } else {
-                const int k = threadIdx.x - kTile;
-                s_cs[par][k] = q.pcum[pro + s0 + k];
-                s_ds[par][k] = q.pdt[pro + s0 + k];
-            }
+            const int par = (int)(hh & 1), u = threadIdx.x & 15;
+            if (threadIdx.x < 16) cp_async_ca<16>(smem_u32(s_cl[par] + 4 * u), q.pcum + pro + m0 + 4 * u, 16);
+            else if (threadIdx.x < 32) cp_async_ca<16>(smem_u32(s_cs[par] + 4 * u), q.pcum + pro + s0 + 4 * u, 16);
+            else if (threadIdx.x < 48) cp_async_ca<16>(smem_u32(s_ds[par] + 4 * u), q.pdt + pro + s0 + 4 * u, 16);
         }
+        cp_async_commit();
     };
     if (h_begin < h_end) issue(h_begin, 0);
     load_masked_cb(q.cb + blk, seg, m0, s0, len, s_cb);
