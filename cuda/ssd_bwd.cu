@@ -1872,9 +1872,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_dx16(con
     __shared__ __align__(16) int s_seg[kQ];
     __shared__ __align__(16) u16 s_g[2][kRows * kLd64];  // g: positions l x channels p
     __shared__ __align__(16) u16 s_x[kRows * kLd64];     // x: positions s x channels p
-    __shared__ __align__(16) u16 s_b[kRows * kLd32];     // B: positions s x 32 states
-    __shared__ __align__(16) u16 s_h[kRows * kLd32];     // dS_c: channels p x 32 states
+    __shared__ __align__(16) u16 s_b[kRows * kLd32];     // B: positions s x 32 states (state term, even steps)
+    __shared__ __align__(16) u16 s_h[2][kRows * kLd32];  // dS_c: channels p x 32 states (step parity)
     __shared__ float s_dd[kThreads / 32][kTile];
+    static_assert(kRows * kLd32 <= kRows * kLd64, "the odd steps' B tile lives in s_g[1]");
 
     const i64 b = blockIdx.z / p.nheads, h = blockIdx.z % p.nheads;
     const i64 c = blockIdx.x / kMBlocks;
@@ -1925,16 +1926,24 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_dx16(con
         const u16* dS = q.dstates16 + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate + (i64)p0 * p.dstate;
         const u16* gb = (const u16*)p.B + b * p.B_s[0] + (c0 + m0) * p.B_s[1] + g * p.B_s[2];
         const int ds = (int)p.dstate;
-        const u32 a_base = smem_u32(s_b + w16 * kLd32 + lane_a(lane, kLd32));
-        const u32 b_base = smem_u32(s_h + lane_bn(lane, kLd32));
-        for (int n0 = 0; n0 < ds; n0 += 32) {
+        // two stages: step k + 1's tiles in flight while step k's land (one stage left each
+        // step's load latency exposed, dstate / 32 times a CTA). The odd steps' B tile sits in
+        // s_g[1], which the intra part first fills after this loop's last barrier.
+        auto sb = [&](int st) { return st ? s_g[1] : s_b; };  // (an array of the two spilled to the stack)
+        const int nsteps = (ds + 31) / 32;
+        auto load = [&](int k, int st) {
             // B rows s x states n0 .. n0 + 31; dS_c rows p0 + r (r < hd) x the same states (16-bit,
             // rounded by the reverse state passing)
-            load_tile<kRows, 32, kLd32>(s_b, gb + n0, p.B_s[1], len - m0, ds - n0, q.vec_bc);
-            load_tile<kRows, 32, kLd32>(s_h, dS + n0, p.dstate, hd, ds - n0, q.vec_states16);
+            const int n0 = 32 * k;
+            load_tile<kRows, 32, kLd32>(sb(st), gb + n0, p.B_s[1], len - m0, ds - n0, q.vec_bc);
+            load_tile<kRows, 32, kLd32>(s_h[st], dS + n0, p.dstate, hd, ds - n0, q.vec_states16);
             cp_async_commit();
-            cp_async_wait<0>();  // (the first step also waits for group 0)
-            __syncthreads();
+        };
+        load(0, 0);
+        for (int k = 0; k < nsteps; ++k) {
+            next_stage(k, nsteps, load);  // (the first step also waits for group 0)
+            const u32 a_base = smem_u32(sb(k & 1) + w16 * kLd32 + lane_a(lane, kLd32));
+            const u32 b_base = smem_u32(s_h[k & 1] + lane_bn(lane, kLd32));
 #pragma unroll
             for (int kk = 0; kk < 2; ++kk) {
                 u32 a[4];
