@@ -415,7 +415,9 @@ def ssd_cases() -> int:
     for dtype, chunk in itertools.product(
         [torch.float32, torch.bfloat16, torch.float16], [64, 128, 256]
     ):
-        b, L, h, p, g, n = 2, 2 * chunk + 37, 4, 40, 2, 24
+        # dstate 24: one partial 32-state step (ssd_bwd_chunk_dx16's state term) and tile; 72 at
+        # the longer chunks: three steps through both stages, the last partial
+        b, L, h, p, g, n = 2, 2 * chunk + 37, 4, 40, 2, 24 if chunk == 64 else 72
         x = torch.randn(b, L, h, p, device="cuda", dtype=dtype)
         dt = torch.rand(b, L, h, device="cuda") - 1.5
         A = -torch.rand(h, device="cuda") - 0.2
