@@ -115,6 +115,61 @@ def test_training_variants_spill_within_bound(compiled: tuple[str, dict[str, byt
     assert worst[1] <= TRAINING_SPILL_BOUND, f"{arch}: {worst[0]} spills {worst[1]} B"
 
 
+# sm_90 / sm_100: 64K registers and 228 KB of shared memory an SM, 1 KB of it reserved per CTA
+_SM90_REGS, _SM90_SMEM, _CTA_RESERVED = 65536, 233472, 1024
+# ssd_bwd_chunk_dc16 / _db16's dynamic shared memory on sm_90 (src/ops/ssd_bwd.rs dcdb16_smem:
+# 2 tiles x 3 stages x 64 rows x 72 16-bit values)
+_DCDB16_DYNAMIC = 2 * 3 * 64 * 72 * 2
+# CTAs an SM each 16-bit SSD backward kernel was measured at (H100 / H200, 2026-11-27 .. 28);
+# the 128-thread kernels' registers and shared memory must keep them there
+_SSD_BWD16_CTAS = {
+    "ssd_bwd_chunk_dx16": 4,
+    "ssd_bwd_dcb16": 4,
+    "ssd_bwd_chunk_dstate16": 4,
+    "ssd_bwd_chunk_dstate16_hilo": 4,
+    "ssd_bwd_chunk_dc16": 3,
+    "ssd_bwd_chunk_db16": 3,
+}
+
+
+def _ctas_per_sm(regs: int, threads: int, smem: int) -> int:
+    per_warp = ((regs * 32 + 255) // 256) * 256  # registers are allocated 256 a warp
+    by_regs = _SM90_REGS // (per_warp * (threads // 32))
+    by_smem = _SM90_SMEM // (smem + _CTA_RESERVED)
+    return min(by_regs, by_smem)
+
+
+def test_ssd_bwd16_kernels_keep_their_occupancy_on_sm90(
+    compiled: tuple[str, dict[str, bytes]],
+) -> None:
+    """The 16-bit SSD backward kernels are latency-bound (ncu, 2026-11-28): a register or a few
+    bytes of shared memory more can cost a CTA an SM and 10-25% of the kernel's time, silently.
+    Every dtype / chunk variant on sm_90a: no spills, and the CTAs an SM it was measured at."""
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip(CUOBJDUMP_MISSING)
+    arch, cubins = compiled
+    if arch != "sm_90a":
+        pytest.skip("the occupancy budget is sm_90's")
+    names = [n for n in cubins if n.startswith("ssd_bwd.") and "FS_DTYPE=2" not in n]
+    assert names, "no 16-bit ssd_bwd variants listed"
+    seen = set()
+    for name in names:
+        for func, regs, stack, local, smem in resource_usage(cubins[name], tool):
+            want = _SSD_BWD16_CTAS.get(func)
+            if want is None:
+                continue
+            seen.add(func)
+            assert stack == 0 and local == 0, f"{name} {func}: {stack} B stack, {local} B local"
+            dynamic = _DCDB16_DYNAMIC if func in ("ssd_bwd_chunk_dc16", "ssd_bwd_chunk_db16") else 0
+            got = _ctas_per_sm(regs, 128, smem + dynamic)
+            assert got >= want, (
+                f"{name} {func}: {regs} registers, {smem} + {dynamic} B shared: {got} CTAs an SM,"
+                f" measured at {want}"
+            )
+    assert seen == set(_SSD_BWD16_CTAS), sorted(set(_SSD_BWD16_CTAS) - seen)
+
+
 def test_unknown_variant_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="no kernel variant named"):
         _native.compile_variant("nope[]", "sm_90a")
