@@ -2140,9 +2140,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb16(const Ss
 //          ldmatrix (dB .trans); the B / C tile by cp.async, .trans operand
 //   state term, per head: ah = g H_c (dC) / x dS_c (dB) over headdim (64 channels a stage: the
 //          16-bit g / x tile and the 16-bit state rows (q.states16 / q.dstates16, rounded by the
-//          reverse state passing) by cp.async; two buffers, the next stage in flight under the
-//          mma), then
-//          acc += f ah with the head's row factor f (e_l, or v_s dt'_s) in fp32; dC also leaves
+//          reverse state passing) and the head's cum / dt rows by cp.async; kDcdbStages buffers,
+//          the next stages in flight under the mma), then
+//          acc += f ah with the head's row factor f (e_l, or v_s dt'_s) in fp32, each thread its
+//          two rows' from the staged cum / dt rows; dC also leaves
 //          R_state_l = sum_n C_ln (f ah)_ln per head (rowdot)
 // Head shares (q.dcdb_shares, the host's dcdb_shares: grid y = (share, state tile)): each CTA runs
 // one share of the group's heads in the state term, share 0 also the intra part, and stores its
