@@ -2280,12 +2280,7 @@ __device__ __forceinline__ void chunk_dcdb16(const SsdBwdParams& q) {
             const int r = r0 + 8 * h2;
             row_ok[h2] = r < rows && (kDB ? seg[m0 + r] == seg_end : seg[m0 + r] == 0);
         }
-        issue(0, 0);
-#pragma unroll
-        for (int k = 1; k < kDcdbStages - 1; ++k) {
-            if (k < nstages) issue(k, k);
-            else cp_async_commit();
-        }
+        first_stages_n<kDcdbStages>(nstages, issue);
         float ah[8][4];
         for (int t = 0; t < nstages; ++t) {
             const int buf = t % kDcdbStages, ks = t % nks;
@@ -2436,7 +2431,7 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_share_sum_db(
 // 16-bit dout (calls without z: g = dout) and C, the way ssd2_chunk_state forms S_c (cuda/ssd_fwd2.cu)
 // instead of 1xTF32 on fp32 copies with scalar fragment loads. Grid (nchunks, ceil(headdim/64) *
 // ceil(dstate/128), batch*nheads): channels p0 .. p0 + 63 x states n0 .. n0 + 127 per CTA, warp w
-// channels 16w .. 16w + 15, acc[16][4]; K = the chunk's positions, 32 a step in two cp.async stages
+// channels 16w .. 16w + 15, acc[16][4]; K = the chunk's positions, 32 a step in kStateStages cp.async stages
 // (common/ssd_tiles.cuh weighted_state_product, ssd2_chunk_state's loop). A = g^T by ldmatrix .trans,
 // its k columns (positions) scaled by e_l in fp32, then rounded to 16 bits once or split into a hi / lo
 // pair of 16-bit values (two mma on the same B fragments: ~16 significant bits where one bf16
@@ -2449,20 +2444,15 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_share_sum_db(
 // 0.66 against the split's 0.30 / 0.25 / 0.74), ssd_bwd_chunk_dstate16_hilo takes the
 // hi / lo pair (FLASHSCAN_SSD_DSTATE_HILO=1). Both products in one kernel behind a runtime flag cost
 // the split's form 171 -> 181 us at b8 L2048 (NVRTC's register choice under the shared bound).
-// Stages of the dout / C tiles: three on sm_90 (two steps in flight, 41 KB static, still 4 CTAs an
-// SM at 128 registers), two elsewhere, as ssd2_chunk_state's.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-constexpr int kLcStages = 3;
-#else
-constexpr int kLcStages = 2;
-#endif
+// The dout / C tiles in kStateStages stages, as ssd2_chunk_state's (common/ssd_tiles.cuh: 41 KB
+// static on sm_90, still 4 CTAs an SM at 128 registers).
 template <bool kHiLo>
 __device__ __forceinline__ void chunk_dstate16(const SsdBwdParams& q) {
 #if FS_DTYPE != 2
     const SsdParams& p = q.f;
     __shared__ __align__(8) float s_e[kQ];
-    __shared__ __align__(16) u16 s_g[kLcStages][32 * kLd64];   // positions l x channels p
-    __shared__ __align__(16) u16 s_c[kLcStages][32 * kLd128];  // positions l x states n
+    __shared__ __align__(16) u16 s_g[kStateStages][32 * kLd64];   // positions l x channels p
+    __shared__ __align__(16) u16 s_c[kStateStages][32 * kLd128];  // positions l x states n
 
     const i64 bh = blockIdx.z, b = bh / p.nheads, h = bh % p.nheads, c = blockIdx.x;
     const i64 g = h / (p.nheads / p.ngroups);
@@ -2479,12 +2469,7 @@ __device__ __forceinline__ void chunk_dstate16(const SsdBwdParams& q) {
         cp_async_commit();
     };
     const int nsteps = (len + 31) / 32;
-    load(0, 0);  // steps 0 .. kLcStages - 2 in flight while e_l is formed
-#pragma unroll
-    for (int k = 1; k < kLcStages - 1; ++k) {
-        if (k < nsteps) load(k, k);
-        else cp_async_commit();
-    }
+    first_stages_n<kStateStages>(nsteps, load);  // in flight while e_l is formed
     {
         const i64 pro = (bh * p.nchunks + c) * kQ;
         const int* seg = q.pseg + (b * p.nchunks + c) * kQ;
@@ -2493,7 +2478,7 @@ __device__ __forceinline__ void chunk_dstate16(const SsdBwdParams& q) {
     }
     float acc[16][4];
     clear(acc);
-    weighted_state_product<kHiLo, kLcStages>(acc, s_g, s_c, s_e, nsteps, load);
+    weighted_state_product<kHiLo, kStateStages>(acc, s_g, s_c, s_e, nsteps, load);
     store_state_tile(q.dstates + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate, acc, p0, hd, n0, ds,
                      p.dstate);
 #endif

@@ -245,13 +245,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_cb(const Ssd2P
 }
 
 // ---- 1. chunk states --------------------------------------------------------------------------------
-// Stages of ssd2_chunk_state's x / B tiles: three on sm_90 (two steps in flight; 128 registers
-// and 42-45 KB static either way there), two elsewhere (sm_80 took 162 registers with three)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-constexpr int kStateStages = 3;
-#else
-constexpr int kStateStages = 2;
-#endif
+// (x / B tiles in kStateStages stages: common/ssd_tiles.cuh)
 extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ssd2Params q) {
     const SsdParams& p = q.p;
     __shared__ __align__(16) float s_lw[kQ];  // the prep record (ssd2_chunk_prep)
@@ -278,12 +272,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ss
     const int nsteps = (len + 31) / 32;
     load_prep(q, blockIdx.z, c, s_lw, s_cum, s_seg);
     cp_async_commit();
-    load(0, 0);  // steps 0 .. kStateStages - 2 in flight while the weights are formed
-#pragma unroll
-    for (int k = 1; k < kStateStages - 1; ++k) {
-        if (k < nsteps) load(k, k);
-        else cp_async_commit();
-    }
+    first_stages_n<kStateStages>(nsteps, load);  // in flight while the weights are formed
     cp_async_wait<kStateStages - 1>();
     __syncthreads();
     const float cum_end = s_cum[len - 1], cl2_end = cum_end * kLog2e;
@@ -351,12 +340,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_varlen_states(const 
     const int nsteps = (len + 31) / 32;
     load_prep(q, h, c, s_lw, s_cum, s_seg);  // batch 0: the (batch, head) index is h
     cp_async_commit();
-    load(0, 0);
-#pragma unroll
-    for (int k = 1; k < kStateStages - 1; ++k) {
-        if (k < nsteps) load(k, k);
-        else cp_async_commit();
-    }
+    first_stages_n<kStateStages>(nsteps, load);
     cp_async_wait<kStateStages - 1>();
     __syncthreads();
     const float cum_e = s_cum[len - 1], cl2_e = cum_e * kLog2e;

@@ -110,6 +110,19 @@ __device__ __forceinline__ void next_stage(int k, int nsteps, Load&& load) {
     __syncthreads();
 }
 
+// The start of a kStages-stage loop of nsteps >= 1 steps: steps 0 .. kStages - 2 issued
+// (load(k, stage k) commits step k's group; an empty group for each step past nsteps, so that
+// next_stage_n's count of groups in flight holds).
+template <int kStages, typename Load>
+__device__ __forceinline__ void first_stages_n(int nsteps, Load&& load) {
+    load(0, 0);
+#pragma unroll
+    for (int k = 1; k < kStages - 1; ++k) {
+        if (k < nsteps) load(k, k);
+        else cp_async_commit();
+    }
+}
+
 // The top of step k of a kStages-stage loop whose caller issued steps 0 .. kStages - 2: step
 // k + kStages - 1 issued into the stage step k - 1 read (the barrier ending step k - 1 freed it),
 // or an empty group past the last step so that the count stays uniform; then step k's group
@@ -122,6 +135,14 @@ __device__ __forceinline__ void next_stage_n(int k, int nsteps, Load&& load) {
     cp_async_wait<kStages - 1>();
     __syncthreads();
 }
+
+// Stages of weighted_state_product's tiles for its callers: three on sm_90 (two steps in flight;
+// 128 registers and 41-45 KB static there), two elsewhere (sm_80 took 162 registers with three)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr int kStateStages = 3;
+#else
+constexpr int kStateStages = 2;
+#endif
 
 // A chunk's state-shaped product, 64 rows p x 128 columns n per CTA (warp w rows 16w .. 16w + 15,
 // acc[16][4]): acc += sum over positions l of w_l a_l^T b_l, K = the chunk's positions, 32 a step in
