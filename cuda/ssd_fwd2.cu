@@ -21,8 +21,11 @@
 //                        dt'_s * [s <= l, seg_s == seg_l] built in registers from the CB workspace
 //                        block (staged in shared memory by cp.async one block ahead, with x's tile)
 //                        in the accumulator layout, which is the A layout of the next mma (no
-//                        shared-memory round trip for W); z prefetched by cp.async during W x; D x reads the diagonal block's x tile (already in
-//                        shared memory), then silu(z) and the store.
+//                        shared-memory round trip for W); below the diagonal (no seq_idx) the decay
+//                        factored at the tile's first row m0, W = exp(cum_l - cum_m0) (CB f_s),
+//                        f_s = exp(cum_m0 - cum_s) dt'_s once per CTA (accumulate_cbf_x); z
+//                        prefetched by cp.async during W x; D x reads the diagonal block's x tile
+//                        (already in shared memory), then silu(z) and the store.
 //   3'. ssd2_chunk_scan_one a call that is one 64-row block (seqlen <= 64) without initial states:
 //                        0 and 3 in one kernel (its C B^T block formed from C / B tiles in shared
 //                        memory, no CB workspace traffic, one launch). Real-time b32 L60 8 x 64,
@@ -92,6 +95,17 @@
 // the epilogue's 16 D reads issued together (lane_d; each had waited in its own branch) moved the
 // scan 498 -> 461 us, more than anything since the CB staging; ssd2_chunk_prep reading dt for 8
 // heads a CTA 17.1 -> 10.3 us. Forward 737 -> 692 us of kernels, Triton 691.8 in the same process.
+//
+// MEASURED 2026-11-29 (H200, same-lease A/B, benches/results/2026-11-29-h200-ssd-scan-factored/):
+// the blocks below the diagonal with the decay factored at the tile's first row (one FMUL an
+// element where W took FADD, MUFU and FMUL; 107 instead of 170 instructions a warp and block)
+// and the CB block's cp.async from one pointer: the scan 462-465 -> 416-418 us (predicted ~400),
+// forward 690 -> 644 us of kernels against Triton's 694 in the same lease. Tried and dropped (same
+// leases): CB columns loaded straight into registers as each pair is consumed, no staging and one
+// barrier a block (-> 460 us); the diagonal block's warps skipping the k16 steps past the diagonal
+// and masking only the one on it (-> 424 us: the CTA waits for its last warp, which skips nothing).
+// The same factoring in ssd_bwd_chunk_dx16 moved it 546 -> 545 us (dropped: its CB loads, not its
+// MUFU, hold it).
 //
 // Compile-time constants (host prelude): FS_DTYPE (0 fp16, 1 bf16), FS_CHUNK (64, 128 or 256).
 
@@ -494,9 +508,8 @@ __device__ __forceinline__ void row_terms(int l0, int len, const float* s_cum, c
 // layout (cbv[jn][e]: row r0 + 8 (e >> 1), column 8 jn + t2 + (e & 1)), which is the A layout of the
 // next mma: the A fragment of k16 block kk from n8 tiles 2 kk, 2 kk + 1, built just before its mma
 // (so cbv dies as it is used). xb: the x tile's (.trans B operand) lane address in shared memory.
-// kMasked = false: a block strictly below the diagonal of a call without seq_idx, where every mask
-// term holds (s < l; one segment; rows l >= len are never stored and their CB rows are finite).
-template <bool kMasked>
+// Every mask term applies: the diagonal block, and every block of a call with seq_idx (the blocks
+// below the diagonal of a call without take accumulate_cbf_x).
 __device__ __forceinline__ void accumulate_wx(float (&acc)[8][4], const float (&cbv)[8][4], int s0, const int (&l_of)[2],
                                               const float (&cl2)[2], const int (&seg_l)[2], int len, const float* s_lw,
                                               const int* s_seg, u32 xb) {
@@ -508,19 +521,39 @@ __device__ __forceinline__ void accumulate_wx(float (&acc)[8][4], const float (&
         for (int u = 0; u < 2; ++u) {
             const int jn = 2 * kk + u, s = s0 + 8 * jn + t2;  // s even: 8-byte reads
             const float2 lw = *(const float2*)(s_lw + s);
-            int2 seg_s = make_int2(0, 0);
-            if constexpr (kMasked) seg_s = *(const int2*)(s_seg + s);
+            const int2 seg_s = *(const int2*)(s_seg + s);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int hh = e >> 1, odd = e & 1;
+                const int hh = e >> 1, odd = e & 1, l = l_of[hh];
                 const float w = cbv[jn][e] * ex2(cl2[hh] - (odd ? lw.y : lw.x));
-                if constexpr (kMasked) {
-                    const int l = l_of[hh];
-                    wv[u][e] = s + odd <= l && l < len && (odd ? seg_s.y : seg_s.x) == seg_l[hh] ? w : 0.f;
-                } else {
-                    wv[u][e] = w;
-                }
+                wv[u][e] = s + odd <= l && l < len && (odd ? seg_s.y : seg_s.x) == seg_l[hh] ? w : 0.f;
             }
+        }
+        u32 a[4];
+        acc_to_a<DT>(a, wv[0], wv[1]);
+        mma_row<8, true>(acc, a, xb + kk * 16 * kLd64 * 2, 16 * 2);
+    }
+}
+
+// acc += (CB f) x for one 64 x 64 source block strictly below the diagonal of a call without
+// seq_idx, with the decay factored at the CTA's first row m0: W[l, s] = CB[l, s] exp(cum_l - cum_s)
+// dt'_s = g_l (CB[l, s] f_s), f_s = exp(cum_m0 - cum_s) dt'_s (s_f: formed once per CTA over s <
+// m0) and g_l = exp(cum_l - cum_m0) (applied to acc once, before the diagonal block). One FMUL an
+// element instead of accumulate_wx's FADD, MUFU and FMUL, and still one rounding of the product:
+// CB f_s is rounded to 16 bits as W was. Where A <= 0 (Mamba-2's A = -exp(A_log)) cum does not
+// increase, so f_s <= 1 and g_l <= 1: neither overflows, and where one underflows so does W.
+__device__ __forceinline__ void accumulate_cbf_x(float (&acc)[8][4], const float (&cbv)[8][4], int s0, const float* s_f,
+                                                 u32 xb) {
+    const int t2 = 2 * (threadIdx.x & 3);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        float wv[2][4];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int jn = 2 * kk + u;
+            const float2 f = *(const float2*)(s_f + s0 + 8 * jn + t2);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) wv[u][e] = cbv[jn][e] * ((e & 1) ? f.y : f.x);
         }
         u32 a[4];
         acc_to_a<DT>(a, wv[0], wv[1]);
@@ -641,11 +674,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
             }
             __syncthreads();  // the stage is refilled two steps on (or by z / x after the loop)
         }
-        // the row factor [seg_l == 0] exp(cum_l), rows r0 and r0 + 8
+        // the row factor [seg_l == 0] exp(cum_l), rows r0 and r0 + 8; without seq_idx exp(cum_m0)
+        // here and g_l = exp(cum_l - cum_m0) before the diagonal block (accumulate_cbf_x)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             const int l = m0 + r0 + 8 * hh;
-            const float f = l < len && s_seg[l] == 0 ? ex(s_cum[l]) : 0.f;
+            const float f = !p.has_seq ? ex(s_cum[m0]) : l < len && s_seg[l] == 0 ? ex(s_cum[l]) : 0.f;
 #pragma unroll
             for (int jn = 0; jn < 8; ++jn) {
                 acc[jn][2 * hh] *= f;
@@ -666,7 +700,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
     int seg_l[2], l_of[2];
     row_terms(m0 + r0, len, s_cum, s_seg, l_of, cl2, seg_l);
     const u32 xb_lane = lane_bt(lane, kLd64) * 2;
-    const bool fast = !p.has_seq;  // blocks below the diagonal skip the mask (accumulate_wx<false>)
+    // without seq_idx the blocks below the diagonal take the factored decay (accumulate_cbf_x):
+    // f_s = 2^(cl2_m0 - lw_s) over lw_s in place for s < m0 (the diagonal block reads lw from m0
+    // on); the loop's first barrier publishes it
+    const bool fast = !p.has_seq;
+    const float cl2_m0 = s_cum[m0] * kLog2e;
+    if (fast)
+        for (int s = threadIdx.x; s < m0; s += kThreads) s_lw[s] = ex2(cl2_m0 - s_lw[s]);
     // Source block j: its CB block and x tile landed (and, at j = 0, z); cbv read from s_cb; a
     // barrier (every warp has its cbv, and is past block j - 1's W x, whose x stage is refilled
     // next); block j + 1's CB and x issued; W x of block j under those loads.
@@ -689,10 +729,22 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
             load_x(j + 1, (j + 1) & 1);  // (commits both)
         }
         const u32 xb = smem_u32(s_x[j & 1]) + xb_lane;
-        if (fast && j < i)
-            accumulate_wx<false>(acc, cbv, j * kRows, l_of, cl2, seg_l, len, s_lw, s_seg, xb);
-        else
-            accumulate_wx<true>(acc, cbv, j * kRows, l_of, cl2, seg_l, len, s_lw, s_seg, xb);
+        if (fast && j < i) {
+            accumulate_cbf_x(acc, cbv, j * kRows, s_lw, xb);
+        } else {
+            if (fast) {  // the off-diagonal sum (and C.H^T's exp(cum_m0)) times g_l
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const float gl = ex2(cl2[hh] - cl2_m0);
+#pragma unroll
+                    for (int jn = 0; jn < 8; ++jn) {
+                        acc[jn][2 * hh] *= gl;
+                        acc[jn][2 * hh + 1] *= gl;
+                    }
+                }
+            }
+            accumulate_wx(acc, cbv, j * kRows, l_of, cl2, seg_l, len, s_lw, s_seg, xb);
+        }
     }
 
     // epilogue: D x (x of row l from the diagonal block's tile, still in s_x[i & 1]), silu(z) (z from
@@ -766,6 +818,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan_one(co
     row_terms(r0, len, s_cum, s_seg, l_of, cl2, seg_l);
     float acc[8][4];
     clear(acc);
-    accumulate_wx<true>(acc, cbv, 0, l_of, cl2, seg_l, len, s_dt, s_seg, smem_u32(s_x) + lane_bt(lane, kLd64) * 2);
+    accumulate_wx(acc, cbv, 0, l_of, cl2, seg_l, len, s_dt, s_seg, smem_u32(s_x) + lane_bt(lane, kLd64) * 2);
     store_y(q, acc, s_x, s_z, b, h, 0, len, p0, hd, r0, t2);
 }

@@ -190,6 +190,32 @@ def test_forward_odd_shapes(case: tuple, rule: Any, poison: Any, fwd_path: str) 
     check_case(rule, out, final, a, chunk, True)
 
 
+@pytest.mark.parametrize("decay", ["steep", "growing"])
+@pytest.mark.parametrize("dt_name", ["bfloat16", "float16"])
+def test_forward_extreme_decays(
+    decay: str, dt_name: str, rule: Any, poison: Any, fwd_path: str
+) -> None:
+    """Decays far outside the usual range through every 64-row block of a chunk: A ~ -16 (exp of
+    the decay underflows a few positions from the diagonal, so the second path's factored decay
+    below the diagonal, exp(cum_l - cum_m0) (CB exp(cum_m0 - cum_s) dt'_s), has its factors
+    underflow where W does) and A > 0 (cum grows: the factors stay below the product, neither
+    overflows; ~3x a chunk here). Both against float64 under the rule, no inf / nan."""
+    dtype = DTYPES[dt_name]
+    a = ssd_inputs(2, 700, 4, 64, 1, 64, dtype)
+    a["A"] = (
+        -16.0 - torch.rand(4, device="cuda")
+        if decay == "steep"
+        else 0.01 * torch.rand(4, device="cuda") + 0.002
+    )
+    poison(2 * 700 * 4 * 64 * a["x"].element_size(), 2 * 4 * 64 * 64 * 4)
+    for chunk in (256, 128):
+        out, final = flashscan.mamba_chunk_scan_combined(
+            **a, chunk_size=chunk, dt_softplus=True, return_final_states=True
+        )
+        assert bool(torch.isfinite(out).all()) and bool(torch.isfinite(final).all())
+        check_case(rule, out, final, a, chunk, True)
+
+
 # One 64-row block without initial states: ssd2_chunk_scan_one forms its C B^T block itself
 # (no ssd2_chunk_cb launch). (dtype, ngroups, nheads, dstate, headdim, seqlen, chunk)
 ONE_BLOCK_CASES = [

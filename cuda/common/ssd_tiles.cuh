@@ -86,13 +86,17 @@ __device__ __forceinline__ void mma_row_hilo(float (&acc)[NT][4], const u32 (&hi
 // One 64 x 64 fp32 block of the C B^T workspace (64 rows of kQ floats from g, 16-byte aligned) into
 // shared memory of pitch kLd floats by cp.async, 8 16-byte chunks a thread; the caller commits.
 // (ssd2_chunk_scan's W x, one block ahead of the mma; its header has the measurements.)
+// Thread t copies columns 4 (t % 16) .. + 3 of rows t / 16 + 8 k: one source pointer and one shared
+// address a call, constant offsets a pass (SASS 2026-11-29: the per-chunk (t + 128 k) / 16 rows had
+// each pass form its own 64-bit address, ~9 instructions a chunk).
 template <int kLd>
 __device__ __forceinline__ void load_cb_block(float* s, const float* g) {
+    constexpr int kRowStep = kThreads / 16;
+    const int r = threadIdx.x / 16, c4 = (threadIdx.x % 16) * 4;
+    const float* src = g + r * kQ + c4;
+    const u32 dst = smem_u32(s + r * kLd + c4);
 #pragma unroll
-    for (int k = 0; k < kRows * 16 / kThreads; ++k) {
-        const int e = threadIdx.x + k * kThreads, r = e / 16, c4 = (e % 16) * 4;
-        cp_async16(smem_u32(s + r * kLd + c4), g + (i64)r * kQ + c4, true);
-    }
+    for (int k = 0; k < kRows / kRowStep; ++k) cp_async16(dst + k * kRowStep * kLd * 4, src + k * kRowStep * kQ, true);
 }
 
 // The top of step k of a two-stage cp.async loop of nsteps steps: step k + 1 issued into the other
