@@ -1526,6 +1526,26 @@ __device__ __forceinline__ void scale_head(float (&dw)[8][4], float (&acc)[8][4]
         }
 }
 
+// scale_head for a block strictly below the diagonal (every s < l) with the decay factored at the
+// s-block's last column ref: exp(cum_l - cum_s) dt'_s = a_l b_s, a_l = exp(cum_l - cum_ref) (this
+// thread's two rows, arow), b_s = exp(cum_ref - cum_s) dt'_s (s_b, once per head by 64 threads):
+// two FMUL an element where scale_head takes a FADD, FMUL, MUFU and two FMUL (ssd_bwd_dcb16; both
+// factors <= 1 where A <= 0, as in ssd2_chunk_scan's accumulate_cbf_x).
+__device__ __forceinline__ void scale_head_below(float (&dw)[8][4], float (&acc)[8][4], const float (&arow)[2],
+                                                 const float* s_b, const float* s_cb) {
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn) {
+        const float2 bs = *(const float2*)(s_b + acc_col(jn, 0));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = acc_row(e), col = acc_col(jn, e);
+            const float v = dw[jn][e] * arow[e >> 1] * ((e & 1) ? bs.y : bs.x);
+            acc[jn][e] += v;
+            dw[jn][e] = v * s_cb[r * kLdw2 + col];  // r[l, s] of this head
+        }
+    }
+}
+
 // The block's dCB share (acc) into out (rows l = m0 .., pitch kQ), masked: same sequence, both
 // inside the chunk (loaded rows past len are zero already).
 __device__ __forceinline__ void store_masked_dcb(const float (&acc)[8][4], float* out, const int* seg, int m0, int s0,
@@ -2047,7 +2067,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_dx16(con
 // 2026-11-27). One stage of tiles: the next (head, step)'s loads are issued as soon as every warp
 // has read the current one, so they fly under the head's scaling and straddle record, with the
 // next head's cum / dt' rows in the same cp.async group. Grid, masks,
-// sums and their order as ssd_bwd_dcb (bitwise the same reduction order over heads).
+// sums and their order as ssd_bwd_dcb (the same reduction order over heads). Blocks below the
+// diagonal scale each head's g x^T by a_l b_s, the decay factored at the s-block's last column
+// (scale_head_below; b_s formed once per head by 64 threads): H200 2026-11-29, b8 L2048 80 x 64,
+// 344.4-344.9 -> 329.9-333.9 us (predicted ~300: the MUFU and its chain were a third of what
+// held it; benches/results/2026-11-29-h200-ssd-scan-factored/).
 extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb16(const SsdBwdParams q) {
 #if FS_DTYPE != 2
     const SsdParams& p = q.f;
@@ -2059,6 +2083,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb16(const Ss
     __shared__ __align__(16) float s_cl[2][kTile];
     __shared__ __align__(16) float s_cs[2][kTile];
     __shared__ __align__(16) float s_ds[2][kTile];
+    __shared__ __align__(16) float s_bs[2][kTile];  // below the diagonal: b_s (scale_head_below)
     int i, j;
     block_pair(i, j);
     const i64 c = blockIdx.x / kPairs2, g = blockIdx.y / q.dcb_splits, b = blockIdx.z;
@@ -2105,9 +2130,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb16(const Ss
     for (i64 hh = h_begin; hh < h_end; ++hh) {
         float dw[8][4];
         clear(dw);
+        const int par = (int)(hh & 1);
         for (int ks = 0; ks < nks; ++ks) {
             cp_async_wait<0>();
             __syncthreads();  // the stage (and at ks 0 the head's cum / dt' rows) is visible
+            // below the diagonal: the head's b_s (the barrier ending this step publishes it; the
+            // other parity's, read by the previous head's scaling, is not touched)
+            if (i > j && ks == 0 && threadIdx.x < kTile)
+                s_bs[par][threadIdx.x] = ex(s_cs[par][kTile - 1] - s_cs[par][threadIdx.x]) * s_ds[par][threadIdx.x];
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
                 u32 a[4];
@@ -2119,9 +2149,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_dcb16(const Ss
             const i64 nh = head_done ? hh + 1 : hh;
             if (nh < h_end) issue(nh, head_done ? 0 : ks + 1);
         }
-        const int par = (int)(hh & 1);
         const i64 h = g * hpg + hh;
-        scale_head(dw, acc, i > j, s_cl[par], s_cs[par], s_ds[par], s_cb);
+        if (i > j) {
+            const float cref = s_cs[par][kTile - 1];
+            const float arow[2] = {ex(s_cl[par][acc_row(0)] - cref), ex(s_cl[par][acc_row(2)] - cref)};
+            scale_head_below(dw, acc, arow, s_bs[par], s_cb);
+        } else {
+            scale_head(dw, acc, false, s_cl[par], s_cs[par], s_ds[par], s_cb);
+        }
         straddle_record(dw, i == j, q.strad + ((b * p.nheads + h) * p.nchunks + c) * kPairs2 * kRec + pair * kRec,
                         s_col);
     }
