@@ -1838,6 +1838,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_db2(cons
 // 587 -> 643 us; the CB block staged through shared memory by cp.async and read transposed
 // 585 -> 606; dx staged in shared memory for 16-byte stores 585 -> 603. ncu at 700 us (clocks
 // locked): 25% occupancy, 0.48 issued a cycle per scheduler, 25% excess global sectors.
+// Tried and dropped (H200, 2026-11-29, benches/results/2026-11-29-h200-ssd-scan-factored/): the
+// blocks above the diagonal with the decay factored as ssd2_chunk_scan's (one FMUL an element)
+// 546 -> 545 us; the CB columns refilled in registers as each pair is consumed 545 -> 570 (16-32
+// bytes of spills); the diagonal block's warps skipping the k16 steps with every l < s 545 -> 550.
 #if FS_DTYPE != 2
 // acc += W^T g for the 64 x 64 block of l-block l0 (g's tile at lane address gb, .trans B operand):
 // the A fragment of k16 step kk from the n8 columns 2 kk, 2 kk + 1 of cbv (CB[l, s] at row s = s_of,
