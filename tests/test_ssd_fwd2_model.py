@@ -3,10 +3,11 @@ the float64 reference: the decomposition (the chunk prologue once per (batch, he
 records of log2 weights lw = cum log2 e - log2 dt' (+inf where dt' = 0), cum and seg; C B^T once
 per GROUP into a workspace; the per-head decay exp(cum_l - cum_s) dt'_s = 2^(cum_l log2 e - lw_s)
 and the sequence mask applied when W is built, the mask only on diagonal blocks or under seq_idx;
-the chunk-state weight w_s applied to x), the kernels' grids, tile loops, early exits and tail
-masks, written the way the kernels do them. Workspaces, records and the output start poisoned
-(NaN), so a block the model's kernels read but never wrote, or an output element never stored,
-fails the comparison.
+the chunk-state weight w_s applied to x; below the diagonal of a call without seq_idx the decay
+factored at the tile's first row, CB f_s times a row factor), the kernels' grids, tile loops,
+early exits and tail masks, written the way the kernels do them. Workspaces, records and the
+output start poisoned (NaN), so a block the model's kernels read but never wrote, or an output
+element never stored, fails the comparison.
 
 The arithmetic is float64 here (the kernels round operands to the input dtype: that is the GPU
 tests' business, tests/test_ssd_gpu.py); what this checks is which terms are summed where.
@@ -171,6 +172,10 @@ def model_forward(
                     p0 = by * 64
                     hd = hd_all - p0
                     acc = np.zeros((ROWS, 64))
+                    # without seq_idx the blocks below the diagonal take the decay factored at
+                    # row m0: exp(cum_m0) on C.H^T here, f_s = 2^(cl2_m0 - lw_s) over lw in place
+                    # for s < m0, the row factor g_l = 2^(cl2_l - cl2_m0) before the diagonal
+                    fast = seq_idx is None
                     if c > 0 or init is not None:
                         for n0 in range(0, ds, K_SCAN):
                             tc = _tile(C[b, :, g], c0 + m0, n0, ROWS, K_SCAN, length - m0, ds - n0)
@@ -179,15 +184,23 @@ def model_forward(
                         ls = m0 + np.arange(ROWS)
                         lc = np.minimum(ls, length - 1)
                         f = np.where((ls < length) & (seg[lc] == 0), np.exp(cum[lc]), 0.0)
-                        acc *= f[:, None]
+                        acc *= math.exp(cum[m0]) if fast else f[:, None]
                     ls = m0 + np.arange(ROWS)
                     lc = np.minimum(ls, length - 1)
                     cl2 = cum[lc] * LOG2E
+                    cl2_m0 = cum[m0] * LOG2E
+                    lwf = lw.copy()
+                    if fast:
+                        lwf[:m0] = np.exp2(cl2_m0 - lw[:m0])
                     for j in range(i + 1):
                         ss = j * ROWS + np.arange(ROWS)
                         cbb = cb[b, c, g, m0 : m0 + ROWS, j * ROWS : (j + 1) * ROWS]
-                        W = cbb * np.exp2(cl2[:, None] - lw[ss][None, :])
-                        if j == i or seq_idx is not None:  # accumulate_wx<true>: the mask
+                        if fast and j < i:  # accumulate_cbf_x: CB f_s
+                            W = cbb * lwf[ss][None, :]
+                        else:  # accumulate_wx: the mask
+                            if fast:
+                                acc *= np.exp2(cl2 - cl2_m0)[:, None]
+                            W = cbb * np.exp2(cl2[:, None] - lwf[ss][None, :])
                             keep = (ss[None, :] <= ls[:, None]) & (ls[:, None] < length)
                             keep &= seg[ss][None, :] == seg[lc][:, None]
                             W = np.where(keep, W, 0.0)
@@ -254,6 +267,26 @@ def test_model_matches_the_reference(case: tuple, mode: tuple) -> None:
         dt_softplus=softplus, dt_limit=limit, return_final_states=True,
     )  # fmt: skip
     assert not np.isnan(out).any(), "an output element was never stored or read a poisoned block"
+    np.testing.assert_allclose(out, want, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(final, want_final, rtol=1e-9, atol=1e-9)
+
+
+def test_model_matches_the_reference_under_steep_decay() -> None:
+    """A ~ -40 (the decay underflows within a few positions, in float64 too): the factored decay's
+    f_s and g_l underflow where W does, so no inf * 0 and the sums stay the reference's."""
+    Q, L, h, p, g, n = 256, 530, 2, 33, 2, 24
+    rng = np.random.default_rng(7)
+    x, dt, A, B, C, D, z, bias, h0, _ = _case(rng, 2, L, h, p, g, n, seq=False, init=True, D2=False)
+    A = A * 40.0
+    kw = dict(D=D, z=z, dt_bias=bias, dt_softplus=True, dt_limit=(0.01, 2.0))
+    out, final = model_forward(
+        x, dt, A, B, C, Q, D=D, z=z, dt_bias=bias, init=h0, seq_idx=None, softplus=True,
+        limit=(0.01, 2.0),
+    )  # fmt: skip
+    want, want_final = ref.mamba_chunk_scan_combined(
+        x, dt, A, B, C, Q, initial_states=h0, return_final_states=True, **kw
+    )
+    assert np.isfinite(out).all() and np.isfinite(final).all()
     np.testing.assert_allclose(out, want, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(final, want_final, rtol=1e-9, atol=1e-9)
 
