@@ -679,12 +679,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             const int l = m0 + r0 + 8 * hh;
-            const float f = !p.has_seq ? ex(s_cum[m0]) : l < len && s_seg[l] == 0 ? ex(s_cum[l]) : 0.f;
-#pragma unroll
-            for (int jn = 0; jn < 8; ++jn) {
-                acc[jn][2 * hh] *= f;
-                acc[jn][2 * hh + 1] *= f;
-            }
+            scale_row(acc, hh, !p.has_seq ? ex(s_cum[m0]) : l < len && s_seg[l] == 0 ? ex(s_cum[l]) : 0.f);
         }
     }
 
@@ -734,14 +729,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
         } else {
             if (fast) {  // the off-diagonal sum (and C.H^T's exp(cum_m0)) times g_l
 #pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    const float gl = ex2(cl2[hh] - cl2_m0);
-#pragma unroll
-                    for (int jn = 0; jn < 8; ++jn) {
-                        acc[jn][2 * hh] *= gl;
-                        acc[jn][2 * hh + 1] *= gl;
-                    }
-                }
+                for (int hh = 0; hh < 2; ++hh) scale_row(acc, hh, ex2(cl2[hh] - cl2_m0));
             }
             accumulate_wx(acc, cbv, j * kRows, l_of, cl2, seg_l, len, s_lw, s_seg, xb);
         }

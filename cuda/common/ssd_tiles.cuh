@@ -56,6 +56,17 @@ __device__ __forceinline__ int lane_bn(int lane, int ld) { return ((lane & 7) + 
 __device__ __forceinline__ int lane_at(int lane, int ld) { return ((lane & 7) + ((lane >> 4) << 3)) * ld + ((lane >> 3) & 1) * 8; }
 __device__ __forceinline__ int lane_bt(int lane, int ld) { return ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 8; }
 
+// acc[NT][4]'s row half hh (this thread's row r0 + 8 hh: elements 2 hh, 2 hh + 1 of each n8 tile)
+// times f (a row factor of the accumulator layout).
+template <int NT>
+__device__ __forceinline__ void scale_row(float (&acc)[NT][4], int hh, float f) {
+#pragma unroll
+    for (int jn = 0; jn < NT; ++jn) {
+        acc[jn][2 * hh] *= f;
+        acc[jn][2 * hh + 1] *= f;
+    }
+}
+
 // acc[NT][4] += A (16 x 16 k-block kk) B for one warp, A from ldsm_x4 at a_addr, B (NT n8 tiles) by
 // NT / 2 ldmatrix at b_addr + np * b_step bytes (trans or not).
 template <int NT, bool kTransB>
