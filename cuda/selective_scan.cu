@@ -24,23 +24,23 @@
 //            s*kTS .. s*kTS + kTS - 1 (kTS = kT / kSplit) for everything done once per (channel, t).
 //   Per tile:
 //     1. the block stages the B/C tile in shared memory as fp32 sB/sC[kT][kRow] (all its channels share it);
-//     2. each lane computes dt (bias, softplus) and dt*u for its slice and its kCPT channels and stores
-//        them, zero past the sequence end, as float2 in sDT[slot][t][q];
+//     2. each lane computes dt (bias, softplus) for its slice and its kCPT channels and stores
+//        (dt*log2(e), dt*u), zero past the sequence end, as float2 in sDT[slot][t][q];
 //     3. __syncthreads, then the loads of tile k+1 (delta, u, z slices; B/C) are issued (register prefetch);
-//     4. the recurrence: per t a lane reads (dt, dt*u) of its kCPT channels and its states' B, C, updates
+//     4. the recurrence: per t a lane reads (dt*log2(e), dt*u) of its kCPT channels and its states' B, C, updates
 //        its kCPT*kNS states and writes its partial y to sY[lane][q][t] (a float4 per 4 steps);
 //     5. __syncwarp, lane s sums the kSplit partials of its slice, adds D*u, multiplies by silu(z), stores.
 //   sB, sC and sDT are double-buffered (tile k+1 writes the other buffer; its last readers finished
 //   before tile k's barrier); sY is single: its next writes follow the next tile's barrier.
-//   exp(dt*A) = exp2(dt * A*log2(e)); A is pre-scaled once. FS_POLY_NUM of every 8 (t, state) exps are
+//   exp(dt*A) = exp2((dt*log2(e)) * A): sDT holds dt*log2(e) (A is used as loaded). FS_POLY_NUM of every 8 (t, state) exps are
 //   evaluated by an FMA-pipe polynomial instead of MUFU.EX2 (MUFU does 16/clk/SM, FMA 128/clk/SM).
 //
 // Long sequences with few channels (chunked path, nchunks > 1, exact: the recurrence is linear):
 //   1. selective_scan_chunk_state, grid.y = chunks 0..nchunks-2: scans its chunk from x = 0 and writes
 //      the chunk's end state (chunk_state) and sum of dt (chunk_dtsum); the chunk's decay is
-//      prod_t exp2(dt_t*A2[n]) = exp2(A2[n] * sum_t dt_t).
+//      prod_t exp(dt_t*A[n]) = exp(A[n] * sum_t dt_t).
 //   2. selective_scan_fwd, grid.y = chunks 0..nchunks-1: the block of chunk c starts from initial_state
-//      (or 0), folds chunks 0..c-1: x = exp2(A2 * dtsum[cc]) * x + chunk_state[cc], then scans its chunk
+//      (or 0), folds chunks 0..c-1: x = exp(A * dtsum[cc]) * x + chunk_state[cc], then scans its chunk
 //      writing out. The last chunk writes last_state.
 //
 // Compile-time constants (emitted by the host prelude; those with a default below are optional):
@@ -63,6 +63,8 @@
 //   FS_SAVE_STATES 1: also write the state at the end of every FS_SAVE_LEN-step chunk but the last into
 //                 ScanParams::saved (extra trailing fields, this variant only) for the backward; 0 (default,
 //                 not emitted): the struct and code are those of the plain forward
+//   FS_IDX32      1: 32-bit index arithmetic (every byte offset of the call's tensors < 2^31: the host's
+//                 check); 0 (default, not emitted): 64-bit. The short-sequence plans only
 // Everything else (D, z, delta_bias, softplus, initial/last state, chunking) is a runtime field of
 // ScanParams: a uniform branch costs nothing measurable here.
 // Dynamic shared memory (bytes) = 4 * (nB + nC + nDT + nY), nB = FS_B_VARYING*2*kT*kRow,
@@ -92,6 +94,9 @@
 #endif
 #ifndef FS_SAVE_LEN
 #define FS_SAVE_LEN 256
+#endif
+#ifndef FS_IDX32
+#define FS_IDX32 0
 #endif
 
 #include "common/convert.cuh"
@@ -128,7 +133,7 @@ struct ScanParams {
   int chans_per_block;        // channels per block (<= FS_THREADS / FS_NSPLIT; divides dim/ngroups when B or C varies and ngroups > 1)
   int has_D, has_z, has_delta_bias, softplus, has_initial_state, has_last_state;
   int io_align;               // bytes (2, 4, 8 or 16): alignment every u/delta/z/out row start shares
-  int pad_;
+  int blocks_per_row;         // ceil(dim / chans_per_block): blockIdx.x = b * blocks_per_row + block of the row
 #if FS_SAVE_STATES
   // Saving variant only (the struct, and so every other variant, is unchanged without it): the state at
   // the end of every FS_SAVE_LEN-step chunk but the last, for the backward. f32 (batch, dim, nsaved, dstate).
@@ -176,6 +181,17 @@ static_assert(kT % kSplit == 0 && kT % 8 == 0, "FS_TILE_T must be a multiple of 
 static_assert(kThreads % 32 == 0 && kThreads % kT == 0, "FS_THREADS: whole warps, a multiple of FS_TILE_T");
 static_assert(kCPT == 1 || kCPT == 2 || kCPT == 4, "FS_CPT: 1, 2 or 4");
 
+// Index arithmetic: 32-bit where the host saw every byte offset of the call's tensors below 2^31
+// (FS_IDX32, emitted for the short-sequence plans, `scan.rs` `short_seq_tiles`), else 64-bit. At
+// b32 d512 L60 the per-warp setup (block -> (b, d0), the row pointers) was 445 instructions of a
+// warp's ~3500, most of them 64-bit IMADs (ncu, H200, 2026-11-29).
+#if FS_IDX32
+using Ix = int;
+#else
+using Ix = i64;
+#endif
+__device__ __forceinline__ Ix ix(i64 v) { return (Ix)v; }
+
 // ---------------------------------------------------------------- the scan
 // Registers a lane carries from one tile to the next (the prefetch of tile k+1).
 struct Prefetch {
@@ -202,82 +218,45 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
   const int tid = threadIdx.x;
   const int s = tid & (kSplit - 1);      // this lane's index within its slot
   const int slot = tid / kSplit;         // lane group in the block; owns channels slot*kCPT + q
-  const i64 nblk_d = (p.dim + p.chans_per_block - 1) / p.chans_per_block;
-  const i64 b = blockIdx.x / nblk_d;
-  const i64 d0 = (blockIdx.x - b * nblk_d) * p.chans_per_block;
+  const Ix nblk_d = p.blocks_per_row;   // (from the host: one division fewer before the first loads)
+  const Ix b = blockIdx.x / nblk_d;
+  const Ix d0 = (blockIdx.x - b * nblk_d) * p.chans_per_block;
   bool active[kCPT];
-  i64 d[kCPT];
+  Ix d[kCPT];
 #pragma unroll
   for (int q = 0; q < kCPT; ++q) {
     const int ch = slot * kCPT + q;
-    active[q] = ch < p.chans_per_block && d0 + ch < p.dim;
+    active[q] = ch < p.chans_per_block && d0 + ch < ix(p.dim);
     d[q] = active[q] ? d0 + ch : d0;     // idle channels shadow channel d0 and store nothing
   }
-  const i64 group = d0 / (p.dim / p.ngroups);
+  const Ix group = p.ngroups == 1 ? 0 : d0 / (ix(p.dim) / ix(p.ngroups));
   const int c = blockIdx.y;
-  const i64 t_begin = (i64)c * p.chunk_len;
-  const i64 t_end = t_begin + p.chunk_len < p.seqlen ? t_begin + p.chunk_len : p.seqlen;
+  const Ix t_begin = (Ix)c * ix(p.chunk_len);
+  const Ix t_end = t_begin + ix(p.chunk_len) < ix(p.seqlen) ? t_begin + ix(p.chunk_len) : ix(p.seqlen);
   const int len = (int)(t_end - t_begin);
   const int ntiles = (len + kT - 1) / kT;
   const int align = p.io_align;
   const int asl = kTS * kInBytes < align ? kTS * kInBytes : align;   // alignment of a slice start
 
-  // ---- per-lane constants: A * log2(e), fixed B / C, D, delta_bias; initial state
-  float A2[kCPT][kNS], x[kCPT][kNS], Bf[kCPT][kBVar ? 1 : kNS], Cf[kCPT][(kCVar || kStateOnly) ? 1 : kNS];
-  float Dv[kCPT], bias[kCPT];
-#pragma unroll
-  for (int q = 0; q < kCPT; ++q) {
-#pragma unroll
-    for (int j = 0; j < kNS; ++j) {
-      const int n = (j / kVG) * kSplit * kVG + s * kVG + j % kVG;
-      const bool real = n < p.dstate;
-      A2[q][j] = real ? __ldg(p.A + d[q] * p.A_dim + n * p.A_dstate) * kLog2e : 0.f;
-      if constexpr (!kBVar) Bf[q][j] = real ? ldg_f32<FS_BC_DTYPE>(p.B, d[q] * p.B_dim + n * p.B_dstate) : 0.f;
-      if constexpr (!kCVar && !kStateOnly) Cf[q][j] = real ? ldg_f32<FS_BC_DTYPE>(p.C, d[q] * p.C_dim + n * p.C_dstate) : 0.f;
-      x[q][j] = 0.f;
-      if (!kStateOnly && p.has_initial_state && real)
-        x[q][j] = __ldg(p.initial_state + b * p.init_batch + d[q] * p.init_dim + n * p.init_dstate);
-    }
-    Dv[q] = (!kStateOnly && p.has_D) ? __ldg(p.D + d[q] * p.D_dim) : 0.f;
-    bias[q] = p.has_delta_bias ? __ldg(p.delta_bias + d[q] * p.delta_bias_dim) : 0.f;
-  }
-
-  // ---- chunked path: fold the end states of the chunks before this one
-  if (!kStateOnly && c > 0) {
-#pragma unroll
-    for (int q = 0; q < kCPT; ++q) {
-      const i64 cb = (b * p.dim + d[q]) * (p.nchunks - 1);
-      for (int cc = 0; cc < c; ++cc) {
-        const float S = p.chunk_dtsum[cb + cc];
-        const float* cs = p.chunk_state + (cb + cc) * kDState;
-#pragma unroll
-        for (int j = 0; j < kNS; ++j) {
-          const int n = (j / kVG) * kSplit * kVG + s * kVG + j % kVG;
-          x[q][j] = fmaf(ex2(A2[q][j] * S), x[q][j], cs[n]);
-        }
-      }
-    }
-  }
-
   // ---- global pointers (bytes) at the chunk start; slices already offset by this lane's s*kTS
-  const i64 soff = t_begin + s * kTS;
+  const Ix soff = t_begin + s * kTS;
   const char* delta_sl[kCPT];
   const char* u_sl[kCPT];
   const char* z_sl[kCPT];
   char* out_sl[kCPT];
 #pragma unroll
   for (int q = 0; q < kCPT; ++q) {
-    delta_sl[q] = (const char*)p.delta + (b * p.delta_batch + d[q] * p.delta_dim + soff) * kInBytes;
-    u_sl[q] = (const char*)p.u + (b * p.u_batch + d[q] * p.u_dim + soff) * kInBytes;
-    z_sl[q] = p.has_z ? (const char*)p.z + (b * p.z_batch + d[q] * p.z_dim + soff) * kInBytes : nullptr;
-    out_sl[q] = (char*)p.out + (b * p.out_batch + d[q] * p.out_dim + soff) * kInBytes;
+    delta_sl[q] = (const char*)p.delta + (b * ix(p.delta_batch) + d[q] * ix(p.delta_dim) + soff) * kInBytes;
+    u_sl[q] = (const char*)p.u + (b * ix(p.u_batch) + d[q] * ix(p.u_dim) + soff) * kInBytes;
+    z_sl[q] = p.has_z ? (const char*)p.z + (b * ix(p.z_batch) + d[q] * ix(p.z_dim) + soff) * kInBytes : nullptr;
+    out_sl[q] = (char*)p.out + (b * ix(p.out_batch) + d[q] * ix(p.out_dim) + soff) * kInBytes;
   }
   // B / C staging: tile element (n, t) with n = st_n0 + it * kNStep, t = st_t (it < kStage); consecutive
   // threads walk t (coalesced); rows n >= dstate load nothing (zero).
   const int st_t = tid % kT, st_n0 = tid / kT;
-  const char* bq = kBVar ? (const char*)p.B + (b * p.B_batch + group * p.B_group + st_n0 * p.B_dstate + t_begin + st_t) * kBCBytes : nullptr;
-  const char* cq = (kCVar && !kStateOnly) ? (const char*)p.C + (b * p.C_batch + group * p.C_group + st_n0 * p.C_dstate + t_begin + st_t) * kBCBytes : nullptr;
-  const i64 bstep = (i64)kNStep * p.B_dstate * kBCBytes, cstep = (i64)kNStep * p.C_dstate * kBCBytes;
+  const char* bq = kBVar ? (const char*)p.B + (b * ix(p.B_batch) + group * ix(p.B_group) + st_n0 * ix(p.B_dstate) + t_begin + st_t) * kBCBytes : nullptr;
+  const char* cq = (kCVar && !kStateOnly) ? (const char*)p.C + (b * ix(p.C_batch) + group * ix(p.C_group) + st_n0 * ix(p.C_dstate) + t_begin + st_t) * kBCBytes : nullptr;
+  const Ix bstep = (Ix)kNStep * ix(p.B_dstate) * kBCBytes, cstep = (Ix)kNStep * ix(p.C_dstate) * kBCBytes;
 
   float* sB = smem;
   float* sC = smem + L::kB;
@@ -291,23 +270,64 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
     const int vsl = valid - s * kTS;              // may be <= 0: slice past the end, zero-filled
 #pragma unroll
     for (int q = 0; q < kCPT; ++q) {
-      load_raw(pf.delta_s[q], delta_sl[q] + (i64)t0 * kInBytes, vsl, asl);
-      load_raw(pf.u_s[q], u_sl[q] + (i64)t0 * kInBytes, vsl, asl);
+      load_raw(pf.delta_s[q], delta_sl[q] + (Ix)t0 * kInBytes, vsl, asl);
+      load_raw(pf.u_s[q], u_sl[q] + (Ix)t0 * kInBytes, vsl, asl);
       if constexpr (!kStateOnly) {
-        if (p.has_z) load_raw(pf.z_s[q], z_sl[q] + (i64)t0 * kInBytes, vsl, asl);
+        if (p.has_z) load_raw(pf.z_s[q], z_sl[q] + (Ix)t0 * kInBytes, vsl, asl);
       }
     }
 #pragma unroll
     for (int it = 0; it < kStage; ++it) {
       const int n = st_n0 + it * kNStep;
-      const bool ok = n < kDState && n < p.dstate && st_t < valid;
-      if constexpr (kBVar) pf.b[it] = ok ? ld_nc_raw<FS_BC_DTYPE>(bq + it * bstep + (i64)t0 * kBCBytes) : 0u;
-      if constexpr (kCVar && !kStateOnly) pf.c[it] = ok ? ld_nc_raw<FS_BC_DTYPE>(cq + it * cstep + (i64)t0 * kBCBytes) : 0u;
+      const bool ok = n < kDState && n < ix(p.dstate) && st_t < valid;
+      if constexpr (kBVar) pf.b[it] = ok ? ld_nc_raw<FS_BC_DTYPE>(bq + it * bstep + (Ix)t0 * kBCBytes) : 0u;
+      if constexpr (kCVar && !kStateOnly) pf.c[it] = ok ? ld_nc_raw<FS_BC_DTYPE>(cq + it * cstep + (Ix)t0 * kBCBytes) : 0u;
     }
   };
 
+  // ---- per-lane constants: A, fixed B / C, D, delta_bias; initial state. Their loads and the first
+  // tile's go out together, no result used before the tile's barrier (A is kept as loaded: dt carries
+  // the log2(e) factor instead, in sDT): every warp of a one-wave grid starts at once, and a use here
+  // had it wait one memory round trip before issuing the next loads (ncu, H200, 2026-11-29).
+  float Av[kCPT][kNS], x[kCPT][kNS], Bf[kCPT][kBVar ? 1 : kNS], Cf[kCPT][(kCVar || kStateOnly) ? 1 : kNS];
+  float Dv[kCPT], bias[kCPT];
+#pragma unroll
+  for (int q = 0; q < kCPT; ++q) {
+#pragma unroll
+    for (int j = 0; j < kNS; ++j) {
+      const int n = (j / kVG) * kSplit * kVG + s * kVG + j % kVG;
+      const bool real = n < ix(p.dstate);
+      Av[q][j] = real ? __ldg(p.A + d[q] * ix(p.A_dim) + n * ix(p.A_dstate)) : 0.f;
+      if constexpr (!kBVar) Bf[q][j] = real ? ldg_f32<FS_BC_DTYPE>(p.B, d[q] * ix(p.B_dim) + n * ix(p.B_dstate)) : 0.f;
+      if constexpr (!kCVar && !kStateOnly) Cf[q][j] = real ? ldg_f32<FS_BC_DTYPE>(p.C, d[q] * ix(p.C_dim) + n * ix(p.C_dstate)) : 0.f;
+      x[q][j] = 0.f;
+      if (!kStateOnly && p.has_initial_state && real)
+        x[q][j] = __ldg(p.initial_state + b * ix(p.init_batch) + d[q] * ix(p.init_dim) + n * ix(p.init_dstate));
+    }
+    Dv[q] = (!kStateOnly && p.has_D) ? __ldg(p.D + d[q] * ix(p.D_dim)) : 0.f;
+    bias[q] = p.has_delta_bias ? __ldg(p.delta_bias + d[q] * ix(p.delta_bias_dim)) : 0.f;
+  }
+
   Prefetch pf;
   prefetch(pf, 0);
+
+  // ---- chunked path: fold the end states of the chunks before this one
+  if (!kStateOnly && c > 0) {
+#pragma unroll
+    for (int q = 0; q < kCPT; ++q) {
+      const Ix cb = (b * ix(p.dim) + d[q]) * (p.nchunks - 1);
+      for (int cc = 0; cc < c; ++cc) {
+        const float S = p.chunk_dtsum[cb + cc] * kLog2e;
+        const float* cs = p.chunk_state + (cb + cc) * kDState;
+#pragma unroll
+        for (int j = 0; j < kNS; ++j) {
+          const int n = (j / kVG) * kSplit * kVG + s * kVG + j % kVG;
+          x[q][j] = fmaf(ex2(Av[q][j] * S), x[q][j], cs[n]);
+        }
+      }
+    }
+  }
+
   float dtsum[kCPT];
 #pragma unroll
   for (int q = 0; q < kCPT; ++q) dtsum[q] = 0.f;
@@ -331,15 +351,28 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
     }
     // -- 2. dt and dt*u of this lane's slice (zero past the end: the state then stays put)
     float2* dtrow = sDT + (buf * kSlots + slot) * kDTRow * kCPT;   // [kDTRow][kCPT] float2
+    // (the uniform softplus test outside the element loop: inside it, every element's
+    // EX2 -> LG2 chain sat behind its own branch and none overlapped: ncu, H200, 2026-11-29)
+    float v[kTS][kCPT];
+#pragma unroll
+    for (int i = 0; i < kTS; ++i) {
+#pragma unroll
+      for (int q = 0; q < kCPT; ++q) v[i][q] = elem<FS_IN_DTYPE>(pf.delta_s[q], i) + bias[q];
+    }
+    if (p.softplus) {
+#pragma unroll
+      for (int i = 0; i < kTS; ++i) {
+#pragma unroll
+        for (int q = 0; q < kCPT; ++q) v[i][q] = softplus(v[i][q]);
+      }
+    }
 #pragma unroll
     for (int i = 0; i < kTS; ++i) {
 #pragma unroll
       for (int q = 0; q < kCPT; ++q) {
-        float v = elem<FS_IN_DTYPE>(pf.delta_s[q], i) + bias[q];
-        if (p.softplus) v = softplus(v);
-        const float dt = s * kTS + i < valid ? v : 0.f;
+        const float dt = s * kTS + i < valid ? v[i][q] : 0.f;
         dtsum[q] += dt;
-        dtrow[(s * kTS + i) * kCPT + q] = make_float2(dt, dt * elem<FS_IN_DTYPE>(pf.u_s[q], i));
+        dtrow[(s * kTS + i) * kCPT + q] = make_float2(dt * kLog2e, dt * elem<FS_IN_DTYPE>(pf.u_s[q], i));
       }
     }
     Raw<kTS, kInBytes> u_s[kCPT], z_s[kCPT];    // the epilogue's, before the prefetch lands
@@ -351,7 +384,7 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
     __syncthreads();
     if (k + 1 < ntiles) prefetch(pf, k + 1);
 
-    // -- 4. the recurrence over the tile: x = exp2(dt*A2) * x + dt*u*B ; y partial = sum over own states C*x
+    // -- 4. the recurrence over the tile: x = exp2(dt*log2(e)*A) * x + dt*u*B ; y partial = sum over own states C*x
     const float* sBt = sB + buf * kT * kRow + s * kVG;
     const float* sCt = sC + buf * kT * kRow + s * kVG;
     float* yrow = sY + tid * kCPT * kYRow;
@@ -362,7 +395,7 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
       // groups of 4 (block-uniform; their y partials are never stored). Only where the register
       // budget is >= 128 (FS_MIN_BLOCKS <= 4): at 64 (the small-grid plans) the exit spilled.
       if (FS_MIN_BLOCKS <= 4 && t % 4 == 0 && t >= valid) break;
-      float2 dd[kCPT];                  // (dt, dt*u) per channel; same address for the slot's lanes
+      float2 dd[kCPT];                  // (dt*log2(e), dt*u) per channel; same address for the slot's lanes
       if constexpr (kCPT == 1) {
         dd[0] = dtrow[t];
       } else {
@@ -424,7 +457,7 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
         float y = 0.f;
 #pragma unroll
         for (int j = 0; j < kNS; ++j) {
-          const float arg = dd[q].x * A2[q][j];
+          const float arg = dd[q].x * Av[q][j];
           const float a = (((t * kCPT + q) * kNS + j) % 8) < FS_POLY_NUM ? ex2_poly(arg) : ex2(arg);
           x[q][j] = fmaf(a, x[q][j], dd[q].y * (kBVar ? Bv[j] : Bf[q][j]));
           if constexpr (!kStateOnly) y = fmaf(kCVar ? Cv[j] : Cf[q][j], x[q][j], y);
@@ -466,13 +499,14 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
           }
         }
 #pragma unroll
-        for (int i = 0; i < kTS; ++i) {
-          o[i] = fmaf(Dv[q], elem<FS_IN_DTYPE>(u_s[q], i), o[i]);
-          if (p.has_z) o[i] *= silu(elem<FS_IN_DTYPE>(z_s[q], i));
+        for (int i = 0; i < kTS; ++i) o[i] = fmaf(Dv[q], elem<FS_IN_DTYPE>(u_s[q], i), o[i]);
+        if (p.has_z) {   // outside the element loop, as the softplus above: the SiLU chains overlap
+#pragma unroll
+          for (int i = 0; i < kTS; ++i) o[i] *= silu(elem<FS_IN_DTYPE>(z_s[q], i));
         }
         Raw<kTS, kInBytes> ro;
         pack_raw<FS_IN_DTYPE>(ro, o);
-        if (active[q]) store_raw(out_sl[q] + (i64)t0 * kInBytes, ro, valid - s * kTS, asl);
+        if (active[q]) store_raw(out_sl[q] + (Ix)t0 * kInBytes, ro, valid - s * kTS, asl);
       }
     }
 
@@ -481,15 +515,15 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
     //    chunk start and FS_SAVE_LEN are multiples of kT; steps past the end left x unchanged)
     if constexpr (!kStateOnly) {
       // (placed after the epilogue: fewer live registers; the low bits of t_begin + t0 + valid suffice)
-      if ((((int)t_begin + t0 + valid) & (FS_SAVE_LEN - 1)) == 0 && t_begin + t0 + valid < p.seqlen) {
-        const i64 ci = (t_begin + t0 + valid) / FS_SAVE_LEN - 1;
+      if ((((int)t_begin + t0 + valid) & (FS_SAVE_LEN - 1)) == 0 && t_begin + t0 + valid < ix(p.seqlen)) {
+        const Ix ci = (t_begin + t0 + valid) / FS_SAVE_LEN - 1;
 #pragma unroll
         for (int q = 0; q < kCPT; ++q) {
 #pragma unroll
           for (int j = 0; j < kNS; ++j) {
             const int n = (j / kVG) * kSplit * kVG + s * kVG + j % kVG;
-            if (active[q] && n < p.dstate)
-              p.saved[b * p.saved_batch + d[q] * p.saved_dim + ci * p.saved_chunk + n * p.saved_dstate] = x[q][j];
+            if (active[q] && n < ix(p.dstate))
+              p.saved[b * ix(p.saved_batch) + d[q] * ix(p.saved_dim) + ci * ix(p.saved_chunk) + n * ix(p.saved_dstate)] = x[q][j];
           }
         }
       }
@@ -504,7 +538,7 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
 #pragma unroll
       for (int m = kSplit / 2; m >= 1; m /= 2) dtsum[q] += __shfl_xor_sync(0xffffffffu, dtsum[q], m);
       if (active[q]) {
-        const i64 ci = (b * p.dim + d[q]) * (p.nchunks - 1) + c;
+        const Ix ci = (b * ix(p.dim) + d[q]) * (p.nchunks - 1) + c;
         float* cs = p.chunk_state + ci * kDState;
 #pragma unroll
         for (int j = 0; j < kNS; ++j) cs[(j / kVG) * kSplit * kVG + s * kVG + j % kVG] = x[q][j];
@@ -515,7 +549,7 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
 #pragma unroll
         for (int j = 0; j < kNS; ++j) {
           const int n = (j / kVG) * kSplit * kVG + s * kVG + j % kVG;
-          if (n < p.dstate) p.last_state[b * p.last_batch + d[q] * p.last_dim + n * p.last_dstate] = x[q][j];
+          if (n < ix(p.dstate)) p.last_state[b * ix(p.last_batch) + d[q] * ix(p.last_dim) + n * ix(p.last_dstate)] = x[q][j];
         }
       }
     }

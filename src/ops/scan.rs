@@ -95,7 +95,8 @@ pub struct ScanParams {
     pub has_initial_state: i32,
     pub has_last_state: i32,
     pub io_align: i32,
-    pub pad_: i32,
+    /// ceil(dim / chans_per_block): the blocks of one batch row (grid x = batch * this).
+    pub blocks_per_row: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<ScanParams>() == 400);
@@ -205,6 +206,32 @@ pub struct Problem {
     pub b: BcForm,
     pub c: BcForm,
     pub ngroups: i64,
+    /// Every byte offset of every tensor of the call is below 2^31 (`byte_offsets_fit_i32`).
+    pub idx32: bool,
+}
+
+/// Whether every byte offset of every tensor (the largest: the sum of (size - 1) * stride,
+/// times the element size) is below 2^31 with no negative stride: then a kernel may index
+/// them, in bytes or elements, in 32-bit arithmetic.
+pub(crate) fn byte_offsets_fit_i32(ts: &[Option<&TensorView>]) -> bool {
+    ts.iter().flatten().all(|t| {
+        let mut last: i64 = 0;
+        for (&n, &s) in t.shape.iter().zip(t.strides.iter()) {
+            if s < 0 {
+                return false;
+            }
+            last = match (n.max(1) - 1)
+                .checked_mul(s)
+                .and_then(|v| last.checked_add(v))
+            {
+                Some(v) => v,
+                None => return false,
+            };
+        }
+        last.checked_add(1)
+            .and_then(|v| v.checked_mul(t.dtype.size() as i64))
+            .is_some_and(|v| v <= i32::MAX as i64)
+    })
 }
 
 /// Every check of the forward; pure (no GPU).
@@ -297,6 +324,20 @@ pub(crate) fn check_core(a: &ScanArgs, outputs: bool) -> Result<Problem> {
         b: bf,
         c: cf,
         ngroups,
+        idx32: byte_offsets_fit_i32(&[
+            Some(a.u),
+            Some(a.delta),
+            Some(a.a),
+            Some(a.b),
+            Some(a.c),
+            a.d,
+            a.z,
+            a.delta_bias,
+            a.initial_state,
+            Some(a.out),
+            a.last_state,
+            a.saved_states,
+        ]),
     })
 }
 
@@ -312,6 +353,9 @@ pub struct Tiles {
     pub threads: i64,
     pub min_blocks: i64,
     pub tile: i64,
+    /// 32-bit index arithmetic in the kernel (`FS_IDX32`): the short-sequence plans, taken only
+    /// where `Problem::idx32` holds.
+    pub idx32: bool,
 }
 
 pub fn tiles(dstate: i64) -> Tiles {
@@ -343,6 +387,7 @@ pub fn tiles(dstate: i64) -> Tiles {
         threads,
         min_blocks,
         tile,
+        idx32: false,
     }
 }
 
@@ -391,6 +436,7 @@ pub fn short_seq_tiles(t: Tiles, channels: i64, sm_count: i64) -> Tiles {
         tile,
         threads: SCAN_THREADS,
         min_blocks: 4,
+        idx32: true,
         ..t
     }
 }
@@ -449,7 +495,8 @@ fn override_fits(o: &[i64; 4], dpad: i64) -> bool {
         && (1..=32).contains(&min_blocks)
 }
 
-/// The forward's tiles without an override: `short_seq_tiles` for <= 64 steps at dstate 16,
+/// The forward's tiles without an override: `short_seq_tiles` for <= 64 steps at dstate 16
+/// (where 32-bit offsets fit),
 /// `small_grid_tiles` for other small grids there, else `tiles`. Tried and not taken (H100,
 /// 2026-11-27, `tools/scan_tile_sweep.py`, kernel us): 256-thread blocks x 2 at dstate 16 gain
 /// where their grid fills one wave (b8 d2048 L2048 275.8 vs 285.9, L8192 1085 vs 1123: 256 blocks
@@ -457,7 +504,7 @@ fn override_fits(o: &[i64; 4], dpad: i64) -> bool {
 /// a block size chosen by wave fill is the lead, not measured beyond those shapes.
 fn default_tiles(p: &Problem, sm_count: i64) -> Tiles {
     let t = tiles(p.dstate);
-    if t.dpad == 16 && p.seqlen <= SHORT_SEQ {
+    if t.dpad == 16 && p.seqlen <= SHORT_SEQ && p.idx32 {
         return short_seq_tiles(t, p.batch * p.dim, sm_count);
     }
     if t.dpad == 16
@@ -562,6 +609,9 @@ pub fn spec(
         ("FS_POLY_NUM", 0),
         ("FS_ARCH", arch),
     ];
+    if t.idx32 {
+        defines.push(("FS_IDX32", 1));
+    }
     if let Some(v) = pack_bc_override() {
         defines.push(("FS_PACK_BC", v));
     }
@@ -771,6 +821,7 @@ fn prepare(a: &ScanArgs) -> Result<Option<(Problem, Prepared)>> {
         last_dstate: a.last_state.map_or(0, |t| t.strides[2]),
         nchunks: pl.nchunks as i32,
         chans_per_block: pl.chans_per_block as i32,
+        blocks_per_row: pl.blocks_per_row as i32,
         has_d: a.d.is_some() as i32,
         has_z: a.z.is_some() as i32,
         has_delta_bias: a.delta_bias.is_some() as i32,
@@ -1054,6 +1105,7 @@ mod tests {
             b: f,
             c: f,
             ngroups: 1,
+            idx32: true,
         }
     }
 
@@ -1077,7 +1129,14 @@ mod tests {
         assert_eq!(pl.nchunks, 1);
         assert_eq!(pl.chans_per_block, 32);
         assert_eq!((pl.tiles.nsplit, pl.tiles.tile), (4, 16));
+        assert!(pl.tiles.idx32);
         assert_eq!(pl.smem_fwd, 4 * (2 * 2 * 16 * 20 + 4 * 32 * 17 + 128 * 20));
+        // offsets past 2^31 bytes: the 64-bit kernel's tiles (here the default ones)
+        let big = Problem {
+            idx32: false,
+            ..problem(32, 512, 60, 16)
+        };
+        assert_eq!(plan(&big, 132).tiles, tiles(16));
         // the same at batch 1 / 8: 16 lanes a channel, one tile of 64; 8 lanes, tile 32
         let pl = plan(&problem(1, 512, 60, 16), 132);
         assert_eq!(
@@ -1095,6 +1154,21 @@ mod tests {
         let pl = plan(&problem(1, 1024, 65536, 16), 132);
         assert!(pl.nchunks > 1 && pl.chunk_len % pl.tiles.tile == 0);
         assert!(pl.nchunks * pl.chunk_len >= 65536 && (pl.nchunks - 1) * pl.chunk_len < 65536);
+    }
+
+    #[test]
+    fn byte_offsets_fit_i32_counts_bytes() {
+        use crate::tensor::cuda_view as view;
+        // 2^30 bf16 elements: 2^31 bytes, one byte past what fits
+        let edge = view(&[1 << 30], &[1], DType::BF16, 0x1000);
+        let under = view(&[(1 << 30) - 1], &[1], DType::BF16, 0x1000);
+        // 2^30 f32 elements: their element offsets fit, their byte offsets do not
+        let f32s = view(&[8, 1 << 27], &[1 << 27, 1], DType::F32, 0x1000);
+        let neg = view(&[4], &[-1], DType::F32, 0x1000);
+        assert!(byte_offsets_fit_i32(&[Some(&under), None]));
+        assert!(!byte_offsets_fit_i32(&[Some(&under), Some(&edge)]));
+        assert!(!byte_offsets_fit_i32(&[Some(&f32s)]));
+        assert!(!byte_offsets_fit_i32(&[Some(&neg)]));
     }
 
     #[test]

@@ -1149,6 +1149,7 @@ mod tests {
                 b: f,
                 c: f,
                 ngroups: 1,
+                idx32: true,
             }
         };
         assert_eq!(plan(&p(1, 60, 16), DType::BF16, 132).tiles.nsplit, 16);
