@@ -523,6 +523,13 @@ fn forward_tiles(p: &Problem, sm_count: i64) -> Result<Tiles> {
         return Ok(default_tiles(p, sm_count));
     };
     let o = o.as_ref().map_err(|e| value_err(e.clone()))?;
+    override_tiles(o, p)
+}
+
+/// An override's tiles for a problem: its four numbers over `tiles(dstate)`, with the 32-bit
+/// index arithmetic where the short-sequence plans would take it (so a sweep compares plans on
+/// the same indexing); an error where it does not fit the dstate.
+fn override_tiles(o: &[i64; 4], p: &Problem) -> Result<Tiles> {
     let t = tiles(p.dstate);
     if !override_fits(o, t.dpad) {
         return Err(value_err(format!(
@@ -535,6 +542,7 @@ fn forward_tiles(p: &Problem, sm_count: i64) -> Result<Tiles> {
         tile: o[1],
         threads: o[2],
         min_blocks: o[3],
+        idx32: t.dpad == 16 && p.seqlen <= SHORT_SEQ && p.idx32,
         ..t
     })
 }
@@ -1120,6 +1128,20 @@ mod tests {
         assert!(!override_fits(&[4, 12, 128, 4], 16)); // tile not a multiple of 8
         assert!(!override_fits(&[4, 64, 96, 4], 16)); // threads not a multiple of the tile
         assert!(!override_fits(&[3, 24, 96, 4], 48));
+        // an override indexes in 32 bits where the short-sequence plans would
+        let t = override_tiles(&[4, 32, 128, 4], &problem(32, 512, 60, 16)).unwrap();
+        assert!(t.idx32 && (t.nsplit, t.tile) == (4, 32));
+        assert!(
+            !override_tiles(&[4, 32, 128, 4], &problem(32, 512, 65, 16))
+                .unwrap()
+                .idx32
+        );
+        let big = Problem {
+            idx32: false,
+            ..problem(32, 512, 60, 16)
+        };
+        assert!(!override_tiles(&[4, 32, 128, 4], &big).unwrap().idx32);
+        assert!(override_tiles(&[32, 32, 128, 4], &problem(32, 512, 60, 16)).is_err());
     }
 
     #[test]
