@@ -84,6 +84,21 @@ impl TensorView {
         self.shape.len()
     }
 
+    /// The largest element offset the view reaches (the sum of (size - 1) * stride), None with a
+    /// negative stride or where the sum overflows i64: what a kernel indexing in 32 bits checks.
+    pub fn max_offset(&self) -> Option<i64> {
+        let mut last: i64 = 0;
+        for (&n, &s) in self.shape.iter().zip(self.strides.iter()) {
+            if s < 0 {
+                return None;
+            }
+            last = (n.max(1) - 1)
+                .checked_mul(s)
+                .and_then(|v| last.checked_add(v))?;
+        }
+        Some(last)
+    }
+
     pub fn numel(&self) -> i64 {
         self.shape.iter().product()
     }

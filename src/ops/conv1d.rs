@@ -82,22 +82,9 @@ const _: () = assert!(std::mem::size_of::<Conv1dParams>() == 496);
 /// Whether every element offset of every tensor (the largest: sum of (size - 1) * stride) is
 /// below 2^31 with no negative stride: then a kernel may index them in 32-bit arithmetic.
 fn offsets_fit_i32(ts: &[Option<&TensorView>]) -> bool {
-    ts.iter().flatten().all(|t| {
-        let mut last: i64 = 0;
-        for (&n, &s) in t.shape.iter().zip(t.strides.iter()) {
-            if s < 0 {
-                return false;
-            }
-            last = match (n.max(1) - 1)
-                .checked_mul(s)
-                .and_then(|v| last.checked_add(v))
-            {
-                Some(v) => v,
-                None => return false,
-            };
-        }
-        last < i32::MAX as i64
-    })
+    ts.iter()
+        .flatten()
+        .all(|t| t.max_offset().is_some_and(|last| last < i32::MAX as i64))
 }
 
 /// Which axis of x (and of every tensor shaped like it) is contiguous.

@@ -215,20 +215,8 @@ pub struct Problem {
 /// them, in bytes or elements, in 32-bit arithmetic.
 pub(crate) fn byte_offsets_fit_i32(ts: &[Option<&TensorView>]) -> bool {
     ts.iter().flatten().all(|t| {
-        let mut last: i64 = 0;
-        for (&n, &s) in t.shape.iter().zip(t.strides.iter()) {
-            if s < 0 {
-                return false;
-            }
-            last = match (n.max(1) - 1)
-                .checked_mul(s)
-                .and_then(|v| last.checked_add(v))
-            {
-                Some(v) => v,
-                None => return false,
-            };
-        }
-        last.checked_add(1)
+        t.max_offset()
+            .and_then(|last| last.checked_add(1))
             .and_then(|v| v.checked_mul(t.dtype.size() as i64))
             .is_some_and(|v| v <= i32::MAX as i64)
     })
@@ -495,6 +483,11 @@ fn override_fits(o: &[i64; 4], dpad: i64) -> bool {
         && (1..=32).contains(&min_blocks)
 }
 
+/// Whether a problem takes the short-sequence plans (and with them the 32-bit indexing).
+fn short_seq_applies(p: &Problem, dpad: i64) -> bool {
+    dpad == 16 && p.seqlen <= SHORT_SEQ && p.idx32
+}
+
 /// The forward's tiles without an override: `short_seq_tiles` for <= 64 steps at dstate 16
 /// (where 32-bit offsets fit),
 /// `small_grid_tiles` for other small grids there, else `tiles`. Tried and not taken (H100,
@@ -504,7 +497,7 @@ fn override_fits(o: &[i64; 4], dpad: i64) -> bool {
 /// a block size chosen by wave fill is the lead, not measured beyond those shapes.
 fn default_tiles(p: &Problem, sm_count: i64) -> Tiles {
     let t = tiles(p.dstate);
-    if t.dpad == 16 && p.seqlen <= SHORT_SEQ && p.idx32 {
+    if short_seq_applies(p, t.dpad) {
         return short_seq_tiles(t, p.batch * p.dim, sm_count);
     }
     if t.dpad == 16
@@ -542,7 +535,7 @@ fn override_tiles(o: &[i64; 4], p: &Problem) -> Result<Tiles> {
         tile: o[1],
         threads: o[2],
         min_blocks: o[3],
-        idx32: t.dpad == 16 && p.seqlen <= SHORT_SEQ && p.idx32,
+        idx32: short_seq_applies(p, t.dpad),
         ..t
     })
 }
