@@ -105,8 +105,27 @@
 
 using namespace fs;
 
-// One by-value parameter block for both entries. Layout: 13 pointers, then int64s, then int32s
-// (no implicit padding; sizeof = 13*8 + 32*8 + 10*4 = 400). Strides are in elements.
+// 32-bit copies of every field the scan's setup reads, beside the setup's pointers at the head of the
+// parameter block: a FS_IDX32 variant reads these (the host fills them for every call; only a call
+// whose byte offsets fit in 31 bits takes such a variant, so they are exact there). Why: the block
+// sits in the constant bank from 0x210; the 64-bit fields spread the setup's reads over all seven of
+// its 64-byte lines, each a constant-cache miss the warps of a one-wave grid wait for in series at the
+// start (ncu, H200, 2026-11-29: 76 of the setup's 194 stall samples). Here the setup's pointers and
+// its 28 first fields fill the block's first three lines (0x210-0x2bf); nchunks and out's strides,
+// read at the end, open the fourth. flags: bit 0 has_D, 1 has_z, 2 has_delta_bias, 3 softplus,
+// 4 has_initial_state, 5 has_last_state.
+struct ScanHot {
+  int dim, seqlen, dstate, ngroups, chunk_len, blocks_per_row, chans_per_block, flags, io_align;
+  int u_batch, u_dim, delta_batch, delta_dim, z_batch, z_dim;
+  int A_dim, A_dstate, B_batch, B_group, B_dstate, C_batch, C_group, C_dstate, D_dim, delta_bias_dim;
+  int init_batch, init_dim, init_dstate;
+  int nchunks, out_batch, out_dim, pad_;
+};
+static_assert(sizeof(ScanHot) == 128, "ScanHot layout changed: update the host mirror");
+
+// One by-value parameter block for both entries. Layout: the setup's 8 pointers, the 32-bit copies
+// (ScanHot), 5 more pointers, then int64s, then int32s (no implicit padding; sizeof = 8*8 + 128 +
+// 5*8 + 32*8 + 10*4 = 528). Strides are in elements.
 struct ScanParams {
   const void* u;              // (batch, dim, seqlen)  FS_IN_DTYPE, seqlen stride 1
   const void* delta;          // (batch, dim, seqlen)  FS_IN_DTYPE, seqlen stride 1
@@ -116,6 +135,7 @@ struct ScanParams {
   const float* D;             // (dim,) or null when !has_D
   const float* delta_bias;    // (dim,) or null when !has_delta_bias
   const void* z;              // (batch, dim, seqlen) FS_IN_DTYPE or null when !has_z
+  ScanHot hot;
   void* out;                  // (batch, dim, seqlen) FS_IN_DTYPE
   const float* initial_state; // (batch, dim, dstate) or null
   float* last_state;          // (batch, dim, dstate) or null
@@ -142,11 +162,11 @@ struct ScanParams {
 #endif
 };
 #if FS_SAVE_STATES
-static_assert(sizeof(ScanParams) == 440, "ScanParams layout changed: update the host mirror");
+static_assert(sizeof(ScanParams) == 568, "ScanParams layout changed: update the host mirror");
 static_assert(FS_SAVE_LEN % FS_TILE_T == 0 && (FS_SAVE_LEN & (FS_SAVE_LEN - 1)) == 0,
               "FS_SAVE_LEN: a power of two, multiple of FS_TILE_T");
 #else
-static_assert(sizeof(ScanParams) == 400, "ScanParams layout changed: update the host mirror");
+static_assert(sizeof(ScanParams) == 528, "ScanParams layout changed: update the host mirror");
 #endif
 
 constexpr int kDState = FS_DSTATE;
@@ -192,6 +212,48 @@ using Ix = i64;
 #endif
 __device__ __forceinline__ Ix ix(i64 v) { return (Ix)v; }
 
+// The fields the scan reads in its index type: a FS_IDX32 variant reads the block's 32-bit head
+// (ScanHot) as values, the others refer to the 64-bit fields so that each use reads the constant
+// bank as before (held as values, the 64-bit ones took registers for the whole kernel: the sm_80
+// build of fp32 dstate 16 spilled, 2026-11-29).
+#if FS_IDX32
+struct View {
+  int dim, seqlen, dstate, ngroups, chunk_len;
+  int nchunks, blocks_per_row, chans_per_block, io_align;
+  int u_batch, u_dim, delta_batch, delta_dim, z_batch, z_dim, out_batch, out_dim;
+  int A_dim, A_dstate, B_batch, B_group, B_dstate, C_batch, C_group, C_dstate, D_dim, delta_bias_dim;
+  int init_batch, init_dim, init_dstate;
+  bool has_D, has_z, has_delta_bias, softplus, has_initial_state, has_last_state;
+};
+__device__ __forceinline__ View view(const ScanParams& p) {
+  const ScanHot& h = p.hot;
+  const int f = h.flags;
+  return View{h.dim, h.seqlen, h.dstate, h.ngroups, h.chunk_len,
+              h.nchunks, h.blocks_per_row, h.chans_per_block, h.io_align,
+              h.u_batch, h.u_dim, h.delta_batch, h.delta_dim, h.z_batch, h.z_dim, h.out_batch, h.out_dim,
+              h.A_dim, h.A_dstate, h.B_batch, h.B_group, h.B_dstate, h.C_batch, h.C_group, h.C_dstate, h.D_dim, h.delta_bias_dim,
+              h.init_batch, h.init_dim, h.init_dstate,
+              (f & 1) != 0, (f & 2) != 0, (f & 4) != 0, (f & 8) != 0, (f & 16) != 0, (f & 32) != 0};
+}
+#else
+struct View {
+  const i64 &dim, &seqlen, &dstate, &ngroups, &chunk_len;
+  const int &nchunks, &blocks_per_row, &chans_per_block, &io_align;
+  const i64 &u_batch, &u_dim, &delta_batch, &delta_dim, &z_batch, &z_dim, &out_batch, &out_dim;
+  const i64 &A_dim, &A_dstate, &B_batch, &B_group, &B_dstate, &C_batch, &C_group, &C_dstate, &D_dim, &delta_bias_dim;
+  const i64 &init_batch, &init_dim, &init_dstate;
+  const int &has_D, &has_z, &has_delta_bias, &softplus, &has_initial_state, &has_last_state;
+};
+__device__ __forceinline__ View view(const ScanParams& p) {
+  return View{p.dim, p.seqlen, p.dstate, p.ngroups, p.chunk_len,
+              p.nchunks, p.blocks_per_row, p.chans_per_block, p.io_align,
+              p.u_batch, p.u_dim, p.delta_batch, p.delta_dim, p.z_batch, p.z_dim, p.out_batch, p.out_dim,
+              p.A_dim, p.A_dstate, p.B_batch, p.B_group, p.B_dstate, p.C_batch, p.C_group, p.C_dstate, p.D_dim, p.delta_bias_dim,
+              p.init_batch, p.init_dim, p.init_dstate,
+              p.has_D, p.has_z, p.has_delta_bias, p.softplus, p.has_initial_state, p.has_last_state};
+}
+#endif
+
 // ---------------------------------------------------------------- the scan
 // Registers a lane carries from one tile to the next (the prefetch of tile k+1).
 struct Prefetch {
@@ -215,27 +277,28 @@ template <bool kStateOnly> struct SmemLayout {
 template <bool kStateOnly>
 __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
   using L = SmemLayout<kStateOnly>;
+  const View g = view(p);
   const int tid = threadIdx.x;
   const int s = tid & (kSplit - 1);      // this lane's index within its slot
   const int slot = tid / kSplit;         // lane group in the block; owns channels slot*kCPT + q
-  const Ix nblk_d = p.blocks_per_row;   // (from the host: one division fewer before the first loads)
+  const Ix nblk_d = g.blocks_per_row;   // (from the host: one division fewer before the first loads)
   const Ix b = blockIdx.x / nblk_d;
-  const Ix d0 = (blockIdx.x - b * nblk_d) * p.chans_per_block;
+  const Ix d0 = (blockIdx.x - b * nblk_d) * g.chans_per_block;
   bool active[kCPT];
   Ix d[kCPT];
 #pragma unroll
   for (int q = 0; q < kCPT; ++q) {
     const int ch = slot * kCPT + q;
-    active[q] = ch < p.chans_per_block && d0 + ch < ix(p.dim);
+    active[q] = ch < g.chans_per_block && d0 + ch < g.dim;
     d[q] = active[q] ? d0 + ch : d0;     // idle channels shadow channel d0 and store nothing
   }
-  const Ix group = p.ngroups == 1 ? 0 : d0 / (ix(p.dim) / ix(p.ngroups));
+  const Ix group = g.ngroups == 1 ? 0 : d0 / (g.dim / g.ngroups);
   const int c = blockIdx.y;
-  const Ix t_begin = (Ix)c * ix(p.chunk_len);
-  const Ix t_end = t_begin + ix(p.chunk_len) < ix(p.seqlen) ? t_begin + ix(p.chunk_len) : ix(p.seqlen);
+  const Ix t_begin = (Ix)c * g.chunk_len;
+  const Ix t_end = t_begin + g.chunk_len < g.seqlen ? t_begin + g.chunk_len : g.seqlen;
   const int len = (int)(t_end - t_begin);
   const int ntiles = (len + kT - 1) / kT;
-  const int align = p.io_align;
+  const int align = g.io_align;
   const int asl = kTS * kInBytes < align ? kTS * kInBytes : align;   // alignment of a slice start
 
   // ---- global pointers (bytes) at the chunk start; slices already offset by this lane's s*kTS
@@ -246,17 +309,17 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
   char* out_sl[kCPT];
 #pragma unroll
   for (int q = 0; q < kCPT; ++q) {
-    delta_sl[q] = (const char*)p.delta + (b * ix(p.delta_batch) + d[q] * ix(p.delta_dim) + soff) * kInBytes;
-    u_sl[q] = (const char*)p.u + (b * ix(p.u_batch) + d[q] * ix(p.u_dim) + soff) * kInBytes;
-    z_sl[q] = p.has_z ? (const char*)p.z + (b * ix(p.z_batch) + d[q] * ix(p.z_dim) + soff) * kInBytes : nullptr;
-    out_sl[q] = (char*)p.out + (b * ix(p.out_batch) + d[q] * ix(p.out_dim) + soff) * kInBytes;
+    delta_sl[q] = (const char*)p.delta + (b * g.delta_batch + d[q] * g.delta_dim + soff) * kInBytes;
+    u_sl[q] = (const char*)p.u + (b * g.u_batch + d[q] * g.u_dim + soff) * kInBytes;
+    z_sl[q] = g.has_z ? (const char*)p.z + (b * g.z_batch + d[q] * g.z_dim + soff) * kInBytes : nullptr;
+    out_sl[q] = (char*)p.out + (b * g.out_batch + d[q] * g.out_dim + soff) * kInBytes;
   }
   // B / C staging: tile element (n, t) with n = st_n0 + it * kNStep, t = st_t (it < kStage); consecutive
   // threads walk t (coalesced); rows n >= dstate load nothing (zero).
   const int st_t = tid % kT, st_n0 = tid / kT;
-  const char* bq = kBVar ? (const char*)p.B + (b * ix(p.B_batch) + group * ix(p.B_group) + st_n0 * ix(p.B_dstate) + t_begin + st_t) * kBCBytes : nullptr;
-  const char* cq = (kCVar && !kStateOnly) ? (const char*)p.C + (b * ix(p.C_batch) + group * ix(p.C_group) + st_n0 * ix(p.C_dstate) + t_begin + st_t) * kBCBytes : nullptr;
-  const Ix bstep = (Ix)kNStep * ix(p.B_dstate) * kBCBytes, cstep = (Ix)kNStep * ix(p.C_dstate) * kBCBytes;
+  const char* bq = kBVar ? (const char*)p.B + (b * g.B_batch + group * g.B_group + st_n0 * g.B_dstate + t_begin + st_t) * kBCBytes : nullptr;
+  const char* cq = (kCVar && !kStateOnly) ? (const char*)p.C + (b * g.C_batch + group * g.C_group + st_n0 * g.C_dstate + t_begin + st_t) * kBCBytes : nullptr;
+  const Ix bstep = (Ix)kNStep * g.B_dstate * kBCBytes, cstep = (Ix)kNStep * g.C_dstate * kBCBytes;
 
   float* sB = smem;
   float* sC = smem + L::kB;
@@ -273,13 +336,13 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
       load_raw(pf.delta_s[q], delta_sl[q] + (Ix)t0 * kInBytes, vsl, asl);
       load_raw(pf.u_s[q], u_sl[q] + (Ix)t0 * kInBytes, vsl, asl);
       if constexpr (!kStateOnly) {
-        if (p.has_z) load_raw(pf.z_s[q], z_sl[q] + (Ix)t0 * kInBytes, vsl, asl);
+        if (g.has_z) load_raw(pf.z_s[q], z_sl[q] + (Ix)t0 * kInBytes, vsl, asl);
       }
     }
 #pragma unroll
     for (int it = 0; it < kStage; ++it) {
       const int n = st_n0 + it * kNStep;
-      const bool ok = n < kDState && n < ix(p.dstate) && st_t < valid;
+      const bool ok = n < kDState && n < g.dstate && st_t < valid;
       if constexpr (kBVar) pf.b[it] = ok ? ld_nc_raw<FS_BC_DTYPE>(bq + it * bstep + (Ix)t0 * kBCBytes) : 0u;
       if constexpr (kCVar && !kStateOnly) pf.c[it] = ok ? ld_nc_raw<FS_BC_DTYPE>(cq + it * cstep + (Ix)t0 * kBCBytes) : 0u;
     }
@@ -296,16 +359,16 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
 #pragma unroll
     for (int j = 0; j < kNS; ++j) {
       const int n = (j / kVG) * kSplit * kVG + s * kVG + j % kVG;
-      const bool real = n < ix(p.dstate);
-      Av[q][j] = real ? __ldg(p.A + d[q] * ix(p.A_dim) + n * ix(p.A_dstate)) : 0.f;
-      if constexpr (!kBVar) Bf[q][j] = real ? ldg_f32<FS_BC_DTYPE>(p.B, d[q] * ix(p.B_dim) + n * ix(p.B_dstate)) : 0.f;
-      if constexpr (!kCVar && !kStateOnly) Cf[q][j] = real ? ldg_f32<FS_BC_DTYPE>(p.C, d[q] * ix(p.C_dim) + n * ix(p.C_dstate)) : 0.f;
+      const bool real = n < g.dstate;
+      Av[q][j] = real ? __ldg(p.A + d[q] * g.A_dim + n * g.A_dstate) : 0.f;
+      if constexpr (!kBVar) Bf[q][j] = real ? ldg_f32<FS_BC_DTYPE>(p.B, d[q] * ix(p.B_dim) + n * g.B_dstate) : 0.f;
+      if constexpr (!kCVar && !kStateOnly) Cf[q][j] = real ? ldg_f32<FS_BC_DTYPE>(p.C, d[q] * ix(p.C_dim) + n * g.C_dstate) : 0.f;
       x[q][j] = 0.f;
-      if (!kStateOnly && p.has_initial_state && real)
-        x[q][j] = __ldg(p.initial_state + b * ix(p.init_batch) + d[q] * ix(p.init_dim) + n * ix(p.init_dstate));
+      if (!kStateOnly && g.has_initial_state && real)
+        x[q][j] = __ldg(p.initial_state + b * g.init_batch + d[q] * g.init_dim + n * g.init_dstate);
     }
-    Dv[q] = (!kStateOnly && p.has_D) ? __ldg(p.D + d[q] * ix(p.D_dim)) : 0.f;
-    bias[q] = p.has_delta_bias ? __ldg(p.delta_bias + d[q] * ix(p.delta_bias_dim)) : 0.f;
+    Dv[q] = (!kStateOnly && g.has_D) ? __ldg(p.D + d[q] * g.D_dim) : 0.f;
+    bias[q] = g.has_delta_bias ? __ldg(p.delta_bias + d[q] * g.delta_bias_dim) : 0.f;
   }
 
   Prefetch pf;
@@ -315,7 +378,7 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
   if (!kStateOnly && c > 0) {
 #pragma unroll
     for (int q = 0; q < kCPT; ++q) {
-      const Ix cb = (b * ix(p.dim) + d[q]) * (p.nchunks - 1);
+      const Ix cb = (b * g.dim + d[q]) * (g.nchunks - 1);
       for (int cc = 0; cc < c; ++cc) {
         const float S = p.chunk_dtsum[cb + cc] * kLog2e;
         const float* cs = p.chunk_state + (cb + cc) * kDState;
@@ -359,7 +422,7 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
 #pragma unroll
       for (int q = 0; q < kCPT; ++q) v[i][q] = elem<FS_IN_DTYPE>(pf.delta_s[q], i) + bias[q];
     }
-    if (p.softplus) {
+    if (g.softplus) {
 #pragma unroll
       for (int i = 0; i < kTS; ++i) {
 #pragma unroll
@@ -500,7 +563,7 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
         }
 #pragma unroll
         for (int i = 0; i < kTS; ++i) o[i] = fmaf(Dv[q], elem<FS_IN_DTYPE>(u_s[q], i), o[i]);
-        if (p.has_z) {   // outside the element loop, as the softplus above: the SiLU chains overlap
+        if (g.has_z) {   // outside the element loop, as the softplus above: the SiLU chains overlap
 #pragma unroll
           for (int i = 0; i < kTS; ++i) o[i] *= silu(elem<FS_IN_DTYPE>(z_s[q], i));
         }
@@ -515,14 +578,14 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
     //    chunk start and FS_SAVE_LEN are multiples of kT; steps past the end left x unchanged)
     if constexpr (!kStateOnly) {
       // (placed after the epilogue: fewer live registers; the low bits of t_begin + t0 + valid suffice)
-      if ((((int)t_begin + t0 + valid) & (FS_SAVE_LEN - 1)) == 0 && t_begin + t0 + valid < ix(p.seqlen)) {
+      if ((((int)t_begin + t0 + valid) & (FS_SAVE_LEN - 1)) == 0 && t_begin + t0 + valid < g.seqlen) {
         const Ix ci = (t_begin + t0 + valid) / FS_SAVE_LEN - 1;
 #pragma unroll
         for (int q = 0; q < kCPT; ++q) {
 #pragma unroll
           for (int j = 0; j < kNS; ++j) {
             const int n = (j / kVG) * kSplit * kVG + s * kVG + j % kVG;
-            if (active[q] && n < ix(p.dstate))
+            if (active[q] && n < g.dstate)
               p.saved[b * ix(p.saved_batch) + d[q] * ix(p.saved_dim) + ci * ix(p.saved_chunk) + n * ix(p.saved_dstate)] = x[q][j];
           }
         }
@@ -538,18 +601,18 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
 #pragma unroll
       for (int m = kSplit / 2; m >= 1; m /= 2) dtsum[q] += __shfl_xor_sync(0xffffffffu, dtsum[q], m);
       if (active[q]) {
-        const Ix ci = (b * ix(p.dim) + d[q]) * (p.nchunks - 1) + c;
+        const Ix ci = (b * g.dim + d[q]) * (g.nchunks - 1) + c;
         float* cs = p.chunk_state + ci * kDState;
 #pragma unroll
         for (int j = 0; j < kNS; ++j) cs[(j / kVG) * kSplit * kVG + s * kVG + j % kVG] = x[q][j];
         if (s == 0) p.chunk_dtsum[ci] = dtsum[q];
       }
     } else {
-      if (active[q] && p.has_last_state && c == p.nchunks - 1) {
+      if (active[q] && g.has_last_state && c == g.nchunks - 1) {
 #pragma unroll
         for (int j = 0; j < kNS; ++j) {
           const int n = (j / kVG) * kSplit * kVG + s * kVG + j % kVG;
-          if (n < ix(p.dstate)) p.last_state[b * ix(p.last_batch) + d[q] * ix(p.last_dim) + n * ix(p.last_dstate)] = x[q][j];
+          if (n < g.dstate) p.last_state[b * ix(p.last_batch) + d[q] * ix(p.last_dim) + n * ix(p.last_dstate)] = x[q][j];
         }
       }
     }

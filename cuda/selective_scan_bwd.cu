@@ -248,24 +248,32 @@ __device__ __forceinline__ void fs_commit(const ScanBwdParams& p, const Item& it
   const int tid = threadIdx.x;
   const int ts0 = it.s * kTS;
   if (ts0 < kT) {
+    // (the uniform softplus / z tests outside the element loops, as in the forward: inside them each
+    // element's EX2 -> LG2 / RCP chain waited behind its own branch and none overlapped)
+    float v[kTS], dy[kTS];
 #pragma unroll
     for (int i = 0; i < kTS; ++i) {
-      float v = elem<FS_IN_DTYPE>(pf.delta, i) + bias;
-      if (p.softplus) v = softplus(v);
-      const bool ok = ts0 + i < valid && it.active;
-      const float dt = ok ? v : 0.f;
-      const float uu = elem<FS_IN_DTYPE>(pf.u, i);
-      float dy = 0.f;
-      if constexpr (kFull) {
-        dy = elem<FS_IN_DTYPE>(pf.dout, i);
-        if (p.has_z) {
-          const float zz = elem<FS_IN_DTYPE>(pf.z, i);
-          dy *= zz * sigmoid(zz);
-        }
-        dy = ok ? dy : 0.f;
+      v[i] = elem<FS_IN_DTYPE>(pf.delta, i) + bias;
+      dy[i] = 0.f;
+      if constexpr (kFull) dy[i] = elem<FS_IN_DTYPE>(pf.dout, i);
+    }
+    if (p.softplus) {
+#pragma unroll
+      for (int i = 0; i < kTS; ++i) v[i] = softplus(v[i]);
+    }
+    if constexpr (kFull) {
+      if (p.has_z) {
+#pragma unroll
+        for (int i = 0; i < kTS; ++i) dy[i] *= silu(elem<FS_IN_DTYPE>(pf.z, i));
       }
+    }
+#pragma unroll
+    for (int i = 0; i < kTS; ++i) {
+      const bool ok = ts0 + i < valid && it.active;
+      const float dt = ok ? v[i] : 0.f;
+      const float uu = elem<FS_IN_DTYPE>(pf.u, i);
       ((float2*)sDT)[it.slot * kT + ts0 + i] = make_float2(dt, dt * uu);
-      if constexpr (kFull) sDT[2 * kSlots * kT + it.slot * kT + ts0 + i] = dy;
+      if constexpr (kFull) sDT[2 * kSlots * kT + it.slot * kT + ts0 + i] = ok ? dy[i] : 0.f;
     }
   }
 #pragma unroll
@@ -514,29 +522,43 @@ __device__ __forceinline__ void fs_bwd_item(const ScanBwdParams& p, int item, fl
             }
           }
         }
-        float vdu[kTS], vdd[kTS], vdz[kTS];
+        // dt and softplus'(v) = sigmoid(v) (1 past 20, where softplus is v), dy and dz: each uniform
+        // test outside its element loop (the chains overlap, as in the forward)
+        float vdu[kTS], vdd[kTS], vdz[kTS], dt[kTS], dsp[kTS], dy[kTS];
+#pragma unroll
+        for (int i = 0; i < kTS; ++i) {
+          dt[i] = elem<FS_IN_DTYPE>(rdelta, i) + bias;
+          dsp[i] = 1.f;
+          dy[i] = elem<FS_IN_DTYPE>(rdout, i);
+          vdz[i] = 0.f;
+        }
+        if (p.softplus) {
+#pragma unroll
+          for (int i = 0; i < kTS; ++i) {
+            const float v = dt[i];
+            dt[i] = softplus(v);
+            if (v <= 20.f) dsp[i] = sigmoid(v);
+          }
+        }
+        if (p.has_z) {
+#pragma unroll
+          for (int i = 0; i < kTS; ++i) {
+            const float dout = dy[i];
+            const float zz = elem<FS_IN_DTYPE>(rz, i);
+            const float sg = sigmoid(zz);
+            dy[i] = dout * zz * sg;
+            const float y = fmaf(Dv, elem<FS_IN_DTYPE>(ru, i), o3[i]);
+            vdz[i] = dout * y * sg * (1.f + zz * (1.f - sg));
+          }
+        }
 #pragma unroll
         for (int i = 0; i < kTS; ++i) {
           const float uu = elem<FS_IN_DTYPE>(ru, i);
-          const float v = elem<FS_IN_DTYPE>(rdelta, i) + bias;
-          const float dt = p.softplus ? softplus(v) : v;
-          const float dout = elem<FS_IN_DTYPE>(rdout, i);
-          float dy = dout;
-          if (p.has_z) {
-            const float zz = elem<FS_IN_DTYPE>(rz, i);
-            const float sg = sigmoid(zz);
-            dy = dout * zz * sg;
-            const float y = fmaf(Dv, uu, o3[i]);
-            vdz[i] = dout * y * sg * (1.f + zz * (1.f - sg));
-          } else {
-            vdz[i] = 0.f;
-          }
-          vdu[i] = fmaf(dt, o1[i], Dv * dy);
-          float ddt = fmaf(uu, o1[i], o2[i]);
-          if (p.softplus && v <= 20.f) ddt *= sigmoid(v);
+          vdu[i] = fmaf(dt[i], o1[i], Dv * dy[i]);
+          const float ddt = fmaf(uu, o1[i], o2[i]) * dsp[i];
           vdd[i] = ddt;
           if (ts0 + i < valid) {
-            dDacc = fmaf(dy, uu, dDacc);
+            dDacc = fmaf(dy[i], uu, dDacc);
             dbacc += ddt;
           }
         }

@@ -37,7 +37,52 @@ pub fn saved_state_count(seqlen: i64) -> i64 {
     }
 }
 
-/// Mirrors `struct ScanParams` in cuda/selective_scan.cu (400 bytes). Strides in elements.
+/// Mirrors `struct ScanHot` in cuda/selective_scan.cu (128 bytes): 32-bit copies of the fields
+/// the scan's setup reads, beside the setup's pointers at the head of the parameter block, read
+/// by the `FS_IDX32` variants (the setup then touches three constant-cache lines instead of the
+/// seven the 64-bit fields span). `ScanParams::fill_hot` writes them from the 64-bit fields.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScanHot {
+    pub dim: i32,
+    pub seqlen: i32,
+    pub dstate: i32,
+    pub ngroups: i32,
+    pub chunk_len: i32,
+    pub blocks_per_row: i32,
+    pub chans_per_block: i32,
+    /// bit 0 has_d, 1 has_z, 2 has_delta_bias, 3 softplus, 4 has_initial_state, 5 has_last_state
+    pub flags: i32,
+    pub io_align: i32,
+    pub u_batch: i32,
+    pub u_dim: i32,
+    pub delta_batch: i32,
+    pub delta_dim: i32,
+    pub z_batch: i32,
+    pub z_dim: i32,
+    pub a_dim: i32,
+    pub a_dstate: i32,
+    pub b_batch: i32,
+    pub b_group: i32,
+    pub b_dstate: i32,
+    pub c_batch: i32,
+    pub c_group: i32,
+    pub c_dstate: i32,
+    pub d_dim: i32,
+    pub delta_bias_dim: i32,
+    pub init_batch: i32,
+    pub init_dim: i32,
+    pub init_dstate: i32,
+    // read at the end: the block's fourth line
+    pub nchunks: i32,
+    pub out_batch: i32,
+    pub out_dim: i32,
+    pub pad_: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<ScanHot>() == 128);
+
+/// Mirrors `struct ScanParams` in cuda/selective_scan.cu (528 bytes). Strides in elements.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ScanParams {
@@ -49,6 +94,8 @@ pub struct ScanParams {
     pub d: u64,
     pub delta_bias: u64,
     pub z: u64,
+    /// 32-bit copies for the `FS_IDX32` variants (`fill_hot`)
+    pub hot: ScanHot,
     pub out: u64,
     pub initial_state: u64,
     pub last_state: u64,
@@ -99,10 +146,64 @@ pub struct ScanParams {
     pub blocks_per_row: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<ScanParams>() == 400);
+const _: () = assert!(std::mem::size_of::<ScanParams>() == 528);
+
+impl ScanParams {
+    /// Writes `hot` from the 64-bit fields. A value outside i32 is written as 0: only a call
+    /// whose byte offsets all fit in 31 bits takes an `FS_IDX32` variant (`Problem::idx32`),
+    /// and every stride and size of such a call fits.
+    pub fn fill_hot(&mut self) {
+        let n = |v: i64| i32::try_from(v).unwrap_or(0);
+        let flags = [
+            self.has_d,
+            self.has_z,
+            self.has_delta_bias,
+            self.softplus,
+            self.has_initial_state,
+            self.has_last_state,
+        ]
+        .iter()
+        .enumerate()
+        .fold(0, |acc, (i, &f)| acc | (((f != 0) as i32) << i));
+        self.hot = ScanHot {
+            dim: n(self.dim),
+            seqlen: n(self.seqlen),
+            dstate: n(self.dstate),
+            ngroups: n(self.ngroups),
+            chunk_len: n(self.chunk_len),
+            nchunks: self.nchunks,
+            blocks_per_row: self.blocks_per_row,
+            chans_per_block: self.chans_per_block,
+            flags,
+            io_align: self.io_align,
+            u_batch: n(self.u_batch),
+            u_dim: n(self.u_dim),
+            delta_batch: n(self.delta_batch),
+            delta_dim: n(self.delta_dim),
+            z_batch: n(self.z_batch),
+            z_dim: n(self.z_dim),
+            out_batch: n(self.out_batch),
+            out_dim: n(self.out_dim),
+            a_dim: n(self.a_dim),
+            a_dstate: n(self.a_dstate),
+            b_batch: n(self.b_batch),
+            b_group: n(self.b_group),
+            b_dstate: n(self.b_dstate),
+            c_batch: n(self.c_batch),
+            c_group: n(self.c_group),
+            c_dstate: n(self.c_dstate),
+            d_dim: n(self.d_dim),
+            delta_bias_dim: n(self.delta_bias_dim),
+            init_batch: n(self.init_batch),
+            init_dim: n(self.init_dim),
+            init_dstate: n(self.init_dstate),
+            pad_: 0,
+        };
+    }
+}
 
 /// Mirrors `struct ScanParams` of the saving variant (`FS_SAVE_STATES 1`): the plain struct,
-/// then the saved-state pointer and strides (440 bytes).
+/// then the saved-state pointer and strides (568 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ScanParamsSave {
@@ -114,7 +215,7 @@ pub struct ScanParamsSave {
     pub saved_dstate: i64,
 }
 
-const _: () = assert!(std::mem::size_of::<ScanParamsSave>() == 440);
+const _: () = assert!(std::mem::size_of::<ScanParamsSave>() == 568);
 
 pub struct ScanArgs<'a> {
     pub u: &'a TensorView,
@@ -776,7 +877,7 @@ fn prepare(a: &ScanArgs) -> Result<Option<(Problem, Prepared)>> {
         arch,
         ENTRY_FWD,
     )?)?;
-    let base = ScanParams {
+    let mut base = ScanParams {
         u: a.u.ptr,
         delta: a.delta.ptr,
         a: a.a.ptr,
@@ -837,6 +938,7 @@ fn prepare(a: &ScanArgs) -> Result<Option<(Problem, Prepared)>> {
         ),
         ..Default::default()
     };
+    base.fill_hot();
     let sv = a.saved_states.filter(|_| save);
     let params = ScanParamsSave {
         saved: sv.map_or(0, |t| t.ptr),
@@ -1039,6 +1141,7 @@ impl FwdReplay {
         (b.d, b.z, b.delta_bias) = (x.d, x.z, x.delta_bias);
         (b.initial_state, b.last_state) = (x.initial_state, x.last_state);
         b.io_align = align;
+        b.hot.io_align = align;
         if self.prep.save {
             params.saved = x.saved_states;
         }
@@ -1184,6 +1287,47 @@ mod tests {
         assert!(!byte_offsets_fit_i32(&[Some(&under), Some(&edge)]));
         assert!(!byte_offsets_fit_i32(&[Some(&f32s)]));
         assert!(!byte_offsets_fit_i32(&[Some(&neg)]));
+    }
+
+    #[test]
+    fn fill_hot_copies_the_setup_fields_in_32_bits() {
+        let mut p = ScanParams {
+            dim: 512,
+            seqlen: 60,
+            dstate: 16,
+            ngroups: 1,
+            chunk_len: 64,
+            nchunks: 1,
+            blocks_per_row: 16,
+            chans_per_block: 32,
+            u_batch: 30720,
+            u_dim: 60,
+            out_dim: 61,
+            b_group: 960,
+            c_dstate: 60,
+            delta_bias_dim: 1,
+            has_z: 1,
+            softplus: 1,
+            has_last_state: 1,
+            io_align: 8,
+            init_dim: 16,
+            // outside i32: written as 0 (such a call never takes a 32-bit variant)
+            delta_batch: 1 << 33,
+            ..Default::default()
+        };
+        p.fill_hot();
+        let h = p.hot;
+        assert_eq!((h.dim, h.seqlen, h.dstate, h.ngroups), (512, 60, 16, 1));
+        assert_eq!((h.chunk_len, h.nchunks, h.blocks_per_row), (64, 1, 16));
+        assert_eq!((h.chans_per_block, h.io_align), (32, 8));
+        assert_eq!((h.u_batch, h.u_dim, h.out_dim), (30720, 60, 61));
+        assert_eq!((h.b_group, h.c_dstate, h.delta_bias_dim), (960, 60, 1));
+        assert_eq!((h.init_dim, h.delta_batch), (16, 0));
+        // has_z (bit 1), softplus (bit 3), has_last_state (bit 5)
+        assert_eq!(h.flags, 0b101010);
+        // the head of the block, as the kernel's struct has it
+        assert_eq!(std::mem::offset_of!(ScanParams, hot), 64);
+        assert_eq!(std::mem::offset_of!(ScanParams, out), 192);
     }
 
     #[test]
