@@ -99,8 +99,9 @@ struct Conv1dParams {
   // channel-first *_rows kernels: log2 of the threads T a row (T < kThreads: a block serves
   // kThreads / T rows; host: conv1d.rs `cf_rows`)
   int cf_lg;
-  // decode update: every element offset of x, out, conv_state, weight, bias is below 2^31 (host:
-  // conv1d.rs `offsets_fit_i32`), so its index arithmetic is 32-bit
+  // 32-bit index arithmetic. Decode update: every element offset of x, out, conv_state, weight,
+  // bias is below 2^31 (host: conv1d.rs `offsets_fit_i32`). The channel-last short walks: every
+  // byte offset of the call's tensors is (`byte_offsets_fit_i32`)
   int idx32;
   int pad_;
 };
@@ -385,14 +386,17 @@ __device__ __forceinline__ void store_row(void* base, i64 idx, const float (&v)[
   store_raw<kVecF, kES>(q, r, nv, vec ? kRowB : align_of(q));
 }
 // The lane's weights and bias for channels c0 .. c0 + kVecF - 1 (past dim: the last channel's).
+// Ix: the index type (int where the host saw every byte offset below 2^31, p.idx32).
+template <typename Ix>
 __device__ __forceinline__ void lane_weights(float (&w)[kW][kVecF], float (&bias)[kVecF], const Conv1dParams& p,
-                                             i64 c0) {
+                                             Ix c0) {
+  const Ix dim = (Ix)p.dim, ws0 = (Ix)p.w_s[0], ws1 = (Ix)p.w_s[1], bs = (Ix)p.bias_s;
 #pragma unroll
   for (int i = 0; i < kVecF; ++i) {
-    const i64 c = c0 + i < p.dim ? c0 + i : p.dim - 1;
+    const Ix c = c0 + i < dim ? c0 + i : dim - 1;
 #pragma unroll
-    for (int k = 0; k < kW; ++k) w[k][i] = ldg_f32<WDT>(p.weight, c * p.w_s[0] + k * p.w_s[1]);
-    bias[i] = p.has_bias ? ldg_f32<WDT>(p.bias, c * p.bias_s) : 0.f;
+    for (int k = 0; k < kW; ++k) w[k][i] = ldg_f32<WDT>(p.weight, c * ws0 + k * ws1);
+    bias[i] = p.has_bias ? ldg_f32<WDT>(p.bias, c * bs) : 0.f;
   }
 }
 // The short forward's rows: every row's vector load is issued first (short_load, from an address
@@ -401,23 +405,23 @@ __device__ __forceinline__ void lane_weights(float (&w)[kW][kVecF], float (&bias
 // H200). The short backward keeps its per-row branches: the same there measured 8.2 -> 8.4 us
 // (b1 5.1 -> 5.6) at 168 registers instead of 142.
 // Rows t0 .. t0 + N - 1 of a lane slice (full, kRowB-aligned) of a tensor like x at rb elements.
-template <int N>
-__device__ __forceinline__ void short_load(RowRaw (&raw)[N], const void* base, i64 rb, i64 ts2, i64 t0, i64 L) {
-  const char* g = elem_ptr(base, rb);
-  const i64 step = ts2 * kES;
+template <int N, typename Ix>
+__device__ __forceinline__ void short_load(RowRaw (&raw)[N], const void* base, Ix rb, Ix ts2, Ix t0, Ix L) {
+  const char* g = (const char*)base + rb * kES;
+  const Ix step = ts2 * kES;
 #pragma unroll
   for (int j = 0; j < N; ++j) {
-    const i64 t = t0 + j;
+    const Ix t = t0 + j;
     load_raw<kVecF, kES>(raw[j], g + (t < 0 ? 0 : t < L ? t : L - 1) * step, kVecF, kRowB);
   }
 }
 // x rows t0 + j as floats: before_x values before position 0, 0 from seqlen on.
-template <int N>
-__device__ __forceinline__ void short_x(float (&xf)[N][kVecF], const RowRaw (&raw)[N], const Conv1dParams& p, i64 b,
-                                        i64 c0, i64 t0) {
+template <int N, typename Ix>
+__device__ __forceinline__ void short_x(float (&xf)[N][kVecF], const RowRaw (&raw)[N], const Conv1dParams& p, Ix b,
+                                        Ix c0, Ix t0) {
 #pragma unroll
   for (int j = 0; j < N; ++j) {
-    const i64 t = t0 + j;
+    const Ix t = t0 + j;
 #pragma unroll
     for (int i = 0; i < kVecF; ++i) xf[j][i] = elem<DT>(raw[j], i);
     if (t < 0 || t >= p.seqlen) {
@@ -631,28 +635,28 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) causal_conv1d_fwd_cl(c
 // bounds but the sequence's end; the warp holding row L - 1 writes the final states from them.
 // (The general walk at b32 L60 d640, 8 rows a warp: 1.71 M warp instructions against
 // causal-conv1d's 0.80 M, most warps waiting on instruction fetches.)
-template <int kRS, bool kSilu>
-__device__ __forceinline__ void fwd_cl_short(const Conv1dParams& p, i64 b, i64 c0, i64 ts) {
+template <int kRS, bool kSilu, typename Ix>
+__device__ __forceinline__ void fwd_cl_short(const Conv1dParams& p, Ix b, Ix c0, Ix ts) {
   float w[kW][kVecF], bias[kVecF];
   lane_weights(w, bias, p, c0);
-  const i64 L = p.seqlen;
+  const Ix L = (Ix)p.seqlen;
   RowRaw raw[kH + kRS];
-  short_load(raw, p.x, b * p.x_s[0] + c0, p.x_s[2], ts - kH, L);
+  short_load(raw, p.x, b * (Ix)p.x_s[0] + c0, (Ix)p.x_s[2], ts - kH, L);
   float xf[kH + kRS][kVecF];  // xf[j]: the input at row ts - H + j (0 past the sequence's end)
   short_x(xf, raw, p, b, c0, ts - kH);
   if (p.has_final && ts + kRS >= L) {
     // the final states: inputs at L - H .. L - 1, i.e. xf[L - ts + q] (before_x values if L < H)
 #pragma unroll
     for (int j = 0; j < kH + kRS; ++j) {
-      const i64 q = j - (L - ts);
+      const Ix q = j - (L - ts);
       if (q < 0 || q >= kH) continue;
 #pragma unroll
       for (int i = 0; i < kVecF; ++i)
         st_f32<DT>(p.final_states, b * p.final_s[0] + (c0 + i) * p.final_s[1] + q * p.final_s[2], xf[j][i]);
     }
   }
-  char* outs = (char*)p.out + (b * p.out_s[0] + c0 + ts * p.out_s[2]) * kES;
-  const i64 so = p.out_s[2] * kES;
+  char* outs = (char*)p.out + (b * (Ix)p.out_s[0] + c0 + ts * (Ix)p.out_s[2]) * kES;
+  const Ix so = (Ix)p.out_s[2] * kES;
 #pragma unroll
   for (int r = 0; r < kRS; ++r) {
     if (ts + r >= L) break;
@@ -670,18 +674,26 @@ __device__ __forceinline__ void fwd_cl_short(const Conv1dParams& p, i64 b, i64 c
   }
 }
 // 4 or 8 rows (16 would hold 76 inputs a lane: spills under the kernel's 128 registers).
-template <bool kSilu>
-__device__ __forceinline__ void fwd_cl_short_rows(const Conv1dParams& p, i64 b, i64 c0, i64 ts) {
+template <bool kSilu, typename Ix>
+__device__ __forceinline__ void fwd_cl_short_rows(const Conv1dParams& p, Ix b, Ix c0, Ix ts) {
   if (p.cl_rows == 4) fwd_cl_short<4, kSilu>(p, b, c0, ts);
   else fwd_cl_short<8, kSilu>(p, b, c0, ts);
 }
+template <typename Ix>
+__device__ __forceinline__ void fwd_cl_short_entry(const Conv1dParams& p) {
+  const Ix ts = ((Ix)blockIdx.y * kWarps + threadIdx.x / 32) * p.cl_rows;
+  const Ix c0 = ((Ix)blockIdx.x * 32 + threadIdx.x % 32) * kVecF;
+  if (c0 >= (Ix)p.dim || ts >= (Ix)p.seqlen) return;
+  if (p.silu) fwd_cl_short_rows<true>(p, (Ix)blockIdx.z, c0, ts);
+  else fwd_cl_short_rows<false>(p, (Ix)blockIdx.z, c0, ts);
+}
 
+// p.idx32 (host: every byte offset of the call's tensors below 2^31): 32-bit index arithmetic, for
+// 16-bit x (the real-time shapes' dtype). fp32 keeps one 64-bit body: with both, NVRTC 13's sm_100a
+// build of fp32 width 3 spilled a register (2026-11-29).
 extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cl_short(const Conv1dParams p) {
-  const i64 ts = ((i64)blockIdx.y * kWarps + threadIdx.x / 32) * p.cl_rows;
-  const i64 c0 = ((i64)blockIdx.x * 32 + threadIdx.x % 32) * kVecF;
-  if (c0 >= p.dim || ts >= p.seqlen) return;
-  if (p.silu) fwd_cl_short_rows<true>(p, blockIdx.z, c0, ts);
-  else fwd_cl_short_rows<false>(p, blockIdx.z, c0, ts);
+  if (DT != 2 && p.idx32) fwd_cl_short_entry<int>(p);
+  else fwd_cl_short_entry<i64>(p);
 }
 #endif
 
@@ -1509,21 +1521,21 @@ extern "C" __global__ void __launch_bounds__(kThreads, 3) causal_conv1d_bwd_cl(c
 // and converted once; dy, the dweight / dbias terms and dx from registers with compile-time
 // indices. Not for calls with dinitial_states or dfinal_states: the general walk keeps those. (The general walk at b32 L60 d640: 3.92 M
 // warp instructions against causal-conv1d's 1.64 M.)
-template <int kRS, bool kSilu>
+template <int kRS, bool kSilu, typename Ix>
 __device__ __forceinline__ void bwd_cl_short(const Conv1dParams& p, float (&dw)[kW][kVecF], float (&db)[kVecF],
-                                             i64 b, i64 c0, i64 ts) {
+                                             Ix b, Ix c0, Ix ts) {
   constexpr int kNX = kRS + 2 * kH;  // xf[j]: x at row ts - H + j
   constexpr int kNG = kRS + kH;      // dy[j]: dy at row ts + j (0 past the sequence's end)
   float w[kW][kVecF], bias[kVecF];
   lane_weights(w, bias, p, c0);
-  const i64 L = p.seqlen;
-  const char* gx = elem_ptr(p.x, b * p.x_s[0] + c0 + (ts - kH) * p.x_s[2]);
-  const char* gg = elem_ptr(p.dout, b * p.dout_s[0] + c0 + ts * p.dout_s[2]);
-  const i64 sx = p.x_s[2] * kES, sg = p.dout_s[2] * kES;
+  const Ix L = (Ix)p.seqlen;
+  const char* gx = (const char*)p.x + (b * (Ix)p.x_s[0] + c0 + (ts - kH) * (Ix)p.x_s[2]) * kES;
+  const char* gg = (const char*)p.dout + (b * (Ix)p.dout_s[0] + c0 + ts * (Ix)p.dout_s[2]) * kES;
+  const Ix sx = (Ix)p.x_s[2] * kES, sg = (Ix)p.dout_s[2] * kES;
   float xf[kNX][kVecF], dy[kNG][kVecF];
 #pragma unroll
   for (int j = 0; j < kNX; ++j) {
-    const i64 t = ts - kH + j;
+    const Ix t = ts - kH + j;
     if (t >= 0 && t < L) {
       RowRaw r;
       load_raw<kVecF, kES>(r, gx + j * sx, kVecF, kRowB);
@@ -1565,8 +1577,8 @@ __device__ __forceinline__ void bwd_cl_short(const Conv1dParams& p, float (&dw)[
     }
   }
   // dx at s = ts + r: sum_k w[k] dy[s + H - k] = dy[r + H - k]
-  char* dxs = (char*)p.dx + (b * p.dx_s[0] + c0 + ts * p.dx_s[2]) * kES;
-  const i64 sd = p.dx_s[2] * kES;
+  char* dxs = (char*)p.dx + (b * (Ix)p.dx_s[0] + c0 + ts * (Ix)p.dx_s[2]) * kES;
+  const Ix sd = (Ix)p.dx_s[2] * kES;
 #pragma unroll
   for (int r = 0; r < kRS; ++r) {
     if (ts + r >= L) break;
@@ -1583,6 +1595,20 @@ __device__ __forceinline__ void bwd_cl_short(const Conv1dParams& p, float (&dw)[
     store_raw<kVecF, kES>(dxs + r * sd, out, kVecF, kRowB);
   }
 }
+template <typename Ix>
+__device__ __forceinline__ void bwd_cl_short_entry(const Conv1dParams& p, float (&dw)[kW][kVecF], float (&db)[kVecF]) {
+  const Ix c0 = ((Ix)blockIdx.x * 32 + threadIdx.x % 32) * kVecF;
+  const Ix ts = ((Ix)blockIdx.y * kWarps + threadIdx.x / 32) * p.cl_rows;
+  if (c0 < (Ix)p.dim && ts < (Ix)p.seqlen) {  // no return: every thread reaches cl_partials' barrier
+    if (p.silu) {
+      if (p.cl_rows == 4) bwd_cl_short<4, true>(p, dw, db, (Ix)blockIdx.z, c0, ts);
+      else bwd_cl_short<8, true>(p, dw, db, (Ix)blockIdx.z, c0, ts);
+    } else {
+      if (p.cl_rows == 4) bwd_cl_short<4, false>(p, dw, db, (Ix)blockIdx.z, c0, ts);
+      else bwd_cl_short<8, false>(p, dw, db, (Ix)blockIdx.z, c0, ts);
+    }
+  }
+}
 extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cl_short(const Conv1dParams p) {
   __shared__ float red[kWarps][kW + 1][kVecF][32];
   float dw[kW][kVecF], db[kVecF];
@@ -1592,17 +1618,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cl_shor
 #pragma unroll
     for (int k = 0; k < kW; ++k) dw[k][i] = 0.f;
   }
-  const i64 c0 = ((i64)blockIdx.x * 32 + threadIdx.x % 32) * kVecF;
-  const i64 ts = ((i64)blockIdx.y * kWarps + threadIdx.x / 32) * p.cl_rows;
-  if (c0 < p.dim && ts < p.seqlen) {  // no return: every thread reaches cl_partials' barrier
-    if (p.silu) {
-      if (p.cl_rows == 4) bwd_cl_short<4, true>(p, dw, db, blockIdx.z, c0, ts);
-      else bwd_cl_short<8, true>(p, dw, db, blockIdx.z, c0, ts);
-    } else {
-      if (p.cl_rows == 4) bwd_cl_short<4, false>(p, dw, db, blockIdx.z, c0, ts);
-      else bwd_cl_short<8, false>(p, dw, db, blockIdx.z, c0, ts);
-    }
-  }
+  if (p.idx32) bwd_cl_short_entry<int>(p, dw, db);   // (as the forward's)
+  else bwd_cl_short_entry<i64>(p, dw, db);
   cl_partials(p, dw, db, red);
 }
 #endif

@@ -3,6 +3,7 @@
 //! stride 1) and launch of `cuda/causal_conv1d.cu`.
 
 use crate::error::{type_err, unsupported, value_err, Error, Result};
+use crate::ops::scan::byte_offsets_fit_i32;
 use crate::runtime::{runtime, KernelSpec, StreamChoice};
 use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
 
@@ -72,7 +73,9 @@ pub struct Conv1dParams {
     pub cl_rows: i32,
     /// Channel-first `*_rows` kernels: log2 of the threads a row (`cf_rows`).
     pub cf_lg: i32,
-    /// Decode update: 32-bit index arithmetic (`offsets_fit_i32`).
+    /// 32-bit index arithmetic: the decode update where every element offset fits
+    /// (`offsets_fit_i32`), the channel-last short walks where every byte offset does
+    /// (`byte_offsets_fit_i32`).
     pub idx32: i32,
     pub pad_: i32,
 }
@@ -466,6 +469,17 @@ pub fn forward(a: &Conv1dFwdArgs, stream: StreamChoice) -> Result<()> {
         }
         Layout::ChannelLast => "causal_conv1d_fwd_cl",
     };
+    if entry == "causal_conv1d_fwd_cl_short" {
+        // its index arithmetic is 32-bit where every byte offset fits (the real-time shapes)
+        p.idx32 = byte_offsets_fit_i32(&[
+            Some(a.x),
+            Some(a.weight),
+            a.bias,
+            a.initial_states,
+            Some(a.out),
+            a.final_states,
+        ]) as i32;
+    }
     let k = dev.kernel(&spec(entry, a.x.dtype, a.weight.dtype, width)?)?;
     let g = match (layout, cf_rows_lg) {
         (Layout::ChannelFirst, Some(lg)) => {
@@ -625,6 +639,19 @@ pub fn backward(a: &Conv1dBwdArgs, stream: StreamChoice) -> Result<()> {
         }
         Layout::ChannelLast => "causal_conv1d_bwd_cl",
     };
+    if main_entry == "causal_conv1d_bwd_cl_short" {
+        // as the forward's short walk
+        p.idx32 = byte_offsets_fit_i32(&[
+            Some(a.x),
+            Some(a.weight),
+            a.bias,
+            a.initial_states,
+            Some(a.dout),
+            Some(a.dx),
+            Some(a.dweight),
+            a.dbias,
+        ]) as i32;
+    }
     let main_k = dev.kernel(&spec(main_entry, xd, wd, width)?)?;
     let red_k = dev.kernel(&spec("causal_conv1d_dw_reduce", xd, wd, width)?)?;
     let (g, tparts) = if empty {
