@@ -319,6 +319,52 @@ def test_scan_short_sequence_plans(case: tuple, rule: Any, poison: Any) -> None:
     _check_plan_case(case, rule, poison)
 
 
+# B / C as views into wider seqlen buffers (`off` elements in, `pad` extra steps a row: odd
+# offsets, odd or even row strides, lone last steps) on the short plans, which stage B / C from
+# global memory element by element; through flashscan.torch the second call replays the first's
+# plan on B / C shifted by one element (same strides). (batch, dim, seqlen, off, pad, groups)
+STRIDED_BC_CASES = [
+    (32, 520, 61, 0, 1, 1),  # even row stride, odd seqlen
+    (32, 520, 60, 1, 3, 1),  # even row stride, odd start
+    (4, 1000, 63, 0, 3, 2),  # two groups
+    (1, 512, 60, 0, 1, 1),  # odd row stride
+    (2, 1024, 9, 2, 3, 1),  # one short tile
+]
+
+
+@pytest.mark.parametrize("case", STRIDED_BC_CASES, ids=lambda c: "-".join(str(v) for v in c))
+def test_scan_short_plans_strided_bc(case: tuple, rule: Any, poison: Any) -> None:
+    import flashscan.torch as fst
+
+    batch, dim, L, off, pad, g = case
+    a = scan_inputs(batch, dim, L, 16, torch.bfloat16, "grouped", g)
+    for k in ("B", "C"):
+        wide = torch.randn(batch, g, 16, L + off + pad, device="cuda").to(torch.bfloat16)
+        wide[..., off : off + L] = a[k]
+        a[k] = wide[..., off : off + L]
+    ref = scan_ref(**a, delta_softplus=True)[0]
+    poison(a["u"].numel() * a["u"].element_size(), 0)
+    out = flashscan.selective_scan_fn(**a, delta_softplus=True)
+    torch.cuda.synchronize()
+    check_out(rule, out, ref)
+    # flashscan.torch: the second call is a replay of the first's plan on B / C shifted by one
+    # element (same strides)
+    shift = 1 if off == 0 else -1
+    for k in ("B", "C"):
+        wide = torch.zeros(
+            batch, g, 16, L + 2 * (off + pad + 1), device="cuda", dtype=torch.bfloat16
+        )
+        wide = wide.as_strided(a[k].shape, a[k].stride(), off + shift)
+        wide.copy_(a[k])
+        a[k + "2"] = wide
+    for bk, ck in (("B", "C"), ("B2", "C2")):
+        b = dict(a, B=a[bk], C=a[ck])
+        del b["B2"], b["C2"]
+        got = fst.selective_scan_fn(**b, delta_softplus=True)
+        torch.cuda.synchronize()
+        check_out(rule, got, ref, name=f"torch {bk}")
+
+
 # Long unchunked scans at dstate 16 with many channels (the training shapes' plan: 4 lanes a
 # channel, 32-step tiles, one pass): dims leave the last block partly idle and lengths end in a
 # partial 32-step tile. The float64 reference runs on the last WIDE_CHECKED channels (the partial
