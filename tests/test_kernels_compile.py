@@ -63,14 +63,14 @@ def test_main_variants_do_not_spill(compiled: tuple[str, dict[str, bytes]]) -> N
     arch, cubins = compiled
     main = {v["name"] for v in _native.kernel_variants(arch) if v["main"]}
     assert main, "no main variants listed"
+    bad = []  # every offender, not only the first: one CI run names them all
     for name in sorted(main):
         usage = resource_usage(cubins[name], tool)
         assert usage, f"cuobjdump reported nothing for {name}"
         for func, regs, stack, local, _smem in usage:
-            assert stack == 0 and local == 0, (
-                f"{name} ({arch}) {func}: stack frame {stack} B, local {local} B (spills)"
-            )
-            assert regs <= 255, f"{name} ({arch}) {func}: {regs} registers"
+            if stack or local or regs > 255:
+                bad.append(f"{name} ({arch}) {func}: {regs} regs, stack {stack} B, local {local} B")
+    assert not bad, "spills or too many registers:\n" + "\n".join(bad)
 
 
 def test_ssd_fwd2_variants_do_not_spill(compiled: tuple[str, dict[str, bytes]]) -> None:
