@@ -260,6 +260,18 @@ pub fn expect_no_overlap(
     Ok(())
 }
 
+/// Whether every byte offset of every tensor (the largest: the sum of (size - 1) * stride,
+/// times the element size) is below 2^31 with no negative stride: then a kernel may index
+/// them, in bytes or elements, in 32-bit arithmetic.
+pub(crate) fn byte_offsets_fit_i32(ts: &[Option<&TensorView>]) -> bool {
+    ts.iter().flatten().all(|t| {
+        t.max_offset()
+            .and_then(|last| last.checked_add(1))
+            .and_then(|v| v.checked_mul(t.dtype.size() as i64))
+            .is_some_and(|v| v <= i32::MAX as i64)
+    })
+}
+
 /// A writable cuda:0 view for the ops' unit tests (nothing is dereferenced).
 #[cfg(test)]
 pub(crate) fn cuda_view(shape: &[i64], strides: &[i64], dtype: DType, ptr: u64) -> TensorView {
@@ -288,6 +300,20 @@ mod tests {
             device_id: 0,
             readonly: false,
         }
+    }
+
+    #[test]
+    fn byte_offsets_fit_i32_counts_bytes() {
+        // 2^30 bf16 elements: 2^31 bytes, one byte past what fits
+        let edge = cuda_view(&[1 << 30], &[1], DType::BF16, 0x1000);
+        let under = cuda_view(&[(1 << 30) - 1], &[1], DType::BF16, 0x1000);
+        // 2^30 f32 elements: their element offsets fit, their byte offsets do not
+        let f32s = cuda_view(&[8, 1 << 27], &[1 << 27, 1], DType::F32, 0x1000);
+        let neg = cuda_view(&[4], &[-1], DType::F32, 0x1000);
+        assert!(byte_offsets_fit_i32(&[Some(&under), None]));
+        assert!(!byte_offsets_fit_i32(&[Some(&under), Some(&edge)]));
+        assert!(!byte_offsets_fit_i32(&[Some(&f32s)]));
+        assert!(!byte_offsets_fit_i32(&[Some(&neg)]));
     }
 
     #[test]

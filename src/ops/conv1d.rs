@@ -3,9 +3,10 @@
 //! stride 1) and launch of `cuda/causal_conv1d.cu`.
 
 use crate::error::{type_err, unsupported, value_err, Error, Result};
-use crate::ops::scan::byte_offsets_fit_i32;
 use crate::runtime::{runtime, KernelSpec, StreamChoice};
-use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
+use crate::tensor::{
+    byte_offsets_fit_i32, common_cuda_device, expect_no_overlap, DType, TensorView,
+};
 
 pub const SOURCE: &str = include_str!("../../cuda/causal_conv1d.cu");
 pub const FAMILY: &str = "causal_conv1d";

@@ -6,7 +6,9 @@ use crate::error::{unsupported, value_err, Error, Result};
 use crate::ops::next_pow2;
 use crate::runtime::driver::Stream;
 use crate::runtime::{runtime, DeviceCtx, KernelSpec, LoadedKernel, StreamChoice};
-use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
+use crate::tensor::{
+    byte_offsets_fit_i32, common_cuda_device, expect_no_overlap, DType, TensorView,
+};
 use std::sync::Arc;
 
 pub const SOURCE: &str = include_str!("../../cuda/selective_scan.cu");
@@ -309,18 +311,6 @@ pub struct Problem {
     pub ngroups: i64,
     /// Every byte offset of every tensor of the call is below 2^31 (`byte_offsets_fit_i32`).
     pub idx32: bool,
-}
-
-/// Whether every byte offset of every tensor (the largest: the sum of (size - 1) * stride,
-/// times the element size) is below 2^31 with no negative stride: then a kernel may index
-/// them, in bytes or elements, in 32-bit arithmetic.
-pub(crate) fn byte_offsets_fit_i32(ts: &[Option<&TensorView>]) -> bool {
-    ts.iter().flatten().all(|t| {
-        t.max_offset()
-            .and_then(|last| last.checked_add(1))
-            .and_then(|v| v.checked_mul(t.dtype.size() as i64))
-            .is_some_and(|v| v <= i32::MAX as i64)
-    })
 }
 
 /// Every check of the forward; pure (no GPU).
@@ -1272,21 +1262,6 @@ mod tests {
         let pl = plan(&problem(1, 1024, 65536, 16), 132);
         assert!(pl.nchunks > 1 && pl.chunk_len % pl.tiles.tile == 0);
         assert!(pl.nchunks * pl.chunk_len >= 65536 && (pl.nchunks - 1) * pl.chunk_len < 65536);
-    }
-
-    #[test]
-    fn byte_offsets_fit_i32_counts_bytes() {
-        use crate::tensor::cuda_view as view;
-        // 2^30 bf16 elements: 2^31 bytes, one byte past what fits
-        let edge = view(&[1 << 30], &[1], DType::BF16, 0x1000);
-        let under = view(&[(1 << 30) - 1], &[1], DType::BF16, 0x1000);
-        // 2^30 f32 elements: their element offsets fit, their byte offsets do not
-        let f32s = view(&[8, 1 << 27], &[1 << 27, 1], DType::F32, 0x1000);
-        let neg = view(&[4], &[-1], DType::F32, 0x1000);
-        assert!(byte_offsets_fit_i32(&[Some(&under), None]));
-        assert!(!byte_offsets_fit_i32(&[Some(&under), Some(&edge)]));
-        assert!(!byte_offsets_fit_i32(&[Some(&f32s)]));
-        assert!(!byte_offsets_fit_i32(&[Some(&neg)]));
     }
 
     #[test]
