@@ -688,11 +688,9 @@ __device__ __forceinline__ void fwd_cl_short_entry(const Conv1dParams& p) {
   else fwd_cl_short_rows<false>(p, (Ix)blockIdx.z, c0, ts);
 }
 
-// p.idx32 (host: every byte offset of the call's tensors below 2^31): 32-bit index arithmetic, for
-// 16-bit x (the real-time shapes' dtype). fp32 keeps one 64-bit body: with both, NVRTC 13's sm_100a
-// build of fp32 width 3 spilled a register (2026-11-29).
+// p.idx32 (host: every byte offset of the call's tensors below 2^31): 32-bit index arithmetic.
 extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cl_short(const Conv1dParams p) {
-  if (DT != 2 && p.idx32) fwd_cl_short_entry<int>(p);
+  if (p.idx32) fwd_cl_short_entry<int>(p);
   else fwd_cl_short_entry<i64>(p);
 }
 #endif
