@@ -103,7 +103,10 @@ struct Conv1dParams {
   // bias is below 2^31 (host: conv1d.rs `offsets_fit_i32`). The channel-last short walks: every
   // byte offset of the call's tensors is (`byte_offsets_fit_i32`)
   int idx32;
-  int pad_;
+  // the channel-last short walks: weight rows contiguous (strides W, 1) from a 16-byte-aligned
+  // base and bias contiguous from a (kVecF element)-aligned one (host: conv1d.rs `weights_packed`):
+  // a lane's kVecF x W weights are one run of vector loads (lane_weights_short)
+  int w_vec;
 };
 static_assert(sizeof(Conv1dParams) == 496, "Conv1dParams layout changed: update the host mirror");
 
@@ -399,6 +402,31 @@ __device__ __forceinline__ void lane_weights(float (&w)[kW][kVecF], float (&bias
     bias[i] = p.has_bias ? ldg_f32<WDT>(p.bias, c * bs) : 0.f;
   }
 }
+// The short walks' weights and bias (full lane slices): with p.w_vec the lane's kVecF x W weights
+// are one contiguous run (channel-major), W / 2 (16-bit, W even) or W (8-byte loads of 16-bit W = 3,
+// 16-byte of fp32) vector loads and one for the bias, where lane_weights issues W + 1 scalar loads
+// a channel, each with its own index product (ncu, H200, b32 L60 d640: 20 of the forward's 34 loads).
+template <typename Ix>
+__device__ __forceinline__ void lane_weights_short(float (&w)[kW][kVecF], float (&bias)[kVecF], const Conv1dParams& p,
+                                                   Ix c0) {
+  if (!p.w_vec) {
+    lane_weights(w, bias, p, c0);
+    return;
+  }
+  constexpr int kWES = WDT == 2 ? 4 : 2;
+  constexpr int kN = kVecF * kW;
+  constexpr int kAl = (kN * kWES) % 16 == 0 ? 16 : 8;  // the lane's offset c0 W kWES: a multiple of kN kWES
+  Raw<kN, kWES> r;
+  load_raw<kN, kWES>(r, (const char*)p.weight + c0 * (Ix)(kW * kWES), kN, kAl);
+  Raw<kVecF, kWES> rb{};  // zero bits: a 0 bias in every dtype
+  if (p.has_bias) load_raw<kVecF, kWES>(rb, (const char*)p.bias + c0 * (Ix)kWES, kVecF, kVecF * kWES);
+#pragma unroll
+  for (int i = 0; i < kVecF; ++i) {
+#pragma unroll
+    for (int k = 0; k < kW; ++k) w[k][i] = elem<WDT>(r, i * kW + k);
+    bias[i] = elem<WDT>(rb, i);
+  }
+}
 // The short forward's rows: every row's vector load is issued first (short_load, from an address
 // clamped into the sequence), and only then converted or replaced (short_x). With the load and its
 // conversion in one branch per row the kernel took 5.5 us at b32 L60 d640, 4.7 so (b1: 3.4 -> 2.5;
@@ -418,13 +446,13 @@ __device__ __forceinline__ void short_load(RowRaw (&raw)[N], const void* base, I
 // x rows t0 + j as floats: before_x values before position 0, 0 from seqlen on.
 template <int N, typename Ix>
 __device__ __forceinline__ void short_x(float (&xf)[N][kVecF], const RowRaw (&raw)[N], const Conv1dParams& p, Ix b,
-                                        Ix c0, Ix t0) {
+                                        Ix c0, Ix t0, Ix L) {
 #pragma unroll
   for (int j = 0; j < N; ++j) {
     const Ix t = t0 + j;
 #pragma unroll
     for (int i = 0; i < kVecF; ++i) xf[j][i] = elem<DT>(raw[j], i);
-    if (t < 0 || t >= p.seqlen) {
+    if (t < 0 || t >= L) {
 #pragma unroll
       for (int i = 0; i < kVecF; ++i) xf[j][i] = t < 0 ? before_x(p, b, c0 + i, t) : 0.f;
     }
@@ -637,13 +665,33 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) causal_conv1d_fwd_cl(c
 // causal-conv1d's 0.80 M, most warps waiting on instruction fetches.)
 template <int kRS, bool kSilu, typename Ix>
 __device__ __forceinline__ void fwd_cl_short(const Conv1dParams& p, Ix b, Ix c0, Ix ts) {
-  float w[kW][kVecF], bias[kVecF];
-  lane_weights(w, bias, p, c0);
   const Ix L = (Ix)p.seqlen;
+  // An interior warp (rows ts - H .. ts + R - 1 all inside the sequence: 14 of 15 at L60 R4)
+  // loads its rows from one pointer and converts them with no clamps or fix-ups; the edge warps
+  // clamp each row's address and replace the rows outside. The x loads are issued first, then the
+  // weights' (the loads are volatile asm: issued in program order).
+  const bool interior = ts >= kH && ts + kRS <= L;
   RowRaw raw[kH + kRS];
-  short_load(raw, p.x, b * (Ix)p.x_s[0] + c0, (Ix)p.x_s[2], ts - kH, L);
+  if (interior) {
+    const Ix sx = (Ix)p.x_s[2] * kES;
+    const char* g = (const char*)p.x + (b * (Ix)p.x_s[0] + c0) * kES + (ts - kH) * sx;
+#pragma unroll
+    for (int j = 0; j < kH + kRS; ++j) load_raw<kVecF, kES>(raw[j], g + j * sx, kVecF, kRowB);
+  } else {
+    short_load(raw, p.x, b * (Ix)p.x_s[0] + c0, (Ix)p.x_s[2], ts - kH, L);
+  }
+  float w[kW][kVecF], bias[kVecF];
+  lane_weights_short(w, bias, p, c0);
   float xf[kH + kRS][kVecF];  // xf[j]: the input at row ts - H + j (0 past the sequence's end)
-  short_x(xf, raw, p, b, c0, ts - kH);
+  if (interior) {
+#pragma unroll
+    for (int j = 0; j < kH + kRS; ++j) {
+#pragma unroll
+      for (int i = 0; i < kVecF; ++i) xf[j][i] = elem<DT>(raw[j], i);
+    }
+  } else {
+    short_x(xf, raw, p, b, c0, ts - kH, L);
+  }
   if (p.has_final && ts + kRS >= L) {
     // the final states: inputs at L - H .. L - 1, i.e. xf[L - ts + q] (before_x values if L < H)
 #pragma unroll
@@ -688,10 +736,12 @@ __device__ __forceinline__ void fwd_cl_short_entry(const Conv1dParams& p) {
   else fwd_cl_short_rows<false>(p, (Ix)blockIdx.z, c0, ts);
 }
 
-// p.idx32 (host: every byte offset of the call's tensors below 2^31): 32-bit index arithmetic.
-extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cl_short(const Conv1dParams p) {
-  if (p.idx32) fwd_cl_short_entry<int>(p);
-  else fwd_cl_short_entry<i64>(p);
+// 32-bit index arithmetic only: the host takes this entry where every byte offset of the call's
+// tensors is below 2^31 (p.idx32; the general walk otherwise), which halves the code a warp's
+// instruction fetches run through.
+// 5 blocks an SM (host: conv1d.rs SHORT_FWD_BLOCKS_PER_SM picks cl_rows for that wave).
+extern "C" __global__ void __launch_bounds__(kThreads, 5) causal_conv1d_fwd_cl_short(const Conv1dParams p) {
+  fwd_cl_short_entry<int>(p);
 }
 #endif
 
@@ -1519,18 +1569,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, 3) causal_conv1d_bwd_cl(c
 // and converted once; dy, the dweight / dbias terms and dx from registers with compile-time
 // indices. Not for calls with dinitial_states or dfinal_states: the general walk keeps those. (The general walk at b32 L60 d640: 3.92 M
 // warp instructions against causal-conv1d's 1.64 M.)
-template <int kRS, bool kSilu, typename Ix>
-__device__ __forceinline__ void bwd_cl_short(const Conv1dParams& p, float (&dw)[kW][kVecF], float (&db)[kVecF],
-                                             Ix b, Ix c0, Ix ts) {
-  constexpr int kNX = kRS + 2 * kH;  // xf[j]: x at row ts - H + j
-  constexpr int kNG = kRS + kH;      // dy[j]: dy at row ts + j (0 past the sequence's end)
-  float w[kW][kVecF], bias[kVecF];
-  lane_weights(w, bias, p, c0);
-  const Ix L = (Ix)p.seqlen;
-  const char* gx = (const char*)p.x + (b * (Ix)p.x_s[0] + c0 + (ts - kH) * (Ix)p.x_s[2]) * kES;
-  const char* gg = (const char*)p.dout + (b * (Ix)p.dout_s[0] + c0 + ts * (Ix)p.dout_s[2]) * kES;
-  const Ix sx = (Ix)p.x_s[2] * kES, sg = (Ix)p.dout_s[2] * kES;
-  float xf[kNX][kVecF], dy[kNG][kVecF];
+// The short backward's edge warps (a row of x or dout outside the sequence): each row loaded and
+// converted in its own branch, x rows before position 0 from initial_states (or 0), dout rows
+// from seqlen on 0.
+template <int kRS, typename Ix>
+__device__ __forceinline__ void short_bwd_edge(float (&xf)[kRS + 2 * kH][kVecF], float (&dy)[kRS + kH][kVecF],
+                                               float (&w)[kW][kVecF], float (&bias)[kVecF], const Conv1dParams& p,
+                                               Ix b, Ix c0, Ix ts, Ix L, const char* gx, const char* gg, Ix sx, Ix sg) {
+  constexpr int kNX = kRS + 2 * kH, kNG = kRS + kH;
+  lane_weights_short(w, bias, p, c0);
 #pragma unroll
   for (int j = 0; j < kNX; ++j) {
     const Ix t = ts - kH + j;
@@ -1550,6 +1597,37 @@ __device__ __forceinline__ void bwd_cl_short(const Conv1dParams& p, float (&dw)[
     load_raw<kVecF, kES>(r, gg + j * sg, ts + j < L ? kVecF : 0, kRowB);
 #pragma unroll
     for (int i = 0; i < kVecF; ++i) dy[j][i] = elem<DT>(r, i);
+  }
+}
+template <int kRS, bool kSilu, typename Ix>
+__device__ __forceinline__ void bwd_cl_short(const Conv1dParams& p, float (&dw)[kW][kVecF], float (&db)[kVecF],
+                                             Ix b, Ix c0, Ix ts) {
+  constexpr int kNX = kRS + 2 * kH;  // xf[j]: x at row ts - H + j
+  constexpr int kNG = kRS + kH;      // dy[j]: dy at row ts + j (0 past the sequence's end)
+  const Ix L = (Ix)p.seqlen;
+  const char* gx = (const char*)p.x + (b * (Ix)p.x_s[0] + c0 + (ts - kH) * (Ix)p.x_s[2]) * kES;
+  const char* gg = (const char*)p.dout + (b * (Ix)p.dout_s[0] + c0 + ts * (Ix)p.dout_s[2]) * kES;
+  const Ix sx = (Ix)p.x_s[2] * kES, sg = (Ix)p.dout_s[2] * kES;
+  float w[kW][kVecF], bias[kVecF];
+  float xf[kNX][kVecF], dy[kNG][kVecF];
+  if (ts >= kH && ts + kRS + kH <= L) {
+    // interior (every x and dout row inside the sequence: 6 of 8 warps at L60 R8): all rows'
+    // loads issued at once from two pointers, then the weights', then the conversions; no branches
+    RowRaw rx[kNX], rg[kNG];
+#pragma unroll
+    for (int j = 0; j < kNX; ++j) load_raw<kVecF, kES>(rx[j], gx + j * sx, kVecF, kRowB);
+#pragma unroll
+    for (int j = 0; j < kNG; ++j) load_raw<kVecF, kES>(rg[j], gg + j * sg, kVecF, kRowB);
+    lane_weights_short(w, bias, p, c0);
+#pragma unroll
+    for (int i = 0; i < kVecF; ++i) {
+#pragma unroll
+      for (int j = 0; j < kNX; ++j) xf[j][i] = elem<DT>(rx[j], i);
+#pragma unroll
+      for (int j = 0; j < kNG; ++j) dy[j][i] = elem<DT>(rg[j], i);
+    }
+  } else {
+    short_bwd_edge<kRS>(xf, dy, w, bias, p, b, c0, ts, L, gx, gg, sx, sg);
   }
   if constexpr (kSilu) {
     // y at row ts + j: bias + sum_k w[k] x[ts + j - H + k] = xf[j + k]
@@ -1616,8 +1694,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_bwd_cl_shor
 #pragma unroll
     for (int k = 0; k < kW; ++k) dw[k][i] = 0.f;
   }
-  if (p.idx32) bwd_cl_short_entry<int>(p, dw, db);   // (as the forward's)
-  else bwd_cl_short_entry<i64>(p, dw, db);
+  bwd_cl_short_entry<int>(p, dw, db);  // 32-bit only, as the forward's (host: p.idx32)
   cl_partials(p, dw, db, red);
 }
 #endif

@@ -515,6 +515,54 @@ def test_short_sequences(dt: str, layout: str, batch: int, dim: int, seqlen: int
         check_grad(t.grad, ref_g, bl, dtype, n)
 
 
+def short_walk_weights(dim: int, width: int, dtype: Any, kind: str) -> tuple[Any, Any]:
+    """Weight and bias for the short walks' two weight loads (src/ops/conv1d.rs
+    `weights_packed`): "packed" (contiguous, aligned: one run of vector loads a lane), "f32"
+    (fp32 weight and bias: 16-byte vectors), "transposed" (a (width, dim) buffer's transpose, no
+    bias), "offset" (a contiguous view one element into its buffer, a bias of stride 2): the
+    last two take the per-element loads."""
+    wd = torch.float32 if kind == "f32" else dtype
+    if kind == "transposed":
+        return (torch.randn(width, dim, device="cuda") / width).to(wd).t(), None
+    if kind == "offset":
+        buf = (torch.randn(dim * width + 1, device="cuda") / width).to(wd)
+        return buf[1:].view(dim, width), torch.randn(2 * dim, device="cuda").to(wd)[::2]
+    w = (torch.randn(dim, width, device="cuda") / width).to(wd)
+    return w, torch.randn(dim, device="cuda").to(wd)
+
+
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("kind", ["packed", "f32", "transposed", "offset"])
+@pytest.mark.parametrize("batch, dim, seqlen", [(32, 640, 60), (3, 128, 13)])
+def test_channel_last_short_walk_weight_layouts(
+    dt: str, width: int, kind: str, batch: int, dim: int, seqlen: int
+) -> None:
+    """The channel-last short walks (forward and backward) over every weight / bias layout they
+    load from, every width: interior warps (all rows inside the sequence) and edge warps (rows
+    before 0 or past the end) in one call at L60; at L13 every warp is an edge warp. Forward
+    poisoned, SiLU; gradients of x, weight and bias under the rule."""
+    import flashscan.torch as fst
+
+    dtype = DTYPES[dt]
+    x = make_x(batch, dim, seqlen, dtype, "cl").detach().requires_grad_()
+    w0, b0 = short_walk_weights(dim, width, dtype, kind)
+    w = w0.detach().requires_grad_()
+    b = None if b0 is None else b0.detach().requires_grad_()
+    dout = make_x(batch, dim, seqlen, dtype, "cl")
+    _FIXTURES["poison"](x.numel() * x.element_size())
+    out = fst.causal_conv1d_fn(x, w, b, activation="silu")
+    ref_out = rc.causal_conv1d_fn(host(x), host(w), host(b), None, False, "silu")
+    check(out, ref_out, torch_conv(x, w, b, None, True, dtype), dtype, "out")
+    out.backward(dout)
+    want = rc.causal_conv1d_bwd(host(dout), host(x), host(w), host(b), None, None, "silu", None)
+    lc = [None if t is None else t.detach().clone().requires_grad_() for t in (x, w, b)]
+    loss = (torch_conv(lc[0], lc[1], lc[2], None, True, dtype).float() * dout.float()).sum()
+    base = torch.autograd.grad(loss, [t for t in lc if t is not None])
+    for t, ref_g, bl, n in zip((x, w, b), want, base, ("dx", "dweight", "dbias")):
+        check_grad(t.grad, ref_g, bl, dtype, n)
+
+
 @pytest.mark.parametrize("dt", list(DTYPES))
 @pytest.mark.parametrize("silu", [False, True])
 @pytest.mark.parametrize("batch, dim, seqlen", [(32, 640, 60), (2, 72, 9), (2, 72, 2)])

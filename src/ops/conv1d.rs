@@ -22,6 +22,9 @@ const CF_BWD_STEPS: i64 = 4;
 const REDUCE_COLS: i64 = 32;
 /// Channels per lane of the channel-last kernels (the kernel's kVecF).
 const CL_CHANNELS: i64 = 4;
+/// Blocks an SM of `causal_conv1d_fwd_cl_short` (its `__launch_bounds__` minimum: <= 102
+/// registers a thread).
+const SHORT_FWD_BLOCKS_PER_SM: i64 = 5;
 
 /// Mirrors `struct Conv1dParams` in cuda/causal_conv1d.cu (496 bytes). Strides in elements.
 #[repr(C)]
@@ -78,7 +81,9 @@ pub struct Conv1dParams {
     /// (`offsets_fit_i32`), the channel-last short walks where every byte offset does
     /// (`byte_offsets_fit_i32`).
     pub idx32: i32,
-    pub pad_: i32,
+    /// The channel-last short walks: a lane's weights and bias load as vectors
+    /// (`weights_packed`).
+    pub w_vec: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<Conv1dParams>() == 496);
@@ -331,12 +336,35 @@ fn cl_rows_aligned(base: u64, s: &[i64; 3], dt: DType) -> bool {
 
 /// Whether a channel-last launch of `rows` positions a warp takes the short-walk entries
 /// (`causal_conv1d_{fwd,bwd}_cl_short`): 4 or 8 rows (`cl_rows` on a grid that would not fill a
-/// wave), no seq_idx, full lane slices, and every lane slice of `tensors` aligned.
-fn cl_short(p: &Conv1dParams, rows: i64, dt: DType, tensors: &[(u64, &[i64; 3])]) -> bool {
+/// wave), no seq_idx, full lane slices, every lane slice of `tensors` aligned, and every byte
+/// offset of the call's tensors below 2^31 (`idx32`: the short walks index in 32 bits only).
+fn cl_short(
+    p: &Conv1dParams,
+    rows: i64,
+    idx32: bool,
+    dt: DType,
+    tensors: &[(u64, &[i64; 3])],
+) -> bool {
     rows <= 8
+        && idx32
         && p.has_seq == 0
         && p.dim % CL_CHANNELS == 0
         && tensors.iter().all(|(b, s)| cl_rows_aligned(*b, s, dt))
+}
+
+/// Whether a short walk's lane loads its CL_CHANNELS x width weights as one contiguous run and its
+/// CL_CHANNELS biases as one vector (the kernels' `lane_weights_short`): weight rows contiguous
+/// (strides (width, 1)) from a 16-byte-aligned base, bias (if any) contiguous from a base aligned
+/// to CL_CHANNELS elements. A lane's offsets are then multiples of its run's bytes (8 or 16 bytes
+/// a vector access: see the kernel).
+fn weights_packed(weight: &TensorView, bias: Option<&TensorView>) -> bool {
+    let width = weight.shape[1];
+    let es = weight.dtype.size() as u64;
+    weight.strides[..] == [width, 1]
+        && weight.ptr % 16 == 0
+        && bias.map_or(true, |b| {
+            b.strides[0] == 1 && b.ptr % (CL_CHANNELS as u64 * es) == 0
+        })
 }
 
 /// Grid of a `*_rows` kernel: THREADS >> lg rows a block, (ceil(dim / rows), batch).
@@ -369,7 +397,9 @@ fn walk_rows(
 /// history each (L2 hits), and only full-length warps take the lean walk: long grids keep `full`.
 /// Measured (H200, b32 L60 d640 bf16, GPU time): 60 rows a warp 9.3 us forward / 51.6 forward +
 /// backward, 4 rows (640 blocks, 1.2 waves; warps rather than blocks counted) 7.4 / 33.9, 8 rows
-/// (this rule) 5.5 / 24.5.
+/// (this rule) 5.5 / 24.5. The forward's short walk runs 5 blocks an SM (96 registers or fewer)
+/// and is asked with that wave: 4 rows there (640 blocks, one wave), 4.1-4.2 -> 3.4 us against
+/// 8 rows (2026-11-29, `benches/results/2026-11-29-h200-conv1d-short-walks-packed/`).
 fn cl_rows(full: i64, batch: i64, dim: i64, seqlen: i64, sm_count: i64, blocks_per_sm: i64) -> i64 {
     let lanes = (dim + 32 * CL_CHANNELS - 1) / (32 * CL_CHANNELS);
     let blocks = |r: i64| lanes * batch * ((seqlen + WARPS * r - 1) / (WARPS * r));
@@ -458,28 +488,43 @@ pub fn forward(a: &Conv1dFwdArgs, stream: StreamChoice) -> Result<()> {
     // the device's context stays current for the whole call; the caller's is restored after
     let _bound = dev.bind()?;
     let cf_rows_lg = cf_rows(2 * vec_elems(a.x.dtype), p.seqlen);
-    let rows = walk_rows(layout, CL_STEPS, &p, dev.props.sm_count as i64, 4);
+    let sms = dev.props.sm_count as i64;
+    let rows = walk_rows(layout, CL_STEPS, &p, sms, 4);
+    // the short walk's wave: 5 blocks an SM (its launch bounds), so at b32 L60 d640 warps of 4
+    // positions (640 blocks) fit one
+    let short_rows = walk_rows(layout, CL_STEPS, &p, sms, SHORT_FWD_BLOCKS_PER_SM);
     let entry = match layout {
         Layout::ChannelFirst if cf_rows_lg.is_some() => "causal_conv1d_fwd_cf_rows",
         Layout::ChannelFirst if cf_fast(&p, a.x.dtype) => "causal_conv1d_fwd_cf_fast",
         Layout::ChannelFirst => "causal_conv1d_fwd_cf",
         Layout::ChannelLast
-            if cl_short(&p, rows, a.x.dtype, &[(p.x, &p.x_s), (p.out, &p.out_s)]) =>
+            if cl_short(
+                &p,
+                short_rows,
+                byte_offsets_fit_i32(&[
+                    Some(a.x),
+                    Some(a.weight),
+                    a.bias,
+                    a.initial_states,
+                    Some(a.out),
+                    a.final_states,
+                ]),
+                a.x.dtype,
+                &[(p.x, &p.x_s), (p.out, &p.out_s)],
+            ) =>
         {
             "causal_conv1d_fwd_cl_short"
         }
         Layout::ChannelLast => "causal_conv1d_fwd_cl",
     };
+    let rows = if entry == "causal_conv1d_fwd_cl_short" {
+        short_rows
+    } else {
+        rows
+    };
     if entry == "causal_conv1d_fwd_cl_short" {
-        // its index arithmetic is 32-bit where every byte offset fits (the real-time shapes)
-        p.idx32 = byte_offsets_fit_i32(&[
-            Some(a.x),
-            Some(a.weight),
-            a.bias,
-            a.initial_states,
-            Some(a.out),
-            a.final_states,
-        ]) as i32;
+        p.idx32 = 1;
+        p.w_vec = weights_packed(a.weight, a.bias) as i32;
     }
     let k = dev.kernel(&spec(entry, a.x.dtype, a.weight.dtype, width)?)?;
     let g = match (layout, cf_rows_lg) {
@@ -632,6 +677,16 @@ pub fn backward(a: &Conv1dBwdArgs, stream: StreamChoice) -> Result<()> {
                 && cl_short(
                     &p,
                     rows,
+                    byte_offsets_fit_i32(&[
+                        Some(a.x),
+                        Some(a.weight),
+                        a.bias,
+                        a.initial_states,
+                        Some(a.dout),
+                        Some(a.dx),
+                        Some(a.dweight),
+                        a.dbias,
+                    ]),
                     xd,
                     &[(p.x, &p.x_s), (p.dout, &p.dout_s), (p.dx, &p.dx_s)],
                 ) =>
@@ -642,16 +697,8 @@ pub fn backward(a: &Conv1dBwdArgs, stream: StreamChoice) -> Result<()> {
     };
     if main_entry == "causal_conv1d_bwd_cl_short" {
         // as the forward's short walk
-        p.idx32 = byte_offsets_fit_i32(&[
-            Some(a.x),
-            Some(a.weight),
-            a.bias,
-            a.initial_states,
-            Some(a.dout),
-            Some(a.dx),
-            Some(a.dweight),
-            a.dbias,
-        ]) as i32;
+        p.idx32 = 1;
+        p.w_vec = weights_packed(a.weight, a.bias) as i32;
     }
     let main_k = dev.kernel(&spec(main_entry, xd, wd, width)?)?;
     let red_k = dev.kernel(&spec("causal_conv1d_dw_reduce", xd, wd, width)?)?;
@@ -939,6 +986,11 @@ mod tests {
         // (> 528 = one wave of 4 an SM), 8 rows 320
         assert_eq!(cl_rows(CL_STEPS, 32, 640, 60, 132, 4), 8);
         assert_eq!(cl_rows(CL_STEPS_BWD, 32, 640, 60, 132, 3), 8);
+        // the forward short walk's 5 blocks an SM: 640 blocks of 4-position warps fit one wave
+        assert_eq!(
+            cl_rows(CL_STEPS, 32, 640, 60, 132, SHORT_FWD_BLOCKS_PER_SM),
+            4
+        );
         // b8 L60 d5376: 42 x 8 = 336 blocks at 32 or 16 rows a warp (60 rows: one block of 4
         // warps), 672 at 8 (> 528)
         assert_eq!(cl_rows(CL_STEPS, 8, 5376, 60, 132, 4), 16);
@@ -1008,6 +1060,42 @@ mod tests {
     }
 
     #[test]
+    fn packed_weights_need_contiguous_aligned_rows() {
+        use crate::tensor::cuda_view;
+        let w = |strides: &[i64], ptr: u64| cuda_view(&[640, 4], strides, DType::BF16, ptr);
+        let bias = |stride: i64, ptr: u64| cuda_view(&[640], &[stride], DType::BF16, ptr);
+        assert!(weights_packed(&w(&[4, 1], 4096), None));
+        assert!(weights_packed(&w(&[4, 1], 4096), Some(&bias(1, 8200))));
+        assert!(
+            !weights_packed(&w(&[1, 640], 4096), None),
+            "a transposed weight"
+        );
+        assert!(
+            !weights_packed(&w(&[8, 1], 4096), None),
+            "rows of a wider buffer"
+        );
+        assert!(
+            !weights_packed(&w(&[4, 1], 4104), None),
+            "an 8-byte-aligned base"
+        );
+        assert!(
+            !weights_packed(&w(&[4, 1], 4096), Some(&bias(2, 8192))),
+            "a strided bias"
+        );
+        assert!(
+            !weights_packed(&w(&[4, 1], 4096), Some(&bias(1, 8196))),
+            "a 4-byte-aligned bias"
+        );
+        let w32 = cuda_view(&[640, 3], &[3, 1], DType::F32, 4096);
+        let b32 = |ptr: u64| cuda_view(&[640], &[1], DType::F32, ptr);
+        assert!(weights_packed(&w32, Some(&b32(8192))));
+        assert!(
+            !weights_packed(&w32, Some(&b32(8200))),
+            "fp32 biases: 16-byte vectors"
+        );
+    }
+
+    #[test]
     fn short_and_fast_entries_need_whole_aligned_slices() {
         // channel-last bf16 x (batch 2, dim 640, seqlen 60): strides (60 * 640, 1, 640)
         let mut p = Conv1dParams {
@@ -1017,9 +1105,14 @@ mod tests {
             x_s: [60 * 640, 1, 640],
             ..Default::default()
         };
-        let ok = |p: &Conv1dParams, rows: i64| cl_short(p, rows, DType::BF16, &[(p.x, &p.x_s)]);
+        let ok =
+            |p: &Conv1dParams, rows: i64| cl_short(p, rows, true, DType::BF16, &[(p.x, &p.x_s)]);
         assert!(ok(&p, 8) && ok(&p, 4));
         assert!(!ok(&p, 16), "a full walk keeps the general kernel");
+        assert!(
+            !cl_short(&p, 8, false, DType::BF16, &[(p.x, &p.x_s)]),
+            "offsets past 2^31 bytes keep the general kernel (the short walks index in 32 bits)"
+        );
         p.x = 4096 + 2; // one element off: slices no longer 8-byte aligned
         assert!(!ok(&p, 8));
         p.x = 4096;
