@@ -337,7 +337,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) causal_conv1d_fwd_cf_rows
 // lane while it computes on an earlier one. Lane l's slice of a row (kVecF channels, kRowB bytes)
 // sits at [stage][row][lane]: one conflict-free ld.shared per row. Rows whose slices are not
 // kRowB-aligned (odd strides or base) take the synchronous path into the same slots.
-#if FS_HAS_ENTRY(1) || FS_HAS_ENTRY(3) || FS_HAS_ENTRY(10) || FS_HAS_ENTRY(11)
+#if FS_HAS_ENTRY(1) || FS_HAS_ENTRY(3) || FS_HAS_ENTRY(10) || FS_HAS_ENTRY(11) || FS_HAS_ENTRY(12)
 constexpr int kRowB = kVecF * kES;        // bytes of one lane's slice of a row: 8 (16-bit) or 16 (fp32)
 constexpr u32 kRowStride = 32 * kRowB;    // bytes between rows of one stage
 using RowRaw = Raw<kVecF, kES>;
@@ -742,6 +742,167 @@ __device__ __forceinline__ void fwd_cl_short_entry(const Conv1dParams& p) {
 // 5 blocks an SM (host: conv1d.rs SHORT_FWD_BLOCKS_PER_SM picks cl_rows for that wave).
 extern "C" __global__ void __launch_bounds__(kThreads, 5) causal_conv1d_fwd_cl_short(const Conv1dParams p) {
   fwd_cl_short_entry<int>(p);
+}
+#endif
+
+// ==== channel-last forward, wide lanes ============================================================
+// causal_conv1d_fwd_cl_wide (16-bit x; host: conv1d.rs `cl_wide`): the long channel-last forward of
+// a call without seq_idx whose dim is a multiple of 8 and whose x / out row slices are 16-byte
+// aligned, a lane on 8 channels (one 16-byte slice a row) instead of 4. Grid (ceil(dim / 256),
+// ceil(seqlen / (kWarps kT)), batch), block kThreads; lane l of warp w: channels c0 .. c0 + 7
+// (c0 = (blockIdx.x * 32 + l) * 8) at positions ts .. ts + kT - 1 (ts = (blockIdx.y * kWarps + w) *
+// kT). A warp of kT rows (not the one writing final states) streams them kRW at a time through a
+// 4-stage ring of its own, as the lean walk; the sequence's last warp goes row by row. The 4-channel
+// kernel issued ~75 warp instructions a warp-row of 4 channels (ncu, H200, b8 L2048 d5376: half its
+// time issue at the real clock): a row's load, store, address step and conversions now serve 8.
+#if FS_HAS_ENTRY(12)
+static_assert(DT != 2, "causal_conv1d_fwd_cl_wide: 16-bit x only (conv1d.rs `spec` refuses fp32)");
+constexpr int kVW = 8;                     // channels a lane
+constexpr int kRowBW = kVW * 2;            // 16 bytes: a lane's slice of a row
+constexpr u32 kRowStrideW = 32 * kRowBW;   // 512 bytes between a stage's rows
+// rows a stage: a multiple of H (so the history's slot is a compile-time index), and few (an unrolled
+// stage of 6 rows x 8 channels held 168 registers and spilled)
+constexpr int kRW = kH == 2 ? 4 : 3;
+constexpr int kSW = 4;                      // ring stages a warp: three in flight while one is read
+constexpr u32 kStageW = kRW * kRowStrideW;  // 1.5 / 2 KB a stage: 6 / 8 KB a warp, <= 32 KB a block
+constexpr int kNIW = (kT + kRW - 1) / kRW;  // stages of a warp's walk (the last partial if kRW = 3)
+using RowRawW = Raw<kVW, 2>;
+
+// Rows it * kRW + j of the walk from the ring stage at rx: as lean_fwd_stage, 8 channels a lane.
+template <bool kSilu, bool kCheck>
+__device__ __forceinline__ void wide_stage(const float (&w)[kW][kVW], const float (&bias)[kVW], float (&xh)[kH][kVW],
+                                           u32 rx, char* outs, i64 so, int it) {
+#pragma unroll
+  for (int j = 0; j < kRW; ++j) {
+    if (kCheck && it * kRW + j >= kT) break;
+    RowRawW xraw;
+    lds_raw(xraw, rx + j * kRowStrideW);
+    float xr[kVW], o[kVW];
+#pragma unroll
+    for (int i = 0; i < kVW; ++i) {
+      xr[i] = elem<DT>(xraw, i);
+      float acc = bias[i];
+#pragma unroll
+      for (int k = 0; k < kH; ++k) acc = fmaf(w[k][i], xh[(j + k) % kH][i], acc);  // row r - H + k: slot (j + k) % H
+      acc = fmaf(w[kH][i], xr[i], acc);
+      o[i] = kSilu ? silu(acc) : acc;
+    }
+    RowRawW out;
+    pack_raw<DT, kVW>(out, o);
+    store_raw<kVW, 2>(outs + j * so, out, kVW, kRowBW);
+#pragma unroll
+    for (int i = 0; i < kVW; ++i) xh[j % kH][i] = xr[i];
+  }
+}
+template <bool kSilu>
+__device__ __forceinline__ void fwd_cl_wide(const Conv1dParams& p, u32 ring, i64 b, i64 c0, i64 ts) {
+  const int lane = threadIdx.x % 32;
+  const i64 L = p.seqlen;
+  const i64 te = ts + kT < L ? ts + kT : L;
+  const i64 sx = p.x_s[2] * kES, so = p.out_s[2] * kES;  // row strides, bytes
+  const char* gx = elem_ptr(p.x, b * p.x_s[0] + c0 + ts * p.x_s[2]);
+  char* outs = (char*)p.out + (b * p.out_s[0] + c0 + ts * p.out_s[2]) * kES;
+  const bool walk = te - ts == kT && !(p.has_final && te == L);
+  const u32 rx = ring + lane * kRowBW;  // this warp's ring: [stage][row][lane]
+  const char* gq = gx;                  // the next stage's first row (stages issued in order)
+  auto issue = [&](int q) {
+    if (q < kNIW) {
+      const u32 off = (q % kSW) * kStageW;
+#pragma unroll
+      for (int j = 0; j < kRW; ++j) {
+        if (q * kRW + j < kT) cp_async_ca<kRowBW>(rx + off + j * kRowStrideW, gq + j * sx, kRowBW);
+      }
+      gq += kRW * sx;
+    }
+    cp_async_commit();
+  };
+  if (walk) {
+#pragma unroll
+    for (int q = 0; q < kSW - 1; ++q) issue(q);
+  }
+  // weights and bias (host: packed, `weights_packed`): the lane's 8 x W weights one contiguous run
+  // of 16-byte loads, its biases 16-byte vectors (per-element loads here held 2 address registers
+  // a load and spilled); history: rows ts - H .. ts - 1 (x, or initial_states / 0 before 0)
+  constexpr int kWES = WDT == 2 ? 4 : 2;
+  float w[kW][kVW], bias[kVW], xh[kH][kVW];
+  {
+    Raw<kVW * kW, kWES> rw;
+    load_raw<kVW * kW, kWES>(rw, (const char*)p.weight + c0 * (kW * kWES), kVW * kW, 16);
+    Raw<kVW, kWES> rb{};  // zero bits: a 0 bias in every dtype
+    if (p.has_bias) load_raw<kVW, kWES>(rb, (const char*)p.bias + c0 * kWES, kVW, 16);
+#pragma unroll
+    for (int i = 0; i < kVW; ++i) {
+#pragma unroll
+      for (int k = 0; k < kW; ++k) w[k][i] = elem<WDT>(rw, i * kW + k);
+      bias[i] = elem<WDT>(rb, i);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kH; ++j) {
+    const i64 t = ts - kH + j;
+    if (t >= 0) {
+      RowRawW r;
+      load_raw<kVW, 2>(r, gx + (j - kH) * sx, kVW, kRowBW);
+#pragma unroll
+      for (int i = 0; i < kVW; ++i) xh[j][i] = elem<DT>(r, i);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVW; ++i) xh[j][i] = before_x(p, b, c0 + i, t);
+    }
+  }
+  if (walk) {
+#pragma unroll 1
+    for (int it = 0; it < kNIW; ++it) {
+      issue(it + kSW - 1);
+      cp_async_wait<kSW - 1>();  // stage it's rows are in the ring
+      const u32 off = (it % kSW) * kStageW;
+      if (it >= kT / kRW) wide_stage<kSilu, true>(w, bias, xh, rx + off, outs + it * kRW * so, so, it);  // rows past kT
+      else wide_stage<kSilu, false>(w, bias, xh, rx + off, outs + it * kRW * so, so, it);
+    }
+    return;
+  }
+  // the sequence's last warp: row by row, the history slid through registers, then the final states
+#pragma unroll 1
+  for (i64 t = ts; t < te; ++t) {
+    RowRawW r;
+    load_raw<kVW, 2>(r, gx + (t - ts) * sx, kVW, kRowBW);
+    float xr[kVW], o[kVW];
+#pragma unroll
+    for (int i = 0; i < kVW; ++i) {
+      xr[i] = elem<DT>(r, i);
+      float acc = bias[i];
+#pragma unroll
+      for (int k = 0; k < kH; ++k) acc = fmaf(w[k][i], xh[k][i], acc);
+      acc = fmaf(w[kH][i], xr[i], acc);
+      o[i] = kSilu ? silu(acc) : acc;
+    }
+    RowRawW out;
+    pack_raw<DT, kVW>(out, o);
+    store_raw<kVW, 2>(outs + (t - ts) * so, out, kVW, kRowBW);
+#pragma unroll
+    for (int j = 0; j < kH; ++j) {
+#pragma unroll
+      for (int i = 0; i < kVW; ++i) xh[j][i] = j + 1 < kH ? xh[j + 1][i] : xr[i];
+    }
+  }
+  if (p.has_final && te == L) {
+    // xh[j]: the input at L - H + j (initial_states where L < H)
+#pragma unroll
+    for (int i = 0; i < kVW; ++i) {
+      const i64 f0 = b * p.final_s[0] + (c0 + i) * p.final_s[1];
+#pragma unroll
+      for (int j = 0; j < kH; ++j) st_f32<DT>(p.final_states, f0 + j * p.final_s[2], xh[j][i]);
+    }
+  }
+}
+extern "C" __global__ void __launch_bounds__(kThreads, 4) causal_conv1d_fwd_cl_wide(const Conv1dParams p) {
+  __shared__ __align__(16) char ring[kWarps][kSW * kStageW];
+  const int warp = threadIdx.x / 32;
+  const i64 c0 = ((i64)blockIdx.x * 32 + threadIdx.x % 32) * kVW;
+  const i64 ts = ((i64)blockIdx.y * kWarps + warp) * kT;
+  if (c0 >= p.dim || ts >= p.seqlen) return;  // no block barrier in this kernel
+  if (p.silu) fwd_cl_wide<true>(p, smem_u32(ring[warp]), blockIdx.z, c0, ts);
+  else fwd_cl_wide<false>(p, smem_u32(ring[warp]), blockIdx.z, c0, ts);
 }
 #endif
 

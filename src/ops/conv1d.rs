@@ -212,6 +212,9 @@ pub fn spec(entry: &'static str, x: DType, w: DType, width: i64) -> Result<Kerne
         .iter()
         .position(|&e| e == entry)
         .ok_or_else(|| Error::Internal(format!("unknown causal_conv1d entry {entry}")))?;
+    if entry == "causal_conv1d_fwd_cl_wide" && x == DType::F32 {
+        return Err(unsupported("causal_conv1d_fwd_cl_wide: 16-bit x only"));
+    }
     Ok(KernelSpec {
         family: FAMILY,
         source: SOURCE,
@@ -225,7 +228,7 @@ pub fn spec(entry: &'static str, x: DType, w: DType, width: i64) -> Result<Kerne
     })
 }
 
-pub const ENTRIES: [&str; 12] = [
+pub const ENTRIES: [&str; 13] = [
     "causal_conv1d_fwd_cf",
     "causal_conv1d_fwd_cl",
     "causal_conv1d_bwd_cf",
@@ -238,9 +241,10 @@ pub const ENTRIES: [&str; 12] = [
     "causal_conv1d_fwd_cf_fast",
     "causal_conv1d_fwd_cl_short",
     "causal_conv1d_bwd_cl_short",
+    "causal_conv1d_fwd_cl_wide",
 ];
 
-/// Every variant: 12 entries x (x dtype, weight dtype: x's or fp32) x width 2..4. The
+/// Every variant: 13 entries (the wide forward 16-bit only) x (x dtype, weight dtype: x's or fp32) x width 2..4. The
 /// forward and update entries are "main" (they must not spill).
 pub fn all_specs(_arch: i64) -> Vec<(KernelSpec, bool)> {
     let mut out = Vec::new();
@@ -352,19 +356,51 @@ fn cl_short(
         && tensors.iter().all(|(b, s)| cl_rows_aligned(*b, s, dt))
 }
 
-/// Whether a short walk's lane loads its CL_CHANNELS x width weights as one contiguous run and its
-/// CL_CHANNELS biases as one vector (the kernels' `lane_weights_short`): weight rows contiguous
-/// (strides (width, 1)) from a 16-byte-aligned base, bias (if any) contiguous from a base aligned
-/// to CL_CHANNELS elements. A lane's offsets are then multiples of its run's bytes (8 or 16 bytes
-/// a vector access: see the kernel).
-fn weights_packed(weight: &TensorView, bias: Option<&TensorView>) -> bool {
+/// Channels a lane of the wide channel-last forward (`causal_conv1d_fwd_cl_wide`): one 16-byte
+/// slice of 16-bit x.
+const CL_WIDE_CHANNELS: i64 = 8;
+
+/// Whether a channel-last forward of `rows` positions a warp takes `causal_conv1d_fwd_cl_wide`:
+/// full walks (rows == CL_STEPS: long sequences), 16-bit x, no seq_idx, dim a multiple of 8 and
+/// every lane's 8-channel slice of x and out 16-byte aligned, packed weights (`weights_packed`:
+/// the kernel loads a lane's 8 x width weights as vectors; per-element loads there spilled).
+/// Measured (H200, b8 L2048 d5376 bf16, GPU time, same wheel): 100.3-100.5 us with the 4-channel
+/// kernel, 89.7-90.4 wide (`benches/results/2026-11-29-h200-conv1d-short-walks-packed/`).
+/// FLASHSCAN_CONV1D_WIDE=0 keeps the 4-channel kernel (A/B). Read once.
+fn cl_wide(
+    p: &Conv1dParams,
+    rows: i64,
+    dt: DType,
+    weight: &TensorView,
+    bias: Option<&TensorView>,
+) -> bool {
+    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let aligned = |base: u64, s: &[i64; 3]| {
+        base % 16 == 0 && s[0] % CL_WIDE_CHANNELS == 0 && s[2] % CL_WIDE_CHANNELS == 0
+    };
+    rows == CL_STEPS
+        && dt != DType::F32
+        && p.has_seq == 0
+        && p.dim % CL_WIDE_CHANNELS == 0
+        && aligned(p.x, &p.x_s)
+        && aligned(p.out, &p.out_s)
+        && weights_packed(weight, bias, CL_WIDE_CHANNELS)
+        && *WIDE.get_or_init(|| std::env::var("FLASHSCAN_CONV1D_WIDE").as_deref() != Ok("0"))
+}
+
+/// Whether a lane of `channels` channels (the short walks' CL_CHANNELS, the wide forward's
+/// CL_WIDE_CHANNELS) loads its channels x width weights as one contiguous run and its biases as
+/// vectors (the kernels' `lane_weights_short`, `fwd_cl_wide`): weight rows contiguous (strides
+/// (width, 1)) from a 16-byte-aligned base, bias (if any) contiguous from a base aligned to its
+/// vector (channels elements, at most 16 bytes). A lane's offsets are then multiples of its run's
+/// bytes (8- or 16-byte vector accesses: see the kernels).
+fn weights_packed(weight: &TensorView, bias: Option<&TensorView>, channels: i64) -> bool {
     let width = weight.shape[1];
     let es = weight.dtype.size() as u64;
+    let bias_align = (channels as u64 * es).min(16);
     weight.strides[..] == [width, 1]
         && weight.ptr % 16 == 0
-        && bias.map_or(true, |b| {
-            b.strides[0] == 1 && b.ptr % (CL_CHANNELS as u64 * es) == 0
-        })
+        && bias.map_or(true, |b| b.strides[0] == 1 && b.ptr % bias_align == 0)
 }
 
 /// Grid of a `*_rows` kernel: THREADS >> lg rows a block, (ceil(dim / rows), batch).
@@ -515,6 +551,9 @@ pub fn forward(a: &Conv1dFwdArgs, stream: StreamChoice) -> Result<()> {
         {
             "causal_conv1d_fwd_cl_short"
         }
+        Layout::ChannelLast if cl_wide(&p, rows, a.x.dtype, a.weight, a.bias) => {
+            "causal_conv1d_fwd_cl_wide"
+        }
         Layout::ChannelLast => "causal_conv1d_fwd_cl",
     };
     let rows = if entry == "causal_conv1d_fwd_cl_short" {
@@ -524,7 +563,7 @@ pub fn forward(a: &Conv1dFwdArgs, stream: StreamChoice) -> Result<()> {
     };
     if entry == "causal_conv1d_fwd_cl_short" {
         p.idx32 = 1;
-        p.w_vec = weights_packed(a.weight, a.bias) as i32;
+        p.w_vec = weights_packed(a.weight, a.bias, CL_CHANNELS) as i32;
     }
     let k = dev.kernel(&spec(entry, a.x.dtype, a.weight.dtype, width)?)?;
     let g = match (layout, cf_rows_lg) {
@@ -535,7 +574,14 @@ pub fn forward(a: &Conv1dFwdArgs, stream: StreamChoice) -> Result<()> {
         (Layout::ChannelFirst, None) => grid(layout, a.x.dtype, p.batch, p.dim, p.seqlen, 0)?.0,
         (Layout::ChannelLast, _) => {
             p.cl_rows = rows as i32;
-            grid(layout, a.x.dtype, p.batch, p.dim, p.seqlen, rows)?.0
+            let (g, _) = grid(layout, a.x.dtype, p.batch, p.dim, p.seqlen, rows)?;
+            if entry == "causal_conv1d_fwd_cl_wide" {
+                // 32 lanes of 8 channels a block column
+                let gx = (p.dim + 32 * CL_WIDE_CHANNELS - 1) / (32 * CL_WIDE_CHANNELS);
+                (gx as u32, g.1, g.2)
+            } else {
+                g
+            }
         }
     };
     let st = dev.stream(stream)?;
@@ -698,7 +744,7 @@ pub fn backward(a: &Conv1dBwdArgs, stream: StreamChoice) -> Result<()> {
     if main_entry == "causal_conv1d_bwd_cl_short" {
         // as the forward's short walk
         p.idx32 = 1;
-        p.w_vec = weights_packed(a.weight, a.bias) as i32;
+        p.w_vec = weights_packed(a.weight, a.bias, CL_CHANNELS) as i32;
     }
     let main_k = dev.kernel(&spec(main_entry, xd, wd, width)?)?;
     let red_k = dev.kernel(&spec("causal_conv1d_dw_reduce", xd, wd, width)?)?;
@@ -1064,33 +1110,48 @@ mod tests {
         use crate::tensor::cuda_view;
         let w = |strides: &[i64], ptr: u64| cuda_view(&[640, 4], strides, DType::BF16, ptr);
         let bias = |stride: i64, ptr: u64| cuda_view(&[640], &[stride], DType::BF16, ptr);
-        assert!(weights_packed(&w(&[4, 1], 4096), None));
-        assert!(weights_packed(&w(&[4, 1], 4096), Some(&bias(1, 8200))));
+        assert!(weights_packed(&w(&[4, 1], 4096), None, CL_CHANNELS));
+        assert!(weights_packed(
+            &w(&[4, 1], 4096),
+            Some(&bias(1, 8200)),
+            CL_CHANNELS
+        ));
         assert!(
-            !weights_packed(&w(&[1, 640], 4096), None),
+            !weights_packed(&w(&[1, 640], 4096), None, CL_CHANNELS),
             "a transposed weight"
         );
         assert!(
-            !weights_packed(&w(&[8, 1], 4096), None),
+            !weights_packed(&w(&[8, 1], 4096), None, CL_CHANNELS),
             "rows of a wider buffer"
         );
         assert!(
-            !weights_packed(&w(&[4, 1], 4104), None),
+            !weights_packed(&w(&[4, 1], 4104), None, CL_CHANNELS),
             "an 8-byte-aligned base"
         );
         assert!(
-            !weights_packed(&w(&[4, 1], 4096), Some(&bias(2, 8192))),
+            !weights_packed(&w(&[4, 1], 4096), Some(&bias(2, 8192)), CL_CHANNELS),
             "a strided bias"
         );
         assert!(
-            !weights_packed(&w(&[4, 1], 4096), Some(&bias(1, 8196))),
+            !weights_packed(&w(&[4, 1], 4096), Some(&bias(1, 8196)), CL_CHANNELS),
             "a 4-byte-aligned bias"
         );
         let w32 = cuda_view(&[640, 3], &[3, 1], DType::F32, 4096);
         let b32 = |ptr: u64| cuda_view(&[640], &[1], DType::F32, ptr);
-        assert!(weights_packed(&w32, Some(&b32(8192))));
+        assert!(weights_packed(&w32, Some(&b32(8192)), CL_CHANNELS));
+        // the wide forward's 8-channel lanes: 16-byte bias vectors for 16-bit weights too
+        assert!(weights_packed(
+            &w(&[4, 1], 4096),
+            Some(&bias(1, 8208)),
+            CL_WIDE_CHANNELS
+        ));
+        assert!(!weights_packed(
+            &w(&[4, 1], 4096),
+            Some(&bias(1, 8200)),
+            CL_WIDE_CHANNELS
+        ));
         assert!(
-            !weights_packed(&w32, Some(&b32(8200))),
+            !weights_packed(&w32, Some(&b32(8200)), CL_CHANNELS),
             "fp32 biases: 16-byte vectors"
         );
     }
@@ -1151,7 +1212,8 @@ mod tests {
     #[test]
     fn every_variant_is_listed_once() {
         let v = all_specs(90);
-        assert_eq!(v.len(), 12 * 5 * 3);
+        // 12 entries x 5 dtype pairs x 3 widths, + the wide forward's 4 16-bit pairs x 3 widths
+        assert_eq!(v.len(), 12 * 5 * 3 + 4 * 3);
         let names: std::collections::HashSet<String> = v.iter().map(|(s, _)| s.name()).collect();
         assert_eq!(names.len(), v.len());
     }
