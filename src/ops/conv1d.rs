@@ -1106,6 +1106,47 @@ mod tests {
     }
 
     #[test]
+    fn wide_forward_needs_full_walks_16bit_aligned_slices_and_packed_weights() {
+        use crate::tensor::cuda_view;
+        // channel-last bf16 x (batch 8, dim 5376, seqlen 2048): strides (2048 * 5376, 1, 5376)
+        let mut p = Conv1dParams {
+            dim: 5376,
+            seqlen: 2048,
+            x: 1 << 20,
+            out: 1 << 21,
+            x_s: [2048 * 5376, 1, 5376],
+            out_s: [2048 * 5376, 1, 5376],
+            ..Default::default()
+        };
+        let w = cuda_view(&[5376, 4], &[4, 1], DType::BF16, 4096);
+        let wt = cuda_view(&[5376, 4], &[1, 5376], DType::BF16, 4096);
+        let ok =
+            |p: &Conv1dParams, rows: i64, dt: DType, w: &TensorView| cl_wide(p, rows, dt, w, None);
+        if std::env::var("FLASHSCAN_CONV1D_WIDE").as_deref() == Ok("0") {
+            return; // turned off for this process: nothing to check
+        }
+        assert!(ok(&p, CL_STEPS, DType::BF16, &w));
+        assert!(ok(&p, CL_STEPS, DType::F16, &w));
+        assert!(
+            !ok(&p, 16, DType::BF16, &w),
+            "a shortened walk keeps the 4-channel kernel"
+        );
+        assert!(!ok(&p, CL_STEPS, DType::F32, &w), "16-bit x only");
+        assert!(!ok(&p, CL_STEPS, DType::BF16, &wt), "per-element weights");
+        p.x = (1 << 20) + 8; // 8-byte-aligned slices: the 4-channel kernel's, not 16
+        assert!(!ok(&p, CL_STEPS, DType::BF16, &w));
+        p.x = 1 << 20;
+        p.out_s[2] = 5380; // a row stride that is not a multiple of 8 elements
+        assert!(!ok(&p, CL_STEPS, DType::BF16, &w));
+        p.out_s[2] = 5376;
+        p.has_seq = 1;
+        assert!(!ok(&p, CL_STEPS, DType::BF16, &w));
+        p.has_seq = 0;
+        p.dim = 5372; // a partial 8-channel slice
+        assert!(!ok(&p, CL_STEPS, DType::BF16, &w));
+    }
+
+    #[test]
     fn packed_weights_need_contiguous_aligned_rows() {
         use crate::tensor::cuda_view;
         let w = |strides: &[i64], ptr: u64| cuda_view(&[640, 4], strides, DType::BF16, ptr);
