@@ -563,6 +563,34 @@ def test_channel_last_short_walk_weight_layouts(
         check_grad(t.grad, ref_g, bl, dtype, n)
 
 
+@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("seqlen", [64, 1000, 4104])
+@pytest.mark.parametrize("opts", ["plain", "bias_states"])
+def test_channel_last_wide_forward(dt: str, width: int, seqlen: int, opts: str) -> None:
+    """The wide channel-last forward (8 channels a lane, src/ops/conv1d.rs `cl_wide`): full-walk
+    batches of 16-bit x, dim 264 (a second block column with one working lane), seqlen 64 (two
+    warps, the last writing final states row by row), 1000 (a partial last warp), 4104; with
+    bias, initial and final states or with none. Forward poisoned, against float64 under the
+    rule; final states exact."""
+    dtype = DTYPES[dt]
+    dim = 264
+    batch = full_walk_batch(dim, seqlen)
+    x = make_x(batch, dim, seqlen, dtype, "cl")
+    w = (torch.randn(dim, width, device="cuda") / width).to(dtype)
+    states = opts == "bias_states"
+    b = torch.randn(dim, device="cuda").to(dtype) if states else None
+    init = torch.randn(batch, dim, width - 1, device="cuda", dtype=dtype) if states else None
+    _FIXTURES["poison"](x.numel() * x.element_size())
+    r = flashscan.causal_conv1d_fn(x, w, b, init, return_final_states=states, activation="silu")
+    out, fin = r if states else (r, None)
+    ref = rc.causal_conv1d_fn(host(x), host(w), host(b), host(init), states, "silu")
+    ref_out, ref_fin = ref if states else (ref, None)
+    check(out, ref_out, torch_conv(x, w, b, init, True, dtype), dtype, "out")
+    if states:
+        torch.testing.assert_close(fin.double().cpu(), torch.from_numpy(ref_fin), atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("dt", list(DTYPES))
 @pytest.mark.parametrize("silu", [False, True])
 @pytest.mark.parametrize("batch, dim, seqlen", [(32, 640, 60), (2, 72, 9), (2, 72, 2)])
