@@ -402,29 +402,66 @@ __device__ __forceinline__ void lane_weights(float (&w)[kW][kVecF], float (&bias
     bias[i] = p.has_bias ? ldg_f32<WDT>(p.bias, c * bs) : 0.f;
   }
 }
-// The short walks' weights and bias (full lane slices): with p.w_vec the lane's kVecF x W weights
-// are one contiguous run (channel-major), W / 2 (16-bit, W even) or W (8-byte loads of 16-bit W = 3,
-// 16-byte of fp32) vector loads and one for the bias, where lane_weights issues W + 1 scalar loads
-// a channel, each with its own index product (ncu, H200, b32 L60 d640: 20 of the forward's 34 loads).
-template <typename Ix>
-__device__ __forceinline__ void lane_weights_short(float (&w)[kW][kVecF], float (&bias)[kVecF], const Conv1dParams& p,
-                                                   Ix c0) {
-  if (!p.w_vec) {
-    lane_weights(w, bias, p, c0);
-    return;
-  }
+// A lane's weights and bias for N full channels from c0, packed (host: conv1d.rs `weights_packed`:
+// weight rows contiguous from a 16-byte-aligned base, bias contiguous and vector-aligned): the lane's
+// N x W weights are one contiguous run (channel-major) of 8- / 16-byte loads (its offset c0 W kWES is
+// a multiple of the run's bytes), its biases 8- / 16-byte vectors.
+template <int N, typename Ix>
+__device__ __forceinline__ void lane_weights_packed(float (&w)[kW][N], float (&bias)[N], const Conv1dParams& p, Ix c0) {
   constexpr int kWES = WDT == 2 ? 4 : 2;
-  constexpr int kN = kVecF * kW;
-  constexpr int kAl = (kN * kWES) % 16 == 0 ? 16 : 8;  // the lane's offset c0 W kWES: a multiple of kN kWES
+  constexpr int kN = N * kW;
+  constexpr int kAl = (kN * kWES) % 16 == 0 ? 16 : 8;
+  constexpr int kBAl = N * kWES < 16 ? N * kWES : 16;
   Raw<kN, kWES> r;
   load_raw<kN, kWES>(r, (const char*)p.weight + c0 * (Ix)(kW * kWES), kN, kAl);
-  Raw<kVecF, kWES> rb{};  // zero bits: a 0 bias in every dtype
-  if (p.has_bias) load_raw<kVecF, kWES>(rb, (const char*)p.bias + c0 * (Ix)kWES, kVecF, kVecF * kWES);
+  Raw<N, kWES> rb{};  // zero bits: a 0 bias in every dtype
+  if (p.has_bias) load_raw<N, kWES>(rb, (const char*)p.bias + c0 * (Ix)kWES, N, kBAl);
 #pragma unroll
-  for (int i = 0; i < kVecF; ++i) {
+  for (int i = 0; i < N; ++i) {
 #pragma unroll
     for (int k = 0; k < kW; ++k) w[k][i] = elem<WDT>(r, i * kW + k);
     bias[i] = elem<WDT>(rb, i);
+  }
+}
+// The short walks' weights and bias (full lane slices): with p.w_vec packed, W / 2 (16-bit, W even)
+// or W (8-byte loads of 16-bit W = 3, 16-byte of fp32) vector loads and one for the bias, where
+// lane_weights issues W + 1 scalar loads a channel, each with its own index product (ncu, H200,
+// b32 L60 d640: 20 of the forward's 34 loads).
+template <typename Ix>
+__device__ __forceinline__ void lane_weights_short(float (&w)[kW][kVecF], float (&bias)[kVecF], const Conv1dParams& p,
+                                                   Ix c0) {
+  if (p.w_vec) lane_weights_packed<kVecF>(w, bias, p, c0);
+  else lane_weights(w, bias, p, c0);
+}
+// A lean forward stage (the ring section's note): rows it * kRows + j (j < kRows) of a warp's kT from
+// the ring stage at rx, a lane on N channels (N x kES bytes a row slice, 32 slices a stage row); x at
+// row r - H + k (k < H) sits in slot (j + k) % H of xh, kRows a multiple of H; the last stage may be
+// partial (kCheck). The 4-channel lean walk (fwd_cl_lean) and the 8-channel wide one (fwd_cl_wide).
+template <int N, int kRows, bool kSilu, bool kCheck>
+__device__ __forceinline__ void lean_fwd_stage(const float (&w)[kW][N], const float (&bias)[N], float (&xh)[kH][N],
+                                               u32 rx, char* outs, i64 so, int it) {
+  static_assert(kRows % kH == 0, "a lean stage must hold whole history periods");
+  constexpr int kSliceB = N * kES;
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) {
+    if (kCheck && it * kRows + j >= kT) break;
+    Raw<N, kES> xraw;
+    lds_raw(xraw, rx + j * (32 * kSliceB));
+    float xr[N], o[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      xr[i] = elem<DT>(xraw, i);
+      float acc = bias[i];
+#pragma unroll
+      for (int k = 0; k < kH; ++k) acc = fmaf(w[k][i], xh[(j + k) % kH][i], acc);
+      acc = fmaf(w[kH][i], xr[i], acc);
+      o[i] = kSilu ? silu(acc) : acc;
+    }
+    Raw<N, kES> out;
+    pack_raw<DT, N>(out, o);
+    store_raw<N, kES>(outs + j * so, out, N, kSliceB);
+#pragma unroll
+    for (int i = 0; i < N; ++i) xh[j % kH][i] = xr[i];
   }
 }
 // The short forward's rows: every row's vector load is issued first (short_load, from an address
@@ -563,32 +600,6 @@ __device__ __forceinline__ void fwd_cl(const Conv1dParams& p, u32 ring) {
 // (no final states to write), full lane slices, rows of x and out aligned, no seq_idx: at L >= 256
 // nearly every warp. Stage `it`: rows r = it kR + j; the last stage is partial (kCheck).
 constexpr int kNIF = (kT + kR - 1) / kR;
-template <bool kSilu, bool kCheck>
-__device__ __forceinline__ void lean_fwd_stage(const float (&w)[kW][kVecF], const float (&bias)[kVecF],
-                                               float (&xh)[kH][kVecF], u32 rx, char* outs, i64 so, int it) {
-#pragma unroll
-  for (int j = 0; j < kR; ++j) {
-    if (kCheck && it * kR + j >= kT) break;
-    RowRaw xraw;
-    lds_raw(xraw, rx + j * kRowStride);
-    float xr[kVecF], o[kVecF];
-#pragma unroll
-    for (int i = 0; i < kVecF; ++i) {
-      xr[i] = elem<DT>(xraw, i);
-      // x at row r - H + k (k < H): slot (j + k) % H
-      float acc = bias[i];
-#pragma unroll
-      for (int k = 0; k < kH; ++k) acc = fmaf(w[k][i], xh[(j + k) % kH][i], acc);
-      acc = fmaf(w[kH][i], xr[i], acc);
-      o[i] = kSilu ? silu(acc) : acc;
-    }
-    RowRaw out;
-    pack_raw<DT, kVecF>(out, o);
-    store_raw<kVecF, kES>(outs + j * so, out, kVecF, kRowB);
-#pragma unroll
-    for (int i = 0; i < kVecF; ++i) xh[j % kH][i] = xr[i];
-  }
-}
 template <bool kSilu>
 __device__ __forceinline__ void fwd_cl_lean(const Conv1dParams& p, u32 ring, i64 b, i64 c0, i64 ts) {
   const int lane = threadIdx.x % 32;
@@ -618,8 +629,8 @@ __device__ __forceinline__ void fwd_cl_lean(const Conv1dParams& p, u32 ring, i64
     issue(it + kSL - 1);
     cp_async_wait<kSL - 1>();  // stage it's rows are in the ring
     const u32 off = (it % kSL) * kStageL;
-    if (it >= kT / kR) lean_fwd_stage<kSilu, true>(w, bias, xh, rx + off, outs, so, it);  // rows past kT
-    else lean_fwd_stage<kSilu, false>(w, bias, xh, rx + off, outs, so, it);
+    if (it >= kT / kR) lean_fwd_stage<kVecF, kR, kSilu, true>(w, bias, xh, rx + off, outs, so, it);  // rows past kT
+    else lean_fwd_stage<kVecF, kR, kSilu, false>(w, bias, xh, rx + off, outs, so, it);
     outs += kR * so;
   }
 }
@@ -768,32 +779,6 @@ constexpr u32 kStageW = kRW * kRowStrideW;  // 1.5 / 2 KB a stage: 6 / 8 KB a wa
 constexpr int kNIW = (kT + kRW - 1) / kRW;  // stages of a warp's walk (the last partial if kRW = 3)
 using RowRawW = Raw<kVW, 2>;
 
-// Rows it * kRW + j of the walk from the ring stage at rx: as lean_fwd_stage, 8 channels a lane.
-template <bool kSilu, bool kCheck>
-__device__ __forceinline__ void wide_stage(const float (&w)[kW][kVW], const float (&bias)[kVW], float (&xh)[kH][kVW],
-                                           u32 rx, char* outs, i64 so, int it) {
-#pragma unroll
-  for (int j = 0; j < kRW; ++j) {
-    if (kCheck && it * kRW + j >= kT) break;
-    RowRawW xraw;
-    lds_raw(xraw, rx + j * kRowStrideW);
-    float xr[kVW], o[kVW];
-#pragma unroll
-    for (int i = 0; i < kVW; ++i) {
-      xr[i] = elem<DT>(xraw, i);
-      float acc = bias[i];
-#pragma unroll
-      for (int k = 0; k < kH; ++k) acc = fmaf(w[k][i], xh[(j + k) % kH][i], acc);  // row r - H + k: slot (j + k) % H
-      acc = fmaf(w[kH][i], xr[i], acc);
-      o[i] = kSilu ? silu(acc) : acc;
-    }
-    RowRawW out;
-    pack_raw<DT, kVW>(out, o);
-    store_raw<kVW, 2>(outs + j * so, out, kVW, kRowBW);
-#pragma unroll
-    for (int i = 0; i < kVW; ++i) xh[j % kH][i] = xr[i];
-  }
-}
 template <bool kSilu>
 __device__ __forceinline__ void fwd_cl_wide(const Conv1dParams& p, u32 ring, i64 b, i64 c0, i64 ts) {
   const int lane = threadIdx.x % 32;
@@ -823,20 +808,8 @@ __device__ __forceinline__ void fwd_cl_wide(const Conv1dParams& p, u32 ring, i64
   // weights and bias (host: packed, `weights_packed`): the lane's 8 x W weights one contiguous run
   // of 16-byte loads, its biases 16-byte vectors (per-element loads here held 2 address registers
   // a load and spilled); history: rows ts - H .. ts - 1 (x, or initial_states / 0 before 0)
-  constexpr int kWES = WDT == 2 ? 4 : 2;
   float w[kW][kVW], bias[kVW], xh[kH][kVW];
-  {
-    Raw<kVW * kW, kWES> rw;
-    load_raw<kVW * kW, kWES>(rw, (const char*)p.weight + c0 * (kW * kWES), kVW * kW, 16);
-    Raw<kVW, kWES> rb{};  // zero bits: a 0 bias in every dtype
-    if (p.has_bias) load_raw<kVW, kWES>(rb, (const char*)p.bias + c0 * kWES, kVW, 16);
-#pragma unroll
-    for (int i = 0; i < kVW; ++i) {
-#pragma unroll
-      for (int k = 0; k < kW; ++k) w[k][i] = elem<WDT>(rw, i * kW + k);
-      bias[i] = elem<WDT>(rb, i);
-    }
-  }
+  lane_weights_packed<kVW>(w, bias, p, c0);
 #pragma unroll
   for (int j = 0; j < kH; ++j) {
     const i64 t = ts - kH + j;
@@ -856,8 +829,8 @@ __device__ __forceinline__ void fwd_cl_wide(const Conv1dParams& p, u32 ring, i64
       issue(it + kSW - 1);
       cp_async_wait<kSW - 1>();  // stage it's rows are in the ring
       const u32 off = (it % kSW) * kStageW;
-      if (it >= kT / kRW) wide_stage<kSilu, true>(w, bias, xh, rx + off, outs + it * kRW * so, so, it);  // rows past kT
-      else wide_stage<kSilu, false>(w, bias, xh, rx + off, outs + it * kRW * so, so, it);
+      if (it >= kT / kRW) lean_fwd_stage<kVW, kRW, kSilu, true>(w, bias, xh, rx + off, outs + it * kRW * so, so, it);  // rows past kT
+      else lean_fwd_stage<kVW, kRW, kSilu, false>(w, bias, xh, rx + off, outs + it * kRW * so, so, it);
     }
     return;
   }

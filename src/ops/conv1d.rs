@@ -330,12 +330,11 @@ fn cf_fast(p: &Conv1dParams, dt: DType) -> bool {
         && rows16(p.out, &p.out_s)
 }
 
-/// Whether every lane slice of a channel-last tensor like x is CL_CHANNELS elements at a
-/// CL_CHANNELS-aligned offset (the kernels' `rows_aligned`): base, batch and time strides.
-fn cl_rows_aligned(base: u64, s: &[i64; 3], dt: DType) -> bool {
-    base % (CL_CHANNELS as u64 * dt.size() as u64) == 0
-        && s[0] % CL_CHANNELS == 0
-        && s[2] % CL_CHANNELS == 0
+/// Whether every lane slice of a channel-last tensor like x is `channels` elements at a
+/// `channels`-aligned offset (the kernels' `rows_aligned`): base, batch and time strides.
+/// CL_CHANNELS for the 4-channel kernels, CL_WIDE_CHANNELS for the wide forward.
+fn cl_rows_aligned(base: u64, s: &[i64; 3], dt: DType, channels: i64) -> bool {
+    base % (channels as u64 * dt.size() as u64) == 0 && s[0] % channels == 0 && s[2] % channels == 0
 }
 
 /// Whether a channel-last launch of `rows` positions a warp takes the short-walk entries
@@ -353,7 +352,9 @@ fn cl_short(
         && idx32
         && p.has_seq == 0
         && p.dim % CL_CHANNELS == 0
-        && tensors.iter().all(|(b, s)| cl_rows_aligned(*b, s, dt))
+        && tensors
+            .iter()
+            .all(|(b, s)| cl_rows_aligned(*b, s, dt, CL_CHANNELS))
 }
 
 /// Channels a lane of the wide channel-last forward (`causal_conv1d_fwd_cl_wide`): one 16-byte
@@ -375,15 +376,12 @@ fn cl_wide(
     bias: Option<&TensorView>,
 ) -> bool {
     static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let aligned = |base: u64, s: &[i64; 3]| {
-        base % 16 == 0 && s[0] % CL_WIDE_CHANNELS == 0 && s[2] % CL_WIDE_CHANNELS == 0
-    };
     rows == CL_STEPS
         && dt != DType::F32
         && p.has_seq == 0
         && p.dim % CL_WIDE_CHANNELS == 0
-        && aligned(p.x, &p.x_s)
-        && aligned(p.out, &p.out_s)
+        && cl_rows_aligned(p.x, &p.x_s, dt, CL_WIDE_CHANNELS)
+        && cl_rows_aligned(p.out, &p.out_s, dt, CL_WIDE_CHANNELS)
         && weights_packed(weight, bias, CL_WIDE_CHANNELS)
         && *WIDE.get_or_init(|| std::env::var("FLASHSCAN_CONV1D_WIDE").as_deref() != Ok("0"))
 }
@@ -1227,8 +1225,13 @@ mod tests {
         p.dim = 642; // a partial last slice
         assert!(!ok(&p, 8));
         // fp32 slices are 16 bytes: an 8-byte aligned base is not enough
-        assert!(!cl_rows_aligned(4104, &[640, 1, 4], DType::F32));
-        assert!(cl_rows_aligned(4112, &[640, 1, 4], DType::F32));
+        assert!(!cl_rows_aligned(
+            4104,
+            &[640, 1, 4],
+            DType::F32,
+            CL_CHANNELS
+        ));
+        assert!(cl_rows_aligned(4112, &[640, 1, 4], DType::F32, CL_CHANNELS));
 
         // channel-first bf16 rows of 64 positions (2 x 8 elements a thread), aligned
         let mut q = Conv1dParams {
