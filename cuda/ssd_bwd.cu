@@ -1842,6 +1842,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_db2(cons
 // blocks above the diagonal with the decay factored as ssd2_chunk_scan's (one FMUL an element)
 // 546 -> 545 us; the CB columns refilled in registers as each pair is consumed 545 -> 570 (16-32
 // bytes of spills); the diagonal block's warps skipping the k16 steps with every l < s 545 -> 550.
+// MEASURED (H200, 2026-11-29 stop 30, benches/results/2026-11-29-h200-ssd-epilogues/): the
+// epilogue's x / g reads issued before their first use, whole tiles without checks, and one D
+// load for a per-head D (lane_d; 16 with their 64-bit index products before): 544 -> 523 us
+// (predicted ~500, from the same change in ssd2_chunk_scan's epilogue: 416 -> 361 us).
 #if FS_DTYPE != 2
 // acc += W^T g for the 64 x 64 block of l-block l0 (g's tile at lane address gb, .trans B operand):
 // the A fragment of k16 step kk from the n8 columns 2 kk, 2 kk + 1 of cbv (CB[l, s] at row s = s_of,
@@ -2022,38 +2026,55 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_dx16(con
         if (k + 1 < nblk) __syncthreads();  // stage k & 1 is refilled by the next iteration
     }
 
-    // 3. epilogue: g of the rows s from the diagonal block's tile (the last one loaded)
+    // 3. epilogue: g of the rows s from the diagonal block's tile (the last one loaded). Every
+    // shared-memory read is issued before the first use (behind per-element column checks each
+    // waited alone, as in ssd2_chunk_scan's epilogue); a whole tile (64 rows and channels, aligned
+    // dx rows) takes no checks.
     const u16* s_gd = s_g[(nblk - 1) & 1];
     float dv[8][2];
     lane_d(dv, p, h, p0, hd, t2);
     float dd[8][2], rt[2] = {0.f, 0.f};
 #pragma unroll
     for (int jn = 0; jn < 8; ++jn) dd[jn][0] = dd[jn][1] = 0.f;
+    u32 xw[2][8], gw[2][8];
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        const int r = r0 + 8 * hh, s = m0 + r;
-        if (s >= len) continue;
-        const float dts = s_dt[s];
-        u16* const o16 = (u16*)q.dx + b * q.dx_s[0] + (c0 + s) * q.dx_s[1] + h * q.dx_s[2] + p0;
+    for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
-        for (int jn = 0; jn < 8; ++jn) {
-            const int col = 8 * jn + t2;
-            if (col >= hd) continue;
-            const float2 xv = unpack2<DT>(*(const u32*)(s_x + r * kLd64 + col));
-            const float2 gv = unpack2<DT>(*(const u32*)(s_gd + r * kLd64 + col));
-            const float a0 = acc[jn][2 * hh], a1 = acc[jn][2 * hh + 1];
-            rt[hh] += xv.x * a0 + xv.y * a1;
-            dd[jn][0] += gv.x * xv.x;
-            dd[jn][1] += gv.y * xv.y;
-            const float v0 = dts * a0 + dv[jn][0] * gv.x, v1 = dts * a1 + dv[jn][1] * gv.y;
-            if (q.vec_x) {
-                *(u32*)(o16 + col) = pack2<DT>(v0, v1);
-            } else {
-                o16[col] = f32_to_half<DT>(v0);
-                if (col + 1 < hd) o16[col + 1] = f32_to_half<DT>(v1);
+        for (int jn = 0; jn < 8; ++jn) {  // (rows and columns past the valid ones were zero-filled)
+            const int off = (r0 + 8 * hh) * kLd64 + 8 * jn + t2;
+            xw[hh][jn] = *(const u32*)(s_x + off);
+            gw[hh][jn] = *(const u32*)(s_gd + off);
+        }
+    auto epilogue = [&](auto full) {
+        constexpr bool kFull = decltype(full)::value;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int r = r0 + 8 * hh, s = m0 + r;
+            if (!kFull && s >= len) continue;
+            const float dts = s_dt[s];
+            u16* const o16 = (u16*)q.dx + b * q.dx_s[0] + (c0 + s) * q.dx_s[1] + h * q.dx_s[2] + p0;
+#pragma unroll
+            for (int jn = 0; jn < 8; ++jn) {
+                const int col = 8 * jn + t2;
+                if (!kFull && col >= hd) continue;
+                const float2 xv = unpack2<DT>(xw[hh][jn]);
+                const float2 gv = unpack2<DT>(gw[hh][jn]);
+                const float a0 = acc[jn][2 * hh], a1 = acc[jn][2 * hh + 1];
+                rt[hh] += xv.x * a0 + xv.y * a1;
+                dd[jn][0] += gv.x * xv.x;
+                dd[jn][1] += gv.y * xv.y;
+                const float v0 = dts * a0 + dv[jn][0] * gv.x, v1 = dts * a1 + dv[jn][1] * gv.y;
+                if (kFull || q.vec_x) {
+                    *(u32*)(o16 + col) = pack2<DT>(v0, v1);
+                } else {
+                    o16[col] = f32_to_half<DT>(v0);
+                    if (col + 1 < hd) o16[col + 1] = f32_to_half<DT>(v1);
+                }
             }
         }
-    }
+    };
+    if (q.vec_x && hd >= kTile && m0 + kTile <= len) epilogue(Flag<true>{});
+    else epilogue(Flag<false>{});
     float r1[2] = {rt[0] - r2[0], rt[1] - r2[1]};
     const i64 row0 = (i64)blockIdx.z * p.seqlen * kTiles + blockIdx.y;
     store_rows(r1, q.x1 + row0, c0, m0, len);

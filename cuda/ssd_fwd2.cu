@@ -107,6 +107,14 @@
 // The same factoring in ssd_bwd_chunk_dx16 moved it 546 -> 545 us (dropped: its CB loads, not its
 // MUFU, hold it).
 //
+// MEASURED 2026-11-29, stop 30 (H200, same-lease A/B, benches/results/2026-11-29-h200-ssd-epilogues/):
+// ncu put ~25% of the scan's stall samples in the epilogue: 16 D loads with 64-bit index products
+// (three dtype copies of them in the code), then per element a column check, an x read from shared
+// memory waited on alone, has_z / vec_out tests. D now comes from shared memory (one load a thread,
+// channel_d), every shared read of the epilogue is issued first, and a whole tile takes no checks
+// (store_y_rows<kFull>): the scan 416 -> 360-361 us (predicted ~360-370; 195 -> 166 M warp
+// instructions), forward 643-646 -> 588-589 us of kernels, Triton 688 in the same process.
+//
 // Compile-time constants (host prelude): FS_DTYPE (0 fp16, 1 bf16), FS_CHUNK (64, 128 or 256).
 
 #include "common/ssd.cuh"
@@ -562,38 +570,62 @@ __device__ __forceinline__ void accumulate_cbf_x(float (&acc)[8][4], const float
 }
 
 // The output tile: rows r0, r0 + 8 of positions t0 + r (r < rows), channels p0 + col (col < hd):
-// acc + D x (x of row r from xd, the diagonal block's x tile), times silu(z) (z tile zt), stored.
-// D is read once per column and each row's output pointer formed once (per element they were most
-// of the epilogue's instructions).
-__device__ __forceinline__ void store_y(const Ssd2Params& q, const float (&acc)[8][4], const u16* xd, const u16* zt,
-                                       i64 b, i64 h, i64 t0, int rows, int p0, int hd, int r0, int t2) {
-    const SsdParams& p = q.p;
-    float dv[8][2];
-    lane_d(dv, p, h, p0, hd, t2);
+// acc + D x (x of row r from xd, the diagonal block's x tile; D from s_d, the tile's 64 channels,
+// 0 past hd), times silu(z) (z tile zt), stored. Every shared-memory read is issued before the first
+// use: behind per-element column checks and has_z / vec_out tests each waited alone, and this
+// epilogue took ~25% of the scan's stall samples (ncu, b8 L2048, H200, 2026-11-29).
+// kFull: a tile of 64 valid rows and columns with 4-byte aligned output pairs (no checks).
+template <bool kFull>
+__device__ __forceinline__ void store_y_rows(const Ssd2Params& q, bool has_z, const float (&acc)[8][4], const u16* xd,
+                                            const u16* zt, const float* s_d, u16* o16, i64 ostride, int rows, int hd,
+                                            int r0, int t2) {
+    float2 dv[8];
+    u32 xv[2][8], zv[2][8];
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn) {
+        dv[jn] = *(const float2*)(s_d + 8 * jn + t2);
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {  // (rows past the tile's valid ones were zero-filled)
+            const int off = (r0 + 8 * hh) * kLd64 + 8 * jn + t2;
+            xv[hh][jn] = *(const u32*)(xd + off);
+            zv[hh][jn] = has_z ? *(const u32*)(zt + off) : 0u;
+        }
+    }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         const int r = r0 + 8 * hh;
-        if (r >= rows) continue;
-        const i64 orow = b * p.out_s[0] + (t0 + r) * p.out_s[1] + h * p.out_s[2] + p0;
-        u16* const o16 = (u16*)p.out + orow;
+        if (!kFull && r >= rows) continue;
+        u16* const orow = o16 + r * ostride;
 #pragma unroll
         for (int jn = 0; jn < 8; ++jn) {
             const int col = 8 * jn + t2;
-            if (col >= hd) continue;
-            const float2 xv = unpack2<DT>(*(const u32*)(xd + r * kLd64 + col));
-            float v0 = acc[jn][2 * hh] + dv[jn][0] * xv.x, v1 = acc[jn][2 * hh + 1] + dv[jn][1] * xv.y;
-            if (p.has_z) {
-                const float2 zv = unpack2<DT>(*(const u32*)(zt + r * kLd64 + col));
-                v0 *= silu(zv.x);
-                v1 *= silu(zv.y);
+            if (!kFull && col >= hd) continue;
+            const float2 xv2 = unpack2<DT>(xv[hh][jn]);
+            float v0 = acc[jn][2 * hh] + dv[jn].x * xv2.x, v1 = acc[jn][2 * hh + 1] + dv[jn].y * xv2.y;
+            if (has_z) {
+                const float2 zv2 = unpack2<DT>(zv[hh][jn]);
+                v0 *= silu(zv2.x);
+                v1 *= silu(zv2.y);
             }
-            if (q.vec_out) {
-                *(u32*)(o16 + col) = pack2<DT>(v0, v1);
+            if (kFull || q.vec_out) {
+                *(u32*)(orow + col) = pack2<DT>(v0, v1);
             } else {
-                o16[col] = f32_to_half<DT>(v0);
-                if (col + 1 < hd) o16[col + 1] = f32_to_half<DT>(v1);
+                orow[col] = f32_to_half<DT>(v0);
+                if (col + 1 < hd) orow[col + 1] = f32_to_half<DT>(v1);
             }
         }
+    }
+}
+__device__ __forceinline__ void store_y(const Ssd2Params& q, const float (&acc)[8][4], const u16* xd, const u16* zt,
+                                       const float* s_d, i64 b, i64 h, i64 t0, int rows, int p0, int hd, int r0,
+                                       int t2) {
+    const SsdParams& p = q.p;
+    u16* const o16 = (u16*)p.out + b * p.out_s[0] + t0 * p.out_s[1] + h * p.out_s[2] + p0;
+    if (q.vec_out && hd >= 64 && rows >= kRows) {  // uniform; has_z tested once, outside the loops
+        if (p.has_z) store_y_rows<true>(q, true, acc, xd, zt, s_d, o16, p.out_s[1], rows, hd, r0, t2);
+        else store_y_rows<true>(q, false, acc, xd, zt, s_d, o16, p.out_s[1], rows, hd, r0, t2);
+    } else {
+        store_y_rows<false>(q, p.has_z, acc, xd, zt, s_d, o16, p.out_s[1], rows, hd, r0, t2);
     }
 }
 
@@ -702,6 +734,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
     const float cl2_m0 = s_cum[m0] * kLog2e;
     if (fast)
         for (int s = threadIdx.x; s < m0; s += kThreads) s_lw[s] = ex2(cl2_m0 - s_lw[s]);
+    // D of the tile's channel threadIdx.x (threads 0 .. 63) for the epilogue, staged over s_cum,
+    // whose last readers come before this loop: written after the loop's first barrier, published
+    // by its second. Loaded here, in flight while the first blocks land (b8 L2048: 363-365 us with
+    // the load after that barrier, 361 here); at chunk 64 the register held through the wait
+    // spilled (NVRTC 13.0: 8 bytes), so that variant loads after the barrier.
+    constexpr bool kDEarly = kQ > 64;
+    float d_own = 0.f;
+    if (kDEarly && threadIdx.x < 64) d_own = channel_d(p, h, p0 + threadIdx.x, (int)threadIdx.x < hd);
+    float* const s_d = s_cum;
     // Source block j: its CB block and x tile landed (and, at j = 0, z); cbv read from s_cb; a
     // barrier (every warp has its cbv, and is past block j - 1's W x, whose x stage is refilled
     // next); block j + 1's CB and x issued; W x of block j under those loads.
@@ -718,6 +759,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
                 cbv[jn][2 * hh] = v.x;
                 cbv[jn][2 * hh + 1] = v.y;
             }
+        if (j == 0 && threadIdx.x < 64)
+            s_d[threadIdx.x] = kDEarly ? d_own : channel_d(p, h, p0 + threadIdx.x, (int)threadIdx.x < hd);
         __syncthreads();
         if (j < i) {
             load_cb_block<kLdCb>(s_cb, cbg + (j + 1) * kRows);
@@ -737,7 +780,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
 
     // epilogue: D x (x of row l from the diagonal block's tile, still in s_x[i & 1]), silu(z) (z from
     // s_c), store
-    store_y(q, acc, s_x[i & 1], s_c, b, h, c0 + m0, len - m0, p0, hd, r0, t2);
+    store_y(q, acc, s_x[i & 1], s_c, s_d, b, h, c0 + m0, len - m0, p0, hd, r0, t2);
 }
 
 // ---- 3'. one short chunk: C B^T, W x and the epilogue in one kernel ------------------------------
@@ -757,6 +800,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan_one(co
     __shared__ __align__(16) u16 s_z[kRows * kLd64];  // positions l x channels p
     __shared__ __align__(16) u16 s_c[kRows * kLd64];  // positions l x states n (64 per step)
     __shared__ __align__(16) u16 s_b[kRows * kLd64];  // positions s x states n
+    __shared__ __align__(16) float s_d[64];           // D of the tile's channels (store_y)
 
     const i64 b = blockIdx.z / p.nheads, h = blockIdx.z % p.nheads;
     const int p0 = blockIdx.y * 64;
@@ -775,6 +819,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan_one(co
     load_tile<kRows, 64, kLd64>(s_c, gc, p.C_s[1], len, ds, q.vec_bc);
     load_tile<kRows, 64, kLd64>(s_b, gb, p.B_s[1], len, ds, q.vec_bc);
     cp_async_commit();
+    // (D published with the prologue by the first C B^T step's barrier)
+    if (threadIdx.x < 64) s_d[threadIdx.x] = channel_d(p, h, p0 + threadIdx.x, (int)threadIdx.x < hd);
     chunk_prologue(p, b, h, 0, len, s_dt, s_cum, s_seg);
     to_log2_weights(s_dt, s_cum);  // published by the first C B^T step's barrier
 
@@ -807,5 +853,5 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan_one(co
     float acc[8][4];
     clear(acc);
     accumulate_wx(acc, cbv, 0, l_of, cl2, seg_l, len, s_dt, s_seg, smem_u32(s_x) + lane_bt(lane, kLd64) * 2);
-    store_y(q, acc, s_x, s_z, b, h, 0, len, p0, hd, r0, t2);
+    store_y(q, acc, s_x, s_z, s_d, b, h, 0, len, p0, hd, r0, t2);
 }

@@ -158,10 +158,28 @@ __device__ __forceinline__ void lane_d_typed(float (&dv)[8][2], const SsdParams&
             dv[jn][u] = col < hd ? v : 0.f;
         }
 }
+// A compile-time flag for a generic lambda's argument (`[&](auto f) { constexpr bool k = decltype(f)::value; }`),
+// so one body serves a checked and an unchecked instantiation.
+template <bool B>
+struct Flag {
+    static constexpr bool value = B;
+};
+
+// D at channel col of head h: one load in D's run-time dtype (0 without D or where !valid). The
+// second-path scans stage a tile's 64 of these in shared memory, one load a thread.
+__device__ __forceinline__ float channel_d(const SsdParams& p, i64 h, int col, bool valid) {
+    return p.has_D && valid ? ld_any(p.D, h * p.D_s[0] + col * p.D_s[1], p.D_dtype) : 0.f;
+}
 __device__ __forceinline__ void lane_d(float (&dv)[8][2], const SsdParams& p, i64 h, int p0, int hd, int t2) {
     if (!p.has_D) {
 #pragma unroll
         for (int jn = 0; jn < 8; ++jn) dv[jn][0] = dv[jn][1] = 0.f;
+    } else if (p.D_s[1] == 0) {  // one D a head (nheads,): one load, not 16
+        const float v = ld_any(p.D, h * p.D_s[0], p.D_dtype);
+#pragma unroll
+        for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+            for (int u = 0; u < 2; ++u) dv[jn][u] = 8 * jn + t2 + u < hd ? v : 0.f;
     } else if (p.D_dtype == 2) {
         lane_d_typed<2>(dv, p, h, p0, hd, t2);
     } else if (p.D_dtype == 1) {
