@@ -246,18 +246,42 @@ __device__ __forceinline__ float4 ld_g4(const SsdBwdParams& q, i64 b, i64 t, i64
     return g;
 }
 
-// The chunk prologue of (b, h, c) from the second path's workspaces (ssd_bwd_prologue): every
-// thread loads; ends with __syncthreads.
-__device__ __forceinline__ void load_prologue(const SsdBwdParams& q, i64 b, i64 h, i64 c, float* s_dt, float* s_cum,
-                                              int* s_seg) {
+// The prologue records (dt', cum, seg) of (b, h, c) from the second path's workspaces
+// (ssd_bwd_prologue): this thread's positions i = threadIdx.x + kThreads k, every load issued before
+// the first use(i, dt', cum, seg). (A strided loop of load -> store waited one memory round trip
+// per position: ~8% of ssd_bwd_chunk_dx16's stall samples at b8 L2048, ncu on the H200, 2026-11-29.)
+template <typename Use>
+__device__ __forceinline__ void prologue_records(const SsdBwdParams& q, i64 b, i64 h, i64 c, Use&& use) {
+    constexpr int kPer = (kQ + kThreads - 1) / kThreads;
     const SsdParams& p = q.f;
     const i64 pro = ((b * p.nheads + h) * p.nchunks + c) * kQ;
     const int* seg = q.pseg + (b * p.nchunks + c) * kQ;
-    for (int i = threadIdx.x; i < kQ; i += kThreads) {
-        s_dt[i] = q.pdt[pro + i];
-        s_cum[i] = q.pcum[pro + i];
-        s_seg[i] = seg[i];
+    float dt[kPer], cum[kPer];
+    int sg[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+        const int i = threadIdx.x + k * kThreads;
+        if (kQ % kThreads == 0 || i < kQ) {
+            dt[k] = q.pdt[pro + i];
+            cum[k] = q.pcum[pro + i];
+            sg[k] = seg[i];
+        }
     }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+        const int i = threadIdx.x + k * kThreads;
+        if (kQ % kThreads == 0 || i < kQ) use(i, dt[k], cum[k], sg[k]);
+    }
+}
+
+// The chunk prologue of (b, h, c) into shared memory; ends with __syncthreads.
+__device__ __forceinline__ void load_prologue(const SsdBwdParams& q, i64 b, i64 h, i64 c, float* s_dt, float* s_cum,
+                                              int* s_seg) {
+    prologue_records(q, b, h, c, [&](int i, float dt, float cum, int sg) {
+        s_dt[i] = dt;
+        s_cum[i] = cum;
+        s_seg[i] = sg;
+    });
     __syncthreads();
 }
 
@@ -1845,7 +1869,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_db2(cons
 // MEASURED (H200, 2026-11-29 stop 30, benches/results/2026-11-29-h200-ssd-epilogues/): the
 // epilogue's x / g reads issued before their first use, whole tiles without checks, and one D
 // load for a per-head D (lane_d; 16 with their 64-bit index products before): 544 -> 523 us
-// (predicted ~500, from the same change in ssd2_chunk_scan's epilogue: 416 -> 361 us).
+// (predicted ~500, from the same change in ssd2_chunk_scan's epilogue: 416 -> 361 us); then its
+// prologue records loaded before their first use (prologue_records; a strided load -> store loop
+// had waited a round trip per position, ~8% of the stall samples): 519.5-519.9 -> 507.1-507.5 us
+// (predicted ~505) in a later lease.
 #if FS_DTYPE != 2
 // acc += W^T g for the 64 x 64 block of l-block l0 (g's tile at lane address gb, .trans B operand):
 // the A fragment of k16 step kk from the n8 columns 2 kk, 2 kk + 1 of cbv (CB[l, s] at row s = s_of,
@@ -1924,16 +1951,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_dx16(con
     load_tile<kRows, 64, kLd64>(s_x, gx, p.x_s[1], len - m0, hd, q.vec_x);
     load_g16(q, s_g[0], b, h, c0 + last * kTile, len - last * kTile, p0, hd);
     cp_async_commit();
-    {
-        const i64 pro = ((b * p.nheads + h) * p.nchunks + c) * kQ;
-        const int* seg = q.pseg + (b * p.nchunks + c) * kQ;
-        for (int i = threadIdx.x; i < kQ; i += kThreads) {
-            s_dt[i] = q.pdt[pro + i];
-            s_c2[i] = q.pcum[pro + i] * kLog2e;
-            s_seg[i] = seg[i];
-        }
-        __syncthreads();
-    }
+    prologue_records(q, b, h, c, [&](int i, float dt, float cum, int sg) {
+        s_dt[i] = dt;
+        s_c2[i] = cum * kLog2e;
+        s_seg[i] = sg;
+    });
+    __syncthreads();
     const int lane = threadIdx.x & 31, w16 = 16 * (threadIdx.x >> 5), t2 = 2 * (lane & 3);
     const int r0 = w16 + (lane >> 2);  // this thread's rows r0, r0 + 8 of the tile
     int s_of[2], seg_s[2];
