@@ -176,18 +176,36 @@ __device__ __forceinline__ void store_rows(float (&rs)[2], float* dst, i64 c0, i
 // dD partial of a 64-row block: dd[j][i] (this thread's sum over its rows of g x for column
 // acc_col(j, i)) summed over the warp's rows by shuffles, then over the 4 warps in order (s_dd),
 // into ddpart[p0 + col] for the columns < headdim. Every thread calls it.
+// The warp's sum halves its values at each step (a reduce-scatter over the 8 lanes of one column
+// quad: at xor 16 a lane keeps the 8 values of its half and sends the other 8, at xor 8 4, at
+// xor 4 2), so lane l ends with the sums of columns 8 j + 2 (l % 4) + {0, 1}, j = 4 b4 + 2 b3 + b2
+// (b_k: bit k of l): 14 shuffles instead of 48 (ncu, ssd_bwd_chunk_dx16 on the H200, 2026-11-29:
+// the 48-shuffle chains held ~9% of its stall samples; dx16 509.4-509.7 -> 500.4-501.3 us in one
+// lease). tests/test_ssd_bwd_dd_model.py replays the lane mapping on the CPU.
+// One step of store_dd's reduce-scatter: of v[0 .. 2 N), a lane keeps the N values of its half
+// (bit 2 N of the lane: the upper half) in v[0 .. N), plus its partner's (lane ^ 2 N) same half.
+template <int N>
+__device__ __forceinline__ void halve_sum(float (&v)[16], int lane) {
+    const bool upper = lane & (2 * N);
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+        const float keep = upper ? v[k + N] : v[k], send = upper ? v[k] : v[k + N];
+        v[k] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * N);
+    }
+}
 __device__ __forceinline__ void store_dd(float (&dd)[8][2], float (*s_dd)[kTile], float* ddpart, int p0, int headdim) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    float v[16];  // v[2 j + i] = dd[j][i]
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            float v = dd[j][i];
-            v += __shfl_xor_sync(0xffffffffu, v, 4);
-            v += __shfl_xor_sync(0xffffffffu, v, 8);
-            v += __shfl_xor_sync(0xffffffffu, v, 16);
-            if (lane < 4) s_dd[w][8 * j + 2 * lane + i] = v;
-        }
+    for (int j = 0; j < 8; ++j) {
+        v[2 * j] = dd[j][0];
+        v[2 * j + 1] = dd[j][1];
+    }
+    halve_sum<8>(v, lane);
+    halve_sum<4>(v, lane);
+    halve_sum<2>(v, lane);
+    const int j = 4 * ((lane >> 4) & 1) + 2 * ((lane >> 3) & 1) + ((lane >> 2) & 1);
+    *(float2*)&s_dd[w][8 * j + 2 * (lane & 3)] = make_float2(v[0], v[1]);
     __syncthreads();
     for (int col = threadIdx.x; col < kTile; col += kThreads) {
         float v = 0.f;
@@ -386,7 +404,7 @@ __device__ __forceinline__ void chunk_out(const SsdBwdParams& q) {
     const SsdParams& p = q.f;
     __shared__ float s_dt[kQ], s_cum[kQ];
     __shared__ int s_seg[kQ];
-    __shared__ float s_dd[kThreads / 32][kTile];
+    __shared__ __align__(8) float s_dd[kThreads / 32][kTile];
     const i64 b = blockIdx.z / p.nheads, h = blockIdx.z % p.nheads;
     const i64 c = blockIdx.x / kMBlocks;
     const int m0 = (blockIdx.x % kMBlocks) * kTile, p0 = blockIdx.y * kTile;
@@ -673,7 +691,7 @@ __device__ __forceinline__ void chunk_dx(const SsdBwdParams& q) {
     // 64 columns s, pitch kLdt, read transposed as the A operand).
     __shared__ __align__(16) float s_bc[2 * kTile * kLd];
     __shared__ __align__(16) float s_x[kTile][kLdt];  // g: positions l x channels p; dS^T: states k x channels p
-    __shared__ float s_dd[kThreads / 32][kTile];      // second path: the dD partial's per-warp sums
+    __shared__ __align__(8) float s_dd[kThreads / 32][kTile];      // second path: the dD partial's per-warp sums
     __shared__ float s_v[kTile];                      // second path: v_s of this block's rows
     float* s_b = s_bc;
     float* s_c = s_bc + kTile * kLd;
@@ -1929,7 +1947,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd_bwd_chunk_dx16(con
     __shared__ __align__(16) u16 s_x[kRows * kLd64];     // x: positions s x channels p
     __shared__ __align__(16) u16 s_b[kRows * kLd32];     // B: positions s x 32 states (state term, even steps)
     __shared__ __align__(16) u16 s_h[2][kRows * kLd32];  // dS_c: channels p x 32 states (step parity)
-    __shared__ float s_dd[kThreads / 32][kTile];
+    __shared__ __align__(8) float s_dd[kThreads / 32][kTile];
     static_assert(kRows * kLd32 <= kRows * kLd64, "the odd steps' B tile lives in s_g[1]");
 
     const i64 b = blockIdx.z / p.nheads, h = blockIdx.z % p.nheads;
