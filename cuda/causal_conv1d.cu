@@ -350,6 +350,23 @@ constexpr int kSL = 3;                    // stages a warp: two in flight while 
 constexpr u32 kStageL = kR * kRowStride;  // 1.5 KB (16-bit) / 3 KB (fp32) a stage and tensor
 static_assert(kR % kH == 0, "a lean stage must hold whole history periods");
 
+// Stage q of a warp's walk of kWalk rows, kStageRows a stage, into ring slot q % kSlots of the
+// warp's ring at dst ([slot][row][lane], rows 32 kSliceB bytes apart): this lane's kSliceB-byte slice
+// of each row from src, which then moves on a stage of rows (stride: bytes a row); a stage past
+// the walk issues nothing. The caller commits the group. (The lean forward walk and the wide one.)
+template <int kSliceB, int kStageRows, int kSlots, int kWalk>
+__device__ __forceinline__ void ring_issue(u32 dst, const char*& src, i64 stride, int q) {
+  constexpr u32 kRowPitch = 32 * kSliceB, kSlotBytes = kStageRows * kRowPitch;
+  if (q < (kWalk + kStageRows - 1) / kStageRows) {
+    const u32 off = (q % kSlots) * kSlotBytes;
+#pragma unroll
+    for (int j = 0; j < kStageRows; ++j) {
+      if (q * kStageRows + j < kWalk) cp_async_ca<kSliceB>(dst + off + j * kRowPitch, src + j * stride, kSliceB);
+    }
+    src += kStageRows * stride;
+  }
+}
+
 // Whether every lane's slice of every row of a tensor like x is kRowB-aligned (c0 is a multiple of
 // kVecF and the dim stride is 1).
 __device__ __forceinline__ bool rows_aligned(const void* base, const i64 (&s)[3]) {
@@ -608,14 +625,7 @@ __device__ __forceinline__ void fwd_cl_lean(const Conv1dParams& p, u32 ring, i64
   char* outs = (char*)p.out + (b * p.out_s[0] + c0 + ts * p.out_s[2]) * kES;
   const u32 rx = ring + lane * kRowB;  // this warp's ring: [stage][row][lane]
   auto issue = [&](int q) {
-    if (q < kNIF) {
-      const u32 off = (q % kSL) * kStageL;
-#pragma unroll
-      for (int j = 0; j < kR; ++j) {
-        if (q * kR + j < kT) cp_async_ca<kRowB>(rx + off + j * kRowStride, gx + j * sx, kRowB);
-      }
-      gx += kR * sx;
-    }
+    ring_issue<kRowB, kR, kSL, kT>(rx, gx, sx, q);
     cp_async_commit();
   };
 #pragma unroll
@@ -791,14 +801,7 @@ __device__ __forceinline__ void fwd_cl_wide(const Conv1dParams& p, u32 ring, i64
   const u32 rx = ring + lane * kRowBW;  // this warp's ring: [stage][row][lane]
   const char* gq = gx;                  // the next stage's first row (stages issued in order)
   auto issue = [&](int q) {
-    if (q < kNIW) {
-      const u32 off = (q % kSW) * kStageW;
-#pragma unroll
-      for (int j = 0; j < kRW; ++j) {
-        if (q * kRW + j < kT) cp_async_ca<kRowBW>(rx + off + j * kRowStrideW, gq + j * sx, kRowBW);
-      }
-      gq += kRW * sx;
-    }
+    ring_issue<kRowBW, kRW, kSW, kT>(rx, gq, sx, q);
     cp_async_commit();
   };
   if (walk) {

@@ -173,15 +173,6 @@ __device__ __forceinline__ void store_rows(float (&rs)[2], float* dst, i64 c0, i
     }
 }
 
-// dD partial of a 64-row block: dd[j][i] (this thread's sum over its rows of g x for column
-// acc_col(j, i)) summed over the warp's rows by shuffles, then over the 4 warps in order (s_dd),
-// into ddpart[p0 + col] for the columns < headdim. Every thread calls it.
-// The warp's sum halves its values at each step (a reduce-scatter over the 8 lanes of one column
-// quad: at xor 16 a lane keeps the 8 values of its half and sends the other 8, at xor 8 4, at
-// xor 4 2), so lane l ends with the sums of columns 8 j + 2 (l % 4) + {0, 1}, j = 4 b4 + 2 b3 + b2
-// (b_k: bit k of l): 14 shuffles instead of 48 (ncu, ssd_bwd_chunk_dx16 on the H200, 2026-11-29:
-// the 48-shuffle chains held ~9% of its stall samples; dx16 509.4-509.7 -> 500.4-501.3 us in one
-// lease). tests/test_ssd_bwd_dd_model.py replays the lane mapping on the CPU.
 // One step of store_dd's reduce-scatter: of v[0 .. 2 N), a lane keeps the N values of its half
 // (bit 2 N of the lane: the upper half) in v[0 .. N), plus its partner's (lane ^ 2 N) same half.
 template <int N>
@@ -193,6 +184,16 @@ __device__ __forceinline__ void halve_sum(float (&v)[16], int lane) {
         v[k] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * N);
     }
 }
+
+// dD partial of a 64-row block: dd[j][i] (this thread's sum over its rows of g x for column
+// acc_col(j, i)) summed over the warp's rows by shuffles, then over the 4 warps in order (s_dd),
+// into ddpart[p0 + col] for the columns < headdim. Every thread calls it.
+// The warp's sum halves its values at each step (a reduce-scatter over the 8 lanes of one column
+// quad: at xor 16 a lane keeps the 8 values of its half and sends the other 8, at xor 8 4, at
+// xor 4 2), so lane l ends with the sums of columns 8 j + 2 (l % 4) + {0, 1}, j = 4 b4 + 2 b3 + b2
+// (b_k: bit k of l): 14 shuffles instead of 48 (ncu, ssd_bwd_chunk_dx16 on the H200, 2026-11-29:
+// the 48-shuffle chains held ~9% of its stall samples; dx16 509.4-509.7 -> 500.4-501.3 us in one
+// lease). tests/test_ssd_bwd_dd_model.py replays the lane mapping on the CPU.
 __device__ __forceinline__ void store_dd(float (&dd)[8][2], float (*s_dd)[kTile], float* ddpart, int p0, int headdim) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     float v[16];  // v[2 j + i] = dd[j][i]

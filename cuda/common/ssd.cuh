@@ -175,7 +175,7 @@ __device__ __forceinline__ void lane_d(float (&dv)[8][2], const SsdParams& p, i6
 #pragma unroll
         for (int jn = 0; jn < 8; ++jn) dv[jn][0] = dv[jn][1] = 0.f;
     } else if (p.D_s[1] == 0) {  // one D a head (nheads,): one load, not 16
-        const float v = ld_any(p.D, h * p.D_s[0], p.D_dtype);
+        const float v = channel_d(p, h, 0, true);
 #pragma unroll
         for (int jn = 0; jn < 8; ++jn)
 #pragma unroll
