@@ -2547,14 +2547,18 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_share_sum_db(
 // hi / lo pair (FLASHSCAN_SSD_DSTATE_HILO=1). Both products in one kernel behind a runtime flag cost
 // the split's form 171 -> 181 us at b8 L2048 (NVRTC's register choice under the shared bound).
 // The dout / C tiles in kStateStages stages, as ssd2_chunk_state's (common/ssd_tiles.cuh: 41 KB
-// static on sm_90, still 4 CTAs an SM at 128 registers).
+// static on sm_90, still 4 CTAs an SM at 128 registers). On sm_90a the one-rounding product runs on
+// wgmma as ssd2_chunk_state's (C in swizzled stages, state_product): 149.3 -> 127.3-128.7 us at b8
+// L2048 on the H200 (2026-11-29, stop 31); the hi / lo pair stays on mma.sync.
 template <bool kHiLo>
 __device__ __forceinline__ void chunk_dstate16(const SsdBwdParams& q) {
 #if FS_DTYPE != 2
     const SsdParams& p = q.f;
     __shared__ __align__(8) float s_e[kQ];
     __shared__ __align__(16) u16 s_g[kStateStages][32 * kLd64];   // positions l x channels p
-    __shared__ __align__(16) u16 s_c[kStateStages][32 * kLd128];  // positions l x states n
+    constexpr bool kWg = kStateWg && !kHiLo;                       // the hi / lo pair stays on mma.sync
+    __shared__ StateBTiles<kWg> s_ct;                               // positions l x states n
+    u16* const s_c = s_ct.base();
 
     const i64 bh = blockIdx.z, b = bh / p.nheads, h = bh % p.nheads, c = blockIdx.x;
     const i64 g = h / (p.nheads / p.ngroups);
@@ -2567,7 +2571,8 @@ __device__ __forceinline__ void chunk_dstate16(const SsdBwdParams& q) {
     const u16* gc = (const u16*)p.C + b * p.C_s[0] + c0 * p.C_s[1] + g * p.C_s[2] + n0;
     auto load = [&](int k, int st) {
         load_tile<32, 64, kLd64>(s_g[st], gd + 32 * k * q.dout_s[1], q.dout_s[1], len - 32 * k, hd, q.vec_x);
-        load_tile<32, 128, kLd128>(s_c[st], gc + 32 * k * p.C_s[1], p.C_s[1], len - 32 * k, ds, q.vec_bc);
+        load_state_b<kWg>(s_c + st * StateBTiles<kWg>::kStage, gc + 32 * k * p.C_s[1], p.C_s[1], len - 32 * k, ds,
+                          q.vec_bc);
         cp_async_commit();
     };
     const int nsteps = (len + 31) / 32;
@@ -2580,7 +2585,7 @@ __device__ __forceinline__ void chunk_dstate16(const SsdBwdParams& q) {
     }
     float acc[16][4];
     clear(acc);
-    weighted_state_product<kHiLo, kStateStages>(acc, s_g, s_c, s_e, nsteps, load);
+    state_product<kHiLo, kWg>(acc, s_g, s_c, s_e, nsteps, load);
     store_state_tile(q.dstates + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate, acc, p0, hd, n0, ds,
                      p.dstate);
 #endif

@@ -43,6 +43,9 @@
 //                    (l-block i, s-block j <= i); warp tile 16 l x 64 s, acc[8][4]
 //   ssd2_chunk_state grid (nchunks, ceil(headdim/64) * ceil(dstate/128), batch * nheads); warp tile
 //                    16 p x 128 n, acc[16][4]; K = the chunk's positions, 32 per step, 2 stages
+//                    (3 on sm_90a, where the product runs on wgmma: the warpgroup's m64n128k16
+//                    with x^T w from registers and B from 128B-swizzled stages, common/ssd_tiles.cuh
+//                    weighted_state_product_wg; mma.sync elsewhere)
 //   ssd2_state_passing grid (batch * nheads), 256 threads x 4 elements per 1024-element block
 //   ssd2_chunk_prep  grid (nchunks, ceil(nheads / 8), batch), 4 warps: dt of 8 heads read together,
 //                    each warp scans two heads' chunks and stores their records
@@ -114,6 +117,14 @@
 // channel_d), every shared read of the epilogue is issued first, and a whole tile takes no checks
 // (store_y_rows<kFull>): the scan 416 -> 360-361 us (predicted ~360-370; 195 -> 166 M warp
 // instructions), forward 643-646 -> 588-589 us of kernels, Triton 688 in the same process.
+//
+// MEASURED 2026-11-29, stop 31 (H200, same-lease A/B, benches/results/2026-11-29-h200-ssd-state-wgmma/):
+// ncu of ssd2_chunk_state had L1 at 77% and L2 at 76% of peak, each warp reading the whole 32 x 128
+// B tile of a step from shared memory by ldmatrix (32 KB a step for the CTA). On wgmma (B read once
+// for the warpgroup from swizzled stages, two m64n128k16 a step, one barrier a step) it runs
+// 143 -> 116.4-116.8 us (predicted ~115), forward 591 -> 563-565 us of kernels (Triton 695 in the
+// same process); ncu then: L2 76%, L1 64%, issue 58%. Capping it at 96 registers for 5 CTAs an SM
+// (16 bytes of stack) measured 119.3: dropped.
 //
 // Compile-time constants (host prelude): FS_DTYPE (0 fp16, 1 bf16), FS_CHUNK (64, 128 or 256).
 
@@ -275,7 +286,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ss
     __shared__ __align__(16) int s_seg[kQ];
     __shared__ __align__(8) float s_w[kQ];
     __shared__ __align__(16) u16 s_x[kStateStages][32 * kLd64];   // positions s x channels p
-    __shared__ __align__(16) u16 s_b[kStateStages][32 * kLd128];  // positions s x states n
+    __shared__ StateBTiles<kStateWg> s_bt;                        // positions s x states n
+    u16* const s_b = s_bt.base();
 
     const i64 b = blockIdx.z / p.nheads, h = blockIdx.z % p.nheads, c = blockIdx.x;
     const i64 g = h / (p.nheads / p.ngroups);
@@ -288,7 +300,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ss
     const u16* gb = (const u16*)p.B + b * p.B_s[0] + c0 * p.B_s[1] + g * p.B_s[2] + n0;
     auto load = [&](int k, int st) {
         load_tile<32, 64, kLd64>(s_x[st], gx + 32 * k * p.x_s[1], p.x_s[1], len - 32 * k, hd, q.vec_x);
-        load_tile<32, 128, kLd128>(s_b[st], gb + 32 * k * p.B_s[1], p.B_s[1], len - 32 * k, ds, q.vec_bc);
+        load_state_b<kStateWg>(s_b + st * StateBTiles<kStateWg>::kStage, gb + 32 * k * p.B_s[1], p.B_s[1], len - 32 * k,
+                               ds, q.vec_bc);
         cp_async_commit();
     };
     const int nsteps = (len + 31) / 32;
@@ -306,7 +319,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ss
 
     float acc[16][4];
     clear(acc);
-    weighted_state_product<false, kStateStages>(acc, s_x, s_b, s_w, nsteps, load);
+    state_product<false, kStateWg>(acc, s_x, s_b, s_w, nsteps, load);
     store_state_tile(p.states + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate, acc, p0, hd, n0, ds,
                      p.dstate);
     if (blockIdx.y == 0 && threadIdx.x == 0)
@@ -329,7 +342,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_varlen_states(const 
     __shared__ __align__(16) int s_seg[kQ];
     __shared__ __align__(8) float s_w[kQ];
     __shared__ __align__(16) u16 s_x[kStateStages][32 * kLd64];   // positions s x channels p
-    __shared__ __align__(16) u16 s_b[kStateStages][32 * kLd128];  // positions s x states n
+    __shared__ StateBTiles<kStateWg> s_bt;                        // positions s x states n
+    u16* const s_b = s_bt.base();
 
     const int i = blockIdx.x;
     const i64 h = blockIdx.z, g = h / (p.nheads / p.ngroups);
@@ -356,7 +370,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_varlen_states(const 
     const u16* gb = (const u16*)p.B + c0 * p.B_s[1] + g * p.B_s[2] + n0;
     auto load = [&](int k, int st) {
         load_tile<32, 64, kLd64>(s_x[st], gx + 32 * k * p.x_s[1], p.x_s[1], len - 32 * k, hd, q.vec_x);
-        load_tile<32, 128, kLd128>(s_b[st], gb + 32 * k * p.B_s[1], p.B_s[1], len - 32 * k, ds, q.vec_bc);
+        load_state_b<kStateWg>(s_b + st * StateBTiles<kStateWg>::kStage, gb + 32 * k * p.B_s[1], p.B_s[1], len - 32 * k,
+                               ds, q.vec_bc);
         cp_async_commit();
     };
     const int nsteps = (len + 31) / 32;
@@ -372,7 +387,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_varlen_states(const 
     // (the first __syncthreads of the loop publishes s_w)
     float acc[16][4];
     clear(acc);
-    weighted_state_product<false, kStateStages>(acc, s_x, s_b, s_w, nsteps, load);
+    state_product<false, kStateWg>(acc, s_x, s_b, s_w, nsteps, load);
     // the carried state, scaled to pe: only where pe continues the sequence that entered the chunk
     const float carry = seg_e == 0 ? ex(cum_e) : 0.f;
     const float* H = p.states + (c * p.nheads + h) * p.headdim * p.dstate;

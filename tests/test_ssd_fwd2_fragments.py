@@ -132,6 +132,80 @@ def test_chunk_state_product_with_weights(warp: int) -> None:
     np.testing.assert_allclose(acc_tile(acc), want, atol=1e-12)
 
 
+# ---- the wgmma form of the chunk-state product (common/ssd_tiles.cuh, sm_90a) ----------------
+K_BZ_BLOCK = 32 * 128  # bytes of one 64-column block of a B stage (kBzBlock)
+
+
+def swizzle128(addr: int) -> int:
+    """The 128-byte swizzle wgmma applies to a shared-memory address: bits [4:6] ^= bits [7:9]."""
+    return addr ^ (((addr >> 7) & 7) << 4)
+
+
+def load_tile_bz(tile: np.ndarray, valid_rows: int, valid_cols: int) -> dict[int, float]:
+    """load_tile_bz's vec path, verbatim: thread t copies 16-byte chunk t % 16 of rows t / 16 + 8 k
+    to (ch >> 3) * kBzBlock + r0 * 128 + (((ch & 7) ^ r0) << 4) + k * 8 * 128 (zero-filled where
+    the row or the column is past the valid ones). Returns byte address -> element."""
+    smem: dict[int, float] = {}
+    for t in range(128):
+        r0, ch = t >> 4, t & 15
+        dst = (ch >> 3) * K_BZ_BLOCK + r0 * 128 + (((ch & 7) ^ r0) << 4)
+        for k in range(4):
+            row, ok = r0 + 8 * k, ch * 8 < valid_cols and r0 + 8 * k < valid_rows
+            for e in range(8):
+                addr = dst + k * 8 * 128 + 2 * e
+                assert addr not in smem, "a byte written twice"
+                smem[addr] = tile[row, ch * 8 + e] if ok else 0.0
+    assert len(smem) == 32 * 128, "every element of the stage written"
+    return smem
+
+
+def wgmma_b_mn_major(smem: dict[int, float], start: int, lbo: int, sbo: int) -> np.ndarray:
+    """The k16 x n128 B operand of wgmma from an MN-major, 128B-swizzled descriptor (PTX ISA:
+    64-element column blocks LBO bytes apart along N, 8-row groups SBO bytes apart along K)."""
+    out = np.zeros((16, 128))
+    for k in range(16):
+        for n in range(128):
+            addr = start + (n // 64) * lbo + (k // 8) * sbo + (k % 8) * 128 + (n % 64) * 2
+            out[k, n] = smem[swizzle128(addr)]
+    return out
+
+
+@pytest.mark.parametrize(("valid_rows", "valid_cols"), [(32, 128), (19, 128), (32, 72)])
+def test_chunk_state_product_on_wgmma(valid_rows: int, valid_cols: int) -> None:
+    """weighted_state_product_wg: B staged by load_tile_bz, read by m64n128k16 through
+    wgmma_desc(b_base + kk * 16 * 128, kBzBlock, 1024); A per warp is the mma.sync A fragment of
+    x^T scaled per position (as above). The warpgroup's product must equal (x^T w) B over the
+    valid rows / columns, zero elsewhere."""
+    rng = np.random.default_rng(5)
+    ldx = 72
+    X = rng.standard_normal((32, 64))
+    Bm = rng.standard_normal((32, 128))
+    w = rng.standard_normal(32)
+    smem = load_tile_bz(Bm, valid_rows, valid_cols)
+    rows_ok = np.arange(32)[:, None] < valid_rows
+    Bv = np.where(rows_ok & (np.arange(128)[None, :] < valid_cols), Bm, 0.0)
+    sx = np.zeros(32 * ldx)
+    for r in range(32):
+        sx[r * ldx : r * ldx + 64] = X[r]
+    got = np.zeros((64, 128))
+    for kk in range(2):
+        B = wgmma_b_mn_major(smem, kk * 16 * 128, K_BZ_BLOCK, 1024)
+        for warp in range(4):
+            w16 = 16 * warp
+            a = ldsm_x4(sx, [w16 + lane_at(lane, ldx) + kk * 16 * ldx for lane in range(32)], True)
+            A = np.zeros((16, 16))
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                wl = w[16 * kk + 2 * t : 16 * kk + 2 * t + 2]
+                wh = w[16 * kk + 2 * t + 8 : 16 * kk + 2 * t + 10]
+                A[g, 2 * t : 2 * t + 2] = a[lane, 0] * wl
+                A[g + 8, 2 * t : 2 * t + 2] = a[lane, 1] * wl
+                A[g, 2 * t + 8 : 2 * t + 10] = a[lane, 2] * wh
+                A[g + 8, 2 * t + 8 : 2 * t + 10] = a[lane, 3] * wh
+            got[w16 : w16 + 16] += A @ B
+    np.testing.assert_allclose(got, (X * w[:, None]).T @ Bv, atol=1e-12)
+
+
 @pytest.mark.parametrize("warp", [1, 3])
 def test_chunk_scan_products(warp: int) -> None:
     """ssd2_chunk_scan: C [l][n] . H [p][n] (non-trans, kLd64, 4 k16 blocks), then W (taken

@@ -1,7 +1,8 @@
 // common/ssd_tiles.cuh: 16-bit operand tiles of the SSD kernels that run on fp16 / bf16 data
-// (cuda/ssd_fwd2.cu, and cuda/ssd_bwd.cu's 16-bit dx kernel): tile pitches, the global -> shared
+// (cuda/ssd_fwd2.cu, and cuda/ssd_bwd.cu's 16-bit kernels): tile pitches, the global -> shared
 // tile load (16-byte cp.async or element loads), the ldmatrix lane addresses of A / B operands
-// stored either way round, and one warp row of m16n8k16 products.
+// stored either way round, one warp row of m16n8k16 products, and the chunk-state product
+// (mma.sync, or on sm_90a wgmma with B in 128B-swizzled stages).
 //
 // Rows are padded by 8 elements (row pitch = 16 bytes mod 128), so the 8 row addresses of one
 // ldmatrix 8 x 8 matrix hit distinct bank groups.
@@ -208,6 +209,152 @@ __device__ __forceinline__ void weighted_state_product(float (&acc)[16][4], u16 
         }
         __syncthreads();
     }
+}
+
+#if defined(FS_ARCH) && FS_ARCH >= 90
+// ---- the same product on wgmma (sm_90a: ssd2_chunk_state, ssd2_varlen_states) -----------------------
+// B's stage is one 32 x 128 tile in wgmma's 128-byte swizzle (common/wgmma.cuh): two 64-column blocks
+// of 32 rows x 128 bytes, kBzBlock bytes apart, the stage 1024-byte aligned. A stays as above (x^T by
+// ldmatrix .trans from the padded s_a, scaled by s_w in registers) and enters as the register operand;
+// the warpgroup's m64n128k16 reads B from shared memory once for the four warps, where mma_row had
+// every warp read all of it by ldmatrix (32 KB of shared-memory reads a step instead of 8: ncu on the
+// H200, 2026-11-29, had L1 at 77% and L2 at 76% of peak in ssd2_chunk_state). The accumulator of
+// m64n128 is acc[16][4]'s layout (wgmma.cuh), so the callers' stores are unchanged.
+#include "common/wgmma.cuh"
+#define FS_SSD_STATE_WGMMA 1
+constexpr int kBzBlock = 32 * 128;              // bytes of one 64-column block (32 rows x 128 B)
+constexpr int kBzStage = 32 * 128;              // u16 elements of one stage (8 KB)
+
+// Shared memory of kStages swizzled B stages plus the slack that aligns them to 1024 bytes.
+template <int kStages>
+struct BzStages {
+    unsigned char raw[kStages * 2 * kBzBlock + 1024];
+    __device__ __forceinline__ u16* base() {
+        return (u16*)(raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u));
+    }
+};
+
+// A 32 x 128 16-bit tile (positions x states: rows < valid_rows, columns < valid_cols, the rest zero)
+// into a swizzled stage s. vec: 16-byte cp.async chunks (the caller commits and waits): thread t
+// copies chunk t % 16 of rows t / 16 + 8 k, which share one swizzle (row % 8), so one shared address
+// a thread and constant offsets a pass; else element stores (synchronous).
+__device__ __forceinline__ void load_tile_bz(u16* s, const u16* g, i64 stride, int valid_rows, int valid_cols,
+                                             bool vec) {
+    static_assert(kThreads == 128, "16 chunks x 8 rows a pass");
+    if (vec) {
+        const int r0 = threadIdx.x >> 4, ch = threadIdx.x & 15;
+        const bool col_ok = ch * 8 < valid_cols;
+        const u16* src = g + r0 * stride + ch * 8;
+        const i64 step = 8 * stride;
+        const u32 dst = smem_u32(s) + (ch >> 3) * kBzBlock + r0 * 128 + (((ch & 7) ^ r0) << 4);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const bool ok = col_ok && r0 + 8 * k < valid_rows;
+            cp_async16(dst + k * 8 * 128, ok ? src : g, ok);
+            src += step;
+        }
+    } else {
+        for (int i = threadIdx.x; i < 32 * 128; i += kThreads) {
+            const int r = i >> 7, col = i & 127;
+            const u16 v = r < valid_rows && col < valid_cols ? __ldg(g + r * stride + col) : (u16)0;
+            *(u16*)((unsigned char*)s + swz_offset(32, r, col)) = v;
+        }
+    }
+}
+
+// weighted_state_product (kHiLo false) with B from swizzled stages (s_bz + stage * kBzStage) and the
+// product on wgmma. Steps 0 .. kStages - 2 issued by the caller (first_stages_n). One barrier a step:
+// step k's group waited for (kStages - 2 younger in flight), made visible to the async proxy, the
+// barrier; then step k + kStages - 1 issued into the stage step k - 1 read (every warp passed the
+// barrier after waiting for its step k - 1 wgmma, so no one reads it any more), A loaded and scaled,
+// two m64n128k16 committed and waited for.
+template <int kStages, typename Load>
+__device__ __forceinline__ void weighted_state_product_wg(float (&acc)[16][4], u16 (*s_a)[32 * kLd64], u16* s_bz,
+                                                          const float* s_w, int nsteps, Load load) {
+    static_assert(kStages >= 2, "stages");
+    float(&d)[64] = *reinterpret_cast<float(*)[64]>(&acc[0][0]);
+    const int lane = threadIdx.x & 31, w16 = 16 * (threadIdx.x >> 5), t2 = 2 * (lane & 3);
+    for (int k = 0; k < nsteps; ++k) {
+        cp_async_wait<kStages - 2>();
+        fence_proxy_async();
+        __syncthreads();
+        const int kn = k + kStages - 1;
+        if (kn < nsteps) load(kn, kn % kStages);
+        else cp_async_commit();  // (an empty group keeps the count of groups in flight uniform)
+        const u32 a_base = smem_u32(s_a[k % kStages] + w16 + lane_at(lane, kLd64));
+        const u32 b_base = smem_u32(s_bz + (k % kStages) * kBzStage);
+        u32 a[2][4];
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+            ldsm_x4_trans(a[kk], a_base + kk * 16 * kLd64 * 2);
+            // a[kk][0], [1] hold positions 2t, 2t + 1 of the k16 step; [2], [3] those + 8
+            const float* w = s_w + 32 * k + 16 * kk + t2;
+            const float2 wl = *(const float2*)w, wh = *(const float2*)(w + 8);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float2 v = unpack2<DT>(a[kk][e]), f = e < 2 ? wl : wh;
+                a[kk][e] = pack2<DT>(v.x * f.x, v.y * f.y);
+            }
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk)
+            wgmma_rs<128, DT, 1>(d, a[kk], wgmma_desc(b_base + kk * 16 * 128, kBzBlock, 1024), 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(d);
+    }
+}
+#else
+#define FS_SSD_STATE_WGMMA 0
+#endif
+
+// The B side of a state product (B in ssd2_chunk_state, C in ssd_bwd_chunk_dstate16): kStateStages
+// stages of 32 positions x 128 columns, swizzled for wgmma (kWg: sm_90a) or padded (kLd128) for
+// mma.sync. kStage: u16 elements from one stage to the next.
+template <bool kWg>
+struct StateBTiles {
+    static constexpr int kStage = 32 * kLd128;
+    u16 t[kStateStages][kStage];
+    __device__ __forceinline__ u16* base() { return &t[0][0]; }
+};
+#if FS_SSD_STATE_WGMMA
+template <>
+struct StateBTiles<true> {
+    static constexpr int kStage = kBzStage;
+    BzStages<kStateStages> z;
+    __device__ __forceinline__ u16* base() { return z.base(); }
+};
+#endif
+// kWg where this build has the wgmma product (sm_90a), else the mma.sync one.
+constexpr bool kStateWg = FS_SSD_STATE_WGMMA != 0;
+
+// One stage of the B side (load_tile_bz or load_tile); the caller commits.
+template <bool kWg>
+__device__ __forceinline__ void load_state_b(u16* s, const u16* g, i64 stride, int valid_rows, int valid_cols,
+                                             bool vec) {
+#if FS_SSD_STATE_WGMMA
+    if constexpr (kWg) {
+        load_tile_bz(s, g, stride, valid_rows, valid_cols, vec);
+        return;
+    }
+#endif
+    load_tile<32, 128, kLd128>(s, g, stride, valid_rows, valid_cols, vec);
+}
+
+// acc += the weighted state product over s_b's stages: weighted_state_product_wg (kWg) or
+// weighted_state_product<kHiLo> (kHiLo only on mma.sync).
+template <bool kHiLo, bool kWg, typename Load>
+__device__ __forceinline__ void state_product(float (&acc)[16][4], u16 (*s_a)[32 * kLd64], u16* s_b, const float* s_w,
+                                              int nsteps, Load load) {
+    static_assert(!(kHiLo && kWg), "the hi / lo product runs on mma.sync");
+#if FS_SSD_STATE_WGMMA
+    if constexpr (kWg) {
+        weighted_state_product_wg<kStateStages>(acc, s_a, s_b, s_w, nsteps, load);
+        return;
+    }
+#endif
+    weighted_state_product<kHiLo, kStateStages>(acc, s_a, (u16(*)[32 * kLd128])s_b, s_w, nsteps, load);
 }
 
 // weighted_state_product's acc into out (fp32, row-major rows p0 + r x dstate columns, from n0):
