@@ -51,7 +51,12 @@
 //                    each warp scans two heads' chunks and stores their records
 //   ssd2_chunk_scan  grid (nchunks * kQ / 64, ceil(headdim/64), batch * nheads); warp tile 16 l x 64 p,
 //                    acc[8][4]; C.H^T 64 states per step (two stages), then the (i + 1) source blocks
-//                    of l-block i (those below the diagonal unmasked when there is no seq_idx)
+//                    of l-block i (those below the diagonal unmasked when there is no seq_idx). On
+//                    sm_90a both products run on wgmma for the warpgroup (the x, C and H tiles 64 x 64
+//                    in the 128-byte swizzle, the region aligned by hand): C.H^T as four m64n64k16 a
+//                    step with C and H K-major from shared memory, W x as four m64n64k16 a block with
+//                    W (or CB f) from registers and x as the MN-major B; each waited for at once
+//                    (deferred to the next block, ptxas serialised every wgmma of the kernel)
 //
 // NVRTC 13.2 (2026-11-23, CPU only): sm_90a / sm_80 registers cb 96-123, state 132 / 134, pass 48,
 // scan <= 128 (__launch_bounds__(128, 4): sm_80 took 166 without it); no stack or local bytes; static
@@ -118,13 +123,16 @@
 // (store_y_rows<kFull>): the scan 416 -> 360-361 us (predicted ~360-370; 195 -> 166 M warp
 // instructions), forward 643-646 -> 588-589 us of kernels, Triton 688 in the same process.
 //
-// MEASURED 2026-11-29, stop 31 (H200, same-lease A/B, benches/results/2026-11-29-h200-ssd-state-wgmma/):
+// MEASURED 2026-11-29, stop 31 (H200, same-lease A/B, benches/results/2026-11-29-h200-ssd-wgmma/):
 // ncu of ssd2_chunk_state had L1 at 77% and L2 at 76% of peak, each warp reading the whole 32 x 128
 // B tile of a step from shared memory by ldmatrix (32 KB a step for the CTA). On wgmma (B read once
 // for the warpgroup from swizzled stages, two m64n128k16 a step, one barrier a step) it runs
 // 143 -> 116.4-116.8 us (predicted ~115), forward 591 -> 563-565 us of kernels (Triton 695 in the
 // same process); ncu then: L2 76%, L1 64%, issue 58%. Capping it at 96 registers for 5 CTAs an SM
-// (16 bytes of stack) measured 119.3: dropped.
+// (16 bytes of stack) measured 119.3: dropped. The same stop moved ssd2_chunk_scan's C.H^T and W x
+// onto wgmma (its LDSM / HMMA streams replaced by eight HGMMA a block pair): 359-360 -> 333.4-334.4
+// us (predicted ~300: the W building, the CB reads and the epilogue stay), forward 561-563 ->
+// 536-537 us of kernels.
 //
 // Compile-time constants (host prelude): FS_DTYPE (0 fp16, 1 bf16), FS_CHUNK (64, 128 or 256).
 
@@ -533,27 +541,56 @@ __device__ __forceinline__ void row_terms(int l0, int len, const float* s_cum, c
 // (so cbv dies as it is used). xb: the x tile's (.trans B operand) lane address in shared memory.
 // Every mask term applies: the diagonal block, and every block of a call with seq_idx (the blocks
 // below the diagonal of a call without take accumulate_cbf_x).
+// The A fragment (k16 step kk) of W for one 64 x 64 source block at s0, every mask term applied
+// (accumulate_wx's element).
+__device__ __forceinline__ void w_frag_masked(u32 (&a)[4], const float (&cbv)[8][4], int kk, int s0,
+                                              const int (&l_of)[2], const float (&cl2)[2], const int (&seg_l)[2],
+                                              int len, const float* s_lw, const int* s_seg) {
+    const int t2 = 2 * (threadIdx.x & 3);
+    float wv[2][4];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        const int jn = 2 * kk + u, s = s0 + 8 * jn + t2;  // s even: 8-byte reads
+        const float2 lw = *(const float2*)(s_lw + s);
+        const int2 seg_s = *(const int2*)(s_seg + s);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int hh = e >> 1, odd = e & 1, l = l_of[hh];
+            const float w = cbv[jn][e] * ex2(cl2[hh] - (odd ? lw.y : lw.x));
+            wv[u][e] = s + odd <= l && l < len && (odd ? seg_s.y : seg_s.x) == seg_l[hh] ? w : 0.f;
+        }
+    }
+    acc_to_a<DT>(a, wv[0], wv[1]);
+}
+
+// The A fragment (k16 step kk) of CB f for a block strictly below the diagonal (accumulate_cbf_x's
+// element).
+__device__ __forceinline__ void w_frag_cbf(u32 (&a)[4], const float (&cbv)[8][4], int kk, int s0, const float* s_f) {
+    const int t2 = 2 * (threadIdx.x & 3);
+    float wv[2][4];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        const int jn = 2 * kk + u;
+        const float2 f = *(const float2*)(s_f + s0 + 8 * jn + t2);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) wv[u][e] = cbv[jn][e] * ((e & 1) ? f.y : f.x);
+    }
+    acc_to_a<DT>(a, wv[0], wv[1]);
+}
+
+// acc += W x for one 64 x 64 source block starting at position s0, W built in the accumulator
+// layout (cbv[jn][e]: row r0 + 8 (e >> 1), column 8 jn + t2 + (e & 1)), which is the A layout of the
+// next mma: the A fragment of k16 block kk from n8 tiles 2 kk, 2 kk + 1, built just before its mma
+// (so cbv dies as it is used). xb: the x tile's (.trans B operand) lane address in shared memory.
+// Every mask term applies: the diagonal block, and every block of a call with seq_idx (the blocks
+// below the diagonal of a call without take accumulate_cbf_x).
 __device__ __forceinline__ void accumulate_wx(float (&acc)[8][4], const float (&cbv)[8][4], int s0, const int (&l_of)[2],
                                               const float (&cl2)[2], const int (&seg_l)[2], int len, const float* s_lw,
                                               const int* s_seg, u32 xb) {
-    const int t2 = 2 * (threadIdx.x & 3);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-        float wv[2][4];
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-            const int jn = 2 * kk + u, s = s0 + 8 * jn + t2;  // s even: 8-byte reads
-            const float2 lw = *(const float2*)(s_lw + s);
-            const int2 seg_s = *(const int2*)(s_seg + s);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int hh = e >> 1, odd = e & 1, l = l_of[hh];
-                const float w = cbv[jn][e] * ex2(cl2[hh] - (odd ? lw.y : lw.x));
-                wv[u][e] = s + odd <= l && l < len && (odd ? seg_s.y : seg_s.x) == seg_l[hh] ? w : 0.f;
-            }
-        }
         u32 a[4];
-        acc_to_a<DT>(a, wv[0], wv[1]);
+        w_frag_masked(a, cbv, kk, s0, l_of, cl2, seg_l, len, s_lw, s_seg);
         mma_row<8, true>(acc, a, xb + kk * 16 * kLd64 * 2, 16 * 2);
     }
 }
@@ -567,22 +604,29 @@ __device__ __forceinline__ void accumulate_wx(float (&acc)[8][4], const float (&
 // increase, so f_s <= 1 and g_l <= 1: neither overflows, and where one underflows so does W.
 __device__ __forceinline__ void accumulate_cbf_x(float (&acc)[8][4], const float (&cbv)[8][4], int s0, const float* s_f,
                                                  u32 xb) {
-    const int t2 = 2 * (threadIdx.x & 3);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-        float wv[2][4];
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-            const int jn = 2 * kk + u;
-            const float2 f = *(const float2*)(s_f + s0 + 8 * jn + t2);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) wv[u][e] = cbv[jn][e] * ((e & 1) ? f.y : f.x);
-        }
         u32 a[4];
-        acc_to_a<DT>(a, wv[0], wv[1]);
+        w_frag_cbf(a, cbv, kk, s0, s_f);
         mma_row<8, true>(acc, a, xb + kk * 16 * kLd64 * 2, 16 * 2);
     }
 }
+
+#if FS_SSD_STATE_WGMMA
+// acc += A x on wgmma (sm_90a): the four k16 steps' A fragments (W or CB f, from registers) times the
+// swizzled 64 x 64 x tile at x_base (positions s x channels p: the MN-major B operand), four
+// m64n64k16 for the warpgroup, committed and waited for (the A registers and the stage stay live
+// until they finish).
+__device__ __forceinline__ void wx_wgmma(float (&acc)[8][4], const u32 (&a)[4][4], u32 x_base) {
+    float(&d)[32] = *reinterpret_cast<float(*)[32]>(&acc[0][0]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs<64, DT, 1>(d, a[kk], wgmma_desc(x_base + kk * 16 * 128, 64 * 128, 1024), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(d);
+}
+#endif
 
 // The output tile: rows r0, r0 + 8 of positions t0 + r (r < rows), channels p0 + col (col < hd):
 // acc + D x (x of row r from xd, the diagonal block's x tile; D from s_d, the tile's 64 channels,
@@ -590,7 +634,8 @@ __device__ __forceinline__ void accumulate_cbf_x(float (&acc)[8][4], const float
 // use: behind per-element column checks and has_z / vec_out tests each waited alone, and this
 // epilogue took ~25% of the scan's stall samples (ncu, b8 L2048, H200, 2026-11-29).
 // kFull: a tile of 64 valid rows and columns with 4-byte aligned output pairs (no checks).
-template <bool kFull>
+// kXSwz: the x tile in the 128-byte swizzle (the wgmma scan), else padded rows of kLd64 (z: always padded).
+template <bool kFull, bool kXSwz>
 __device__ __forceinline__ void store_y_rows(const Ssd2Params& q, bool has_z, const float (&acc)[8][4], const u16* xd,
                                             const u16* zt, const float* s_d, u16* o16, i64 ostride, int rows, int hd,
                                             int r0, int t2) {
@@ -602,7 +647,16 @@ __device__ __forceinline__ void store_y_rows(const Ssd2Params& q, bool has_z, co
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {  // (rows past the tile's valid ones were zero-filled)
             const int off = (r0 + 8 * hh) * kLd64 + 8 * jn + t2;
+#if FS_SSD_STATE_WGMMA
+            if constexpr (kXSwz) {
+                xv[hh][jn] = *(const u32*)((const unsigned char*)xd + swz_offset(kRows, r0 + 8 * hh, 8 * jn + t2));
+            } else {
+                xv[hh][jn] = *(const u32*)(xd + off);
+            }
+#else
+            static_assert(!kXSwz, "the swizzled x tile is the wgmma scan's");
             xv[hh][jn] = *(const u32*)(xd + off);
+#endif
             zv[hh][jn] = has_z ? *(const u32*)(zt + off) : 0u;
         }
     }
@@ -631,16 +685,17 @@ __device__ __forceinline__ void store_y_rows(const Ssd2Params& q, bool has_z, co
         }
     }
 }
+template <bool kXSwz = false>
 __device__ __forceinline__ void store_y(const Ssd2Params& q, const float (&acc)[8][4], const u16* xd, const u16* zt,
                                        const float* s_d, i64 b, i64 h, i64 t0, int rows, int p0, int hd, int r0,
                                        int t2) {
     const SsdParams& p = q.p;
     u16* const o16 = (u16*)p.out + b * p.out_s[0] + t0 * p.out_s[1] + h * p.out_s[2] + p0;
     if (q.vec_out && hd >= 64 && rows >= kRows) {  // uniform; has_z tested once, outside the loops
-        if (p.has_z) store_y_rows<true>(q, true, acc, xd, zt, s_d, o16, p.out_s[1], rows, hd, r0, t2);
-        else store_y_rows<true>(q, false, acc, xd, zt, s_d, o16, p.out_s[1], rows, hd, r0, t2);
+        if (p.has_z) store_y_rows<true, kXSwz>(q, true, acc, xd, zt, s_d, o16, p.out_s[1], rows, hd, r0, t2);
+        else store_y_rows<true, kXSwz>(q, false, acc, xd, zt, s_d, o16, p.out_s[1], rows, hd, r0, t2);
     } else {
-        store_y_rows<false>(q, p.has_z, acc, xd, zt, s_d, o16, p.out_s[1], rows, hd, r0, t2);
+        store_y_rows<false, kXSwz>(q, p.has_z, acc, xd, zt, s_d, o16, p.out_s[1], rows, hd, r0, t2);
     }
 }
 
@@ -653,12 +708,21 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
     __shared__ __align__(16) float s_lw[kQ];  // the prep record (ssd2_chunk_prep)
     __shared__ __align__(16) float s_cum[kQ];
     __shared__ __align__(16) int s_seg[kQ];
-    __shared__ __align__(16) u16 s_x[2][kRows * kLd64];  // source positions s x channels p
-    __shared__ __align__(16) u16 s_c[kRows * kLd64];     // positions l x states n; then z (l x p)
-    // channels p x states n (H_c, rounded) for C.H^T; then the CB block of W x (64 x kLdCb fp32)
-    __shared__ __align__(16) u16 s_h[2][kRows * kLd64];
-    static_assert(kRows * kLdCb * 4 <= sizeof(s_h), "the CB block fits in the H_c stages");
-    float* const s_cb = (float*)s_h[0];
+    // One region (bytes): x stages [0, 2 kXStage) (source positions s x channels p), s_c (positions l x
+    // states n; then z, l x p, padded), s_h's two stages (channels p x states n: H_c, rounded, for
+    // C.H^T; then the CB block of W x, 64 x kLdCb fp32, over both). On wgmma (sm_90a) the x, C and H
+    // tiles are 64 x 64 in the 128-byte swizzle (8 KB, every one 1024-byte aligned: the region is
+    // aligned by hand), elsewhere padded rows of kLd64.
+    constexpr bool kWg = kStateWg;
+    constexpr int kTileB = kRows * kLd64 * 2;                  // 9216: a padded tile (s_c, each s_h stage)
+    constexpr int kXStage = kWg ? kRows * 64 * 2 : kTileB;     // bytes of one x stage
+    __shared__ __align__(128) unsigned char s_raw[(kWg ? 1024 : 0) + 2 * kXStage + 3 * kTileB];
+    unsigned char* const s_al = kWg ? s_raw + ((1024u - (smem_u32(s_raw) & 1023u)) & 1023u) : s_raw;
+    auto s_x = [&](int st) { return (u16*)(s_al + st * kXStage); };
+    u16* const s_c = (u16*)(s_al + 2 * kXStage);
+    auto s_h = [&](int st) { return (u16*)(s_al + 2 * kXStage + (1 + st) * kTileB); };
+    static_assert(kRows * kLdCb * 4 <= 2 * kTileB, "the CB block fits in the H_c stages");
+    float* const s_cb = (float*)s_h(0);
 
     const i64 b = blockIdx.z / p.nheads, h = blockIdx.z % p.nheads;
     const int c = blockIdx.x / kNb, i = blockIdx.x % kNb, m0 = i * kRows, p0 = blockIdx.y * 64;
@@ -668,8 +732,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
     if (m0 >= len) return;  // uniform per block: a tail chunk's empty row blocks
     const int hd = (int)p.headdim - p0, ds = (int)p.dstate;
     const u16* gx = (const u16*)p.x + b * p.x_s[0] + c0 * p.x_s[1] + h * p.x_s[2] + p0;
+    // a 64 x 64 operand tile of the products (swizzled on wgmma)
+    auto load_op = [&](u16* st, const u16* g, i64 stride, int rows, int cols, bool vec) {
+#if FS_SSD_STATE_WGMMA
+        load_tile_sw<kRows, 64>(st, g, stride, rows, cols, vec);
+#else
+        load_tile<kRows, 64, kLd64>(st, g, stride, rows, cols, vec);
+#endif
+    };
     auto load_x = [&](int j, int st) {
-        load_tile<kRows, 64, kLd64>(s_x[st], gx + (i64)j * kRows * p.x_s[1], p.x_s[1], len - j * kRows, hd, q.vec_x);
+        load_op(s_x(st), gx + (i64)j * kRows * p.x_s[1], p.x_s[1], len - j * kRows, hd, q.vec_x);
         cp_async_commit();
     };
     const bool has_h = c > 0 || p.has_init;
@@ -688,15 +760,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
     if (!has_h) load_z_cb0();  // (no C.H^T: s_c and s_cb are free from the start)
     load_x(0, 0);  // one group with the prep record, in flight while C.H^T runs
 
-    // C.H^T operands, 64 states a step, two stages: (C, H) into (s_c, s_h[0]) and (s_x[1], s_h[1]),
+    // C.H^T operands, 64 states a step, two stages: (C, H) into (s_c, s_h(0)) and (s_x(1), s_h(1)),
     // s_x[1] being free until the W x loop; the first step in flight with the prep record and x
     const u16* gc = (const u16*)p.C + b * p.C_s[0] + (c0 + m0) * p.C_s[1] + g * p.C_s[2];
     // H_c in x's dtype, written by ssd2_state_passing (h16_slot)
     const u16* gh = h16_slot(q, b, c, h) + (i64)p0 * ds;
     const bool h_vec = q.vec_states && (ds & 7) == 0;
     auto load_ch = [&](int n0, int st) {
-        load_tile<kRows, 64, kLd64>(st ? s_x[1] : s_c, gc + n0, p.C_s[1], len - m0, ds - n0, q.vec_bc);
-        load_tile<kRows, 64, kLd64>(s_h[st], gh + n0, ds, hd, ds - n0, h_vec);
+        load_op(st ? s_x(1) : s_c, gc + n0, p.C_s[1], len - m0, ds - n0, q.vec_bc);
+        load_op(s_h(st), gh + n0, ds, hd, ds - n0, h_vec);
         cp_async_commit();
     };
     if (has_h) load_ch(0, 0);
@@ -710,15 +782,38 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
     if (has_h) {
         const int nsteps = (ds + 63) / 64;
         for (int k = 0; k < nsteps; ++k) {
+#if FS_SSD_STATE_WGMMA
+            // C (l x n) and H (p x n) both K-major: four m64n64k16 a step for the warpgroup
+            if (k + 1 < nsteps) {
+                load_ch(64 * (k + 1), (k + 1) & 1);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            fence_proxy_async();  // this thread's tile writes, visible to wgmma
+            __syncthreads();
+            {
+                float(&d)[32] = *reinterpret_cast<float(*)[32]>(&acc[0][0]);
+                const u32 cb = smem_u32((k & 1) ? s_x(1) : s_c), hb = smem_u32(s_h(k & 1));
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk)
+                    wgmma_ss<64, DT, 0>(d, wgmma_desc(cb + kk * 32, 16, 1024), wgmma_desc(hb + kk * 32, 16, 1024), 1);
+                wgmma_commit();
+                wgmma_wait<0>();
+                reg_fence(d);
+            }
+#else
             next_stage(k, nsteps, [&](int kn, int st) { load_ch(64 * kn, st); });
-            const u32 a_base = smem_u32(((k & 1) ? s_x[1] : s_c) + w16 * kLd64 + lane_a(lane, kLd64));
-            const u32 b_base = smem_u32(s_h[k & 1] + lane_bn(lane, kLd64));
+            const u32 a_base = smem_u32(((k & 1) ? s_x(1) : s_c) + w16 * kLd64 + lane_a(lane, kLd64));
+            const u32 b_base = smem_u32(s_h(k & 1) + lane_bn(lane, kLd64));
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
                 u32 a[4];
                 ldsm_x4(a, a_base + kk * 32);
                 mma_row<8, false>(acc, a, b_base + kk * 32, 16 * kLd64 * 2);
             }
+#endif
             __syncthreads();  // the stage is refilled two steps on (or by z / x after the loop)
         }
         // the row factor [seg_l == 0] exp(cum_l), rows r0 and r0 + 8; without seq_idx exp(cum_m0)
@@ -741,7 +836,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
     float cl2[2];
     int seg_l[2], l_of[2];
     row_terms(m0 + r0, len, s_cum, s_seg, l_of, cl2, seg_l);
+#if !FS_SSD_STATE_WGMMA
     const u32 xb_lane = lane_bt(lane, kLd64) * 2;
+#endif
     // without seq_idx the blocks below the diagonal take the factored decay (accumulate_cbf_x):
     // f_s = 2^(cl2_m0 - lw_s) over lw_s in place for s < m0 (the diagonal block reads lw from m0
     // on); the loop's first barrier publishes it
@@ -764,6 +861,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
 #pragma unroll 1
     for (int j = 0; j <= i; ++j) {
         cp_async_wait<0>();
+#if FS_SSD_STATE_WGMMA
+        fence_proxy_async();  // (x's tile, read by wgmma)
+#endif
         __syncthreads();
         float cbv[8][4];
 #pragma unroll
@@ -781,7 +881,23 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
             load_cb_block<kLdCb>(s_cb, cbg + (j + 1) * kRows);
             load_x(j + 1, (j + 1) & 1);  // (commits both)
         }
-        const u32 xb = smem_u32(s_x[j & 1]) + xb_lane;
+#if FS_SSD_STATE_WGMMA
+        const u32 xs = smem_u32(s_x(j & 1));
+        u32 a[4][4];
+        if (fast && j < i) {
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) w_frag_cbf(a[kk], cbv, kk, j * kRows, s_lw);
+        } else {
+            if (fast) {  // the off-diagonal sum (and C.H^T's exp(cum_m0)) times g_l
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) scale_row(acc, hh, ex2(cl2[hh] - cl2_m0));
+            }
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) w_frag_masked(a[kk], cbv, kk, j * kRows, l_of, cl2, seg_l, len, s_lw, s_seg);
+        }
+        wx_wgmma(acc, a, xs);
+#else
+        const u32 xb = smem_u32(s_x(j & 1)) + xb_lane;
         if (fast && j < i) {
             accumulate_cbf_x(acc, cbv, j * kRows, s_lw, xb);
         } else {
@@ -791,11 +907,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
             }
             accumulate_wx(acc, cbv, j * kRows, l_of, cl2, seg_l, len, s_lw, s_seg, xb);
         }
+#endif
     }
 
-    // epilogue: D x (x of row l from the diagonal block's tile, still in s_x[i & 1]), silu(z) (z from
+    // epilogue: D x (x of row l from the diagonal block's tile, still in s_x(i & 1)), silu(z) (z from
     // s_c), store
-    store_y(q, acc, s_x[i & 1], s_c, s_d, b, h, c0 + m0, len - m0, p0, hd, r0, t2);
+    store_y<kWg>(q, acc, s_x(i & 1), s_c, s_d, b, h, c0 + m0, len - m0, p0, hd, r0, t2);
 }
 
 // ---- 3'. one short chunk: C B^T, W x and the epilogue in one kernel ------------------------------

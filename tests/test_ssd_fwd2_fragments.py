@@ -141,30 +141,60 @@ def swizzle128(addr: int) -> int:
     return addr ^ (((addr >> 7) & 7) << 4)
 
 
-def load_tile_bz(tile: np.ndarray, valid_rows: int, valid_cols: int) -> dict[int, float]:
-    """load_tile_bz's vec path, verbatim: thread t copies 16-byte chunk t % 16 of rows t / 16 + 8 k
-    to (ch >> 3) * kBzBlock + r0 * 128 + (((ch & 7) ^ r0) << 4) + k * 8 * 128 (zero-filled where
-    the row or the column is past the valid ones). Returns byte address -> element."""
+def load_tile_sw(tile: np.ndarray, valid_rows: int, valid_cols: int) -> dict[int, float]:
+    """load_tile_sw<kR, kC>'s vec path (128 threads), verbatim: thread t copies 16-byte chunk
+    ch = t % (kC / 8) of rows r0 + kRowStep k, r0 = t / (kC / 8), to (ch >> 3) * kR * 128 +
+    r0 * 128 + (((ch & 7) ^ (r0 & 7)) << 4) + k * kRowStep * 128 (zero-filled where the row or the
+    column is past the valid ones). Returns byte address -> element."""
+    rows, cols = tile.shape
+    per_row = cols // 8
+    row_step, passes = 128 // per_row, rows * per_row // 128
     smem: dict[int, float] = {}
     for t in range(128):
-        r0, ch = t >> 4, t & 15
-        dst = (ch >> 3) * K_BZ_BLOCK + r0 * 128 + (((ch & 7) ^ r0) << 4)
-        for k in range(4):
-            row, ok = r0 + 8 * k, ch * 8 < valid_cols and r0 + 8 * k < valid_rows
+        r0, ch = t // per_row, t % per_row
+        dst = (ch >> 3) * rows * 128 + r0 * 128 + (((ch & 7) ^ (r0 & 7)) << 4)
+        for k in range(passes):
+            row = r0 + row_step * k
+            ok = ch * 8 < valid_cols and row < valid_rows
             for e in range(8):
-                addr = dst + k * 8 * 128 + 2 * e
+                addr = dst + k * row_step * 128 + 2 * e
                 assert addr not in smem, "a byte written twice"
                 smem[addr] = tile[row, ch * 8 + e] if ok else 0.0
-    assert len(smem) == 32 * 128, "every element of the stage written"
+    assert len(smem) == rows * cols, "every element of the tile written"
     return smem
 
 
-def wgmma_b_mn_major(smem: dict[int, float], start: int, lbo: int, sbo: int) -> np.ndarray:
-    """The k16 x n128 B operand of wgmma from an MN-major, 128B-swizzled descriptor (PTX ISA:
+def load_tile_bz(tile: np.ndarray, valid_rows: int, valid_cols: int) -> dict[int, float]:
+    """load_tile_bz = load_tile_sw<32, 128>."""
+    assert tile.shape == (32, 128)
+    return load_tile_sw(tile, valid_rows, valid_cols)
+
+
+def swz_offset(rows: int, row: int, col: int) -> int:
+    """common/wgmma.cuh swz_offset, verbatim."""
+    block, chunk = col >> 6, (col >> 3) & 7
+    return block * rows * 128 + row * 128 + ((chunk ^ (row & 7)) << 4) + (col & 7) * 2
+
+
+def wgmma_k_major(smem: dict[int, float], start: int, rows: int, sbo: int) -> np.ndarray:
+    """A (rows x k16) or B (N rows x k16) of wgmma from a K-major, 128B-swizzled descriptor whose
+    start address selects the k16 slice (PTX ISA: rows of 128 bytes, 8-row groups SBO apart)."""
+    out = np.zeros((rows, 16))
+    for r in range(rows):
+        for k in range(16):
+            addr = start + (r // 8) * sbo + (r % 8) * 128 + 2 * k
+            out[r, k] = smem[swizzle128(addr)]
+    return out
+
+
+def wgmma_b_mn_major(
+    smem: dict[int, float], start: int, lbo: int, sbo: int, n_cols: int = 128
+) -> np.ndarray:
+    """The k16 x N B operand of wgmma from an MN-major, 128B-swizzled descriptor (PTX ISA:
     64-element column blocks LBO bytes apart along N, 8-row groups SBO bytes apart along K)."""
-    out = np.zeros((16, 128))
+    out = np.zeros((16, n_cols))
     for k in range(16):
-        for n in range(128):
+        for n in range(n_cols):
             addr = start + (n // 64) * lbo + (k // 8) * sbo + (k % 8) * 128 + (n % 64) * 2
             out[k, n] = smem[swizzle128(addr)]
     return out
@@ -204,6 +234,28 @@ def test_chunk_state_product_on_wgmma(valid_rows: int, valid_cols: int) -> None:
                 A[g + 8, 2 * t + 8 : 2 * t + 10] = a[lane, 3] * wh
             got[w16 : w16 + 16] += A @ B
     np.testing.assert_allclose(got, (X * w[:, None]).T @ Bv, atol=1e-12)
+
+
+@pytest.mark.parametrize(("valid_rows", "valid_cols"), [(64, 64), (37, 64), (64, 40)])
+def test_chunk_scan_operands_on_wgmma(valid_rows: int, valid_cols: int) -> None:
+    """ssd2_chunk_scan on wgmma: C (l x n) and H (p x n) tiles by load_tile_sw<64, 64>, read as
+    K-major A / B through wgmma_desc(base + kk * 32, 16, 1024); the x tile (s x p) as the MN-major
+    B of W x through wgmma_desc(base + kk * 16 * 128, 64 * 128, 1024); the epilogue's x reads at
+    swz_offset(64, r, c). Each must give back the tile (zero past the valid rows / columns)."""
+    rng = np.random.default_rng(6)
+    T = rng.standard_normal((64, 64))
+    valid = (np.arange(64)[:, None] < valid_rows) & (np.arange(64)[None, :] < valid_cols)
+    Tv = np.where(valid, T, 0.0)
+    smem = load_tile_sw(T, valid_rows, valid_cols)
+    for kk in range(4):
+        km = wgmma_k_major(smem, kk * 32, 64, 1024)
+        np.testing.assert_array_equal(km, Tv[:, 16 * kk : 16 * kk + 16])
+        mn = wgmma_b_mn_major(smem, kk * 16 * 128, 64 * 128, 1024, 64)
+        np.testing.assert_array_equal(mn, Tv[16 * kk : 16 * kk + 16, :])
+    for r in range(64):
+        for c in range(0, 64, 2):
+            assert smem[swz_offset(64, r, c)] == Tv[r, c]
+            assert smem[swz_offset(64, r, c) + 2] == Tv[r, c + 1]
 
 
 @pytest.mark.parametrize("warp", [1, 3])

@@ -234,32 +234,42 @@ struct BzStages {
     }
 };
 
-// A 32 x 128 16-bit tile (positions x states: rows < valid_rows, columns < valid_cols, the rest zero)
-// into a swizzled stage s. vec: 16-byte cp.async chunks (the caller commits and waits): thread t
-// copies chunk t % 16 of rows t / 16 + 8 k, which share one swizzle (row % 8), so one shared address
-// a thread and constant offsets a pass; else element stores (synchronous).
-__device__ __forceinline__ void load_tile_bz(u16* s, const u16* g, i64 stride, int valid_rows, int valid_cols,
+// A kR x kC 16-bit tile (rows < valid_rows, columns < valid_cols, the rest zero) into shared memory s
+// in wgmma's 128-byte swizzle (common/wgmma.cuh: kC / 64 column blocks of kR rows x 128 bytes, s
+// 1024-byte aligned). vec: 16-byte cp.async chunks (the caller commits and waits): thread t copies
+// chunk t % (kC / 8) of rows t / (kC / 8) + kRowStep k, rows a multiple of 8 apart that share one
+// swizzle (row % 8), so one shared address a thread and constant offsets a pass; else element stores
+// (synchronous).
+template <int kR, int kC>
+__device__ __forceinline__ void load_tile_sw(u16* s, const u16* g, i64 stride, int valid_rows, int valid_cols,
                                              bool vec) {
-    static_assert(kThreads == 128, "16 chunks x 8 rows a pass");
+    constexpr int kPerRow = kC / 8, kRowStep = kThreads / kPerRow, kPasses = kR * kPerRow / kThreads;
+    static_assert(kC % 64 == 0 && kThreads % kPerRow == 0 && kRowStep % 8 == 0 && (kR * kPerRow) % kThreads == 0,
+                  "tile / thread shape");
     if (vec) {
-        const int r0 = threadIdx.x >> 4, ch = threadIdx.x & 15;
+        const int r0 = threadIdx.x / kPerRow, ch = threadIdx.x % kPerRow;
         const bool col_ok = ch * 8 < valid_cols;
         const u16* src = g + r0 * stride + ch * 8;
-        const i64 step = 8 * stride;
-        const u32 dst = smem_u32(s) + (ch >> 3) * kBzBlock + r0 * 128 + (((ch & 7) ^ r0) << 4);
+        const i64 step = kRowStep * stride;
+        const u32 dst = smem_u32(s) + (ch >> 3) * (kR * 128) + r0 * 128 + (((ch & 7) ^ (r0 & 7)) << 4);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const bool ok = col_ok && r0 + 8 * k < valid_rows;
-            cp_async16(dst + k * 8 * 128, ok ? src : g, ok);
+        for (int k = 0; k < kPasses; ++k) {
+            const bool ok = col_ok && r0 + k * kRowStep < valid_rows;
+            cp_async16(dst + k * kRowStep * 128, ok ? src : g, ok);
             src += step;
         }
     } else {
-        for (int i = threadIdx.x; i < 32 * 128; i += kThreads) {
-            const int r = i >> 7, col = i & 127;
+        for (int i = threadIdx.x; i < kR * kC; i += kThreads) {
+            const int r = i / kC, col = i % kC;
             const u16 v = r < valid_rows && col < valid_cols ? __ldg(g + r * stride + col) : (u16)0;
-            *(u16*)((unsigned char*)s + swz_offset(32, r, col)) = v;
+            *(u16*)((unsigned char*)s + swz_offset(kR, r, col)) = v;
         }
     }
+}
+// A B stage of the state product: 32 positions x 128 states.
+__device__ __forceinline__ void load_tile_bz(u16* s, const u16* g, i64 stride, int valid_rows, int valid_cols,
+                                             bool vec) {
+    load_tile_sw<32, 128>(s, g, stride, valid_rows, valid_cols, vec);
 }
 
 // weighted_state_product (kHiLo false) with B from swizzled stages (s_bz + stage * kBzStage) and the
