@@ -717,7 +717,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
     constexpr int kTileB = kRows * kLd64 * 2;                  // 9216: a padded tile (s_c, each s_h stage)
     constexpr int kXStage = kWg ? kRows * 64 * 2 : kTileB;     // bytes of one x stage
     __shared__ __align__(128) unsigned char s_raw[(kWg ? 1024 : 0) + 2 * kXStage + 3 * kTileB];
-    unsigned char* const s_al = kWg ? s_raw + ((1024u - (smem_u32(s_raw) & 1023u)) & 1023u) : s_raw;
+    unsigned char* const s_al = kWg ? align_smem_1024(s_raw) : s_raw;
     auto s_x = [&](int st) { return (u16*)(s_al + st * kXStage); };
     u16* const s_c = (u16*)(s_al + 2 * kXStage);
     auto s_h = [&](int st) { return (u16*)(s_al + 2 * kXStage + (1 + st) * kTileB); };
@@ -784,14 +784,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
         for (int k = 0; k < nsteps; ++k) {
 #if FS_SSD_STATE_WGMMA
             // C (l x n) and H (p x n) both K-major: four m64n64k16 a step for the warpgroup
-            if (k + 1 < nsteps) {
-                load_ch(64 * (k + 1), (k + 1) & 1);
-                cp_async_wait<1>();
-            } else {
-                cp_async_wait<0>();
-            }
-            fence_proxy_async();  // this thread's tile writes, visible to wgmma
-            __syncthreads();
+            next_stage<true>(k, nsteps, [&](int kn, int st) { load_ch(64 * kn, st); });
             {
                 float(&d)[32] = *reinterpret_cast<float(*)[32]>(&acc[0][0]);
                 const u32 cb = smem_u32((k & 1) ? s_x(1) : s_c), hb = smem_u32(s_h(k & 1));

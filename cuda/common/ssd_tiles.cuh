@@ -10,6 +10,20 @@
 
 #include "common/ssd.cuh"
 
+// sm_90a builds run the state product and the chunk scan's products on wgmma (see below)
+#if defined(FS_ARCH) && FS_ARCH >= 90
+#include "common/wgmma.cuh"
+#define FS_SSD_STATE_WGMMA 1
+#else
+#define FS_SSD_STATE_WGMMA 0
+#endif
+
+// p advanced to the next 1024-byte boundary of the shared window (a swizzled wgmma tile's
+// alignment; the caller reserves 1024 bytes of slack).
+__device__ __forceinline__ unsigned char* align_smem_1024(unsigned char* p) {
+    return p + ((1024u - (smem_u32(p) & 1023u)) & 1023u);
+}
+
 constexpr int kRows = 64;       // rows of every CTA tile (4 warps x 16)
 constexpr int kLd32 = 32 + 8;   // row pitch (elements) of a 32-wide 16-bit tile: 80 bytes
 constexpr int kLd64 = 64 + 8;   // 64-wide: 144 bytes
@@ -114,8 +128,9 @@ __device__ __forceinline__ void load_cb_block(float* s, const float* g) {
 // The top of step k of a two-stage cp.async loop of nsteps steps: step k + 1 issued into the other
 // stage (load(k + 1, stage), which commits its group) and every older group waited for, or at the
 // last step every group; then the barrier that shows step k's stage to every warp. (The caller ends
-// a step with its own barrier where the next one refills the stage just read.)
-template <typename Load>
+// a step with its own barrier where the next one refills the stage just read.) kAsyncProxy: the
+// stage is read by wgmma, so each thread's writes are made visible to the async proxy first.
+template <bool kAsyncProxy = false, typename Load>
 __device__ __forceinline__ void next_stage(int k, int nsteps, Load&& load) {
     if (k + 1 < nsteps) {
         load(k + 1, (k + 1) & 1);
@@ -123,6 +138,11 @@ __device__ __forceinline__ void next_stage(int k, int nsteps, Load&& load) {
     } else {
         cp_async_wait<0>();
     }
+#if FS_SSD_STATE_WGMMA
+    if constexpr (kAsyncProxy) fence_proxy_async();
+#else
+    static_assert(!kAsyncProxy, "wgmma stages are sm_90a's");
+#endif
     __syncthreads();
 }
 
@@ -159,6 +179,21 @@ constexpr int kStateStages = 3;
 #else
 constexpr int kStateStages = 2;
 #endif
+
+// An A fragment of x^T (its k columns = positions) scaled by the positions' weights, rounded to 16
+// bits once: a[0], a[1] hold positions 2t, 2t + 1 of the k16 step (weights wl), a[2], a[3] those
+// + 8 (wh). weighted_a loads it by ldmatrix .trans at a_addr, the weights from w (the step's + 2t).
+__device__ __forceinline__ void scale_a(u32 (&a)[4], float2 wl, float2 wh) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const float2 v = unpack2<DT>(a[e]), f = e < 2 ? wl : wh;
+        a[e] = pack2<DT>(v.x * f.x, v.y * f.y);
+    }
+}
+__device__ __forceinline__ void weighted_a(u32 (&a)[4], u32 a_addr, const float* w) {
+    ldsm_x4_trans(a, a_addr);
+    scale_a(a, *(const float2*)w, *(const float2*)(w + 8));
+}
 
 // A chunk's state-shaped product, 64 rows p x 128 columns n per CTA (warp w rows 16w .. 16w + 15,
 // acc[16][4]): acc += sum over positions l of w_l a_l^T b_l, K = the chunk's positions, 32 a step in
@@ -199,11 +234,7 @@ __device__ __forceinline__ void weighted_state_product(float (&acc)[16][4], u16 
                 }
                 mma_row_hilo<16>(acc, a, lo, b_base + kk * 16 * kLd128 * 2, 16 * 2);
             } else {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float2 v = unpack2<DT>(a[e]), f = e < 2 ? wl : wh;
-                    a[e] = pack2<DT>(v.x * f.x, v.y * f.y);
-                }
+                scale_a(a, wl, wh);
                 mma_row<16, true>(acc, a, b_base + kk * 16 * kLd128 * 2, 16 * 2);
             }
         }
@@ -211,7 +242,7 @@ __device__ __forceinline__ void weighted_state_product(float (&acc)[16][4], u16 
     }
 }
 
-#if defined(FS_ARCH) && FS_ARCH >= 90
+#if FS_SSD_STATE_WGMMA
 // ---- the same product on wgmma (sm_90a: ssd2_chunk_state, ssd2_varlen_states) -----------------------
 // B's stage is one 32 x 128 tile in wgmma's 128-byte swizzle (common/wgmma.cuh): two 64-column blocks
 // of 32 rows x 128 bytes, kBzBlock bytes apart, the stage 1024-byte aligned. A stays as above (x^T by
@@ -220,8 +251,6 @@ __device__ __forceinline__ void weighted_state_product(float (&acc)[16][4], u16 
 // every warp read all of it by ldmatrix (32 KB of shared-memory reads a step instead of 8: ncu on the
 // H200, 2026-11-29, had L1 at 77% and L2 at 76% of peak in ssd2_chunk_state). The accumulator of
 // m64n128 is acc[16][4]'s layout (wgmma.cuh), so the callers' stores are unchanged.
-#include "common/wgmma.cuh"
-#define FS_SSD_STATE_WGMMA 1
 constexpr int kBzBlock = 32 * 128;              // bytes of one 64-column block (32 rows x 128 B)
 constexpr int kBzStage = 32 * 128;              // u16 elements of one stage (8 KB)
 
@@ -230,7 +259,7 @@ template <int kStages>
 struct BzStages {
     unsigned char raw[kStages * 2 * kBzBlock + 1024];
     __device__ __forceinline__ u16* base() {
-        return (u16*)(raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u));
+        return (u16*)align_smem_1024(raw);
     }
 };
 
@@ -295,17 +324,7 @@ __device__ __forceinline__ void weighted_state_product_wg(float (&acc)[16][4], u
         const u32 b_base = smem_u32(s_bz + (k % kStages) * kBzStage);
         u32 a[2][4];
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) {
-            ldsm_x4_trans(a[kk], a_base + kk * 16 * kLd64 * 2);
-            // a[kk][0], [1] hold positions 2t, 2t + 1 of the k16 step; [2], [3] those + 8
-            const float* w = s_w + 32 * k + 16 * kk + t2;
-            const float2 wl = *(const float2*)w, wh = *(const float2*)(w + 8);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float2 v = unpack2<DT>(a[kk][e]), f = e < 2 ? wl : wh;
-                a[kk][e] = pack2<DT>(v.x * f.x, v.y * f.y);
-            }
-        }
+        for (int kk = 0; kk < 2; ++kk) weighted_a(a[kk], a_base + kk * 16 * kLd64 * 2, s_w + 32 * k + 16 * kk + t2);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk)
@@ -315,8 +334,6 @@ __device__ __forceinline__ void weighted_state_product_wg(float (&acc)[16][4], u
         reg_fence(d);
     }
 }
-#else
-#define FS_SSD_STATE_WGMMA 0
 #endif
 
 // The B side of a state product (B in ssd2_chunk_state, C in ssd_bwd_chunk_dstate16): kStateStages
