@@ -228,7 +228,11 @@ extern "C" __global__ void __launch_bounds__(kPrepThreads, 8) ssd2_chunk_prep(co
 __device__ __forceinline__ void load_prep(const Ssd2Params& q, i64 bh, i64 c, float* s_lw, float* s_cum, int* s_seg) {
     const float* src = q.prep + (bh * q.p.nchunks + c) * 3 * kQ;
     constexpr int kPer = kQ / 4;  // 16-byte chunks per array
-    for (int i = threadIdx.x; i < 3 * kPer; i += kThreads) {
+    constexpr int kChunks = 3 * kPer, kPasses = (kChunks + kThreads - 1) / kThreads;
+#pragma unroll
+    for (int k = 0; k < kPasses; ++k) {  // (unrolled: each pass's array is known but for tid's half)
+        const int i = (int)threadIdx.x + k * kThreads;
+        if (kChunks % kThreads != 0 && i >= kChunks) break;
         const int a = i / kPer, o = (i % kPer) * 4;
         float* dst = a == 0 ? s_lw : a == 1 ? s_cum : (float*)s_seg;
         // without seq_idx every seg is 0 and ssd2_chunk_prep stores none: zero-filled, not read
@@ -621,7 +625,9 @@ __device__ __forceinline__ void wx_wgmma(float (&acc)[8][4], const u32 (&a)[4][4
     float(&d)[32] = *reinterpret_cast<float(*)[32]>(&acc[0][0]);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_rs<64, DT, 1>(d, a[kk], wgmma_desc(x_base + kk * 16 * 128, 64 * 128, 1024), 1);
+    const u64 dx = wgmma_desc(x_base, 64 * 128, 1024);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs<64, DT, 1>(d, a[kk], desc_at(dx, kk * 16 * 128), 1);
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(d);
@@ -724,9 +730,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
     static_assert(kRows * kLdCb * 4 <= 2 * kTileB, "the CB block fits in the H_c stages");
     float* const s_cb = (float*)s_h(0);
 
-    const i64 b = blockIdx.z / p.nheads, h = blockIdx.z % p.nheads;
+    // (batch, head, group) in 32-bit arithmetic: the i64 forms took a runtime 64-bit check and three
+    // divisions of ~20 instructions each (ncu 2026-11-29: the prologue held ~16% of the stall samples)
+    const unsigned nh = (unsigned)p.nheads, bz = blockIdx.z, bu = bz / nh, hu = bz - bu * nh;
+    const i64 b = bu, h = hu, g = hu / (nh / (unsigned)p.ngroups);
     const int c = blockIdx.x / kNb, i = blockIdx.x % kNb, m0 = i * kRows, p0 = blockIdx.y * 64;
-    const i64 g = h / (p.nheads / p.ngroups);
     const i64 c0 = (i64)c * kQ;
     const int len = (int)min((i64)kQ, p.seqlen - c0);
     if (m0 >= len) return;  // uniform per block: a tail chunk's empty row blocks
@@ -787,11 +795,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan(const 
             next_stage<true>(k, nsteps, [&](int kn, int st) { load_ch(64 * kn, st); });
             {
                 float(&d)[32] = *reinterpret_cast<float(*)[32]>(&acc[0][0]);
-                const u32 cb = smem_u32((k & 1) ? s_x(1) : s_c), hb = smem_u32(s_h(k & 1));
+                const u64 dc = wgmma_desc(smem_u32((k & 1) ? s_x(1) : s_c), 16, 1024);
+                const u64 dh = wgmma_desc(smem_u32(s_h(k & 1)), 16, 1024);
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < 4; ++kk)
-                    wgmma_ss<64, DT, 0>(d, wgmma_desc(cb + kk * 32, 16, 1024), wgmma_desc(hb + kk * 32, 16, 1024), 1);
+                    wgmma_ss<64, DT, 0>(d, desc_at(dc, kk * 32), desc_at(dh, kk * 32), 1);
                 wgmma_commit();
                 wgmma_wait<0>();
                 reg_fence(d);

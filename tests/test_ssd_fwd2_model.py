@@ -241,6 +241,7 @@ CASES = [
     (256, 293, 4, 64, 2, 24, True, False, False),
     (256, 530, 2, 33, 2, 130, True, True, True),
     (128, 37, 2, 8, 1, 5, False, False, False),
+    (64, 100, 6, 16, 2, 16, False, True, False),  # 3 heads a group, 2 groups
 ]
 
 

@@ -281,6 +281,11 @@ __device__ __forceinline__ void load_tile_sw(u16* s, const u16* g, i64 stride, i
         const u16* src = g + r0 * stride + ch * 8;
         const i64 step = kRowStep * stride;
         const u32 dst = smem_u32(s) + (ch >> 3) * (kR * 128) + r0 * 128 + (((ch & 7) ^ (r0 & 7)) << 4);
+        if (valid_rows >= kR && valid_cols >= kC) {  // uniform: a whole tile, no per-pass predicate
+#pragma unroll
+            for (int k = 0; k < kPasses; ++k) cp_async16(dst + k * kRowStep * 128, src + k * step, true);
+            return;
+        }
 #pragma unroll
         for (int k = 0; k < kPasses; ++k) {
             const bool ok = col_ok && r0 + k * kRowStep < valid_rows;
@@ -325,10 +330,10 @@ __device__ __forceinline__ void weighted_state_product_wg(float (&acc)[16][4], u
         u32 a[2][4];
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk) weighted_a(a[kk], a_base + kk * 16 * kLd64 * 2, s_w + 32 * k + 16 * kk + t2);
+        const u64 db = wgmma_desc(b_base, kBzBlock, 1024);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk)
-            wgmma_rs<128, DT, 1>(d, a[kk], wgmma_desc(b_base + kk * 16 * 128, kBzBlock, 1024), 1);
+        for (int kk = 0; kk < 2; ++kk) wgmma_rs<128, DT, 1>(d, a[kk], desc_at(db, kk * 16 * 128), 1);
         wgmma_commit();
         wgmma_wait<0>();
         reg_fence(d);

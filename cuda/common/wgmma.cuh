@@ -41,6 +41,13 @@ __device__ __forceinline__ u64 wgmma_desc(u32 saddr, u32 lbo_bytes, u32 sbo_byte
     return d;
 }
 
+// The descriptor of the operand `bytes` further on in shared memory: d's start-address field plus
+// bytes >> 4 (no carry out of the 14-bit field while both addresses lie in the shared window, below
+// 256 KB). One 64-bit add where wgmma_desc re-forms the masked fields for every k step.
+__device__ __forceinline__ u64 desc_at(u64 d, u32 bytes) {
+    return (d & 0xFFFFFFFF00000000ull) | (u32)((u32)d + (bytes >> 4));  // (a 32-bit add: no carry)
+}
+
 // Orders earlier register writes (accumulators, register A) before the next wgmma reads them.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
