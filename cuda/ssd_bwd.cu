@@ -2546,17 +2546,19 @@ extern "C" __global__ void __launch_bounds__(kPassThreads) ssd_bwd_share_sum_db(
 // 0.66 against the split's 0.30 / 0.25 / 0.74), ssd_bwd_chunk_dstate16_hilo takes the
 // hi / lo pair (FLASHSCAN_SSD_DSTATE_HILO=1). Both products in one kernel behind a runtime flag cost
 // the split's form 171 -> 181 us at b8 L2048 (NVRTC's register choice under the shared bound).
-// The dout / C tiles in kStateStages stages, as ssd2_chunk_state's (common/ssd_tiles.cuh: 41 KB
-// static on sm_90, still 4 CTAs an SM at 128 registers). On sm_90a the one-rounding product runs on
-// wgmma as ssd2_chunk_state's (C in swizzled stages, state_product): 149.3 -> 127.3-128.7 us at b8
-// L2048 on the H200 (2026-11-29, stop 31); the hi / lo pair stays on mma.sync.
+// The dout / C tiles in StateStep's stages, as ssd2_chunk_state's (common/ssd_tiles.cuh). On sm_90a
+// the one-rounding product runs on wgmma as ssd2_chunk_state's (C in swizzled stages, state_product):
+// 149.3 -> 127.3-128.7 us at b8 L2048 on the H200 (2026-11-29, stop 31), then 64 positions a step in
+// two stages (54 KB static, four CTAs an SM at 128 registers: FS_STATE_BOUNDS) 129.8-130.0 ->
+// 122.2-123.5 (stop 32); the hi / lo pair stays on mma.sync (32 a step, kStateStages).
 template <bool kHiLo>
 __device__ __forceinline__ void chunk_dstate16(const SsdBwdParams& q) {
 #if FS_DTYPE != 2
     const SsdParams& p = q.f;
     __shared__ __align__(8) float s_e[kQ];
-    __shared__ __align__(16) u16 s_g[kStateStages][32 * kLd64];   // positions l x channels p
-    constexpr bool kWg = kStateWg && !kHiLo;                       // the hi / lo pair stays on mma.sync
+    constexpr bool kWg = kStateWg && !kHiLo;  // the hi / lo pair stays on mma.sync
+    using SS = StateStep<kWg>;                 // positions a step, stages
+    __shared__ __align__(16) u16 s_g[SS::kStages][SS::kPos * kLd64];  // positions l x channels p
     __shared__ StateBTiles<kWg> s_ct;                               // positions l x states n
     u16* const s_c = s_ct.base();
 
@@ -2570,13 +2572,13 @@ __device__ __forceinline__ void chunk_dstate16(const SsdBwdParams& q) {
     const u16* gd = (const u16*)q.dout + b * q.dout_s[0] + c0 * q.dout_s[1] + h * q.dout_s[2] + p0;
     const u16* gc = (const u16*)p.C + b * p.C_s[0] + c0 * p.C_s[1] + g * p.C_s[2] + n0;
     auto load = [&](int k, int st) {
-        load_tile<32, 64, kLd64>(s_g[st], gd + 32 * k * q.dout_s[1], q.dout_s[1], len - 32 * k, hd, q.vec_x);
-        load_state_b<kWg>(s_c + st * StateBTiles<kWg>::kStage, gc + 32 * k * p.C_s[1], p.C_s[1], len - 32 * k, ds,
-                          q.vec_bc);
+        const int k0 = SS::kPos * k;
+        load_tile<SS::kPos, 64, kLd64>(s_g[st], gd + k0 * q.dout_s[1], q.dout_s[1], len - k0, hd, q.vec_x);
+        load_state_b<kWg>(s_c + st * StateBTiles<kWg>::kStage, gc + k0 * p.C_s[1], p.C_s[1], len - k0, ds, q.vec_bc);
         cp_async_commit();
     };
-    const int nsteps = (len + 31) / 32;
-    first_stages_n<kStateStages>(nsteps, load);  // in flight while e_l is formed
+    const int nsteps = (len + SS::kPos - 1) / SS::kPos;
+    first_stages_n<SS::kStages>(nsteps, load);  // in flight while e_l is formed
     {
         const i64 pro = (bh * p.nchunks + c) * kQ;
         const int* seg = q.pseg + (b * p.nchunks + c) * kQ;
@@ -2585,12 +2587,12 @@ __device__ __forceinline__ void chunk_dstate16(const SsdBwdParams& q) {
     }
     float acc[16][4];
     clear(acc);
-    state_product<kHiLo, kWg>(acc, s_g, s_c, s_e, nsteps, load);
+    state_product<kHiLo, kWg>(acc, &s_g[0][0], s_c, s_e, nsteps, load);
     store_state_tile(q.dstates + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate, acc, p0, hd, n0, ds,
                      p.dstate);
 #endif
 }
-extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate16(const SsdBwdParams q) {
+extern "C" __global__ void FS_STATE_BOUNDS ssd_bwd_chunk_dstate16(const SsdBwdParams q) {
     chunk_dstate16<false>(q);
 }
 extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate16_hilo(const SsdBwdParams q) {

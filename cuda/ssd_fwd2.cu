@@ -43,9 +43,10 @@
 //                    (l-block i, s-block j <= i); warp tile 16 l x 64 s, acc[8][4]
 //   ssd2_chunk_state grid (nchunks, ceil(headdim/64) * ceil(dstate/128), batch * nheads); warp tile
 //                    16 p x 128 n, acc[16][4]; K = the chunk's positions, 32 per step, 2 stages
-//                    (3 on sm_90a, where the product runs on wgmma: the warpgroup's m64n128k16
-//                    with x^T w from registers and B from 128B-swizzled stages, common/ssd_tiles.cuh
-//                    weighted_state_product_wg; mma.sync elsewhere)
+//                    (on sm_90a, where the product runs on wgmma, 64 per step in 2 stages: the
+//                    warpgroup's m64n128k16 with x^T w from registers and B from 128B-swizzled
+//                    stages, common/ssd_tiles.cuh weighted_state_product_wg, StateStep; mma.sync
+//                    elsewhere)
 //   ssd2_state_passing grid (batch * nheads), 256 threads x 4 elements per 1024-element block
 //   ssd2_chunk_prep  grid (nchunks, ceil(nheads / 8), batch), 4 warps: dt of 8 heads read together,
 //                    each warp scans two heads' chunks and stores their records
@@ -133,6 +134,22 @@
 // onto wgmma (its LDSM / HMMA streams replaced by eight HGMMA a block pair): 359-360 -> 333.4-334.4
 // us (predicted ~300: the W building, the CB reads and the epilogue stay), forward 561-563 ->
 // 536-537 us of kernels.
+//
+// MEASURED 2026-11-29, stop 32 (H200, same-lease A/B, benches/results/2026-11-29-h200-ssd-scan-prologue/):
+// ncu of the wgmma scan: issue slots 54% busy, 2033 warp instructions a warp, 16% of the stall
+// samples in the prologue (the i64 (batch, head, group) divisions with their runtime 64-bit check,
+// load_prep's strided loop), the wgmma descriptors re-formed (masked fields, 64-bit adds) for
+// every k step, a row predicate and select on every cp.async of whole tiles. With those in 32-bit /
+// stepped by desc_at / unpredicated: the scan 333.8-334.7 -> 320.3-320.6 us (predicted -3..5%),
+// forward 538-539 -> 524.5-525.1 us of kernels (Triton 695.2 in the same process). The loop top of
+// W x (waiting for block j's CB and x, one block ahead) then held 18% of the samples, the exit's
+// store drain 4%. Tried and dropped (same leases): ssd2_chunk_state with two heads of a group a CTA
+// (two warpgroups sharing each B stage, B's L2 traffic halved), 118.2 -> 118.0 us; the diagonal
+// block by warp (below each warp's 16 x 16 diagonal the decay factored at its first row, 2 FMUL an
+// element), 320 -> 322.7 us (the CTA waits for its last warp) and, as first written, a read of
+// s_cum after the D values overwrite it (non-finite outputs under steep decay: the GPU tests caught
+// it); the state product on 64 positions a step (StateStep) moved ssd2_chunk_state only 117.3 ->
+// 116.5 (it landed for ssd_bwd_chunk_dstate16: 129.9 -> 122.9).
 //
 // Compile-time constants (host prelude): FS_DTYPE (0 fp16, 1 bf16), FS_CHUNK (64, 128 or 256).
 
@@ -290,14 +307,15 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_cb(const Ssd2P
 }
 
 // ---- 1. chunk states --------------------------------------------------------------------------------
-// (x / B tiles in kStateStages stages: common/ssd_tiles.cuh)
-extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ssd2Params q) {
+// (x / B tiles in StateStep's stages: common/ssd_tiles.cuh)
+extern "C" __global__ void FS_STATE_BOUNDS ssd2_chunk_state(const Ssd2Params q) {
     const SsdParams& p = q.p;
     __shared__ __align__(16) float s_lw[kQ];  // the prep record (ssd2_chunk_prep)
     __shared__ __align__(16) float s_cum[kQ];
     __shared__ __align__(16) int s_seg[kQ];
     __shared__ __align__(8) float s_w[kQ];
-    __shared__ __align__(16) u16 s_x[kStateStages][32 * kLd64];   // positions s x channels p
+    using SS = StateStep<kStateWg>;  // positions a step, stages
+    __shared__ __align__(16) u16 s_x[SS::kStages][SS::kPos * kLd64];  // positions s x channels p
     __shared__ StateBTiles<kStateWg> s_bt;                        // positions s x states n
     u16* const s_b = s_bt.base();
 
@@ -311,16 +329,17 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ss
     const u16* gx = (const u16*)p.x + b * p.x_s[0] + c0 * p.x_s[1] + h * p.x_s[2] + p0;
     const u16* gb = (const u16*)p.B + b * p.B_s[0] + c0 * p.B_s[1] + g * p.B_s[2] + n0;
     auto load = [&](int k, int st) {
-        load_tile<32, 64, kLd64>(s_x[st], gx + 32 * k * p.x_s[1], p.x_s[1], len - 32 * k, hd, q.vec_x);
-        load_state_b<kStateWg>(s_b + st * StateBTiles<kStateWg>::kStage, gb + 32 * k * p.B_s[1], p.B_s[1], len - 32 * k,
+        const int k0 = SS::kPos * k;
+        load_tile<SS::kPos, 64, kLd64>(s_x[st], gx + k0 * p.x_s[1], p.x_s[1], len - k0, hd, q.vec_x);
+        load_state_b<kStateWg>(s_b + st * StateBTiles<kStateWg>::kStage, gb + k0 * p.B_s[1], p.B_s[1], len - k0,
                                ds, q.vec_bc);
         cp_async_commit();
     };
-    const int nsteps = (len + 31) / 32;
+    const int nsteps = (len + SS::kPos - 1) / SS::kPos;
     load_prep(q, blockIdx.z, c, s_lw, s_cum, s_seg);
     cp_async_commit();
-    first_stages_n<kStateStages>(nsteps, load);  // in flight while the weights are formed
-    cp_async_wait<kStateStages - 1>();
+    first_stages_n<SS::kStages>(nsteps, load);  // in flight while the weights are formed
+    cp_async_wait<SS::kStages - 1>();
     __syncthreads();
     const float cum_end = s_cum[len - 1], cl2_end = cum_end * kLog2e;
     const int seg_end = s_seg[len - 1];
@@ -331,7 +350,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ss
 
     float acc[16][4];
     clear(acc);
-    state_product<false, kStateWg>(acc, s_x, s_b, s_w, nsteps, load);
+    state_product<false, kStateWg>(acc, &s_x[0][0], s_b, s_w, nsteps, load);
     store_state_tile(p.states + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate, acc, p0, hd, n0, ds,
                      p.dstate);
     if (blockIdx.y == 0 && threadIdx.x == 0)
@@ -347,13 +366,14 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_state(const Ss
 // its resets make H_c the sequence's own state and the seg mask drop the positions of earlier ones. An
 // empty sequence's state is 0 (sequence 0's: the initial state, when given). Grid (nseq,
 // ceil(headdim/64) * ceil(dstate/128), nheads), kThreads; warp w channels 16w .. 16w + 15 of the tile.
-extern "C" __global__ void __launch_bounds__(kThreads) ssd2_varlen_states(const Ssd2Params q) {
+extern "C" __global__ void FS_STATE_BOUNDS ssd2_varlen_states(const Ssd2Params q) {
     const SsdParams& p = q.p;
     __shared__ __align__(16) float s_lw[kQ];
     __shared__ __align__(16) float s_cum[kQ];
     __shared__ __align__(16) int s_seg[kQ];
     __shared__ __align__(8) float s_w[kQ];
-    __shared__ __align__(16) u16 s_x[kStateStages][32 * kLd64];   // positions s x channels p
+    using SS = StateStep<kStateWg>;  // positions a step, stages
+    __shared__ __align__(16) u16 s_x[SS::kStages][SS::kPos * kLd64];  // positions s x channels p
     __shared__ StateBTiles<kStateWg> s_bt;                        // positions s x states n
     u16* const s_b = s_bt.base();
 
@@ -381,16 +401,17 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_varlen_states(const 
     const u16* gx = (const u16*)p.x + c0 * p.x_s[1] + h * p.x_s[2] + p0;
     const u16* gb = (const u16*)p.B + c0 * p.B_s[1] + g * p.B_s[2] + n0;
     auto load = [&](int k, int st) {
-        load_tile<32, 64, kLd64>(s_x[st], gx + 32 * k * p.x_s[1], p.x_s[1], len - 32 * k, hd, q.vec_x);
-        load_state_b<kStateWg>(s_b + st * StateBTiles<kStateWg>::kStage, gb + 32 * k * p.B_s[1], p.B_s[1], len - 32 * k,
+        const int k0 = SS::kPos * k;
+        load_tile<SS::kPos, 64, kLd64>(s_x[st], gx + k0 * p.x_s[1], p.x_s[1], len - k0, hd, q.vec_x);
+        load_state_b<kStateWg>(s_b + st * StateBTiles<kStateWg>::kStage, gb + k0 * p.B_s[1], p.B_s[1], len - k0,
                                ds, q.vec_bc);
         cp_async_commit();
     };
-    const int nsteps = (len + 31) / 32;
+    const int nsteps = (len + SS::kPos - 1) / SS::kPos;
     load_prep(q, h, c, s_lw, s_cum, s_seg);  // batch 0: the (batch, head) index is h
     cp_async_commit();
-    first_stages_n<kStateStages>(nsteps, load);
-    cp_async_wait<kStateStages - 1>();
+    first_stages_n<SS::kStages>(nsteps, load);
+    cp_async_wait<SS::kStages - 1>();
     __syncthreads();
     const float cum_e = s_cum[len - 1], cl2_e = cum_e * kLog2e;
     const int seg_e = s_seg[len - 1];
@@ -399,7 +420,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_varlen_states(const 
     // (the first __syncthreads of the loop publishes s_w)
     float acc[16][4];
     clear(acc);
-    state_product<false, kStateWg>(acc, s_x, s_b, s_w, nsteps, load);
+    state_product<false, kStateWg>(acc, &s_x[0][0], s_b, s_w, nsteps, load);
     // the carried state, scaled to pe: only where pe continues the sequence that entered the chunk
     const float carry = seg_e == 0 ? ex(cum_e) : 0.f;
     const float* H = p.states + (c * p.nheads + h) * p.headdim * p.dstate;

@@ -133,7 +133,8 @@ def test_chunk_state_product_with_weights(warp: int) -> None:
 
 
 # ---- the wgmma form of the chunk-state product (common/ssd_tiles.cuh, sm_90a) ----------------
-K_BZ_BLOCK = 32 * 128  # bytes of one 64-column block of a B stage (kBzBlock)
+K_WG_POS = 64  # positions a step of the wgmma product (kWgPos)
+K_BZ_BLOCK = K_WG_POS * 128  # bytes of one 64-column block of a B stage (kBzBlock)
 
 
 def swizzle128(addr: int) -> int:
@@ -165,8 +166,8 @@ def load_tile_sw(tile: np.ndarray, valid_rows: int, valid_cols: int) -> dict[int
 
 
 def load_tile_bz(tile: np.ndarray, valid_rows: int, valid_cols: int) -> dict[int, float]:
-    """load_tile_bz = load_tile_sw<32, 128>."""
-    assert tile.shape == (32, 128)
+    """load_tile_bz = load_tile_sw<kWgPos, 128>."""
+    assert tile.shape == (K_WG_POS, 128)
     return load_tile_sw(tile, valid_rows, valid_cols)
 
 
@@ -200,7 +201,7 @@ def wgmma_b_mn_major(
     return out
 
 
-@pytest.mark.parametrize(("valid_rows", "valid_cols"), [(32, 128), (19, 128), (32, 72)])
+@pytest.mark.parametrize(("valid_rows", "valid_cols"), [(64, 128), (45, 128), (19, 128), (64, 72)])
 def test_chunk_state_product_on_wgmma(valid_rows: int, valid_cols: int) -> None:
     """weighted_state_product_wg: B staged by load_tile_bz, read by m64n128k16 through
     wgmma_desc(b_base + kk * 16 * 128, kBzBlock, 1024); A per warp is the mma.sync A fragment of
@@ -208,17 +209,17 @@ def test_chunk_state_product_on_wgmma(valid_rows: int, valid_cols: int) -> None:
     valid rows / columns, zero elsewhere."""
     rng = np.random.default_rng(5)
     ldx = 72
-    X = rng.standard_normal((32, 64))
-    Bm = rng.standard_normal((32, 128))
-    w = rng.standard_normal(32)
+    X = rng.standard_normal((K_WG_POS, 64))
+    Bm = rng.standard_normal((K_WG_POS, 128))
+    w = rng.standard_normal(K_WG_POS)
     smem = load_tile_bz(Bm, valid_rows, valid_cols)
-    rows_ok = np.arange(32)[:, None] < valid_rows
+    rows_ok = np.arange(K_WG_POS)[:, None] < valid_rows
     Bv = np.where(rows_ok & (np.arange(128)[None, :] < valid_cols), Bm, 0.0)
-    sx = np.zeros(32 * ldx)
-    for r in range(32):
+    sx = np.zeros(K_WG_POS * ldx)
+    for r in range(K_WG_POS):
         sx[r * ldx : r * ldx + 64] = X[r]
     got = np.zeros((64, 128))
-    for kk in range(2):
+    for kk in range(K_WG_POS // 16):
         B = wgmma_b_mn_major(smem, kk * 16 * 128, K_BZ_BLOCK, 1024)
         for warp in range(4):
             w16 = 16 * warp

@@ -86,7 +86,7 @@ def functions_of():  # noqa: ANN201
     return get
 
 
-STATE = {("64x128x16", "rs", ".tnspB"): 2}  # x^T w (registers) x B / C (MN-major), 32 positions
+STATE = {("64x128x16", "rs", ".tnspB"): 4}  # x^T w (registers) x B / C (MN-major), 64 positions
 SCAN = {
     ("64x64x16", "ss", ""): 4,  # C.H^T: C and H K-major, 64 states a step
     ("64x64x16", "rs", ".tnspB"): 4,  # W x: W from registers, x MN-major, a 64-position block

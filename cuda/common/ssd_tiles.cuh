@@ -244,15 +244,21 @@ __device__ __forceinline__ void weighted_state_product(float (&acc)[16][4], u16 
 
 #if FS_SSD_STATE_WGMMA
 // ---- the same product on wgmma (sm_90a: ssd2_chunk_state, ssd2_varlen_states) -----------------------
-// B's stage is one 32 x 128 tile in wgmma's 128-byte swizzle (common/wgmma.cuh): two 64-column blocks
-// of 32 rows x 128 bytes, kBzBlock bytes apart, the stage 1024-byte aligned. A stays as above (x^T by
+// B's stage is one kWgPos x 128 tile in wgmma's 128-byte swizzle (common/wgmma.cuh): two 64-column
+// blocks of kWgPos rows x 128 bytes, kBzBlock bytes apart, the stage 1024-byte aligned. A stays as above (x^T by
 // ldmatrix .trans from the padded s_a, scaled by s_w in registers) and enters as the register operand;
 // the warpgroup's m64n128k16 reads B from shared memory once for the four warps, where mma_row had
 // every warp read all of it by ldmatrix (32 KB of shared-memory reads a step instead of 8: ncu on the
 // H200, 2026-11-29, had L1 at 77% and L2 at 76% of peak in ssd2_chunk_state). The accumulator of
 // m64n128 is acc[16][4]'s layout (wgmma.cuh), so the callers' stores are unchanged.
-constexpr int kBzBlock = 32 * 128;              // bytes of one 64-column block (32 rows x 128 B)
-constexpr int kBzStage = 32 * 128;              // u16 elements of one stage (8 KB)
+// A step is kWgPos = 64 positions in two stages (since 2026-11-29: the same 64 positions in flight as
+// three stages of 32 had, half the barriers and wgmma waits, four m64n128k16 a step; 128 registers
+// under FS_STATE_BOUNDS, 55-57 KB static, four CTAs an SM. H200 b8 L2048: ssd_bwd_chunk_dstate16
+// 129.8-130.0 -> 122.2-123.5 us, ssd2_chunk_state 117.0-117.6 -> 116.4-116.6).
+constexpr int kWgPos = 64;                      // positions a step
+constexpr int kWgStages = 2;
+constexpr int kBzBlock = kWgPos * 128;          // bytes of one 64-column block (kWgPos rows x 128 B)
+constexpr int kBzStage = kWgPos * 128;          // u16 elements of one stage (16 KB)
 
 // Shared memory of kStages swizzled B stages plus the slack that aligns them to 1024 bytes.
 template <int kStages>
@@ -303,7 +309,7 @@ __device__ __forceinline__ void load_tile_sw(u16* s, const u16* g, i64 stride, i
 // A B stage of the state product: 32 positions x 128 states.
 __device__ __forceinline__ void load_tile_bz(u16* s, const u16* g, i64 stride, int valid_rows, int valid_cols,
                                              bool vec) {
-    load_tile_sw<32, 128>(s, g, stride, valid_rows, valid_cols, vec);
+    load_tile_sw<kWgPos, 128>(s, g, stride, valid_rows, valid_cols, vec);
 }
 
 // weighted_state_product (kHiLo false) with B from swizzled stages (s_bz + stage * kBzStage) and the
@@ -311,9 +317,9 @@ __device__ __forceinline__ void load_tile_bz(u16* s, const u16* g, i64 stride, i
 // step k's group waited for (kStages - 2 younger in flight), made visible to the async proxy, the
 // barrier; then step k + kStages - 1 issued into the stage step k - 1 read (every warp passed the
 // barrier after waiting for its step k - 1 wgmma, so no one reads it any more), A loaded and scaled,
-// two m64n128k16 committed and waited for.
+// kWgPos / 16 m64n128k16 committed and waited for.
 template <int kStages, typename Load>
-__device__ __forceinline__ void weighted_state_product_wg(float (&acc)[16][4], u16 (*s_a)[32 * kLd64], u16* s_bz,
+__device__ __forceinline__ void weighted_state_product_wg(float (&acc)[16][4], u16 (*s_a)[kWgPos * kLd64], u16* s_bz,
                                                           const float* s_w, int nsteps, Load load) {
     static_assert(kStages >= 2, "stages");
     float(&d)[64] = *reinterpret_cast<float(*)[64]>(&acc[0][0]);
@@ -327,13 +333,15 @@ __device__ __forceinline__ void weighted_state_product_wg(float (&acc)[16][4], u
         else cp_async_commit();  // (an empty group keeps the count of groups in flight uniform)
         const u32 a_base = smem_u32(s_a[k % kStages] + w16 + lane_at(lane, kLd64));
         const u32 b_base = smem_u32(s_bz + (k % kStages) * kBzStage);
-        u32 a[2][4];
+        constexpr int kK16 = kWgPos / 16;
+        u32 a[kK16][4];
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) weighted_a(a[kk], a_base + kk * 16 * kLd64 * 2, s_w + 32 * k + 16 * kk + t2);
+        for (int kk = 0; kk < kK16; ++kk)
+            weighted_a(a[kk], a_base + kk * 16 * kLd64 * 2, s_w + kWgPos * k + 16 * kk + t2);
         const u64 db = wgmma_desc(b_base, kBzBlock, 1024);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) wgmma_rs<128, DT, 1>(d, a[kk], desc_at(db, kk * 16 * 128), 1);
+        for (int kk = 0; kk < kK16; ++kk) wgmma_rs<128, DT, 1>(d, a[kk], desc_at(db, kk * 16 * 128), 1);
         wgmma_commit();
         wgmma_wait<0>();
         reg_fence(d);
@@ -341,8 +349,15 @@ __device__ __forceinline__ void weighted_state_product_wg(float (&acc)[16][4], u
 }
 #endif
 
-// The B side of a state product (B in ssd2_chunk_state, C in ssd_bwd_chunk_dstate16): kStateStages
-// stages of 32 positions x 128 columns, swizzled for wgmma (kWg: sm_90a) or padded (kLd128) for
+// A state product's step: kPos positions a step in kStages stages (kStateStages of 32 on mma.sync,
+// kWgStages of kWgPos on wgmma). The callers size their A stages (u16 [kStages][kPos * kLd64]) and
+// their loads by it.
+template <bool kWg>
+struct StateStep {
+    static constexpr int kPos = 32, kStages = kStateStages;
+};
+// The B side of a state product (B in ssd2_chunk_state, C in ssd_bwd_chunk_dstate16): the step's
+// stages of kPos positions x 128 columns, swizzled for wgmma (kWg: sm_90a) or padded (kLd128) for
 // mma.sync. kStage: u16 elements from one stage to the next.
 template <bool kWg>
 struct StateBTiles {
@@ -352,14 +367,26 @@ struct StateBTiles {
 };
 #if FS_SSD_STATE_WGMMA
 template <>
+struct StateStep<true> {
+    static constexpr int kPos = kWgPos, kStages = kWgStages;
+};
+template <>
 struct StateBTiles<true> {
     static constexpr int kStage = kBzStage;
-    BzStages<kStateStages> z;
+    BzStages<kWgStages> z;
     __device__ __forceinline__ u16* base() { return z.base(); }
 };
 #endif
 // kWg where this build has the wgmma product (sm_90a), else the mma.sync one.
 constexpr bool kStateWg = FS_SSD_STATE_WGMMA != 0;
+// The state kernels' bounds: four CTAs an SM at 128 registers on wgmma (their 55-57 KB of shared
+// memory allow four; unbounded, the 64-position step took 168-174 registers, three CTAs), as before
+// elsewhere.
+#if FS_SSD_STATE_WGMMA
+#define FS_STATE_BOUNDS __launch_bounds__(kThreads, 4)
+#else
+#define FS_STATE_BOUNDS __launch_bounds__(kThreads)
+#endif
 
 // One stage of the B side (load_tile_bz or load_tile); the caller commits.
 template <bool kWg>
@@ -377,16 +404,17 @@ __device__ __forceinline__ void load_state_b(u16* s, const u16* g, i64 stride, i
 // acc += the weighted state product over s_b's stages: weighted_state_product_wg (kWg) or
 // weighted_state_product<kHiLo> (kHiLo only on mma.sync).
 template <bool kHiLo, bool kWg, typename Load>
-__device__ __forceinline__ void state_product(float (&acc)[16][4], u16 (*s_a)[32 * kLd64], u16* s_b, const float* s_w,
-                                              int nsteps, Load load) {
+__device__ __forceinline__ void state_product(float (&acc)[16][4], u16* s_a, u16* s_b, const float* s_w, int nsteps,
+                                              Load load) {
     static_assert(!(kHiLo && kWg), "the hi / lo product runs on mma.sync");
 #if FS_SSD_STATE_WGMMA
     if constexpr (kWg) {
-        weighted_state_product_wg<kStateStages>(acc, s_a, s_b, s_w, nsteps, load);
+        weighted_state_product_wg<kWgStages>(acc, (u16(*)[kWgPos * kLd64])s_a, s_b, s_w, nsteps, load);
         return;
     }
 #endif
-    weighted_state_product<kHiLo, kStateStages>(acc, s_a, (u16(*)[32 * kLd128])s_b, s_w, nsteps, load);
+    weighted_state_product<kHiLo, kStateStages>(acc, (u16(*)[32 * kLd64])s_a, (u16(*)[32 * kLd128])s_b, s_w, nsteps,
+                                                load);
 }
 
 // weighted_state_product's acc into out (fp32, row-major rows p0 + r x dstate columns, from n0):
