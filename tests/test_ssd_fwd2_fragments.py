@@ -201,6 +201,32 @@ def wgmma_b_mn_major(
     return out
 
 
+def wgmma_desc(saddr: int, lbo: int, sbo: int) -> int:
+    """common/wgmma.cuh wgmma_desc, verbatim (64-bit)."""
+    d = (saddr & 0x3FFFF) >> 4
+    d |= ((lbo >> 4) & 0x3FFF) << 16
+    d |= ((sbo >> 4) & 0x3FFF) << 32
+    return d | (1 << 62)
+
+
+def desc_at(d: int, nbytes: int) -> int:
+    """common/wgmma.cuh desc_at, verbatim: a 32-bit add to the descriptor's low word."""
+    return (d & 0xFFFFFFFF00000000) | ((d + (nbytes >> 4)) & 0xFFFFFFFF)
+
+
+@pytest.mark.parametrize(("lbo", "sbo"), [(16, 1024), (64 * 128, 1024), (K_BZ_BLOCK, 1024)])
+def test_desc_at_steps_equal_formed_descriptors(lbo: int, sbo: int) -> None:
+    """The scan's and the state product's k steps: desc_at(wgmma_desc(base), off) must be the
+    descriptor wgmma_desc(base + off) forms, for every 1024-aligned tile base in a 227 KB shared
+    window and every step offset the kernels take (k16 steps of 32 or 2048 bytes, up to a tile's
+    end)."""
+    for base in range(0, 227 * 1024, 1024):
+        d = wgmma_desc(base, lbo, sbo)
+        for off in [32 * k for k in range(4)] + [2048 * k for k in range(8)]:
+            if base + off < 227 * 1024:
+                assert desc_at(d, off) == wgmma_desc(base + off, lbo, sbo), (base, off)
+
+
 @pytest.mark.parametrize(("valid_rows", "valid_cols"), [(64, 128), (45, 128), (19, 128), (64, 72)])
 def test_chunk_state_product_on_wgmma(valid_rows: int, valid_cols: int) -> None:
     """weighted_state_product_wg: B staged by load_tile_bz, read by m64n128k16 through
