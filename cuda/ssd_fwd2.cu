@@ -644,9 +644,8 @@ __device__ __forceinline__ void accumulate_cbf_x(float (&acc)[8][4], const float
 // until they finish).
 __device__ __forceinline__ void wx_wgmma(float (&acc)[8][4], const u32 (&a)[4][4], u32 x_base) {
     float(&d)[32] = *reinterpret_cast<float(*)[32]>(&acc[0][0]);
-    wgmma_fence();
-#pragma unroll
     const u64 dx = wgmma_desc(x_base, 64 * 128, 1024);
+    wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_rs<64, DT, 1>(d, a[kk], desc_at(dx, kk * 16 * 128), 1);
     wgmma_commit();

@@ -120,8 +120,16 @@ def test_backward_lc_runs_on_hgmma_and_its_hilo_form_on_mma_sync(
     assert not mix and hmma > 0, "the hi / lo L_c stays on mma.sync"
 
 
-def test_sm80_builds_keep_mma_sync(functions_of) -> None:  # noqa: ANN001
-    fns = functions_of(_variant("ssd_fwd2.ssd2_chunk_scan", 1, 256, "sm_80"), "sm_80")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_100", "sm_120"])
+def test_other_archs_keep_mma_sync(functions_of, arch: str) -> None:  # noqa: ANN001
+    """wgmma is sm_90a's alone: every other arch builds the mma.sync forms. (Until 2026-11-29 the
+    wgmma path was taken for FS_ARCH >= 90, so sm_100 / sm_120 builds of ssd_fwd2 and ssd_bwd failed
+    in ptxas.)"""
+    fns = functions_of(_variant("ssd_fwd2.ssd2_chunk_scan", 1, 256, arch), arch)
     for func in ("ssd2_chunk_state", "ssd2_chunk_scan"):
         mix, hmma, _ = _mix(fns[func])
-        assert not mix and hmma > 0, f"{func} on sm_80: {dict(mix)}, {hmma} HMMA"
+        assert not mix and hmma > 0, f"{func} on {arch}: {dict(mix)}, {hmma} HMMA"
+    if arch == "sm_120":
+        fns = functions_of(_variant("ssd_bwd.ssd_bwd_chunk_out", 1, 256, arch), arch)
+        mix, hmma, _ = _mix(fns["ssd_bwd_chunk_dstate16"])
+        assert not mix and hmma > 0, f"L_c on {arch}: {dict(mix)}, {hmma} HMMA"

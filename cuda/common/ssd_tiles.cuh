@@ -10,8 +10,9 @@
 
 #include "common/ssd.cuh"
 
-// sm_90a builds run the state product and the chunk scan's products on wgmma (see below)
-#if defined(FS_ARCH) && FS_ARCH >= 90
+// sm_90a builds run the state product and the chunk scan's products on wgmma (see below); wgmma is
+// sm_90a's alone, so every other arch (sm_100, sm_120 ... included) keeps mma.sync
+#if defined(FS_ARCH) && FS_ARCH == 90
 #include "common/wgmma.cuh"
 #define FS_SSD_STATE_WGMMA 1
 #else
