@@ -2588,8 +2588,9 @@ __device__ __forceinline__ void chunk_dstate16(const SsdBwdParams& q) {
     float acc[16][4];
     clear(acc);
     state_product<kHiLo, kWg>(acc, &s_g[0][0], s_c, s_e, nsteps, load);
-    store_state_tile(q.dstates + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate, acc, p0, hd, n0, ds,
-                     p.dstate);
+    // (the hi / lo form keeps the checked store: the whole-tile one took it to 130 registers, 3 CTAs an SM)
+    store_state_tile<!kHiLo>(q.dstates + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate, acc, p0, hd,
+                             n0, ds, p.dstate);
 #endif
 }
 extern "C" __global__ void FS_STATE_BOUNDS ssd_bwd_chunk_dstate16(const SsdBwdParams q) {

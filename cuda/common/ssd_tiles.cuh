@@ -424,11 +424,12 @@ __device__ __forceinline__ void state_product(float (&acc)[16][4], u16* s_a, u16
 // ssd2_chunk_state (H200, b8 L2048, 2026-11-29) put ~20% of its stall samples in this store's
 // bounds tests and branches; unchecked, ssd2_chunk_state 116.4-116.5 -> 114.5-115.5 us and
 // ssd_bwd_chunk_dstate16 122.8-123.0 -> 121.1-121.6 (predicted -5..10%: its samples were mostly
-// the stores' own latency).
+// the stores' own latency). kWhole false: every tile takes the checked stores (fewer registers).
+template <bool kWhole = true>
 __device__ __forceinline__ void store_state_tile(float* out, const float (&acc)[16][4], int p0, int hd, int n0, int ds,
                                                  i64 dstate) {
     const bool pair = (dstate & 1) == 0;
-    if (pair && hd >= 64 && ds >= 128) {  // uniform
+    if (kWhole && pair && hd >= 64 && ds >= 128) {  // uniform
         float* const o0 = out + (i64)(p0 + acc_row(0)) * dstate + n0 + acc_col(0, 0);
         float* const o1 = o0 + 8 * dstate;
 #pragma unroll
