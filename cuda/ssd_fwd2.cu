@@ -140,7 +140,7 @@
 // samples in the prologue (the i64 (batch, head, group) divisions with their runtime 64-bit check,
 // load_prep's strided loop), the wgmma descriptors re-formed (masked fields, 64-bit adds) for
 // every k step, a row predicate and select on every cp.async of whole tiles. With those in 32-bit /
-// stepped by desc_at / unpredicated: the scan 333.8-334.7 -> 320.3-320.6 us (predicted -3..5%),
+// stepped by desc_at / unpredicated: the scan 333.8-334.7 -> 320.3-320.6 us (predicted -5..8%),
 // forward 538-539 -> 524.5-525.1 us of kernels (Triton 695.2 in the same process). The loop top of
 // W x (waiting for block j's CB and x, one block ahead) then held 18% of the samples, the exit's
 // store drain 4%. Tried and dropped (same leases): ssd2_chunk_state with two heads of a group a CTA

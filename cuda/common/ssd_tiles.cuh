@@ -307,7 +307,7 @@ __device__ __forceinline__ void load_tile_sw(u16* s, const u16* g, i64 stride, i
         }
     }
 }
-// A B stage of the state product: 32 positions x 128 states.
+// A B stage of the wgmma state product: kWgPos positions x 128 states.
 __device__ __forceinline__ void load_tile_bz(u16* s, const u16* g, i64 stride, int valid_rows, int valid_cols,
                                              bool vec) {
     load_tile_sw<kWgPos, 128>(s, g, stride, valid_rows, valid_cols, vec);
@@ -362,7 +362,7 @@ struct StateStep {
 // mma.sync. kStage: u16 elements from one stage to the next.
 template <bool kWg>
 struct StateBTiles {
-    static constexpr int kStage = 32 * kLd128;
+    static constexpr int kStage = StateStep<false>::kPos * kLd128;
     u16 t[kStateStages][kStage];
     __device__ __forceinline__ u16* base() { return &t[0][0]; }
 };
@@ -399,7 +399,7 @@ __device__ __forceinline__ void load_state_b(u16* s, const u16* g, i64 stride, i
         return;
     }
 #endif
-    load_tile<32, 128, kLd128>(s, g, stride, valid_rows, valid_cols, vec);
+    load_tile<StateStep<false>::kPos, 128, kLd128>(s, g, stride, valid_rows, valid_cols, vec);
 }
 
 // acc += the weighted state product over s_b's stages: weighted_state_product_wg (kWg) or

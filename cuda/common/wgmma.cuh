@@ -43,7 +43,7 @@ __device__ __forceinline__ u64 wgmma_desc(u32 saddr, u32 lbo_bytes, u32 sbo_byte
 
 // The descriptor of the operand `bytes` further on in shared memory: d's start-address field plus
 // bytes >> 4 (no carry out of the 14-bit field while both addresses lie in the shared window, below
-// 256 KB). One 64-bit add where wgmma_desc re-forms the masked fields for every k step.
+// 256 KB). One 32-bit add where wgmma_desc re-forms the masked fields for every k step.
 __device__ __forceinline__ u64 desc_at(u64 d, u32 bytes) {
     return (d & 0xFFFFFFFF00000000ull) | (u32)((u32)d + (bytes >> 4));  // (a 32-bit add: no carry)
 }
