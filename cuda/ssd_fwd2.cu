@@ -13,7 +13,8 @@
 //                        exp(cum_end - cum_s) dt'_s computed once per chunk into shared memory and
 //                        applied to the A fragments of x^T (8 multiplies per k16 step per thread).
 //   2. ssd2_state_passing cuda/ssd.cu's recurrence (fp32 in registers), one CTA per (batch, head), 4
-//                        consecutive elements per thread, the next S in flight; H_c written in x's
+//                        consecutive elements per thread, the next three S in flight (a cp.async
+//                        ring in shared memory, kPassDepth); H_c written in x's
 //                        dtype over chunk c's slot (in place, race-free: see the kernel), so the scan
 //                        reads 2 bytes per state element instead of 4.
 //   3. ssd2_chunk_scan   y (64 positions l x 64 channels p per CTA) = [seg_l == 0] exp(cum_l) C_l . H_c
@@ -151,6 +152,16 @@
 // it); the state product on 64 positions a step (StateStep) moved ssd2_chunk_state only 117.3 ->
 // 116.5 (it landed for ssd_bwd_chunk_dstate16: 129.9 -> 122.9).
 //
+// TRIED 2026-12-01, stop 33 (H200, same-wheel A/B, benches/results/2026-12-01-h200-ssd-state-passing/):
+// the state passing inside ssd2_chunk_state (chunk c's CTA taking R_{c-1} from slot c behind a
+// flag and handing on R_c, no ssd2_state_passing launch), predicted forward 520 -> ~470 us. It
+// never beat the pair: 187 us against 114 + 69 at best (R_{c-1} read back a wave later, from
+// DRAM: the same ~590 MB moved, plus a chained epilogue), 210 with the chunks half a wave apart
+// (the successors waited). Dropped; the patch is in the record. The bytes only go if H_c stays on
+// chip (a cluster of a head's chunks handing it on through distributed shared memory).
+// MEASURED the same stop (same record, call 4): ssd2_state_passing's next S values three steps
+// ahead by cp.async into a per-thread shared ring (kPassDepth; one float4 in registers before, DRAM
+// 71%): 68.6-68.9 -> 65.4-65.8 us at b8 L2048 (predicted ~58), 268.5 -> 258.8 at L8192.//
 // Compile-time constants (host prelude): FS_DTYPE (0 fp16, 1 bf16), FS_CHUNK (64, 128 or 256).
 
 #include "common/ssd.cuh"
@@ -454,8 +465,13 @@ extern "C" __global__ void FS_STATE_BOUNDS ssd2_varlen_states(const Ssd2Params q
 // took 56 registers instead of 48, 4 CTAs of 256 threads an SM instead of 5, and the 640 (batch, head)
 // CTAs of b8 80 heads two waves on 132 SMs (68 -> 94 us on the H200).
 constexpr int kPassBlock = 4 * kPassThreads;
+// The vector path's ring: each thread's next S values (16 bytes a step) kPassDepth - 1 steps ahead
+// by cp.async into its own shared-memory column (no barrier: a thread reads only what it copied).
+// One float4 in flight a thread in registers, as before, held ~20 KB an SM in flight and DRAM at
+// 71% (ncu, H200, 2026-11-29); three in flight from shared memory hold ~60 KB without registers.
+constexpr int kPassDepth = 4;
 template <bool kCompact>
-__device__ __forceinline__ void pass_states(const Ssd2Params& q) {
+__device__ __forceinline__ void pass_states(const Ssd2Params& q, float4 (&s_ring)[kPassDepth][kPassThreads]) {
     const SsdParams& p = q.p;
     const i64 pn = p.headdim * p.dstate;
     const i64 b = blockIdx.x / p.nheads, h = blockIdx.x % p.nheads;
@@ -467,19 +483,28 @@ __device__ __forceinline__ void pass_states(const Ssd2Params& q) {
     u16* const h0 = kCompact ? q.h16 + (slot0 - p.states) : (u16*)slot0;
     const i64 hstep = kCompact ? step : 2 * step;  // u16 elements from one chunk's H_c to the next
     const int nblocks = (int)((pn + kPassBlock - 1) / kPassBlock), nc = (int)p.nchunks;
-    auto load = [&](int k, int c, float (&v)[4]) {
+    // step t = k nc + c: block k of chunk c's slot
+    auto issue = [&](int t) {
+        if (t < nblocks * nc) {
+            const int k = t / nc, c = t - k * nc;
+            const i64 e0 = (i64)k * kPassBlock + 4 * threadIdx.x;
+            cp_async16(smem_u32(&s_ring[t % kPassDepth][threadIdx.x]), slot0 + c * step + e0, e0 < pn);
+        }
+        cp_async_commit();  // (an empty group past the end keeps the count uniform)
+    };
+    auto load = [&](int k, int c, float (&v)[4]) {  // the element path
         const i64 e0 = (i64)k * kPassBlock + 4 * threadIdx.x;
         const float* src = slot0 + c * step + e0;
-        if (vec && e0 < pn) {
-            const float4 f = *(const float4*)src;
-            v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
-        } else {
 #pragma unroll
-            for (int u = 0; u < 4; ++u) v[u] = e0 + u < pn ? src[u] : 0.f;
-        }
+        for (int u = 0; u < 4; ++u) v[u] = e0 + u < pn ? src[u] : 0.f;
     };
-    float nxt[4];
-    load(0, 0, nxt);
+    float nxt[4] = {0.f, 0.f, 0.f, 0.f};
+    if (vec) {
+#pragma unroll
+        for (int t = 0; t < kPassDepth - 1; ++t) issue(t);
+    } else {
+        load(0, 0, nxt);
+    }
     for (int k = 0; k < nblocks; ++k) {
         const i64 e0 = (i64)k * kPassBlock + 4 * threadIdx.x;
         const int nv = (int)max((i64)0, min((i64)4, pn - e0));
@@ -494,11 +519,20 @@ __device__ __forceinline__ void pass_states(const Ssd2Params& q) {
                 }
         for (int c = 0; c < nc; ++c) {
             const float d = decay[c];
+            if (vec) {  // S_c of block k from the ring; step t + kPassDepth - 1 into the slot t - 1 used
+                const int t = k * nc + c;
+                issue(t + kPassDepth - 1);
+                cp_async_wait<kPassDepth - 1>();
+                const float4 f = s_ring[t % kPassDepth][threadIdx.x];
+                nxt[0] = f.x; nxt[1] = f.y; nxt[2] = f.z; nxt[3] = f.w;
+            }
             float Hn[4];
 #pragma unroll
             for (int u = 0; u < 4; ++u) Hn[u] = d * H[u] + nxt[u];  // consumes S_c before the barrier
-            if (c + 1 < nc) load(k, c + 1, nxt);
-            else if (k + 1 < nblocks) load(k + 1, 0, nxt);
+            if (!vec) {
+                if (c + 1 < nc) load(k, c + 1, nxt);
+                else if (k + 1 < nblocks) load(k + 1, 0, nxt);
+            }
             __syncthreads();  // every thread's S_c of block k is read: the 16-bit H may overwrite it
             if (q.states_f32) {  // element e over element e (the one this thread read as S_c)
                 float* d32 = slot0 + c * step + e0;
@@ -539,10 +573,11 @@ __device__ __forceinline__ void pass_states(const Ssd2Params& q) {
 }
 
 extern "C" __global__ void __launch_bounds__(kPassThreads, 5) ssd2_state_passing(const Ssd2Params q) {
+    __shared__ __align__(16) float4 s_ring[kPassDepth][kPassThreads];  // (one for both forms: 16 KB)
     if (q.h16) {
-        pass_states<true>(q);
+        pass_states<true>(q, s_ring);
     } else {
-        pass_states<false>(q);
+        pass_states<false>(q, s_ring);
     }
 }
 

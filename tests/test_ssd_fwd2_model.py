@@ -292,48 +292,63 @@ def test_model_matches_the_reference_under_steep_decay() -> None:
     np.testing.assert_allclose(final, want_final, rtol=1e-9, atol=1e-9)
 
 
-def _replay_state_passing(pn: int, nc: int, threads: int = 256) -> None:
-    """ssd2_state_passing's memory order for one (batch, head), bytes of each chunk's slot:
-    step (k, c) consumes S_c of block k (loaded by the previous step), issues the next step's load
-    (not consumed until after this step's barrier), then, after the barrier, writes block k's
-    16-bit H over slot c. Asserted: a load never reads a byte written before it, nor one this
-    step writes (the prefetch may still be in flight); a write only covers fp32 elements already
-    read; every S element is read exactly once."""
+def _replay_state_passing(
+    pn: int, nc: int, depth: int, threads: int = 256, reverse: bool = False
+) -> None:
+    """ssd2_state_passing's memory order for one (batch, head), bytes of each chunk's slot: steps
+    t = k nc + c in order; the load of step t + depth - 1 is issued at step t (the vector path's
+    cp.async ring of `depth` stages, kPassDepth; depth 2: the element path, one step ahead), so up
+    to depth - 1 loads are in flight when step t consumes S_c of block k; after the step's barrier
+    block k's 16-bit H goes over slot c. Asserted: a load never reads a byte written before it,
+    nor one this step writes while it may still be in flight; a write only covers fp32 elements
+    already read; every S element is read exactly once. reverse: blocks in descending order (not
+    the kernel's: its 16-bit H lands on blocks not read yet), to show the replay can fail."""
     block = 4 * threads
     nblocks = _ceil(pn, block)
+    steps = nblocks * nc
     reads = np.zeros((nc, pn), dtype=np.int64)
     written = np.zeros((nc, 4 * pn), dtype=bool)
 
     def elems(k: int) -> np.ndarray:
         return np.arange(k * block, min((k + 1) * block, pn))
 
-    def load(k: int, c: int) -> np.ndarray:
+    def at(t: int) -> tuple[int, int]:
+        k, c = divmod(t, nc)
+        return (nblocks - 1 - k if reverse else k), c
+
+    def load(t: int) -> tuple[int, np.ndarray]:
+        k, c = at(t)
         e = elems(k)
         span = (4 * e[:, None] + np.arange(4)).ravel()
         assert not written[c, span].any(), f"block {k} of chunk {c} read after being overwritten"
         reads[c, e] += 1
-        return span
+        return c, span
 
-    load(0, 0)
-    for k in range(nblocks):
-        for c in range(nc):
-            if c + 1 < nc:
-                pending = (c + 1, load(k, c + 1))
-            elif k + 1 < nblocks:
-                pending = (0, load(k + 1, 0))
-            else:
-                pending = None
-            e = elems(k)
-            span = (2 * e[:, None] + np.arange(2)).ravel()  # u16 element e: bytes 2e, 2e + 1
-            assert (reads[c, np.unique(span // 4)] > 0).all(), f"block {k}: H over unread S"
-            if pending is not None and pending[0] == c:
-                assert not np.isin(pending[1], span).any(), "prefetch overlaps this step's write"
-            written[c, span] = True
+    pending = {t: load(t) for t in range(min(depth - 1, steps))}
+    for t in range(steps):
+        if t + depth - 1 < steps:
+            pending[t + depth - 1] = load(t + depth - 1)
+        pending.pop(t)  # consumed (waited for) before the barrier
+        k, c = at(t)
+        e = elems(k)
+        span = (2 * e[:, None] + np.arange(2)).ravel()  # u16 element e: bytes 2e, 2e + 1
+        assert (reads[c, np.unique(span // 4)] > 0).all(), f"block {k}: H over unread S"
+        for cc, loaded in pending.values():
+            if cc == c:
+                assert not np.isin(loaded, span).any(), "a load in flight overlaps this write"
+        written[c, span] = True
     assert (reads == 1).all()
 
 
 @pytest.mark.parametrize(
     "pn, nc", [(64 * 128, 8), (8 * 16, 3), (70 * 136, 5), (33 * 130, 1), (256 * 256, 2), (5, 4)]
 )
-def test_state_passing_overwrites_in_place_without_a_race(pn: int, nc: int) -> None:
-    _replay_state_passing(pn, nc)
+@pytest.mark.parametrize("depth", [2, 4])
+def test_state_passing_overwrites_in_place_without_a_race(pn: int, nc: int, depth: int) -> None:
+    _replay_state_passing(pn, nc, depth)
+
+
+def test_state_passing_replay_fails_on_a_racy_order() -> None:
+    """Blocks in descending order write 16-bit H over S not read yet: the replay must say so."""
+    with pytest.raises(AssertionError, match="unread S"):
+        _replay_state_passing(64 * 128, 3, 4, reverse=True)
