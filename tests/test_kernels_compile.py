@@ -178,6 +178,28 @@ def test_ssd_bwd16_kernels_keep_their_occupancy_on_sm90(
     assert seen == set(_SSD_BWD16_CTAS), sorted(set(_SSD_BWD16_CTAS) - seen)
 
 
+@pytest.mark.parametrize("arch", ["sm_100", "sm_120"])
+def test_every_family_compiles_for_blackwell(arch: str) -> None:
+    """What a Blackwell GPU (compute 10.0 / 12.0: `sm_100` / `sm_120`, no arch-specific suffix)
+    would compile at first use: one variant of every family (a main one where it has one), the
+    whole family file with the arch's own paths (the sm_90a-only wgmma / TMA / setmaxnreg code
+    must stay out). Until 2026-11-29 the SSD's wgmma forms were taken for FS_ARCH >= 90 and
+    failed in ptxas there. (A stratified sample of 135 of the ~1800 variants each arch lists,
+    every family, compiled clean for both on 2026-12-01; all of them take ~2 CPU-hours, so CI
+    compiles one a family.)"""
+    # a main variant where the family lists one, else its first that builds more than the small
+    # auxiliary kernels (FS_AUX_ONLY)
+    by_family: dict[str, str] = {}
+    rank = lambda v: (not v["main"], "FS_AUX_ONLY=1" in v["name"])  # noqa: E731
+    for v in sorted(_native.kernel_variants(arch), key=rank):
+        by_family.setdefault(v["family"], v["name"])
+    assert len(by_family) >= 10, sorted(by_family)
+    workers = max(1, min(8, os.cpu_count() or 1))
+    cubins = compile_variants(sorted(by_family.values()), arch, workers=workers)
+    for name, cubin in cubins.items():
+        assert cubin[:4] == b"\x7fELF", f"{name} for {arch} is not an ELF CUBIN"
+
+
 def test_unknown_variant_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="no kernel variant named"):
         _native.compile_variant("nope[]", "sm_90a")
