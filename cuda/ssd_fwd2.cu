@@ -161,7 +161,8 @@
 // chip (a cluster of a head's chunks handing it on through distributed shared memory).
 // MEASURED the same stop (same record, call 4): ssd2_state_passing's next S values three steps
 // ahead by cp.async into a per-thread shared ring (kPassDepth; one float4 in registers before, DRAM
-// 71%): 68.6-68.9 -> 65.4-65.8 us at b8 L2048 (predicted ~58), 268.5 -> 258.8 at L8192.//
+// 71%): 68.6-68.9 -> 65.4-65.8 us at b8 L2048 (predicted ~58), 268.5 -> 258.8 at L8192.
+//
 // Compile-time constants (host prelude): FS_DTYPE (0 fp16, 1 bf16), FS_CHUNK (64, 128 or 256).
 
 #include "common/ssd.cuh"
@@ -467,8 +468,9 @@ extern "C" __global__ void FS_STATE_BOUNDS ssd2_varlen_states(const Ssd2Params q
 constexpr int kPassBlock = 4 * kPassThreads;
 // The vector path's ring: each thread's next S values (16 bytes a step) kPassDepth - 1 steps ahead
 // by cp.async into its own shared-memory column (no barrier: a thread reads only what it copied).
-// One float4 in flight a thread in registers, as before, held ~20 KB an SM in flight and DRAM at
-// 71% (ncu, H200, 2026-11-29); three in flight from shared memory hold ~60 KB without registers.
+// Until 2026-12-01 one float4 a thread was in flight, in registers: ~20 KB an SM, DRAM at 71% (ncu,
+// H200, 2026-11-29); three in flight from shared memory hold ~60 KB and no registers. (The element
+// path, for states not 16-byte aligned, still loads one step ahead into registers.)
 constexpr int kPassDepth = 4;
 template <bool kCompact>
 __device__ __forceinline__ void pass_states(const Ssd2Params& q, float4 (&s_ring)[kPassDepth][kPassThreads]) {
