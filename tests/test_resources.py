@@ -173,3 +173,21 @@ def test_cli_on_one_small_family(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(row.split()[4] == "main" for row in rows)
     assert lines[-2].startswith(f"sm_80: {len(want)} variant(s)")
     assert os.path.basename(report["cuobjdump"]).startswith("cuobjdump")
+
+
+@needs_native
+def test_cli_only_compiles_the_variants_named(capsys: pytest.CaptureFixture[str]) -> None:
+    """--only SUBSTR keeps the variants whose name contains it: one bf16 state-update variant for
+    sm_80 is one compile, and a substring matching nothing is a clear error."""
+    if not _nvrtc_present():
+        pytest.skip("NVRTC not installed (pip install nvidia-cuda-nvrtc)")
+    if _resources.find_cuobjdump() is None:
+        pytest.skip(_resources.CUOBJDUMP_MISSING)
+    variants = _backend.native.kernel_variants("sm_80")
+    name = next(v["name"] for v in variants if v["family"] == "state_update" and v["main"])
+    assert main(["resources", "--arch", "sm_80", "--only", name, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    want = [v["name"] for v in variants if name in v["name"]]
+    assert [v["name"] for v in report["variants"]] == want and name in want
+    assert main(["resources", "--arch", "sm_80", "--only", "no-such-kernel["]) == 1
+    assert "no kernel variant matches" in capsys.readouterr().err

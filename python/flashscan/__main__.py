@@ -317,7 +317,7 @@ def cmd_resources(args: argparse.Namespace) -> int:
         return 1
     try:
         arch = _resources.normalize_arch(args.arch)
-        variants = _resources.select_variants(arch, args.family, args.main)
+        variants = _resources.select_variants(arch, args.family, args.main, args.only)
     except ValueError as exc:
         print(f"resources: {exc}", file=sys.stderr)
         return 2
@@ -399,10 +399,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         default=None,
         metavar="NAME",
-        help="only this kernel family (flash_fwd, flash_bwd, selective_scan, "
-        "selective_scan_bwd, state_update); repeatable",
+        help="only this kernel family (flash_fwd, flash_bwd, flash_decode, selective_scan, "
+        "selective_scan_bwd, state_update, causal_conv1d, ssd, ssd_fwd2, ssd_bwd); repeatable",
     )
     p_res.add_argument("--main", action="store_true", help="only the main variants")
+    p_res.add_argument(
+        "--only",
+        action="append",
+        default=None,
+        metavar="SUBSTR",
+        help="only the variants whose name contains SUBSTR, e.g. "
+        "'ssd2_chunk_scan[FS_DTYPE=1,FS_CHUNK=256' (one compile instead of a family's); repeatable",
+    )
     p_res.add_argument("--json", action="store_true", help="print the numbers as JSON")
     p_res.add_argument(
         "--workers", type=int, default=None, help="parallel NVRTC compiles (default: up to 4)"

@@ -183,11 +183,15 @@ def _native() -> Any:
 
 
 def select_variants(
-    arch: str, families: list[str] | None = None, main_only: bool = False
+    arch: str,
+    families: list[str] | None = None,
+    main_only: bool = False,
+    only: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """The package's kernel variants for `arch` (`_native.kernel_variants`), only those of
-    `families` (all when None) and, with `main_only`, only the main ones. ValueError for an
-    unknown family, naming the known ones."""
+    `families` (all when None), with `main_only` only the main ones, and with `only` only those
+    whose name contains one of its substrings (e.g. "ssd2_chunk_scan[FS_DTYPE=1,FS_CHUNK=256").
+    ValueError for an unknown family, naming the known ones."""
     variants: list[dict[str, Any]] = list(_native().kernel_variants(arch))
     if families:
         known = sorted({v["family"] for v in variants})
@@ -199,6 +203,8 @@ def select_variants(
         variants = [v for v in variants if v["family"] in families]
     if main_only:
         variants = [v for v in variants if v["main"]]
+    if only:
+        variants = [v for v in variants if any(o in v["name"] for o in only)]
     return variants
 
 
