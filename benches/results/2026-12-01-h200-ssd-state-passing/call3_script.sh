@@ -2,10 +2,10 @@
 # stop 33 call 3: pass_order
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site .dev/wheel/flashscan-*.whl || exit 1
-python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site-deps .dev/pydeps/*.whl || exit 1
-export PYTHONPATH=/tmp/site:/tmp/site-deps
-export FLASHSCAN_CACHE_DIR=/tmp/fs-cache
+python3 -m pip install -q --no-deps --no-index --upgrade --target ${TMPDIR}/site .dev/wheel/flashscan-*.whl || exit 1
+python3 -m pip install -q --no-deps --no-index --upgrade --target ${TMPDIR}/site-deps .dev/pydeps/*.whl || exit 1
+export PYTHONPATH=${TMPDIR}/site:${TMPDIR}/site-deps
+export FLASHSCAN_CACHE_DIR=${TMPDIR}/fs-cache
 repo=$PWD
 L=$OUT/logs; mkdir -p $L
 cat .dev/wheel/COMMIT | tee $L/info.txt

@@ -2,13 +2,13 @@
 # stop 33 call 4: ssd2_state_passing's cp.async ring (n = c63b891) against main (r = a9068f3)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-for w in r n; do python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site-$w .dev/wheel-$w/flashscan-*.whl || exit 1; done
-python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site-deps .dev/pydeps/*.whl || exit 1
+for w in r n; do python3 -m pip install -q --no-deps --no-index --upgrade --target ${TMPDIR}/site-$w .dev/wheel-$w/flashscan-*.whl || exit 1; done
+python3 -m pip install -q --no-deps --no-index --upgrade --target ${TMPDIR}/site-deps .dev/pydeps/*.whl || exit 1
 repo=$PWD
 L=$OUT/logs; mkdir -p $L
 cat .dev/wheel-r/COMMIT .dev/wheel-n/COMMIT | tee $L/info.txt
 cd /tmp
-run() { w=$1; shift; PYTHONPATH=/tmp/site-$w:/tmp/site-deps FLASHSCAN_CACHE_DIR=/tmp/fs-cache-$w "$@"; }
+run() { w=$1; shift; PYTHONPATH=${TMPDIR}/site-$w:${TMPDIR}/site-deps FLASHSCAN_CACHE_DIR=${TMPDIR}/fs-cache-$w "$@"; }
 run n timeout 200 python3 -m pytest $repo/tests/test_ssd_gpu.py $repo/tests/test_ssd.py $repo/tests/test_ssd_fwd2_model.py -m gpu -q -p no:cacheprovider -n 8 > $L/tests-n.log 2>&1; echo "tests rc $?" >> $L/tests-n.log
 tail -3 $L/tests-n.log
 for tool in memcheck racecheck; do
