@@ -53,6 +53,10 @@
 //   FS_CPT        channels per slot (1, 2 or 4): register blocking over channels. Measured on the H100
 //                 (2026-11-22, b8 d2048 L2048 bf16): 1 -> 294 us, 2 -> 341 us (half the warps; the kernel is
 //                 latency-bound: MUFU pipe 49% busy, 7.8 warps/SM at FS_CPT 2). The host plan uses 1.
+//                 H200 (2026-12-02, `FLASHSCAN_SCAN_TILES=nsplit,tile,threads,min_blocks,cpt`): slower
+//                 at every plan tried, also with the warps kept (8 lanes x 2 channels at b32 d512 L60:
+//                 11.5 vs 10.1 us, 2.4% more instructions: the epilogue's wider reduce outweighs the
+//                 shared B / C reads)
 //   FS_MIN_BLOCKS __launch_bounds__ min blocks per SM
 //   FS_B_VARYING, FS_C_VARYING  1: (batch, ngroups, dstate, seqlen); 0: (dim, dstate)
 //   FS_POLY_NUM   0..8: exps per 8 done by polynomial (0: measured slower at 1 and 2, 2026-11-22)

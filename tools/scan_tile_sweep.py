@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Selective-scan forward tile sweep: kernel time of each `nsplit,tile,threads,min_blocks` plan at
-the given shapes, every plan's output checked against the default plan's. GPU only.
+"""Selective-scan forward tile sweep: kernel time of each `nsplit,tile,threads,min_blocks[,cpt]`
+plan at the given shapes, every plan's output checked against the default plan's. GPU only.
 
-    python tools/scan_tile_sweep.py --shapes rt32,rt1,2k --configs 1,8,128,2 2,16,128,4 [--out F]
+    python tools/scan_tile_sweep.py --shapes rt32,rt1,2k --configs 1,8,128,2 2,16,128,4,2 [--out F]
     python tools/scan_tile_sweep.py --bwd --shapes 2k --configs 8,16,256,2 4,8,128,4
 
 The scan reads its tile override (FLASHSCAN_SCAN_TILES, with --bwd the backward's
-FLASHSCAN_SCAN_BWD_TILES) once per process, so the parent runs one child process per (shape,
+FLASHSCAN_SCAN_BWD_TILES; the forward's takes a fifth number, `cpt`, the channels a lane group
+owns: FS_CPT) once per process, so the parent runs one child process per (shape,
 plan): the default plan first (it saves its output), then each plan. A child times the forward
 (bf16, D, z, delta_bias, softplus, varying B / C, dstate 16; --bwd: the backward kernels of
 `flashscan.torch.selective_scan_fn` under `torch.autograd.grad`) by torch.profiler's kernel time

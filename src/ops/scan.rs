@@ -435,6 +435,8 @@ pub struct Tiles {
     /// 32-bit index arithmetic in the kernel (`FS_IDX32`): the short-sequence plans, taken only
     /// where `Problem::idx32` holds.
     pub idx32: bool,
+    /// Channels a lane group owns (`FS_CPT`: 1, 2 or 4): one B / C read serves them all.
+    pub cpt: i64,
 }
 
 pub fn tiles(dstate: i64) -> Tiles {
@@ -467,6 +469,7 @@ pub fn tiles(dstate: i64) -> Tiles {
         min_blocks,
         tile,
         idx32: false,
+        cpt: 1,
     }
 }
 
@@ -520,9 +523,10 @@ pub fn short_seq_tiles(t: Tiles, channels: i64, sm_count: i64) -> Tiles {
     }
 }
 
-/// A `nsplit,tile,threads,min_blocks` tuning override of a scan launch's tiles (for sweeps on a
-/// GPU, not a user setting): None when unset, Err when malformed.
-pub(crate) type TileOverride = Option<std::result::Result<[i64; 4], String>>;
+/// A `nsplit,tile,threads,min_blocks[,cpt]` tuning override of a scan launch's tiles (for sweeps
+/// on a GPU, not a user setting; `cpt`, channels a lane group, defaults to 1 and only the forward
+/// takes another): None when unset, Err when malformed.
+pub(crate) type TileOverride = Option<std::result::Result<[i64; 5], String>>;
 
 /// The override in environment variable `var` (each caller reads it once, into a `OnceLock`).
 pub(crate) fn tiles_from_env(var: &str) -> TileOverride {
@@ -548,19 +552,22 @@ fn tiles_override() -> &'static TileOverride {
     O.get_or_init(|| tiles_from_env("FLASHSCAN_SCAN_TILES"))
 }
 
-fn parse_tiles(v: &str) -> std::result::Result<[i64; 4], String> {
-    let bad = || format!("tile override {v:?}: want nsplit,tile,threads,min_blocks");
-    let n: Vec<i64> = v
+fn parse_tiles(v: &str) -> std::result::Result<[i64; 5], String> {
+    let bad = || format!("tile override {v:?}: want nsplit,tile,threads,min_blocks[,cpt]");
+    let mut n: Vec<i64> = v
         .split(',')
         .map(|x| x.trim().parse::<i64>())
         .collect::<std::result::Result<_, _>>()
         .map_err(|_| bad())?;
-    <[i64; 4]>::try_from(n).map_err(|_| bad())
+    if n.len() == 4 {
+        n.push(1);
+    }
+    <[i64; 5]>::try_from(n).map_err(|_| bad())
 }
 
 /// Whether an override's tiles satisfy the kernel's static asserts for a padded dstate.
-fn override_fits(o: &[i64; 4], dpad: i64) -> bool {
-    let [nsplit, tile, threads, min_blocks] = *o;
+fn override_fits(o: &[i64; 5], dpad: i64) -> bool {
+    let [nsplit, tile, threads, min_blocks, cpt] = *o;
     (1..=32).contains(&nsplit)
         && nsplit & (nsplit - 1) == 0
         && dpad % nsplit == 0
@@ -572,6 +579,7 @@ fn override_fits(o: &[i64; 4], dpad: i64) -> bool {
         && threads % 32 == 0
         && threads % tile == 0
         && (1..=32).contains(&min_blocks)
+        && matches!(cpt, 1 | 2 | 4)
 }
 
 /// Whether a problem takes the short-sequence plans (and with them the 32-bit indexing).
@@ -613,7 +621,7 @@ fn forward_tiles(p: &Problem, sm_count: i64) -> Result<Tiles> {
 /// An override's tiles for a problem: its four numbers over `tiles(dstate)`, with the 32-bit
 /// index arithmetic where the short-sequence plans would take it (so a sweep compares plans on
 /// the same indexing); an error where it does not fit the dstate.
-fn override_tiles(o: &[i64; 4], p: &Problem) -> Result<Tiles> {
+fn override_tiles(o: &[i64; 5], p: &Problem) -> Result<Tiles> {
     let t = tiles(p.dstate);
     if !override_fits(o, t.dpad) {
         return Err(value_err(format!(
@@ -627,6 +635,7 @@ fn override_tiles(o: &[i64; 4], p: &Problem) -> Result<Tiles> {
         threads: o[2],
         min_blocks: o[3],
         idx32: short_seq_applies(p, t.dpad),
+        cpt: o[4],
         ..t
     })
 }
@@ -637,7 +646,7 @@ pub fn plan(p: &Problem, sm_count: i64) -> Plan {
 }
 
 fn plan_with(p: &Problem, t: Tiles, sm_count: i64) -> Plan {
-    let chans = t.threads / t.nsplit; // one channel per lane group (channels per thread = 1)
+    let chans = t.threads / t.nsplit * t.cpt; // t.cpt channels a lane group
     let dpg = p.dim / p.ngroups;
     let cpb = if (p.b.varying || p.c.varying) && p.ngroups > 1 {
         // A block's channels must share one B/C group.
@@ -650,7 +659,7 @@ fn plan_with(p: &Problem, t: Tiles, sm_count: i64) -> Plan {
     };
     let nblk_d = cdiv(p.dim, cpb);
     let mut nchunks = 1;
-    let lanes_per_sm = p.batch * p.dim * t.nsplit / sm_count.max(1);
+    let lanes_per_sm = p.batch * p.dim * t.nsplit / t.cpt / sm_count.max(1);
     if lanes_per_sm < CHUNK_LANES_LOW && p.seqlen >= 2 * CHUNK_MIN_LEN {
         let resident = sm_count * t.min_blocks;
         nchunks = (resident / (nblk_d * p.batch).max(1))
@@ -662,8 +671,8 @@ fn plan_with(p: &Problem, t: Tiles, sm_count: i64) -> Plan {
     let nchunks = cdiv(p.seqlen, chunk_len);
     let row = if t.dpad >= 4 { t.dpad + 4 } else { t.dpad };
     let bc_floats = 2 * t.tile * row;
-    let dt_floats = 4 * (t.threads / t.nsplit) * (t.tile + 1);
-    let y_floats = t.threads * (t.tile + 4);
+    let dt_floats = 4 * (t.threads / t.nsplit) * (t.tile + 1) * t.cpt;
+    let y_floats = t.threads * t.cpt * (t.tile + 4);
     let nvar = p.b.varying as i64 + p.c.varying as i64;
     Plan {
         tiles: t,
@@ -695,7 +704,7 @@ pub fn spec(
         ("FS_TILE_T", t.tile),
         ("FS_THREADS", t.threads),
         ("FS_MIN_BLOCKS", t.min_blocks),
-        ("FS_CPT", 1),
+        ("FS_CPT", t.cpt),
         ("FS_B_VARYING", bv as i64),
         ("FS_C_VARYING", cv as i64),
         ("FS_POLY_NUM", 0),
@@ -1205,20 +1214,22 @@ mod tests {
 
     #[test]
     fn tile_override_parses_and_is_checked() {
-        assert_eq!(parse_tiles("8, 16,128,8"), Ok([8, 16, 128, 8]));
+        assert_eq!(parse_tiles("8, 16,128,8"), Ok([8, 16, 128, 8, 1]));
+        assert_eq!(parse_tiles("8,16,128,4,2"), Ok([8, 16, 128, 4, 2]));
+        assert!(!override_fits(&[8, 16, 128, 4, 3], 16)); // FS_CPT: 1, 2 or 4
         assert!(parse_tiles("8,16,128").is_err());
         assert!(parse_tiles("8,x,128,8").is_err());
-        assert!(override_fits(&[8, 16, 128, 8], 16));
-        assert!(override_fits(&[16, 16, 64, 8], 16));
-        assert!(!override_fits(&[32, 32, 128, 4], 16)); // more lanes than states
-        assert!(!override_fits(&[4, 12, 128, 4], 16)); // tile not a multiple of 8
-        assert!(!override_fits(&[4, 64, 96, 4], 16)); // threads not a multiple of the tile
-        assert!(!override_fits(&[3, 24, 96, 4], 48));
+        assert!(override_fits(&[8, 16, 128, 8, 1], 16));
+        assert!(override_fits(&[16, 16, 64, 8, 1], 16));
+        assert!(!override_fits(&[32, 32, 128, 4, 1], 16)); // more lanes than states
+        assert!(!override_fits(&[4, 12, 128, 4, 1], 16)); // tile not a multiple of 8
+        assert!(!override_fits(&[4, 64, 96, 4, 1], 16)); // threads not a multiple of the tile
+        assert!(!override_fits(&[3, 24, 96, 4, 1], 48));
         // an override indexes in 32 bits where the short-sequence plans would
-        let t = override_tiles(&[4, 32, 128, 4], &problem(32, 512, 60, 16)).unwrap();
+        let t = override_tiles(&[4, 32, 128, 4, 1], &problem(32, 512, 60, 16)).unwrap();
         assert!(t.idx32 && (t.nsplit, t.tile) == (4, 32));
         assert!(
-            !override_tiles(&[4, 32, 128, 4], &problem(32, 512, 65, 16))
+            !override_tiles(&[4, 32, 128, 4, 1], &problem(32, 512, 65, 16))
                 .unwrap()
                 .idx32
         );
@@ -1226,8 +1237,8 @@ mod tests {
             idx32: false,
             ..problem(32, 512, 60, 16)
         };
-        assert!(!override_tiles(&[4, 32, 128, 4], &big).unwrap().idx32);
-        assert!(override_tiles(&[32, 32, 128, 4], &problem(32, 512, 60, 16)).is_err());
+        assert!(!override_tiles(&[4, 32, 128, 4, 1], &big).unwrap().idx32);
+        assert!(override_tiles(&[32, 32, 128, 4, 1], &problem(32, 512, 60, 16)).is_err());
     }
 
     #[test]

@@ -404,8 +404,8 @@ fn tiles_override() -> &'static scan::TileOverride {
 }
 
 /// Whether an override's tiles satisfy the backward kernel's static asserts for a padded dstate.
-fn override_fits(o: &[i64; 4], dpad: i64) -> bool {
-    let [nsplit, tile, threads, min_blocks] = *o;
+fn override_fits(o: &[i64; 5], dpad: i64) -> bool {
+    let [nsplit, tile, threads, min_blocks, cpt] = *o;
     (1..=32).contains(&nsplit)
         && nsplit & (nsplit - 1) == 0
         && dpad % nsplit == 0
@@ -415,6 +415,7 @@ fn override_fits(o: &[i64; 4], dpad: i64) -> bool {
         && (32..=1024).contains(&threads)
         && threads % 32 == 0
         && (1..=32).contains(&min_blocks)
+        && cpt == 1 // (the backward has one channel a lane group)
 }
 
 /// Small grids of short sequences at dstate 16: one state a lane (16 lanes a channel) while the
@@ -1163,11 +1164,12 @@ mod tests {
 
     #[test]
     fn tile_override_is_checked() {
-        assert!(override_fits(&[8, 16, 256, 2], 16));
-        assert!(override_fits(&[16, 8, 128, 4], 16));
-        assert!(!override_fits(&[32, 16, 256, 2], 16)); // more lanes than states
-        assert!(!override_fits(&[8, 6, 256, 2], 16)); // tile not a multiple of 4
-        assert!(!override_fits(&[8, 16, 100, 2], 16)); // not whole warps
+        assert!(override_fits(&[8, 16, 256, 2, 1], 16));
+        assert!(override_fits(&[16, 8, 128, 4, 1], 16));
+        assert!(!override_fits(&[32, 16, 256, 2, 1], 16)); // more lanes than states
+        assert!(!override_fits(&[8, 6, 256, 2, 1], 16)); // tile not a multiple of 4
+        assert!(!override_fits(&[8, 16, 100, 2, 1], 16)); // not whole warps
+        assert!(!override_fits(&[8, 16, 256, 2, 2], 16)); // one channel a lane group
     }
 
     #[test]
