@@ -43,8 +43,22 @@
 // seqlen_q != seqlen_k (bottom-right aligned), GQA/MQA, LSE. The launcher (src/ops/attention.rs)
 // encodes the maps and falls back to flash_fwd_sm90.cu where the driver refuses one.
 //
+// Persistent (FS_SM90_PERSIST=1; masks off only): one CTA an SM walks the tiles t = blockIdx.x,
+// blockIdx.x + gridDim.x, ... in the grid order of the plain launch (query blocks fastest, so the
+// CTAs at work share their heads' K / V in L2; every tile costs the same, so the stride balances).
+// The producer runs on into the next tile: its Q as soon as every consumer warp's last S = Q K^T
+// of the tile completed (q_empty, one arrival a consumer warp), its K / V as the ring frees, so
+// that tile's loads land under this one's last P V and epilogue; O is staged in a buffer of its
+// own (after the ring), not in the Q tile. Why: short sequences ran far below long ones (H200,
+// 2026-12-02, bf16, batch x seqlen 16k: hd64 305 TFLOP/s at s512 against 501 at s16k), the loads
+// before a CTA's first S and the epilogue after its last P V exposed in every CTA. Measured
+// against the one-tile grid in the same process: +15% at s512, +7-8% at s1024, +2-6% from s2048
+// (benches/results/2026-12-02-h200-attention-persistent/). Masked problems keep the one-tile
+// grid, whose hardware scheduling balances their uneven tiles (a static stride would not).
+//
 // The prelude defines FS_HEAD_DIM (64 or 128), FS_DTYPE (0 fp16, 1 bf16), FS_HAS_MASK, FS_ARCH (90),
-// FS_KV_STAGES (2 to 5), optionally FS_SM90_PIPE, FS_SM90_PINGPONG and FS_BLOCK_M (default 128).
+// FS_KV_STAGES (2 to 5), optionally FS_SM90_PIPE, FS_SM90_PINGPONG, FS_SM90_PERSIST and FS_BLOCK_M
+// (default 128).
 
 #include "common/convert.cuh"
 #include "common/copy.cuh"
@@ -65,6 +79,12 @@
 #endif
 #ifndef FS_BLOCK_M
 #define FS_BLOCK_M 128
+#endif
+#ifndef FS_SM90_PERSIST
+#define FS_SM90_PERSIST 0
+#endif
+#if FS_SM90_PERSIST && FS_HAS_MASK
+#error "FS_SM90_PERSIST: unmasked problems only (equal tiles)"
 #endif
 #if FS_SM90_PINGPONG && !FS_SM90_PIPE
 #error "FS_SM90_PINGPONG builds on the FS_SM90_PIPE schedule"
@@ -108,7 +128,8 @@ static_assert(kBlockM == 128 || (kBlockM == 192 && kHeadDim == 64), "FS_BLOCK_M 
 static_assert(FS_DTYPE == 0 || FS_DTYPE == 1, "16-bit inputs only");
 static_assert(FS_ARCH == 90, "wgmma, TMA and setmaxnreg need sm_90a");
 static_assert(kStages >= 2 && kStages <= 5, "2 to 5 ring stages (the smem assert below bounds them too)");
-static_assert(kQBytes + 2 * kStages * kTileBytes + 1024 + 8 * (1 + 4 * kStages) <= 232448, "smem");
+static constexpr int kOBytes = FS_SM90_PERSIST ? kQBytes : 0;  // the O staging buffer (persistent)
+static_assert(kQBytes + 2 * kStages * kTileBytes + kOBytes + 1024 + 8 * (2 + 4 * kStages) <= 232448, "smem");
 
 // Shared-memory addresses of one CTA's tiles and barriers.
 struct Smem {
@@ -116,13 +137,82 @@ struct Smem {
     __device__ u32 q() const { return base; }
     __device__ u32 k(int s) const { return base + kQBytes + kTileBytes * (2 * s); }
     __device__ u32 v(int s) const { return base + kQBytes + kTileBytes * (1 + 2 * s); }
-    __device__ u32 bar(int i) const { return base + kQBytes + kTileBytes * (2 * kStages) + 8 * i; }
+    // the epilogue's O staging: its own buffer when persistent (the next tile's Q may be landing),
+    // else the Q tile
+    __device__ u32 o() const { return FS_SM90_PERSIST ? base + kQBytes + kTileBytes * (2 * kStages) : base; }
+    __device__ u32 bar(int i) const { return base + kQBytes + kTileBytes * (2 * kStages) + kOBytes + 8 * i; }
     __device__ u32 bar_q() const { return bar(0); }
     __device__ u32 full_k(int s) const { return bar(1 + s); }
     __device__ u32 full_v(int s) const { return bar(1 + kStages + s); }
     __device__ u32 empty_k(int s) const { return bar(1 + 2 * kStages + s); }
     __device__ u32 empty_v(int s) const { return bar(1 + 3 * kStages + s); }
+    __device__ u32 q_empty() const { return bar(1 + 4 * kStages); }  // persistent only
 };
+
+// One output tile: query rows m0 .. m0 + rows_q - 1 of (batch, head), and the KV tiles
+// [n_begin, n_end) holding a key visible to one of its rows (none: n_begin >= n_end).
+struct TileWork {
+    int m0, rows_q, head, batch, n_begin, n_end;
+};
+
+__device__ __forceinline__ TileWork tile_work(const FlashFwdParams& p, int m_block, int head, int batch) {
+    TileWork w;
+    w.m0 = m_block * kBlockM;
+    w.rows_q = min(kBlockM, p.seqlen_q - w.m0);
+    w.head = head;
+    w.batch = batch;
+    const int n_tiles = (p.seqlen_k + kBlockN - 1) / kBlockN;
+    w.n_begin = 0;
+    w.n_end = n_tiles;
+#if FS_HAS_MASK
+    const long long diag = (long long)p.seqlen_k - p.seqlen_q;
+    if (p.window_left >= 0) {
+        const long long lo = (long long)w.m0 + diag - p.window_left;
+        if (lo > 0) w.n_begin = (int)min(lo / kBlockN, (long long)n_tiles);
+    }
+    if (p.window_right >= 0) {
+        const long long hi = (long long)w.m0 + w.rows_q - 1 + diag + p.window_right;
+        w.n_end = hi < 0 ? 0 : (int)min(hi / kBlockN + 1, (long long)n_tiles);
+    }
+#endif
+    return w;
+}
+
+// The tiles a CTA computes: persistent, t = blockIdx.x + i * gridDim.x over query blocks (fastest),
+// heads, batch; else the one tile of (blockIdx.x, y, z), causal ones longest first.
+struct TileSched {
+    int num_m, total;
+    __device__ TileSched(const FlashFwdParams& p) {
+        num_m = (p.seqlen_q + kBlockM - 1) / kBlockM;
+        total = FS_SM90_PERSIST ? num_m * p.nheads * p.batch : 1;
+    }
+    __device__ int first() const { return FS_SM90_PERSIST ? (int)blockIdx.x : 0; }
+    __device__ int stride() const { return FS_SM90_PERSIST ? (int)gridDim.x : 1; }
+    __device__ TileWork work(const FlashFwdParams& p, int t) const {
+#if FS_SM90_PERSIST
+        const int hb = t / num_m;
+        return tile_work(p, t - hb * num_m, hb % p.nheads, hb / p.nheads);
+#else
+        (void)t;
+        const int m_block = FS_HAS_MASK ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+        return tile_work(p, m_block, (int)blockIdx.y, (int)blockIdx.z);
+#endif
+    }
+};
+
+// Output 0 and LSE -inf for a tile no key is visible to (flash-attn's behaviour), by threads
+// tid0 .. tid0 + nthr - 1.
+__device__ __forceinline__ void store_empty_tile(const FlashFwdParams& p, const TileWork& w, int tid0, int nthr) {
+    char* o_ptr = static_cast<char*>(p.o) + ((long long)w.batch * p.o_batch_stride +
+                                             (long long)w.head * p.o_head_stride + (long long)w.m0 * p.o_row_stride) * 2;
+    const int c = tid0 % kChunksPerRow;
+    for (int r = tid0 / kChunksPerRow; r < w.rows_q; r += nthr / kChunksPerRow)
+        *reinterpret_cast<uint4*>(o_ptr + r * p.o_row_stride * 2 + c * 16) = make_uint4(0u, 0u, 0u, 0u);
+    if (p.lse) {
+        float* lse_ptr = p.lse + ((long long)w.batch * p.nheads + w.head) * p.seqlen_q + w.m0;
+        for (int r = tid0; r < w.rows_q; r += nthr) lse_ptr[r] = neg_inf();
+    }
+}
 
 // All boxes of one 128-row tile (rows row0.. of (head, batch)) into dst, completing on bar.
 __device__ __forceinline__ void tma_tile(u32 dst, const TensorMap* map, int row0, int head, int batch, u32 bar) {
@@ -232,8 +322,8 @@ __device__ __forceinline__ void pack_p(u32 (&pa)[kBlockN / 16][4], const float (
 
 }  // namespace f90t
 
-// grid = (ceil(seqlen_q / FS_BLOCK_M), nheads, batch), block = 128 * (1 + FS_BLOCK_M / 64), dynamic
-// smem = attention_tma::smem_bytes.
+// grid = (ceil(seqlen_q / FS_BLOCK_M), nheads, batch), persistent (min(tiles, SMs), 1, 1); block =
+// 128 * (1 + FS_BLOCK_M / 64), dynamic smem = attention_tma::smem_bytes.
 extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
     flash_fwd_sm90_tma_kernel(const __grid_constant__ FlashFwdTmaParams P) {
     using namespace f90t;
@@ -247,41 +337,18 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
     const int tid = threadIdx.x;
     const int wg = tid >> 7;
     const int lane = tid & 31;
+    const TileSched sched(p);
 
-    const int m_block = FS_HAS_MASK ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-    const int head = blockIdx.y;
-    const int batch = blockIdx.z;
-    const int m0 = m_block * kBlockM;
-    const int rows_q = min(kBlockM, p.seqlen_q - m0);
-    const int seqlen_k = p.seqlen_k;
-    const long long diag = (long long)seqlen_k - p.seqlen_q;  // bottom-right alignment offset
-    const int head_k = head / (p.nheads / p.nheads_k);
-    char* o_ptr = static_cast<char*>(p.o) + ((long long)batch * p.o_batch_stride + (long long)head * p.o_head_stride +
-                                             (long long)m0 * p.o_row_stride) * 2;
-    float* lse_ptr = p.lse ? p.lse + ((long long)batch * p.nheads + head) * p.seqlen_q + m0 : nullptr;
-
-    // ---- KV tiles that hold at least one visible key for some row of this block ----
-    const int n_tiles = (seqlen_k + kBlockN - 1) / kBlockN;
-    int n_begin = 0, n_end = n_tiles;
-#if FS_HAS_MASK
-    if (p.window_left >= 0) {
-        const long long lo = (long long)m0 + diag - p.window_left;
-        if (lo > 0) n_begin = (int)min(lo / kBlockN, (long long)n_tiles);
-    }
-    if (p.window_right >= 0) {
-        const long long hi = (long long)m0 + rows_q - 1 + diag + p.window_right;
-        n_end = hi < 0 ? 0 : (int)min(hi / kBlockN + 1, (long long)n_tiles);
-    }
-#endif
-    if (n_begin >= n_end) {
-        // No key visible to any row of the block: output 0, LSE -inf (flash-attn behaviour).
-        const int c = tid % kChunksPerRow;
-        for (int r = tid / kChunksPerRow; r < rows_q; r += kThreads / kChunksPerRow)
-            *reinterpret_cast<uint4*>(o_ptr + r * p.o_row_stride * 2 + c * 16) = make_uint4(0u, 0u, 0u, 0u);
-        if (lse_ptr)
-            for (int r = tid; r < rows_q; r += kThreads) lse_ptr[r] = neg_inf();
+#if FS_SM90_PERSIST
+    const auto work_of = [&](int t) { return sched.work(p, t); };
+#else
+    const TileWork w0 = sched.work(p, 0);  // the block's one tile, for both roles
+    if (w0.n_begin >= w0.n_end) {          // (uniform per block)
+        store_empty_tile(p, w0, tid, kThreads);
         return;
     }
+    const auto work_of = [&](int) { return w0; };
+#endif
 
     if (tid == 0) {
         mbar_init(sm.bar_q(), 1);
@@ -291,6 +358,7 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
             mbar_init(sm.empty_k(s), kEmptyArrivals);
             mbar_init(sm.empty_v(s), kEmptyArrivals);
         }
+        if (FS_SM90_PERSIST) mbar_init(sm.q_empty(), kEmptyArrivals);
         mbar_init_fence();
     }
     __syncthreads();
@@ -299,19 +367,28 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
         // ================= producer =================
         setmaxnreg_dec<kProducerRegs>();
         if (tid == 0) {
-            tma_q(sm.q(), &P.tm_q, m0, head, batch, sm.bar_q());
             int s = 0;
-            u32 phase = 0;
-            for (int n = n_end - 1; n >= n_begin; --n) {
-                // a fresh empty barrier passes parity 1 at once: the first lap does not wait
-                mbar_wait(sm.empty_k(s), phase ^ 1);
-                tma_tile(sm.k(s), &P.tm_k, n * kBlockN, head_k, batch, sm.full_k(s));
-                mbar_wait(sm.empty_v(s), phase ^ 1);
-                tma_tile(sm.v(s), &P.tm_v, n * kBlockN, head_k, batch, sm.full_v(s));
-                if (++s == kStages) {
-                    s = 0;
-                    phase ^= 1;
+            u32 phase = 0, it = 0;  // ring position; tiles loaded
+            for (int t = sched.first(); t < sched.total; t += sched.stride()) {
+                const TileWork w = work_of(t);
+                if (FS_SM90_PERSIST && w.n_begin >= w.n_end) continue;  // (else: returned above)
+                const int head_k = w.head / (p.nheads / p.nheads_k);
+                // the previous tile's last S = Q K^T completed in every consumer warp (a fresh
+                // barrier passes parity 1 at once: the first tile does not wait)
+                if (FS_SM90_PERSIST) mbar_wait(sm.q_empty(), (it & 1) ^ 1);
+                tma_q(sm.q(), &P.tm_q, w.m0, w.head, w.batch, sm.bar_q());
+                for (int n = w.n_end - 1; n >= w.n_begin; --n) {
+                    // a fresh empty barrier passes parity 1 at once: the first lap does not wait
+                    mbar_wait(sm.empty_k(s), phase ^ 1);
+                    tma_tile(sm.k(s), &P.tm_k, n * kBlockN, head_k, w.batch, sm.full_k(s));
+                    mbar_wait(sm.empty_v(s), phase ^ 1);
+                    tma_tile(sm.v(s), &P.tm_v, n * kBlockN, head_k, w.batch, sm.full_v(s));
+                    if (++s == kStages) {
+                        s = 0;
+                        phase ^= 1;
+                    }
                 }
+                ++it;
             }
         }
     } else {
@@ -324,145 +401,168 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
         const int row_in_tile = cw * 64 + warp_in_wg * 16 + g;
         const u32 sQ_wg = sm.q() + cw * 64 * 128;  // this warpgroup's 64 rows inside each column block
         const float scale_log2 = p.softmax_scale * kLog2e;
-
-        float acc_o[kORegs];
-#pragma unroll
-        for (int i = 0; i < kORegs; ++i) acc_o[i] = 0.0f;
-        float row_max[2] = {neg_inf(), neg_inf()};
-        float row_sum[2] = {0.0f, 0.0f};
-        float alpha[2];
-        u32 pa[kBlockN / 16][4];
+        const long long diag = (long long)p.seqlen_k - p.seqlen_q;  // bottom-right alignment offset
+        unsigned char* const s_o = smem + (sm.o() - s_base);
 
 #if FS_SM90_PINGPONG
         // Turn-taking, round robin: consumer 0 issues first, then 1, ... Each warpgroup issues
-        // N + 1 slots (the first S, the loop's, the last P V) and passes the turn to the next
-        // after each; the last consumer's opening arrival stands in for its last pass, so
-        // arrivals and waits balance on every barrier by the end.
+        // N + 1 slots a tile (the first S, the loop's, the last P V) and passes the turn to the
+        // next after each; the last consumer's opening arrival stands in for its last pass, so
+        // arrivals and waits balance on every barrier by the end of each tile.
         const auto turn_wait = [&]() { named_bar_sync(kTurnBar + cw, 256); };
         const auto turn_pass = [&](bool last) {
             if (!(last && cw == kNC - 1)) named_bar_arrive(kTurnBar + (cw + 1) % kNC, 256);
         };
-        if (cw == kNC - 1) named_bar_arrive(kTurnBar, 256);
 #elif FS_SM90_PIPE
         const auto turn_wait = []() {};
         const auto turn_pass = [](bool) {};
 #endif
-        mbar_wait(sm.bar_q(), 0);
         int s = 0;
-        u32 phase = 0;
+        u32 phase = 0, it = 0;  // ring position; tiles computed
+        for (int tile = sched.first(); tile < sched.total; tile += sched.stride()) {
+            const TileWork w = work_of(tile);
+            if (FS_SM90_PERSIST && w.n_begin >= w.n_end) {  // (the one-tile grid returned above)
+                store_empty_tile(p, w, tid - 128, kNC * 128);
+                continue;
+            }
+            const int m0 = w.m0, rows_q = w.rows_q, n_begin = w.n_begin, n_end = w.n_end;
+            char* o_ptr = static_cast<char*>(p.o) + ((long long)w.batch * p.o_batch_stride +
+                                                     (long long)w.head * p.o_head_stride +
+                                                     (long long)m0 * p.o_row_stride) * 2;
+            float* lse_ptr = p.lse ? p.lse + ((long long)w.batch * p.nheads + w.head) * p.seqlen_q + m0 : nullptr;
+
+            float acc_o[kORegs];
+#pragma unroll
+            for (int i = 0; i < kORegs; ++i) acc_o[i] = 0.0f;
+            float row_max[2] = {neg_inf(), neg_inf()};
+            float row_sum[2] = {0.0f, 0.0f};
+            float alpha[2];
+            u32 pa[kBlockN / 16][4];
+#if FS_SM90_PINGPONG
+            if (cw == kNC - 1) named_bar_arrive(kTurnBar, 256);
+#endif
+            mbar_wait(sm.bar_q(), it & 1);
 #if FS_SM90_PIPE
-        // The first tile alone (nothing to overlap with), so that every iteration of the loop has
-        // the same two groups in flight: ptxas then sees that wait<1> completes S(i), and does
-        // not inject a wait for P(i-1) V(i-1) before the softmax (C7517), which it does when the
-        // first iteration is a branch inside the loop.
-        int n = n_end - 1;
-        {
-            float acc_s[kSRegs];
-            mbar_wait(sm.full_k(s), phase);
-            turn_wait();
-            issue_qk(acc_s, sQ_wg, sm.k(s));
-            turn_pass(false);
-            wgmma_wait<0>();
-            reg_fence(acc_s);
-            if (lane == 0) mbar_arrive(sm.empty_k(s));
-            mask_softmax(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t, scale_log2);
-            pack_p(pa, acc_s);
-        }
-        int s_prev = s;
-        u32 phase_prev = phase;
-        if (++s == kStages) {
-            s = 0;
-            phase ^= 1;
-        }
-        for (--n; n >= n_begin; --n) {
-            float acc_s[kSRegs];
-            mbar_wait(sm.full_k(s), phase);
-            mbar_wait(sm.full_v(s_prev), phase_prev);
+            // The first tile alone (nothing to overlap with), so that every iteration of the loop has
+            // the same two groups in flight: ptxas then sees that wait<1> completes S(i), and does
+            // not inject a wait for P(i-1) V(i-1) before the softmax (C7517), which it does when the
+            // first iteration is a branch inside the loop.
+            int n = n_end - 1;
+            {
+                float acc_s[kSRegs];
+                mbar_wait(sm.full_k(s), phase);
+                turn_wait();
+                issue_qk(acc_s, sQ_wg, sm.k(s));
+                turn_pass(false);
+                wgmma_wait<0>();
+                reg_fence(acc_s);
+                if (lane == 0) mbar_arrive(sm.empty_k(s));
+                mask_softmax(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t, scale_log2);
+                pack_p(pa, acc_s);
+            }
+            int s_prev = s;
+            u32 phase_prev = phase;
+            if (++s == kStages) {
+                s = 0;
+                phase ^= 1;
+            }
+            for (--n; n >= n_begin; --n) {
+                float acc_s[kSRegs];
+                mbar_wait(sm.full_k(s), phase);
+                mbar_wait(sm.full_v(s_prev), phase_prev);
+                rescale_o(acc_o, alpha);
+                reg_fence(acc_o);
+                turn_wait();
+                issue_qk(acc_s, sQ_wg, sm.k(s));
+                issue_pv(acc_o, pa, sm.v(s_prev));
+                turn_pass(false);
+                wgmma_wait<1>();  // S(i) done; P(i-1) V(i-1) may still run
+                reg_fence(acc_s);
+                if (lane == 0) mbar_arrive(sm.empty_k(s));
+                mask_softmax(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t, scale_log2);
+                reg_fence(acc_s);
+                // ptxas schedules wgmma_wait<0> near the top of its basic block, i.e. before the
+                // exponentials, which then no longer overlap P V (seen in SASS). A side exit that
+                // never fires (row sums are >= 0 or NaN) ends the block here, so the wait stays
+                // after the softmax. Head dim 64 only: at 128 the live set (O 64 + P 32 + S 64
+                // registers) under the 168-register entry budget makes ptxas serialise every wgmma
+                // instead (C7512), so there the wait stays hoisted and ping-pong is the overlap.
+                if constexpr (kHeadDim == 64) {
+                    if (row_sum[0] == -1.0f) __trap();
+                }
+                wgmma_wait<0>();  // P(i-1) V(i-1) done: its V stage is free, its P registers reusable
+                reg_fence(acc_o);
+                if (lane == 0) mbar_arrive(sm.empty_v(s_prev));
+                pack_p(pa, acc_s);
+                s_prev = s;
+                phase_prev = phase;
+                if (++s == kStages) {
+                    s = 0;
+                    phase ^= 1;
+                }
+            }
+            // every S of the tile completed: Q is free for the next tile's load
+            if (FS_SM90_PERSIST && lane == 0) mbar_arrive(sm.q_empty());
             rescale_o(acc_o, alpha);
             reg_fence(acc_o);
+            mbar_wait(sm.full_v(s_prev), phase_prev);
             turn_wait();
-            issue_qk(acc_s, sQ_wg, sm.k(s));
             issue_pv(acc_o, pa, sm.v(s_prev));
-            turn_pass(false);
-            wgmma_wait<1>();  // S(i) done; P(i-1) V(i-1) may still run
-            reg_fence(acc_s);
-            if (lane == 0) mbar_arrive(sm.empty_k(s));
-            mask_softmax(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t, scale_log2);
-            reg_fence(acc_s);
-            // ptxas schedules wgmma_wait<0> near the top of its basic block, i.e. before the
-            // exponentials, which then no longer overlap P V (seen in SASS). A side exit that
-            // never fires (row sums are >= 0 or NaN) ends the block here, so the wait stays
-            // after the softmax. Head dim 64 only: at 128 the live set (O 64 + P 32 + S 64
-            // registers) under the 168-register entry budget makes ptxas serialise every wgmma
-            // instead (C7512), so there the wait stays hoisted and ping-pong is the overlap.
-            if constexpr (kHeadDim == 64) {
-                if (row_sum[0] == -1.0f) __trap();
-            }
-            wgmma_wait<0>();  // P(i-1) V(i-1) done: its V stage is free, its P registers reusable
+            turn_pass(true);
+            wgmma_wait<0>();
             reg_fence(acc_o);
             if (lane == 0) mbar_arrive(sm.empty_v(s_prev));
-            pack_p(pa, acc_s);
-            s_prev = s;
-            phase_prev = phase;
-            if (++s == kStages) {
-                s = 0;
-                phase ^= 1;
-            }
-        }
-        rescale_o(acc_o, alpha);
-        reg_fence(acc_o);
-        mbar_wait(sm.full_v(s_prev), phase_prev);
-        turn_wait();
-        issue_pv(acc_o, pa, sm.v(s_prev));
-        turn_pass(true);
-        wgmma_wait<0>();
-        reg_fence(acc_o);
-        if (lane == 0) mbar_arrive(sm.empty_v(s_prev));
 #else
-        for (int n = n_end - 1; n >= n_begin; --n) {
-            float acc_s[kSRegs];
-            mbar_wait(sm.full_k(s), phase);
-            issue_qk(acc_s, sQ_wg, sm.k(s));
-            wgmma_wait<0>();
-            reg_fence(acc_s);
-            if (lane == 0) mbar_arrive(sm.empty_k(s));
-            mask_softmax(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t, scale_log2);
-            rescale_o(acc_o, alpha);
-            pack_p(pa, acc_s);
-            reg_fence(acc_o);
-            mbar_wait(sm.full_v(s), phase);
-            issue_pv(acc_o, pa, sm.v(s));
-            wgmma_wait<0>();
-            reg_fence(acc_o);
-            if (lane == 0) mbar_arrive(sm.empty_v(s));
-            if (++s == kStages) {
-                s = 0;
-                phase ^= 1;
+            for (int n = n_end - 1; n >= n_begin; --n) {
+                float acc_s[kSRegs];
+                mbar_wait(sm.full_k(s), phase);
+                issue_qk(acc_s, sQ_wg, sm.k(s));
+                wgmma_wait<0>();
+                reg_fence(acc_s);
+                if (lane == 0) mbar_arrive(sm.empty_k(s));
+                if (FS_SM90_PERSIST && n == n_begin && lane == 0) mbar_arrive(sm.q_empty());  // (the tile's last S)
+                mask_softmax(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t, scale_log2);
+                rescale_o(acc_o, alpha);
+                pack_p(pa, acc_s);
+                reg_fence(acc_o);
+                mbar_wait(sm.full_v(s), phase);
+                issue_pv(acc_o, pa, sm.v(s));
+                wgmma_wait<0>();
+                reg_fence(acc_o);
+                if (lane == 0) mbar_arrive(sm.empty_v(s));
+                if (++s == kStages) {
+                    s = 0;
+                    phase ^= 1;
+                }
             }
-        }
 #endif
 
-        // ---- epilogue: normalise, LSE, stage O in this warpgroup's rows of the Q tile, store ----
-        // This warpgroup read only its own Q rows, and its last wgmma on them completed above.
+            // ---- epilogue: normalise, LSE, stage O in this warpgroup's rows (of the Q tile, or of
+            // the O buffer when persistent), store ----
+            // This warpgroup read only its own Q rows, and its last wgmma on them completed above;
+            // persistent: every thread of the warpgroup is past the previous tile's reads of its O rows.
+            if (FS_SM90_PERSIST) named_bar_sync(1 + cw, 128);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float sum = quad_sum(row_sum[h]);
-            const float inv = sum > 0.0f ? rcp(sum) : 0.0f;
-            const int row = row_in_tile + 8 * h;
-            if (lse_ptr && t == 0 && row < rows_q)
-                lse_ptr[row] = sum > 0.0f ? (row_max[h] * scale_log2 + lg2(sum)) * kLn2 : neg_inf();
+            for (int h = 0; h < 2; ++h) {
+                const float sum = quad_sum(row_sum[h]);
+                const float inv = sum > 0.0f ? rcp(sum) : 0.0f;
+                const int row = row_in_tile + 8 * h;
+                if (lse_ptr && t == 0 && row < rows_q)
+                    lse_ptr[row] = sum > 0.0f ? (row_max[h] * scale_log2 + lg2(sum)) * kLn2 : neg_inf();
 #pragma unroll
-            for (int d = 0; d < kHeadDim / 8; ++d) {
-                const u32 v = pack2<FS_DTYPE>(acc_o[4 * d + 2 * h] * inv, acc_o[4 * d + 2 * h + 1] * inv);
-                *reinterpret_cast<u32*>(smem + swz_offset(kBlockM, row, d * 8 + 2 * t)) = v;
+                for (int d = 0; d < kHeadDim / 8; ++d) {
+                    const u32 v = pack2<FS_DTYPE>(acc_o[4 * d + 2 * h] * inv, acc_o[4 * d + 2 * h + 1] * inv);
+                    *reinterpret_cast<u32*>(s_o + swz_offset(kBlockM, row, d * 8 + 2 * t)) = v;
+                }
             }
-        }
-        named_bar_sync(1 + cw, 128);
-        const int c = tid_wg % kChunksPerRow;
-        const int row_end = min(cw * 64 + 64, rows_q);
-        for (int r = cw * 64 + tid_wg / kChunksPerRow; r < row_end; r += 128 / kChunksPerRow) {
-            const uint4 val = *reinterpret_cast<const uint4*>(smem + swz_offset(kBlockM, r, c * 8));
-            *reinterpret_cast<uint4*>(o_ptr + r * p.o_row_stride * 2 + c * 16) = val;
+            named_bar_sync(1 + cw, 128);
+            const int c = tid_wg % kChunksPerRow;
+            const int row_end = min(cw * 64 + 64, rows_q);
+            for (int r = cw * 64 + tid_wg / kChunksPerRow; r < row_end; r += 128 / kChunksPerRow) {
+                const uint4 val = *reinterpret_cast<const uint4*>(s_o + swz_offset(kBlockM, r, c * 8));
+                *reinterpret_cast<uint4*>(o_ptr + r * p.o_row_stride * 2 + c * 16) = val;
+            }
+            ++it;
         }
     }
 }

@@ -99,18 +99,27 @@ def test_main_variant_runs_on_hgmma(cubins: dict[str, bytes], sass_of: Any) -> N
 def test_tma_variants_cover_the_same_problems_on_sm90a_only() -> None:
     listed = _sm90_variants("sm_90a", TMA_FAMILY)
     keys = ("FS_HEAD_DIM", "FS_DTYPE", "FS_HAS_MASK", "FS_SM90_PIPE", "FS_SM90_PINGPONG")
-    keys += ("FS_BLOCK_M",)
+    keys += ("FS_BLOCK_M", "FS_SM90_PERSIST")
     got = {tuple(v["defines"].get(d, 0) for d in keys) for v in listed}
     # schedules: plain, pipelined, ping-pong (which builds on the pipelined order), 128 query
     # rows a CTA (no FS_BLOCK_M define); at head dim 64 also 192 rows, three consumer
     # warpgroups, the plain schedule only
     schedules = {(0, 0), (1, 0), (1, 1)}
     want = {
-        (hd, dt, m, *sch, 0)
+        (hd, dt, m, *sch, 0, 0)
         for hd, dt, m in itertools.product((64, 128), (0, 1), (0, 1))
         for sch in schedules
     }
-    want |= {(64, dt, m, 0, 0, 192) for dt, m in itertools.product((0, 1), (0, 1))}
+    want |= {(64, dt, m, 0, 0, 192, 0) for dt, m in itertools.product((0, 1), (0, 1))}
+    # the persistent forms (FS_SM90_PERSIST): unmasked problems only, every schedule but the
+    # pipelined one at head dim 64 on 128 rows (it spilled)
+    want |= {
+        (hd, dt, 0, *sch, bm, 1)
+        for hd, dt in itertools.product((64, 128), (0, 1))
+        for sch in schedules
+        for bm in (0, 192)
+        if (bm == 0 or (hd == 64 and sch == (0, 0))) and (hd, sch, bm) != (64, (1, 0), 0)
+    }
     assert got == want
     # ring depth: three K/V stages at head dim 64, two at 128 (227 KB of shared memory)
     assert all(
@@ -125,7 +134,7 @@ def test_tma_variants_compile_without_spills(tma_cubins: dict[str, bytes]) -> No
     tool = find_cuobjdump()
     if tool is None:
         pytest.skip(CUOBJDUMP_MISSING)
-    assert len(tma_cubins) == 28
+    assert len(tma_cubins) == 40
     for name, cubin in tma_cubins.items():
         assert cubin[:4] == b"\x7fELF", name
         for func, _regs, stack, local, _smem in resource_usage(cubin, tool):
@@ -172,6 +181,18 @@ def test_tma_hd64_default_runs_three_consumers_on_192_rows(
     assert any("USETMAXREG.TRY_ALLOC" in line for line in lines)
     turns = [ln for ln in lines if "BAR." in ln and "0x100" in ln]
     assert turns == [], turns
+
+
+def test_tma_persistent_variant_walks_tiles_on_the_same_gemms(
+    tma_cubins: dict[str, bytes], sass_of: Any
+) -> None:
+    """The persistent form of the main variant: the same loads and GEMMs as the one-tile kernel
+    (Q, K and V by TMA, S and P V on HGMMA, the register hand-over), inside a loop over tiles."""
+    one = sass_of(tma_cubins[TMA_MAIN]).splitlines()
+    lines = sass_of(tma_cubins[TMA_MAIN.replace("]", ",FS_SM90_PERSIST=1]")]).splitlines()
+    for op in ("UTMALDG.4D", "HGMMA.64x128x16.F32.BF16", "USETMAXREG"):
+        assert sum(op in ln for ln in lines) == sum(op in ln for ln in one), op
+    assert "LDGSTS" not in "\n".join(lines)
 
 
 def test_tma_ping_pong_takes_turns_on_named_barriers(

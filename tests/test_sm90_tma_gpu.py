@@ -36,15 +36,33 @@ CASES = [
     (2, 256, 256, 4, 4, 64, False, (-1, -1), True),
     (1, 777, 777, 4, 2, 64, True, (-1, -1), False),
     (2, 300, 650, 2, 2, 64, False, (64, 0), False),
+    # more tiles than an H100 / H200 has SMs: the persistent kernel's CTAs walk several tiles
+    # (unmasked only; with FLASHSCAN_SM90_PERSIST_CTAS=3 below every case above walks many)
+    (4, 1100, 1100, 16, 4, 128, False, (-1, -1), False),
+    (6, 300, 1000, 8, 2, 128, False, (-1, -1), False),
+    (8, 999, 999, 8, 8, 64, False, (-1, -1), False),
 ]
 SCHEDULES = {
     # 128 query rows a CTA (two consumer warpgroups) at every head dim, each schedule
     "plain": {"FLASHSCAN_SM90_PINGPONG": "0", "FLASHSCAN_SM90_BLOCK_M": "128"},
     "pipe": {"FLASHSCAN_SM90_PIPE": "1", "FLASHSCAN_SM90_BLOCK_M": "128"},
+    "plain-persist-3": {
+        "FLASHSCAN_SM90_PINGPONG": "0",
+        "FLASHSCAN_SM90_BLOCK_M": "128",
+        "FLASHSCAN_SM90_PERSIST_CTAS": "3",
+    },
+    "pipe-persist-5": {
+        "FLASHSCAN_SM90_PIPE": "1",
+        "FLASHSCAN_SM90_BLOCK_M": "128",
+        "FLASHSCAN_SM90_PERSIST_CTAS": "5",
+    },
     "pingpong": {"FLASHSCAN_SM90_PINGPONG": "1", "FLASHSCAN_SM90_BLOCK_M": "128"},
     # the defaults: head dim 64 on three consumer warpgroups (192 query rows, the plain
-    # schedule), head dim 128 ping-pong
+    # schedule), head dim 128 ping-pong; unmasked problems on the persistent kernel
     "default": {},
+    # the persistent kernel on 3 CTAs (every unmasked case walks many tiles a CTA), and off
+    "persist-3": {"FLASHSCAN_SM90_PERSIST_CTAS": "3"},
+    "one-tile": {"FLASHSCAN_SM90_PERSIST": "0"},
 }
 
 
@@ -102,7 +120,13 @@ def hopper() -> None:
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES))
 def test_tma_forward_matches_float64(schedule: str, hopper: None, tmp_path: Path) -> None:
     env = dict(os.environ, FLASHSCAN_SM90_WGMMA="1", FLASHSCAN_SM90_TMA="1")
-    for k in ("FLASHSCAN_SM90_PIPE", "FLASHSCAN_SM90_PINGPONG", "FLASHSCAN_SM90_BLOCK_M"):
+    for k in (
+        "FLASHSCAN_SM90_PIPE",
+        "FLASHSCAN_SM90_PINGPONG",
+        "FLASHSCAN_SM90_BLOCK_M",
+        "FLASHSCAN_SM90_PERSIST",
+        "FLASHSCAN_SM90_PERSIST_CTAS",
+    ):
         env.pop(k, None)
     env.update(SCHEDULES[schedule], FLASHSCAN_CACHE_DIR=str(tmp_path))
     done = subprocess.run(

@@ -72,7 +72,12 @@ def sdpa_same_precision(q, k, v, scale, left, right):
         vis &= rel >= -left
     if right >= 0:
         vis &= rel <= right
-    o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=vis, scale=scale)
+    # the math backend, as said: left to choose, torch 2.11 takes cuDNN, whose kernels
+    # compute-sanitizer's racecheck / synccheck flag (2026-12-02), hiding ours
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.MATH]):
+        o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=vis, scale=scale)
     return torch.nan_to_num(o.permute(0, 2, 1, 3), nan=0.0)
 
 
@@ -92,7 +97,7 @@ CASES = [
 ]
 
 
-QUICK = [CASES[6], CASES[3], CASES[9], CASES[10]]
+QUICK = [CASES[6], CASES[3], CASES[8], CASES[9], CASES[10]]
 
 
 def check(dtype, cases=CASES) -> bool:

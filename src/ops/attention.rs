@@ -307,6 +307,26 @@ fn sm90_tma() -> bool {
     *TMA.get_or_init(|| !std::env::var("FLASHSCAN_SM90_TMA").is_ok_and(|v| v == "0"))
 }
 
+/// The TMA kernel's persistent form for unmasked problems (`attention_tma::persistent_spec`):
+/// on unless FLASHSCAN_SM90_PERSIST=0. Read on every call, so that an A/B runs in one process
+/// (on the H200 of 2026-12-02, one configuration measured up to ~10% apart in two processes).
+fn sm90_persist() -> bool {
+    !std::env::var("FLASHSCAN_SM90_PERSIST").is_ok_and(|v| v == "0")
+}
+
+/// FLASHSCAN_SM90_PERSIST_CTAS=N (testing only): the persistent grid's CTAs instead of one an
+/// SM, so that small test problems walk many tiles a CTA. Read once.
+fn sm90_persist_ctas(sm_count: i64) -> i64 {
+    static CTAS: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    let o = *CTAS.get_or_init(|| {
+        std::env::var("FLASHSCAN_SM90_PERSIST_CTAS")
+            .ok()
+            .and_then(|v| v.parse::<i64>().ok())
+            .filter(|n| *n > 0)
+    });
+    o.unwrap_or(sm_count)
+}
+
 /// The TMA kernel's schedule: FLASHSCAN_SM90_PINGPONG=1 ping-pong, =0 not; unset: ping-pong
 /// unless FLASHSCAN_SM90_PIPE=1 asks for the pipelined one (see `Schedule::from_env`).
 fn sm90_pingpong() -> Option<bool> {
@@ -405,11 +425,15 @@ pub fn specs_of(arch_num: i64, varlen: bool) -> Vec<KernelSpec> {
                             let schedules = attention_tma::Schedule::ALL;
                             for sch in schedules.into_iter().filter(|_| !varlen) {
                                 for bm in [128, 192] {
-                                    if let Some((s, _)) =
-                                        attention_tma::spec(hd, dtype, mask, cap, arch_num, sch, bm)
+                                    for make in
+                                        [attention_tma::spec, attention_tma::persistent_spec]
                                     {
-                                        if !out.contains(&s) {
-                                            out.push(s);
+                                        if let Some((s, _)) =
+                                            make(hd, dtype, mask, cap, arch_num, sch, bm)
+                                        {
+                                            if !out.contains(&s) {
+                                                out.push(s);
+                                            }
                                         }
                                     }
                                 }
@@ -524,23 +548,36 @@ pub(crate) fn launch(
     // otherwise (a map refused) the cp.async wgmma kernel below.
     if wgmma.is_some() && sm90_tma() {
         let block_m = attention_tma::block_m(p.head_dim);
-        let tma = attention_tma::spec(
-            p.head_dim,
-            dtype,
-            has_mask,
-            softcap > 0.0,
-            arch_num,
-            attention_tma::Schedule::from_env(sm90_pipe(), sm90_pingpong()),
-            block_m,
-        );
+        let schedule = attention_tma::Schedule::from_env(sm90_pipe(), sm90_pingpong());
+        let cap = softcap > 0.0;
+        let persistent = if sm90_persist() {
+            attention_tma::persistent_spec(
+                p.head_dim, dtype, has_mask, cap, arch_num, schedule, block_m,
+            )
+        } else {
+            None
+        };
+        let tma = persistent.clone().or_else(|| {
+            attention_tma::spec(
+                p.head_dim, dtype, has_mask, cap, arch_num, schedule, block_m,
+            )
+        });
         let tp = attention_tma::params(&params, dtype, block_m);
         if let (Some((spec, smem)), Ok(tp)) = (tma, tp) {
             let kernel = dev.kernel(&spec)?;
             let s = dev.stream(stream)?;
             let threads = attention_tma::threads(block_m);
+            let grid = grid_of(block_m)?;
+            let grid = if persistent.is_some() {
+                let tiles = grid.0 as i64 * grid.1 as i64 * grid.2 as i64;
+                let ctas = sm90_persist_ctas(dev.props.sm_count as i64);
+                (attention_tma::persistent_grid(tiles, ctas), 1, 1)
+            } else {
+                grid
+            };
             // SAFETY: tp mirrors the kernel's struct; its maps address exactly the q / k / v
             // tensors checked by the caller, and every pointer in params is on this device.
-            unsafe { dev.launch(&kernel, grid_of(block_m)?, (threads, 1, 1), smem, s, &tp)? };
+            unsafe { dev.launch(&kernel, grid, (threads, 1, 1), smem, s, &tp)? };
             return dev.finish(stream);
         }
     }

@@ -147,6 +147,39 @@ pub fn spec(
     ))
 }
 
+/// The persistent form of `spec`'s variant (`FS_SM90_PERSIST`: one CTA an SM walking the tiles,
+/// the next tile's loads under this one's last P V and epilogue, O staged in a buffer of its own)
+/// and its dynamic shared memory; None where `spec` has none, and for masked problems (causal,
+/// windows: their tiles differ in cost, which the one-tile grid's hardware scheduling balances).
+#[allow(clippy::too_many_arguments)]
+pub fn persistent_spec(
+    head_dim: i64,
+    dtype: DType,
+    has_mask: bool,
+    softcap: bool,
+    arch_num: i64,
+    schedule: Schedule,
+    block_m: i64,
+) -> Option<(KernelSpec, u32)> {
+    // (the pipelined schedule at head dim 64 on 128 rows spills 16 bytes when persistent, NVRTC
+    // 13.0: it keeps the one-tile grid; its default is 192 rows, plain)
+    if has_mask || (schedule == Schedule::Pipe && head_dim == 64 && block_m == 128) {
+        return None;
+    }
+    let (mut k, smem) = spec(
+        head_dim, dtype, has_mask, softcap, arch_num, schedule, block_m,
+    )?;
+    k.defines.push(("FS_SM90_PERSIST", 1));
+    // + the O staging buffer (as large as Q) and the q_empty barrier
+    Some((k, smem + (block_m * head_dim * 2) as u32 + 8))
+}
+
+/// The persistent kernel's grid: one CTA an SM (its shared memory allows no second; `ctas` is
+/// the SM count), no more than there are tiles.
+pub fn persistent_grid(tiles: i64, ctas: i64) -> u32 {
+    tiles.min(ctas).clamp(1, u32::MAX as i64) as u32
+}
+
 /// Mirrors `struct FlashFwdTmaParams` in cuda/flash_fwd_sm90_tma.cu: three encoded tensor maps
 /// (64-byte aligned, 128 bytes each), then the plain parameters. The kernel's struct is 576
 /// bytes (its FlashFwdParams lacks the varlen tail); the driver copies that many from here.
@@ -335,6 +368,20 @@ mod tests {
             );
             assert_eq!(smem, smem_bytes(64, 3, 192));
         }
+        // persistent: unmasked only, the O buffer and q_empty on top
+        assert!(persistent_spec(64, DType::BF16, true, false, 90, Plain, 192).is_none());
+        let (k, smem) =
+            persistent_spec(64, DType::BF16, false, false, 90, Plain, 192).expect("covered");
+        assert!(k.defines.contains(&("FS_SM90_PERSIST", 1)));
+        assert_eq!(smem, smem_bytes(64, 3, 192) + 24576 + 8);
+        assert!(smem <= 232_448);
+        let (_, smem) =
+            persistent_spec(128, DType::BF16, false, false, 90, PingPong, 128).expect("covered");
+        assert!(smem <= 232_448 && smem == smem_bytes(128, kv_stages(128), 128) + 32768 + 8);
+        assert_eq!(
+            (persistent_grid(7, 132), persistent_grid(4096, 132)),
+            (7, 132)
+        );
         // block_m 128 keeps the variant names (and caches) of before: no FS_BLOCK_M define
         let (k, _) = spec(64, DType::BF16, true, false, 90, PingPong, 128).expect("covered");
         assert!(!k.defines.iter().any(|(n, _)| *n == "FS_BLOCK_M"));
