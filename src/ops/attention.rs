@@ -550,14 +550,15 @@ pub(crate) fn launch(
         let block_m = attention_tma::block_m(p.head_dim);
         let schedule = attention_tma::Schedule::from_env(sm90_pipe(), sm90_pingpong());
         let cap = softcap > 0.0;
-        let persistent = if sm90_persist() {
+        let persistent_tma = if sm90_persist() {
             attention_tma::persistent_spec(
                 p.head_dim, dtype, has_mask, cap, arch_num, schedule, block_m,
             )
         } else {
             None
         };
-        let tma = persistent.clone().or_else(|| {
+        let persistent = persistent_tma.is_some();
+        let tma = persistent_tma.or_else(|| {
             attention_tma::spec(
                 p.head_dim, dtype, has_mask, cap, arch_num, schedule, block_m,
             )
@@ -568,7 +569,7 @@ pub(crate) fn launch(
             let s = dev.stream(stream)?;
             let threads = attention_tma::threads(block_m);
             let grid = grid_of(block_m)?;
-            let grid = if persistent.is_some() {
+            let grid = if persistent {
                 let tiles = grid.0 as i64 * grid.1 as i64 * grid.2 as i64;
                 let ctas = sm90_persist_ctas(dev.props.sm_count as i64);
                 (attention_tma::persistent_grid(tiles, ctas), 1, 1)
