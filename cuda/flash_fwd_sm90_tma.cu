@@ -149,23 +149,30 @@ struct Smem {
     __device__ u32 q_empty() const { return bar(1 + 4 * kStages); }  // persistent only
 };
 
-// One output tile: query rows m0 .. m0 + rows_q - 1 of (batch, head), and the KV tiles
-// [n_begin, n_end) holding a key visible to one of its rows (none: n_begin >= n_end).
+// One output tile: query rows m0 .. m0 + rows_q - 1 of (batch, head) (K / V head head_k), its
+// output rows and LSE, and the KV tiles [n_begin, n_end) holding a key visible to one of its rows
+// (none: n_begin >= n_end). (Formed in the one-tile kernel's order of before: its SASS stays.)
 struct TileWork {
-    int m0, rows_q, head, batch, n_begin, n_end;
+    int m0, rows_q, head, batch, head_k, n_begin, n_end;
+    char* o_ptr;
+    float* lse_ptr;
 };
 
-__device__ __forceinline__ TileWork tile_work(const FlashFwdParams& p, int m_block, int head, int batch) {
+__device__ __forceinline__ TileWork tile_work(const FlashFwdParams& p, int m_block, int head, int batch,
+                                              long long diag) {
     TileWork w;
     w.m0 = m_block * kBlockM;
     w.rows_q = min(kBlockM, p.seqlen_q - w.m0);
     w.head = head;
     w.batch = batch;
+    w.head_k = head / (p.nheads / p.nheads_k);
+    w.o_ptr = static_cast<char*>(p.o) + ((long long)batch * p.o_batch_stride + (long long)head * p.o_head_stride +
+                                         (long long)w.m0 * p.o_row_stride) * 2;
+    w.lse_ptr = p.lse ? p.lse + ((long long)batch * p.nheads + head) * p.seqlen_q + w.m0 : nullptr;
     const int n_tiles = (p.seqlen_k + kBlockN - 1) / kBlockN;
     w.n_begin = 0;
     w.n_end = n_tiles;
 #if FS_HAS_MASK
-    const long long diag = (long long)p.seqlen_k - p.seqlen_q;
     if (p.window_left >= 0) {
         const long long lo = (long long)w.m0 + diag - p.window_left;
         if (lo > 0) w.n_begin = (int)min(lo / kBlockN, (long long)n_tiles);
@@ -174,6 +181,8 @@ __device__ __forceinline__ TileWork tile_work(const FlashFwdParams& p, int m_blo
         const long long hi = (long long)w.m0 + w.rows_q - 1 + diag + p.window_right;
         w.n_end = hi < 0 ? 0 : (int)min(hi / kBlockN + 1, (long long)n_tiles);
     }
+#else
+    (void)diag;
 #endif
     return w;
 }
@@ -188,14 +197,14 @@ struct TileSched {
     }
     __device__ int first() const { return FS_SM90_PERSIST ? (int)blockIdx.x : 0; }
     __device__ int stride() const { return FS_SM90_PERSIST ? (int)gridDim.x : 1; }
-    __device__ TileWork work(const FlashFwdParams& p, int t) const {
+    __device__ TileWork work(const FlashFwdParams& p, int t, long long diag) const {
 #if FS_SM90_PERSIST
         const int hb = t / num_m;
-        return tile_work(p, t - hb * num_m, hb % p.nheads, hb / p.nheads);
+        return tile_work(p, t - hb * num_m, hb % p.nheads, hb / p.nheads, diag);
 #else
         (void)t;
         const int m_block = FS_HAS_MASK ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-        return tile_work(p, m_block, (int)blockIdx.y, (int)blockIdx.z);
+        return tile_work(p, m_block, (int)blockIdx.y, (int)blockIdx.z, diag);
 #endif
     }
 };
@@ -203,15 +212,11 @@ struct TileSched {
 // Output 0 and LSE -inf for a tile no key is visible to (flash-attn's behaviour), by threads
 // tid0 .. tid0 + nthr - 1.
 __device__ __forceinline__ void store_empty_tile(const FlashFwdParams& p, const TileWork& w, int tid0, int nthr) {
-    char* o_ptr = static_cast<char*>(p.o) + ((long long)w.batch * p.o_batch_stride +
-                                             (long long)w.head * p.o_head_stride + (long long)w.m0 * p.o_row_stride) * 2;
     const int c = tid0 % kChunksPerRow;
     for (int r = tid0 / kChunksPerRow; r < w.rows_q; r += nthr / kChunksPerRow)
-        *reinterpret_cast<uint4*>(o_ptr + r * p.o_row_stride * 2 + c * 16) = make_uint4(0u, 0u, 0u, 0u);
-    if (p.lse) {
-        float* lse_ptr = p.lse + ((long long)w.batch * p.nheads + w.head) * p.seqlen_q + w.m0;
-        for (int r = tid0; r < w.rows_q; r += nthr) lse_ptr[r] = neg_inf();
-    }
+        *reinterpret_cast<uint4*>(w.o_ptr + r * p.o_row_stride * 2 + c * 16) = make_uint4(0u, 0u, 0u, 0u);
+    if (w.lse_ptr)
+        for (int r = tid0; r < w.rows_q; r += nthr) w.lse_ptr[r] = neg_inf();
 }
 
 // All boxes of one 128-row tile (rows row0.. of (head, batch)) into dst, completing on bar.
@@ -338,11 +343,12 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
     const int wg = tid >> 7;
     const int lane = tid & 31;
     const TileSched sched(p);
+    const long long diag = (long long)p.seqlen_k - p.seqlen_q;  // bottom-right alignment offset
 
 #if FS_SM90_PERSIST
-    const auto work_of = [&](int t) { return sched.work(p, t); };
+    const auto work_of = [&](int t) { return sched.work(p, t, diag); };
 #else
-    const TileWork w0 = sched.work(p, 0);  // the block's one tile, for both roles
+    const TileWork w0 = sched.work(p, 0, diag);  // the block's one tile, for both roles
     if (w0.n_begin >= w0.n_end) {          // (uniform per block)
         store_empty_tile(p, w0, tid, kThreads);
         return;
@@ -372,7 +378,6 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
             for (int t = sched.first(); t < sched.total; t += sched.stride()) {
                 const TileWork w = work_of(t);
                 if (FS_SM90_PERSIST && w.n_begin >= w.n_end) continue;  // (else: returned above)
-                const int head_k = w.head / (p.nheads / p.nheads_k);
                 // the previous tile's last S = Q K^T completed in every consumer warp (a fresh
                 // barrier passes parity 1 at once: the first tile does not wait)
                 if (FS_SM90_PERSIST) mbar_wait(sm.q_empty(), (it & 1) ^ 1);
@@ -380,9 +385,9 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
                 for (int n = w.n_end - 1; n >= w.n_begin; --n) {
                     // a fresh empty barrier passes parity 1 at once: the first lap does not wait
                     mbar_wait(sm.empty_k(s), phase ^ 1);
-                    tma_tile(sm.k(s), &P.tm_k, n * kBlockN, head_k, w.batch, sm.full_k(s));
+                    tma_tile(sm.k(s), &P.tm_k, n * kBlockN, w.head_k, w.batch, sm.full_k(s));
                     mbar_wait(sm.empty_v(s), phase ^ 1);
-                    tma_tile(sm.v(s), &P.tm_v, n * kBlockN, head_k, w.batch, sm.full_v(s));
+                    tma_tile(sm.v(s), &P.tm_v, n * kBlockN, w.head_k, w.batch, sm.full_v(s));
                     if (++s == kStages) {
                         s = 0;
                         phase ^= 1;
@@ -401,7 +406,6 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
         const int row_in_tile = cw * 64 + warp_in_wg * 16 + g;
         const u32 sQ_wg = sm.q() + cw * 64 * 128;  // this warpgroup's 64 rows inside each column block
         const float scale_log2 = p.softmax_scale * kLog2e;
-        const long long diag = (long long)p.seqlen_k - p.seqlen_q;  // bottom-right alignment offset
         unsigned char* const s_o = smem + (sm.o() - s_base);
 
 #if FS_SM90_PINGPONG
@@ -426,10 +430,8 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
                 continue;
             }
             const int m0 = w.m0, rows_q = w.rows_q, n_begin = w.n_begin, n_end = w.n_end;
-            char* o_ptr = static_cast<char*>(p.o) + ((long long)w.batch * p.o_batch_stride +
-                                                     (long long)w.head * p.o_head_stride +
-                                                     (long long)m0 * p.o_row_stride) * 2;
-            float* lse_ptr = p.lse ? p.lse + ((long long)w.batch * p.nheads + w.head) * p.seqlen_q + m0 : nullptr;
+            char* const o_ptr = w.o_ptr;
+            float* const lse_ptr = w.lse_ptr;
 
             float acc_o[kORegs];
 #pragma unroll
