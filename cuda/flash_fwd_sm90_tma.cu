@@ -43,7 +43,7 @@
 // seqlen_q != seqlen_k (bottom-right aligned), GQA/MQA, LSE. The launcher (src/ops/attention.rs)
 // encodes the maps and falls back to flash_fwd_sm90.cu where the driver refuses one.
 //
-// Persistent (FS_SM90_PERSIST=1; masks off only): one CTA an SM walks the tiles t = blockIdx.x,
+// Persistent (FS_SM90_PERSIST=1, a static stride; masks off only): one CTA an SM walks the tiles t = blockIdx.x,
 // blockIdx.x + gridDim.x, ... in the grid order of the plain launch (query blocks fastest, so the
 // CTAs at work share their heads' K / V in L2; every tile costs the same, so the stride balances).
 // The producer runs on into the next tile: its Q as soon as every consumer warp's last S = Q K^T
@@ -53,12 +53,24 @@
 // 2026-12-02, bf16, batch x seqlen 16k: hd64 305 TFLOP/s at s512 against 501 at s16k), the loads
 // before a CTA's first S and the epilogue after its last P V exposed in every CTA. Measured
 // against the one-tile grid in the same process: +15% at s512, +7-8% at s1024, +2-6% from s2048
-// (benches/results/2026-12-02-h200-attention-persistent/). Masked problems keep the one-tile
-// grid, whose hardware scheduling balances their uneven tiles (a static stride would not).
+// (benches/results/2026-12-02-h200-attention-persistent/).
+//
+// The tile queue (FS_SM90_PERSIST=2; the default for masked problems, whose tiles differ in cost,
+// so a static stride would not balance): CTA i starts on tile i; its producer thread takes each
+// next index from a global counter (atomicAdd, zeroed by the host before the launch) once it has
+// issued the current tile's loads, and hands every index (the last one past the end: stop) to the
+// consumer warps through two shared-memory slots, each with a tile_full (one arrival) and a
+// tile_free (one arrival a consumer warp, after its lane 0 read the slot) mbarrier. The order:
+// sections of section_heads (batch, head) pairs whose K / V the host sized to ~32 MB of L2, inside
+// one the query blocks outermost, last first (under a causal mask the longest: the tiles left for
+// the end are the short ones), pairs fastest. Against the one-tile grid in the same process
+// (H200): causal hd64 +15% at s512, +12% at s1024, +8% at s2048, +2-6% beyond; hd128 +2-5%
+// (benches/results/2026-12-02-h200-attention-queue/). Unmasked problems keep the stride, which
+// measured 2-9% faster than the queue at hd128 there.
 //
 // The prelude defines FS_HEAD_DIM (64 or 128), FS_DTYPE (0 fp16, 1 bf16), FS_HAS_MASK, FS_ARCH (90),
-// FS_KV_STAGES (2 to 5), optionally FS_SM90_PIPE, FS_SM90_PINGPONG, FS_SM90_PERSIST and FS_BLOCK_M
-// (default 128).
+// FS_KV_STAGES (2 to 5), optionally FS_SM90_PIPE, FS_SM90_PINGPONG, FS_SM90_PERSIST (0, 1 or 2)
+// and FS_BLOCK_M (default 128).
 
 #include "common/convert.cuh"
 #include "common/copy.cuh"
@@ -83,8 +95,11 @@
 #ifndef FS_SM90_PERSIST
 #define FS_SM90_PERSIST 0
 #endif
-#if FS_SM90_PERSIST && FS_HAS_MASK
-#error "FS_SM90_PERSIST: unmasked problems only (equal tiles)"
+#if FS_SM90_PERSIST == 1 && FS_HAS_MASK
+#error "FS_SM90_PERSIST=1 (a static stride): unmasked problems only (equal tiles); masks take 2"
+#endif
+#if FS_SM90_PERSIST < 0 || FS_SM90_PERSIST > 2
+#error "FS_SM90_PERSIST: 0 (one tile a CTA), 1 (a static stride) or 2 (a tile queue)"
 #endif
 #if FS_SM90_PINGPONG && !FS_SM90_PIPE
 #error "FS_SM90_PINGPONG builds on the FS_SM90_PIPE schedule"
@@ -95,6 +110,9 @@
 // tensor maps first (64-byte aligned, 128 bytes each), then the plain parameters.
 struct FlashFwdTmaParams {
     fs::TensorMap tm_q, tm_k, tm_v;
+    int* tile_counter;  // FS_SM90_PERSIST=2: zeroed before the launch (the tiles taken past the grid's first)
+    int section_heads;  // FS_SM90_PERSIST=2: (batch, head) pairs a section of the tile order
+    int pad_;
     FlashFwdParams p;
 };
 
@@ -129,7 +147,10 @@ static_assert(FS_DTYPE == 0 || FS_DTYPE == 1, "16-bit inputs only");
 static_assert(FS_ARCH == 90, "wgmma, TMA and setmaxnreg need sm_90a");
 static_assert(kStages >= 2 && kStages <= 5, "2 to 5 ring stages (the smem assert below bounds them too)");
 static constexpr int kOBytes = FS_SM90_PERSIST ? kQBytes : 0;  // the O staging buffer (persistent)
-static_assert(kQBytes + 2 * kStages * kTileBytes + kOBytes + 1024 + 8 * (2 + 4 * kStages) <= 232448, "smem");
+static constexpr bool kQueue = FS_SM90_PERSIST == 2;            // tiles from a global counter
+// barriers: bar_q, 4 per stage, q_empty; the queue's 2 tile_full + 2 tile_free, and its 2 slots
+static constexpr int kBarBytes = 8 * (2 + 4 * kStages) + (kQueue ? 8 * 4 + 8 : 0);
+static_assert(kQBytes + 2 * kStages * kTileBytes + kOBytes + 1024 + kBarBytes <= 232448, "smem");
 
 // Shared-memory addresses of one CTA's tiles and barriers.
 struct Smem {
@@ -147,6 +168,12 @@ struct Smem {
     __device__ u32 empty_k(int s) const { return bar(1 + 2 * kStages + s); }
     __device__ u32 empty_v(int s) const { return bar(1 + 3 * kStages + s); }
     __device__ u32 q_empty() const { return bar(1 + 4 * kStages); }  // persistent only
+    // the tile queue (FS_SM90_PERSIST=2): slot i holds a tile index the producer handed the
+    // consumers (tile_full[i], one arrival), free again once every consumer warp read it
+    // (tile_free[i], one arrival a consumer warp)
+    __device__ u32 tile_full(int i) const { return bar(2 + 4 * kStages + i); }
+    __device__ u32 tile_free(int i) const { return bar(4 + 4 * kStages + i); }
+    __device__ u32 tile_slot(int i) const { return bar(6 + 4 * kStages) + 4 * i; }
 };
 
 // One output tile: query rows m0 .. m0 + rows_q - 1 of (batch, head) (K / V head head_k), its
@@ -187,18 +214,38 @@ __device__ __forceinline__ TileWork tile_work(const FlashFwdParams& p, int m_blo
     return w;
 }
 
-// The tiles a CTA computes: persistent, t = blockIdx.x + i * gridDim.x over query blocks (fastest),
-// heads, batch; else the one tile of (blockIdx.x, y, z), causal ones longest first.
+// The tiles a CTA computes: persistent with a static stride, t = blockIdx.x + i * gridDim.x over
+// query blocks (fastest), heads, batch; with the queue, blockIdx.x and then the indices the
+// counter hands out, in sections of `section_heads` (batch, head) pairs (whose K / V the host sized
+// to stay in L2), each section's query blocks outermost (masked: last first, the longest under a
+// causal mask, so that the tiles left at the end are the short ones) and its pairs fastest; else
+// the one tile of (blockIdx.x, y, z), masked ones longest first.
 struct TileSched {
     int num_m, total;
-    __device__ TileSched(const FlashFwdParams& p) {
+#if FS_SM90_PERSIST == 2
+    int pairs, section;
+#endif
+    __device__ TileSched(const FlashFwdTmaParams& P) {
+        const FlashFwdParams& p = P.p;
         num_m = (p.seqlen_q + kBlockM - 1) / kBlockM;
         total = FS_SM90_PERSIST ? num_m * p.nheads * p.batch : 1;
+#if FS_SM90_PERSIST == 2
+        pairs = p.nheads * p.batch;
+        section = max(1, min(P.section_heads, pairs));
+#endif
     }
     __device__ int first() const { return FS_SM90_PERSIST ? (int)blockIdx.x : 0; }
     __device__ int stride() const { return FS_SM90_PERSIST ? (int)gridDim.x : 1; }
     __device__ TileWork work(const FlashFwdParams& p, int t, long long diag) const {
-#if FS_SM90_PERSIST
+#if FS_SM90_PERSIST == 2
+        const int sec = t / (section * num_m);  // full sections come first: the last may be short
+        const int hb0 = sec * section;
+        const int hs = min(section, pairs - hb0);
+        const int r = t - hb0 * num_m;
+        const int mi = r / hs;
+        const int hb = hb0 + (r - mi * hs);
+        return tile_work(p, FS_HAS_MASK ? num_m - 1 - mi : mi, hb % p.nheads, hb / p.nheads, diag);
+#elif FS_SM90_PERSIST
         const int hb = t / num_m;
         return tile_work(p, t - hb * num_m, hb % p.nheads, hb / p.nheads, diag);
 #else
@@ -342,7 +389,7 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
     const int tid = threadIdx.x;
     const int wg = tid >> 7;
     const int lane = tid & 31;
-    const TileSched sched(p);
+    const TileSched sched(P);
     const long long diag = (long long)p.seqlen_k - p.seqlen_q;  // bottom-right alignment offset
 
 #if FS_SM90_PERSIST
@@ -365,6 +412,11 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
             mbar_init(sm.empty_v(s), kEmptyArrivals);
         }
         if (FS_SM90_PERSIST) mbar_init(sm.q_empty(), kEmptyArrivals);
+        if (kQueue)
+            for (int i = 0; i < 2; ++i) {
+                mbar_init(sm.tile_full(i), 1);
+                mbar_init(sm.tile_free(i), kEmptyArrivals);
+            }
         mbar_init_fence();
     }
     __syncthreads();
@@ -375,7 +427,26 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
         if (tid == 0) {
             int s = 0;
             u32 phase = 0, it = 0;  // ring position; tiles loaded
+#if FS_SM90_PERSIST == 2
+            // Every tile index taken (the last one past the end: the consumers' stop) goes to the
+            // consumers through the two slots; the next is taken once this tile's loads are issued,
+            // a few KV tiles before the consumers need it, so that the counter's latency hides and
+            // the tiles stay with whichever CTA frees first.
+            u32 handed = 0;
+            int* const slots = reinterpret_cast<int*>(smem + (sm.tile_slot(0) - s_base));
+            const auto hand = [&](int t) {
+                const int i = handed & 1;
+                mbar_wait(sm.tile_free(i), ((handed >> 1) & 1) ^ 1);  // (a fresh barrier: no wait)
+                slots[i] = t;
+                mbar_arrive(sm.tile_full(i));  // (release: the slot's store is seen first)
+                ++handed;
+                return t;
+            };
+            const auto take_next = [&]() { return hand(atomicAdd(P.tile_counter, 1) + (int)gridDim.x); };
+            for (int t = hand(sched.first()); t < sched.total; t = take_next()) {
+#else
             for (int t = sched.first(); t < sched.total; t += sched.stride()) {
+#endif
                 const TileWork w = work_of(t);
                 if (FS_SM90_PERSIST && w.n_begin >= w.n_end) continue;  // (else: returned above)
                 // the previous tile's last S = Q K^T completed in every consumer warp (a fresh
@@ -423,7 +494,26 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
 #endif
         int s = 0;
         u32 phase = 0, it = 0;  // ring position; tiles computed
+#if FS_SM90_PERSIST == 2
+        // the producer's tile indices, in order: lane 0 of each warp takes one from its slot and
+        // frees the slot, the warp shares it
+        u32 taken = 0;
+        const int* const slots = reinterpret_cast<const int*>(smem + (sm.tile_slot(0) - s_base));
+        const auto take = [&]() {
+            int t = 0;
+            if (lane == 0) {
+                const int i = taken & 1;
+                mbar_wait(sm.tile_full(i), (taken >> 1) & 1);
+                t = slots[i];
+                mbar_arrive(sm.tile_free(i));  // (release: the read completes first)
+            }
+            ++taken;
+            return __shfl_sync(0xffffffffu, t, 0);
+        };
+        for (int tile = take(); tile < sched.total; tile = take()) {
+#else
         for (int tile = sched.first(); tile < sched.total; tile += sched.stride()) {
+#endif
             const TileWork w = work_of(tile);
             if (FS_SM90_PERSIST && w.n_begin >= w.n_end) {  // (the one-tile grid returned above)
                 store_empty_tile(p, w, tid - 128, kNC * 128);

@@ -111,14 +111,20 @@ def test_tma_variants_cover_the_same_problems_on_sm90a_only() -> None:
         for sch in schedules
     }
     want |= {(64, dt, m, 0, 0, 192, 0) for dt, m in itertools.product((0, 1), (0, 1))}
-    # the persistent forms (FS_SM90_PERSIST): unmasked problems only, every schedule but the
-    # pipelined one at head dim 64 on 128 rows (it spilled)
+    # the persistent forms: a static stride (FS_SM90_PERSIST=1) for unmasked problems only,
+    # every schedule but the pipelined one at head dim 64 on 128 rows (it spilled); the tile
+    # queue (2) masked or not, every schedule but the pipelined and ping-pong ones there (they
+    # spilled)
     want |= {
-        (hd, dt, 0, *sch, bm, 1)
-        for hd, dt in itertools.product((64, 128), (0, 1))
+        (hd, dt, m, *sch, bm, persist)
+        for hd, dt, m in itertools.product((64, 128), (0, 1), (0, 1))
         for sch in schedules
         for bm in (0, 192)
-        if (bm == 0 or (hd == 64 and sch == (0, 0))) and (hd, sch, bm) != (64, (1, 0), 0)
+        for persist in (1, 2)
+        if (bm == 0 or (hd == 64 and sch == (0, 0)))
+        and not (persist == 1 and m == 1)
+        and not (hd == 64 and bm == 0 and sch in ((1, 0), (1, 1)) if persist == 2 else False)
+        and (persist, hd, sch, bm) != (1, 64, (1, 0), 0)
     }
     assert got == want
     # ring depth: three K/V stages at head dim 64, two at 128 (227 KB of shared memory)
@@ -134,7 +140,7 @@ def test_tma_variants_compile_without_spills(tma_cubins: dict[str, bytes]) -> No
     tool = find_cuobjdump()
     if tool is None:
         pytest.skip(CUOBJDUMP_MISSING)
-    assert len(tma_cubins) == 40
+    assert len(tma_cubins) == 60
     for name, cubin in tma_cubins.items():
         assert cubin[:4] == b"\x7fELF", name
         for func, _regs, stack, local, _smem in resource_usage(cubin, tool):
@@ -193,6 +199,27 @@ def test_tma_persistent_variant_walks_tiles_on_the_same_gemms(
     for op in ("UTMALDG.4D", "HGMMA.64x128x16.F32.BF16", "USETMAXREG"):
         assert sum(op in ln for ln in lines) == sum(op in ln for ln in one), op
     assert "LDGSTS" not in "\n".join(lines)
+    assert not any("ATOMG" in ln for ln in lines), "the static stride takes no counter"
+
+
+def test_tma_tile_queue_takes_tiles_from_one_global_counter(
+    tma_cubins: dict[str, bytes], sass_of: Any
+) -> None:
+    """The tile queue's form of the main variant and of the masked head-dim-64 default: the
+    same loads and GEMMs as the one-tile kernel, plus one global atomic add (the producer taking
+    the next tile) and the slot hand-over to the consumer warps (a warp shuffle of the index)."""
+    hd64 = (
+        f"{TMA_FAMILY}.flash_fwd_sm90_tma_kernel"
+        "[FS_HEAD_DIM=64,FS_DTYPE=1,FS_HAS_MASK=1,FS_ARCH=90,FS_KV_STAGES=3,FS_BLOCK_M=192]"
+    )
+    for one_name in (TMA_MAIN, hd64):
+        one = sass_of(tma_cubins[one_name]).splitlines()
+        lines = sass_of(tma_cubins[one_name.replace("]", ",FS_SM90_PERSIST=2]")]).splitlines()
+        for op in ("UTMALDG.4D", "HGMMA.64x", "USETMAXREG"):
+            assert sum(op in ln for ln in lines) == sum(op in ln for ln in one), (one_name, op)
+        atomics = [ln for ln in lines if "ATOMG" in ln]
+        assert len(atomics) == 1 and ".ADD" in atomics[0], atomics
+        assert any("SHFL.IDX" in ln for ln in lines)
 
 
 def test_tma_ping_pong_takes_turns_on_named_barriers(

@@ -37,10 +37,16 @@ CASES = [
     (1, 777, 777, 4, 2, 64, True, (-1, -1), False),
     (2, 300, 650, 2, 2, 64, False, (64, 0), False),
     # more tiles than an H100 / H200 has SMs: the persistent kernel's CTAs walk several tiles
-    # (unmasked only; with FLASHSCAN_SM90_PERSIST_CTAS=3 below every case above walks many)
+    # (with FLASHSCAN_SM90_PERSIST_CTAS=3 below every case above walks many); masked ones on
+    # the tile queue, with L2 sections of several (batch, head) pairs, and tiles no key is
+    # visible to (seqlen_q > seqlen_k, causal) among them
     (4, 1100, 1100, 16, 4, 128, False, (-1, -1), False),
     (6, 300, 1000, 8, 2, 128, False, (-1, -1), False),
     (8, 999, 999, 8, 8, 64, False, (-1, -1), False),
+    (4, 1100, 1100, 16, 4, 128, True, (-1, -1), False),
+    (8, 999, 999, 8, 8, 64, True, (-1, -1), False),
+    (6, 1300, 500, 8, 2, 64, True, (-1, -1), False),
+    (3, 900, 1500, 8, 8, 128, False, (256, 64), False),
 ]
 SCHEDULES = {
     # 128 query rows a CTA (two consumer warpgroups) at every head dim, each schedule
@@ -60,9 +66,25 @@ SCHEDULES = {
     # the defaults: head dim 64 on three consumer warpgroups (192 query rows, the plain
     # schedule), head dim 128 ping-pong; unmasked problems on the persistent kernel
     "default": {},
-    # the persistent kernel on 3 CTAs (every unmasked case walks many tiles a CTA), and off
-    "persist-3": {"FLASHSCAN_SM90_PERSIST_CTAS": "3"},
+    # the persistent kernel on 3 CTAs (every case walks many tiles a CTA; masked ones on the
+    # tile queue), and off
+    "persist-3": {"FLASHSCAN_SM90_PERSIST_CTAS": "3", "FLASHSCAN_SM90_QUEUE_SECTION": "5"},
     "one-tile": {"FLASHSCAN_SM90_PERSIST": "0"},
+    # the tile queue for unmasked problems too, on the full grid and on 2 CTAs; masked
+    # problems back on one CTA a tile
+    "queue": {"FLASHSCAN_SM90_PERSIST": "queue"},
+    "queue-2": {
+        "FLASHSCAN_SM90_PERSIST": "queue",
+        "FLASHSCAN_SM90_PERSIST_CTAS": "2",
+        "FLASHSCAN_SM90_QUEUE_SECTION": "3",
+    },
+    "plain-queue-4": {
+        "FLASHSCAN_SM90_PINGPONG": "0",
+        "FLASHSCAN_SM90_BLOCK_M": "128",
+        "FLASHSCAN_SM90_PERSIST": "queue",
+        "FLASHSCAN_SM90_PERSIST_CTAS": "4",
+    },
+    "stride": {"FLASHSCAN_SM90_PERSIST": "stride"},
 }
 
 
@@ -126,6 +148,7 @@ def test_tma_forward_matches_float64(schedule: str, hopper: None, tmp_path: Path
         "FLASHSCAN_SM90_BLOCK_M",
         "FLASHSCAN_SM90_PERSIST",
         "FLASHSCAN_SM90_PERSIST_CTAS",
+        "FLASHSCAN_SM90_QUEUE_SECTION",
     ):
         env.pop(k, None)
     env.update(SCHEDULES[schedule], FLASHSCAN_CACHE_DIR=str(tmp_path))

@@ -307,11 +307,20 @@ fn sm90_tma() -> bool {
     *TMA.get_or_init(|| !std::env::var("FLASHSCAN_SM90_TMA").is_ok_and(|v| v == "0"))
 }
 
-/// The TMA kernel's persistent form for unmasked problems (`attention_tma::persistent_spec`):
-/// on unless FLASHSCAN_SM90_PERSIST=0. Read on every call, so that an A/B runs in one process
-/// (on the H200 of 2026-12-02, one configuration measured up to ~10% apart in two processes).
-fn sm90_persist() -> bool {
-    !std::env::var("FLASHSCAN_SM90_PERSIST").is_ok_and(|v| v == "0")
+/// The TMA kernel's persistent form (`attention_tma::persistent_spec`) and how it takes its
+/// tiles: by default a static stride for unmasked problems and the tile queue for masked ones;
+/// FLASHSCAN_SM90_PERSIST=0 keeps one CTA a tile, =queue takes the queue for unmasked problems
+/// too, =stride keeps masked problems on one CTA a tile (the order of before). Read on every
+/// call, so that an A/B runs in one process (on the H200 of 2026-12-02, one configuration
+/// measured up to ~10% apart in two processes). None: one CTA a tile.
+fn sm90_persist(has_mask: bool) -> Option<attention_tma::TileOrder> {
+    use attention_tma::TileOrder::{Queue, Stride};
+    let v = std::env::var("FLASHSCAN_SM90_PERSIST").ok();
+    match (v.as_deref(), has_mask) {
+        (Some("0"), _) | (Some("stride"), true) => None,
+        (Some("queue"), _) | (_, true) => Some(Queue),
+        _ => Some(Stride),
+    }
 }
 
 /// FLASHSCAN_SM90_PERSIST_CTAS=N (testing only): the persistent grid's CTAs instead of one an
@@ -325,6 +334,16 @@ fn sm90_persist_ctas(sm_count: i64) -> i64 {
             .filter(|n| *n > 0)
     });
     o.unwrap_or(sm_count)
+}
+
+/// FLASHSCAN_SM90_QUEUE_SECTION=N (testing and tuning): (batch, head) pairs a section of the
+/// tile queue's order instead of `attention_tma::section_heads`, so that small test problems
+/// span several sections. Read on every queue launch (a sweep runs in one process).
+fn sm90_queue_section() -> Option<i32> {
+    std::env::var("FLASHSCAN_SM90_QUEUE_SECTION")
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok())
+        .filter(|n| *n > 0)
 }
 
 /// The TMA kernel's schedule: FLASHSCAN_SM90_PINGPONG=1 ping-pong, =0 not; unset: ping-pong
@@ -425,15 +444,22 @@ pub fn specs_of(arch_num: i64, varlen: bool) -> Vec<KernelSpec> {
                             let schedules = attention_tma::Schedule::ALL;
                             for sch in schedules.into_iter().filter(|_| !varlen) {
                                 for bm in [128, 192] {
-                                    for make in
-                                        [attention_tma::spec, attention_tma::persistent_spec]
-                                    {
-                                        if let Some((s, _)) =
-                                            make(hd, dtype, mask, cap, arch_num, sch, bm)
-                                        {
-                                            if !out.contains(&s) {
-                                                out.push(s);
-                                            }
+                                    use attention_tma::TileOrder;
+                                    let persistent = |order| {
+                                        attention_tma::persistent_spec(
+                                            hd, dtype, mask, cap, arch_num, sch, bm, order,
+                                        )
+                                    };
+                                    let made = [
+                                        attention_tma::spec(
+                                            hd, dtype, mask, cap, arch_num, sch, bm,
+                                        ),
+                                        persistent(TileOrder::Stride),
+                                        persistent(TileOrder::Queue),
+                                    ];
+                                    for (s, _) in made.into_iter().flatten() {
+                                        if !out.contains(&s) {
+                                            out.push(s);
                                         }
                                     }
                                 }
@@ -550,35 +576,53 @@ pub(crate) fn launch(
         let block_m = attention_tma::block_m(p.head_dim);
         let schedule = attention_tma::Schedule::from_env(sm90_pipe(), sm90_pingpong());
         let cap = softcap > 0.0;
-        let persistent_tma = if sm90_persist() {
+        let order = sm90_persist(has_mask);
+        let persistent_tma = order.and_then(|o| {
             attention_tma::persistent_spec(
-                p.head_dim, dtype, has_mask, cap, arch_num, schedule, block_m,
+                p.head_dim, dtype, has_mask, cap, arch_num, schedule, block_m, o,
             )
-        } else {
-            None
-        };
-        let persistent = persistent_tma.is_some();
+        });
+        // (None where the persistent form does not exist: the one-tile grid)
+        let order = order.filter(|_| persistent_tma.is_some());
         let tma = persistent_tma.or_else(|| {
             attention_tma::spec(
                 p.head_dim, dtype, has_mask, cap, arch_num, schedule, block_m,
             )
         });
         let tp = attention_tma::params(&params, dtype, block_m);
-        if let (Some((spec, smem)), Ok(tp)) = (tma, tp) {
+        if let (Some((spec, smem)), Ok(mut tp)) = (tma, tp) {
             let kernel = dev.kernel(&spec)?;
             let s = dev.stream(stream)?;
             let threads = attention_tma::threads(block_m);
             let grid = grid_of(block_m)?;
-            let grid = if persistent {
+            let grid = if order.is_some() {
                 let tiles = grid.0 as i64 * grid.1 as i64 * grid.2 as i64;
                 let ctas = sm90_persist_ctas(dev.props.sm_count as i64);
                 (attention_tma::persistent_grid(tiles, ctas), 1, 1)
             } else {
                 grid
             };
-            // SAFETY: tp mirrors the kernel's struct; its maps address exactly the q / k / v
-            // tensors checked by the caller, and every pointer in params is on this device.
-            unsafe { dev.launch(&kernel, grid, (threads, 1, 1), smem, s, &tp)? };
+            if order != Some(attention_tma::TileOrder::Queue) {
+                // SAFETY: tp mirrors the kernel's struct; its maps address exactly the q / k / v
+                // tensors checked by the caller, and every pointer in params is on this device.
+                unsafe { dev.launch(&kernel, grid, (threads, 1, 1), smem, s, &tp)? };
+                return dev.finish(stream);
+            }
+            // the queue's counter: 4 bytes of scratch, zeroed on the stream before the launch
+            let mut scratch = dev.scratch(s)?;
+            let counter = scratch.alloc(4)?;
+            tp.tile_counter = counter;
+            tp.section_heads = sm90_queue_section().unwrap_or_else(|| {
+                attention_tma::section_heads(p.seqlen_k, p.head_dim, p.nheads, p.nheads_k)
+            });
+            // SAFETY: counter is a live 4-byte scratch allocation ordered on s; tp as above,
+            // its counter that allocation (freed after the launch on the same stream).
+            let launched = unsafe {
+                crate::runtime::driver::zero_async(counter, 4, s)
+                    .and_then(|_| dev.launch(&kernel, grid, (threads, 1, 1), smem, s, &tp))
+            };
+            scratch.free()?;
+            launched?;
             return dev.finish(stream);
         }
     }

@@ -147,10 +147,21 @@ pub fn spec(
     ))
 }
 
-/// The persistent form of `spec`'s variant (`FS_SM90_PERSIST`: one CTA an SM walking the tiles,
-/// the next tile's loads under this one's last P V and epilogue, O staged in a buffer of its own)
-/// and its dynamic shared memory; None where `spec` has none, and for masked problems (causal,
-/// windows: their tiles differ in cost, which the one-tile grid's hardware scheduling balances).
+/// How the persistent kernel's CTAs find their tiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TileOrder {
+    /// `FS_SM90_PERSIST=1`: CTA i takes tiles i, i + grid, ... (equal tiles: unmasked only).
+    Stride,
+    /// `FS_SM90_PERSIST=2`: each CTA's producer takes the next tile index from a global counter
+    /// (zeroed before the launch) once it issued its tile's loads; sections of pairs sized to L2,
+    /// masked tiles longest first (see `section_heads`). Balances uneven (masked) tiles.
+    Queue,
+}
+
+/// The persistent form of `spec`'s variant (one CTA an SM walking the tiles, the next tile's
+/// loads under this one's last P V and epilogue, O staged in a buffer of its own) taking its
+/// tiles in `order`, and its dynamic shared memory; None where `spec` has none, and for masked
+/// problems in `Stride` order (their tiles differ in cost: a static stride would not balance).
 #[allow(clippy::too_many_arguments)]
 pub fn persistent_spec(
     head_dim: i64,
@@ -160,18 +171,43 @@ pub fn persistent_spec(
     arch_num: i64,
     schedule: Schedule,
     block_m: i64,
+    order: TileOrder,
 ) -> Option<(KernelSpec, u32)> {
-    // (the pipelined schedule at head dim 64 on 128 rows spills 16 bytes when persistent, NVRTC
-    // 13.0: it keeps the one-tile grid; its default is 192 rows, plain)
-    if has_mask || (schedule == Schedule::Pipe && head_dim == 64 && block_m == 128) {
+    // (at head dim 64 on 128 rows, whose default is 192 rows, plain: the pipelined schedule
+    // spills 16 bytes when persistent, and ping-pong 16-32 with the queue, NVRTC 13.0; they keep
+    // the one-tile grid)
+    let spills = head_dim == 64
+        && block_m == 128
+        && match order {
+            TileOrder::Stride => schedule == Schedule::Pipe,
+            TileOrder::Queue => schedule != Schedule::Plain,
+        };
+    if (has_mask && order == TileOrder::Stride) || spills {
         return None;
     }
     let (mut k, smem) = spec(
         head_dim, dtype, has_mask, softcap, arch_num, schedule, block_m,
     )?;
-    k.defines.push(("FS_SM90_PERSIST", 1));
-    // + the O staging buffer (as large as Q) and the q_empty barrier
-    Some((k, smem + (block_m * head_dim * 2) as u32 + 8))
+    let queue = order == TileOrder::Queue;
+    k.defines
+        .push(("FS_SM90_PERSIST", if queue { 2 } else { 1 }));
+    // + the O staging buffer (as large as Q) and the q_empty barrier; the queue's four barriers
+    // and two slots
+    let extra = (block_m * head_dim * 2) as u32 + 8 + if queue { 40 } else { 0 };
+    Some((k, smem + extra))
+}
+
+/// K / V bytes the tile queue's sections aim to keep in L2 (H100 / H200: 50 MB of L2).
+const SECTION_L2_BYTES: i64 = 32 << 20;
+
+/// (batch, head) pairs in one section of the tile queue's order: as many as share K / V heads
+/// whose 16-bit K and V (seqlen_k x head_dim each) fit SECTION_L2_BYTES, at least one K / V
+/// head's worth (`nheads / nheads_k` consecutive heads share one under GQA).
+pub fn section_heads(seqlen_k: i64, head_dim: i64, nheads: i64, nheads_k: i64) -> i32 {
+    let kv_head_bytes = (seqlen_k * head_dim * 2 * 2).max(1);
+    let group = (nheads / nheads_k.max(1)).max(1);
+    let kv_heads = (SECTION_L2_BYTES / kv_head_bytes).max(1);
+    (kv_heads * group).clamp(1, i32::MAX as i64) as i32
 }
 
 /// The persistent kernel's grid: one CTA an SM (its shared memory allows no second; `ctas` is
@@ -181,18 +217,25 @@ pub fn persistent_grid(tiles: i64, ctas: i64) -> u32 {
 }
 
 /// Mirrors `struct FlashFwdTmaParams` in cuda/flash_fwd_sm90_tma.cu: three encoded tensor maps
-/// (64-byte aligned, 128 bytes each), then the plain parameters. The kernel's struct is 576
-/// bytes (its FlashFwdParams lacks the varlen tail); the driver copies that many from here.
+/// (64-byte aligned, 128 bytes each), the tile queue's counter and section, then the plain
+/// parameters. The kernel's struct is 576 bytes (its FlashFwdParams lacks the varlen tail); the
+/// driver copies that many from here.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug)]
 pub struct FlashFwdTmaParams {
     pub tm_q: [u64; 16],
     pub tm_k: [u64; 16],
     pub tm_v: [u64; 16],
+    /// `int*`, the queue's counter (zeroed before the launch); 0 unless `TileOrder::Queue`
+    pub tile_counter: u64,
+    /// `section_heads`; 0 unless `TileOrder::Queue`
+    pub section_heads: i32,
+    pub pad: i32,
     pub base: FlashFwdParams,
 }
 
-const _: () = assert!(std::mem::offset_of!(FlashFwdTmaParams, base) == 384);
+const _: () = assert!(std::mem::offset_of!(FlashFwdTmaParams, tile_counter) == 384);
+const _: () = assert!(std::mem::offset_of!(FlashFwdTmaParams, base) == 400);
 const _: () = assert!(std::mem::size_of::<FlashFwdTmaParams>() >= 576);
 
 /// What cuTensorMapEncodeTiled receives for one (batch, seqlen, heads, head_dim) operand:
@@ -300,6 +343,9 @@ pub fn params(params: &FlashFwdParams, dtype: DType, block_m: i64) -> Result<Fla
         tm_q: encode(params.q, bf16, q)?,
         tm_k: encode(params.k, bf16, k)?,
         tm_v: encode(params.v, bf16, v)?,
+        tile_counter: 0,
+        section_heads: 0,
+        pad: 0,
         base: *params,
     })
 }
@@ -368,16 +414,33 @@ mod tests {
             );
             assert_eq!(smem, smem_bytes(64, 3, 192));
         }
-        // persistent: unmasked only, the O buffer and q_empty on top
-        assert!(persistent_spec(64, DType::BF16, true, false, 90, Plain, 192).is_none());
+        // persistent: a static stride unmasked only, the O buffer and q_empty on top; the
+        // queue masked or not, its barriers and slots on top of that
+        use TileOrder::{Queue, Stride};
+        assert!(persistent_spec(64, DType::BF16, true, false, 90, Plain, 192, Stride).is_none());
         let (k, smem) =
-            persistent_spec(64, DType::BF16, false, false, 90, Plain, 192).expect("covered");
+            persistent_spec(64, DType::BF16, false, false, 90, Plain, 192, Stride).expect("ok");
         assert!(k.defines.contains(&("FS_SM90_PERSIST", 1)));
         assert_eq!(smem, smem_bytes(64, 3, 192) + 24576 + 8);
         assert!(smem <= 232_448);
-        let (_, smem) =
-            persistent_spec(128, DType::BF16, false, false, 90, PingPong, 128).expect("covered");
+        for mask in [false, true] {
+            let (k, smem_q) =
+                persistent_spec(64, DType::BF16, mask, false, 90, Plain, 192, Queue).expect("ok");
+            assert!(k.defines.contains(&("FS_SM90_PERSIST", 2)));
+            assert_eq!(smem_q, smem + 40);
+            let (_, smem) =
+                persistent_spec(128, DType::BF16, mask, false, 90, PingPong, 128, Queue)
+                    .expect("covered");
+            assert!(smem <= 232_448 && smem == smem_bytes(128, kv_stages(128), 128) + 32768 + 48);
+        }
+        let (_, smem) = persistent_spec(128, DType::BF16, false, false, 90, PingPong, 128, Stride)
+            .expect("covered");
         assert!(smem <= 232_448 && smem == smem_bytes(128, kv_stages(128), 128) + 32768 + 8);
+        // the queue's sections: K / V of 32 MiB, at least one K / V head's group of heads
+        assert_eq!(section_heads(2048, 64, 32, 32), 64); // 512 KiB a head
+        assert_eq!(section_heads(16384, 128, 16, 16), 4); // 8 MiB a head
+        assert_eq!(section_heads(1 << 20, 128, 16, 2), 8); // 512 MiB a K / V head: one group
+        assert_eq!(section_heads(512, 64, 32, 8), 256 * 4);
         assert_eq!(
             (persistent_grid(7, 132), persistent_grid(4096, 132)),
             (7, 132)

@@ -357,6 +357,15 @@ pub unsafe fn free_async(ptr: u64, stream: Stream) -> Result<()> {
     result::free_async(ptr, stream.0).map_err(cuda_err("cuMemFreeAsync"))
 }
 
+/// Stream-ordered zeroing of `bytes` bytes at `ptr`.
+///
+/// # Safety
+/// `ptr` must be a device allocation of at least `bytes` bytes, valid until the memset has run
+/// on `stream`.
+pub unsafe fn zero_async(ptr: u64, bytes: usize, stream: Stream) -> Result<()> {
+    result::memset_d8_async(ptr, 0, bytes, stream.0).map_err(cuda_err("cuMemsetD8Async"))
+}
+
 /// Plain device allocation (context must be current).
 pub fn alloc(bytes: usize) -> Result<u64> {
     // SAFETY: returns a fresh device allocation or an error.
