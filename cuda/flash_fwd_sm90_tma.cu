@@ -55,18 +55,22 @@
 // against the one-tile grid in the same process: +15% at s512, +7-8% at s1024, +2-6% from s2048
 // (benches/results/2026-12-02-h200-attention-persistent/).
 //
-// The tile queue (FS_SM90_PERSIST=2; the default for masked problems, whose tiles differ in cost,
-// so a static stride would not balance): CTA i starts on tile i; its producer thread takes each
-// next index from a global counter (atomicAdd, zeroed by the host before the launch) once it has
+// The tile queue (FS_SM90_PERSIST=2; the default for masked problems with seqlen_k <= 8192 or a
+// left window, whose tiles differ in cost, so a static stride would not balance): CTA i starts on
+// tile i; its producer thread takes each next index from a global counter (atomicAdd) once it has
 // issued the current tile's loads, and hands every index (the last one past the end: stop) to the
 // consumer warps through two shared-memory slots, each with a tile_full (one arrival) and a
-// tile_free (one arrival a consumer warp, after its lane 0 read the slot) mbarrier. The order:
-// sections of section_heads (batch, head) pairs whose K / V the host sized to ~32 MB of L2, inside
-// one the query blocks outermost, last first (under a causal mask the longest: the tiles left for
-// the end are the short ones), pairs fastest. Against the one-tile grid in the same process
-// (H200): causal hd64 +15% at s512, +12% at s1024, +8% at s2048, +2-6% beyond; hd128 +2-5%
-// (benches/results/2026-12-02-h200-attention-queue/). Unmasked problems keep the stride, which
-// measured 2-9% faster than the queue at hd128 there.
+// tile_free (one arrival a consumer warp, after its lane 0 read the slot) mbarrier. The counter
+// and a count of CTAs done are zero at the launch, and the last CTA done zeroes them again: the
+// host gives each stream one such pair for all its launches (src/runtime/counters.rs; zeroed
+// scratch under graph capture), so a launch costs no memset. The order: sections of
+// section_heads (batch, head) pairs whose K / V the host sized to ~32 MB of L2, inside one the
+// query blocks outermost, last first (under a causal mask the longest: the tiles left for the end
+// are the short ones), pairs fastest. Against the one-tile grid in the same process (H200, bf16,
+// causal, batch x seqlen 16k): hd64 +17-20% at s512, +13-17% at s1024, +8% at s2048, +3-6% at s4096,
+// +1% at s8192; hd128 +11% / +13% / +8% / +2% at s512 / 1024 / 2048 / 8192; at s16384 -1..-5%,
+// so longer problems keep one CTA a tile (benches/results/2026-12-02-h200-attention-queue/).
+// Unmasked problems keep the stride, 0.3-2% faster than the queue in the same order.
 //
 // The prelude defines FS_HEAD_DIM (64 or 128), FS_DTYPE (0 fp16, 1 bf16), FS_HAS_MASK, FS_ARCH (90),
 // FS_KV_STAGES (2 to 5), optionally FS_SM90_PIPE, FS_SM90_PINGPONG, FS_SM90_PERSIST (0, 1 or 2)
@@ -110,7 +114,8 @@
 // tensor maps first (64-byte aligned, 128 bytes each), then the plain parameters.
 struct FlashFwdTmaParams {
     fs::TensorMap tm_q, tm_k, tm_v;
-    int* tile_counter;  // FS_SM90_PERSIST=2: zeroed before the launch (the tiles taken past the grid's first)
+    int* tile_counter;  // FS_SM90_PERSIST=2: [tiles taken past the grid's first, CTAs done]; zero at
+                        // the launch, and zero again when the last CTA's producer is done
     int section_heads;  // FS_SM90_PERSIST=2: (batch, head) pairs a section of the tile order
     int pad_;
     FlashFwdParams p;
@@ -442,6 +447,8 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
                 ++handed;
                 return t;
             };
+            // (taking the next index as the current tile starts instead measured no faster, H200
+            // 2026-12-02: benches/results/2026-12-02-h200-attention-queue/)
             const auto take_next = [&]() { return hand(atomicAdd(P.tile_counter, 1) + (int)gridDim.x); };
             for (int t = hand(sched.first()); t < sched.total; t = take_next()) {
 #else
@@ -466,6 +473,15 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
                 }
                 ++it;
             }
+#if FS_SM90_PERSIST == 2
+            // Every index is taken (this CTA's last was past the end): the last CTA here zeroes
+            // the counters for the next launch on the stream (launches on one stream do not
+            // overlap; the host gives each stream its own pair, or fresh scratch).
+            if (atomicAdd(P.tile_counter + 1, 1) == (int)gridDim.x - 1) {
+                atomicExch(P.tile_counter, 0);
+                atomicExch(P.tile_counter + 1, 0);
+            }
+#endif
         }
     } else {
         // ================= consumers =================

@@ -206,8 +206,9 @@ def test_tma_tile_queue_takes_tiles_from_one_global_counter(
     tma_cubins: dict[str, bytes], sass_of: Any
 ) -> None:
     """The tile queue's form of the main variant and of the masked head-dim-64 default: the
-    same loads and GEMMs as the one-tile kernel, plus one global atomic add (the producer taking
-    the next tile) and the slot hand-over to the consumer warps (a warp shuffle of the index)."""
+    same loads and GEMMs as the one-tile kernel, plus two global atomic adds (the producer taking
+    the next tile; counting its CTA done) and two exchanges (the last CTA zeroing the counters for
+    the stream's next launch), and the slot hand-over to the consumer warps (a warp shuffle)."""
     hd64 = (
         f"{TMA_FAMILY}.flash_fwd_sm90_tma_kernel"
         "[FS_HEAD_DIM=64,FS_DTYPE=1,FS_HAS_MASK=1,FS_ARCH=90,FS_KV_STAGES=3,FS_BLOCK_M=192]"
@@ -218,7 +219,9 @@ def test_tma_tile_queue_takes_tiles_from_one_global_counter(
         for op in ("UTMALDG.4D", "HGMMA.64x", "USETMAXREG"):
             assert sum(op in ln for ln in lines) == sum(op in ln for ln in one), (one_name, op)
         atomics = [ln for ln in lines if "ATOMG" in ln]
-        assert len(atomics) == 1 and ".ADD" in atomics[0], atomics
+        adds = [ln for ln in atomics if "ATOMG.E.ADD" in ln]
+        exchanges = [ln for ln in atomics if "ATOMG.E.EXCH" in ln]
+        assert len(adds) == 2 and len(exchanges) == 2 and len(atomics) == 4, atomics
         assert any("SHFL.IDX" in ln for ln in lines)
 
 

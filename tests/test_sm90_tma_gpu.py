@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,6 +86,13 @@ SCHEDULES = {
         "FLASHSCAN_SM90_PERSIST_CTAS": "4",
     },
     "stride": {"FLASHSCAN_SM90_PERSIST": "stride"},
+    # the queue's counters from scratch zeroed per call (the capture path) instead of the
+    # stream's pair
+    "queue-scratch-3": {
+        "FLASHSCAN_SM90_QUEUE_SCRATCH": "1",
+        "FLASHSCAN_SM90_PERSIST_CTAS": "3",
+        "FLASHSCAN_SM90_QUEUE_SECTION": "2",
+    },
 }
 
 
@@ -149,6 +157,7 @@ def test_tma_forward_matches_float64(schedule: str, hopper: None, tmp_path: Path
         "FLASHSCAN_SM90_PERSIST",
         "FLASHSCAN_SM90_PERSIST_CTAS",
         "FLASHSCAN_SM90_QUEUE_SECTION",
+        "FLASHSCAN_SM90_QUEUE_SCRATCH",
     ):
         env.pop(k, None)
     env.update(SCHEDULES[schedule], FLASHSCAN_CACHE_DIR=str(tmp_path))
@@ -163,6 +172,73 @@ def test_tma_forward_matches_float64(schedule: str, hopper: None, tmp_path: Path
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     built = [p.name for p in tmp_path.iterdir() if p.name.startswith("flash_fwd_sm90_tma-")]
     assert built, f"the TMA kernel was not built (fallback taken?): {os.listdir(tmp_path)}"
+
+
+def _check_causal(q: Any, k: Any, v: Any, out: Any) -> None:
+    sys.path.insert(0, str(HERE))
+    from conftest import check_rule
+    from test_attention_gpu import attention_torch
+
+    ref, _ = attention_torch(q, k, v, causal=True)
+    base, _ = attention_torch(q, k, v, causal=True, upcast=False)
+    check_rule(out, ref, base, atol=1e-3, name="out")
+
+
+@pytest.mark.gpu
+def test_tile_queue_counters_on_concurrent_streams_and_in_a_graph(hopper: None) -> None:
+    """Causal problems take their tiles from a queue whose counters each stream shares between
+    its launches (the last CTA zeroes them), or, under capture, from scratch zeroed in the graph:
+    calls on two streams at once, many calls in a row, graph replays and a plain call on the
+    capturing stream afterwards all compute every tile exactly once."""
+    import torch
+
+    import flashscan
+
+    for key in ("FLASHSCAN_SM90_PERSIST", "FLASHSCAN_SM90_QUEUE_SCRATCH"):
+        os.environ.pop(key, None)
+    # 9 query blocks x 64 (batch, head) pairs: more tiles than SMs, the queue's path
+    shape = (4, 1100, 16, 128)
+    mk = lambda: torch.randn(*shape, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    inputs = [[(mk(), mk(), mk()) for _ in range(4)] for _ in streams]
+    outs = [
+        [torch.full(shape, float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+        for _ in streams
+    ]
+    torch.cuda.synchronize()
+    for i in range(4):  # interleaved launches on both streams, overlapping on the GPU
+        for s, st in enumerate(streams):
+            with torch.cuda.stream(st):
+                q, k, v = inputs[s][i]
+                flashscan.flash_attn_func(q, k, v, causal=True, out=outs[s][i])
+    torch.cuda.synchronize()
+    for s in range(2):
+        for i in range(4):
+            _check_causal(*inputs[s][i], outs[s][i])
+
+    q, k, v = mk(), mk(), mk()
+    out = torch.empty_like(q)
+    st = torch.cuda.Stream()
+    st.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(st):
+        flashscan.flash_attn_func(q, k, v, causal=True, out=out)
+    torch.cuda.current_stream().wait_stream(st)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        flashscan.flash_attn_func(q, k, v, causal=True, out=out)
+    for _ in range(3):
+        q.copy_(mk())
+        k.copy_(mk())
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        _check_causal(q, k, v, out)
+    # the graph used scratch of its own: the current stream's pair is still zero
+    out2 = torch.full_like(q, float("nan"))
+    flashscan.flash_attn_func(q, k, v, causal=True, out=out2)
+    torch.cuda.synchronize()
+    _check_causal(q, k, v, out2)
 
 
 if __name__ == "__main__":

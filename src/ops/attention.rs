@@ -308,17 +308,19 @@ fn sm90_tma() -> bool {
 }
 
 /// The TMA kernel's persistent form (`attention_tma::persistent_spec`) and how it takes its
-/// tiles: by default a static stride for unmasked problems and the tile queue for masked ones;
-/// FLASHSCAN_SM90_PERSIST=0 keeps one CTA a tile, =queue takes the queue for unmasked problems
-/// too, =stride keeps masked problems on one CTA a tile (the order of before). Read on every
-/// call, so that an A/B runs in one process (on the H200 of 2026-12-02, one configuration
-/// measured up to ~10% apart in two processes). None: one CTA a tile.
-fn sm90_persist(has_mask: bool) -> Option<attention_tma::TileOrder> {
+/// tiles: by default a static stride for unmasked problems and the tile queue for masked ones
+/// where it measured faster (`attention_tma::queue_wanted`); FLASHSCAN_SM90_PERSIST=0 keeps one
+/// CTA a tile, =queue takes the queue for every problem, =stride keeps masked problems on one
+/// CTA a tile (the order of before). Read on every call, so that an A/B runs in one process
+/// (on the H200 of 2026-12-02, one configuration measured up to ~10% apart in two processes).
+/// None: one CTA a tile.
+fn sm90_persist(p: &Problem, has_mask: bool) -> Option<attention_tma::TileOrder> {
     use attention_tma::TileOrder::{Queue, Stride};
     let v = std::env::var("FLASHSCAN_SM90_PERSIST").ok();
     match (v.as_deref(), has_mask) {
         (Some("0"), _) | (Some("stride"), true) => None,
-        (Some("queue"), _) | (_, true) => Some(Queue),
+        (Some("queue"), _) => Some(Queue),
+        (_, true) => attention_tma::queue_wanted(p.seqlen_k, p.window_left).then_some(Queue),
         _ => Some(Stride),
     }
 }
@@ -576,7 +578,7 @@ pub(crate) fn launch(
         let block_m = attention_tma::block_m(p.head_dim);
         let schedule = attention_tma::Schedule::from_env(sm90_pipe(), sm90_pingpong());
         let cap = softcap > 0.0;
-        let order = sm90_persist(has_mask);
+        let order = sm90_persist(p, has_mask);
         let persistent_tma = order.and_then(|o| {
             attention_tma::persistent_spec(
                 p.head_dim, dtype, has_mask, cap, arch_num, schedule, block_m, o,
@@ -608,17 +610,32 @@ pub(crate) fn launch(
                 unsafe { dev.launch(&kernel, grid, (threads, 1, 1), smem, s, &tp)? };
                 return dev.finish(stream);
             }
-            // the queue's counter: 4 bytes of scratch, zeroed on the stream before the launch
-            let mut scratch = dev.scratch(s)?;
-            let counter = scratch.alloc(4)?;
-            tp.tile_counter = counter;
+            // the queue's counters (next tile, CTAs done): the stream's pair, which every
+            // queue launch leaves zeroed; else (under capture, on the per-thread default
+            // stream) 8 bytes of scratch zeroed on the stream before the launch
             tp.section_heads = sm90_queue_section().unwrap_or_else(|| {
                 attention_tma::section_heads(p.seqlen_k, p.head_dim, p.nheads, p.nheads_k)
             });
-            // SAFETY: counter is a live 4-byte scratch allocation ordered on s; tp as above,
-            // its counter that allocation (freed after the launch on the same stream).
+            // (FLASHSCAN_SM90_QUEUE_SCRATCH=1, testing: always the scratch; read every call)
+            let shared = if std::env::var("FLASHSCAN_SM90_QUEUE_SCRATCH").is_ok_and(|v| v == "1") {
+                None
+            } else {
+                dev.stream_counters(s)?
+            };
+            if let Some(counters) = shared {
+                tp.tile_counter = counters;
+                // SAFETY: as above; the counters are this stream's zeroed pair, which the
+                // kernel's last CTA zeroes again.
+                unsafe { dev.launch(&kernel, grid, (threads, 1, 1), smem, s, &tp)? };
+                return dev.finish(stream);
+            }
+            let mut scratch = dev.scratch(s)?;
+            let counters = scratch.alloc(8)?;
+            tp.tile_counter = counters;
+            // SAFETY: counters is a live 8-byte scratch allocation ordered on s; tp as above,
+            // its counters that allocation (freed after the launch on the same stream).
             let launched = unsafe {
-                crate::runtime::driver::zero_async(counter, 4, s)
+                crate::runtime::driver::zero_async(counters, 8, s)
                     .and_then(|_| dev.launch(&kernel, grid, (threads, 1, 1), smem, s, &tp))
             };
             scratch.free()?;

@@ -197,6 +197,18 @@ pub fn persistent_spec(
     Some((k, smem + extra))
 }
 
+/// Longest seqlen_k a masked problem without a left window takes the tile queue at (beyond it
+/// one CTA a tile): on the H200 (2026-12-02, bf16, causal, batch x seqlen 16k, interleaved in
+/// one process) the queue gained +15-20% at s512, +8% at s2048, +3-6% at s4096, but at s16384
+/// nothing at head dim 64 and -3..-5% at 128 (`benches/results/2026-12-02-h200-attention-queue/`).
+const QUEUE_MAX_SEQLEN_K: i64 = 8192;
+
+/// Whether a masked problem takes the tile queue by default: where its tiles are short, i.e.
+/// seqlen_k <= QUEUE_MAX_SEQLEN_K or a left window bounds every tile's keys.
+pub fn queue_wanted(seqlen_k: i64, window_left: i64) -> bool {
+    seqlen_k <= QUEUE_MAX_SEQLEN_K || (0..QUEUE_MAX_SEQLEN_K).contains(&window_left)
+}
+
 /// K / V bytes the tile queue's sections aim to keep in L2 (H100 / H200: 50 MB of L2).
 const SECTION_L2_BYTES: i64 = 32 << 20;
 
@@ -226,9 +238,9 @@ pub struct FlashFwdTmaParams {
     pub tm_q: [u64; 16],
     pub tm_k: [u64; 16],
     pub tm_v: [u64; 16],
-    /// `int*`, the queue's counter (zeroed before the launch); 0 unless `TileOrder::Queue`
+    /// `int*`, the queue's two counters (zero at the launch, left zero); 0 for the stride
     pub tile_counter: u64,
-    /// `section_heads`; 0 unless `TileOrder::Queue`
+    /// `section_heads`; 0 for the stride
     pub section_heads: i32,
     pub pad: i32,
     pub base: FlashFwdParams,
@@ -436,6 +448,9 @@ mod tests {
         let (_, smem) = persistent_spec(128, DType::BF16, false, false, 90, PingPong, 128, Stride)
             .expect("covered");
         assert!(smem <= 232_448 && smem == smem_bytes(128, kv_stages(128), 128) + 32768 + 8);
+        // the queue by default: short keys, or a left window bounding them
+        assert!(queue_wanted(512, -1) && queue_wanted(8192, -1) && !queue_wanted(8193, -1));
+        assert!(queue_wanted(1 << 20, 4096) && !queue_wanted(1 << 20, 8192));
         // the queue's sections: K / V of 32 MiB, at least one K / V head's group of heads
         assert_eq!(section_heads(2048, 64, 32, 32), 64); // 512 KiB a head
         assert_eq!(section_heads(16384, 128, 16, 16), 4); // 8 MiB a head

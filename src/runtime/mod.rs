@@ -3,6 +3,7 @@
 //! Everything is initialised lazily on first use and never torn down.
 
 pub mod cache;
+pub mod counters;
 pub mod driver;
 pub mod kernel_source;
 pub mod nvrtc;
@@ -222,6 +223,7 @@ pub struct DeviceCtx {
     kernels: Mutex<KernelMap>,
     own_stream: OnceLock<std::result::Result<Stream, Error>>,
     scratch_pool: OnceLock<std::result::Result<Option<driver::ScratchPool>, Error>>,
+    counters: counters::StreamCounters,
 }
 
 pub struct LoadedKernel {
@@ -248,6 +250,7 @@ impl DeviceCtx {
             kernels: Mutex::new(KernelMap::default()),
             own_stream: OnceLock::new(),
             scratch_pool: OnceLock::new(),
+            counters: counters::StreamCounters::default(),
         })
     }
 
@@ -287,6 +290,13 @@ impl DeviceCtx {
             .get_or_init(|| driver::ScratchPool::create(self.props.ordinal))
             .clone()?;
         Ok(StreamScratch::new(stream, pool))
+    }
+
+    /// A zeroed pair of i32 work counters for a persistent kernel launched next on `stream`
+    /// that leaves them zeroed (`counters::StreamCounters`); None where the call must zero
+    /// scratch of its own instead (under capture, the per-thread default stream).
+    pub fn stream_counters(&self, stream: Stream) -> Result<Option<u64>> {
+        self.counters.get(stream)
     }
 
     /// Ends a call: synchronises our own stream when the caller has none to order on.
