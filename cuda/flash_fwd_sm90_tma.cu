@@ -70,7 +70,10 @@
 // causal, batch x seqlen 16k): hd64 +17-20% at s512, +13-17% at s1024, +8% at s2048, +3-6% at s4096,
 // +1% at s8192; hd128 +11% / +13% / +8% / +2% at s512 / 1024 / 2048 / 8192; at s16384 -1..-5%,
 // so longer problems keep one CTA a tile (benches/results/2026-12-02-h200-attention-queue/).
-// Unmasked problems keep the stride, 0.3-2% faster than the queue in the same order.
+// Unmasked problems keep the stride, 0.3-2% faster than the queue in the same order. In the
+// queue's plain-schedule builds a consumer warpgroup passes on, without computing, the leading KV
+// tiles none of its rows sees (at 192 rows the diagonal tile for the upper warpgroups): +13% /
+// +11% / +5% at hd64 causal s512 / 1024 / 2048.
 //
 // The prelude defines FS_HEAD_DIM (64 or 128), FS_DTYPE (0 fp16, 1 bf16), FS_HAS_MASK, FS_ARCH (90),
 // FS_KV_STAGES (2 to 5), optionally FS_SM90_PIPE, FS_SM90_PINGPONG, FS_SM90_PERSIST (0, 1 or 2)
@@ -621,7 +624,41 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
             reg_fence(acc_o);
             if (lane == 0) mbar_arrive(sm.empty_v(s_prev));
 #else
-            for (int n = n_end - 1; n >= n_begin; --n) {
+            // KV tiles [wn_end, n_end), walked first, hold no key visible to a row of this
+            // warpgroup (the diagonal tile's upper rows under a causal mask, where 64-row groups
+            // and 128-key tiles do not align; every tile for rows past seqlen_q: the last query
+            // block's third warpgroup when seqlen_q % 192 <= 128): the warpgroup only passes
+            // their stages on, after they landed (so that its arrivals stay in the stage's lap).
+            // (Tiles hidden from a warpgroup by a left window, walked last, are computed masked.
+            // Masked persistent builds only: in the one-tile kernel at 192 rows it spilled the
+            // output pointer, NVRTC 13.0, and masked problems there have seqlen_k > 8192, where it
+            // saves ~1%; unmasked, only the last query block's third warpgroup is idle, and the
+            // stride's loop measured 3% slower with it, H200 2026-12-02.)
+            int n = n_end - 1;
+#if FS_SM90_PERSIST && FS_HAS_MASK
+            {
+                const int r_lo = cw * 64;  // this warpgroup's first and last valid rows in the tile
+                const int r_hi = min(r_lo + 63, rows_q - 1);
+                int wn_end = r_lo > r_hi ? n_begin : n_end;
+                if (p.window_right >= 0) {
+                    // the last key any of its rows sees (clamped: windows past seqlen_k see all)
+                    const int hi = (int)min((long long)m0 + r_hi + diag + p.window_right, (long long)p.seqlen_k);
+                    wn_end = hi < 0 ? n_begin : max(n_begin, min(hi / kBlockN + 1, wn_end));
+                }
+                for (; n >= wn_end; --n) {
+                    mbar_wait(sm.full_k(s), phase);
+                    if (lane == 0) mbar_arrive(sm.empty_k(s));
+                    if (FS_SM90_PERSIST && n == n_begin && lane == 0) mbar_arrive(sm.q_empty());
+                    mbar_wait(sm.full_v(s), phase);
+                    if (lane == 0) mbar_arrive(sm.empty_v(s));
+                    if (++s == kStages) {
+                        s = 0;
+                        phase ^= 1;
+                    }
+                }
+            }
+#endif
+            for (; n >= n_begin; --n) {
                 float acc_s[kSRegs];
                 mbar_wait(sm.full_k(s), phase);
                 issue_qk(acc_s, sQ_wg, sm.k(s));
