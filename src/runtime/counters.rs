@@ -5,6 +5,10 @@
 //! shared by overlapping launches (under graph capture: a captured pointer replays on any
 //! stream; the per-thread default stream: one handle, a stream per thread) or the table is
 //! full, there is none: the caller then allocates and zeroes scratch for the call.
+//!
+//! Known limit: a stream's first queue launch allocates its pair with cuMemAlloc, which CUDA
+//! refuses (and which invalidates that capture) while another thread captures a graph in global
+//! mode; a stream-ordered allocation would not, and is the next change (untested on a GPU yet).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
