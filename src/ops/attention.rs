@@ -348,6 +348,12 @@ fn sm90_queue_section() -> Option<i32> {
         .filter(|n| *n > 0)
 }
 
+/// FLASHSCAN_SM90_QUEUE_SCRATCH=1 (testing): the queue's counters from zeroed scratch on every
+/// call (the graph-capture path) instead of the stream's pair. Read on every queue launch.
+fn sm90_queue_scratch() -> bool {
+    std::env::var("FLASHSCAN_SM90_QUEUE_SCRATCH").is_ok_and(|v| v == "1")
+}
+
 /// The TMA kernel's schedule: FLASHSCAN_SM90_PINGPONG=1 ping-pong, =0 not; unset: ping-pong
 /// unless FLASHSCAN_SM90_PIPE=1 asks for the pipelined one (see `Schedule::from_env`).
 fn sm90_pingpong() -> Option<bool> {
@@ -604,41 +610,37 @@ pub(crate) fn launch(
             } else {
                 grid
             };
-            if order != Some(attention_tma::TileOrder::Queue) {
-                // SAFETY: tp mirrors the kernel's struct; its maps address exactly the q / k / v
-                // tensors checked by the caller, and every pointer in params is on this device.
-                unsafe { dev.launch(&kernel, grid, (threads, 1, 1), smem, s, &tp)? };
-                return dev.finish(stream);
+            // the queue's counters (next tile, CTAs done): the stream's pair, which every queue
+            // launch leaves zeroed; else (under capture, on the per-thread default stream, or
+            // with FLASHSCAN_SM90_QUEUE_SCRATCH=1) 8 bytes of scratch zeroed before the launch
+            let mut scratch = None;
+            if order == Some(attention_tma::TileOrder::Queue) {
+                tp.section_heads = sm90_queue_section().unwrap_or_else(|| {
+                    attention_tma::section_heads(p.seqlen_k, p.head_dim, p.nheads, p.nheads_k)
+                });
+                let shared = if sm90_queue_scratch() {
+                    None
+                } else {
+                    dev.stream_counters(s)?
+                };
+                tp.tile_counter = match shared {
+                    Some(counters) => counters,
+                    None => {
+                        let sc = scratch.insert(dev.scratch(s)?);
+                        let counters = sc.alloc(8)?;
+                        // SAFETY: a live 8-byte scratch allocation ordered on s.
+                        unsafe { crate::runtime::driver::zero_async(counters, 8, s)? };
+                        counters
+                    }
+                };
             }
-            // the queue's counters (next tile, CTAs done): the stream's pair, which every
-            // queue launch leaves zeroed; else (under capture, on the per-thread default
-            // stream) 8 bytes of scratch zeroed on the stream before the launch
-            tp.section_heads = sm90_queue_section().unwrap_or_else(|| {
-                attention_tma::section_heads(p.seqlen_k, p.head_dim, p.nheads, p.nheads_k)
-            });
-            // (FLASHSCAN_SM90_QUEUE_SCRATCH=1, testing: always the scratch; read every call)
-            let shared = if std::env::var("FLASHSCAN_SM90_QUEUE_SCRATCH").is_ok_and(|v| v == "1") {
-                None
-            } else {
-                dev.stream_counters(s)?
-            };
-            if let Some(counters) = shared {
-                tp.tile_counter = counters;
-                // SAFETY: as above; the counters are this stream's zeroed pair, which the
-                // kernel's last CTA zeroes again.
-                unsafe { dev.launch(&kernel, grid, (threads, 1, 1), smem, s, &tp)? };
-                return dev.finish(stream);
+            // SAFETY: tp mirrors the kernel's struct; its maps address exactly the q / k / v
+            // tensors checked by the caller, and every pointer in params is on this device; the
+            // queue's counters are zero (the stream's pair, or scratch freed after the launch).
+            let launched = unsafe { dev.launch(&kernel, grid, (threads, 1, 1), smem, s, &tp) };
+            if let Some(sc) = scratch {
+                sc.free()?;
             }
-            let mut scratch = dev.scratch(s)?;
-            let counters = scratch.alloc(8)?;
-            tp.tile_counter = counters;
-            // SAFETY: counters is a live 8-byte scratch allocation ordered on s; tp as above,
-            // its counters that allocation (freed after the launch on the same stream).
-            let launched = unsafe {
-                crate::runtime::driver::zero_async(counters, 8, s)
-                    .and_then(|_| dev.launch(&kernel, grid, (threads, 1, 1), smem, s, &tp))
-            };
-            scratch.free()?;
             launched?;
             return dev.finish(stream);
         }

@@ -6,9 +6,9 @@
 //! stream; the per-thread default stream: one handle, a stream per thread) or the table is
 //! full, there is none: the caller then allocates and zeroes scratch for the call.
 //!
-//! Known limit: a stream's first queue launch allocates its pair with cuMemAlloc, which CUDA
-//! refuses (and which invalidates that capture) while another thread captures a graph in global
-//! mode; a stream-ordered allocation would not, and is the next change (untested on a GPU yet).
+//! A stream's first queue launch allocates its pair stream-ordered (cuMemAllocAsync from the
+//! device's default pool, never freed): unlike cuMemAlloc, CUDA allows it while another thread
+//! captures a graph in global mode.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -17,7 +17,8 @@ use crate::error::{Error, Result};
 use crate::runtime::driver::{self, Stream};
 
 /// Streams a device keeps a pair for (8 bytes each, never freed: a stream handle freed and
-/// made again reuses its pair, which its last launch left zeroed).
+/// made again reuses its pair, which its last launch left zeroed; a pair allocated on a stream
+/// since destroyed stays valid, as stream-ordered memory outlives its stream).
 const MAX_STREAMS: usize = 4096;
 /// `CU_STREAM_PER_THREAD`: one handle naming a different stream in each host thread.
 const PER_THREAD_STREAM: u64 = 0x2;
@@ -44,12 +45,14 @@ impl StreamCounters {
         if map.len() >= MAX_STREAMS {
             return Ok(None);
         }
-        let p = driver::alloc(8)?;
-        // SAFETY: p is a fresh 8-byte allocation, never freed; zeroed on the stream the
-        // kernel using it will be launched on, so ordered before that launch.
+        // Stream-ordered (from the default pool, never freed): unlike cuMemAlloc it does not
+        // break another thread's global-mode graph capture. Only this stream uses the pair.
+        let p = driver::alloc_async(8, stream, None)?;
+        // SAFETY: p is a fresh 8-byte allocation ordered on `stream`, zeroed on it before any
+        // kernel using it is launched there.
         if let Err(e) = unsafe { driver::zero_async(p, 8, stream) } {
-            // SAFETY: p came from alloc above and nothing was queued on it.
-            let _ = unsafe { driver::free(p) };
+            // SAFETY: p came from alloc_async on this stream; nothing else uses it.
+            let _ = unsafe { driver::free_async(p, stream) };
             return Err(e);
         }
         map.insert(handle, p);
