@@ -11,7 +11,8 @@
 //   warpgroups 1.. (consumers): setmaxnreg up to 240 (two consumers) or 160 (three); consumer c
 //   owns query rows [64 c, 64 c + 64):
 //       S = Q K^T   wgmma m64n128k16, A = Q and B = K from shared memory (K-major)  -> free K
-//       mask        (only tiles that cross seqlen_k or a window edge)
+//       mask        (only in warps whose 16 rows a window edge crosses, or tiles past seqlen_k;
+//                   per-row key limits, one compare an element under a causal mask)
 //       softmax     (registers, exp2 with the scale folded into one FFMA)
 //       O += P V    wgmma m64nDk16, A = P from registers, B = V (MN-major)         -> free V
 //     The consumers never synchronise with each other inside the loop, so one's softmax runs
@@ -327,27 +328,46 @@ __device__ __forceinline__ void rescale_o(float (&acc_o)[kORegs], const float (&
 __device__ __forceinline__ void mask_softmax(float (&acc_s)[kSRegs], float (&row_max)[2], float (&row_sum)[2],
                                              float (&alpha)[2], const FlashFwdParams& p, int n0, int m0, long long diag,
                                              int row_in_tile, int t, float scale_log2) {
+    // Decided per warp (its 16 rows: row_in_tile & ~15 ..), not per tile: under a causal mask
+    // only the warps the diagonal crosses pay for the mask.
     bool need_mask = n0 + kBlockN > p.seqlen_k;
 #if FS_HAS_MASK
-    {
-        const long long m0_diag = (long long)m0 + diag;
-        if (p.window_left >= 0 && n0 < m0_diag + kBlockM - 1 - p.window_left) need_mask = true;
-        if (p.window_right >= 0 && n0 + kBlockN - 1 > m0_diag + p.window_right) need_mask = true;
-    }
+    const long long warp_row = (long long)m0 + (row_in_tile & ~15) + diag;  // in key coordinates
+    if (p.window_left >= 0 && n0 < warp_row + 15 - p.window_left) need_mask = true;
+    if (p.window_right >= 0 && n0 + kBlockN - 1 > warp_row + p.window_right) need_mask = true;
 #endif
     if (need_mask) {
-        const int rel_lo = (FS_HAS_MASK && p.window_left >= 0) ? -p.window_left : -0x7fffffff;
-        const int rel_hi = (FS_HAS_MASK && p.window_right >= 0) ? p.window_right : 0x7fffffff;
-        const int row_diag = m0 + row_in_tile + (int)diag;
-        const int col0 = n0 + 2 * t;
+        // Each of this thread's two rows sees the keys col0 + k with k_lo <= k <= k_hi (its columns
+        // are col0 + 8j + b, b < 2): two limits a row, then one or two compares an element against
+        // a constant k.
+        const long long col0 = (long long)n0 + 2 * t;
+        int k_hi[2], k_lo[2];
 #pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j)
+        for (int h = 0; h < 2; ++h) {
+            long long hi = (long long)p.seqlen_k - 1, lo = 0;
+#if FS_HAS_MASK
+            const long long row = (long long)m0 + row_in_tile + 8 * h + diag;
+            if (p.window_right >= 0) hi = min(hi, row + p.window_right);
+            if (p.window_left >= 0) lo = row - p.window_left;
+#endif
+            k_hi[h] = (int)max(-1LL, min(hi - col0, (long long)kBlockN));
+            k_lo[h] = (int)max(0LL, min(lo - col0, (long long)kBlockN));
+        }
+        if (!FS_HAS_MASK || p.window_left < 0) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int col = col0 + j * 8 + (e & 1);
-                const int rel = col - (row_diag + 8 * (e >> 1));
-                if (col >= p.seqlen_k || rel < rel_lo || rel > rel_hi) acc_s[4 * j + e] = neg_inf();
-            }
+            for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (j * 8 + (e & 1) > k_hi[e >> 1]) acc_s[4 * j + e] = neg_inf();
+        } else {
+#pragma unroll
+            for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int k = j * 8 + (e & 1);
+                    if (k > k_hi[e >> 1] || k < k_lo[e >> 1]) acc_s[4 * j + e] = neg_inf();
+                }
+        }
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
