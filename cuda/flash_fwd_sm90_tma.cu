@@ -139,6 +139,8 @@ static constexpr int kTileBytes = 128 * kHeadDim * 2;  // one swizzled 128-row K
 static constexpr int kColBlockBytes = 128 * 128;       // one 64-column block of a K / V tile
 static constexpr int kQBytes = kBlockM * kHeadDim * 2; // the Q tile
 static constexpr int kQColBlock = kBlockM * 128;       // one 64-column block of the Q tile
+// How far (log2 units) a row's scores may rise above its exponent base before the base moves.
+static constexpr float kRescaleLog2 = 8.0f;
 static constexpr int kQBoxRows = kBlockM == 128 ? 128 : 64;  // rows of a Q TMA box (host: the Q map)
 static constexpr int kColBlocks = kHeadDim / 64;       // TMA boxes per tile
 static constexpr int kChunksPerRow = kHeadDim / 8;     // 16-byte chunks per row
@@ -294,14 +296,17 @@ __device__ __forceinline__ void tma_q(u32 dst, const TensorMap* map, int row0, i
 }
 
 // S = Q K^T for this warpgroup's 64 rows (issued, committed, not waited for).
-__device__ __forceinline__ void issue_qk(float (&acc_s)[kSRegs], u32 sQ_wg, u32 sK) {
+// The descriptors are formed once (Q's at the tile loop's start, K's a call) and stepped by
+// `desc_at`, one add a k-step: formed every step, each cost ~5 uniform instructions (mask,
+// shift, or, move) in the issue slots the softmax needs (hd64: ~60 of ~500 a tile).
+__device__ __forceinline__ void issue_qk(float (&acc_s)[kSRegs], u64 dQ_wg, u32 sK) {
+    const u64 dk = wgmma_desc(sK, 16, 1024);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
         const u32 koff = (kk >> 2) * kColBlockBytes + (kk & 3) * 32;
         const u32 qoff = (kk >> 2) * kQColBlock + (kk & 3) * 32;
-        wgmma_ss<kBlockN, FS_DTYPE, 0>(acc_s, wgmma_desc(sQ_wg + qoff, 16, 1024), wgmma_desc(sK + koff, 16, 1024),
-                                       kk > 0 ? 1 : 0);
+        wgmma_ss<kBlockN, FS_DTYPE, 0>(acc_s, desc_at(dQ_wg, qoff), desc_at(dk, koff), kk > 0 ? 1 : 0);
     }
     wgmma_commit();
 }
@@ -309,10 +314,11 @@ __device__ __forceinline__ void issue_qk(float (&acc_s)[kSRegs], u32 sQ_wg, u32 
 // O += P V (issued, committed, not waited for): 16 keys = 16 rows of 128 bytes per k-step; LBO
 // steps to the next 64-column block of head_dim.
 __device__ __forceinline__ void issue_pv(float (&acc_o)[kORegs], const u32 (&pa)[kBlockN / 16][4], u32 sV) {
+    const u64 dv = wgmma_desc(sV, kColBlockBytes, 1024);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
-        wgmma_rs<kHeadDim, FS_DTYPE, 1>(acc_o, pa[kk], wgmma_desc(sV + kk * 16 * 128, kColBlockBytes, 1024), 1);
+        wgmma_rs<kHeadDim, FS_DTYPE, 1>(acc_o, pa[kk], desc_at(dv, kk * 16 * 128), 1);
     wgmma_commit();
 }
 
@@ -324,10 +330,20 @@ __device__ __forceinline__ void rescale_o(float (&acc_o)[kORegs], const float (&
 }
 
 // Masks (where the tile needs it) and turns S into P in place, updating the running max and sum;
-// alpha receives the factor O must be rescaled by.
-__device__ __forceinline__ void mask_softmax(float (&acc_s)[kSRegs], float (&row_max)[2], float (&row_sum)[2],
-                                             float (&alpha)[2], const FlashFwdParams& p, int n0, int m0, long long diag,
-                                             int row_in_tile, int t, float scale_log2) {
+// alpha receives the factor O must be rescaled by. Returns whether O needs that rescale (false:
+// alpha is 1 for every row of the warp).
+//
+// kConditional (the pipelined / ping-pong schedules): the exponent base (row_max) moves only when a
+// row of the warp meets a score more than 2^kRescaleLog2 above it (FlashAttention-4's conditional
+// rescale): P then stays below 2^kRescaleLog2 (exact in fp32, rounded to 16 bits with the same
+// relative error), O and the sums stay in fp32, and most tiles after the first few skip alpha and
+// O's rescale. Measured on the H200 (2026-12-02, in one process): head dim 128 ping-pong +2-8%;
+// the plain schedule (head dim 64's three warpgroups) 3-6% slower with it (the vote and branch
+// sit between the row max and the exponentials there), so it keeps the rescale every tile.
+template <bool kConditional>
+__device__ __forceinline__ bool mask_softmax(float (&acc_s)[kSRegs], float (&row_max)[2], float (&row_sum)[2],
+                                             float (&alpha)[2], const FlashFwdParams& p, int n0, int m0,
+                                             long long diag, int row_in_tile, int t, float scale_log2) {
     // Decided per warp (its 16 rows: row_in_tile & ~15 ..), not per tile: under a causal mask
     // only the warps the diagonal crosses pay for the mask.
     bool need_mask = n0 + kBlockN > p.seqlen_k;
@@ -369,17 +385,56 @@ __device__ __forceinline__ void mask_softmax(float (&acc_s)[kSRegs], float (&row
                 }
         }
     }
+    if constexpr (!kConditional) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float mx = row_max[h];
+#pragma unroll
+            for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(acc_s[4 * j + 2 * h], acc_s[4 * j + 2 * h + 1]));
+            mx = quad_max(mx);
+            // A row with nothing visible yet keeps max -inf: base 0 so exp2 gives 0, not NaN.
+            const float base = (mx == neg_inf()) ? 0.0f : mx * scale_log2;
+            alpha[h] = ex2(row_max[h] * scale_log2 - base);
+            row_max[h] = mx;
+            float sum = row_sum[h] * alpha[h];
+#pragma unroll
+            for (int j = 0; j < kBlockN / 8; ++j) {
+                const float p0 = ex2(fmaf(acc_s[4 * j + 2 * h], scale_log2, -base));
+                const float p1 = ex2(fmaf(acc_s[4 * j + 2 * h + 1], scale_log2, -base));
+                acc_s[4 * j + 2 * h] = p0;
+                acc_s[4 * j + 2 * h + 1] = p1;
+                sum += p0 + p1;
+            }
+            row_sum[h] = sum;  // this thread's columns; quad-reduced at the end
+        }
+        return true;
+    }
+    float tmx[2];
+    bool grow = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        float mx = row_max[h];
+        float mx = neg_inf();
 #pragma unroll
         for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(acc_s[4 * j + 2 * h], acc_s[4 * j + 2 * h + 1]));
-        mx = quad_max(mx);
+        tmx[h] = quad_max(mx);
+        // (-inf - -inf is NaN: false, a row with nothing visible yet stays at -inf)
+        grow |= (tmx[h] - row_max[h]) * scale_log2 > kRescaleLog2;
+    }
+    const bool rescale = __any_sync(0xffffffffu, grow);
+    if (rescale) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float mx = fmaxf(row_max[h], tmx[h]);
+            alpha[h] = (mx == neg_inf()) ? 1.0f : ex2((row_max[h] - mx) * scale_log2);
+            row_max[h] = mx;
+            row_sum[h] *= alpha[h];
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
         // A row with nothing visible yet keeps max -inf: base 0 so exp2 gives 0, not NaN.
-        const float base = (mx == neg_inf()) ? 0.0f : mx * scale_log2;
-        alpha[h] = ex2(row_max[h] * scale_log2 - base);
-        row_max[h] = mx;
-        float sum = row_sum[h] * alpha[h];
+        const float base = (row_max[h] == neg_inf()) ? 0.0f : row_max[h] * scale_log2;
+        float sum = row_sum[h];
 #pragma unroll
         for (int j = 0; j < kBlockN / 8; ++j) {
             const float p0 = ex2(fmaf(acc_s[4 * j + 2 * h], scale_log2, -base));
@@ -390,6 +445,7 @@ __device__ __forceinline__ void mask_softmax(float (&acc_s)[kSRegs], float (&row
         }
         row_sum[h] = sum;  // this thread's columns; quad-reduced at the end
     }
+    return rescale;
 }
 
 // P (rounded to the input type) as the register A operand of O += P V.
@@ -515,6 +571,7 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
         const int g = lane >> 2, t = lane & 3;
         const int row_in_tile = cw * 64 + warp_in_wg * 16 + g;
         const u32 sQ_wg = sm.q() + cw * 64 * 128;  // this warpgroup's 64 rows inside each column block
+        const u64 q_desc = wgmma_desc(sQ_wg, 16, 1024);  // its k-steps: desc_at
         const float scale_log2 = p.softmax_scale * kLog2e;
         unsigned char* const s_o = smem + (sm.o() - s_base);
 
@@ -568,6 +625,9 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
             float row_max[2] = {neg_inf(), neg_inf()};
             float row_sum[2] = {0.0f, 0.0f};
             float alpha[2];
+#if FS_SM90_PIPE
+            bool resc = true;  // O's rescale for the previous tile's alpha, applied a step later
+#endif
             u32 pa[kBlockN / 16][4];
 #if FS_SM90_PINGPONG
             if (cw == kNC - 1) named_bar_arrive(kTurnBar, 256);
@@ -583,12 +643,13 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
                 float acc_s[kSRegs];
                 mbar_wait(sm.full_k(s), phase);
                 turn_wait();
-                issue_qk(acc_s, sQ_wg, sm.k(s));
+                issue_qk(acc_s, q_desc, sm.k(s));
                 turn_pass(false);
                 wgmma_wait<0>();
                 reg_fence(acc_s);
                 if (lane == 0) mbar_arrive(sm.empty_k(s));
-                mask_softmax(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t, scale_log2);
+                resc = mask_softmax<true>(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t,
+                                         scale_log2);
                 pack_p(pa, acc_s);
             }
             int s_prev = s;
@@ -601,16 +662,17 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
                 float acc_s[kSRegs];
                 mbar_wait(sm.full_k(s), phase);
                 mbar_wait(sm.full_v(s_prev), phase_prev);
-                rescale_o(acc_o, alpha);
+                if (resc) rescale_o(acc_o, alpha);
                 reg_fence(acc_o);
                 turn_wait();
-                issue_qk(acc_s, sQ_wg, sm.k(s));
+                issue_qk(acc_s, q_desc, sm.k(s));
                 issue_pv(acc_o, pa, sm.v(s_prev));
                 turn_pass(false);
                 wgmma_wait<1>();  // S(i) done; P(i-1) V(i-1) may still run
                 reg_fence(acc_s);
                 if (lane == 0) mbar_arrive(sm.empty_k(s));
-                mask_softmax(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t, scale_log2);
+                resc = mask_softmax<true>(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t,
+                                         scale_log2);
                 reg_fence(acc_s);
                 // ptxas schedules wgmma_wait<0> near the top of its basic block, i.e. before the
                 // exponentials, which then no longer overlap P V (seen in SASS). A side exit that
@@ -634,7 +696,7 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
             }
             // every S of the tile completed: Q is free for the next tile's load
             if (FS_SM90_PERSIST && lane == 0) mbar_arrive(sm.q_empty());
-            rescale_o(acc_o, alpha);
+            if (resc) rescale_o(acc_o, alpha);
             reg_fence(acc_o);
             mbar_wait(sm.full_v(s_prev), phase_prev);
             turn_wait();
@@ -681,12 +743,13 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
             for (; n >= n_begin; --n) {
                 float acc_s[kSRegs];
                 mbar_wait(sm.full_k(s), phase);
-                issue_qk(acc_s, sQ_wg, sm.k(s));
+                issue_qk(acc_s, q_desc, sm.k(s));
                 wgmma_wait<0>();
                 reg_fence(acc_s);
                 if (lane == 0) mbar_arrive(sm.empty_k(s));
                 if (FS_SM90_PERSIST && n == n_begin && lane == 0) mbar_arrive(sm.q_empty());  // (the tile's last S)
-                mask_softmax(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t, scale_log2);
+                mask_softmax<false>(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t,
+                                    scale_log2);
                 rescale_o(acc_o, alpha);
                 pack_p(pa, acc_s);
                 reg_fence(acc_o);

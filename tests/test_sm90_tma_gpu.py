@@ -241,5 +241,49 @@ def test_tile_queue_counters_on_concurrent_streams_and_in_a_graph(hopper: None) 
     _check_causal(q, k, v, out2)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("profile", ["rising", "falling", "spike"])
+def test_exponent_base_moves_only_when_scores_rise_far(d: int, profile: str, hopper: None) -> None:
+    """A row's exponent base moves only when a tile holds a score more than 2^8 above it (the
+    conditional rescale): keys scaled along the sequence so that the scores rise or fall by far
+    more than that across the tiles (the kernel walks them last to first), or one late key far
+    above the rest, so that tiles with and without a rescale and P up to 2^8 all occur; the
+    output and LSE still follow the float64 reference."""
+    import torch
+
+    sys.path.insert(0, str(HERE))
+    from conftest import check_rule
+    from test_attention_gpu import attention_torch
+
+    import flashscan
+
+    for key in ("FLASHSCAN_SM90_PERSIST", "FLASHSCAN_SM90_QUEUE_SCRATCH"):
+        os.environ.pop(key, None)
+    torch.manual_seed(d + len(profile))
+    b, s, h = 2, 1000, 4
+    for dtype in (torch.bfloat16, torch.float16):
+        for causal in (False, True):
+            q = torch.randn(b, s, h, d, device="cuda")
+            k = torch.randn(b, s, h, d, device="cuda")
+            v = torch.randn(b, s, h, d, device="cuda")
+            ramp = torch.linspace(0.25, 4.0, s, device="cuda")
+            if profile == "rising":
+                k *= ramp[None, :, None, None]
+            elif profile == "falling":
+                k *= ramp.flip(0)[None, :, None, None]
+            else:  # one key per (batch, head) row far above every other score, in an early tile
+                k[:, 37] = q[:, 900] * 3.0
+            q, k, v = (x.to(dtype) for x in (q, k, v))
+            out = torch.full_like(q, float("nan"))
+            o, lse = flashscan.flash_attn_func(q, k, v, causal=causal, return_lse=True, out=out)
+            torch.cuda.synchronize()
+            ref, ref_lse = attention_torch(q, k, v, causal=causal)
+            base, _ = attention_torch(q, k, v, causal=causal, upcast=False)
+            name = f"{profile} d{d} {str(dtype)[6:]} causal={causal}"
+            check_rule(o, ref, base, atol=1e-3, name=f"out {name}")
+            check_rule(lse, ref_lse, ref_lse, atol=1e-3, name=f"lse {name}")
+
+
 if __name__ == "__main__":
     sys.exit(1 if run_cases() else 0)
