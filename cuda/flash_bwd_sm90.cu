@@ -306,6 +306,7 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
     const u32 sK_wg = sK + wg * 64 * 128;    // this warpgroup's 64 key rows in each column block
     const u32 sV_wg = sV + wg * 64 * 128;
     const int key_row = wg * 64 + warp_in_wg * 16 + g;  // this thread's first key row in the block
+    const u64 d_k = wgmma_desc(sK_wg, 16, 1024), d_v = wgmma_desc(sV_wg, 16, 1024);
     // dQ split (see the header): A column block (query rows) and B column block (head-dim columns)
     const u32 dq_a_off = kBlockM == 128 ? wg * (kBlockN * 128) : 0;
     const u32 dq_b_off = kBlockM == 64 ? wg * kKVColBlock : 0;
@@ -334,22 +335,23 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
         }
 
         // ---- S^T = K Q^T and dP^T = V dO^T: hd / 16 k-steps each, both operands K-major ----
+        // (every descriptor formed once an iteration, or once (K, V), and stepped by desc_at:
+        // formed at each of the iteration's 32 k-steps, they cost ~5 uniform instructions each)
         float acc_s[kSRegs], acc_dp[kSRegs];
+        const u64 d_q = wgmma_desc(sQ, 16, 1024), d_do = wgmma_desc(sdO, 16, 1024);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 16; ++kk) {
             const u32 kv_off = (kk >> 2) * kKVColBlock + (kk & 3) * 32;
             const u32 q_off = (kk >> 2) * kQColBlock + (kk & 3) * 32;
-            wgmma_ss<kBlockM, FS_DTYPE, 0>(acc_s, wgmma_desc(sK_wg + kv_off, 16, 1024),
-                                           wgmma_desc(sQ + q_off, 16, 1024), kk > 0 ? 1 : 0);
+            wgmma_ss<kBlockM, FS_DTYPE, 0>(acc_s, desc_at(d_k, kv_off), desc_at(d_q, q_off), kk > 0 ? 1 : 0);
         }
         wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 16; ++kk) {
             const u32 kv_off = (kk >> 2) * kKVColBlock + (kk & 3) * 32;
             const u32 q_off = (kk >> 2) * kQColBlock + (kk & 3) * 32;
-            wgmma_ss<kBlockM, FS_DTYPE, 0>(acc_dp, wgmma_desc(sV_wg + kv_off, 16, 1024),
-                                           wgmma_desc(sdO + q_off, 16, 1024), kk > 0 ? 1 : 0);
+            wgmma_ss<kBlockM, FS_DTYPE, 0>(acc_dp, desc_at(d_v, kv_off), desc_at(d_do, q_off), kk > 0 ? 1 : 0);
         }
         wgmma_commit();
         // Q / dO / lse / D of it + 1 into the other stage (free: its last readers, iteration
@@ -408,10 +410,11 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
         // ---- dV += P^T dO (B = dO MN-major: rows = queries = K, columns = hd = N), issued
         //      before dP^T is waited for: the tensor cores run it under the dS^T arithmetic ----
         reg_fence(acc_dv);
+        const u64 d_do_mn = wgmma_desc(sdO, kQColBlock, 1024);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kPSteps; ++kk)  // 16 query rows of 128 bytes; LBO: next 64 hd columns
-            wgmma_rs<kHeadDim, FS_DTYPE, 1>(acc_dv, pa[kk], wgmma_desc(sdO + kk * 16 * 128, kQColBlock, 1024), 1);
+            wgmma_rs<kHeadDim, FS_DTYPE, 1>(acc_dv, pa[kk], desc_at(d_do_mn, kk * 16 * 128), 1);
         wgmma_commit();
 
         wgmma_wait<1>();  // S^T, dP^T complete (dV may still run)
@@ -441,10 +444,11 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
 
         // ---- dK += dS^T Q (B = Q MN-major) ----
         reg_fence(acc_dk);
+        const u64 d_q_mn = wgmma_desc(sQ, kQColBlock, 1024);
         wgmma_fence();  // sa was written by ordinary instructions since the last fence
 #pragma unroll
         for (int kk = 0; kk < kPSteps; ++kk)
-            wgmma_rs<kHeadDim, FS_DTYPE, 1>(acc_dk, sa[kk], wgmma_desc(sQ + kk * 16 * 128, kQColBlock, 1024), 1);
+            wgmma_rs<kHeadDim, FS_DTYPE, 1>(acc_dk, sa[kk], desc_at(d_q_mn, kk * 16 * 128), 1);
         wgmma_commit();
 
         if (tid == 0) bulk_wait_read<kDQStages - 1>();  // the reduce of it - 2 has read stage it % 2
@@ -454,13 +458,15 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
 
         // ---- dQ_partial = dS K: m64n64, 8 k16 steps over the 128 keys ----
         float acc_dq[32];
+        const u64 d_dq_a = wgmma_desc(sS + dq_a_off, kBlockN * 128, 1024);
+        const u64 d_dq_b = wgmma_desc(sK + dq_b_off, kKVColBlock, 1024);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBlockN / 16; ++kk) {
             // A: dS^T tile, 16 key rows (K) from row 16 kk, 64 queries (M) of one column block;
             // B: K tile, 16 key rows (K), 64 head-dim columns (N) of one column block.
-            const u64 da = wgmma_desc(sS + dq_a_off + kk * 16 * 128, kBlockN * 128, 1024);
-            const u64 db = wgmma_desc(sK + dq_b_off + kk * 16 * 128, kKVColBlock, 1024);
+            const u64 da = desc_at(d_dq_a, kk * 16 * 128);
+            const u64 db = desc_at(d_dq_b, kk * 16 * 128);
             wgmma_ss_n64_tt(acc_dq, da, db, kk > 0 ? 1 : 0);
         }
         wgmma_commit();
