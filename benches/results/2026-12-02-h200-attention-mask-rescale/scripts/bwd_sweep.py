@@ -49,14 +49,16 @@ def main() -> None:
         b, h = max(1, 16384 // s), 2048 // d
         g = torch.Generator(device="cuda").manual_seed(0)
         leaves = [
-            torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+            torch.randn(
+                b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g
+            ).requires_grad_()
             for _ in range(3)
         ]
         dout = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
         out = fst.flash_attn_func(*leaves, causal=causal)
         flops = 2.5 * 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
 
-        def step() -> None:
+        def step(out=out, leaves=leaves, dout=dout) -> None:
             torch.autograd.grad(out, leaves, dout, retain_graph=True)
 
         res: dict[str, list[float]] = {name: [] for name, _ in configs}

@@ -1,5 +1,7 @@
 """One attention forward shape, called a few times, for ncu (--launch-skip picks one launch)."""
+
 import argparse
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -22,6 +24,7 @@ if a.peer:
             F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(a.causal))
 else:
     import flashscan
+
     for _ in range(a.calls):
         flashscan.flash_attn_func(q, k, v, causal=bool(a.causal))
 torch.cuda.synchronize()

@@ -24,7 +24,10 @@ def main() -> None:
     for b, sq, sk, h, d, causal in SHAPES:
         g = torch.Generator(device="cuda").manual_seed(0)
         q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        k, v = (torch.randn(b, sk, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        k, v = (
+            torch.randn(b, sk, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+            for _ in range(2)
+        )
         out = torch.empty_like(q)
         for _ in range(3):
             flashscan.flash_attn_func(q, k, v, causal=causal, out=out)
@@ -41,7 +44,12 @@ def main() -> None:
             e1.record()
             e1.synchronize()
             ts.append(e0.elapsed_time(e1) * 1e3 / 20)
-        rows.append({"shape": f"b{b} sq{sq} sk{sk} h{h} d{d}" + (" causal" if causal else ""), "us": round(statistics.median(ts), 2)})
+        rows.append(
+            {
+                "shape": f"b{b} sq{sq} sk{sk} h{h} d{d}" + (" causal" if causal else ""),
+                "us": round(statistics.median(ts), 2),
+            }
+        )
     print(json.dumps(rows))
 
 
