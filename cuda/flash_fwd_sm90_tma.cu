@@ -40,9 +40,12 @@
 // full_k[S], full_v[S], empty_k[S], empty_v[S]. Empty barriers count one arrival per consumer
 // warp: its lane 0, once its wgmmas on the stage completed.
 //
-// Covered: fp16 / bf16, head_dim 64 or 128 exactly, causal / sliding windows (FS_HAS_MASK),
-// seqlen_q != seqlen_k (bottom-right aligned), GQA/MQA, LSE. The launcher (src/ops/attention.rs)
-// encodes the maps and falls back to flash_fwd_sm90.cu where the driver refuses one.
+// Covered: fp16 / bf16, head_dim 64 or 128 (FS_HEAD_DIM, the tile) or a multiple of 8 below it
+// (p.head_dim: the maps hold the real width, TMA fills the columns past it with zeros, so Q K^T and
+// P V are unchanged and O's extra columns, zero, are not stored), causal / sliding windows
+// (FS_HAS_MASK), seqlen_q != seqlen_k (bottom-right aligned), GQA/MQA, LSE. The launcher
+// (src/ops/attention.rs) encodes the maps and falls back to flash_fwd_sm90.cu (exact head dims) or
+// flash_fwd.cu where the driver refuses one.
 //
 // Persistent (FS_SM90_PERSIST=1, a static stride; masks off only): one CTA an SM walks the tiles t = blockIdx.x,
 // blockIdx.x + gridDim.x, ... in the grid order of the plain launch (query blocks fastest, so the
@@ -271,8 +274,9 @@ struct TileSched {
 // tid0 .. tid0 + nthr - 1.
 __device__ __forceinline__ void store_empty_tile(const FlashFwdParams& p, const TileWork& w, int tid0, int nthr) {
     const int c = tid0 % kChunksPerRow;
-    for (int r = tid0 / kChunksPerRow; r < w.rows_q; r += nthr / kChunksPerRow)
-        *reinterpret_cast<uint4*>(w.o_ptr + r * p.o_row_stride * 2 + c * 16) = make_uint4(0u, 0u, 0u, 0u);
+    if (c * 8 < p.head_dim)  // (a padded head dim: the tile's columns past it are not O's)
+        for (int r = tid0 / kChunksPerRow; r < w.rows_q; r += nthr / kChunksPerRow)
+            *reinterpret_cast<uint4*>(w.o_ptr + r * p.o_row_stride * 2 + c * 16) = make_uint4(0u, 0u, 0u, 0u);
     if (w.lse_ptr)
         for (int r = tid0; r < w.rows_q; r += nthr) w.lse_ptr[r] = neg_inf();
 }
@@ -785,7 +789,8 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
             }
             named_bar_sync(1 + cw, 128);
             const int c = tid_wg % kChunksPerRow;
-            const int row_end = min(cw * 64 + 64, rows_q);
+            // (a padded head dim: the chunks past it are zero columns of the tile, not O's)
+            const int row_end = c * 8 < p.head_dim ? min(cw * 64 + 64, rows_q) : 0;
             for (int r = cw * 64 + tid_wg / kChunksPerRow; r < row_end; r += 128 / kChunksPerRow) {
                 const uint4 val = *reinterpret_cast<const uint4*>(s_o + swz_offset(kBlockM, r, c * 8));
                 *reinterpret_cast<uint4*>(o_ptr + r * p.o_row_stride * 2 + c * 16) = val;

@@ -7,8 +7,8 @@ with its own kernel cache directory; the test then also checks that the TMA kern
 there (not the cp.async fallback). The child kills nothing: a deadlocked ring shows as the parent's
 timeout. Correctness rule of DESIGN.md (float64 reference, same-precision baseline, NaN-poisoned
 out=, LSE) over tails (seqlen not a multiple of 128, seqlen 1), seqlen_q != seqlen_k, GQA/MQA,
-causal and windows, head dims 64 and 128, fp16 and bf16, and a (b, h, s, d) tensor seen as (b, s,
-h, d) (non-contiguous strides).
+causal and windows, head dims 64 and 128 and the ones padded to them (32-112), fp16 and bf16, and
+a (b, h, s, d) tensor seen as (b, s, h, d) (non-contiguous strides).
 """
 
 from __future__ import annotations
@@ -48,6 +48,16 @@ CASES = [
     (8, 999, 999, 8, 8, 64, True, (-1, -1), False),
     (6, 1300, 500, 8, 2, 64, True, (-1, -1), False),
     (3, 900, 1500, 8, 8, 128, False, (256, 64), False),
+    # head dims below the kernel's tile (64 or 128): the maps keep the real width, TMA fills the
+    # columns past it with zeros, the epilogue stores O's own columns only
+    (2, 333, 333, 4, 2, 96, True, (-1, -1), False),
+    (1, 517, 300, 4, 4, 80, False, (64, 16), False),
+    (2, 200, 200, 4, 4, 48, False, (-1, -1), True),
+    (2, 700, 700, 2, 2, 112, True, (-1, -1), False),
+    (2, 129, 1, 2, 2, 32, False, (-1, -1), False),
+    (4, 1100, 1100, 12, 4, 96, False, (-1, -1), False),
+    (6, 999, 999, 8, 8, 80, True, (-1, -1), False),
+    (3, 700, 1300, 8, 2, 40, True, (-1, -1), False),
 ]
 SCHEDULES = {
     # 128 query rows a CTA (two consumer warpgroups) at every head dim, each schedule

@@ -25,8 +25,13 @@ const SM90_THREADS: u32 = 256;
 /// non-causal / causal vs the mma.sync kernel's 314 / 285 a lease earlier, SDPA FA2 steady
 /// across both leases), so hd64 follows the TMA switch. Short queries (seqlen_q <= 64) stay on
 /// the mma.sync kernel's 64-row tile (unmeasured on the 128-row wgmma tile).
+/// Head dims the TMA kernel pads (`attention_tma::tile_head_dim`: 48 on the 64 tile, 80 / 96 /
+/// 112 on the 128 one) follow the TMA switch.
 fn sm90_default(head_dim: i64, seqlen_q: i64, tma: bool) -> bool {
-    seqlen_q > SHORT_SEQLEN_Q && (head_dim == 128 || (head_dim == 64 && tma))
+    seqlen_q > SHORT_SEQLEN_Q
+        && (head_dim == 128
+            || (head_dim == 64 && tma)
+            || (tma && attention_tma::tile_head_dim(head_dim).is_some()))
 }
 
 /// Mirrors `struct FlashFwdParams` in cuda/flash_fwd.cu field for field. Strides in elements.
@@ -579,24 +584,26 @@ pub(crate) fn launch(
         ))
     };
     // The warp-specialised TMA kernel, where wanted and the driver encodes every tensor map;
-    // otherwise (a map refused) the cp.async wgmma kernel below.
-    if wgmma.is_some() && sm90_tma() {
-        let block_m = attention_tma::block_m(p.head_dim);
+    // otherwise (a map refused) the cp.async wgmma kernel below (exact head dims) or flash_fwd.
+    // Its tile's head dim: the problem's, or the next of 64 / 128 (`tile_head_dim`: padded).
+    let tma_hd = if !varlen && sm90_tma() && sm90_wanted(p.head_dim, p.seqlen_q) {
+        attention_tma::tile_head_dim(p.head_dim)
+            .filter(|&hd| sm90_dtype_code(hd, dtype, softcap > 0.0, arch_num).is_some())
+    } else {
+        None
+    };
+    if let Some(hd) = tma_hd {
+        let block_m = attention_tma::block_m(hd);
         let schedule = attention_tma::Schedule::from_env(sm90_pipe(), sm90_pingpong());
         let cap = softcap > 0.0;
         let order = sm90_persist(p, has_mask);
         let persistent_tma = order.and_then(|o| {
-            attention_tma::persistent_spec(
-                p.head_dim, dtype, has_mask, cap, arch_num, schedule, block_m, o,
-            )
+            attention_tma::persistent_spec(hd, dtype, has_mask, cap, arch_num, schedule, block_m, o)
         });
         // (None where the persistent form does not exist: the one-tile grid)
         let order = order.filter(|_| persistent_tma.is_some());
-        let tma = persistent_tma.or_else(|| {
-            attention_tma::spec(
-                p.head_dim, dtype, has_mask, cap, arch_num, schedule, block_m,
-            )
-        });
+        let tma = persistent_tma
+            .or_else(|| attention_tma::spec(hd, dtype, has_mask, cap, arch_num, schedule, block_m));
         let tp = attention_tma::params(&params, dtype, block_m);
         if let (Some((spec, smem)), Ok(mut tp)) = (tma, tp) {
             let kernel = dev.kernel(&spec)?;
@@ -616,7 +623,7 @@ pub(crate) fn launch(
             let mut scratch = None;
             if order == Some(attention_tma::TileOrder::Queue) {
                 tp.section_heads = sm90_queue_section().unwrap_or_else(|| {
-                    attention_tma::section_heads(p.seqlen_k, p.head_dim, p.nheads, p.nheads_k)
+                    attention_tma::section_heads(p.seqlen_k, hd, p.nheads, p.nheads_k)
                 });
                 let shared = if sm90_queue_scratch() {
                     None
@@ -728,11 +735,16 @@ mod tests {
             assert!(sm90_default(128, SHORT_SEQLEN_Q + 1, tma));
             assert!(!sm90_default(128, SHORT_SEQLEN_Q, tma));
             assert!(!sm90_default(64, SHORT_SEQLEN_Q, tma));
-            assert!(!sm90_default(96, 4096, tma));
+            assert!(!sm90_default(100, 4096, tma));
+            assert!(!sm90_default(256, 4096, tma));
         }
-        // hd64: only the TMA kernel beats the mma.sync kernel there
+        // hd64: only the TMA kernel beats the mma.sync kernel there; padded head dims (96 on
+        // the 128 tile) run on the TMA kernel only
         assert!(sm90_default(64, 4096, true));
         assert!(!sm90_default(64, 4096, false));
+        assert!(sm90_default(96, 4096, true));
+        assert!(!sm90_default(96, 4096, false));
+        assert!(!sm90_default(96, SHORT_SEQLEN_Q, true));
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! The warp-specialised Hopper forward (`cuda/flash_fwd_sm90_tma.cu`): its variants, its shared
 //! memory, and the TMA tensor maps of Q, K and V that ride in its parameter.
 //!
-//! Opt-in (FLASHSCAN_SM90_TMA=1) until measured correct and faster on a GPU; where it is wanted,
-//! `attention::launch` runs it for every problem the cp.async wgmma kernel covers and falls back
-//! to that kernel when the driver refuses a tensor map (an unusual stride, an old driver).
+//! The default where the wgmma path runs (FLASHSCAN_SM90_TMA=0 opts out): `attention::launch`
+//! runs it for every problem the cp.async wgmma kernel covers, and for head dims padded to its
+//! 64- or 128-column tile (`tile_head_dim`), and falls back to that kernel (exact head dims) or
+//! the mma.sync one when the driver refuses a tensor map (an unusual stride, an old driver).
 
 use crate::error::Result;
 use crate::ops::attention::{self, FlashFwdParams};
@@ -23,6 +24,40 @@ pub fn threads(block_m: i64) -> u32 {
 /// one TMA box fills.
 const TILE_ROWS: u32 = 128;
 const BOX_COLS: u32 = 64;
+
+/// The kernel's head dim (its tile width, `FS_HEAD_DIM`) for a problem's: 64 or 128 itself, or
+/// the next of them for a multiple of 8 below (48 -> 64, 80 / 96 / 112 -> 128): the tensor maps
+/// keep the real width, TMA fills the tile's columns past it with zeros, and the epilogue stores
+/// only O's own columns. The rows stay 16-byte multiples (TMA strides, 16-byte output chunks).
+/// FLASHSCAN_SM90_PAD=0 (read on every call, for A/B runs) keeps the exact dims only; padded dims
+/// from `PAD_MIN_HEAD_DIM` up by default (see there).
+pub fn tile_head_dim(head_dim: i64) -> Option<i64> {
+    let pad = !std::env::var("FLASHSCAN_SM90_PAD").is_ok_and(|v| v == "0");
+    let min = std::env::var("FLASHSCAN_SM90_PAD_MIN")
+        .ok()
+        .and_then(|v| v.parse::<i64>().ok())
+        .unwrap_or(PAD_MIN_HEAD_DIM);
+    padded_tile(head_dim, pad, min)
+}
+
+/// `tile_head_dim` for given switches: `pad` off keeps 64 and 128 only; `min`, the smallest
+/// padded head dim taken.
+fn padded_tile(head_dim: i64, pad: bool, min: i64) -> Option<i64> {
+    match head_dim {
+        64 | 128 => Some(head_dim),
+        _ if !pad || head_dim % 8 != 0 || head_dim < min.max(8) || head_dim > 128 => None,
+        _ if head_dim < 64 => Some(64),
+        _ => Some(128),
+    }
+}
+
+/// The smallest padded head dim the TMA kernel takes by default (see `tile_head_dim`). Measured
+/// on the H200 (2026-12-02, bf16, in one process against the mma.sync kernel's own tiles,
+/// `benches/results/2026-12-02-h200-attention-padded-head-dims/`): 1.24x at 32 (the 64 tile, half
+/// of it zeros), 1.53-1.63x at 40-48, 1.82-1.89x at 80, 1.59-1.80x at 96, 2.07-2.09x at 112;
+/// below 32 (a quarter of the tile or less) unmeasured, so it stays on the mma.sync kernel.
+/// FLASHSCAN_SM90_PAD_MIN (read on every call) moves it.
+pub const PAD_MIN_HEAD_DIM: i64 = 32;
 
 /// K/V ring depth: three stages where they fit beside Q in 227 KB with room to spare (head dim
 /// 64); two at head dim 128 (three would fit too, by 2 KB: untried). FLASHSCAN_SM90_KV_STAGES
@@ -293,7 +328,8 @@ pub fn map_args(
             return None;
         };
     }
-    if head_dim % BOX_COLS as i64 != 0 || rows < 1 || heads < 1 || batch < 1 {
+    // (a head dim below the tile's: the boxes past it read zeros; rows stay 16-byte multiples)
+    if head_dim % 8 != 0 || head_dim > 128 || rows < 1 || heads < 1 || batch < 1 {
         return None;
     }
     Some(MapArgs {
@@ -396,7 +432,38 @@ mod tests {
     fn unaddressable_strides_are_refused() {
         assert_eq!(map_args(128, 128, 10, 2, 2, 136, 128, -2720), None); // negative
         assert_eq!(map_args(128, 128, 10, 2, 2, 260, 128, 2600), None); // 520 bytes: not 16-aligned
-        assert_eq!(map_args(128, 96, 10, 2, 2, 192, 96, 1920), None); // not whole 64-column boxes
+        assert_eq!(map_args(128, 100, 10, 2, 2, 200, 100, 2000), None); // rows of 200 bytes
+        assert_eq!(map_args(128, 136, 10, 2, 2, 272, 136, 2720), None); // wider than a tile
+    }
+
+    #[test]
+    fn padded_head_dims_keep_their_width_in_the_map_and_take_the_next_tile() {
+        // head dim 96 on the 128 tile: the map holds 96 columns (the second box reads 32 of
+        // them and 32 zeros); the rows, 192 bytes, step in 16-byte multiples
+        let a = map_args(128, 96, 1000, 8, 2, 8 * 96, 96, 1000 * 8 * 96).expect("addressable");
+        assert_eq!(a.dims, [96, 1000, 8, 2]);
+        assert_eq!(a.strides, [8 * 96 * 2, 192, 1000 * 8 * 96 * 2]);
+        assert_eq!(a.box_dims, [64, 128, 1, 1]);
+        for (hd, tile) in [
+            (64, 64),
+            (128, 128),
+            (48, 64),
+            (80, 128),
+            (96, 128),
+            (112, 128),
+        ] {
+            assert_eq!(padded_tile(hd, true, 8), Some(tile), "head dim {hd}");
+        }
+        for hd in [100, 130, 136, 256, 0, -8] {
+            assert_eq!(padded_tile(hd, true, 8), None, "head dim {hd}");
+        }
+        // switched off: the exact tiles only; a minimum: smaller head dims stay off the kernel
+        assert_eq!(padded_tile(96, false, 8), None);
+        assert_eq!(padded_tile(64, false, 8), Some(64));
+        assert_eq!(padded_tile(32, true, 40), None);
+        assert_eq!(padded_tile(48, true, 40), Some(64));
+        assert_eq!(padded_tile(24, true, PAD_MIN_HEAD_DIM), None);
+        assert_eq!(padded_tile(32, true, PAD_MIN_HEAD_DIM), Some(64));
     }
 
     #[test]
