@@ -32,6 +32,9 @@ const BOX_COLS: u32 = 64;
 /// FLASHSCAN_SM90_PAD=0 (read on every call, for A/B runs) keeps the exact dims only; padded dims
 /// from `PAD_MIN_HEAD_DIM` up by default (see there).
 pub fn tile_head_dim(head_dim: i64) -> Option<i64> {
+    if head_dim == 64 || head_dim == 128 {
+        return Some(head_dim); // (no environment read on the common path)
+    }
     let pad = !std::env::var("FLASHSCAN_SM90_PAD").is_ok_and(|v| v == "0");
     let min = std::env::var("FLASHSCAN_SM90_PAD_MIN")
         .ok()
