@@ -333,6 +333,29 @@ __device__ __forceinline__ void rescale_o(float (&acc_o)[kORegs], const float (&
         for (int e = 0; e < 4; ++e) acc_o[4 * d + e] *= alpha[e >> 1];
 }
 
+// The max of row h (0: the thread's first row, 1: eight below) of S over the quad's columns,
+// starting from init.
+__device__ __forceinline__ float row_max_of(const float (&acc_s)[kSRegs], int h, float init) {
+    float mx = init;
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(acc_s[4 * j + 2 * h], acc_s[4 * j + 2 * h + 1]));
+    return quad_max(mx);
+}
+
+// Row h of S turned into P = 2^(S scale_log2 - base) in place; returns sum plus this thread's
+// part of the row's P.
+__device__ __forceinline__ float exp_row(float (&acc_s)[kSRegs], int h, float scale_log2, float base, float sum) {
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+        const float p0 = ex2(fmaf(acc_s[4 * j + 2 * h], scale_log2, -base));
+        const float p1 = ex2(fmaf(acc_s[4 * j + 2 * h + 1], scale_log2, -base));
+        acc_s[4 * j + 2 * h] = p0;
+        acc_s[4 * j + 2 * h + 1] = p1;
+        sum += p0 + p1;
+    }
+    return sum;
+}
+
 // Masks (where the tile needs it) and turns S into P in place, updating the running max and sum;
 // alpha receives the factor O must be rescaled by. Returns whether O needs that rescale (false:
 // alpha is 1 for every row of the warp).
@@ -392,24 +415,13 @@ __device__ __forceinline__ bool mask_softmax(float (&acc_s)[kSRegs], float (&row
     if constexpr (!kConditional) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            float mx = row_max[h];
-#pragma unroll
-            for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(acc_s[4 * j + 2 * h], acc_s[4 * j + 2 * h + 1]));
-            mx = quad_max(mx);
+            const float mx = row_max_of(acc_s, h, row_max[h]);
             // A row with nothing visible yet keeps max -inf: base 0 so exp2 gives 0, not NaN.
             const float base = (mx == neg_inf()) ? 0.0f : mx * scale_log2;
             alpha[h] = ex2(row_max[h] * scale_log2 - base);
             row_max[h] = mx;
-            float sum = row_sum[h] * alpha[h];
-#pragma unroll
-            for (int j = 0; j < kBlockN / 8; ++j) {
-                const float p0 = ex2(fmaf(acc_s[4 * j + 2 * h], scale_log2, -base));
-                const float p1 = ex2(fmaf(acc_s[4 * j + 2 * h + 1], scale_log2, -base));
-                acc_s[4 * j + 2 * h] = p0;
-                acc_s[4 * j + 2 * h + 1] = p1;
-                sum += p0 + p1;
-            }
-            row_sum[h] = sum;  // this thread's columns; quad-reduced at the end
+            // this thread's columns; quad-reduced at the end
+            row_sum[h] = exp_row(acc_s, h, scale_log2, base, row_sum[h] * alpha[h]);
         }
         return true;
     }
@@ -417,10 +429,7 @@ __device__ __forceinline__ bool mask_softmax(float (&acc_s)[kSRegs], float (&row
     bool grow = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        float mx = neg_inf();
-#pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(acc_s[4 * j + 2 * h], acc_s[4 * j + 2 * h + 1]));
-        tmx[h] = quad_max(mx);
+        tmx[h] = row_max_of(acc_s, h, neg_inf());
         // (-inf - -inf is NaN: false, a row with nothing visible yet stays at -inf)
         grow |= (tmx[h] - row_max[h]) * scale_log2 > kRescaleLog2;
     }
@@ -438,16 +447,7 @@ __device__ __forceinline__ bool mask_softmax(float (&acc_s)[kSRegs], float (&row
     for (int h = 0; h < 2; ++h) {
         // A row with nothing visible yet keeps max -inf: base 0 so exp2 gives 0, not NaN.
         const float base = (row_max[h] == neg_inf()) ? 0.0f : row_max[h] * scale_log2;
-        float sum = row_sum[h];
-#pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j) {
-            const float p0 = ex2(fmaf(acc_s[4 * j + 2 * h], scale_log2, -base));
-            const float p1 = ex2(fmaf(acc_s[4 * j + 2 * h + 1], scale_log2, -base));
-            acc_s[4 * j + 2 * h] = p0;
-            acc_s[4 * j + 2 * h + 1] = p1;
-            sum += p0 + p1;
-        }
-        row_sum[h] = sum;  // this thread's columns; quad-reduced at the end
+        row_sum[h] = exp_row(acc_s, h, scale_log2, base, row_sum[h]);  // (quad-reduced at the end)
     }
     return rescale;
 }
@@ -734,7 +734,7 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
                 for (; n >= wn_end; --n) {
                     mbar_wait(sm.full_k(s), phase);
                     if (lane == 0) mbar_arrive(sm.empty_k(s));
-                    if (FS_SM90_PERSIST && n == n_begin && lane == 0) mbar_arrive(sm.q_empty());
+                    if (n == n_begin && lane == 0) mbar_arrive(sm.q_empty());
                     mbar_wait(sm.full_v(s), phase);
                     if (lane == 0) mbar_arrive(sm.empty_v(s));
                     if (++s == kStages) {
