@@ -28,10 +28,9 @@ const SM90_THREADS: u32 = 256;
 /// Head dims the TMA kernel pads (`attention_tma::tile_head_dim`: 48 on the 64 tile, 80 / 96 /
 /// 112 on the 128 one) follow the TMA switch.
 fn sm90_default(head_dim: i64, seqlen_q: i64, tma: bool) -> bool {
+    // (64 and the padded dims: every head dim the TMA kernel has a tile for)
     seqlen_q > SHORT_SEQLEN_Q
-        && (head_dim == 128
-            || (head_dim == 64 && tma)
-            || (tma && attention_tma::tile_head_dim(head_dim).is_some()))
+        && (head_dim == 128 || (tma && attention_tma::tile_head_dim(head_dim).is_some()))
 }
 
 /// Mirrors `struct FlashFwdParams` in cuda/flash_fwd.cu field for field. Strides in elements.
@@ -552,8 +551,9 @@ pub(crate) fn launch(
     let _bound = dev.bind()?;
     let arch_num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
     let has_mask = p.window_left >= 0 || p.window_right >= 0;
-    // the sm_90a wgmma kernel serves dense problems only
-    let wgmma = if !varlen && sm90_wanted(p.head_dim, p.seqlen_q) {
+    // the sm_90a wgmma kernels serve dense problems only
+    let wanted = !varlen && sm90_wanted(p.head_dim, p.seqlen_q);
+    let wgmma = if wanted {
         sm90_spec(
             p.head_dim,
             dtype,
@@ -586,7 +586,7 @@ pub(crate) fn launch(
     // The warp-specialised TMA kernel, where wanted and the driver encodes every tensor map;
     // otherwise (a map refused) the cp.async wgmma kernel below (exact head dims) or flash_fwd.
     // Its tile's head dim: the problem's, or the next of 64 / 128 (`tile_head_dim`: padded).
-    let tma_hd = if !varlen && sm90_tma() && sm90_wanted(p.head_dim, p.seqlen_q) {
+    let tma_hd = if wanted && sm90_tma() {
         attention_tma::tile_head_dim(p.head_dim)
             .filter(|&hd| sm90_dtype_code(hd, dtype, softcap > 0.0, arch_num).is_some())
     } else {
