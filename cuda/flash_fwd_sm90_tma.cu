@@ -10,11 +10,13 @@
 //       (full_k[s]) and V (full_v[s]), each after the consumers freed that stage (empty_k/v[s]).
 //   warpgroups 1.. (consumers): setmaxnreg up to 240 (two consumers) or 160 (three); consumer c
 //   owns query rows [64 c, 64 c + 64):
-//       S = Q K^T   wgmma m64n128k16, A = Q and B = K from shared memory (K-major)  -> free K
+//       S = Q K^T   wgmma m64n128k16 (m64n64k16 at head dim 256), A = Q and B = K from shared
+//                   memory (K-major)                                               -> free K
 //       mask        (only in warps whose 16 rows a window edge crosses, or tiles past seqlen_k;
 //                   per-row key limits, one compare an element under a causal mask)
 //       softmax     (registers, exp2 with the scale folded into one FFMA)
-//       O += P V    wgmma m64nDk16, A = P from registers, B = V (MN-major)         -> free V
+//       O += P V    wgmma m64nDk16 (two m64n128k16 at D = 256), A = P from registers, B = V
+//                   (MN-major)                                                     -> free V
 //     The consumers never synchronise with each other inside the loop, so one's softmax runs
 //     while the other's GEMMs use the tensor cores. FS_SM90_PIPE=1 also overlaps inside each
 //     warpgroup: S(i) is issued before P(i-1) V(i-1), and the softmax of tile i runs while that
@@ -29,18 +31,25 @@
 //   stores them with 16-byte coalesced writes (named barrier per warpgroup).
 //
 // TMA: rank-4 tensor maps (head_dim, seqlen, heads, batch), box 64 x 128 x 1 x 1 (Q at FS_BLOCK_M
-// 192: 64 x 64, three boxes per column block), 128-byte swizzle:
+// 192: 64 x 64, three boxes per column block; K and V at head dim 256: 64 x 64), 128-byte swizzle:
 // one box is exactly one 64-column block of common/wgmma.cuh's swizzled tile layout (128 rows x
 // 128 bytes, chunk c of row r at r * 128 + (c ^ r % 8) * 16), so the wgmma descriptors of the
 // cp.async kernel read it unchanged. Rows past seqlen (tails) are zero-filled by TMA and, for K,
 // masked; a box always delivers its full byte count, which is what expect_tx announces.
 //
 // Shared memory: [Q | K0 | V0 | K1 | V1 | ... ] (Q: FS_BLOCK_M * head_dim * 2 bytes; K, V: 2 *
-// FS_KV_STAGES tiles of 128 * head_dim * 2 bytes; 1024-byte aligned) then the mbarriers: bar_q,
+// FS_KV_STAGES tiles of FS_BLOCK_N * head_dim * 2 bytes; 1024-byte aligned) then the mbarriers: bar_q,
 // full_k[S], full_v[S], empty_k[S], empty_v[S]. Empty barriers count one arrival per consumer
 // warp: its lane 0, once its wgmmas on the stage completed.
 //
-// Covered: fp16 / bf16, head_dim 64 or 128 (FS_HEAD_DIM, the tile) or a multiple of 8 below it
+// Head dim 256 (FS_BLOCK_N=64): 64-key K / V tiles, so that O (128 fp32 registers a thread), S (32)
+// and P (16) fit the consumers' 240 registers and Q (64 KB) with two stages of K and V (32 KB
+// each) the shared memory; each P V k-step is two m64n128k16, one per half of O (whose registers
+// hold the columns as one m64n256k16 would); one CTA a tile (no room for the persistent form's
+// O buffer). Measured on the H200 (2026-12-02, bf16, ping-pong): 719-733 TFLOP/s at s2048-16k,
+// 1.12-1.21x cuDNN, 2.6x the mma.sync kernel (benches/results/2026-12-02-h200-attention-hd256/).
+//
+// Covered: fp16 / bf16, head_dim 64, 128 or 256 (FS_HEAD_DIM, the tile) or a multiple of 8 below it
 // (p.head_dim: the maps hold the real width, TMA fills the columns past it with zeros, so Q K^T and
 // P V are unchanged and O's extra columns, zero, are not stored), causal / sliding windows
 // (FS_HAS_MASK), seqlen_q != seqlen_k (bottom-right aligned), GQA/MQA, LSE. The launcher
@@ -79,9 +88,9 @@
 // tiles none of its rows sees (at 192 rows the diagonal tile for the upper warpgroups): +13% /
 // +11% / +5% at hd64 causal s512 / 1024 / 2048.
 //
-// The prelude defines FS_HEAD_DIM (64 or 128), FS_DTYPE (0 fp16, 1 bf16), FS_HAS_MASK, FS_ARCH (90),
-// FS_KV_STAGES (2 to 5), optionally FS_SM90_PIPE, FS_SM90_PINGPONG, FS_SM90_PERSIST (0, 1 or 2)
-// and FS_BLOCK_M (default 128).
+// The prelude defines FS_HEAD_DIM (64, 128 or 256), FS_DTYPE (0 fp16, 1 bf16), FS_HAS_MASK, FS_ARCH
+// (90), FS_KV_STAGES (2 to 5), optionally FS_SM90_PIPE, FS_SM90_PINGPONG, FS_SM90_PERSIST (0, 1 or
+// 2), FS_BLOCK_M (default 128) and FS_BLOCK_N (default 128; 64 at head dim 256).
 
 #include "common/convert.cuh"
 #include "common/copy.cuh"
@@ -102,6 +111,9 @@
 #endif
 #ifndef FS_BLOCK_M
 #define FS_BLOCK_M 128
+#endif
+#ifndef FS_BLOCK_N
+#define FS_BLOCK_N 128  // keys per K / V tile; 64 at head dim 256 (host: attention_tma::block_n)
 #endif
 #ifndef FS_SM90_PERSIST
 #define FS_SM90_PERSIST 0
@@ -134,12 +146,12 @@ using namespace fs;
 
 static constexpr int kHeadDim = FS_HEAD_DIM;
 static constexpr int kBlockM = FS_BLOCK_M;             // query rows per CTA
-static constexpr int kBlockN = 128;                    // keys per KV tile
+static constexpr int kBlockN = FS_BLOCK_N;             // keys per KV tile
 static constexpr int kNC = kBlockM / 64;               // consumer warpgroups, 64 query rows each
 static constexpr int kStages = FS_KV_STAGES;           // K/V ring depth
 static constexpr int kThreads = 128 * (1 + kNC);       // producer + consumer warpgroups
-static constexpr int kTileBytes = 128 * kHeadDim * 2;  // one swizzled 128-row K or V tile
-static constexpr int kColBlockBytes = 128 * 128;       // one 64-column block of a K / V tile
+static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // one swizzled kBlockN-row K or V tile
+static constexpr int kColBlockBytes = kBlockN * 128;   // one 64-column block of a K / V tile
 static constexpr int kQBytes = kBlockM * kHeadDim * 2; // the Q tile
 static constexpr int kQColBlock = kBlockM * 128;       // one 64-column block of the Q tile
 // How far (log2 units) a row's scores may rise above its exponent base before the base moves.
@@ -149,13 +161,19 @@ static constexpr int kColBlocks = kHeadDim / 64;       // TMA boxes per tile
 static constexpr int kChunksPerRow = kHeadDim / 8;     // 16-byte chunks per row
 static constexpr int kSRegs = kBlockN / 2;             // S accumulator floats per thread
 static constexpr int kORegs = kHeadDim / 2;            // O accumulator floats per thread
+// N of one O += P V wgmma: the head dim, or two m64n128k16 side by side at 256 (each on its half
+// of O's registers, which hold the columns in the order one m64n256k16 would)
+static constexpr int kPvN = kHeadDim > 128 ? 128 : kHeadDim;
 static constexpr int kProducerRegs = 24;
 // 24 * 128 + 240 * 256 (two consumers) or + 160 * 384 (three) <= 64 K registers
 static constexpr int kConsumerRegs = kNC == 2 ? 240 : 160;
 static constexpr u32 kEmptyArrivals = 4 * kNC;         // one per consumer warp
 static constexpr u32 kTurnBar = 1 + kNC;               // ping-pong barriers (1..kNC: epilogues)
 
-static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim tile is 64 or 128");
+static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim tile is 64, 128 or 256");
+// 64-key tiles at head dim 256: O (128 registers) + S (32) + P (16) fit the consumers' 240, and
+// Q (64 KB) + two stages of K and V (32 KB each) the 227 KB of shared memory
+static_assert(kBlockN == (kHeadDim == 256 ? 64 : 128), "128-key K / V tiles, 64 at head dim 256");
 static_assert(kBlockM == 128 || (kBlockM == 192 && kHeadDim == 64), "FS_BLOCK_M 128, or 192 at head dim 64");
 static_assert(FS_DTYPE == 0 || FS_DTYPE == 1, "16-bit inputs only");
 static_assert(FS_ARCH == 90, "wgmma, TMA and setmaxnreg need sm_90a");
@@ -165,6 +183,7 @@ static constexpr bool kQueue = FS_SM90_PERSIST == 2;            // tiles from a 
 // barriers: bar_q, 4 per stage, q_empty; the queue's 2 tile_full + 2 tile_free, and its 2 slots
 static constexpr int kBarBytes = 8 * (2 + 4 * kStages) + (kQueue ? 8 * 4 + 8 : 0);
 static_assert(kQBytes + 2 * kStages * kTileBytes + kOBytes + 1024 + kBarBytes <= 232448, "smem");
+static_assert(!(FS_SM90_PERSIST && kHeadDim == 256), "head dim 256: one CTA a tile (no room for the O buffer)");
 
 // Shared-memory addresses of one CTA's tiles and barriers.
 struct Smem {
@@ -281,7 +300,7 @@ __device__ __forceinline__ void store_empty_tile(const FlashFwdParams& p, const 
         for (int r = tid0; r < w.rows_q; r += nthr) w.lse_ptr[r] = neg_inf();
 }
 
-// All boxes of one 128-row tile (rows row0.. of (head, batch)) into dst, completing on bar.
+// All boxes of one kBlockN-row tile (rows row0.. of (head, batch)) into dst, completing on bar.
 __device__ __forceinline__ void tma_tile(u32 dst, const TensorMap* map, int row0, int head, int batch, u32 bar) {
     mbar_arrive_expect_tx(bar, kTileBytes);
 #pragma unroll
@@ -316,13 +335,17 @@ __device__ __forceinline__ void issue_qk(float (&acc_s)[kSRegs], u64 dQ_wg, u32 
 }
 
 // O += P V (issued, committed, not waited for): 16 keys = 16 rows of 128 bytes per k-step; LBO
-// steps to the next 64-column block of head_dim.
+// steps to the next 64-column block of head_dim. At head dim 256 each k-step is two kPvN-column
+// wgmmas, the second on O's upper half and V's column blocks 2 and 3.
 __device__ __forceinline__ void issue_pv(float (&acc_o)[kORegs], const u32 (&pa)[kBlockN / 16][4], u32 sV) {
     const u64 dv = wgmma_desc(sV, kColBlockBytes, 1024);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
-        wgmma_rs<kHeadDim, FS_DTYPE, 1>(acc_o, pa[kk], desc_at(dv, kk * 16 * 128), 1);
+#pragma unroll
+        for (int nb = 0; nb < kHeadDim / kPvN; ++nb)
+            wgmma_rs<kPvN, FS_DTYPE, 1>(reinterpret_cast<float(&)[kPvN / 2]>(acc_o[nb * (kPvN / 2)]), pa[kk],
+                                        desc_at(dv, kk * 16 * 128 + nb * (kPvN / 64) * kColBlockBytes), 1);
     wgmma_commit();
 }
 

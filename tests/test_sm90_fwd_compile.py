@@ -101,13 +101,18 @@ def test_tma_variants_cover_the_same_problems_on_sm90a_only() -> None:
     keys = ("FS_HEAD_DIM", "FS_DTYPE", "FS_HAS_MASK", "FS_SM90_PIPE", "FS_SM90_PINGPONG")
     keys += ("FS_BLOCK_M", "FS_SM90_PERSIST")
     got = {tuple(v["defines"].get(d, 0) for d in keys) for v in listed}
+    # head dim 256: 64-key K / V tiles (FS_BLOCK_N=64), every schedule, one CTA a tile only
+    hd256 = {v["name"] for v in listed if v["defines"]["FS_HEAD_DIM"] == 256}
+    assert len(hd256) == 12
+    for v in listed:
+        assert v["defines"].get("FS_BLOCK_N", 128) == (64 if v["name"] in hd256 else 128)
     # schedules: plain, pipelined, ping-pong (which builds on the pipelined order), 128 query
     # rows a CTA (no FS_BLOCK_M define); at head dim 64 also 192 rows, three consumer
     # warpgroups, the plain schedule only
     schedules = {(0, 0), (1, 0), (1, 1)}
     want = {
         (hd, dt, m, *sch, 0, 0)
-        for hd, dt, m in itertools.product((64, 128), (0, 1), (0, 1))
+        for hd, dt, m in itertools.product((64, 128, 256), (0, 1), (0, 1))
         for sch in schedules
     }
     want |= {(64, dt, m, 0, 0, 192, 0) for dt, m in itertools.product((0, 1), (0, 1))}
@@ -127,7 +132,7 @@ def test_tma_variants_cover_the_same_problems_on_sm90a_only() -> None:
         and (persist, hd, sch, bm) != (1, 64, (1, 0), 0)
     }
     assert got == want
-    # ring depth: three K/V stages at head dim 64, two at 128 (227 KB of shared memory)
+    # ring depth: three K/V stages at head dim 64, two at 128 and 256 (227 KB of shared memory)
     assert all(
         v["defines"]["FS_KV_STAGES"] == (3 if v["defines"]["FS_HEAD_DIM"] == 64 else 2)
         for v in listed
@@ -140,7 +145,7 @@ def test_tma_variants_compile_without_spills(tma_cubins: dict[str, bytes]) -> No
     tool = find_cuobjdump()
     if tool is None:
         pytest.skip(CUOBJDUMP_MISSING)
-    assert len(tma_cubins) == 60
+    assert len(tma_cubins) == 72
     for name, cubin in tma_cubins.items():
         assert cubin[:4] == b"\x7fELF", name
         for func, _regs, stack, local, _smem in resource_usage(cubin, tool):
@@ -162,6 +167,29 @@ def test_tma_main_variant_loads_by_tma_and_runs_on_hgmma(
     # producer down, consumers up: both halves of the register reallocation are there
     assert any("USETMAXREG.DEALLOC" in line for line in lines)
     assert any("USETMAXREG.TRY_ALLOC" in line for line in lines)
+
+
+def test_tma_hd256_runs_64_key_tiles_and_two_pv_halves(
+    tma_cubins: dict[str, bytes], sass_of: Any
+) -> None:
+    """Head dim 256 (FS_BLOCK_N=64): Q as four 128-row boxes, K and V four 64-row boxes each;
+    S = Q K^T 16 k-steps of m64n64k16 from shared memory, O += P V 4 k-steps of two m64n128k16
+    (each half of O) with P from registers."""
+    name = (
+        f"{TMA_FAMILY}.flash_fwd_sm90_tma_kernel"
+        "[FS_HEAD_DIM=256,FS_DTYPE=1,FS_HAS_MASK=1,FS_ARCH=90,FS_KV_STAGES=2,"
+        "FS_SM90_PIPE=1,FS_SM90_PINGPONG=1,FS_BLOCK_N=64]"
+    )
+    sass = sass_of(tma_cubins[name])
+    lines = sass.splitlines()
+    assert sum("UTMALDG.4D" in line for line in lines) == 4 + 4 + 4, sass[-2000:]
+    s_gemm = [ln for ln in lines if "HGMMA.64x64x16.F32.BF16" in ln]
+    pv_gemm = [ln for ln in lines if "HGMMA.64x128x16.F32.BF16" in ln]
+    # the pipelined schedule peels the first S and the last P V out of the loop
+    assert len(s_gemm) == 2 * 16 and len(pv_gemm) == 2 * 8, (len(s_gemm), len(pv_gemm))
+    assert not any(".tnspB" in ln for ln in s_gemm)
+    assert all(".tnspB" in ln for ln in pv_gemm)
+    assert " HMMA" not in sass and "LDGSTS" not in sass
 
 
 def test_tma_hd64_default_runs_three_consumers_on_192_rows(

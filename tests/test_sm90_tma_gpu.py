@@ -7,8 +7,8 @@ with its own kernel cache directory; the test then also checks that the TMA kern
 there (not the cp.async fallback). The child kills nothing: a deadlocked ring shows as the parent's
 timeout. Correctness rule of DESIGN.md (float64 reference, same-precision baseline, NaN-poisoned
 out=, LSE) over tails (seqlen not a multiple of 128, seqlen 1), seqlen_q != seqlen_k, GQA/MQA,
-causal and windows, head dims 64 and 128 and the ones padded to them (32-112), fp16 and bf16, and
-a (b, h, s, d) tensor seen as (b, s, h, d) (non-contiguous strides).
+causal and windows, head dims 64, 128 and 256 and the ones padded to them (32-248), fp16 and bf16,
+and a (b, h, s, d) tensor seen as (b, s, h, d) (non-contiguous strides).
 """
 
 from __future__ import annotations
@@ -58,6 +58,17 @@ CASES = [
     (4, 1100, 1100, 12, 4, 96, False, (-1, -1), False),
     (6, 999, 999, 8, 8, 80, True, (-1, -1), False),
     (3, 700, 1300, 8, 2, 40, True, (-1, -1), False),
+    # head dim 256: 64-key K / V tiles, two P V wgmmas a k-step (one CTA a tile in every
+    # schedule); 136-248 padded to it
+    (2, 333, 333, 4, 2, 256, False, (-1, -1), False),
+    (1, 517, 517, 2, 2, 256, True, (-1, -1), False),
+    (2, 200, 450, 2, 1, 256, True, (-1, -1), True),
+    (1, 600, 600, 2, 2, 256, False, (100, 20), False),
+    (2, 1, 65, 2, 2, 256, True, (-1, -1), False),
+    (2, 65, 1, 2, 2, 256, False, (-1, -1), False),
+    (2, 300, 300, 4, 4, 192, True, (-1, -1), False),
+    (1, 257, 400, 2, 2, 136, False, (-1, -1), False),
+    (2, 190, 190, 2, 2, 248, False, (-1, -1), True),
 ]
 SCHEDULES = {
     # 128 query rows a CTA (two consumer warpgroups) at every head dim, each schedule
@@ -252,7 +263,7 @@ def test_tile_queue_counters_on_concurrent_streams_and_in_a_graph(hopper: None) 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("profile", ["rising", "falling", "spike"])
 def test_exponent_base_moves_only_when_scores_rise_far(d: int, profile: str, hopper: None) -> None:
     """A row's exponent base moves only when a tile holds a score more than 2^8 above it (the

@@ -26,7 +26,8 @@ const SM90_THREADS: u32 = 256;
 /// across both leases), so hd64 follows the TMA switch. Short queries (seqlen_q <= 64) stay on
 /// the mma.sync kernel's 64-row tile (unmeasured on the 128-row wgmma tile).
 /// Head dims the TMA kernel pads (`attention_tma::tile_head_dim`: 48 on the 64 tile, 80 / 96 /
-/// 112 on the 128 one) follow the TMA switch.
+/// 112 on the 128 one, 136-248 on the 256 one) and 256 itself (2.6x the mma.sync kernel on the
+/// H200, `benches/results/2026-12-02-h200-attention-hd256/`) follow the TMA switch.
 fn sm90_default(head_dim: i64, seqlen_q: i64, tma: bool) -> bool {
     // (64 and the padded dims: every head dim the TMA kernel has a tile for)
     seqlen_q > SHORT_SEQLEN_Q
@@ -588,7 +589,7 @@ pub(crate) fn launch(
     // Its tile's head dim: the problem's, or the next of 64 / 128 (`tile_head_dim`: padded).
     let tma_hd = if wanted && sm90_tma() {
         attention_tma::tile_head_dim(p.head_dim)
-            .filter(|&hd| sm90_dtype_code(hd, dtype, softcap > 0.0, arch_num).is_some())
+            .filter(|&hd| attention_tma::dtype_code(hd, dtype, softcap > 0.0, arch_num).is_some())
     } else {
         None
     };
@@ -604,7 +605,7 @@ pub(crate) fn launch(
         let order = order.filter(|_| persistent_tma.is_some());
         let tma = persistent_tma
             .or_else(|| attention_tma::spec(hd, dtype, has_mask, cap, arch_num, schedule, block_m));
-        let tp = attention_tma::params(&params, dtype, block_m);
+        let tp = attention_tma::params(&params, dtype, block_m, hd);
         if let (Some((spec, smem)), Ok(mut tp)) = (tma, tp) {
             let kernel = dev.kernel(&spec)?;
             let s = dev.stream(stream)?;
@@ -736,7 +737,8 @@ mod tests {
             assert!(!sm90_default(128, SHORT_SEQLEN_Q, tma));
             assert!(!sm90_default(64, SHORT_SEQLEN_Q, tma));
             assert!(!sm90_default(100, 4096, tma));
-            assert!(!sm90_default(256, 4096, tma));
+            assert!(sm90_default(256, 4096, tma) == tma);
+            assert!(sm90_default(192, 4096, tma) == tma);
         }
         // hd64: only the TMA kernel beats the mma.sync kernel there; padded head dims (96 on
         // the 128 tile) run on the TMA kernel only

@@ -20,19 +20,40 @@ pub const ENTRY: &str = "flash_fwd_sm90_tma_kernel";
 pub fn threads(block_m: i64) -> u32 {
     128 * (1 + block_m as u32 / 64)
 }
-/// Rows of a K / V tile (and of Q at block_m 128), and the 64-element (128-byte) column block
-/// one TMA box fills.
+/// Rows of a Q tile at block_m 128 (and of a K / V tile, see `block_n`), and the 64-element
+/// (128-byte) column block one TMA box fills.
 const TILE_ROWS: u32 = 128;
 const BOX_COLS: u32 = 64;
 
-/// The kernel's head dim (its tile width, `FS_HEAD_DIM`) for a problem's: 64 or 128 itself, or
-/// the next of them for a multiple of 8 below (48 -> 64, 80 / 96 / 112 -> 128): the tensor maps
+/// Keys per K / V tile (`FS_BLOCK_N`): 128, or 64 at head dim 256, where O's 128 accumulator
+/// registers a thread leave room for a 64-key S and P only, and two stages of 64-key K and V
+/// beside the 64 KB Q tile fill the 227 KB of shared memory.
+pub fn block_n(head_dim: i64) -> u32 {
+    if head_dim > 128 {
+        64
+    } else {
+        TILE_ROWS
+    }
+}
+
+/// What the TMA kernel covers (arch sm_90, fp16/bf16, no softcap, tile head dim 64, 128 or 256)
+/// as the dtype's kernel code; None for everything else.
+pub fn dtype_code(head_dim: i64, dtype: DType, softcap: bool, arch_num: i64) -> Option<i64> {
+    // (the wgmma kernel's conditions, at a head dim it covers, and 256 on top)
+    matches!(head_dim, 64 | 128 | 256)
+        .then(|| attention::sm90_dtype_code(128, dtype, softcap, arch_num))
+        .flatten()
+}
+
+/// The kernel's head dim (its tile width, `FS_HEAD_DIM`) for a problem's: 64, 128 or 256 itself,
+/// or the next of them for a multiple of 8 below (48 -> 64, 80 / 96 / 112 -> 128, 136 .. 248 ->
+/// 256): the tensor maps
 /// keep the real width, TMA fills the tile's columns past it with zeros, and the epilogue stores
 /// only O's own columns. The rows stay 16-byte multiples (TMA strides, 16-byte output chunks).
 /// FLASHSCAN_SM90_PAD=0 (read on every call, for A/B runs) keeps the exact dims only; padded dims
 /// from `PAD_MIN_HEAD_DIM` up by default (see there).
 pub fn tile_head_dim(head_dim: i64) -> Option<i64> {
-    if head_dim == 64 || head_dim == 128 {
+    if head_dim == 64 || head_dim == 128 || head_dim == 256 {
         return Some(head_dim); // (no environment read on the common path)
     }
     let pad = !std::env::var("FLASHSCAN_SM90_PAD").is_ok_and(|v| v == "0");
@@ -43,14 +64,15 @@ pub fn tile_head_dim(head_dim: i64) -> Option<i64> {
     padded_tile(head_dim, pad, min)
 }
 
-/// `tile_head_dim` for given switches: `pad` off keeps 64 and 128 only; `min`, the smallest
-/// padded head dim taken.
+/// `tile_head_dim` for given switches: `pad` off keeps 64, 128 and 256 only; `min`, the
+/// smallest padded head dim taken.
 fn padded_tile(head_dim: i64, pad: bool, min: i64) -> Option<i64> {
     match head_dim {
-        64 | 128 => Some(head_dim),
-        _ if !pad || head_dim % 8 != 0 || head_dim < min.max(8) || head_dim > 128 => None,
+        64 | 128 | 256 => Some(head_dim),
+        _ if !pad || head_dim % 8 != 0 || head_dim < min.max(8) || head_dim > 256 => None,
         _ if head_dim < 64 => Some(64),
-        _ => Some(128),
+        _ if head_dim < 128 => Some(128),
+        _ => Some(256),
     }
 }
 
@@ -59,11 +81,13 @@ fn padded_tile(head_dim: i64, pad: bool, min: i64) -> Option<i64> {
 /// `benches/results/2026-12-02-h200-attention-padded-head-dims/`): 1.24x at 32 (the 64 tile, half
 /// of it zeros), 1.53-1.63x at 40-48, 1.82-1.89x at 80, 1.59-1.80x at 96, 2.07-2.09x at 112;
 /// below 32 (a quarter of the tile or less) unmeasured, so it stays on the mma.sync kernel.
+/// On the 256 tile (2026-12-02, `benches/results/2026-12-02-h200-attention-hd256/`): 2.1x at 192
+/// (0.86-0.96x cuDNN, which has a tile of its own there), 1.79x at 136 causal.
 /// FLASHSCAN_SM90_PAD_MIN (read on every call) moves it.
 pub const PAD_MIN_HEAD_DIM: i64 = 32;
 
 /// K/V ring depth: three stages where they fit beside Q in 227 KB with room to spare (head dim
-/// 64); two at head dim 128 (three would fit too, by 2 KB: untried). FLASHSCAN_SM90_KV_STAGES
+/// 64); two at head dim 128 (three would fit too, by 2 KB: untried) and 256 (64-key tiles). FLASHSCAN_SM90_KV_STAGES
 /// (2-5, read once) overrides it at head dim 64 for tuning (the CPU suite compiles the
 /// defaults only).
 pub fn kv_stages(head_dim: i64) -> i64 {
@@ -81,11 +105,11 @@ pub fn kv_stages(head_dim: i64) -> i64 {
     }
 }
 
-/// Dynamic shared memory: Q (block_m x head_dim) and `stages` K/V pairs of 128 x head_dim 16-bit
-/// tiles, 1 KB to align the base to 1024, and the mbarriers (bar_q, full_k/v, empty_k/v per
-/// stage; 8 bytes each).
+/// Dynamic shared memory: Q (block_m x head_dim) and `stages` K/V pairs of block_n x head_dim
+/// 16-bit tiles, 1 KB to align the base to 1024, and the mbarriers (bar_q, full_k/v, empty_k/v
+/// per stage; 8 bytes each).
 pub fn smem_bytes(head_dim: i64, stages: i64, block_m: i64) -> u32 {
-    let tile = TILE_ROWS * head_dim as u32 * 2;
+    let tile = block_n(head_dim) * head_dim as u32 * 2;
     let q = block_m as u32 * head_dim as u32 * 2;
     q + 2 * stages as u32 * tile + 1024 + 8 * (1 + 4 * stages as u32)
 }
@@ -147,7 +171,7 @@ pub fn spec(
     schedule: Schedule,
     block_m: i64,
 ) -> Option<(KernelSpec, u32)> {
-    let code = attention::sm90_dtype_code(head_dim, dtype, softcap, arch_num)?;
+    let code = dtype_code(head_dim, dtype, softcap, arch_num)?;
     if block_m != 128 && (block_m != 192 || head_dim != 64) {
         return None;
     }
@@ -173,6 +197,9 @@ pub fn spec(
     }
     if block_m != 128 {
         defines.push(("FS_BLOCK_M", block_m));
+    }
+    if block_n(head_dim) != TILE_ROWS {
+        defines.push(("FS_BLOCK_N", block_n(head_dim) as i64));
     }
     Some((
         KernelSpec {
@@ -220,7 +247,8 @@ pub fn persistent_spec(
             TileOrder::Stride => schedule == Schedule::Pipe,
             TileOrder::Queue => schedule != Schedule::Plain,
         };
-    if (has_mask && order == TileOrder::Stride) || spills {
+    // (head dim 256: Q and two K / V stages fill shared memory; no room for the O buffer)
+    if (has_mask && order == TileOrder::Stride) || spills || head_dim > 128 {
         return None;
     }
     let (mut k, smem) = spec(
@@ -332,7 +360,7 @@ pub fn map_args(
         };
     }
     // (a head dim below the tile's: the boxes past it read zeros; rows stay 16-byte multiples)
-    if head_dim % 8 != 0 || head_dim > 128 || rows < 1 || heads < 1 || batch < 1 {
+    if head_dim % 8 != 0 || head_dim > 256 || rows < 1 || heads < 1 || batch < 1 {
         return None;
     }
     Some(MapArgs {
@@ -347,10 +375,16 @@ fn encode(ptr: u64, bf16: bool, a: Option<MapArgs>) -> Result<[u64; 16]> {
     encode_tensor_map_4d(ptr, bf16, a.dims, a.strides, a.box_dims)
 }
 
-/// The kernel parameter for `params` (sizes already filled in) and `block_m` query rows per
-/// CTA: Q, K and V maps encoded by the driver (Q's boxes are 64 rows at block_m 192, which the
-/// kernel loads three of). An error means "use the cp.async kernel", not a failed call.
-pub fn params(params: &FlashFwdParams, dtype: DType, block_m: i64) -> Result<FlashFwdTmaParams> {
+/// The kernel parameter for `params` (sizes already filled in), `block_m` query rows per CTA
+/// and the kernel's tile head dim: Q, K and V maps encoded by the driver (Q's boxes are 64 rows
+/// at block_m 192, which the kernel loads three of; K's and V's `block_n` rows). An error means
+/// "use the cp.async kernel", not a failed call.
+pub fn params(
+    params: &FlashFwdParams,
+    dtype: DType,
+    block_m: i64,
+    tile_head_dim: i64,
+) -> Result<FlashFwdTmaParams> {
     let bf16 = dtype == DType::BF16;
     let hd = params.head_dim as i64;
     let (b, sq, sk) = (
@@ -370,8 +404,9 @@ pub fn params(params: &FlashFwdParams, dtype: DType, block_m: i64) -> Result<Fla
         params.q_head_stride,
         params.q_batch_stride,
     );
+    let kv_box = block_n(tile_head_dim);
     let k = map_args(
-        TILE_ROWS,
+        kv_box,
         hd,
         sk,
         hk,
@@ -381,7 +416,7 @@ pub fn params(params: &FlashFwdParams, dtype: DType, block_m: i64) -> Result<Fla
         params.k_batch_stride,
     );
     let v = map_args(
-        TILE_ROWS,
+        kv_box,
         hd,
         sk,
         hk,
@@ -436,7 +471,10 @@ mod tests {
         assert_eq!(map_args(128, 128, 10, 2, 2, 136, 128, -2720), None); // negative
         assert_eq!(map_args(128, 128, 10, 2, 2, 260, 128, 2600), None); // 520 bytes: not 16-aligned
         assert_eq!(map_args(128, 100, 10, 2, 2, 200, 100, 2000), None); // rows of 200 bytes
-        assert_eq!(map_args(128, 136, 10, 2, 2, 272, 136, 2720), None); // wider than a tile
+        assert_eq!(map_args(64, 264, 10, 2, 2, 528, 264, 5280), None); // wider than a tile
+                                                                       // head dim 256 (and 192 padded to it): 64-row K / V boxes
+        let kv = map_args(64, 192, 10, 2, 2, 384, 192, 3840).expect("addressable");
+        assert_eq!((kv.dims[0], kv.box_dims), (192, [64, 64, 1, 1]));
     }
 
     #[test]
@@ -457,9 +495,14 @@ mod tests {
         ] {
             assert_eq!(padded_tile(hd, true, 8), Some(tile), "head dim {hd}");
         }
-        for hd in [100, 130, 136, 256, 0, -8] {
+        for (hd, tile) in [(256, 256), (136, 256), (192, 256), (248, 256)] {
+            assert_eq!(padded_tile(hd, true, 8), Some(tile), "head dim {hd}");
+        }
+        for hd in [100, 130, 260, 264, 512, 0, -8] {
             assert_eq!(padded_tile(hd, true, 8), None, "head dim {hd}");
         }
+        assert_eq!(padded_tile(256, false, 8), Some(256));
+        assert_eq!(padded_tile(192, false, 8), None);
         // switched off: the exact tiles only; a minimum: smaller head dims stay off the kernel
         assert_eq!(padded_tile(96, false, 8), None);
         assert_eq!(padded_tile(64, false, 8), Some(64));
@@ -546,6 +589,32 @@ mod tests {
         assert!(spec(128, DType::F32, false, false, 90, Plain, 128).is_none());
         assert!(spec(128, DType::BF16, false, true, 90, PingPong, 128).is_none());
         assert!(spec(96, DType::BF16, false, false, 90, Plain, 128).is_none());
+    }
+
+    #[test]
+    fn head_dim_256_runs_64_key_tiles_on_one_cta_a_tile() {
+        use Schedule::*;
+        assert_eq!((block_n(64), block_n(128), block_n(256)), (128, 128, 64));
+        for sch in Schedule::ALL {
+            let (k, smem) = spec(256, DType::BF16, true, false, 90, sch, 128).expect("covered");
+            assert!(k.defines.contains(&("FS_BLOCK_N", 64)));
+            assert!(k.defines.contains(&("FS_KV_STAGES", 2)));
+            // Q 64 KB, two stages of 64-key K and V (32 KB each), alignment and barriers
+            assert_eq!(smem, 65536 + 4 * 32768 + 1024 + 72);
+            assert!(smem <= 232_448);
+            for order in [TileOrder::Stride, TileOrder::Queue] {
+                let persistent =
+                    persistent_spec(256, DType::BF16, false, false, 90, sch, 128, order);
+                assert!(persistent.is_none(), "no room for the O buffer");
+            }
+        }
+        assert!(spec(256, DType::BF16, false, false, 90, Plain, 192).is_none());
+        assert!(spec(256, DType::F32, false, false, 90, Plain, 128).is_none());
+        assert!(spec(192, DType::BF16, false, false, 90, Plain, 128).is_none());
+        assert!(spec(256, DType::BF16, false, true, 90, PingPong, 128).is_none());
+        // 64 and 128 keep their variant names: no FS_BLOCK_N define
+        let (k, _) = spec(128, DType::BF16, false, false, 90, PingPong, 128).expect("covered");
+        assert!(!k.defines.iter().any(|(n, _)| *n == "FS_BLOCK_N"));
     }
 
     #[test]

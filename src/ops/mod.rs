@@ -31,11 +31,11 @@ pub(crate) fn next_pow2(n: i64) -> i64 {
 pub fn all_variants(arch_num: i64) -> Vec<(KernelSpec, bool)> {
     let mut out = Vec::new();
     for s in attention::all_specs(arch_num) {
-        let main = s
-            .defines
-            .iter()
-            .any(|&(k, v)| k == "FS_HEAD_DIM" && (v == 64 || v == 128))
-            && s.defines.iter().any(|&(k, v)| k == "FS_DTYPE" && v != 2);
+        // (every TMA variant, head dim 256's too: it is the default there)
+        let main = s.defines.iter().any(|&(k, v)| {
+            k == "FS_HEAD_DIM"
+                && (v == 64 || v == 128 || (v == 256 && s.family == attention_tma::FAMILY))
+        }) && s.defines.iter().any(|&(k, v)| k == "FS_DTYPE" && v != 2);
         out.push((s, main));
     }
     // Backward kernels: none is "main" (some 16-bit attention variants sit at 255 registers
