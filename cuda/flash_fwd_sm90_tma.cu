@@ -52,7 +52,9 @@
 // Covered: fp16 / bf16, head_dim 64, 128 or 256 (FS_HEAD_DIM, the tile) or a multiple of 8 below it
 // (p.head_dim: the maps hold the real width, TMA fills the columns past it with zeros, so Q K^T and
 // P V are unchanged and O's extra columns, zero, are not stored), causal / sliding windows
-// (FS_HAS_MASK), seqlen_q != seqlen_k (bottom-right aligned), GQA/MQA, LSE. The launcher
+// (FS_HAS_MASK), seqlen_q != seqlen_k (bottom-right aligned), GQA/MQA, LSE, softcap (FS_HAS_SOFTCAP:
+// tanh.approx of the pre-scaled product before the mask, common/softcap.cuh; built for each head
+// dim's default schedule only). The launcher
 // (src/ops/attention.rs) encodes the maps and falls back to flash_fwd_sm90.cu (exact head dims) or
 // flash_fwd.cu where the driver refuses one.
 //
@@ -90,13 +92,14 @@
 //
 // The prelude defines FS_HEAD_DIM (64, 128 or 256), FS_DTYPE (0 fp16, 1 bf16), FS_HAS_MASK, FS_ARCH
 // (90), FS_KV_STAGES (2 to 5), optionally FS_SM90_PIPE, FS_SM90_PINGPONG, FS_SM90_PERSIST (0, 1 or
-// 2), FS_BLOCK_M (default 128) and FS_BLOCK_N (default 128; 64 at head dim 256).
+// 2), FS_BLOCK_M (default 128), FS_BLOCK_N (default 128; 64 at head dim 256) and FS_HAS_SOFTCAP.
 
 #include "common/convert.cuh"
 #include "common/copy.cuh"
 #include "common/flash_params.cuh"
 #include "common/math.cuh"
 #include "common/mma.cuh"
+#include "common/softcap.cuh"
 #include "common/tma.cuh"
 #include "common/wgmma.cuh"
 
@@ -117,6 +120,9 @@
 #endif
 #ifndef FS_SM90_PERSIST
 #define FS_SM90_PERSIST 0
+#endif
+#ifndef FS_HAS_SOFTCAP
+#define FS_HAS_SOFTCAP 0  // 1: scores capped, s = cap * tanh(scale * q.k / cap) (common/softcap.cuh)
 #endif
 #if FS_SM90_PERSIST == 1 && FS_HAS_MASK
 #error "FS_SM90_PERSIST=1 (a static stride): unmasked problems only (equal tiles); masks take 2"
@@ -393,7 +399,13 @@ __device__ __forceinline__ float exp_row(float (&acc_s)[kSRegs], int h, float sc
 template <bool kConditional>
 __device__ __forceinline__ bool mask_softmax(float (&acc_s)[kSRegs], float (&row_max)[2], float (&row_sum)[2],
                                              float (&alpha)[2], const FlashFwdParams& p, int n0, int m0,
-                                             long long diag, int row_in_tile, int t, float scale_log2) {
+                                             long long diag, int row_in_tile, int t, ScoreScale sc) {
+    const float scale_log2 = sc.log2;
+#if FS_HAS_SOFTCAP
+    // the capped score tanh(scale q.k / cap), before the mask (the softmax scales it by cap)
+#pragma unroll
+    for (int i = 0; i < kSRegs; ++i) acc_s[i] = tanh_softcap<FS_DTYPE>(acc_s[i] * sc.pre);
+#endif
     // Decided per warp (its 16 rows: row_in_tile & ~15 ..), not per tile: under a causal mask
     // only the warps the diagonal crosses pay for the mask.
     bool need_mask = n0 + kBlockN > p.seqlen_k;
@@ -599,7 +611,8 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
         const int row_in_tile = cw * 64 + warp_in_wg * 16 + g;
         const u32 sQ_wg = sm.q() + cw * 64 * 128;  // this warpgroup's 64 rows inside each column block
         const u64 q_desc = wgmma_desc(sQ_wg, 16, 1024);  // its k-steps: desc_at
-        const float scale_log2 = p.softmax_scale * kLog2e;
+        const ScoreScale sc = score_scale<FS_HAS_SOFTCAP>(p.softmax_scale, p.softcap);
+        const float scale_log2 = sc.log2;
         unsigned char* const s_o = smem + (sm.o() - s_base);
 
 #if FS_SM90_PINGPONG
@@ -676,7 +689,7 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
                 reg_fence(acc_s);
                 if (lane == 0) mbar_arrive(sm.empty_k(s));
                 resc = mask_softmax<true>(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t,
-                                         scale_log2);
+                                         sc);
                 pack_p(pa, acc_s);
             }
             int s_prev = s;
@@ -699,7 +712,7 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
                 reg_fence(acc_s);
                 if (lane == 0) mbar_arrive(sm.empty_k(s));
                 resc = mask_softmax<true>(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t,
-                                         scale_log2);
+                                         sc);
                 reg_fence(acc_s);
                 // ptxas schedules wgmma_wait<0> near the top of its basic block, i.e. before the
                 // exponentials, which then no longer overlap P V (seen in SASS). A side exit that
@@ -776,7 +789,7 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
                 if (lane == 0) mbar_arrive(sm.empty_k(s));
                 if (FS_SM90_PERSIST && n == n_begin && lane == 0) mbar_arrive(sm.q_empty());  // (the tile's last S)
                 mask_softmax<false>(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t,
-                                    scale_log2);
+                                    sc);
                 rescale_o(acc_o, alpha);
                 pack_p(pa, acc_s);
                 reg_fence(acc_o);

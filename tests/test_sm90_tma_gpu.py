@@ -7,8 +7,8 @@ with its own kernel cache directory; the test then also checks that the TMA kern
 there (not the cp.async fallback). The child kills nothing: a deadlocked ring shows as the parent's
 timeout. Correctness rule of DESIGN.md (float64 reference, same-precision baseline, NaN-poisoned
 out=, LSE) over tails (seqlen not a multiple of 128, seqlen 1), seqlen_q != seqlen_k, GQA/MQA,
-causal and windows, head dims 64, 128 and 256 and the ones padded to them (32-248), fp16 and bf16,
-and a (b, h, s, d) tensor seen as (b, s, h, d) (non-contiguous strides).
+causal and windows, softcap, head dims 64, 128 and 256 and the ones padded to them (32-248), fp16
+and bf16, and a (b, h, s, d) tensor seen as (b, s, h, d) (non-contiguous strides).
 """
 
 from __future__ import annotations
@@ -70,6 +70,18 @@ CASES = [
     (1, 257, 400, 2, 2, 136, False, (-1, -1), False),
     (2, 190, 190, 2, 2, 248, False, (-1, -1), True),
 ]
+# softcap (the default schedules build it; the others send these to the mma.sync kernel):
+# b, sq, sk, h, hk, d, causal, window, bhsd, softcap; cap 1 saturates tanh for most scores
+SOFTCAP_CASES = [
+    (2, 333, 333, 4, 2, 128, True, (-1, -1), False, 30.0),
+    (2, 300, 650, 2, 2, 64, False, (64, 0), False, 50.0),
+    (1, 777, 777, 4, 2, 64, True, (-1, -1), True, 1.0),
+    (2, 517, 200, 4, 1, 256, True, (-1, -1), False, 50.0),
+    (1, 600, 600, 2, 2, 256, False, (-1, -1), False, 1.0),
+    (2, 333, 333, 4, 4, 96, False, (-1, -1), False, 20.0),
+    (4, 1100, 1100, 16, 4, 128, False, (-1, -1), False, 30.0),
+    (8, 999, 999, 8, 8, 64, True, (-1, -1), False, 50.0),
+]
 SCHEDULES = {
     # 128 query rows a CTA (two consumer warpgroups) at every head dim, each schedule
     "plain": {"FLASHSCAN_SM90_PINGPONG": "0", "FLASHSCAN_SM90_BLOCK_M": "128"},
@@ -129,7 +141,9 @@ def run_cases() -> int:
 
     failures = 0
     for dtype in (torch.bfloat16, torch.float16):
-        for b, sq, sk, h, hk, d, causal, window, bhsd in CASES:
+        for b, sq, sk, h, hk, d, causal, window, bhsd, cap in [
+            (*c, 0.0) for c in CASES
+        ] + SOFTCAP_CASES:
             torch.manual_seed(sq * 31 + sk * 7 + d + h)
 
             shapes = [(sq, h), (sk, hk), (sk, hk)]
@@ -142,13 +156,15 @@ def run_cases() -> int:
                 q, k, v = (torch.randn(b, s, n, d, device="cuda", dtype=dtype) for s, n in shapes)
             out = torch.full((b, sq, h, d), float("nan"), device="cuda", dtype=dtype)
             o, lse = flashscan.flash_attn_func(
-                q, k, v, causal=causal, window_size=window, return_lse=True, out=out
+                q, k, v, causal=causal, window_size=window, softcap=cap, return_lse=True, out=out
             )
             torch.cuda.synchronize()
-            ref, ref_lse = attention_torch(q, k, v, causal=causal, window=window)
-            base, base_lse = attention_torch(q, k, v, causal=causal, window=window, upcast=False)
+            kw = {"causal": causal, "window": window, "softcap": cap}
+            ref, ref_lse = attention_torch(q, k, v, **kw)
+            base, base_lse = attention_torch(q, k, v, **kw, upcast=False)
             name = (
                 f"{str(dtype)[6:]} b{b} sq{sq} sk{sk} h{h}/{hk} d{d} causal={causal} win={window}"
+                f" cap={cap}"
             )
             try:
                 r = check_rule(o, ref, base, atol=1e-3, name="out")

@@ -589,7 +589,7 @@ pub(crate) fn launch(
     // Its tile's head dim: the problem's, or the next of 64 / 128 (`tile_head_dim`: padded).
     let tma_hd = if wanted && sm90_tma() {
         attention_tma::tile_head_dim(p.head_dim)
-            .filter(|&hd| attention_tma::dtype_code(hd, dtype, softcap > 0.0, arch_num).is_some())
+            .filter(|&hd| attention_tma::dtype_code(hd, dtype, arch_num).is_some())
     } else {
         None
     };
