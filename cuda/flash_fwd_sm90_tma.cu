@@ -52,7 +52,11 @@
 // Covered: fp16 / bf16, head_dim 64, 128 or 256 (FS_HEAD_DIM, the tile) or a multiple of 8 below it
 // (p.head_dim: the maps hold the real width, TMA fills the columns past it with zeros, so Q K^T and
 // P V are unchanged and O's extra columns, zero, are not stored), causal / sliding windows
-// (FS_HAS_MASK), seqlen_q != seqlen_k (bottom-right aligned), GQA/MQA, LSE, softcap (FS_HAS_SOFTCAP:
+// (FS_HAS_MASK), seqlen_q != seqlen_k (bottom-right aligned), GQA/MQA, LSE, packed sequences
+// (FS_VARLEN: the maps span the packed rows with batch 1, each tile reads its sequence's bounds
+// from cu_seqlens (clamped, as flash_fwd.cu) and loads from its first rows; rows past a
+// sequence's end are the next one's or TMA's zeros, masked as keys and never stored as queries;
+// one CTA a tile, those past their sequence's end return at once), softcap (FS_HAS_SOFTCAP:
 // tanh.approx of the pre-scaled product before the mask, common/softcap.cuh; built for each head
 // dim's default schedule only). The launcher
 // (src/ops/attention.rs) encodes the maps and falls back to flash_fwd_sm90.cu (exact head dims) or
@@ -120,6 +124,12 @@
 #endif
 #ifndef FS_SM90_PERSIST
 #define FS_SM90_PERSIST 0
+#endif
+#ifndef FS_VARLEN
+#define FS_VARLEN 0  // 1: packed sequences (flash_attn_varlen_func), one CTA a tile
+#endif
+#if FS_VARLEN && FS_SM90_PERSIST
+#error "FS_VARLEN: one CTA a tile (the persistent forms index dense tiles)"
 #endif
 #ifndef FS_HAS_SOFTCAP
 #define FS_HAS_SOFTCAP 0  // 1: scores capped, s = cap * tanh(scale * q.k / cap) (common/softcap.cuh)
@@ -217,17 +227,50 @@ struct Smem {
 
 // One output tile: query rows m0 .. m0 + rows_q - 1 of (batch, head) (K / V head head_k), its
 // output rows and LSE, and the KV tiles [n_begin, n_end) holding a key visible to one of its rows
-// (none: n_begin >= n_end). (Formed in the one-tile kernel's order of before: its SASS stays.)
+// (none: n_begin >= n_end). Varlen (packed rows, the maps' batch 1): the TMA rows of its query
+// row m0 (q_row) and of its sequence's key 0 (k_row), its sequence's keys (sk) and bottom-right
+// offset (dg); rows_q <= 0 past the sequence's end. (Formed in the one-tile kernel's order of
+// before, the dense path's text unchanged: its SASS stays.)
 struct TileWork {
     int m0, rows_q, head, batch, head_k, n_begin, n_end;
+#if FS_VARLEN
+    int q_row, k_row, sk;
+    long long dg;
+#endif
     char* o_ptr;
     float* lse_ptr;
 };
+
+#if FS_VARLEN
+// A row bound read from cu_seqlens, clamped into [0, total]: bad values give empty or short
+// sequences, never a row outside the tensors (as flash_fwd.cu).
+__device__ __forceinline__ int clamp_row(int x, int total) { return min(max(x, 0), total); }
+#endif
 
 __device__ __forceinline__ TileWork tile_work(const FlashFwdParams& p, int m_block, int head, int batch,
                                               long long diag) {
     TileWork w;
     w.m0 = m_block * kBlockM;
+#if FS_VARLEN
+    // the sequence's rows [q0, q0 + len_q) of q / o and [k0, k0 + sk) of k / v; at most
+    // max_seqlen_q (= p.seqlen_q) queries, which the grid covers
+    const int q0 = clamp_row(p.cu_seqlens_q[batch], p.total_q);
+    const int len_q = min(max(clamp_row(p.cu_seqlens_q[batch + 1], p.total_q) - q0, 0), p.seqlen_q);
+    const int k0 = clamp_row(p.cu_seqlens_k[batch], p.total_k);
+    w.sk = max(clamp_row(p.cu_seqlens_k[batch + 1], p.total_k) - k0, 0);
+    diag = (long long)w.sk - len_q;
+    w.dg = diag;
+    w.rows_q = min(kBlockM, len_q - w.m0);
+    w.q_row = q0 + w.m0;
+    w.k_row = k0;
+    w.head = head;
+    w.batch = batch;
+    w.head_k = head / (p.nheads / p.nheads_k);
+    w.o_ptr = static_cast<char*>(p.o) +
+              ((long long)head * p.o_head_stride + (long long)w.q_row * p.o_row_stride) * 2;
+    w.lse_ptr = p.lse ? p.lse + (long long)head * p.total_q + w.q_row : nullptr;  // (nheads, total_q)
+    const int n_tiles = (w.sk + kBlockN - 1) / kBlockN;
+#else
     w.rows_q = min(kBlockM, p.seqlen_q - w.m0);
     w.head = head;
     w.batch = batch;
@@ -236,6 +279,7 @@ __device__ __forceinline__ TileWork tile_work(const FlashFwdParams& p, int m_blo
                                          (long long)w.m0 * p.o_row_stride) * 2;
     w.lse_ptr = p.lse ? p.lse + ((long long)batch * p.nheads + head) * p.seqlen_q + w.m0 : nullptr;
     const int n_tiles = (p.seqlen_k + kBlockN - 1) / kBlockN;
+#endif
     w.n_begin = 0;
     w.n_end = n_tiles;
 #if FS_HAS_MASK
@@ -399,8 +443,17 @@ __device__ __forceinline__ float exp_row(float (&acc_s)[kSRegs], int h, float sc
 template <bool kConditional>
 __device__ __forceinline__ bool mask_softmax(float (&acc_s)[kSRegs], float (&row_max)[2], float (&row_sum)[2],
                                              float (&alpha)[2], const FlashFwdParams& p, int n0, int m0,
-                                             long long diag, int row_in_tile, int t, ScoreScale sc) {
+                                             long long diag, int row_in_tile, int t, ScoreScale sc,
+                                             int sk) {
     const float scale_log2 = sc.log2;
+    // the keys: the tile's sequence's (varlen), else the problem's, read where used (as before:
+    // a local copy moves the parameter load, and the dense SASS with it)
+#if FS_VARLEN
+#define F90T_SEQLEN_K sk
+#else
+#define F90T_SEQLEN_K p.seqlen_k
+    (void)sk;
+#endif
 #if FS_HAS_SOFTCAP
     // the capped score tanh(scale q.k / cap), before the mask (the softmax scales it by cap)
 #pragma unroll
@@ -408,7 +461,7 @@ __device__ __forceinline__ bool mask_softmax(float (&acc_s)[kSRegs], float (&row
 #endif
     // Decided per warp (its 16 rows: row_in_tile & ~15 ..), not per tile: under a causal mask
     // only the warps the diagonal crosses pay for the mask.
-    bool need_mask = n0 + kBlockN > p.seqlen_k;
+    bool need_mask = n0 + kBlockN > F90T_SEQLEN_K;
 #if FS_HAS_MASK
     const long long warp_row = (long long)m0 + (row_in_tile & ~15) + diag;  // in key coordinates
     if (p.window_left >= 0 && n0 < warp_row + 15 - p.window_left) need_mask = true;
@@ -422,7 +475,7 @@ __device__ __forceinline__ bool mask_softmax(float (&acc_s)[kSRegs], float (&row
         int k_hi[2], k_lo[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            long long hi = (long long)p.seqlen_k - 1, lo = 0;
+            long long hi = (long long)F90T_SEQLEN_K - 1, lo = 0;
 #if FS_HAS_MASK
             const long long row = (long long)m0 + row_in_tile + 8 * h + diag;
             if (p.window_right >= 0) hi = min(hi, row + p.window_right);
@@ -485,6 +538,7 @@ __device__ __forceinline__ bool mask_softmax(float (&acc_s)[kSRegs], float (&row
         row_sum[h] = exp_row(acc_s, h, scale_log2, base, row_sum[h]);  // (quad-reduced at the end)
     }
     return rescale;
+#undef F90T_SEQLEN_K
 }
 
 // P (rounded to the input type) as the register A operand of O += P V.
@@ -519,6 +573,7 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
     const auto work_of = [&](int t) { return sched.work(p, t, diag); };
 #else
     const TileWork w0 = sched.work(p, 0, diag);  // the block's one tile, for both roles
+    if (FS_VARLEN && w0.rows_q <= 0) return;     // past its sequence's end (uniform per block)
     if (w0.n_begin >= w0.n_end) {          // (uniform per block)
         store_empty_tile(p, w0, tid, kThreads);
         return;
@@ -577,19 +632,31 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
                 // the previous tile's last S = Q K^T completed in every consumer warp (a fresh
                 // barrier passes parity 1 at once: the first tile does not wait)
                 if (FS_SM90_PERSIST) mbar_wait(sm.q_empty(), (it & 1) ^ 1);
-                tma_q(sm.q(), &P.tm_q, w.m0, w.head, w.batch, sm.bar_q());
+                // TMA coordinates: varlen, the packed rows of the sequence (the maps' batch 0);
+                // dense, the tile's rows of its batch (macros: the dense SASS stays)
+#if FS_VARLEN
+#define F90T_KV_ROW(n) (w.k_row + (n) * kBlockN)
+#define F90T_MAP_B 0
+                tma_q(sm.q(), &P.tm_q, w.q_row, w.head, F90T_MAP_B, sm.bar_q());
+#else
+#define F90T_KV_ROW(n) ((n) * kBlockN)
+#define F90T_MAP_B w.batch
+                tma_q(sm.q(), &P.tm_q, w.m0, w.head, F90T_MAP_B, sm.bar_q());
+#endif
                 for (int n = w.n_end - 1; n >= w.n_begin; --n) {
                     // a fresh empty barrier passes parity 1 at once: the first lap does not wait
                     mbar_wait(sm.empty_k(s), phase ^ 1);
-                    tma_tile(sm.k(s), &P.tm_k, n * kBlockN, w.head_k, w.batch, sm.full_k(s));
+                    tma_tile(sm.k(s), &P.tm_k, F90T_KV_ROW(n), w.head_k, F90T_MAP_B, sm.full_k(s));
                     mbar_wait(sm.empty_v(s), phase ^ 1);
-                    tma_tile(sm.v(s), &P.tm_v, n * kBlockN, w.head_k, w.batch, sm.full_v(s));
+                    tma_tile(sm.v(s), &P.tm_v, F90T_KV_ROW(n), w.head_k, F90T_MAP_B, sm.full_v(s));
                     if (++s == kStages) {
                         s = 0;
                         phase ^= 1;
                     }
                 }
                 ++it;
+#undef F90T_KV_ROW
+#undef F90T_MAP_B
             }
 #if FS_SM90_PERSIST == 2
             // Every index is taken (this CTA's last was past the end): the last CTA here zeroes
@@ -656,6 +723,15 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
                 continue;
             }
             const int m0 = w.m0, rows_q = w.rows_q, n_begin = w.n_begin, n_end = w.n_end;
+            // the tile's keys and bottom-right offset (dense: the problem's diag, and mask_softmax
+            // reads p.seqlen_k, as before: the dense SASS stays)
+#if FS_VARLEN
+#define F90T_TILE_DIAG w.dg
+#define F90T_TILE_SK w.sk
+#else
+#define F90T_TILE_DIAG diag
+#define F90T_TILE_SK 0
+#endif
             char* const o_ptr = w.o_ptr;
             float* const lse_ptr = w.lse_ptr;
 
@@ -688,8 +764,8 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
                 wgmma_wait<0>();
                 reg_fence(acc_s);
                 if (lane == 0) mbar_arrive(sm.empty_k(s));
-                resc = mask_softmax<true>(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t,
-                                         sc);
+                resc = mask_softmax<true>(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, F90T_TILE_DIAG,
+                                         row_in_tile, t, sc, F90T_TILE_SK);
                 pack_p(pa, acc_s);
             }
             int s_prev = s;
@@ -711,8 +787,8 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
                 wgmma_wait<1>();  // S(i) done; P(i-1) V(i-1) may still run
                 reg_fence(acc_s);
                 if (lane == 0) mbar_arrive(sm.empty_k(s));
-                resc = mask_softmax<true>(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t,
-                                         sc);
+                resc = mask_softmax<true>(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, F90T_TILE_DIAG,
+                                         row_in_tile, t, sc, F90T_TILE_SK);
                 reg_fence(acc_s);
                 // ptxas schedules wgmma_wait<0> near the top of its basic block, i.e. before the
                 // exponentials, which then no longer overlap P V (seen in SASS). A side exit that
@@ -788,8 +864,8 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
                 reg_fence(acc_s);
                 if (lane == 0) mbar_arrive(sm.empty_k(s));
                 if (FS_SM90_PERSIST && n == n_begin && lane == 0) mbar_arrive(sm.q_empty());  // (the tile's last S)
-                mask_softmax<false>(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, diag, row_in_tile, t,
-                                    sc);
+                mask_softmax<false>(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, F90T_TILE_DIAG,
+                                    row_in_tile, t, sc, F90T_TILE_SK);
                 rescale_o(acc_o, alpha);
                 pack_p(pa, acc_s);
                 reg_fence(acc_o);
@@ -833,5 +909,7 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
             }
             ++it;
         }
+#undef F90T_TILE_DIAG
+#undef F90T_TILE_SK
     }
 }

@@ -99,11 +99,11 @@ def test_main_variant_runs_on_hgmma(cubins: dict[str, bytes], sass_of: Any) -> N
 def test_tma_variants_cover_the_same_problems_on_sm90a_only() -> None:
     listed = _sm90_variants("sm_90a", TMA_FAMILY)
     keys = ("FS_HEAD_DIM", "FS_DTYPE", "FS_HAS_MASK", "FS_SM90_PIPE", "FS_SM90_PINGPONG")
-    keys += ("FS_BLOCK_M", "FS_SM90_PERSIST", "FS_HAS_SOFTCAP")
+    keys += ("FS_BLOCK_M", "FS_SM90_PERSIST", "FS_HAS_SOFTCAP", "FS_VARLEN")
     got = {tuple(v["defines"].get(d, 0) for d in keys) for v in listed}
     # head dim 256: 64-key K / V tiles (FS_BLOCK_N=64), every schedule, one CTA a tile only
     hd256 = {v["name"] for v in listed if v["defines"]["FS_HEAD_DIM"] == 256}
-    assert len(hd256) == 12 + 4  # (+ softcap in ping-pong)
+    assert len(hd256) == 12 + 4 + 8  # (+ softcap in ping-pong, + packed-sequence builds)
     for v in listed:
         assert v["defines"].get("FS_BLOCK_N", 128) == (64 if v["name"] in hd256 else 128)
     # schedules: plain, pipelined, ping-pong (which builds on the pipelined order), 128 query
@@ -132,9 +132,10 @@ def test_tma_variants_cover_the_same_problems_on_sm90a_only() -> None:
         and (persist, hd, sch, bm) != (1, 64, (1, 0), 0)
     }
     # softcap: each form of the default schedules (head dim 64's three consumers, else ping-pong)
-    want = {(*t, 0) for t in want} | {
-        (*t, 1) for t in want if t[5] == 192 or ((t[3], t[4]) == (1, 1) and t[0] != 64)
-    }
+    default = {t for t in want if t[5] == 192 or ((t[3], t[4]) == (1, 1) and t[0] != 64)}
+    want = {(*t, 0) for t in want} | {(*t, 1) for t in default}
+    # packed sequences (flash_attn_varlen_func): the one-tile form of the defaults, softcap or not
+    want = {(*t, 0) for t in want} | {(*t, 1) for t in want if t[:7] in default and t[6] == 0}
     assert got == want
     # ring depth: three K/V stages at head dim 64, two at 128 and 256 (227 KB of shared memory)
     assert all(
@@ -149,7 +150,7 @@ def test_tma_variants_compile_without_spills(tma_cubins: dict[str, bytes]) -> No
     tool = find_cuobjdump()
     if tool is None:
         pytest.skip(CUOBJDUMP_MISSING)
-    assert len(tma_cubins) == 72 + 24  # (+ softcap in the default schedules)
+    assert len(tma_cubins) == 72 + 24 + 24  # (+ softcap in the defaults, + their varlen builds)
     for name, cubin in tma_cubins.items():
         assert cubin[:4] == b"\x7fELF", name
         for func, _regs, stack, local, _smem in resource_usage(cubin, tool):

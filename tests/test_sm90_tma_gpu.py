@@ -82,6 +82,18 @@ SOFTCAP_CASES = [
     (4, 1100, 1100, 16, 4, 128, False, (-1, -1), False, 30.0),
     (8, 999, 999, 8, 8, 64, True, (-1, -1), False, 50.0),
 ]
+# packed sequences (flash_attn_varlen_func) on the TMA kernel's one-tile form:
+# q lengths, k lengths, h, hk, d, causal, window, softcap; lengths 0 / 1, around the 128- and
+# 192-row tiles, seqlen_q != seqlen_k per sequence
+VARLEN_CASES = [
+    ([191, 0, 1, 193, 128, 129, 64], [191, 5, 0, 300, 127, 129, 64], 4, 2, 64, True, (-1, -1), 0.0),
+    ([1000, 7, 513], [1000, 7, 513], 4, 4, 128, False, (-1, -1), 0.0),
+    ([64, 200, 333], [1064, 900, 333], 8, 2, 128, True, (-1, -1), 30.0),
+    ([300, 129], [450, 129], 2, 1, 256, True, (-1, -1), 0.0),
+    ([517, 65], [517, 65], 4, 4, 96, False, (64, 16), 0.0),
+    ([257, 3, 190], [257, 3, 190], 2, 2, 256, False, (-1, -1), 1.0),
+    ([385, 700], [385, 700], 4, 4, 64, False, (100, 0), 50.0),
+]
 SCHEDULES = {
     # 128 query rows a CTA (two consumer warpgroups) at every head dim, each schedule
     "plain": {"FLASHSCAN_SM90_PINGPONG": "0", "FLASHSCAN_SM90_BLOCK_M": "128"},
@@ -176,6 +188,43 @@ def run_cases() -> int:
     return failures
 
 
+def run_varlen_cases() -> int:
+    """The child with --varlen: every packed case in fp16 and bf16 (out poisoned, LSE (h, total_q)
+    against float64 per sequence); prints one line per case, returns failures."""
+    import random
+
+    import torch
+
+    sys.path.insert(0, str(HERE))
+    from conftest import check_rule
+    from test_varlen_gpu import packed, reference
+
+    import flashscan
+
+    random.seed(2026)
+    failures = 0
+    for dtype in (torch.bfloat16, torch.float16):
+        for lq, lk, h, hk, d, causal, window, cap in VARLEN_CASES:
+            q, k, v, cq, ck = packed(lq, lk, h, hk, d, dtype)
+            out = torch.full_like(q, float("nan"))
+            o, lse = flashscan.flash_attn_varlen_func(
+                q, k, v, cq, ck, max(lq), max(lk), None, causal, window, cap, True, out
+            )
+            torch.cuda.synchronize()
+            ref, ref_lse = reference(lq, lk, q, k, v, causal, window, cap, upcast=True)
+            base, _ = reference(lq, lk, q, k, v, causal, window, cap, upcast=False)
+            name = f"varlen {str(dtype)[6:]} q{lq} k{lk} h{h}/{hk} d{d} causal={causal}"
+            name += f" win={window} cap={cap}"
+            try:
+                r = check_rule(o, ref, base, atol=1e-3, name="out")
+                check_rule(lse, ref_lse, ref_lse, atol=1e-3, name="lse")
+                print(f"ok   {name}: {r}", flush=True)
+            except AssertionError as exc:
+                failures += 1
+                print(f"FAIL {name}: {exc}", flush=True)
+    return failures
+
+
 @pytest.fixture(scope="module")
 def hopper() -> None:
     torch = pytest.importorskip("torch")
@@ -209,6 +258,28 @@ def test_tma_forward_matches_float64(schedule: str, hopper: None, tmp_path: Path
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     built = [p.name for p in tmp_path.iterdir() if p.name.startswith("flash_fwd_sm90_tma-")]
     assert built, f"the TMA kernel was not built (fallback taken?): {os.listdir(tmp_path)}"
+
+
+@pytest.mark.gpu
+def test_tma_varlen_matches_float64(hopper: None, tmp_path: Path) -> None:
+    """Packed sequences run on the TMA kernel (the child's only calls are varlen ones, so the
+    kernel built in its cache is theirs) and match float64 per sequence."""
+    env = dict(os.environ, FLASHSCAN_SM90_WGMMA="1", FLASHSCAN_SM90_TMA="1")
+    for k in [
+        k
+        for k in env
+        if k.startswith("FLASHSCAN_SM90_")
+        and k not in ("FLASHSCAN_SM90_WGMMA", "FLASHSCAN_SM90_TMA")
+    ]:
+        env.pop(k)
+    env["FLASHSCAN_CACHE_DIR"] = str(tmp_path)
+    done = subprocess.run(
+        [sys.executable, __file__, "--varlen"], env=env, capture_output=True, text=True, timeout=600
+    )
+    print(done.stdout[-6000:], done.stderr[-3000:])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    built = [p.name for p in tmp_path.iterdir() if p.name.startswith("flash_fwd_sm90_tma-")]
+    assert built, f"the TMA kernel was not built for varlen: {os.listdir(tmp_path)}"
 
 
 def _check_causal(q: Any, k: Any, v: Any, out: Any) -> None:
@@ -323,4 +394,4 @@ def test_exponent_base_moves_only_when_scores_rise_far(d: int, profile: str, hop
 
 
 if __name__ == "__main__":
-    sys.exit(1 if run_cases() else 0)
+    sys.exit(1 if (run_varlen_cases() if "--varlen" in sys.argv else run_cases()) else 0)

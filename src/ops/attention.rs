@@ -455,7 +455,7 @@ pub fn specs_of(arch_num: i64, varlen: bool) -> Vec<KernelSpec> {
                                 }
                             }
                             let schedules = attention_tma::Schedule::ALL;
-                            for sch in schedules.into_iter().filter(|_| !varlen) {
+                            for sch in schedules {
                                 for bm in [128, 192] {
                                     use attention_tma::TileOrder;
                                     let persistent = |order| {
@@ -463,13 +463,24 @@ pub fn specs_of(arch_num: i64, varlen: bool) -> Vec<KernelSpec> {
                                             hd, dtype, mask, cap, arch_num, sch, bm, order,
                                         )
                                     };
-                                    let made = [
-                                        attention_tma::spec(
-                                            hd, dtype, mask, cap, arch_num, sch, bm,
-                                        ),
-                                        persistent(TileOrder::Stride),
-                                        persistent(TileOrder::Queue),
-                                    ];
+                                    // (packed sequences: the one-tile form of the defaults)
+                                    let made = if varlen {
+                                        [
+                                            attention_tma::varlen_spec(
+                                                hd, dtype, mask, cap, arch_num, sch, bm,
+                                            ),
+                                            None,
+                                            None,
+                                        ]
+                                    } else {
+                                        [
+                                            attention_tma::spec(
+                                                hd, dtype, mask, cap, arch_num, sch, bm,
+                                            ),
+                                            persistent(TileOrder::Stride),
+                                            persistent(TileOrder::Queue),
+                                        ]
+                                    };
                                     for (s, _) in made.into_iter().flatten() {
                                         if !out.contains(&s) {
                                             out.push(s);
@@ -552,9 +563,9 @@ pub(crate) fn launch(
     let _bound = dev.bind()?;
     let arch_num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
     let has_mask = p.window_left >= 0 || p.window_right >= 0;
-    // the sm_90a wgmma kernels serve dense problems only
-    let wanted = !varlen && sm90_wanted(p.head_dim, p.seqlen_q);
-    let wgmma = if wanted {
+    // (varlen: the TMA kernel's packed-sequence form only; seqlen_q is max_seqlen_q there)
+    let wanted = sm90_wanted(p.head_dim, p.seqlen_q);
+    let wgmma = if wanted && !varlen {
         sm90_spec(
             p.head_dim,
             dtype,
@@ -597,15 +608,21 @@ pub(crate) fn launch(
         let block_m = attention_tma::block_m(hd);
         let schedule = attention_tma::Schedule::from_env(sm90_pipe(), sm90_pingpong());
         let cap = softcap > 0.0;
-        let order = sm90_persist(p, has_mask);
+        // (packed sequences: one CTA a tile)
+        let order = sm90_persist(p, has_mask).filter(|_| !varlen);
         let persistent_tma = order.and_then(|o| {
             attention_tma::persistent_spec(hd, dtype, has_mask, cap, arch_num, schedule, block_m, o)
         });
         // (None where the persistent form does not exist: the one-tile grid)
         let order = order.filter(|_| persistent_tma.is_some());
-        let tma = persistent_tma
-            .or_else(|| attention_tma::spec(hd, dtype, has_mask, cap, arch_num, schedule, block_m));
-        let tp = attention_tma::params(&params, dtype, block_m, hd);
+        let tma = persistent_tma.or_else(|| {
+            if varlen {
+                attention_tma::varlen_spec(hd, dtype, has_mask, cap, arch_num, schedule, block_m)
+            } else {
+                attention_tma::spec(hd, dtype, has_mask, cap, arch_num, schedule, block_m)
+            }
+        });
+        let tp = attention_tma::params(&params, dtype, block_m, hd, varlen);
         if let (Some((spec, smem)), Ok(mut tp)) = (tma, tp) {
             let kernel = dev.kernel(&spec)?;
             let s = dev.stream(stream)?;

@@ -2,8 +2,9 @@
 //! memory, and the TMA tensor maps of Q, K and V that ride in its parameter.
 //!
 //! The default where the wgmma path runs (FLASHSCAN_SM90_TMA=0 opts out): `attention::launch`
-//! runs it for every problem the cp.async wgmma kernel covers, and for head dims padded to its
-//! 64- or 128-column tile (`tile_head_dim`), and falls back to that kernel (exact head dims) or
+//! runs it for every problem the cp.async wgmma kernel covers, for head dim 256, softcap and head
+//! dims padded to its 64-, 128- or 256-column tile (`tile_head_dim`), and for packed sequences
+//! (`varlen_spec`), and falls back to that kernel (exact dense head dims) or
 //! the mma.sync one when the driver refuses a tensor map (an unusual stride, an old driver).
 
 use crate::error::Result;
@@ -185,7 +186,7 @@ pub fn spec(
     // others are tuning alternatives, and each doubles the variants the CPU suite compiles (head
     // dim 64 ping-pong on 128 rows also spilled 8 bytes with it, NVRTC 13.0); a softcap call
     // with another schedule takes the mma.sync kernel
-    if softcap && block_m != 192 && (schedule != Schedule::PingPong || head_dim == 64) {
+    if softcap && !default_schedule(head_dim, schedule, block_m) {
         return None;
     }
     let stages = kv_stages(head_dim);
@@ -220,6 +221,42 @@ pub fn spec(
         },
         smem_bytes(head_dim, stages, block_m),
     ))
+}
+
+/// Whether (head dim, schedule, block_m) is a default build: head dim 64's three consumers (plain,
+/// 192 rows), ping-pong on 128 rows at 128 and 256. Softcap and packed sequences are built for
+/// these only.
+fn default_schedule(head_dim: i64, schedule: Schedule, block_m: i64) -> bool {
+    block_m == 192 || (schedule == Schedule::PingPong && head_dim != 64)
+}
+
+/// The packed-sequence (`flash_attn_varlen_func`) form of `spec`'s variant (`FS_VARLEN`: each
+/// tile reads its sequence's bounds from cu_seqlens; one CTA a tile), for the default schedules
+/// only (see `default_schedule`; other schedules send varlen calls to the mma.sync kernel).
+#[allow(clippy::too_many_arguments)]
+pub fn varlen_spec(
+    head_dim: i64,
+    dtype: DType,
+    has_mask: bool,
+    softcap: bool,
+    arch_num: i64,
+    schedule: Schedule,
+    block_m: i64,
+) -> Option<(KernelSpec, u32)> {
+    let (mut k, smem) = spec(
+        head_dim, dtype, has_mask, softcap, arch_num, schedule, block_m,
+    )?;
+    // (spec forces plain on 192 rows: check what it built)
+    let built = if block_m == 192 {
+        Schedule::Plain
+    } else {
+        schedule
+    };
+    if !default_schedule(head_dim, built, block_m) {
+        return None;
+    }
+    k.defines.push(("FS_VARLEN", 1));
+    Some((k, smem))
 }
 
 /// How the persistent kernel's CTAs find their tiles.
@@ -387,21 +424,27 @@ fn encode(ptr: u64, bf16: bool, a: Option<MapArgs>) -> Result<[u64; 16]> {
 
 /// The kernel parameter for `params` (sizes already filled in), `block_m` query rows per CTA
 /// and the kernel's tile head dim: Q, K and V maps encoded by the driver (Q's boxes are 64 rows
-/// at block_m 192, which the kernel loads three of; K's and V's `block_n` rows). An error means
-/// "use the cp.async kernel", not a failed call.
+/// at block_m 192, which the kernel loads three of; K's and V's `block_n` rows). `varlen`: the
+/// maps span the packed rows (total_q / total_k) with batch 1. An error means "use the cp.async
+/// kernel" (or the mma.sync one), not a failed call.
 pub fn params(
     params: &FlashFwdParams,
     dtype: DType,
     block_m: i64,
     tile_head_dim: i64,
+    varlen: bool,
 ) -> Result<FlashFwdTmaParams> {
     let bf16 = dtype == DType::BF16;
     let hd = params.head_dim as i64;
-    let (b, sq, sk) = (
-        params.batch as i64,
-        params.seqlen_q as i64,
-        params.seqlen_k as i64,
-    );
+    let (b, sq, sk) = if varlen {
+        (1, params.total_q as i64, params.total_k as i64)
+    } else {
+        (
+            params.batch as i64,
+            params.seqlen_q as i64,
+            params.seqlen_k as i64,
+        )
+    };
     let (h, hk) = (params.nheads as i64, params.nheads_k as i64);
     let q_box = if block_m == 128 { TILE_ROWS } else { 64 };
     let q = map_args(
@@ -598,6 +641,24 @@ mod tests {
         assert!(spec(128, DType::BF16, false, false, 80, Plain, 128).is_none());
         assert!(spec(128, DType::F32, false, false, 90, Plain, 128).is_none());
         assert!(spec(96, DType::BF16, false, false, 90, Plain, 128).is_none());
+    }
+
+    #[test]
+    fn varlen_builds_the_default_schedules_on_one_cta_a_tile() {
+        use Schedule::*;
+        let is_varlen = |k: &KernelSpec| k.defines.contains(&("FS_VARLEN", 1));
+        for (hd, bm, sch) in [(64, 192, Plain), (64, 192, PingPong), (128, 128, PingPong)] {
+            let (k, smem) = varlen_spec(hd, DType::F16, true, true, 90, sch, bm).expect("covered");
+            assert!(is_varlen(&k) && k.defines.contains(&("FS_HAS_SOFTCAP", 1)));
+            assert_eq!(
+                smem,
+                spec(hd, DType::F16, true, true, 90, sch, bm).expect("ok").1
+            );
+        }
+        assert!(varlen_spec(256, DType::BF16, false, false, 90, PingPong, 128).is_some());
+        assert!(varlen_spec(128, DType::BF16, false, false, 90, Pipe, 128).is_none());
+        assert!(varlen_spec(64, DType::BF16, false, false, 90, PingPong, 128).is_none());
+        assert!(varlen_spec(128, DType::F32, false, false, 90, PingPong, 128).is_none());
     }
 
     #[test]

@@ -508,16 +508,27 @@ mod tests {
         assert!(dense
             .iter()
             .all(|s| s.defines.iter().all(|&(k, _)| k != "FS_VARLEN")));
-        // the sm_90a wgmma kernel serves dense problems only
+        // the cp.async wgmma kernel serves dense problems only; the TMA kernel packed ones in
+        // its default schedules (one CTA a tile): head dims 64 / 128 / 256 x fp16 / bf16 x mask x
+        // softcap
         let mma_sync = dense
             .iter()
             .filter(|s| s.family != attention::FAMILY_SM90 && s.family != attention_tma::FAMILY)
             .count();
         assert!(mma_sync < dense.len(), "sm_90 lists the wgmma variants");
+        let varlen = attention::specs_of(90, true);
+        let tma = varlen.iter().filter(|s| s.family == attention_tma::FAMILY);
+        assert_eq!(tma.clone().count(), 3 * 2 * 2 * 2);
+        assert!(tma
+            .clone()
+            .all(|s| !s.defines.iter().any(|(k, _)| *k == "FS_SM90_PERSIST")));
         assert_eq!(
-            attention::specs_of(90, true).len(),
+            varlen.len() - tma.count(),
             mma_sync,
             "one varlen variant per dense mma.sync one"
         );
+        assert!(attention::specs_of(80, true)
+            .iter()
+            .all(|s| s.family != attention_tma::FAMILY));
     }
 }

@@ -53,8 +53,10 @@ pub fn all_variants(arch_num: i64) -> Vec<(KernelSpec, bool)> {
     // Varlen: the packed-sequence builds of the attention kernels. None is "main": the 255-register
     // tiles spill a little in some (sm_90a bf16 hd64 128x128 masked forward: 32 B, measured
     // 2026-11-23); test_kernels_compile bounds their spills with the training variants.
+    // The TMA forward's packed-sequence builds are main (spill-free, like its dense ones).
     for s in attention_varlen::all_specs(arch_num) {
-        out.push((s, false));
+        let main = s.family == attention_tma::FAMILY;
+        out.push((s, main));
     }
     // Decode: the hd64 / hd128 attention tiles and the combine / append kernels are main.
     out.extend(attention_decode::all_specs(arch_num));
