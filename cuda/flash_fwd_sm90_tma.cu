@@ -131,6 +131,9 @@
 #if FS_VARLEN && FS_SM90_PERSIST
 #error "FS_VARLEN: one CTA a tile (the persistent forms index dense tiles)"
 #endif
+#ifndef FS_EXP_POLY
+#define FS_EXP_POLY 0  // of each 16 column pairs of S, how many exponentiate on the FMA pipe
+#endif
 #ifndef FS_HAS_SOFTCAP
 #define FS_HAS_SOFTCAP 0  // 1: scores capped, s = cap * tanh(scale * q.k / cap) (common/softcap.cuh)
 #endif
@@ -415,13 +418,31 @@ __device__ __forceinline__ float row_max_of(const float (&acc_s)[kSRegs], int h,
     return quad_max(mx);
 }
 
+// 2^x on the FMA pipe (no MUFU): x = j + f, j = rint(x), |f| <= 1/2, 2^f by a degree-3
+// near-minimax polynomial (relative error 1.0e-4: below the 16-bit rounding P gets for P V),
+// the exponent added as an integer; 0 below -126 (a masked score's -inf included).
+__device__ __forceinline__ float ex2_fma(float x) {
+    const float xc = fmaxf(x, -126.f);
+    const float r = xc + 12582912.f;  // 1.5 * 2^23: rint(xc) lands in the low mantissa bits
+    const float f = xc - (r - 12582912.f);
+    const float p = fmaf(fmaf(fmaf(0.05592208f, f, 0.24264039f), f, 0.69312102f), f, 0.99992448f);
+    const float y = __int_as_float(__float_as_int(p) + (__float_as_int(r) << 23));
+    return x < -126.f ? 0.f : y;
+}
+
 // Row h of S turned into P = 2^(S scale_log2 - base) in place; returns sum plus this thread's
-// part of the row's P.
+// part of the row's P. FS_EXP_POLY of every 16 column pairs (spread evenly) exponentiate on the
+// FMA pipe (ex2_fma), the rest on MUFU (16 lanes a clock an SM: at head dim 64 as many exps a
+// clock as the tensor cores' GEMM work on the same scores). Off by default: measured, it pays only
+// where MUFU also runs the softcap's tanh (src/ops/attention_tma.rs, exp_poly).
 __device__ __forceinline__ float exp_row(float (&acc_s)[kSRegs], int h, float scale_log2, float base, float sum) {
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
-        const float p0 = ex2(fmaf(acc_s[4 * j + 2 * h], scale_log2, -base));
-        const float p1 = ex2(fmaf(acc_s[4 * j + 2 * h + 1], scale_log2, -base));
+        const float a0 = fmaf(acc_s[4 * j + 2 * h], scale_log2, -base);
+        const float a1 = fmaf(acc_s[4 * j + 2 * h + 1], scale_log2, -base);
+        const bool fma_pipe = (j * FS_EXP_POLY) % 16 < FS_EXP_POLY;
+        const float p0 = fma_pipe ? ex2_fma(a0) : ex2(a0);
+        const float p1 = fma_pipe ? ex2_fma(a1) : ex2(a1);
         acc_s[4 * j + 2 * h] = p0;
         acc_s[4 * j + 2 * h + 1] = p1;
         sum += p0 + p1;

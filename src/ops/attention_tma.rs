@@ -212,6 +212,9 @@ pub fn spec(
     if softcap {
         defines.push(("FS_HAS_SOFTCAP", 1));
     }
+    if let Some(n) = exp_poly() {
+        defines.push(("FS_EXP_POLY", n));
+    }
     Some((
         KernelSpec {
             family: FAMILY,
@@ -221,6 +224,20 @@ pub fn spec(
         },
         smem_bytes(head_dim, stages, block_m),
     ))
+}
+
+/// FLASHSCAN_SM90_EXP_POLY=N (1-16; read on every call, off by default): of every 16 column
+/// pairs of S, N exponentiate on the FMA pipe (a degree-3 polynomial, `FS_EXP_POLY`) instead of
+/// MUFU. Measured on the H200 (2026-12-02, bf16, hd64 s2048, in one process,
+/// `benches/results/2026-12-02-h200-attention-exp-fma/`): N = 2 costs 2.6-7.6% without softcap
+/// (the plain schedule is issue-bound, not MUFU-bound) and gains 4.5-7% with softcap 50 (tanh and
+/// exp2 both on MUFU); N = 4 costs more. A tuning switch until a wider measurement picks defaults;
+/// the CPU suite compiles the default (0) only.
+fn exp_poly() -> Option<i64> {
+    std::env::var("FLASHSCAN_SM90_EXP_POLY")
+        .ok()
+        .and_then(|v| v.parse::<i64>().ok())
+        .filter(|n| (1..=16).contains(n))
 }
 
 /// Whether (head dim, schedule, block_m) is a default build: head dim 64's three consumers (plain,
