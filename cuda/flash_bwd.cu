@@ -218,15 +218,17 @@ extern "C" __global__ void __launch_bounds__(256) flash_bwd_preprocess(FS_BWD_PA
 #endif
 namespace fb {
 #if FS_DQ_FRAG
-static_assert((FS_DQ_FRAG == 64 && kHeadDim == 128) || (FS_DQ_FRAG == 128 && kHeadDim == 64),
-              "the wgmma backward's dQ blocks: 64 x 128 or 128 x 64");
+static_assert((FS_DQ_FRAG == 64 && (kHeadDim == 128 || kHeadDim == 256)) || (FS_DQ_FRAG == 128 && kHeadDim == 64),
+              "the wgmma backward's dQ blocks: 64 x 128, 64 x 256 or 128 x 64");
 // Offset in floats, within its block, of the even column `col` of block row `r` (col + 1 follows).
 __device__ __forceinline__ int frag_index(int r, int col) {
-    const int wg = FS_DQ_FRAG == 64 ? col >> 6 : r >> 6;  // the warpgroup's half of the columns / rows
-    const int c = FS_DQ_FRAG == 64 ? col & 63 : col;
+    constexpr int kWgCols = FS_DQ_FRAG == 64 ? kHeadDim / 2 : kHeadDim;  // a warpgroup's dQ columns
+    constexpr int kWgShift = kWgCols == 128 ? 7 : 6;
+    const int wg = FS_DQ_FRAG == 64 ? col >> kWgShift : r >> 6;  // the warpgroup's half of the columns / rows
+    const int c = FS_DQ_FRAG == 64 ? col & (kWgCols - 1) : col;
     const int w = wg * 4 + ((r & 63) >> 4);              // warp: 16 rows of its warpgroup's half
     const int lane = 4 * (r & 7) + ((c & 7) >> 1);       // g = row % 8, t = (col % 8) / 2
-    return ((w * 8 + (c >> 3)) * 32 + lane) * 4 + 2 * ((r >> 3) & 1);  // j = col / 8, h = row / 8 % 2
+    return ((w * (kWgCols / 8) + (c >> 3)) * 32 + lane) * 4 + 2 * ((r >> 3) & 1);  // j = col / 8, h = row / 8 % 2
 }
 #endif
 }  // namespace fb

@@ -77,11 +77,37 @@
 // whole iteration while the next one runs. The last iteration's block goes after the loop.
 // The descriptor / fence review for a first GPU run is in ARCHITECTURE.md ("Hopper backward").
 //
+// Head dim 256: the column-split form (kWide; 2026-12-02). dK + dV of 64 keys x 256 columns in one
+// warpgroup would be 256 fp32 registers a thread, so a CTA takes 64 keys (kBlockN 64, kBlockM 64)
+// and both warpgroups share them:
+//   S^T, dP^T   warpgroup wg over queries [32 wg, 32 wg + 32): m64n32k16, 16 k-steps each, A = all
+//               64 K / V rows, B = its 32 Q / dO rows (K-major both); P^T and dS^T of those
+//               queries go to shared memory (16-bit, the dS^T tile's shape: 64 key rows x 64
+//               query columns, one column block each; P^T at kPOff) and a barrier publishes them
+//   dV, dK      warpgroup wg owns columns [128 wg, 128 wg + 128): m64n128k16, 4 k-steps over the
+//               queries, A = P^T / dS^T from shared memory (K-major), B = dO / Q MN-major from
+//               column block 2 wg (64 + 64 accumulator floats a thread)
+//   dQ          the same 128 columns in two m64n64k16 halves of 4 k-steps (A = dS from the dS^T
+//               tile, transposed; B = K MN-major from column block 2 wg + half), one live at a
+//               time (32 floats); each half added straight from registers by 8
+//               red.global.add.v4.f32 a thread into the fragment order (float4 j = 8 half + n8
+//               slab of warp w at ((w 16 + j) 32 + lane) 4; element (row, col) with row =
+//               16 (w % 4) + 8 h + g, col = 128 wg + 8 j + 2 t + e; flash_bwd.cu's frag_index)
+// Shared memory: K, V 32 KB each | 2 x (Q, dO) 32 KB each | dS^T, P^T 8 KB each | lse / D 1 KB:
+// 210 KB, no room for a dQ stage (64 KB), hence the REDs (measured 2026-11-28 at hd128: ~10% below
+// the bulk reduce, far above the 2-byte REDs). Per iteration: loop-top barrier, S^T + dP^T
+// groups and the next stage's loads, wait 1 -> P^T (mask) -> shared, wait 0 -> dS^T -> shared,
+// fence + barrier, dQ half 0 group, dV + dK group, wait 1 -> REDs of half 0, dQ half 1 group,
+// wait 0 -> REDs of half 1. H200 (benches/results/2026-12-02-h200-attention-bwd-hd256/): backward
+// 340-373 TFLOP/s (2.0x the mma.sync kernel), fwd+bwd 0.97-1.05x cuDNN; ncu: shared-memory reads
+// (the n32 S^T / dP^T products) at ~63% of L1 throughput, 2 warps a scheduler, 77% of cycles
+// with none eligible. One m64n128 dQ batch instead of halves measured 0.4-1.7% slower.
+//
 // Covered (the launcher falls back to flash_bwd.cu otherwise): sm_90a, fp16 / bf16, head dim
-// exactly 64 or 128, dense (no varlen), causal / sliding windows (FS_HAS_MASK), seqlen_q !=
+// exactly 64, 128 or 256, dense (no varlen), causal / sliding windows (FS_HAS_MASK), seqlen_q !=
 // seqlen_k (bottom-right), GQA / MQA, non-deterministic (the dQ reduce-adds land in any order). No softcap.
 //
-// The prelude defines FS_HEAD_DIM (64 or 128), FS_DTYPE (0 fp16, 1 bf16), FS_HAS_MASK, FS_ARCH (90).
+// The prelude defines FS_HEAD_DIM (64, 128 or 256), FS_DTYPE (0 fp16, 1 bf16), FS_HAS_MASK, FS_ARCH (90).
 
 #include "common/convert.cuh"
 #include "common/copy.cuh"
@@ -112,8 +138,9 @@ namespace fb90 {
 using namespace fs;
 
 static constexpr int kHeadDim = FS_HEAD_DIM;
-static constexpr int kBlockN = 128;                          // keys per CTA
-static constexpr int kBlockM = kHeadDim == 128 ? 64 : 128;   // queries per iteration
+static constexpr bool kWide = kHeadDim == 256;               // the column-split form (header)
+static constexpr int kBlockN = kWide ? 64 : 128;             // keys per CTA
+static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;    // queries per iteration
 static constexpr int kThreads = 256;                         // two warpgroups
 static constexpr int kChunksPerRow = kHeadDim / 8;           // 16-byte chunks per row
 static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
@@ -121,36 +148,44 @@ static constexpr int kKVColBlock = kBlockN * 128;            // one 64-column bl
 static constexpr int kQColBlock = kBlockM * 128;             // one 64-column block of Q / dO
 static constexpr int kKVTile = kBlockN * kHeadDim * 2;
 static constexpr int kQTile = kBlockM * kHeadDim * 2;
-static constexpr int kSTile = kBlockN * kBlockM * 2;         // dS^T: 128 key rows x kBlockM queries
+static constexpr int kSTile = kBlockN * kBlockM * 2;         // dS^T: kBlockN key rows x kBlockM queries
 static constexpr int kKOff = 0;
 static constexpr int kVOff = kKVTile;
 static constexpr int kQOff = 2 * kKVTile;                    // stage s: Q at + 2 s kQTile, dO after
 static constexpr int kSOff = kQOff + 4 * kQTile;
-static constexpr int kLOff = kSOff + kSTile;                 // stage s: lse_log2, then D
+static constexpr int kPOff = kSOff + kSTile;                 // hd256: P^T, shaped as dS^T
+static constexpr int kLOff = kSOff + (kWide ? 2 : 1) * kSTile;  // stage s: lse_log2, then D
 static constexpr int kDQOff = kLOff + 2 * 2 * kBlockM * 4;  // dQ blocks, fp32, fragment order
 static constexpr int kDQBytes = kBlockM * kHeadDim * 4;
-static constexpr int kDQStages = 2;  // iteration it stores into stage it % 2 while it - 1's reduce reads
+// iteration it stores into stage it % 2 while it - 1's reduce reads; hd256 adds its dQ from
+// registers (no room for a stage: header)
+static constexpr int kDQStages = kWide ? 0 : 2;
 static constexpr int kBarOff = kDQOff + kDQStages * kDQBytes;  // 2 mbarriers (TMA build), 16 bytes
 static constexpr int kSmemBytes = kBarOff + 16 + 1024;  // + 1 KB base alignment
-static constexpr int kSRegs = kBlockM / 2;                   // S^T / dP^T floats per thread
-static constexpr int kDRegs = kHeadDim / 2;                  // dK / dV floats per thread
+static constexpr int kSCols = kWide ? kBlockM / 2 : kBlockM;  // queries of S^T / dP^T a warpgroup computes
+static constexpr int kSRegs = kSCols / 2;                    // S^T / dP^T floats per thread
+static constexpr int kDCols = kWide ? kHeadDim / 2 : kHeadDim;  // dK / dV columns a warpgroup owns
+static constexpr int kDRegs = kDCols / 2;                    // dK / dV floats per thread
+static constexpr int kDQRegs = kBlockM * kHeadDim / kThreads;  // dQ floats per thread
 static constexpr int kPSteps = kBlockM / 16;                 // k16 steps of dV / dK (queries)
 
-static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim tile is 64 or 128");
+static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim tile is 64, 128 or 256");
 static_assert(FS_DTYPE == 0 || FS_DTYPE == 1, "16-bit inputs only");
 static_assert(FS_ARCH == 90, "wgmma needs sm_90a");
 static_assert(kKVTile % 1024 == 0 && kQTile % 1024 == 0 && kSTile % 1024 == 0, "swizzle atoms");
 static_assert(kBlockM % kRowsPerPass == 0 && kBlockN % kRowsPerPass == 0, "load passes");
-static_assert(kDQOff % 16 == 0 && kDQBytes == kThreads * 32 * 4, "dQ: 32 floats a thread, 16-byte aligned");
+static_assert(kDQOff % 16 == 0 && kDQBytes == kThreads * kDQRegs * 4, "dQ: 16-byte aligned, kDQRegs a thread");
+static_assert(kSmemBytes <= 227 * 1024, "one CTA an SM");
 
-// dQ_partial (+)= dS K: m64n64k16, A = dS MN-major (transposed, read from the dS^T tile), B = K
-// MN-major (transposed). The two trailing immediates of wgmma are imm-trans-a and imm-trans-b.
-__device__ __forceinline__ void wgmma_ss_n64_tt(float (&d)[32], u64 desc_a, u64 desc_b, int accumulate) {
 #if FS_DTYPE == 0
 #define FB90_WGMMA_TYPES ".f32.f16.f16"
 #else
 #define FB90_WGMMA_TYPES ".f32.bf16.bf16"
 #endif
+
+// dQ_partial (+)= dS K: m64n64k16, A = dS MN-major (transposed, read from the dS^T tile), B = K
+// MN-major (transposed). The two trailing immediates of wgmma are imm-trans-a and imm-trans-b.
+__device__ __forceinline__ void wgmma_ss_n64_tt(float (&d)[32], u64 desc_a, u64 desc_b, int accumulate) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16" FB90_WGMMA_TYPES
@@ -162,8 +197,20 @@ __device__ __forceinline__ void wgmma_ss_n64_tt(float (&d)[32], u64 desc_a, u64 
           "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
           "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-#undef FB90_WGMMA_TYPES
 }
+
+// hd256, S^T / dP^T of a warpgroup's 32 queries: m64n32k16, A and B K-major.
+__device__ __forceinline__ void wgmma_ss_n32(float (&d)[16], u64 desc_a, u64 desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16" FB90_WGMMA_TYPES
+        " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+#undef FB90_WGMMA_TYPES
 
 // Keeps packed A fragments alive (and in place) until the wgmma reading them has been waited for.
 template <int N>
@@ -303,6 +350,167 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
     }
 
     const float scale_log2 = p.softmax_scale * kLog2e;
+#if FS_HEAD_DIM == 256
+    // ---- hd256: the column-split form (header) ----
+    const int key_row = warp_in_wg * 16 + g;  // this thread's first key row (S^T, P^T, dS^T)
+    const int q_col0 = wg * kSCols;           // this warpgroup's 32 queries of S^T / dP^T
+    const int d_col0 = wg * kDCols;           // ... and 128 columns of dK / dV / dQ
+    const u32 sP = s_base + kPOff;
+    const u64 d_k = wgmma_desc(sK, 16, 1024), d_v = wgmma_desc(sV, 16, 1024);
+    // dV / dK: A = P^T / dS^T K-major (key rows, query columns: one 64-column block)
+    const u64 d_p = wgmma_desc(sP, 16, 1024), d_s = wgmma_desc(sS, 16, 1024);
+    // dQ: A = dS read MN-major from the dS^T tile, B = K MN-major from column block 2 wg
+    const u64 d_dq_a = wgmma_desc(sS, kBlockN * 128, 1024);
+    const u64 d_dq_b = wgmma_desc(sK + 2 * wg * kKVColBlock, kKVColBlock, 1024);
+
+    for (int it = 0; it < n_iters; ++it) {
+        const int st = it & 1;
+        const int hq = hk * group + it / nm;
+        const int m0 = (m_begin + it % nm) * kBlockM;
+        const u32 sQ = s_base + kQOff + st * 2 * kQTile;
+        const u32 sdO = sQ + kQTile;
+        const float* sL = reinterpret_cast<const float*>(smem + kLOff + st * 2 * kBlockM * 4);
+        const float* sD = sL + kBlockM;
+
+        cp_async_wait<0>();   // stage st (and on it == 0 K, V) landed for this thread
+#if FS_BWD_TMA
+        mbar_wait(s_base + kBarOff + st * 8, (it >> 1) & 1);  // stage st's TMA / bulk bytes landed
+#endif
+        fence_proxy_async();  // ...and is visible to the tensor cores
+        __syncthreads();      // ...for every thread; iteration it - 1 is done everywhere (its
+                              // wgmmas waited for: P^T, dS^T and the other stage are free)
+
+        // ---- S^T = K Q^T and dP^T = V dO^T over this warpgroup's 32 queries: m64n32, 16 k-steps ----
+        float acc_s[kSRegs], acc_dp[kSRegs];
+        const u64 d_q = wgmma_desc(sQ + q_col0 * 128, 16, 1024), d_do = wgmma_desc(sdO + q_col0 * 128, 16, 1024);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+            const u32 kv_off = (kk >> 2) * kKVColBlock + (kk & 3) * 32;
+            const u32 q_off = (kk >> 2) * kQColBlock + (kk & 3) * 32;
+            wgmma_ss_n32(acc_s, desc_at(d_k, kv_off), desc_at(d_q, q_off), kk > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+            const u32 kv_off = (kk >> 2) * kKVColBlock + (kk & 3) * 32;
+            const u32 q_off = (kk >> 2) * kQColBlock + (kk & 3) * 32;
+            wgmma_ss_n32(acc_dp, desc_at(d_v, kv_off), desc_at(d_do, q_off), kk > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+#if FS_BWD_TMA
+        if (tid == 0 && it + 1 < n_iters) load_q(it + 1, st ^ 1);
+#else
+        if (it + 1 < n_iters) {
+            load_q(it + 1, st ^ 1);
+            cp_async_commit();
+        }
+#endif
+
+        // ---- P^T = exp2(S^T scale log2e - lse_log2), masked, -> shared memory (16-bit) ----
+        wgmma_wait<1>();
+        reg_fence(acc_s);
+#pragma unroll
+        for (int j = 0; j < kSCols / 8; ++j) {
+            const float2 l2 = *reinterpret_cast<const float2*>(sL + q_col0 + 8 * j + 2 * t);
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                acc_s[4 * j + e] = ex2(fmaf(acc_s[4 * j + e], scale_log2, (e & 1) ? -l2.y : -l2.x));
+        }
+        bool need_mask = n0 + kBlockN > seqlen_k;
+#if FS_HAS_MASK
+        if (p.window_right >= 0 && n0 + kBlockN - 1 - (m0 + diag) > p.window_right) need_mask = true;
+        if (p.window_left >= 0 && n0 - (m0 + kBlockM - 1 + diag) < -p.window_left) need_mask = true;
+#endif
+        if (need_mask) {
+            const int rel_lo = (FS_HAS_MASK && p.window_left >= 0) ? -p.window_left : -0x7fffffff;
+            const int rel_hi = (FS_HAS_MASK && p.window_right >= 0) ? p.window_right : 0x7fffffff;
+            const int key0 = n0 + key_row;
+            const int qd0 = m0 + q_col0 + 2 * t + diag;
+#pragma unroll
+            for (int j = 0; j < kSCols / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = key0 + 8 * (e >> 1);
+                    const int rel = key - (qd0 + 8 * j + (e & 1));
+                    if (key >= seqlen_k || rel < rel_lo || rel > rel_hi) acc_s[4 * j + e] = 0.0f;
+                }
+        }
+        // element (key_row + 8 h, q_col0 + 8 j + 2 t + {0, 1}) of the accumulator is the pair
+        // acc[4 j + 2 h], acc[4 j + 2 h + 1]: one 4-byte store, 32 banks a warp (the swizzle)
+#pragma unroll
+        for (int j = 0; j < kSCols / 8; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                *reinterpret_cast<u32*>(smem + kPOff + swz_offset(kBlockN, key_row + 8 * h, q_col0 + 8 * j + 2 * t)) =
+                    pack2<FS_DTYPE>(acc_s[4 * j + 2 * h], acc_s[4 * j + 2 * h + 1]);
+
+        // ---- dS^T = P^T (dP^T - D) -> shared memory ----
+        wgmma_wait<0>();
+        reg_fence(acc_dp);
+#pragma unroll
+        for (int j = 0; j < kSCols / 8; ++j) {
+            const float2 dd = *reinterpret_cast<const float2*>(sD + q_col0 + 8 * j + 2 * t);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_dp[4 * j + e] = acc_s[4 * j + e] * (acc_dp[4 * j + e] - ((e & 1) ? dd.y : dd.x));
+        }
+#pragma unroll
+        for (int j = 0; j < kSCols / 8; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                *reinterpret_cast<u32*>(smem + kSOff + swz_offset(kBlockN, key_row + 8 * h, q_col0 + 8 * j + 2 * t)) =
+                    pack2<FS_DTYPE>(acc_dp[4 * j + 2 * h], acc_dp[4 * j + 2 * h + 1]);
+        fence_proxy_async();  // the st.shared above are read next by the tensor cores
+        __syncthreads();      // P^T, dS^T complete: every product below reads both halves
+
+        // ---- dQ_partial = dS K over this warpgroup's 128 columns, in two m64n64 halves of 4
+        //      k16 steps (keys) each (one live at a time: 192 accumulator registers would spill
+        //      the cp.async build); the first half before dV += P^T dO and dK += dS^T Q (4 k16
+        //      steps over the queries each) so its adds go out under them ----
+        float* dq_blk = p.dq_accum + (((long long)b * p.nheads + hq) * p.seqlen_q_pad + m0) * kHeadDim;
+        // fragment order (header): float4 j of warp w's lane at ((w 16 + j) 32 + lane) 4 floats,
+        // j = 8 half + n8 slab: one red.global.add.v4.f32 of 512 contiguous bytes a warp
+        float* dq_thread = dq_blk + ((tid >> 5) * (kDQRegs / 4) * 32 + lane) * 4;
+        float acc_dq[32];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk)
+            wgmma_ss_n64_tt(acc_dq, desc_at(d_dq_a, kk * 16 * 128), desc_at(d_dq_b, kk * 16 * 128), kk > 0 ? 1 : 0);
+        wgmma_commit();
+        reg_fence(acc_dv);
+        reg_fence(acc_dk);
+        const u64 d_do_mn = wgmma_desc(sdO + 2 * wg * kQColBlock, kQColBlock, 1024);
+        const u64 d_q_mn = wgmma_desc(sQ + 2 * wg * kQColBlock, kQColBlock, 1024);
+#pragma unroll
+        for (int kk = 0; kk < kPSteps; ++kk)  // A: 16 query columns (32 bytes); B: 16 query rows
+            wgmma_ss<kDCols, FS_DTYPE, 1>(acc_dv, desc_at(d_p, kk * 32), desc_at(d_do_mn, kk * 16 * 128), 1);
+#pragma unroll
+        for (int kk = 0; kk < kPSteps; ++kk)
+            wgmma_ss<kDCols, FS_DTYPE, 1>(acc_dk, desc_at(d_s, kk * 32), desc_at(d_q_mn, kk * 16 * 128), 1);
+        wgmma_commit();
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            if (half == 1) {  // the second half, behind dV / dK
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < kBlockN / 16; ++kk)
+                    wgmma_ss_n64_tt(acc_dq, desc_at(d_dq_a, kk * 16 * 128),
+                                    desc_at(d_dq_b, kKVColBlock + kk * 16 * 128), kk > 0 ? 1 : 0);
+                wgmma_commit();
+                wgmma_wait<0>();  // dV, dK and this half complete: P^T, dS^T, this stage free
+            } else {
+                wgmma_wait<1>();  // the first half complete (dV, dK may run on)
+            }
+            reg_fence(acc_dq);
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                red_add4(dq_thread + (8 * half + j) * 32 * 4, acc_dq[4 * j], acc_dq[4 * j + 1], acc_dq[4 * j + 2],
+                         acc_dq[4 * j + 3]);
+        }
+        reg_fence(acc_dv);
+        reg_fence(acc_dk);
+    }
+#else
     const u32 sK_wg = sK + wg * 64 * 128;    // this warpgroup's 64 key rows in each column block
     const u32 sV_wg = sV + wg * 64 * 128;
     const int key_row = wg * 64 + warp_in_wg * 16 + g;  // this thread's first key row in the block
@@ -496,17 +704,23 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
         bulk_commit();
         bulk_wait<0>();
     }
+#endif  // FS_HEAD_DIM == 256
 
     // ---- epilogue: dK * scale and dV staged in the K / V tiles (swizzled), 16-byte stores ----
     cp_async_wait<0>();  // with no iteration the K / V loads may still be landing
     __syncthreads();     // every wgmma reading K / V completed (waited) in every thread
     {
         const float sc = p.softmax_scale;
+#if FS_HEAD_DIM == 256
+        const int dc0 = d_col0;  // this warpgroup's columns
+#else
+        const int dc0 = 0;       // every column, this warpgroup's keys
+#endif
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int j = 0; j < kHeadDim / 8; ++j) {
-                const u32 off = swz_offset(kBlockN, key_row + 8 * h, 8 * j + 2 * t);
+            for (int j = 0; j < kDCols / 8; ++j) {
+                const u32 off = swz_offset(kBlockN, key_row + 8 * h, dc0 + 8 * j + 2 * t);
                 *reinterpret_cast<u32*>(smem + kKOff + off) =
                     pack2<FS_DTYPE>(acc_dk[4 * j + 2 * h] * sc, acc_dk[4 * j + 2 * h + 1] * sc);
                 *reinterpret_cast<u32*>(smem + kVOff + off) =

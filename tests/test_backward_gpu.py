@@ -234,9 +234,10 @@ SM90_ENV = "FLASHSCAN_SM90_BWD"
 
 
 def _sm90_covers(c: tuple) -> bool:
-    """Dense fp16 / bf16, head dim exactly 64 or 128, no softcap: what the wgmma kernel runs."""
+    """Dense fp16 / bf16, head dim exactly 64, 128 or 256, no softcap: what the wgmma kernel
+    runs."""
     b, sq, sk, h, hk, d, dt, causal, window, cap = c
-    return d in (64, 128) and dt != "float32" and cap == 0.0
+    return d in (64, 128, 256) and dt != "float32" and cap == 0.0
 
 
 def _sm90_cases() -> list[tuple]:
@@ -257,6 +258,16 @@ def _sm90_cases() -> list[tuple]:
         (1, 65, 63, 4, 1, 64, "bfloat16", True, (48, -1), 0.0),
         (1, 4097, 4097, 2, 1, 128, "bfloat16", True, (-1, -1), 0.0),
         (1, 2048, 2048, 2, 2, 64, "float16", False, (-1, -1), 0.0),
+        # hd256 (the column-split form: 64-key blocks, 64-query steps, dQ by vector REDs)
+        (2, 333, 333, 4, 2, 256, "bfloat16", False, (-1, -1), 0.0),
+        (1, 300, 517, 4, 4, 256, "float16", True, (-1, -1), 0.0),
+        (2, 517, 200, 4, 2, 256, "bfloat16", True, (-1, -1), 0.0),
+        (1, 700, 700, 2, 2, 256, "bfloat16", False, (100, 30), 0.0),
+        (2, 1, 129, 2, 2, 256, "float16", False, (-1, -1), 0.0),
+        (2, 129, 1, 2, 1, 256, "bfloat16", False, (-1, -1), 0.0),
+        (2, 65, 63, 4, 1, 256, "bfloat16", True, (48, -1), 0.0),
+        (2, 64, 64, 2, 2, 256, "float16", False, (-1, -1), 0.0),
+        (1, 2048, 2048, 2, 2, 256, "bfloat16", True, (-1, -1), 0.0),
     ]
     return [c for c in ATTN_CASES if _sm90_covers(c)] + extra
 
@@ -283,7 +294,7 @@ def test_attention_backward_sm90_matrix(case: tuple, rule: Any, sm90_bwd: None) 
 
 def test_attention_backward_sm90_writes_every_element(sm90_bwd: None) -> None:
     """NaN-poisoned gradient buffers through the native call with the wgmma backward."""
-    for d, causal in ((64, True), (128, False), (128, True)):
+    for d, causal in ((64, True), (128, False), (128, True), (256, False), (256, True)):
         q, k, v = make_qkv(2, 77, 291, 4, 2, d, torch.bfloat16)
         out, lse = flashscan.flash_attn_func(q, k, v, causal=causal, return_lse=True)
         dout = torch.randn_like(out)
@@ -302,7 +313,7 @@ def test_attention_backward_sm90_in_a_cuda_graph(rule: Any, sm90_bwd: None) -> N
 
 _SM90_CHILD = """
 import torch, flashscan.torch as fst
-for d in (64, 128):
+for d in (64, 128, 256):
     q, k, v = (torch.randn(1, 300, 2, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
     out = fst.flash_attn_func(q, k, v, causal=True)
@@ -314,9 +325,9 @@ print("ok")
 
 @pytest.mark.parametrize("switch", [None, "1", "0"])
 def test_attention_backward_sm90_kernel_is_what_runs(tmp_path: Any, switch: str | None) -> None:
-    """A child with its own kernel cache builds the wgmma backward (hd64 and hd128 variants) by
-    default and with the switch at 1, and none of it at 0: the switch reaches the launcher and
-    the default is what it says, no silent fallback."""
+    """A child with its own kernel cache builds the wgmma backward (hd64, hd128 and hd256
+    variants) by default and with the switch at 1, and none of it at 0: the switch reaches the
+    launcher and the default is what it says, no silent fallback."""
     import os
     import subprocess
     import sys
@@ -332,7 +343,7 @@ def test_attention_backward_sm90_kernel_is_what_runs(tmp_path: Any, switch: str 
     )
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
     built = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("flash_bwd_sm90-"))
-    want = 0 if switch == "0" else 2
+    want = 0 if switch == "0" else 3
     assert len(built) == want, f"wgmma backward builds: {sorted(os.listdir(tmp_path))}"
     if switch == "0":  # the mma.sync main kernel ran instead
         assert any(p.name.startswith("flash_bwd-") for p in tmp_path.iterdir())

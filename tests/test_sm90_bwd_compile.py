@@ -1,9 +1,10 @@
 """The Hopper wgmma backward (cuda/flash_bwd_sm90.cu, the default on sm_90a) on the CPU:
 its variants are listed for sm_90a only and as main (spill-free), compile with NVRTC, spill
 nothing, and run all five products on the warpgroup tensor cores: S^T and dP^T K-major from
-shared memory, dV and dK with the register A operand and B transposed, dQ with both operands
-transposed (A = dS read from the dS^T tile), no mma.sync HMMA, dQ through shared memory and
-the bulk reduce-add."""
+shared memory, dV and dK with the register A operand and B transposed (hd256: A = P^T / dS^T
+from shared memory), dQ with both operands transposed (A = dS read from the dS^T tile), no
+mma.sync HMMA, dQ through shared memory and the bulk reduce-add (hd256: vector REDs from
+registers)."""
 
 from __future__ import annotations
 
@@ -39,8 +40,15 @@ def _name(hd: int, dtype: int, mask: int, tma: int) -> str:
     )
 
 
-# (hd, dtype, mask, tma): both head dims, both dtypes, masks, the TMA and cp.async builds
-SAMPLES = [(128, 1, 0, 1), (128, 0, 1, 0), (64, 1, 0, 0), (64, 0, 1, 1)]
+# (hd, dtype, mask, tma): every head dim, both dtypes, masks, the TMA and cp.async builds
+SAMPLES = [
+    (128, 1, 0, 1),
+    (128, 0, 1, 0),
+    (64, 1, 0, 0),
+    (64, 0, 1, 1),
+    (256, 1, 1, 1),
+    (256, 0, 0, 0),
+]
 
 
 def _variants(arch: str) -> list[dict]:
@@ -63,11 +71,11 @@ def sass_of(cubins: dict[str, bytes]):  # noqa: ANN201
     return lambda name: _sass(cubins[name], tool, nvdisasm)
 
 
-def test_variants_cover_hd64_hd128_dtypes_masks_on_sm90a_only() -> None:
+def test_variants_cover_hd64_hd128_hd256_dtypes_masks_on_sm90a_only() -> None:
     listed = _variants("sm_90a")
     keys = ("FS_HEAD_DIM", "FS_DTYPE", "FS_HAS_MASK", "FS_BWD_TMA")
     got = {tuple(v["defines"][d] for d in keys) for v in listed}
-    assert got == set(itertools.product((64, 128), (0, 1), (0, 1), (0, 1)))
+    assert got == set(itertools.product((64, 128, 256), (0, 1), (0, 1), (0, 1)))
     assert all(v["main"] for v in listed), "every wgmma backward variant must stay spill-free"
     assert _variants("sm_80") == [], "wgmma needs sm_90a: no variant for sm_80"
 
@@ -76,7 +84,7 @@ def test_variants_compile_without_spills(cubins: dict[str, bytes]) -> None:
     tool = find_cuobjdump()
     if tool is None:
         pytest.skip(CUOBJDUMP_MISSING)
-    assert len(cubins) == 16
+    assert len(cubins) == 24
     for name, cubin in cubins.items():
         assert cubin[:4] == b"\x7fELF", name
         for func, regs, stack, local, _smem in resource_usage(cubin, tool):
@@ -98,7 +106,31 @@ def _hgmma_mix(sass: str) -> Counter:
     return mix
 
 
-@pytest.mark.parametrize("hd,dtype,mask,tma", SAMPLES)
+def _loop_steps(sass: str) -> list[str]:
+    """The kernel's HGMMA batches, barriers, arrives and waits in text order (runs of one HGMMA
+    shape folded into one step)."""
+    events = [
+        m.group(1)
+        for m in (
+            re.search(
+                r"(HGMMA\.\w+|BAR\.SYNC|WARPGROUP\.ARRIVE|WARPGROUP\.DEPBAR\.LE gsb0, 0x\d)", x
+            )
+            for x in sass.splitlines()
+        )
+        if m is not None
+    ]
+    steps: list[str] = []
+    for ev in events:
+        if not (steps and steps[-1] == ev and ev.startswith("HGMMA")):
+            steps.append(ev)
+    return steps
+
+
+WAIT1, WAIT0 = "WARPGROUP.DEPBAR.LE gsb0, 0x1", "WARPGROUP.DEPBAR.LE gsb0, 0x0"
+ARRIVE = "WARPGROUP.ARRIVE"
+
+
+@pytest.mark.parametrize("hd,dtype,mask,tma", [c for c in SAMPLES if c[0] != 256])
 def test_every_product_runs_on_hgmma(sass_of, hd: int, dtype: int, mask: int, tma: int) -> None:  # noqa: ANN001
     sass = sass_of(_name(hd, dtype, mask, tma))
     block_m = 64 if hd == 128 else 128
@@ -117,37 +149,22 @@ def test_every_product_runs_on_hgmma(sass_of, hd: int, dtype: int, mask: int, tm
     assert " HMMA" not in sass, "an mma.sync tensor-core op left in the wgmma kernel"
     # the loop's schedule: one arrive per batch (S^T + dP^T, dV, dK, dQ) and the kernel's own
     # waits, nothing ptxas added (it serialises wgmmas it cannot prove safe with extra waits)
-    events = [
-        m.group(1)
-        for m in (
-            re.search(
-                r"(HGMMA\.\w+|BAR\.SYNC|WARPGROUP\.ARRIVE|WARPGROUP\.DEPBAR\.LE gsb0, 0x\d)", x
-            )
-            for x in sass.splitlines()
-        )
-        if m is not None
-    ]
-    steps: list[str] = []
-    for ev in events:
-        if not (steps and steps[-1] == ev and ev.startswith("HGMMA")):
-            steps.append(ev)
+    steps = _loop_steps(sass)
     sd, dv, dq = f"HGMMA.64x{block_m}x16", f"HGMMA.64x{hd}x16", "HGMMA.64x64x16"
-    wait1, wait0 = "WARPGROUP.DEPBAR.LE gsb0, 0x1", "WARPGROUP.DEPBAR.LE gsb0, 0x0"
-    arrive = "WARPGROUP.ARRIVE"
     loop = [
         "BAR.SYNC",
-        arrive,
+        ARRIVE,
         sd,
-        wait1,
-        arrive,
+        WAIT1,
+        ARRIVE,
         dv,
-        wait1,
-        arrive,
+        WAIT1,
+        ARRIVE,
         dv,
         "BAR.SYNC",
-        arrive,
+        ARRIVE,
         dq,
-        wait0,
+        WAIT0,
     ]
     if tma:  # the barrier after thread 0 initialised the mbarriers, before the loop
         assert steps[0] == "BAR.SYNC", steps
@@ -164,6 +181,53 @@ def test_every_product_runs_on_hgmma(sass_of, hd: int, dtype: int, mask: int, tm
     tma_loads = sum("UTMALDG.4D" in line for line in lines)
     bulk_loads = sum("UBLKCP.S.G" in line for line in lines)
     assert (tma_loads, bulk_loads) == ((2 * 2 * hd // 64, 4) if tma else (0, 0))
+
+
+@pytest.mark.parametrize("dtype,mask,tma", [c[1:] for c in SAMPLES if c[0] == 256])
+def test_hd256_splits_columns_between_the_warpgroups(
+    sass_of, dtype: int, mask: int, tma: int
+) -> None:  # noqa: ANN001
+    """hd256 (the column-split form): S^T / dP^T m64n32 over each warpgroup's 32 queries,
+    P^T / dS^T through shared memory, dV / dK m64n128 over its 128 columns with A from shared
+    memory, dQ in two m64n64 halves added by 8 vector REDs each, one after dV / dK were issued."""
+    sass = sass_of(_name(256, dtype, mask, tma))
+    want = Counter(
+        {
+            ("64x32x16", "ss", ""): 2 * 256 // 16,  # S^T, dP^T: 16 k-steps each
+            ("64x128x16", "ss", ".tnspB"): 2 * 64 // 16,  # dV, dK: 4 k-steps each
+            ("64x64x16", "ss", ".tnspA.tnspB"): 2 * 64 // 16,  # dQ: two halves of 4 k-steps
+        }
+    )
+    assert _hgmma_mix(sass) == want, dict(_hgmma_mix(sass))
+    assert " HMMA" not in sass
+    steps = _loop_steps(sass)
+    s32, dv, dq = "HGMMA.64x32x16", "HGMMA.64x128x16", "HGMMA.64x64x16"
+    loop = [
+        "BAR.SYNC",
+        ARRIVE,
+        s32,
+        WAIT1,
+        WAIT0,
+        "BAR.SYNC",
+        ARRIVE,
+        dq,
+        dv,
+        WAIT1,
+        ARRIVE,
+        dq,
+        WAIT0,
+    ]
+    if tma:
+        assert steps[0] == "BAR.SYNC", steps
+        steps = steps[1:]
+    assert steps[: len(loop)] == loop, steps
+    lines = sass.splitlines()
+    reds = [line for line in lines if "REDG" in line]
+    assert len(reds) == 16 and all("F32x4" in r for r in reds), reds[:4]
+    assert not any("UBLKRED" in line for line in lines)
+    tma_loads = sum("UTMALDG.4D" in line for line in lines)
+    bulk_loads = sum("UBLKCP.S.G" in line for line in lines)
+    assert (tma_loads, bulk_loads) == ((2 * 2 * 256 // 64, 4) if tma else (0, 0))
 
 
 _INS = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")

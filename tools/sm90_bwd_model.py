@@ -262,6 +262,153 @@ def run_cta(
     return dk_out[:keys], dv_out[:keys]
 
 
+def run_cta_wide(
+    sm_bytes: int,
+    hd: int,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    do: np.ndarray,
+    lse2: np.ndarray,
+    dpsum: np.ndarray,
+    dq_accum: np.ndarray,
+    n_block: int,
+    hk: int,
+    group: int,
+    scale: float,
+    window: tuple[int, int],
+    dt: type,
+) -> tuple[np.ndarray, np.ndarray]:
+    """run_cta for hd256, the kernel's column-split form: 64 keys a CTA, 64 queries a step;
+    warpgroup wg computes S^T / dP^T over queries [32 wg, 32 wg + 32) (m64n32), stores P^T and
+    dS^T (16-bit) to shared memory, and after the barrier owns dK / dV / dQ columns
+    [128 wg, 128 wg + 128): dV += P^T dO and dK += dS^T Q with A from shared memory (K-major),
+    dQ = dS K in two m64n64 halves (A transposed from the dS^T tile), added in fragment order."""
+    assert hd == 256
+    block_n, block_m = 64, 64
+    kv_col, q_col = block_n * 128, block_m * 128
+    kv_tile, q_tile = block_n * hd * 2, block_m * hd * 2
+    k_off, v_off, q_off = 0, kv_tile, 2 * kv_tile
+    s_off = q_off + 4 * q_tile
+    p_off = s_off + block_n * block_m * 2
+    sm = Smem(sm_bytes)
+    sq, sk = q.shape[0], k.shape[0]
+    diag = sk - sq
+    n0 = n_block * block_n
+    keys = min(block_n, sk - n0)
+    m_begin, m_end = 0, (sq + block_m - 1) // block_m
+    left, right = window
+    has_mask = left >= 0 or right >= 0
+    if has_mask and right >= 0:
+        lo = n0 - diag - right
+        if lo > 0:
+            m_begin = min(lo // block_m, m_end)
+    if has_mask and left >= 0:
+        hi = n0 + keys - 1 - diag + left
+        m_end = 0 if hi < 0 else min(hi // block_m + 1, m_end)
+    nm = max(0, m_end - m_begin)
+
+    def load_tile(dst: int, rows: int, src: np.ndarray, valid: int) -> None:
+        r = np.arange(rows)[:, None]
+        c = np.arange(hd)[None, :]
+        vals = np.zeros((rows, hd), np.float32)
+        nv = max(0, min(valid, rows))
+        vals[:nv] = src[:nv]
+        sm.store(dst + swz_offset(rows, r, c), vals)
+
+    load_tile(k_off, block_n, k[n0 : n0 + block_n, hk], keys)
+    load_tile(v_off, block_n, v[n0 : n0 + block_n, hk], keys)
+    acc_dk = np.zeros((2, 128, 64), np.float32)
+    acc_dv = np.zeros((2, 128, 64), np.float32)
+    t = np.arange(128)[:, None]
+    key_row = (t // 32) * 16 + (t % 32) // 4  # the same 64 keys in both warpgroups
+    for it in range(nm * group):
+        st = it & 1
+        hq = hk * group + it // nm
+        m0 = (m_begin + it % nm) * block_m
+        sQ = q_off + st * 2 * q_tile
+        sdO = sQ + q_tile
+        load_tile(sQ, block_m, q[m0 : m0 + block_m, hq], sq - m0)
+        load_tile(sdO, block_m, do[m0 : m0 + block_m, hq], sq - m0)
+        sL, sD = lse2[hq, m0 : m0 + block_m], dpsum[hq, m0 : m0 + block_m]
+        for wg in range(2):  # S^T, dP^T, P^T, dS^T of this warpgroup's 32 queries
+            q_col0 = 32 * wg
+            s = np.zeros((64, 32), np.float32)
+            dp = np.zeros((64, 32), np.float32)
+            for kk in range(hd // 16):
+                kvo = (kk >> 2) * kv_col + (kk & 3) * 32
+                qo = (kk >> 2) * q_col + (kk & 3) * 32
+                s += (
+                    fetch_kmajor(sm, k_off + kvo, 1024, 64)
+                    @ fetch_kmajor(sm, sQ + q_col0 * 128 + qo, 1024, 32).T
+                )
+                dp += (
+                    fetch_kmajor(sm, v_off + kvo, 1024, 64)
+                    @ fetch_kmajor(sm, sdO + q_col0 * 128 + qo, 1024, 32).T
+                )
+            acc_s, acc_dp = gather_acc(s), gather_acc(dp)  # [128][16]
+            i = np.arange(16)[None, :]
+            j, e = i // 4, i % 4
+            col = q_col0 + 8 * j + 2 * (t % 32 % 4) + (e & 1)
+            with np.errstate(over="ignore", invalid="ignore"):
+                acc_s = np.exp2(acc_s * np.float32(scale * LOG2E) - sL[col])
+            need_mask = n0 + block_n > sk
+            if has_mask and right >= 0 and n0 + block_n - 1 - (m0 + diag) > right:
+                need_mask = True
+            if has_mask and left >= 0 and n0 - (m0 + block_m - 1 + diag) < -left:
+                need_mask = True
+            if need_mask:
+                rel_lo = -left if has_mask and left >= 0 else -0x7FFFFFFF
+                rel_hi = right if has_mask and right >= 0 else 0x7FFFFFFF
+                key = n0 + key_row + 8 * (e >> 1)
+                rel = key - (m0 + q_col0 + 2 * (t % 32 % 4) + diag + 8 * j + (e & 1))
+                dead = (key >= sk) | (rel < rel_lo) | (rel > rel_hi)
+                acc_s = np.where(dead, 0.0, acc_s)
+            acc_dp = acc_s * (acc_dp - sD[col])
+            row = key_row + 8 * (e >> 1)
+            sm.store(p_off + swz_offset(block_n, row, col), rnd(acc_s, dt))
+            sm.store(s_off + swz_offset(block_n, row, col), rnd(acc_dp, dt))
+        for wg in range(2):  # after the barrier: this warpgroup's 128 columns
+            block = dq_accum[hq].reshape(-1)[m0 * hd : (m0 + block_m) * hd]  # a view
+            for half in range(2):
+                d = np.zeros((64, 64), np.float32)
+                for kk in range(block_n // 16):
+                    a = fetch_mnmajor(sm, s_off + kk * 16 * 128, block_n * 128, 1024, 64)
+                    b = fetch_mnmajor(
+                        sm, k_off + (2 * wg + half) * kv_col + kk * 16 * 128, kv_col, 1024, 64
+                    )
+                    d += a @ b.T
+                acc_dq = gather_acc(d)  # [128][32]
+                i = np.arange(32)[None, :]
+                w, lane = 4 * wg + t // 32, t % 32
+                flat = ((w * 16 + 8 * half + i // 4) * 32 + lane) * 4 + i % 4
+                np.add.at(block, flat, acc_dq)
+            dv_d = np.zeros((64, 128), np.float32)
+            dk_d = np.zeros((64, 128), np.float32)
+            for kk in range(block_m // 16):
+                b_do = fetch_mnmajor(
+                    sm, sdO + 2 * wg * q_col + kk * 16 * 128, q_col, 1024, 128
+                )  # [n][k]
+                b_q = fetch_mnmajor(sm, sQ + 2 * wg * q_col + kk * 16 * 128, q_col, 1024, 128)
+                dv_d += fetch_kmajor(sm, p_off + kk * 32, 1024, 64) @ b_do.T
+                dk_d += fetch_kmajor(sm, s_off + kk * 32, 1024, 64) @ b_q.T
+            acc_dv[wg] += gather_acc(dv_d)
+            acc_dk[wg] += gather_acc(dk_d)
+    # epilogue: dK * scale, dV staged through the K / V tiles, rows < keys stored
+    for wg in range(2):
+        i = np.arange(64)[None, :]
+        j, e = i // 4, i % 4
+        row = key_row + 8 * (e >> 1)
+        col = 128 * wg + 8 * j + 2 * (t % 4) + (e & 1)
+        sm.store(k_off + swz_offset(block_n, row, col), rnd(acc_dk[wg] * scale, dt))
+        sm.store(v_off + swz_offset(block_n, row, col), rnd(acc_dv[wg], dt))
+    r = np.arange(block_n)[:, None]
+    c = np.arange(hd)[None, :]
+    dk_out = sm.load(k_off + swz_offset(block_n, r, c))
+    dv_out = sm.load(v_off + swz_offset(block_n, r, c))
+    return dk_out[:keys], dv_out[:keys]
+
+
 def reference(q, k, v, do, scale, window):  # noqa: ANN001, ANN201
     """float64 attention forward (out, lse) and gradients; q (sq, h, d), k / v (sk, hk, d)."""
     sq, h, d = q.shape
@@ -310,7 +457,8 @@ def backward_model(sq, sk, h, hk, hd, window, seed=0, dt=np.float16):  # noqa: A
     scale = hd**-0.5
     out, lse, *ref = reference(q, k, v, do, scale, window)
     out = rnd(out, dt)
-    block_m = 64 if hd == 128 else 128
+    block_m = 128 if hd == 64 else 64
+    block_n = 64 if hd == 256 else 128
     pad = -(-sq // block_m) * block_m
     lse2 = np.full((h, pad), np.inf, np.float32)
     dpsum = np.zeros((h, pad), np.float32)
@@ -319,10 +467,11 @@ def backward_model(sq, sk, h, hk, hd, window, seed=0, dt=np.float16):  # noqa: A
     dq_accum = np.zeros((h, pad, hd), np.float32)
     dk = np.zeros((sk, hk, hd), np.float32)
     dv = np.zeros((sk, hk, hd), np.float32)
-    smem = 2 * 128 * hd * 2 + 4 * block_m * hd * 2 + 128 * block_m * 2
-    for n_block in range(-(-sk // 128)):
+    smem = 2 * block_n * hd * 2 + 4 * block_m * hd * 2 + 2 * block_n * block_m * 2
+    cta = run_cta_wide if hd == 256 else run_cta
+    for n_block in range(-(-sk // block_n)):
         for hkk in range(hk):
-            a, b = run_cta(
+            a, b = cta(
                 smem,
                 hd,
                 q,
@@ -339,26 +488,27 @@ def backward_model(sq, sk, h, hk, hd, window, seed=0, dt=np.float16):  # noqa: A
                 window,
                 dt,
             )
-            dk[n_block * 128 : n_block * 128 + a.shape[0], hkk] = a
-            dv[n_block * 128 : n_block * 128 + b.shape[0], hkk] = b
+            dk[n_block * block_n : n_block * block_n + a.shape[0], hkk] = a
+            dv[n_block * block_n : n_block * block_n + b.shape[0], hkk] = b
     # the convert pass (flash_bwd_dq_convert built with FS_DQ_FRAG = block_m): element (row,
     # col) read through frag_index
     r = np.arange(sq)[:, None]
     c = np.arange(hd)[None, :]
     rb = r % block_m
-    at = (r - rb) * hd + frag_index(block_m, rb, c - c % 2) + c % 2
+    at = (r - rb) * hd + frag_index(block_m, rb, c - c % 2, hd) + c % 2
     dq = rnd(dq_accum.reshape(h, -1)[:, at].transpose(1, 0, 2) * scale, dt)
     return (dq, dk, dv), ref
 
 
-def frag_index(block_m: int, r: np.ndarray, col: np.ndarray) -> np.ndarray:
+def frag_index(block_m: int, r: np.ndarray, col: np.ndarray, hd: int) -> np.ndarray:
     """cuda/flash_bwd.cu's frag_index: the offset in floats, within its block of block_m rows,
     of the even column `col` of block row `r` in the wgmma backward's fragment order."""
-    wg = col >> 6 if block_m == 64 else r >> 6
-    c = col & 63 if block_m == 64 else col
+    wg_cols = hd // 2 if block_m == 64 else hd  # a warpgroup's dQ columns
+    wg = col // wg_cols if block_m == 64 else r >> 6
+    c = col % wg_cols if block_m == 64 else col
     w = wg * 4 + ((r & 63) >> 4)
     lane = 4 * (r & 7) + ((c & 7) >> 1)
-    return ((w * 8 + (c >> 3)) * 32 + lane) * 4 + 2 * ((r >> 3) & 1)
+    return ((w * (wg_cols // 8) + (c >> 3)) * 32 + lane) * 4 + 2 * ((r >> 3) & 1)
 
 
 def check_forward_descriptors() -> None:
@@ -388,6 +538,9 @@ CASES = [
     (1, 129, 2, 2, 128, (-1, -1)),
     (300, 650, 4, 2, 64, (64, 0)),
     (65, 63, 4, 1, 64, (48, 0)),
+    (100, 150, 2, 1, 256, (-1, -1)),
+    (150, 90, 2, 2, 256, (-1, 0)),
+    (70, 200, 4, 2, 256, (30, 10)),
 ]
 
 

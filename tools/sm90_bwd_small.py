@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Small odd backward problems for a first run of the wgmma backward (FLASHSCAN_SM90_BWD=1) and
-for compute-sanitizer: hd64 / hd128, fp16 / bf16, causal, a window, GQA, seqlen_q != seqlen_k,
-tails that are not multiples of the tiles. Each is compared with float64 autograd (max error
-relative to the largest reference gradient, NaN-poisoned output buffers); prints one line per
-case and exits 1 if any is off. Needs torch and a GPU; the switch is read from the environment."""
+for compute-sanitizer: hd64 / hd128 / hd256, fp16 / bf16, causal, a window, GQA, seqlen_q !=
+seqlen_k, tails that are not multiples of the tiles. Each is compared with float64 autograd (max
+error relative to the largest reference gradient, NaN-poisoned output buffers); prints one line
+per case and exits 1 if any is off. Needs torch and a GPU; the switch is read from the
+environment."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ CASES = [
     (2, 130, 130, 2, 2, 128, torch.float16, False, (-1, -1)),
     (1, 200, 120, 2, 1, 64, torch.bfloat16, True, (-1, -1)),
     (1, 150, 260, 2, 2, 64, torch.float16, False, (40, 20)),
+    (1, 77, 291, 4, 2, 256, torch.bfloat16, True, (-1, -1)),
+    (2, 130, 70, 2, 2, 256, torch.float16, False, (-1, -1)),
+    (1, 100, 140, 2, 1, 256, torch.bfloat16, False, (30, 10)),
 ]
 
 

@@ -218,5 +218,10 @@ __device__ __forceinline__ void red_add(float* p, float v) {
 __device__ __forceinline__ void red_add2(float* p, float x, float y) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(x), "f"(y) : "memory");
 }
+// p[0..3] += x, y, z, w in one vector reduction (sm_90+: red.global.add.v4.f32; p 16-byte aligned).
+__device__ __forceinline__ void red_add4(float* p, float x, float y, float z, float w) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(x), "f"(y), "f"(z), "f"(w)
+                 : "memory");
+}
 
 }  // namespace fs

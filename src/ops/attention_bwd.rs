@@ -428,20 +428,56 @@ pub const SM90_TILE_HD64: BwdTile = BwdTile {
     block_m: 128,
     ..SM90_TILE_HD128
 };
+/// hd256: 64 keys per CTA shared by both warpgroups, each owning 128 of the dK / dV / dQ columns
+/// (the kernel header's column-split form), 64 queries per step.
+pub const SM90_TILE_HD256: BwdTile = BwdTile {
+    block_n: 64,
+    ..SM90_TILE_HD128
+};
 
-/// The wgmma backward's tile at a head dim it covers (64 or 128): its block_m is also the row
-/// count of the dQ blocks the convert pass reads back (`sm90_convert_spec`).
+/// The wgmma backward's tile at a head dim it covers (64, 128 or 256): its block_m is also the
+/// row count of the dQ blocks the convert pass reads back (`sm90_convert_spec`).
 fn sm90_tile(head_dim: i64) -> BwdTile {
-    if head_dim == 128 {
-        SM90_TILE_HD128
-    } else {
-        SM90_TILE_HD64
+    match head_dim {
+        128 => SM90_TILE_HD128,
+        256 => SM90_TILE_HD256,
+        _ => SM90_TILE_HD64,
     }
 }
 
+/// The wgmma backward's dtype code where it covers the problem: sm_90, fp16 / bf16, head dim
+/// exactly 64, 128 or 256, no softcap.
+fn sm90_bwd_dtype_code(head_dim: i64, dtype: DType, softcap: bool, arch_num: i64) -> Option<i64> {
+    if arch_num != 90 || softcap || !SM90_HEAD_DIMS.contains(&head_dim) {
+        return None;
+    }
+    match dtype {
+        DType::F16 | DType::BF16 => dtype.kernel_code().ok(),
+        _ => None,
+    }
+}
+
+/// The wgmma backward's dynamic shared memory for a tile (the kernel's kSmemBytes): K, V
+/// (block_n rows), 2 x (Q, dO) (block_m rows), dS^T (block_n x block_m; hd256 adds P^T of the
+/// same shape), 2 x 2 x block_m floats, 2 stages of the fp32 dQ block (block_m x hd; none at
+/// hd256, which adds dQ from registers), 2 mbarriers (16 bytes), 1 KB for aligning the base to
+/// the 1024-byte swizzle atom.
+fn sm90_smem_bytes(tile: BwdTile, head_dim: u32) -> u32 {
+    let (bm, bn, hd) = (tile.block_m, tile.block_n, head_dim);
+    let wide = hd == 256;
+    let s_tiles = if wide { 2 } else { 1 };
+    let dq_stages = if wide { 0 } else { 2 };
+    2 * bn * hd * 2
+        + 4 * bm * hd * 2
+        + s_tiles * bn * bm * 2
+        + 4 * bm * 4
+        + dq_stages * bm * hd * 4
+        + 16
+        + 1024
+}
+
 /// The wgmma backward's variant, tile and dynamic shared memory when it covers the problem
-/// (sm_90a, fp16/bf16, head dim exactly 64 or 128, no softcap: `sm90_dtype_code`; dense,
-/// non-deterministic); None for everything else.
+/// (`sm90_bwd_dtype_code`; dense, non-deterministic); None for everything else.
 pub fn sm90_main_spec(
     head_dim: i64,
     dtype: DType,
@@ -454,19 +490,9 @@ pub fn sm90_main_spec(
     if varlen || deterministic {
         return None;
     }
-    let code = attention::sm90_dtype_code(head_dim, dtype, softcap, arch_num)?;
+    let code = sm90_bwd_dtype_code(head_dim, dtype, softcap, arch_num)?;
     let tile = sm90_tile(head_dim);
-    // K, V (128 rows), 2 x (Q, dO) (block_m rows), dS^T (128 x block_m), 2 x 2 x block_m
-    // floats, 2 stages of the fp32 dQ block (block_m x hd), 2 mbarriers (16 bytes), 1 KB for
-    // aligning the base to the 1024-byte swizzle atom (kSmemBytes).
-    let (bm, hd) = (tile.block_m, head_dim as u32);
-    let smem = 2 * 128 * hd * 2
-        + 4 * bm * hd * 2
-        + 128 * bm * 2
-        + 4 * bm * 4
-        + 2 * bm * hd * 4
-        + 16
-        + 1024;
+    let smem = sm90_smem_bytes(tile, head_dim as u32);
     // FS_BWD_TMA 1 (Q / dO by TMA, the maps in the parameter: `sm90_tma_params`) by default;
     // `launch` switches a call to 0 (cp.async) when a map cannot be encoded (`without_tma`).
     let defines = vec![
@@ -585,10 +611,13 @@ pub fn main_choice(
     main_spec(head_dim, dtype, has_mask, softcap, arch_num, varlen)
 }
 
+/// The head dims the wgmma backward builds (others pad to the mma.sync kernel's tiles).
+const SM90_HEAD_DIMS: [i64; 3] = [64, 128, 256];
+
 /// Every variant of the wgmma backward for one arch (none but sm_90).
 pub fn sm90_specs(arch_num: i64) -> Vec<KernelSpec> {
     let mut out = Vec::new();
-    for hd in [64, 128] {
+    for hd in SM90_HEAD_DIMS {
         for dtype in [DType::F16, DType::BF16] {
             for mask in [false, true] {
                 if let Some((s, _, _)) =
@@ -634,7 +663,7 @@ pub fn sm90_aux_specs(arch_num: i64) -> Vec<KernelSpec> {
     if sm90_specs(arch_num).is_empty() {
         return out;
     }
-    for hd in [64, 128] {
+    for hd in SM90_HEAD_DIMS {
         for dtype in [DType::F16, DType::BF16] {
             if let Ok(s) = sm90_convert_spec(hd, dtype, arch_num) {
                 out.push(s);
@@ -1076,8 +1105,8 @@ mod tests {
                 .0
                 .family
         };
-        // switched on: sm_90 fp16 / bf16 hd64 / hd128, dense, non-deterministic
-        for hd in [64, 128] {
+        // switched on: sm_90 fp16 / bf16 hd64 / hd128 / hd256, dense, non-deterministic
+        for hd in [64, 128, 256] {
             for dt in [DType::F16, DType::BF16] {
                 assert_eq!(fam(true, hd, dt, false, 90, false, false), FAMILY_SM90);
                 // switched off: the mma.sync kernel
@@ -1088,7 +1117,9 @@ mod tests {
         assert_eq!(fam(true, 128, DType::F32, false, 90, false, false), FAMILY);
         assert_eq!(fam(true, 96, DType::BF16, false, 90, false, false), FAMILY);
         assert_eq!(fam(true, 120, DType::BF16, false, 90, false, false), FAMILY);
-        assert_eq!(fam(true, 256, DType::BF16, false, 90, false, false), FAMILY);
+        assert_eq!(fam(true, 192, DType::BF16, false, 90, false, false), FAMILY);
+        assert_eq!(fam(true, 248, DType::BF16, false, 90, false, false), FAMILY);
+        assert_eq!(fam(true, 256, DType::BF16, true, 90, false, false), FAMILY); // softcap
         assert_eq!(fam(true, 128, DType::BF16, true, 90, false, false), FAMILY); // softcap
         assert_eq!(fam(true, 128, DType::BF16, false, 90, true, false), FAMILY); // varlen
         assert_eq!(fam(true, 128, DType::BF16, false, 90, false, true), FAMILY); // deterministic
@@ -1145,13 +1176,13 @@ mod tests {
     #[test]
     fn sm90_specs_are_listed_for_sm90_only() {
         let specs = sm90_specs(90);
-        assert_eq!(specs.len(), 16); // hd 64 / 128 x fp16 / bf16 x mask x TMA / cp.async
+        assert_eq!(specs.len(), 24); // hd 64 / 128 / 256 x fp16 / bf16 x mask x TMA / cp.async
         for tma in [0, 1] {
             let n = specs
                 .iter()
                 .filter(|s| s.defines.contains(&("FS_BWD_TMA", tma)))
                 .count();
-            assert_eq!(n, 8);
+            assert_eq!(n, 12);
         }
         assert!(specs.iter().all(|s| s.family == FAMILY_SM90));
         assert!(sm90_specs(80).is_empty());
@@ -1190,6 +1221,14 @@ mod tests {
             sm90_main_spec(128, DType::BF16, false, false, 90, false, false).expect("covered");
         assert!(spec.defines.contains(&("FS_BWD_TMA", 1)));
         assert!(without_tma(spec).defines.contains(&("FS_BWD_TMA", 0)));
+        // hd256: 64 keys a CTA, K, V 32 KB each, 4 x 32 KB Q / dO, dS^T and P^T 8 KB each,
+        // lse / D 1 KB, no dQ stage, 2 mbarriers, 1 KB alignment: one CTA an SM (227 KB)
+        let (_, tile, smem) =
+            main_choice(true, 256, DType::BF16, false, false, 90, false, false).expect("covered");
+        assert_eq!(tile, SM90_TILE_HD256);
+        assert_eq!((tile.block_m, tile.block_n), (64, 64));
+        assert_eq!(smem, 65536 + 131072 + 16384 + 1024 + 16 + 1024);
+        assert!(smem <= 227 * 1024);
     }
 
     #[test]
@@ -1200,7 +1239,7 @@ mod tests {
                 .find(|&&(k, _)| k == "FS_DQ_FRAG")
                 .map(|&(_, v)| v)
         };
-        for (hd, bm) in [(128, 64), (64, 128)] {
+        for (hd, bm) in [(128, 64), (64, 128), (256, 64)] {
             for dtype in [DType::F16, DType::BF16] {
                 let (main, tile, _) =
                     main_choice(true, hd, dtype, false, false, 90, false, false).expect("main");
@@ -1222,7 +1261,7 @@ mod tests {
                 assert_eq!(frag(&conv), None);
             }
         }
-        assert_eq!(sm90_aux_specs(90).len(), 4);
+        assert_eq!(sm90_aux_specs(90).len(), 6);
         assert!(sm90_aux_specs(80).is_empty());
     }
 

@@ -4,6 +4,7 @@ backward, flashscan against torch SDPA's FlashAttention-2 and cuDNN backends in 
 rows are the issue's anchors).
 
     python benches/backward.py [--quick] [--out DIR] [--suite attention,scan] [--sm90-bwd]
+                               [--head-dims 64,128]
 
 --sm90-bwd adds a `flashscan-sm90bwd` attention row: the same call with FLASHSCAN_SM90_BWD=1 (the
 wgmma backward, cuda/flash_bwd_sm90.cu, the default on sm_90), the plain `flashscan` row then runs
@@ -123,11 +124,16 @@ def _ends(n: int) -> list[int]:
 
 
 def attention_rows(
-    torch: Any, timer: Timer, quick: bool, log: Callable[[str], None], sm90_bwd: bool = False
+    torch: Any,
+    timer: Timer,
+    quick: bool,
+    log: Callable[[str], None],
+    sm90_bwd: bool = False,
+    head_dims: tuple[int, ...] = (64, 128),
 ) -> list:
     rows: list[dict] = []
     seqlens = [2048, 8192] if quick else [2048, 4096, 8192, 16384]
-    for hd in (64, 128):
+    for hd in head_dims:
         for causal in (False, True):
             for sq in seqlens:
                 rows += attention_shape(torch, timer, hd, causal, sq, log, sm90_bwd)
@@ -557,7 +563,13 @@ def main(argv: list[str] | None = None, *, results_root: str | None = None) -> i
         action="store_true",
         help=f"time flashscan with {SM90_BWD_ENV}=0 and =1 (mma.sync vs wgmma backward on sm_90)",
     )
+    ap.add_argument(
+        "--head-dims",
+        default="64,128",
+        help="attention head dims, comma-separated (batch x seqlen 16k, nheads x hd 2048)",
+    )
     args = ap.parse_args(argv)
+    head_dims = tuple(int(x) for x in args.head_dims.split(","))
     import torch
 
     if not torch.cuda.is_available():
@@ -588,7 +600,7 @@ def main(argv: list[str] | None = None, *, results_root: str | None = None) -> i
     rows: list[dict] = []
     suites = args.suite.split(",")
     if "attention" in suites:
-        rows += attention_rows(torch, timer, args.quick, log, args.sm90_bwd)
+        rows += attention_rows(torch, timer, args.quick, log, args.sm90_bwd, head_dims)
     if "scan" in suites:
         rows += scan_rows(torch, fs, timer, args.quick, log, mamba)
     info = fs.info()
