@@ -105,14 +105,17 @@
 //
 // Covered (the launcher falls back to flash_bwd.cu otherwise): sm_90a, fp16 / bf16, head dim
 // exactly 64, 128 or 256, dense (no varlen), causal / sliding windows (FS_HAS_MASK), seqlen_q !=
-// seqlen_k (bottom-right), GQA / MQA, non-deterministic (the dQ reduce-adds land in any order). No softcap.
+// seqlen_k (bottom-right), GQA / MQA, softcap (FS_HAS_SOFTCAP, below), non-deterministic (the dQ
+// reduce-adds land in any order).
 //
-// The prelude defines FS_HEAD_DIM (64, 128 or 256), FS_DTYPE (0 fp16, 1 bf16), FS_HAS_MASK, FS_ARCH (90).
+// The prelude defines FS_HEAD_DIM (64, 128 or 256), FS_DTYPE (0 fp16, 1 bf16), FS_HAS_MASK, FS_ARCH (90);
+// FS_HAS_SOFTCAP = 1 only in softcap variants.
 
 #include "common/convert.cuh"
 #include "common/copy.cuh"
 #include "common/flash_params.cuh"
 #include "common/math.cuh"
+#include "common/softcap.cuh"
 #include "common/tma.cuh"
 #include "common/wgmma.cuh"
 
@@ -121,6 +124,19 @@
 #endif
 #ifndef FS_BWD_TMA
 #define FS_BWD_TMA 0
+#endif
+#ifndef FS_HAS_SOFTCAP
+#define FS_HAS_SOFTCAP 0
+#endif
+// Softcap (FS_HAS_SOFTCAP): S^T's registers hold th = tanh(scale / cap * q.k) (common/softcap.cuh,
+// the forward's scores bit for bit) instead of P^T; P^T = exp2(th cap log2e - lse_log2) is formed
+// where it is packed or stored and again for dS^T = P^T (dP^T - D) (1 - th^2), so no second array
+// of registers lives; masked elements hold th = -inf (P^T = 0, and max(1 - th^2, 0) = 0 keeps
+// dS^T a clean 0).
+#if FS_HAS_SOFTCAP
+#define FB90_MASKED neg_inf()
+#else
+#define FB90_MASKED 0.0f
 #endif
 
 // FS_BWD_TMA = 1: the kernel parameter carries tensor maps of q and dout (4D: head dim, seqlen,
@@ -349,7 +365,12 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
         acc_dv[i] = 0.0f;
     }
 
+#if FS_HAS_SOFTCAP
+    const ScoreScale sc = score_scale<true>(p.softmax_scale, p.softcap);
+    const float scale_log2 = sc.log2;  // cap log2e: P = exp2(th scale_log2 - lse_log2)
+#else
     const float scale_log2 = p.softmax_scale * kLog2e;
+#endif
 #if FS_HEAD_DIM == 256
     // ---- hd256: the column-split form (header) ----
     const int key_row = warp_in_wg * 16 + g;  // this thread's first key row (S^T, P^T, dS^T)
@@ -410,6 +431,10 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
         // ---- P^T = exp2(S^T scale log2e - lse_log2), masked, -> shared memory (16-bit) ----
         wgmma_wait<1>();
         reg_fence(acc_s);
+#if FS_HAS_SOFTCAP
+#pragma unroll
+        for (int i = 0; i < kSRegs; ++i) acc_s[i] = tanh_softcap<FS_DTYPE>(acc_s[i] * sc.pre);
+#else
 #pragma unroll
         for (int j = 0; j < kSCols / 8; ++j) {
             const float2 l2 = *reinterpret_cast<const float2*>(sL + q_col0 + 8 * j + 2 * t);
@@ -417,6 +442,7 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
             for (int e = 0; e < 4; ++e)
                 acc_s[4 * j + e] = ex2(fmaf(acc_s[4 * j + e], scale_log2, (e & 1) ? -l2.y : -l2.x));
         }
+#endif
         bool need_mask = n0 + kBlockN > seqlen_k;
 #if FS_HAS_MASK
         if (p.window_right >= 0 && n0 + kBlockN - 1 - (m0 + diag) > p.window_right) need_mask = true;
@@ -433,17 +459,26 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
                 for (int e = 0; e < 4; ++e) {
                     const int key = key0 + 8 * (e >> 1);
                     const int rel = key - (qd0 + 8 * j + (e & 1));
-                    if (key >= seqlen_k || rel < rel_lo || rel > rel_hi) acc_s[4 * j + e] = 0.0f;
+                    if (key >= seqlen_k || rel < rel_lo || rel > rel_hi) acc_s[4 * j + e] = FB90_MASKED;
                 }
         }
         // element (key_row + 8 h, q_col0 + 8 j + 2 t + {0, 1}) of the accumulator is the pair
         // acc[4 j + 2 h], acc[4 j + 2 h + 1]: one 4-byte store, 32 banks a warp (the swizzle)
 #pragma unroll
-        for (int j = 0; j < kSCols / 8; ++j)
+        for (int j = 0; j < kSCols / 8; ++j) {
+#if FS_HAS_SOFTCAP
+            const float2 l2 = *reinterpret_cast<const float2*>(sL + q_col0 + 8 * j + 2 * t);
+#endif
 #pragma unroll
             for (int h = 0; h < 2; ++h)
                 *reinterpret_cast<u32*>(smem + kPOff + swz_offset(kBlockN, key_row + 8 * h, q_col0 + 8 * j + 2 * t)) =
+#if FS_HAS_SOFTCAP
+                    pack2<FS_DTYPE>(ex2(fmaf(acc_s[4 * j + 2 * h], scale_log2, -l2.x)),
+                                    ex2(fmaf(acc_s[4 * j + 2 * h + 1], scale_log2, -l2.y)));
+#else
                     pack2<FS_DTYPE>(acc_s[4 * j + 2 * h], acc_s[4 * j + 2 * h + 1]);
+#endif
+        }
 
         // ---- dS^T = P^T (dP^T - D) -> shared memory ----
         wgmma_wait<0>();
@@ -451,8 +486,18 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
 #pragma unroll
         for (int j = 0; j < kSCols / 8; ++j) {
             const float2 dd = *reinterpret_cast<const float2*>(sD + q_col0 + 8 * j + 2 * t);
+#if FS_HAS_SOFTCAP
+            const float2 l2 = *reinterpret_cast<const float2*>(sL + q_col0 + 8 * j + 2 * t);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float th = acc_s[4 * j + e];
+                const float pr = ex2(fmaf(th, scale_log2, (e & 1) ? -l2.y : -l2.x));
+                acc_dp[4 * j + e] = pr * (acc_dp[4 * j + e] - ((e & 1) ? dd.y : dd.x)) * fmaxf(1.0f - th * th, 0.0f);
+            }
+#else
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc_dp[4 * j + e] = acc_s[4 * j + e] * (acc_dp[4 * j + e] - ((e & 1) ? dd.y : dd.x));
+#endif
         }
 #pragma unroll
         for (int j = 0; j < kSCols / 8; ++j)
@@ -577,6 +622,10 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
         //      end and to dQ in the convert pass) while dP^T still runs ----
         wgmma_wait<1>();
         reg_fence(acc_s);
+#if FS_HAS_SOFTCAP
+#pragma unroll
+        for (int i = 0; i < kSRegs; ++i) acc_s[i] = tanh_softcap<FS_DTYPE>(acc_s[i] * sc.pre);
+#else
 #pragma unroll
         for (int j = 0; j < kBlockM / 8; ++j) {
             const float2 l2 = *reinterpret_cast<const float2*>(sL + 8 * j + 2 * t);
@@ -584,6 +633,7 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
             for (int e = 0; e < 4; ++e)
                 acc_s[4 * j + e] = ex2(fmaf(acc_s[4 * j + e], scale_log2, (e & 1) ? -l2.y : -l2.x));
         }
+#endif
 
         // ---- mask P^T (only blocks crossing seqlen_k or a window edge); dS^T = P^T (dP^T - D)
         //      then vanishes there too, dP^T and D being finite ----
@@ -603,17 +653,29 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
                 for (int e = 0; e < 4; ++e) {
                     const int key = key0 + 8 * (e >> 1);
                     const int rel = key - (qd0 + 8 * j + (e & 1));
-                    if (key >= seqlen_k || rel < rel_lo || rel > rel_hi) acc_s[4 * j + e] = 0.0f;
+                    if (key >= seqlen_k || rel < rel_lo || rel > rel_hi) acc_s[4 * j + e] = FB90_MASKED;
                 }
         }
 
         // ---- P^T, dS^T rounded to the input type as register A operands: n8 slabs 2kk, 2kk + 1
         //      of the accumulator are k16 step kk of A (common/wgmma.cuh) ----
         u32 pa[kPSteps][4], sa[kPSteps][4];
+#if FS_HAS_SOFTCAP
+        // pa[kk][e] packs accumulator elements 8 kk + 2 e, + 1: n8 slab j = 2 kk + e / 2, pair e % 2
+#pragma unroll
+        for (int j = 0; j < kBlockM / 8; ++j) {
+            const float2 l2 = *reinterpret_cast<const float2*>(sL + 8 * j + 2 * t);
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                pa[j >> 1][2 * (j & 1) + h] = pack2<FS_DTYPE>(ex2(fmaf(acc_s[4 * j + 2 * h], scale_log2, -l2.x)),
+                                                              ex2(fmaf(acc_s[4 * j + 2 * h + 1], scale_log2, -l2.y)));
+        }
+#else
 #pragma unroll
         for (int kk = 0; kk < kPSteps; ++kk)
 #pragma unroll
             for (int e = 0; e < 4; ++e) pa[kk][e] = pack2<FS_DTYPE>(acc_s[8 * kk + 2 * e], acc_s[8 * kk + 2 * e + 1]);
+#endif
 
         // ---- dV += P^T dO (B = dO MN-major: rows = queries = K, columns = hd = N), issued
         //      before dP^T is waited for: the tensor cores run it under the dS^T arithmetic ----
@@ -630,8 +692,18 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
 #pragma unroll
         for (int j = 0; j < kBlockM / 8; ++j) {
             const float2 dd = *reinterpret_cast<const float2*>(sD + 8 * j + 2 * t);
+#if FS_HAS_SOFTCAP
+            const float2 l2 = *reinterpret_cast<const float2*>(sL + 8 * j + 2 * t);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float th = acc_s[4 * j + e];
+                const float pr = ex2(fmaf(th, scale_log2, (e & 1) ? -l2.y : -l2.x));
+                acc_dp[4 * j + e] = pr * (acc_dp[4 * j + e] - ((e & 1) ? dd.y : dd.x)) * fmaxf(1.0f - th * th, 0.0f);
+            }
+#else
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc_dp[4 * j + e] = acc_s[4 * j + e] * (acc_dp[4 * j + e] - ((e & 1) ? dd.y : dd.x));
+#endif
         }
 #pragma unroll
         for (int kk = 0; kk < kPSteps; ++kk)

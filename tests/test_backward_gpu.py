@@ -234,10 +234,10 @@ SM90_ENV = "FLASHSCAN_SM90_BWD"
 
 
 def _sm90_covers(c: tuple) -> bool:
-    """Dense fp16 / bf16, head dim exactly 64, 128 or 256, no softcap: what the wgmma kernel
-    runs."""
+    """Dense fp16 / bf16, head dim exactly 64, 128 or 256 (softcap or not): what the wgmma
+    kernel runs."""
     b, sq, sk, h, hk, d, dt, causal, window, cap = c
-    return d in (64, 128, 256) and dt != "float32" and cap == 0.0
+    return d in (64, 128, 256) and dt != "float32"
 
 
 def _sm90_cases() -> list[tuple]:
@@ -268,6 +268,13 @@ def _sm90_cases() -> list[tuple]:
         (2, 65, 63, 4, 1, 256, "bfloat16", True, (48, -1), 0.0),
         (2, 64, 64, 2, 2, 256, "float16", False, (-1, -1), 0.0),
         (1, 2048, 2048, 2, 2, 256, "bfloat16", True, (-1, -1), 0.0),
+        # softcap (tanh recomputed from S^T, P^T formed twice, masked th = -inf)
+        (2, 333, 333, 4, 2, 256, "bfloat16", True, (-1, -1), 50.0),
+        (1, 300, 517, 4, 4, 128, "float16", False, (-1, -1), 20.0),
+        (2, 129, 200, 4, 1, 64, "bfloat16", True, (48, -1), 5.0),
+        (1, 700, 700, 2, 2, 128, "bfloat16", False, (100, 30), 1.0),
+        (2, 65, 63, 2, 2, 64, "float16", False, (-1, -1), 30.0),
+        (1, 2048, 2048, 2, 2, 256, "bfloat16", True, (-1, -1), 50.0),
     ]
     return [c for c in ATTN_CASES if _sm90_covers(c)] + extra
 

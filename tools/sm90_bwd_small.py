@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Small odd backward problems for a first run of the wgmma backward (FLASHSCAN_SM90_BWD=1) and
-for compute-sanitizer: hd64 / hd128 / hd256, fp16 / bf16, causal, a window, GQA, seqlen_q !=
-seqlen_k, tails that are not multiples of the tiles. Each is compared with float64 autograd (max
-error relative to the largest reference gradient, NaN-poisoned output buffers); prints one line
-per case and exits 1 if any is off. Needs torch and a GPU; the switch is read from the
-environment."""
+for compute-sanitizer: hd64 / hd128 / hd256, fp16 / bf16, causal, a window, softcap, GQA,
+seqlen_q != seqlen_k, tails that are not multiples of the tiles. Each is compared with float64
+autograd (max error relative to the largest reference gradient, NaN-poisoned output buffers);
+prints one line per case and exits 1 if any is off. Needs torch and a GPU; the switch is read
+from the environment."""
 
 from __future__ import annotations
 
@@ -16,22 +16,27 @@ import torch
 import flashscan
 
 CASES = [
-    # b, sq, sk, h, hk, d, dtype, causal, window
-    (1, 77, 291, 4, 2, 128, torch.bfloat16, True, (-1, -1)),
-    (2, 130, 130, 2, 2, 128, torch.float16, False, (-1, -1)),
-    (1, 200, 120, 2, 1, 64, torch.bfloat16, True, (-1, -1)),
-    (1, 150, 260, 2, 2, 64, torch.float16, False, (40, 20)),
-    (1, 77, 291, 4, 2, 256, torch.bfloat16, True, (-1, -1)),
-    (2, 130, 70, 2, 2, 256, torch.float16, False, (-1, -1)),
-    (1, 100, 140, 2, 1, 256, torch.bfloat16, False, (30, 10)),
+    # b, sq, sk, h, hk, d, dtype, causal, window, softcap
+    (1, 77, 291, 4, 2, 128, torch.bfloat16, True, (-1, -1), 0.0),
+    (2, 130, 130, 2, 2, 128, torch.float16, False, (-1, -1), 0.0),
+    (1, 200, 120, 2, 1, 64, torch.bfloat16, True, (-1, -1), 0.0),
+    (1, 150, 260, 2, 2, 64, torch.float16, False, (40, 20), 0.0),
+    (1, 77, 291, 4, 2, 256, torch.bfloat16, True, (-1, -1), 0.0),
+    (2, 130, 70, 2, 2, 256, torch.float16, False, (-1, -1), 0.0),
+    (1, 100, 140, 2, 1, 256, torch.bfloat16, False, (30, 10), 0.0),
+    (1, 77, 291, 4, 2, 256, torch.bfloat16, True, (-1, -1), 50.0),
+    (1, 150, 130, 2, 1, 128, torch.float16, False, (40, 20), 10.0),
+    (2, 200, 120, 2, 2, 64, torch.bfloat16, True, (-1, -1), 5.0),
 ]
 
 
-def reference(q, k, v, dout, causal, window):  # noqa: ANN001, ANN201
+def reference(q, k, v, dout, causal, window, softcap=0.0):  # noqa: ANN001, ANN201
     g = q.shape[2] // k.shape[2]
     qq, kk, vv = (t.double().transpose(1, 2).requires_grad_() for t in (q, k, v))
     ke, ve = kk.repeat_interleave(g, 1), vv.repeat_interleave(g, 1)
     s = qq @ ke.transpose(-1, -2) * q.shape[-1] ** -0.5
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
     sq, sk = q.shape[1], k.shape[1]
     i = torch.arange(sq, device=q.device)[:, None] + sk - sq
     j = torch.arange(sk, device=q.device)[None, :]
@@ -55,22 +60,22 @@ def main() -> int:
         f"FLASHSCAN_SM90_BWD={os.environ.get('FLASHSCAN_SM90_BWD')}, {torch.cuda.get_device_name()}"
     )
     bad = 0
-    for b, sq, sk, h, hk, d, dt, causal, window in CASES:
+    for b, sq, sk, h, hk, d, dt, causal, window, cap in CASES:
         torch.manual_seed(sq + sk + d)
         q = torch.randn(b, sq, h, d, device="cuda", dtype=dt)
         k, v = (torch.randn(b, sk, hk, d, device="cuda", dtype=dt) for _ in range(2))
         dout = torch.randn_like(q)
         out, lse = flashscan.flash_attn_func(
-            q, k, v, causal=causal, window_size=window, return_lse=True
+            q, k, v, causal=causal, window_size=window, softcap=cap, return_lse=True
         )
         grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
         stream = torch.cuda.current_stream().cuda_stream
         right = 0 if causal else window[1]
         flashscan._native.flash_attn_bwd(
-            dout, q, k, v, out, lse, *grads, d**-0.5, window[0], right, 0.0, False, stream
+            dout, q, k, v, out, lse, *grads, d**-0.5, window[0], right, cap, False, stream
         )
         torch.cuda.synchronize()
-        ref = reference(q, k, v, dout, causal, window)
+        ref = reference(q, k, v, dout, causal, window, cap)
         errs = []
         for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
             r = r.transpose(1, 2)
@@ -79,7 +84,7 @@ def main() -> int:
             bad += not ok
             errs.append(f"{name} {err:.1e}{'' if ok else ' FAIL'}")
         print(
-            f"b{b} q{sq} k{sk} h{h}/{hk} d{d} {dt} causal={causal} window={window}: "
+            f"b{b} q{sq} k{sk} h{h}/{hk} d{d} {dt} causal={causal} window={window} cap={cap}: "
             + ", ".join(errs)
         )
     print("ALL OK" if bad == 0 else f"{bad} gradient(s) off")

@@ -446,9 +446,9 @@ fn sm90_tile(head_dim: i64) -> BwdTile {
 }
 
 /// The wgmma backward's dtype code where it covers the problem: sm_90, fp16 / bf16, head dim
-/// exactly 64, 128 or 256, no softcap.
-fn sm90_bwd_dtype_code(head_dim: i64, dtype: DType, softcap: bool, arch_num: i64) -> Option<i64> {
-    if arch_num != 90 || softcap || !SM90_HEAD_DIMS.contains(&head_dim) {
+/// exactly 64, 128 or 256 (softcap or not).
+fn sm90_bwd_dtype_code(head_dim: i64, dtype: DType, arch_num: i64) -> Option<i64> {
+    if arch_num != 90 || !SM90_HEAD_DIMS.contains(&head_dim) {
         return None;
     }
     match dtype {
@@ -490,18 +490,22 @@ pub fn sm90_main_spec(
     if varlen || deterministic {
         return None;
     }
-    let code = sm90_bwd_dtype_code(head_dim, dtype, softcap, arch_num)?;
+    let code = sm90_bwd_dtype_code(head_dim, dtype, arch_num)?;
     let tile = sm90_tile(head_dim);
     let smem = sm90_smem_bytes(tile, head_dim as u32);
     // FS_BWD_TMA 1 (Q / dO by TMA, the maps in the parameter: `sm90_tma_params`) by default;
     // `launch` switches a call to 0 (cp.async) when a map cannot be encoded (`without_tma`).
-    let defines = vec![
+    let mut defines = vec![
         ("FS_HEAD_DIM", head_dim),
         ("FS_DTYPE", code),
         ("FS_HAS_MASK", has_mask as i64),
         ("FS_ARCH", arch_num),
         ("FS_BWD_TMA", 1),
     ];
+    if softcap {
+        // only softcap variants carry the define: the others keep their names (and kernel cache)
+        defines.push(("FS_HAS_SOFTCAP", 1));
+    }
     Some((
         KernelSpec {
             family: FAMILY_SM90,
@@ -582,7 +586,7 @@ fn sm90_bwd_enabled() -> bool {
 }
 
 /// The main kernel for a problem: the wgmma kernel when `sm90` is asked for and covers it, else
-/// `main_spec`'s (softcap, varlen, deterministic, other head dims / dtypes / archs).
+/// `main_spec`'s (varlen, deterministic, other head dims / dtypes / archs).
 #[allow(clippy::too_many_arguments)]
 pub fn main_choice(
     sm90: bool,
@@ -620,11 +624,13 @@ pub fn sm90_specs(arch_num: i64) -> Vec<KernelSpec> {
     for hd in SM90_HEAD_DIMS {
         for dtype in [DType::F16, DType::BF16] {
             for mask in [false, true] {
-                if let Some((s, _, _)) =
-                    sm90_main_spec(hd, dtype, mask, false, arch_num, false, false)
-                {
-                    out.push(without_tma(s.clone()));
-                    out.push(s);
+                for softcap in [false, true] {
+                    if let Some((s, _, _)) =
+                        sm90_main_spec(hd, dtype, mask, softcap, arch_num, false, false)
+                    {
+                        out.push(without_tma(s.clone()));
+                        out.push(s);
+                    }
                 }
             }
         }
@@ -1119,8 +1125,16 @@ mod tests {
         assert_eq!(fam(true, 120, DType::BF16, false, 90, false, false), FAMILY);
         assert_eq!(fam(true, 192, DType::BF16, false, 90, false, false), FAMILY);
         assert_eq!(fam(true, 248, DType::BF16, false, 90, false, false), FAMILY);
-        assert_eq!(fam(true, 256, DType::BF16, true, 90, false, false), FAMILY); // softcap
-        assert_eq!(fam(true, 128, DType::BF16, true, 90, false, false), FAMILY); // softcap
+        // softcap: the wgmma kernel at its head dims, the mma.sync one elsewhere
+        assert_eq!(
+            fam(true, 256, DType::BF16, true, 90, false, false),
+            FAMILY_SM90
+        );
+        assert_eq!(
+            fam(true, 64, DType::F16, true, 90, false, false),
+            FAMILY_SM90
+        );
+        assert_eq!(fam(true, 192, DType::BF16, true, 90, false, false), FAMILY);
         assert_eq!(fam(true, 128, DType::BF16, false, 90, true, false), FAMILY); // varlen
         assert_eq!(fam(true, 128, DType::BF16, false, 90, false, true), FAMILY); // deterministic
         assert_eq!(fam(true, 128, DType::BF16, false, 80, false, false), FAMILY);
@@ -1176,13 +1190,22 @@ mod tests {
     #[test]
     fn sm90_specs_are_listed_for_sm90_only() {
         let specs = sm90_specs(90);
-        assert_eq!(specs.len(), 24); // hd 64 / 128 / 256 x fp16 / bf16 x mask x TMA / cp.async
+        // hd 64 / 128 / 256 x fp16 / bf16 x mask x softcap x TMA / cp.async
+        assert_eq!(specs.len(), 48);
+        let capped = specs
+            .iter()
+            .filter(|s| s.defines.contains(&("FS_HAS_SOFTCAP", 1)))
+            .count();
+        assert_eq!(capped, 24);
+        assert!(specs
+            .iter()
+            .all(|s| !s.defines.contains(&("FS_HAS_SOFTCAP", 0))));
         for tma in [0, 1] {
             let n = specs
                 .iter()
                 .filter(|s| s.defines.contains(&("FS_BWD_TMA", tma)))
                 .count();
-            assert_eq!(n, 12);
+            assert_eq!(n, 24);
         }
         assert!(specs.iter().all(|s| s.family == FAMILY_SM90));
         assert!(sm90_specs(80).is_empty());
