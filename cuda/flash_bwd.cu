@@ -45,11 +45,12 @@
 // lse is (nheads, total_q). The two small passes first turn the packed parameters into their
 // sequence's dense ones (sequence_params: row bounds clamped into [0, total], the query length to
 // max_seqlen_q, base pointers moved to the sequence's first row); the main kernel keeps the same
-// bounds (sequence_rows) in spare shared memory and reads them where used (the FB_* macros; they
-// expand to the dense code's own locals in the dense build), so the algorithm is unchanged; the
-// launcher passes batch strides 0 and seqlen_q / seqlen_k as the maxima, and the scratch keeps its
-// (batch, nheads, seqlen_q_pad) layout with seqlen_q_pad from max_seqlen_q. CTAs with no rows of
-// their sequence to do fall through their loops. The dense build's struct and code are untouched.
+// bounds (sequence_rows, common/flash_params.cuh) in spare shared memory and reads them where used
+// (the FB_* macros; they expand to the dense code's own locals in the dense build), so the
+// algorithm is unchanged; the launcher passes batch strides 0 and seqlen_q / seqlen_k as the
+// maxima, and the scratch keeps its (batch, nheads, seqlen_q_pad) layout with seqlen_q_pad from
+// max_seqlen_q. CTAs with no rows of their sequence to do fall through their loops. The dense
+// build's struct and code are untouched.
 //
 // Prelude defines: FS_HEAD_DIM (tile), FS_DTYPE (0 fp16, 1 bf16, 2 fp32), FS_ARCH, and for the main
 // kernel FS_BLOCK_M, FS_BLOCK_N (= 16 or 32 * FS_NWARPS), FS_NWARPS, FS_STAGES (1/2), FS_DSPLIT (1/2/4),
@@ -114,23 +115,6 @@ __device__ __forceinline__ float dot_chunk(uint4 x, uint4 y) {
 }
 
 #if FS_VARLEN
-__device__ __forceinline__ int clamp_row(int x, int total) { return min(max(x, 0), total); }
-
-// Sequence b's rows of a packed (varlen) call: bounds clamped into [0, total], at most
-// max_seqlen_q (= pk.seqlen_q) queries: the scratch holds seqlen_q_pad >= max_seqlen_q rows per
-// sequence.
-struct SeqRows {
-    int q0, len_q, k0, len_k;
-};
-__device__ __forceinline__ SeqRows sequence_rows(const FlashBwdParams& pk, int b) {
-    SeqRows r;
-    r.q0 = clamp_row(pk.cu_seqlens_q[b], pk.total_q);
-    r.len_q = min(max(clamp_row(pk.cu_seqlens_q[b + 1], pk.total_q) - r.q0, 0), pk.seqlen_q);
-    r.k0 = clamp_row(pk.cu_seqlens_k[b], pk.total_k);
-    r.len_k = max(clamp_row(pk.cu_seqlens_k[b + 1], pk.total_k) - r.k0, 0);
-    return r;
-}
-
 // Sequence b of a packed (varlen) call as a dense problem of batch 1 at its own rows.
 __device__ __forceinline__ FlashBwdParams sequence_params(const FlashBwdParams& pk, int b) {
     FlashBwdParams p = pk;

@@ -185,12 +185,6 @@ __device__ __forceinline__ void store_tile(char* dst, long long row_stride_bytes
     }
 }
 
-#if FS_VARLEN
-// A row bound read from cu_seqlens, clamped into [0, total]: bad values give empty or short
-// sequences, never an out-of-bounds row.
-__device__ __forceinline__ int clamp_row(int x, int total) { return min(max(x, 0), total); }
-#endif
-
 }  // namespace ff
 
 // ---- the kernel --------------------------------------------------------------------------------
@@ -217,9 +211,11 @@ flash_fwd_kernel(const FlashFwdParams p) {
 #if FS_VARLEN
     // This CTA's sequence: row bounds from cu_seqlens, clamped into [0, total] so that bad values
     // never reach outside q, k, v, o or lse, at most max_seqlen_q (= p.seqlen_q) queries (the
-    // grid covers no more). They are kept in the 16 padding bytes of the Q tile's first
-    // shared-memory row (which nothing else reads or writes) and read there where used: the
-    // 255-register tiles have no register to hold them across the main loop.
+    // grid covers no more): common/flash_params.cuh's sequence_rows, inline here so that a CTA
+    // past its sequence's end returns before reading the key bounds. They are kept in the 16
+    // padding bytes of the Q tile's first shared-memory row (which nothing else reads or writes)
+    // and read there where used: the 255-register tiles have no register to hold them across the
+    // main loop.
     int* const s_seq = reinterpret_cast<int*>(smem_raw + kHeadDim * kElemBytes);
     {
         const int b = blockIdx.z;

@@ -54,7 +54,7 @@
 // P V are unchanged and O's extra columns, zero, are not stored), causal / sliding windows
 // (FS_HAS_MASK), seqlen_q != seqlen_k (bottom-right aligned), GQA/MQA, LSE, packed sequences
 // (FS_VARLEN: the maps span the packed rows with batch 1, each tile reads its sequence's bounds
-// from cu_seqlens (clamped, as flash_fwd.cu) and loads from its first rows; rows past a
+// from cu_seqlens (clamped, common/flash_params.cuh) and loads from its first rows; rows past a
 // sequence's end are the next one's or TMA's zeros, masked as keys and never stored as queries;
 // one CTA a tile, those past their sequence's end return at once), softcap (FS_HAS_SOFTCAP:
 // tanh.approx of the pre-scaled product before the mask, common/softcap.cuh; built for each head
@@ -244,23 +244,16 @@ struct TileWork {
     float* lse_ptr;
 };
 
-#if FS_VARLEN
-// A row bound read from cu_seqlens, clamped into [0, total]: bad values give empty or short
-// sequences, never a row outside the tensors (as flash_fwd.cu).
-__device__ __forceinline__ int clamp_row(int x, int total) { return min(max(x, 0), total); }
-#endif
-
 __device__ __forceinline__ TileWork tile_work(const FlashFwdParams& p, int m_block, int head, int batch,
                                               long long diag) {
     TileWork w;
     w.m0 = m_block * kBlockM;
 #if FS_VARLEN
-    // the sequence's rows [q0, q0 + len_q) of q / o and [k0, k0 + sk) of k / v; at most
-    // max_seqlen_q (= p.seqlen_q) queries, which the grid covers
-    const int q0 = clamp_row(p.cu_seqlens_q[batch], p.total_q);
-    const int len_q = min(max(clamp_row(p.cu_seqlens_q[batch + 1], p.total_q) - q0, 0), p.seqlen_q);
-    const int k0 = clamp_row(p.cu_seqlens_k[batch], p.total_k);
-    w.sk = max(clamp_row(p.cu_seqlens_k[batch + 1], p.total_k) - k0, 0);
+    // the sequence's rows [q0, q0 + len_q) of q / o and [k0, k0 + sk) of k / v
+    // (common/flash_params.cuh); at most max_seqlen_q (= p.seqlen_q) queries, which the grid covers
+    const SeqRows r = sequence_rows(p, batch);
+    const int q0 = r.q0, len_q = r.len_q, k0 = r.k0;
+    w.sk = r.len_k;
     diag = (long long)w.sk - len_q;
     w.dg = diag;
     w.rows_q = min(kBlockM, len_q - w.m0);
@@ -418,23 +411,11 @@ __device__ __forceinline__ float row_max_of(const float (&acc_s)[kSRegs], int h,
     return quad_max(mx);
 }
 
-// 2^x on the FMA pipe (no MUFU): x = j + f, j = rint(x), |f| <= 1/2, 2^f by a degree-3
-// near-minimax polynomial (relative error 1.0e-4: below the 16-bit rounding P gets for P V),
-// the exponent added as an integer; 0 below -126 (a masked score's -inf included).
-__device__ __forceinline__ float ex2_fma(float x) {
-    const float xc = fmaxf(x, -126.f);
-    const float r = xc + 12582912.f;  // 1.5 * 2^23: rint(xc) lands in the low mantissa bits
-    const float f = xc - (r - 12582912.f);
-    const float p = fmaf(fmaf(fmaf(0.05592208f, f, 0.24264039f), f, 0.69312102f), f, 0.99992448f);
-    const float y = __int_as_float(__float_as_int(p) + (__float_as_int(r) << 23));
-    return x < -126.f ? 0.f : y;
-}
-
 // Row h of S turned into P = 2^(S scale_log2 - base) in place; returns sum plus this thread's
 // part of the row's P. FS_EXP_POLY of every 16 column pairs (spread evenly) exponentiate on the
-// FMA pipe (ex2_fma), the rest on MUFU (16 lanes a clock an SM: at head dim 64 as many exps a
-// clock as the tensor cores' GEMM work on the same scores). Off by default: measured, it pays only
-// where MUFU also runs the softcap's tanh (src/ops/attention_tma.rs, exp_poly).
+// FMA pipe (ex2_fma, common/math.cuh), the rest on MUFU (16 lanes a clock an SM: at head dim 64 as
+// many exps a clock as the tensor cores' GEMM work on the same scores). Off by default: measured,
+// it pays only where MUFU also runs the softcap's tanh (src/ops/attention_tma.rs, exp_poly).
 __device__ __forceinline__ float exp_row(float (&acc_s)[kSRegs], int h, float scale_log2, float base, float sum) {
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {

@@ -1,8 +1,10 @@
 // common/flash_params.cuh: the attention kernels' by-value parameter blocks, one definition
 // each: FlashFwdParams for flash_fwd.cu, flash_fwd_sm90.cu and flash_fwd_sm90_tma.cu (host mirror
 // in src/ops/attention.rs), FlashBwdParams for flash_bwd.cu and flash_bwd_sm90.cu (host mirror in
-// src/ops/attention_bwd.rs). Strides in elements. A varlen build (FS_VARLEN=1, flash_fwd.cu and
-// flash_bwd.cu only) appends the packed-sequence fields; the other builds' layout ends before.
+// src/ops/attention_bwd.rs). Strides in elements. A varlen build (FS_VARLEN=1: flash_fwd.cu,
+// flash_bwd.cu and flash_fwd_sm90_tma.cu) appends the packed-sequence fields; the other builds'
+// layout ends before. Such a build also gets the one reading of a packed sequence's rows from
+// cu_seqlens (clamp_row, SeqRows, sequence_rows) that all three use.
 #pragma once
 
 #ifndef FS_VARLEN
@@ -64,3 +66,31 @@ struct FlashBwdParams {
     int total_q, total_k;     // rows of q / k: every row bound is clamped to these
 #endif
 };
+
+#if FS_VARLEN
+namespace fs {
+
+// A row bound read from cu_seqlens, clamped into [0, total]: bad values give empty or short
+// sequences, never a row outside the tensors.
+__device__ __forceinline__ int clamp_row(int x, int total) { return min(max(x, 0), total); }
+
+// Sequence b's rows of a packed (varlen) call, [q0, q0 + len_q) of q / o and [k0, k0 + len_k) of
+// k / v: bounds clamped into [0, total], at most max_seqlen_q (= pk.seqlen_q) queries (the
+// forward's grid covers no more; the backward's scratch holds seqlen_q_pad >= max_seqlen_q rows a
+// sequence). Params: FlashFwdParams or FlashBwdParams. flash_fwd.cu reads the same bounds in the
+// same order inline, returning between the query and the key bounds.
+struct SeqRows {
+    int q0, len_q, k0, len_k;
+};
+template <class Params>
+__device__ __forceinline__ SeqRows sequence_rows(const Params& pk, int b) {
+    SeqRows r;
+    r.q0 = clamp_row(pk.cu_seqlens_q[b], pk.total_q);
+    r.len_q = min(max(clamp_row(pk.cu_seqlens_q[b + 1], pk.total_q) - r.q0, 0), pk.seqlen_q);
+    r.k0 = clamp_row(pk.cu_seqlens_k[b], pk.total_k);
+    r.len_k = max(clamp_row(pk.cu_seqlens_k[b + 1], pk.total_k) - r.k0, 0);
+    return r;
+}
+
+}  // namespace fs
+#endif

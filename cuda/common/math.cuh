@@ -1,5 +1,6 @@
 // common/math.cuh: the special functions of the kernels as single MUFU instructions (inline PTX,
-// no libdevice), the functions built on them, and quad reductions.
+// no libdevice), the functions built on them, 2^x on the FMA pipe as polynomials (ex2_poly for
+// the selective scan, ex2_fma for the attention softmax), and quad reductions.
 //
 // The .approx.ftz forms are what the kernels were tuned and validated with: one MUFU op each,
 // a few ulp of error (PTX ISA), denormals flushed to zero. Without toolkit headers there is no
@@ -49,6 +50,23 @@ __device__ __forceinline__ float ex2_poly(float x) {
     p = fmaf(p, f, 6.9314700e-1f);
     p = fmaf(p, f, 1.0f);
     return __int_as_float(__float_as_int(p) + (__float_as_int(r) << 23));
+}
+
+// 2^x on the FMA pipe for a softmax (the TMA attention forward's FS_EXP_POLY):
+// x = j + f, j = rint(x), |f| <= 1/2, 2^f by a degree-3 near-minimax polynomial (relative error
+// 1.0e-4: below the 16-bit rounding P gets for P V), the exponent added as an integer; 0 below
+// -126 (a masked score's -inf included). It differs from ex2_poly on purpose: degree 3, two FFMAs
+// fewer (P is rounded to 16 bits anyway; the scan's exps are decays of its fp32 state and get
+// ex2_poly's 1.8e-7), and exactly 0 for x < -126, which a softmax needs (masked scores are -inf
+// and must weigh nothing), where ex2_poly clamps to 2^-125 (the scan's arguments are finite).
+// Not clamped above: a softmax's arguments are at most 8 (P <= 2^8, its conditional rescale).
+__device__ __forceinline__ float ex2_fma(float x) {
+    const float xc = fmaxf(x, -126.f);
+    const float r = xc + 12582912.f;  // 1.5 * 2^23: rint(xc) lands in the low mantissa bits
+    const float f = xc - (r - 12582912.f);
+    const float p = fmaf(fmaf(fmaf(0.05592208f, f, 0.24264039f), f, 0.69312102f), f, 0.99992448f);
+    const float y = __int_as_float(__float_as_int(p) + (__float_as_int(r) << 23));
+    return x < -126.f ? 0.f : y;
 }
 
 // softplus as mamba computes it: v <= 20 ? log1p(exp(v)) : v. log1p through lg2(1 + e), with a
