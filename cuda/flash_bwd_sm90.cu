@@ -104,9 +104,16 @@
 // with none eligible. One m64n128 dQ batch instead of halves measured 0.4-1.7% slower.
 //
 // Covered (the launcher falls back to flash_bwd.cu otherwise): sm_90a, fp16 / bf16, head dim
-// exactly 64, 128 or 256, dense (no varlen), causal / sliding windows (FS_HAS_MASK), seqlen_q !=
-// seqlen_k (bottom-right), GQA / MQA, softcap (FS_HAS_SOFTCAP, below), non-deterministic (the dQ
-// reduce-adds land in any order).
+// exactly 64, 128 or 256, dense or packed sequences (FS_VARLEN, below), causal / sliding windows
+// (FS_HAS_MASK), seqlen_q != seqlen_k (bottom-right), GQA / MQA, softcap (FS_HAS_SOFTCAP, below),
+// non-deterministic (the dQ reduce-adds land in any order).
+//
+// Varlen (FS_VARLEN = 1, flash_attn_varlen_func; the cp.async build only): q / dout are (total_q,
+// nheads, hd), k / v / dk / dv (total_k, nheads_k, hd), batch strides 0; each CTA reads its
+// sequence's rows once (fs::sequence_rows) and works on it as a dense problem of batch 1. The
+// scratch (lse_log2, D, the dQ accumulator) keeps the dense layout, seqlen_q_pad rows a sequence
+// (flash_bwd.cu's preprocess / convert under FS_VARLEN), so the loop is unchanged; the grid covers
+// max_seqlen_k and CTAs past their sequence's keys return at once.
 //
 // The prelude defines FS_HEAD_DIM (64, 128 or 256), FS_DTYPE (0 fp16, 1 bf16), FS_HAS_MASK, FS_ARCH (90);
 // FS_HAS_SOFTCAP = 1 only in softcap variants.
@@ -127,6 +134,9 @@
 #endif
 #ifndef FS_HAS_SOFTCAP
 #define FS_HAS_SOFTCAP 0
+#endif
+#if FS_VARLEN && FS_BWD_TMA
+#error "the varlen wgmma backward is the cp.async build (its Q / dO maps would cross sequences)"
 #endif
 // Softcap (FS_HAS_SOFTCAP): S^T's registers hold th = tanh(scale / cap * q.k) (common/softcap.cuh,
 // the forward's scores bit for bit) instead of P^T; P^T = exp2(th cap log2e - lse_log2) is formed
@@ -277,10 +287,24 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
 
     const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
     const int group = p.nheads / p.nheads_k;
+#if FS_VARLEN
+    // batch strides are 0: the sequence's first rows carry the offset (32-bit: < total_q / k).
+    // The loop re-reads its query rows (L1 hits) where it issues a Q / dO load: the 255-register
+    // builds have none to hold them across it.
+    const fs::SeqRows seq = fs::sequence_rows(p, b);
+    const int seqlen_q = seq.len_q, seqlen_k = seq.len_k;
+#define FB90_Q_ROWS fs::sequence_rows(p, b)
+#define FB90_K_ROW0 fs::clamp_row(p.cu_seqlens_k[b], p.total_k)
+#else
     const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
+#define FB90_K_ROW0 0
+#endif
     const int diag = seqlen_k - seqlen_q;    // bottom-right alignment: query i sits at key i + diag
     const int n0 = n_block * kBlockN;
     const int keys = min(kBlockN, seqlen_k - n0);
+#if FS_VARLEN
+    if (keys <= 0) return;  // the grid covers max_seqlen_k; nothing of this sequence here
+#endif
 
     // ---- q blocks that see at least one key of this block ----
     int m_begin = 0, m_end = (seqlen_q + kBlockM - 1) / kBlockM;
@@ -298,10 +322,10 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
     const int n_iters = nm * group;
 
     const char* k_ptr = static_cast<const char*>(p.k) +
-                        ((long long)b * p.k_batch_stride + (long long)n0 * p.k_row_stride +
+                        ((long long)b * p.k_batch_stride + (long long)(FB90_K_ROW0 + n0) * p.k_row_stride +
                          (long long)hk * p.k_head_stride) * 2;
     const char* v_ptr = static_cast<const char*>(p.v) +
-                        ((long long)b * p.v_batch_stride + (long long)n0 * p.v_row_stride +
+                        ((long long)b * p.v_batch_stride + (long long)(FB90_K_ROW0 + n0) * p.v_row_stride +
                          (long long)hk * p.v_head_stride) * 2;
 
     // Q / dO / lse_log2 / D of iteration `it` into stage `st` (TMA build: thread 0 only).
@@ -323,15 +347,22 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
         bulk_load(sL, p.lse_log2 + roff, kBlockM * 4, bar);
         bulk_load(sL + kBlockM * 4, p.dpsum + roff, kBlockM * 4, bar);
 #else
+#if FS_VARLEN
+        const fs::SeqRows qs = FB90_Q_ROWS;
+        const int q_row0 = qs.q0, q_rows = qs.len_q;
+#else
+        constexpr int q_row0 = 0;
+        const int q_rows = seqlen_q;
+#endif
         const char* q_ptr = static_cast<const char*>(p.q) +
-                            ((long long)b * p.q_batch_stride + (long long)m0 * p.q_row_stride +
+                            ((long long)b * p.q_batch_stride + (long long)(q_row0 + m0) * p.q_row_stride +
                              (long long)hq * p.q_head_stride) * 2;
         const char* do_ptr = static_cast<const char*>(p.dout) +
-                             ((long long)b * p.do_batch_stride + (long long)m0 * p.do_row_stride +
+                             ((long long)b * p.do_batch_stride + (long long)(q_row0 + m0) * p.do_row_stride +
                               (long long)hq * p.do_head_stride) * 2;
         const u32 sQ = s_base + kQOff + st * 2 * kQTile;
-        load_tile<kBlockM>(sQ, q_ptr, p.q_row_stride, seqlen_q - m0);
-        load_tile<kBlockM>(sQ + kQTile, do_ptr, p.do_row_stride, seqlen_q - m0);
+        load_tile<kBlockM>(sQ, q_ptr, p.q_row_stride, q_rows - m0);
+        load_tile<kBlockM>(sQ + kQTile, do_ptr, p.do_row_stride, q_rows - m0);
         const long long roff = ((long long)b * p.nheads + hq) * p.seqlen_q_pad + m0;
         const u32 sL = s_base + kLOff + st * 2 * kBlockM * 4;
         // rows m0 .. m0 + kBlockM - 1 < seqlen_q_pad (a multiple of kBlockM): always in the scratch
@@ -801,9 +832,9 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
     }
     __syncthreads();
     {
-        char* dk = static_cast<char*>(p.dk) + ((long long)b * p.dk_batch_stride + (long long)n0 * p.dk_row_stride +
+        char* dk = static_cast<char*>(p.dk) + ((long long)b * p.dk_batch_stride + (long long)(FB90_K_ROW0 + n0) * p.dk_row_stride +
                                               (long long)hk * p.dk_head_stride) * 2;
-        char* dv = static_cast<char*>(p.dv) + ((long long)b * p.dv_batch_stride + (long long)n0 * p.dv_row_stride +
+        char* dv = static_cast<char*>(p.dv) + ((long long)b * p.dv_batch_stride + (long long)(FB90_K_ROW0 + n0) * p.dv_row_stride +
                                               (long long)hk * p.dv_head_stride) * 2;
         const int c = tid % kChunksPerRow;
         for (int r = tid / kChunksPerRow; r < keys; r += kRowsPerPass) {

@@ -33,26 +33,31 @@ pytestmark = pytest.mark.skipif(
 FAMILY = "flash_bwd_sm90"
 
 
-def _name(hd: int, dtype: int, mask: int, tma: int, cap: int = 0) -> str:
+def _name(hd: int, dtype: int, mask: int, tma: int, cap: int = 0, varlen: int = 0) -> str:
     return (
         f"{FAMILY}.flash_bwd_sm90_kernel"
         f"[FS_HEAD_DIM={hd},FS_DTYPE={dtype},FS_HAS_MASK={mask},FS_ARCH=90,FS_BWD_TMA={tma}"
-        + (",FS_HAS_SOFTCAP=1]" if cap else "]")
+        + (",FS_HAS_SOFTCAP=1" if cap else "")
+        + (",FS_VARLEN=1]" if varlen else "]")
     )
 
 
-# (hd, dtype, mask, tma, softcap): every head dim, both dtypes, masks, the TMA and cp.async
-# builds, with and without the softcap (its tanh and derivative must not change the schedule)
+# (hd, dtype, mask, tma, softcap, varlen): every head dim, both dtypes, masks, the TMA and
+# cp.async builds, with and without the softcap (its tanh and derivative must not change the
+# schedule), dense and packed (varlen: the cp.async build with per-sequence rows)
 SAMPLES = [
-    (128, 1, 0, 1, 0),
-    (128, 0, 1, 0, 0),
-    (64, 1, 0, 0, 0),
-    (64, 0, 1, 1, 0),
-    (256, 1, 1, 1, 0),
-    (256, 0, 0, 0, 0),
-    (128, 1, 1, 1, 1),
-    (64, 0, 0, 0, 1),
-    (256, 1, 0, 1, 1),
+    (128, 1, 0, 1, 0, 0),
+    (128, 0, 1, 0, 0, 0),
+    (64, 1, 0, 0, 0, 0),
+    (64, 0, 1, 1, 0, 0),
+    (256, 1, 1, 1, 0, 0),
+    (256, 0, 0, 0, 0, 0),
+    (128, 1, 1, 1, 1, 0),
+    (64, 0, 0, 0, 1, 0),
+    (256, 1, 0, 1, 1, 0),
+    (128, 1, 1, 0, 0, 1),
+    (64, 1, 1, 0, 1, 1),
+    (256, 0, 0, 0, 1, 1),
 ]
 
 
@@ -76,15 +81,18 @@ def sass_of(cubins: dict[str, bytes]):  # noqa: ANN201
     return lambda name: _sass(cubins[name], tool, nvdisasm)
 
 
-def test_variants_cover_hd64_hd128_hd256_dtypes_masks_softcap_on_sm90a_only() -> None:
+def test_variants_cover_hd64_hd128_hd256_dtypes_masks_softcap_varlen_on_sm90a_only() -> None:
     listed = _variants("sm_90a")
     keys = ("FS_HEAD_DIM", "FS_DTYPE", "FS_HAS_MASK", "FS_BWD_TMA")
     got = [
-        tuple(v["defines"][d] for d in keys) + (v["defines"].get("FS_HAS_SOFTCAP", 0),)
+        tuple(v["defines"][d] for d in keys)
+        + (v["defines"].get("FS_HAS_SOFTCAP", 0), v["defines"].get("FS_VARLEN", 0))
         for v in listed
     ]
     assert len(got) == len(set(got))
-    assert set(got) == set(itertools.product((64, 128, 256), (0, 1), (0, 1), (0, 1), (0, 1)))
+    dense = itertools.product((64, 128, 256), (0, 1), (0, 1), (0, 1), (0, 1), (0,))
+    packed = itertools.product((64, 128, 256), (0, 1), (0, 1), (0,), (0, 1), (1,))  # cp.async
+    assert set(got) == set(dense) | set(packed)
     assert all(v["main"] for v in listed), "every wgmma backward variant must stay spill-free"
     assert _variants("sm_80") == [], "wgmma needs sm_90a: no variant for sm_80"
 
@@ -93,7 +101,7 @@ def test_variants_compile_without_spills(cubins: dict[str, bytes]) -> None:
     tool = find_cuobjdump()
     if tool is None:
         pytest.skip(CUOBJDUMP_MISSING)
-    assert len(cubins) == 48
+    assert len(cubins) == 72
     for name, cubin in cubins.items():
         assert cubin[:4] == b"\x7fELF", name
         for func, regs, stack, local, _smem in resource_usage(cubin, tool):
@@ -139,11 +147,11 @@ WAIT1, WAIT0 = "WARPGROUP.DEPBAR.LE gsb0, 0x1", "WARPGROUP.DEPBAR.LE gsb0, 0x0"
 ARRIVE = "WARPGROUP.ARRIVE"
 
 
-@pytest.mark.parametrize("hd,dtype,mask,tma,cap", [c for c in SAMPLES if c[0] != 256])
+@pytest.mark.parametrize("hd,dtype,mask,tma,cap,varlen", [c for c in SAMPLES if c[0] != 256])
 def test_every_product_runs_on_hgmma(
-    sass_of, hd: int, dtype: int, mask: int, tma: int, cap: int
+    sass_of, hd: int, dtype: int, mask: int, tma: int, cap: int, varlen: int
 ) -> None:  # noqa: ANN001
-    sass = sass_of(_name(hd, dtype, mask, tma, cap))
+    sass = sass_of(_name(hd, dtype, mask, tma, cap, varlen))
     block_m = 64 if hd == 128 else 128
     mix = _hgmma_mix(sass)
     want = Counter(
@@ -194,14 +202,14 @@ def test_every_product_runs_on_hgmma(
     assert (tma_loads, bulk_loads) == ((2 * 2 * hd // 64, 4) if tma else (0, 0))
 
 
-@pytest.mark.parametrize("dtype,mask,tma,cap", [c[1:] for c in SAMPLES if c[0] == 256])
+@pytest.mark.parametrize("dtype,mask,tma,cap,varlen", [c[1:] for c in SAMPLES if c[0] == 256])
 def test_hd256_splits_columns_between_the_warpgroups(
-    sass_of, dtype: int, mask: int, tma: int, cap: int
+    sass_of, dtype: int, mask: int, tma: int, cap: int, varlen: int
 ) -> None:  # noqa: ANN001
     """hd256 (the column-split form): S^T / dP^T m64n32 over each warpgroup's 32 queries,
     P^T / dS^T through shared memory, dV / dK m64n128 over its 128 columns with A from shared
     memory, dQ in two m64n64 halves added by 8 vector REDs each, one after dV / dK were issued."""
-    sass = sass_of(_name(256, dtype, mask, tma, cap))
+    sass = sass_of(_name(256, dtype, mask, tma, cap, varlen))
     want = Counter(
         {
             ("64x32x16", "ss", ""): 2 * 256 // 16,  # S^T, dP^T: 16 k-steps each
@@ -304,11 +312,11 @@ def test_register_hazard_check_can_fail() -> None:
     assert wgmma_register_hazards("\n".join([hgmma, wait, sts])) == []
 
 
-@pytest.mark.parametrize("hd,dtype,mask,tma,cap", SAMPLES)
+@pytest.mark.parametrize("hd,dtype,mask,tma,cap,varlen", SAMPLES)
 def test_no_register_touched_under_an_inflight_wgmma(
-    sass_of, hd: int, dtype: int, mask: int, tma: int, cap: int
+    sass_of, hd: int, dtype: int, mask: int, tma: int, cap: int, varlen: int
 ) -> None:  # noqa: ANN001
     """No instruction reads or writes the accumulators or register-A operands (pa, sa) of a wgmma
     before the wait that completes it (the verified forwards pass this check too)."""
-    bad = wgmma_register_hazards(sass_of(_name(hd, dtype, mask, tma, cap)))
+    bad = wgmma_register_hazards(sass_of(_name(hd, dtype, mask, tma, cap, varlen)))
     assert bad == [], "\n".join(bad[:20])

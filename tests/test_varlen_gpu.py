@@ -7,7 +7,9 @@ gradients against float64 autograd (test_backward_gpu.attention_grads), float32 
 relative. Ragged lengths with 0, 1, tile edges (63/64/65, 127/128/129) and sq != sk per
 sequence, every head-dim tile, GQA/MQA, causal/window/softcap, fp16/bf16/fp32. Also: outputs
 poisoned (out= NaN), bit-equality with the dense call at equal lengths, deterministic backward,
-out-of-range device cu_seqlens (clamped; FLASHSCAN_CHECK_INDICES=1 raises), CUDA graphs.
+out-of-range device cu_seqlens (clamped; FLASHSCAN_CHECK_INDICES=1 raises), CUDA graphs. The
+backward matrix runs on sm_90 both on the wgmma kernel's varlen build (the default there at head
+dims 64 / 128 / 256, fp16 / bf16) and with FLASHSCAN_SM90_BWD=0 on the mma.sync kernel.
 """
 
 from __future__ import annotations
@@ -129,7 +131,16 @@ BWD_CASES = [
     ("decode", 4, 2, 64, "bfloat16", "none"),
     ("edges", 2, 2, 40, "float32", "causal"),
     ("prefill", 2, 1, 256, "bfloat16", "causal-window"),
+    # the wgmma backward's varlen build (sm_90): every head dim, softcap, windows, GQA / MQA,
+    # empty and one-row sequences, a sequence longer than one CTA's keys and queries
+    ("edges", 4, 1, 256, "float16", "window"),
+    ("decode", 8, 2, 128, "float16", "softcap"),
+    ("single", 4, 2, 128, "bfloat16", "causal"),
+    ("chunked", 4, 4, 64, "float16", "causal-softcap"),
+    ("prefill", 2, 2, 256, "float16", "softcap"),
+    ("edges", 8, 8, 128, "bfloat16", "causal-window"),
 ]
+SM90_ENV = "FLASHSCAN_SM90_BWD"
 
 
 def check_grads(case: tuple, rule: Any, deterministic: bool = False) -> None:
@@ -168,9 +179,52 @@ def check_grads(case: tuple, rule: Any, deterministic: bool = False) -> None:
         rule.check(g, r, bs, atol=1e-4 * max(1.0, float(r.abs().max())), name=f"{nm} ({dt})")
 
 
+@pytest.mark.parametrize("sm90", ["1", "0"], ids=["default", "mma-sync"])
 @pytest.mark.parametrize("case", BWD_CASES, ids=["-".join(map(str, c)) for c in BWD_CASES])
-def test_backward_matrix(case: tuple, rule: Any) -> None:
+def test_backward_matrix(case: tuple, sm90: str, rule: Any, monkeypatch: Any) -> None:
+    monkeypatch.setenv(SM90_ENV, sm90)  # read on every call; "1" is the default
     check_grads(case, rule)
+
+
+_SM90_VARLEN_CHILD = """
+import torch, flashscan.torch as fst
+lq, lk = [100, 1, 333], [120, 40, 333]
+cq = torch.tensor([0, 100, 101, 434], dtype=torch.int32, device="cuda")
+ck = torch.tensor([0, 120, 160, 493], dtype=torch.int32, device="cuda")
+q = torch.randn(434, 4, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+k, v = (torch.randn(493, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(2))
+out = fst.flash_attn_varlen_func(q, k, v, cq, ck, 333, 333, causal=True)
+torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+torch.cuda.synchronize()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("switch", [None, "0"])
+def test_sm90_varlen_backward_is_what_runs(tmp_path: Any, switch: str | None) -> None:
+    """A child with its own kernel cache builds one wgmma backward variant (the varlen
+    cp.async build) for a packed hd128 call by default, and none with the switch at 0."""
+    import os
+    import subprocess
+    import sys
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma backward runs on sm_90 (H100 / H200) only")
+    env = {k: v for k, v in os.environ.items() if k != SM90_ENV}
+    env["FLASHSCAN_CACHE_DIR"] = str(tmp_path)
+    if switch is not None:
+        env[SM90_ENV] = switch
+    done = subprocess.run(
+        [sys.executable, "-c", _SM90_VARLEN_CHILD],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+    built = [p.name for p in tmp_path.iterdir() if p.name.startswith("flash_bwd_sm90-")]
+    assert len(built) == (0 if switch == "0" else 1), sorted(os.listdir(tmp_path))
 
 
 def test_backward_deterministic_is_bit_reproducible(rule: Any) -> None:

@@ -477,7 +477,9 @@ fn sm90_smem_bytes(tile: BwdTile, head_dim: u32) -> u32 {
 }
 
 /// The wgmma backward's variant, tile and dynamic shared memory when it covers the problem
-/// (`sm90_bwd_dtype_code`; dense, non-deterministic); None for everything else.
+/// (`sm90_bwd_dtype_code`; dense or varlen, non-deterministic); None for everything else.
+/// A varlen variant is the cp.async build (FS_BWD_TMA 0): TMA boxes of packed rows would cross
+/// into the next sequence.
 pub fn sm90_main_spec(
     head_dim: i64,
     dtype: DType,
@@ -487,7 +489,7 @@ pub fn sm90_main_spec(
     varlen: bool,
     deterministic: bool,
 ) -> Option<(KernelSpec, BwdTile, u32)> {
-    if varlen || deterministic {
+    if deterministic {
         return None;
     }
     let code = sm90_bwd_dtype_code(head_dim, dtype, arch_num)?;
@@ -500,11 +502,14 @@ pub fn sm90_main_spec(
         ("FS_DTYPE", code),
         ("FS_HAS_MASK", has_mask as i64),
         ("FS_ARCH", arch_num),
-        ("FS_BWD_TMA", 1),
+        ("FS_BWD_TMA", !varlen as i64),
     ];
     if softcap {
         // only softcap variants carry the define: the others keep their names (and kernel cache)
         defines.push(("FS_HAS_SOFTCAP", 1));
+    }
+    if varlen {
+        defines.push(("FS_VARLEN", 1));
     }
     Some((
         KernelSpec {
@@ -586,7 +591,7 @@ fn sm90_bwd_enabled() -> bool {
 }
 
 /// The main kernel for a problem: the wgmma kernel when `sm90` is asked for and covers it, else
-/// `main_spec`'s (varlen, deterministic, other head dims / dtypes / archs).
+/// `main_spec`'s (deterministic, other head dims / dtypes / archs).
 #[allow(clippy::too_many_arguments)]
 pub fn main_choice(
     sm90: bool,
@@ -618,18 +623,23 @@ pub fn main_choice(
 /// The head dims the wgmma backward builds (others pad to the mma.sync kernel's tiles).
 const SM90_HEAD_DIMS: [i64; 3] = [64, 128, 256];
 
-/// Every variant of the wgmma backward for one arch (none but sm_90).
+/// Every variant of the wgmma backward for one arch (none but sm_90): dense in both builds,
+/// varlen in the cp.async build.
 pub fn sm90_specs(arch_num: i64) -> Vec<KernelSpec> {
     let mut out = Vec::new();
-    for hd in SM90_HEAD_DIMS {
-        for dtype in [DType::F16, DType::BF16] {
-            for mask in [false, true] {
-                for softcap in [false, true] {
-                    if let Some((s, _, _)) =
-                        sm90_main_spec(hd, dtype, mask, softcap, arch_num, false, false)
-                    {
-                        out.push(without_tma(s.clone()));
-                        out.push(s);
+    for varlen in [false, true] {
+        for hd in SM90_HEAD_DIMS {
+            for dtype in [DType::F16, DType::BF16] {
+                for mask in [false, true] {
+                    for softcap in [false, true] {
+                        if let Some((s, _, _)) =
+                            sm90_main_spec(hd, dtype, mask, softcap, arch_num, varlen, false)
+                        {
+                            if !varlen {
+                                out.push(without_tma(s.clone()));
+                            }
+                            out.push(s);
+                        }
                     }
                 }
             }
@@ -640,9 +650,14 @@ pub fn sm90_specs(arch_num: i64) -> Vec<KernelSpec> {
 
 /// The convert pass that reads the wgmma backward's dQ accumulator: blocks of `block_m` rows in
 /// that kernel's fragment order (`FS_DQ_FRAG`, cuda/flash_bwd_sm90.cu's header).
-pub fn sm90_convert_spec(head_dim: i64, dtype: DType, arch_num: i64) -> Result<KernelSpec> {
+pub fn sm90_convert_spec(
+    head_dim: i64,
+    dtype: DType,
+    arch_num: i64,
+    varlen: bool,
+) -> Result<KernelSpec> {
     let tile = sm90_tile(head_dim);
-    let mut spec = aux_spec(head_dim, dtype, arch_num, ENTRY_CONVERT, false)?;
+    let mut spec = aux_spec(head_dim, dtype, arch_num, ENTRY_CONVERT, varlen)?;
     spec.defines.push(("FS_DQ_FRAG", tile.block_m as i64));
     Ok(spec)
 }
@@ -657,7 +672,7 @@ pub fn convert_choice(
     varlen: bool,
 ) -> Result<KernelSpec> {
     if main.family == FAMILY_SM90 {
-        sm90_convert_spec(head_dim, dtype, arch_num)
+        sm90_convert_spec(head_dim, dtype, arch_num, varlen)
     } else {
         aux_spec(head_dim, dtype, arch_num, ENTRY_CONVERT, varlen)
     }
@@ -669,10 +684,12 @@ pub fn sm90_aux_specs(arch_num: i64) -> Vec<KernelSpec> {
     if sm90_specs(arch_num).is_empty() {
         return out;
     }
-    for hd in SM90_HEAD_DIMS {
-        for dtype in [DType::F16, DType::BF16] {
-            if let Ok(s) = sm90_convert_spec(hd, dtype, arch_num) {
-                out.push(s);
+    for varlen in [false, true] {
+        for hd in SM90_HEAD_DIMS {
+            for dtype in [DType::F16, DType::BF16] {
+                if let Ok(s) = sm90_convert_spec(hd, dtype, arch_num, varlen) {
+                    out.push(s);
+                }
             }
         }
     }
@@ -870,7 +887,7 @@ pub(crate) fn launch(
     // FLASHSCAN_SM90_BWD_TMA=0) its cp.async build runs
     let mut tma = None;
     if mspec.family == FAMILY_SM90 {
-        tma = if sm90_bwd_tma_enabled() {
+        tma = if sm90_bwd_tma_enabled() && !run.varlen {
             sm90_tma_params(&params, run.dtype, tile.block_m).ok()
         } else {
             None
@@ -1135,7 +1152,16 @@ mod tests {
             FAMILY_SM90
         );
         assert_eq!(fam(true, 192, DType::BF16, true, 90, false, false), FAMILY);
-        assert_eq!(fam(true, 128, DType::BF16, false, 90, true, false), FAMILY); // varlen
+        // varlen: the wgmma kernel's cp.async build
+        for hd in [64, 128, 256] {
+            let (s, _, _) =
+                main_choice(true, hd, DType::BF16, true, true, 90, true, false).expect("covered");
+            assert_eq!(s.family, FAMILY_SM90);
+            assert!(s.defines.contains(&("FS_VARLEN", 1)));
+            assert!(s.defines.contains(&("FS_BWD_TMA", 0)));
+        }
+        assert_eq!(fam(false, 128, DType::BF16, false, 90, true, false), FAMILY);
+        assert_eq!(fam(true, 96, DType::BF16, false, 90, true, false), FAMILY);
         assert_eq!(fam(true, 128, DType::BF16, false, 90, false, true), FAMILY); // deterministic
         assert_eq!(fam(true, 128, DType::BF16, false, 80, false, false), FAMILY);
         assert_eq!(
@@ -1190,23 +1216,20 @@ mod tests {
     #[test]
     fn sm90_specs_are_listed_for_sm90_only() {
         let specs = sm90_specs(90);
-        // hd 64 / 128 / 256 x fp16 / bf16 x mask x softcap x TMA / cp.async
-        assert_eq!(specs.len(), 48);
-        let capped = specs
-            .iter()
-            .filter(|s| s.defines.contains(&("FS_HAS_SOFTCAP", 1)))
-            .count();
-        assert_eq!(capped, 24);
+        // hd 64 / 128 / 256 x fp16 / bf16 x mask x softcap x (dense TMA / dense cp.async /
+        // varlen cp.async)
+        assert_eq!(specs.len(), 72);
+        let count = |d: (&str, i64)| specs.iter().filter(|s| s.defines.contains(&d)).count();
+        assert_eq!(count(("FS_HAS_SOFTCAP", 1)), 36);
+        assert_eq!(count(("FS_HAS_SOFTCAP", 0)), 0);
+        assert_eq!(count(("FS_VARLEN", 1)), 24);
+        assert_eq!(count(("FS_VARLEN", 0)), 0);
+        assert_eq!(count(("FS_BWD_TMA", 1)), 24);
+        assert_eq!(count(("FS_BWD_TMA", 0)), 48);
         assert!(specs
             .iter()
-            .all(|s| !s.defines.contains(&("FS_HAS_SOFTCAP", 0))));
-        for tma in [0, 1] {
-            let n = specs
-                .iter()
-                .filter(|s| s.defines.contains(&("FS_BWD_TMA", tma)))
-                .count();
-            assert_eq!(n, 24);
-        }
+            .filter(|s| s.defines.contains(&("FS_VARLEN", 1)))
+            .all(|s| s.defines.contains(&("FS_BWD_TMA", 0))));
         assert!(specs.iter().all(|s| s.family == FAMILY_SM90));
         assert!(sm90_specs(80).is_empty());
         assert!(sm90_specs(100).is_empty());
@@ -1284,7 +1307,14 @@ mod tests {
                 assert_eq!(frag(&conv), None);
             }
         }
-        assert_eq!(sm90_aux_specs(90).len(), 6);
+        // varlen: the fragment-order convert of the packed build
+        let (main, _, _) =
+            main_choice(true, 128, DType::BF16, false, false, 90, true, false).expect("main");
+        let conv = convert_choice(&main, 128, DType::BF16, 90, true).expect("convert");
+        assert_eq!(frag(&conv), Some(64));
+        assert!(conv.defines.contains(&("FS_VARLEN", 1)));
+        assert!(sm90_aux_specs(90).contains(&conv), "precompiled");
+        assert_eq!(sm90_aux_specs(90).len(), 12);
         assert!(sm90_aux_specs(80).is_empty());
     }
 
