@@ -108,12 +108,16 @@
 // (FS_HAS_MASK), seqlen_q != seqlen_k (bottom-right), GQA / MQA, softcap (FS_HAS_SOFTCAP, below),
 // non-deterministic (the dQ reduce-adds land in any order).
 //
-// Varlen (FS_VARLEN = 1, flash_attn_varlen_func; the cp.async build only): q / dout are (total_q,
-// nheads, hd), k / v / dk / dv (total_k, nheads_k, hd), batch strides 0; each CTA reads its
-// sequence's rows once (fs::sequence_rows) and works on it as a dense problem of batch 1. The
-// scratch (lse_log2, D, the dQ accumulator) keeps the dense layout, seqlen_q_pad rows a sequence
-// (flash_bwd.cu's preprocess / convert under FS_VARLEN), so the loop is unchanged; the grid covers
-// max_seqlen_k and CTAs past their sequence's keys return at once.
+// Varlen (FS_VARLEN = 1, flash_attn_varlen_func): q / dout are (total_q, nheads, hd), k / v / dk /
+// dv (total_k, nheads_k, hd), batch strides 0; each CTA reads its sequence's rows once
+// (fs::sequence_rows) and works on it as a dense problem of batch 1. The scratch (lse_log2, D,
+// the dQ accumulator) keeps the dense layout, seqlen_q_pad rows a sequence (flash_bwd.cu's
+// preprocess / convert under FS_VARLEN), so the loop is unchanged; the grid covers max_seqlen_k
+// and CTAs past their sequence's keys return at once. The TMA build's q / dout maps span the
+// packed rows (batch 1): a Q / dO box past the sequence's end holds the next sequence's rows
+// (zeros past total_q), which contribute nothing: their lse_log2 is +inf and D 0 in this
+// sequence's scratch, so P^T = dS^T = 0 there (finite inputs assumed, as the TMA forward's
+// varlen K / V boxes do).
 //
 // The prelude defines FS_HEAD_DIM (64, 128 or 256), FS_DTYPE (0 fp16, 1 bf16), FS_HAS_MASK, FS_ARCH (90);
 // FS_HAS_SOFTCAP = 1 only in softcap variants.
@@ -134,9 +138,6 @@
 #endif
 #ifndef FS_HAS_SOFTCAP
 #define FS_HAS_SOFTCAP 0
-#endif
-#if FS_VARLEN && FS_BWD_TMA
-#error "the varlen wgmma backward is the cp.async build (its Q / dO maps would cross sequences)"
 #endif
 // Softcap (FS_HAS_SOFTCAP): S^T's registers hold th = tanh(scale / cap * q.k) (common/softcap.cuh,
 // the forward's scores bit for bit) instead of P^T; P^T = exp2(th cap log2e - lse_log2) is formed
@@ -337,12 +338,18 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
         const u32 sQ = s_base + kQOff + st * 2 * kQTile;
         const u32 sL = s_base + kLOff + st * 2 * kBlockM * 4;
         const long long roff = ((long long)b * p.nheads + hq) * p.seqlen_q_pad + m0;
-        // whole boxes count, rows past seqlen_q included (TMA fills them with zeros)
+        // whole boxes count, rows past seqlen_q included (TMA fills them with zeros; varlen: the
+        // next sequence's rows, whose P^T is 0 (lse_log2 = +inf, D = 0 in this sequence's scratch))
         mbar_arrive_expect_tx(bar, 2 * kQTile + 2 * kBlockM * 4);
+#if FS_VARLEN
+        const int row = FB90_Q_ROWS.q0 + m0, batch = 0;  // maps over the packed rows, batch 1
+#else
+        const int row = m0, batch = b;
+#endif
 #pragma unroll
         for (int cb = 0; cb < kHeadDim / 64; ++cb) {
-            tma_load_4d(sQ + cb * kQColBlock, &P.tm_q, cb * 64, m0, hq, b, bar);
-            tma_load_4d(sQ + kQTile + cb * kQColBlock, &P.tm_do, cb * 64, m0, hq, b, bar);
+            tma_load_4d(sQ + cb * kQColBlock, &P.tm_q, cb * 64, row, hq, batch, bar);
+            tma_load_4d(sQ + kQTile + cb * kQColBlock, &P.tm_do, cb * 64, row, hq, batch, bar);
         }
         bulk_load(sL, p.lse_log2 + roff, kBlockM * 4, bar);
         bulk_load(sL + kBlockM * 4, p.dpsum + roff, kBlockM * 4, bar);

@@ -8,8 +8,9 @@ relative. Ragged lengths with 0, 1, tile edges (63/64/65, 127/128/129) and sq !=
 sequence, every head-dim tile, GQA/MQA, causal/window/softcap, fp16/bf16/fp32. Also: outputs
 poisoned (out= NaN), bit-equality with the dense call at equal lengths, deterministic backward,
 out-of-range device cu_seqlens (clamped; FLASHSCAN_CHECK_INDICES=1 raises), CUDA graphs. The
-backward matrix runs on sm_90 both on the wgmma kernel's varlen build (the default there at head
-dims 64 / 128 / 256, fp16 / bf16) and with FLASHSCAN_SM90_BWD=0 on the mma.sync kernel.
+backward matrix runs on sm_90 on the wgmma kernel's varlen builds (the default there at head
+dims 64 / 128 / 256, fp16 / bf16: TMA, and cp.async with FLASHSCAN_SM90_BWD_TMA=0) and with
+FLASHSCAN_SM90_BWD=0 on the mma.sync kernel.
 """
 
 from __future__ import annotations
@@ -179,10 +180,14 @@ def check_grads(case: tuple, rule: Any, deterministic: bool = False) -> None:
         rule.check(g, r, bs, atol=1e-4 * max(1.0, float(r.abs().max())), name=f"{nm} ({dt})")
 
 
-@pytest.mark.parametrize("sm90", ["1", "0"], ids=["default", "mma-sync"])
+@pytest.mark.parametrize(
+    "sm90,tma", [("1", "1"), ("1", "0"), ("0", "1")], ids=["default", "cp-async", "mma-sync"]
+)
 @pytest.mark.parametrize("case", BWD_CASES, ids=["-".join(map(str, c)) for c in BWD_CASES])
-def test_backward_matrix(case: tuple, sm90: str, rule: Any, monkeypatch: Any) -> None:
-    monkeypatch.setenv(SM90_ENV, sm90)  # read on every call; "1" is the default
+def test_backward_matrix(case: tuple, sm90: str, tma: str, rule: Any, monkeypatch: Any) -> None:
+    # read on every call; "1" / "1" is the default: the wgmma kernel's TMA build on sm_90
+    monkeypatch.setenv(SM90_ENV, sm90)
+    monkeypatch.setenv("FLASHSCAN_SM90_BWD_TMA", tma)
     check_grads(case, rule)
 
 

@@ -478,8 +478,6 @@ fn sm90_smem_bytes(tile: BwdTile, head_dim: u32) -> u32 {
 
 /// The wgmma backward's variant, tile and dynamic shared memory when it covers the problem
 /// (`sm90_bwd_dtype_code`; dense or varlen, non-deterministic); None for everything else.
-/// A varlen variant is the cp.async build (FS_BWD_TMA 0): TMA boxes of packed rows would cross
-/// into the next sequence.
 pub fn sm90_main_spec(
     head_dim: i64,
     dtype: DType,
@@ -502,7 +500,7 @@ pub fn sm90_main_spec(
         ("FS_DTYPE", code),
         ("FS_HAS_MASK", has_mask as i64),
         ("FS_ARCH", arch_num),
-        ("FS_BWD_TMA", !varlen as i64),
+        ("FS_BWD_TMA", 1),
     ];
     if softcap {
         // only softcap variants carry the define: the others keep their names (and kernel cache)
@@ -537,14 +535,16 @@ pub struct FlashBwdTmaParams {
 const _: () = assert!(std::mem::offset_of!(FlashBwdTmaParams, base) == 256);
 
 /// The TMA build's parameter for `params` (sizes filled in): q and dout maps with boxes of 64
-/// columns x `block_m` rows of one head. An error means "run the cp.async build".
+/// columns x `block_m` rows of one head (varlen: over the packed rows, batch 1). An error means
+/// "run the cp.async build".
 pub fn sm90_tma_params(
     params: &FlashBwdParams,
     dtype: DType,
     block_m: u32,
+    varlen: bool,
 ) -> Result<FlashBwdTmaParams> {
     let bf16 = dtype == DType::BF16;
-    let [q, dout] = sm90_map_args(params, block_m);
+    let [q, dout] = sm90_map_args(params, block_m, varlen);
     let map = |ptr: u64, a: Option<attention_tma::MapArgs>| -> Result<[u64; 16]> {
         let a = a.ok_or_else(|| unsupported("a stride TMA cannot address"))?;
         encode_tensor_map_4d(ptr, bf16, a.dims, a.strides, a.box_dims)
@@ -556,10 +556,20 @@ pub fn sm90_tma_params(
     })
 }
 
-/// The q and dout maps' arguments (None where TMA cannot address the tensor).
-fn sm90_map_args(params: &FlashBwdParams, block_m: u32) -> [Option<attention_tma::MapArgs>; 2] {
-    let (hd, sq) = (params.head_dim as i64, params.seqlen_q as i64);
-    let (h, b) = (params.nheads as i64, params.batch as i64);
+/// The q and dout maps' arguments (None where TMA cannot address the tensor). Varlen: the
+/// packed rows (total_q) as one batch; the kernel adds its sequence's first row.
+fn sm90_map_args(
+    params: &FlashBwdParams,
+    block_m: u32,
+    varlen: bool,
+) -> [Option<attention_tma::MapArgs>; 2] {
+    let hd = params.head_dim as i64;
+    let (sq, b) = if varlen {
+        (params.total_q as i64, 1)
+    } else {
+        (params.seqlen_q as i64, params.batch as i64)
+    };
+    let h = params.nheads as i64;
     // (batch, row, head) strides per tensor in the kernel's order: q at 0, dout at 12
     let of = |i: usize| {
         let s = &params.strides[i..i + 3];
@@ -623,8 +633,8 @@ pub fn main_choice(
 /// The head dims the wgmma backward builds (others pad to the mma.sync kernel's tiles).
 const SM90_HEAD_DIMS: [i64; 3] = [64, 128, 256];
 
-/// Every variant of the wgmma backward for one arch (none but sm_90): dense in both builds,
-/// varlen in the cp.async build.
+/// Every variant of the wgmma backward for one arch (none but sm_90): dense and varlen, each in
+/// the TMA and the cp.async build.
 pub fn sm90_specs(arch_num: i64) -> Vec<KernelSpec> {
     let mut out = Vec::new();
     for varlen in [false, true] {
@@ -635,9 +645,7 @@ pub fn sm90_specs(arch_num: i64) -> Vec<KernelSpec> {
                         if let Some((s, _, _)) =
                             sm90_main_spec(hd, dtype, mask, softcap, arch_num, varlen, false)
                         {
-                            if !varlen {
-                                out.push(without_tma(s.clone()));
-                            }
+                            out.push(without_tma(s.clone()));
                             out.push(s);
                         }
                     }
@@ -887,8 +895,8 @@ pub(crate) fn launch(
     // FLASHSCAN_SM90_BWD_TMA=0) its cp.async build runs
     let mut tma = None;
     if mspec.family == FAMILY_SM90 {
-        tma = if sm90_bwd_tma_enabled() && !run.varlen {
-            sm90_tma_params(&params, run.dtype, tile.block_m).ok()
+        tma = if sm90_bwd_tma_enabled() {
+            sm90_tma_params(&params, run.dtype, tile.block_m, run.varlen).ok()
         } else {
             None
         };
@@ -1152,13 +1160,13 @@ mod tests {
             FAMILY_SM90
         );
         assert_eq!(fam(true, 192, DType::BF16, true, 90, false, false), FAMILY);
-        // varlen: the wgmma kernel's cp.async build
+        // varlen: the wgmma kernel's packed build (TMA unless a map cannot be encoded)
         for hd in [64, 128, 256] {
             let (s, _, _) =
                 main_choice(true, hd, DType::BF16, true, true, 90, true, false).expect("covered");
             assert_eq!(s.family, FAMILY_SM90);
             assert!(s.defines.contains(&("FS_VARLEN", 1)));
-            assert!(s.defines.contains(&("FS_BWD_TMA", 0)));
+            assert!(s.defines.contains(&("FS_BWD_TMA", 1)));
         }
         assert_eq!(fam(false, 128, DType::BF16, false, 90, true, false), FAMILY);
         assert_eq!(fam(true, 96, DType::BF16, false, 90, true, false), FAMILY);
@@ -1216,20 +1224,15 @@ mod tests {
     #[test]
     fn sm90_specs_are_listed_for_sm90_only() {
         let specs = sm90_specs(90);
-        // hd 64 / 128 / 256 x fp16 / bf16 x mask x softcap x (dense TMA / dense cp.async /
-        // varlen cp.async)
-        assert_eq!(specs.len(), 72);
+        // hd 64 / 128 / 256 x fp16 / bf16 x mask x softcap x dense / varlen x TMA / cp.async
+        assert_eq!(specs.len(), 96);
         let count = |d: (&str, i64)| specs.iter().filter(|s| s.defines.contains(&d)).count();
-        assert_eq!(count(("FS_HAS_SOFTCAP", 1)), 36);
+        assert_eq!(count(("FS_HAS_SOFTCAP", 1)), 48);
         assert_eq!(count(("FS_HAS_SOFTCAP", 0)), 0);
-        assert_eq!(count(("FS_VARLEN", 1)), 24);
+        assert_eq!(count(("FS_VARLEN", 1)), 48);
         assert_eq!(count(("FS_VARLEN", 0)), 0);
-        assert_eq!(count(("FS_BWD_TMA", 1)), 24);
+        assert_eq!(count(("FS_BWD_TMA", 1)), 48);
         assert_eq!(count(("FS_BWD_TMA", 0)), 48);
-        assert!(specs
-            .iter()
-            .filter(|s| s.defines.contains(&("FS_VARLEN", 1)))
-            .all(|s| s.defines.contains(&("FS_BWD_TMA", 0))));
         assert!(specs.iter().all(|s| s.family == FAMILY_SM90));
         assert!(sm90_specs(80).is_empty());
         assert!(sm90_specs(100).is_empty());
@@ -1247,7 +1250,7 @@ mod tests {
         };
         params.strides[0..3].copy_from_slice(&[s * h * d, h * d, d]); // q: bshd
         params.strides[12..15].copy_from_slice(&[h * s * d, d, s * d]); // dout: a bhsd view
-        let [q, dout] = sm90_map_args(&params, 64);
+        let [q, dout] = sm90_map_args(&params, 64, false);
         let q = q.expect("q");
         assert_eq!(q.dims, [128, 100, 4, 2]);
         assert_eq!(
@@ -1262,7 +1265,12 @@ mod tests {
         );
         // a row stride TMA cannot step (not a multiple of 16 bytes): the cp.async build
         params.strides[13] = d + 3;
-        assert!(sm90_map_args(&params, 64)[1].is_none());
+        assert!(sm90_map_args(&params, 64, false)[1].is_none());
+        // varlen: the packed rows as one batch (total_q rows; the batch stride is never stepped)
+        params.total_q = 777;
+        params.strides[0] = 0;
+        let [q, _] = sm90_map_args(&params, 64, true);
+        assert_eq!(q.expect("varlen q").dims, [128, 777, 4, 1]);
         let (spec, _, _) =
             sm90_main_spec(128, DType::BF16, false, false, 90, false, false).expect("covered");
         assert!(spec.defines.contains(&("FS_BWD_TMA", 1)));
