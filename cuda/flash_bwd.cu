@@ -225,11 +225,11 @@ extern "C" __global__ void __launch_bounds__(256) flash_bwd_dq_convert(FS_BWD_PA
     const int l8 = threadIdx.x & 7;
     const int h = blockIdx.y, b = blockIdx.z;
     if (row >= p.seqlen_q) return;
+    const long long slice = (long long)p.batch * p.nheads * p.seqlen_q_pad * kHeadDim;
 #if FS_DQ_FRAG
     const int rb = row % FS_DQ_FRAG;  // row within its block
     const float* acc = p.dq_accum + (((long long)b * p.nheads + h) * p.seqlen_q_pad + row - rb) * kHeadDim;
 #else
-    const long long slice = (long long)p.batch * p.nheads * p.seqlen_q_pad * kHeadDim;
     const float* acc = p.dq_accum + (((long long)b * p.nheads + h) * p.seqlen_q_pad + row) * kHeadDim;
 #endif
     char* out = static_cast<char*>(p.dq) + ((long long)b * p.dq_batch_stride +
@@ -237,9 +237,18 @@ extern "C" __global__ void __launch_bounds__(256) flash_bwd_dq_convert(FS_BWD_PA
                                             (long long)h * p.dq_head_stride) * kElemBytes;
     for (int c = l8 * 4; c < p.head_dim; c += 32) {
 #if FS_DQ_FRAG
-        const float2 lo = *reinterpret_cast<const float2*>(acc + frag_index(rb, c));
-        const float2 hi = *reinterpret_cast<const float2*>(acc + frag_index(rb, c + 2));
-        float4 s = make_float4(lo.x, lo.y, hi.x, hi.y);  // the wgmma backward runs one slice
+        const int lo_i = frag_index(rb, c), hi_i = frag_index(rb, c + 2);
+        float2 lo = *reinterpret_cast<const float2*>(acc + lo_i);
+        float2 hi = *reinterpret_cast<const float2*>(acc + hi_i);
+        for (int k = 1; k < p.nsplit; ++k) {  // the deterministic walk's slices, in order
+            const float2 l = *reinterpret_cast<const float2*>(acc + k * slice + lo_i);
+            const float2 u = *reinterpret_cast<const float2*>(acc + k * slice + hi_i);
+            lo.x += l.x;
+            lo.y += l.y;
+            hi.x += u.x;
+            hi.y += u.y;
+        }
+        float4 s = make_float4(lo.x, lo.y, hi.x, hi.y);
 #else
         float4 s = *reinterpret_cast<const float4*>(acc + c);
         for (int k = 1; k < p.nsplit; ++k) {

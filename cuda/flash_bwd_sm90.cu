@@ -106,7 +106,18 @@
 // Covered (the launcher falls back to flash_bwd.cu otherwise): sm_90a, fp16 / bf16, head dim
 // exactly 64, 128 or 256, dense or packed sequences (FS_VARLEN, below), causal / sliding windows
 // (FS_HAS_MASK), seqlen_q != seqlen_k (bottom-right), GQA / MQA, softcap (FS_HAS_SOFTCAP, below),
-// non-deterministic (the dQ reduce-adds land in any order).
+// deterministic or not (below).
+//
+// Deterministic mode (FS_DETERMINISTIC = 1, flash_attn_func(deterministic=True)): the dQ adds of
+// different kv blocks into one accumulator block must come in a fixed order. The launcher splits
+// the kv blocks into ceil(n_kv / nsplit) launches on one stream; launch i (p.kv_block0 = i nsplit)
+// runs CTA x on kv block i nsplit + x, which adds into its own slice x of an nsplit-slice
+// accumulator. Within a launch no two CTAs share a slice, a CTA's bulk reduces (or hd256's REDs)
+// hit distinct addresses, and launches are ordered by the stream: every element is summed in kv
+// block order, and the convert pass sums the slices in slice order. The kernel is the plain one
+// but for its block index and the slice in its accumulator rows (FB90_BH). A walk over the blocks
+// inside one launch (the mma.sync kernel's form) was tried first: inlined into that loop, the
+// 255-register builds spilled 8-64 bytes (NVRTC 13.0); as a real call, ptxas serialised the wgmmas.
 //
 // Varlen (FS_VARLEN = 1, flash_attn_varlen_func): q / dout are (total_q, nheads, hd), k / v / dk /
 // dv (total_k, nheads_k, hd), batch strides 0; each CTA reads its sequence's rows once
@@ -138,6 +149,9 @@
 #endif
 #ifndef FS_HAS_SOFTCAP
 #define FS_HAS_SOFTCAP 0
+#endif
+#ifndef FS_DETERMINISTIC
+#define FS_DETERMINISTIC 0
 #endif
 // Softcap (FS_HAS_SOFTCAP): S^T's registers hold th = tanh(scale / cap * q.k) (common/softcap.cuh,
 // the forward's scores bit for bit) instead of P^T; P^T = exp2(th cap log2e - lse_log2) is formed
@@ -265,7 +279,8 @@ __device__ __forceinline__ void load_tile(u32 dst, const char* src, long long ro
 
 }  // namespace fb90
 
-// grid = (ceil(seqlen_k / 128), nheads_k, batch), block = 256, dynamic smem = fb90::kSmemBytes.
+// grid = (ceil(seqlen_k / kBlockN), nheads_k, batch) (deterministic: (nsplit, nheads_k, batch), one
+// launch of the walk), block = 256, dynamic smem = fb90::kSmemBytes.
 #if FS_BWD_TMA
 extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ FlashBwdTmaParams P) {
@@ -286,7 +301,17 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
     const int lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
 
-    const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+#if FS_DETERMINISTIC
+    // launch i of the walk (header: "Deterministic mode") takes kv blocks i nsplit + x
+    const int n_block = p.kv_block0 + blockIdx.x;
+    // dQ rows of (batch, q head) in this CTA's accumulator slice x: (slice, batch, head, row)
+// (hq unparenthesised: the sum associates as the plain build's always did)
+#define FB90_BH(hq) (((long long)blockIdx.x * p.batch + b) * p.nheads + hq)
+#else
+    const int n_block = blockIdx.x;
+#define FB90_BH(hq) ((long long)b * p.nheads + hq)
+#endif
+    const int hk = blockIdx.y, b = blockIdx.z;
     const int group = p.nheads / p.nheads_k;
 #if FS_VARLEN
     // batch strides are 0: the sequence's first rows carry the offset (32-bit: < total_q / k).
@@ -303,8 +328,9 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
     const int diag = seqlen_k - seqlen_q;    // bottom-right alignment: query i sits at key i + diag
     const int n0 = n_block * kBlockN;
     const int keys = min(kBlockN, seqlen_k - n0);
-#if FS_VARLEN
-    if (keys <= 0) return;  // the grid covers max_seqlen_k; nothing of this sequence here
+#if FS_VARLEN || FS_DETERMINISTIC
+    // the grid covers max_seqlen_k (varlen) or the walk's last launch runs past the blocks
+    if (keys <= 0) return;
 #endif
 
     // ---- q blocks that see at least one key of this block ----
@@ -550,7 +576,7 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
         //      k16 steps (keys) each (one live at a time: 192 accumulator registers would spill
         //      the cp.async build); the first half before dV += P^T dO and dK += dS^T Q (4 k16
         //      steps over the queries each) so its adds go out under them ----
-        float* dq_blk = p.dq_accum + (((long long)b * p.nheads + hq) * p.seqlen_q_pad + m0) * kHeadDim;
+        float* dq_blk = p.dq_accum + (FB90_BH(hq) * p.seqlen_q_pad + m0) * kHeadDim;
         // fragment order (header): float4 j of warp w's lane at ((w 16 + j) 32 + lane) 4 floats,
         // j = 8 half + n8 slab: one red.global.add.v4.f32 of 512 contiguous bytes a warp
         float* dq_thread = dq_blk + ((tid >> 5) * (kDQRegs / 4) * 32 + lane) * 4;
@@ -803,7 +829,7 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
             *reinterpret_cast<float4*>(smem + kDQOff + (it % kDQStages) * kDQBytes +
                                        (((tid >> 5) * 8 + j) * 32 + lane) * 16) =
                 make_float4(acc_dq[4 * j], acc_dq[4 * j + 1], acc_dq[4 * j + 2], acc_dq[4 * j + 3]);
-        dq_pending = ((long long)b * p.nheads + hk * group + it / nm) * p.seqlen_q_pad + m0;
+        dq_pending = FB90_BH(hk * group + it / nm) * p.seqlen_q_pad + m0;
     }
     // the last iteration's dQ block
     fence_proxy_async();
@@ -853,3 +879,4 @@ extern "C" __global__ void __launch_bounds__(fb90::kThreads, 1) flash_bwd_sm90_k
         }
     }
 }
+#undef FB90_BH

@@ -116,7 +116,7 @@ def check_attention_grads(rule: Any, case: tuple, deterministic: bool = False) -
 def mma_bwd(monkeypatch: pytest.MonkeyPatch) -> None:
     """The mma.sync backward for this test: on sm_90 the wgmma kernel is the default where it
     covers the call (its own matrix below), so the general matrix pins the kernel every other
-    arch runs and that sm_90 keeps for softcap, varlen, deterministic and other head dims."""
+    arch runs and that sm_90 keeps for fp32 and other head dims."""
     monkeypatch.setenv("FLASHSCAN_SM90_BWD", "0")
 
 
@@ -133,7 +133,7 @@ def test_attention_backward_matrix(case: tuple, rule: Any, mma_bwd: None) -> Non
     ],
     ids=["gqa-causal", "window"],
 )
-def test_attention_backward_deterministic(case: tuple, rule: Any) -> None:
+def test_attention_backward_deterministic(case: tuple, rule: Any, mma_bwd: None) -> None:
     check_attention_grads(rule, case, deterministic=True)
     b, sq, sk, h, hk, d, dt, causal, window, cap = case
     q, k, v = make_qkv(b, sq, sk, h, hk, d, DTYPES[dt])
@@ -318,12 +318,45 @@ def test_attention_backward_sm90_in_a_cuda_graph(rule: Any, sm90_bwd: None) -> N
     test_attention_forward_backward_in_a_cuda_graph(rule)
 
 
+# deterministic=True on the wgmma kernel: launches of nsplit CTAs per (batch, kv head), each on
+# its own accumulator slice (attention_bwd.rs walk_split; on 132 SMs: b4 x 16 kv heads over 8 kv
+# blocks -> 2 slices x 4 launches, b4 x 8 -> 4 x 2, hd256 b2 x 8 over 11 blocks of 64 keys ->
+# 6 x 2, b2 x 4 -> 8 slices in one launch)
+SM90_DET_CASES = [
+    (4, 1000, 1000, 16, 16, 128, "bfloat16", False, (-1, -1), 0.0),
+    (4, 1000, 1000, 16, 8, 64, "float16", True, (-1, -1), 0.0),
+    (2, 700, 700, 16, 8, 256, "bfloat16", True, (-1, -1), 0.0),
+    (2, 517, 900, 16, 4, 128, "float16", False, (100, 30), 20.0),
+    (4, 333, 1000, 8, 8, 64, "bfloat16", True, (48, -1), 5.0),
+]
+
+
+@pytest.mark.parametrize("case", SM90_DET_CASES, ids=[_attn_id(c) for c in SM90_DET_CASES])
+def test_attention_backward_sm90_deterministic(case: tuple, rule: Any, sm90_bwd: None) -> None:
+    """Correct by the rule, and the same bits in three runs."""
+    check_attention_grads(rule, case, deterministic=True)
+    b, sq, sk, h, hk, d, dt, causal, window, cap = case
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, DTYPES[dt])
+    dout = torch.randn_like(q)
+    runs = []
+    for _ in range(3):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = fst.flash_attn_func(
+            *leaves, causal=causal, window_size=window, softcap=cap, deterministic=True
+        )
+        runs.append(torch.autograd.grad(out, leaves, dout))
+    for other in runs[1:]:
+        for g0, g1 in zip(runs[0], other):
+            assert torch.equal(g0, g1), "deterministic=True gave different bits"
+
+
 _SM90_CHILD = """
 import torch, flashscan.torch as fst
 for d in (64, 128, 256):
+  for det in (False, True):
     q, k, v = (torch.randn(1, 300, 2, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
-    out = fst.flash_attn_func(q, k, v, causal=True)
+    out = fst.flash_attn_func(q, k, v, causal=True, deterministic=det)
     torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
 torch.cuda.synchronize()
 print("ok")
@@ -333,8 +366,8 @@ print("ok")
 @pytest.mark.parametrize("switch", [None, "1", "0"])
 def test_attention_backward_sm90_kernel_is_what_runs(tmp_path: Any, switch: str | None) -> None:
     """A child with its own kernel cache builds the wgmma backward (hd64, hd128 and hd256
-    variants) by default and with the switch at 1, and none of it at 0: the switch reaches the
-    launcher and the default is what it says, no silent fallback."""
+    variants, each plain and deterministic) by default and with the switch at 1, and none of it
+    at 0: the switch reaches the launcher and the default is what it says, no silent fallback."""
     import os
     import subprocess
     import sys
@@ -350,7 +383,7 @@ def test_attention_backward_sm90_kernel_is_what_runs(tmp_path: Any, switch: str 
     )
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
     built = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("flash_bwd_sm90-"))
-    want = 0 if switch == "0" else 3
+    want = 0 if switch == "0" else 6
     assert len(built) == want, f"wgmma backward builds: {sorted(os.listdir(tmp_path))}"
     if switch == "0":  # the mma.sync main kernel ran instead
         assert any(p.name.startswith("flash_bwd-") for p in tmp_path.iterdir())

@@ -232,11 +232,28 @@ def test_sm90_varlen_backward_is_what_runs(tmp_path: Any, switch: str | None) ->
     assert len(built) == (0 if switch == "0" else 1), sorted(os.listdir(tmp_path))
 
 
-def test_backward_deterministic_is_bit_reproducible(rule: Any) -> None:
-    case = ("chunked", 4, 2, 64, "bfloat16", "causal")
+# (the wgmma kernel's walk: "chunked" (2 sequences, 9 kv blocks of 128) takes 9 slices in one
+# launch, "decode" (4 sequences up to 4097 keys) 11 slices x 3 launches on 132 SMs)
+@pytest.mark.parametrize(
+    "sm90,tma,d,name",
+    [
+        ("1", "1", 64, "chunked"),
+        ("1", "1", 128, "decode"),
+        ("1", "1", 256, "chunked"),
+        ("1", "0", 128, "decode"),
+        ("0", "1", 64, "chunked"),
+    ],
+    ids=["default-d64", "default-d128-decode", "default-d256", "cp-async-d128-decode", "mma-sync"],
+)
+def test_backward_deterministic_is_bit_reproducible(
+    sm90: str, tma: str, d: int, name: str, rule: Any, monkeypatch: Any
+) -> None:
+    monkeypatch.setenv(SM90_ENV, sm90)
+    monkeypatch.setenv("FLASHSCAN_SM90_BWD_TMA", tma)
+    case = (name, 4, 2, d, "bfloat16", "causal")
     check_grads(case, rule, deterministic=True)
-    lq, lk = RAGGED["chunked"]
-    q, k, v, cq, ck = packed(lq, lk, 4, 2, 64, torch.bfloat16)
+    lq, lk = RAGGED[name]
+    q, k, v, cq, ck = packed(lq, lk, 4, 2, d, torch.bfloat16)
     dout = torch.randn_like(q)
     runs = []
     for _ in range(3):

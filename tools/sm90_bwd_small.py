@@ -4,7 +4,9 @@ for compute-sanitizer: hd64 / hd128 / hd256, fp16 / bf16, causal, a window, soft
 seqlen_q != seqlen_k, tails that are not multiples of the tiles. Each is compared with float64
 autograd (max error relative to the largest reference gradient, NaN-poisoned output buffers);
 prints one line per case and exits 1 if any is off. Needs torch and a GPU; the switch is read
-from the environment."""
+from the environment. `--deterministic`: every call with deterministic=True (the wgmma kernel's
+walk of launches over accumulator slices), plus cases with more (batch, kv head) pairs than
+slices so that the walk takes several launches."""
 
 from __future__ import annotations
 
@@ -29,6 +31,14 @@ CASES = [
     (2, 200, 120, 2, 2, 64, torch.bfloat16, True, (-1, -1), 5.0),
 ]
 
+
+# deterministic runs only: 8 x 16 kv heads on 132 SMs -> one slice, a launch per kv block
+DET_CASES = [
+    (8, 130, 291, 16, 16, 64, torch.bfloat16, True, (-1, -1), 0.0),
+    (8, 100, 150, 16, 16, 256, torch.float16, False, (-1, -1), 20.0),
+]
+
+DET = "--deterministic" in sys.argv
 
 # packed (varlen) calls: q lengths, k lengths, h, hk, d, dtype, causal, window, softcap; each
 # sequence's gradients against float64 on that sequence alone (empty query sequences included)
@@ -66,10 +76,11 @@ def reference(q, k, v, dout, causal, window, softcap=0.0):  # noqa: ANN001, ANN2
 
 def main() -> int:
     print(
-        f"FLASHSCAN_SM90_BWD={os.environ.get('FLASHSCAN_SM90_BWD')}, {torch.cuda.get_device_name()}"
+        f"FLASHSCAN_SM90_BWD={os.environ.get('FLASHSCAN_SM90_BWD')}, deterministic={DET},"
+        f" {torch.cuda.get_device_name()}"
     )
     bad = 0
-    for b, sq, sk, h, hk, d, dt, causal, window, cap in CASES:
+    for b, sq, sk, h, hk, d, dt, causal, window, cap in CASES + (DET_CASES if DET else []):
         torch.manual_seed(sq + sk + d)
         q = torch.randn(b, sq, h, d, device="cuda", dtype=dt)
         k, v = (torch.randn(b, sk, hk, d, device="cuda", dtype=dt) for _ in range(2))
@@ -81,7 +92,7 @@ def main() -> int:
         stream = torch.cuda.current_stream().cuda_stream
         right = 0 if causal else window[1]
         flashscan._native.flash_attn_bwd(
-            dout, q, k, v, out, lse, *grads, d**-0.5, window[0], right, cap, False, stream
+            dout, q, k, v, out, lse, *grads, d**-0.5, window[0], right, cap, DET, stream
         )
         torch.cuda.synchronize()
         ref = reference(q, k, v, dout, causal, window, cap)
@@ -115,7 +126,7 @@ def varlen_cases() -> int:
         )
         cu_q, cu_k = (torch.tensor(c, dtype=torch.int32, device="cuda") for c in (cq, ck))
         out = fst.flash_attn_varlen_func(
-            q, k, v, cu_q, cu_k, max(lq), max(lk), None, causal, window, cap
+            q, k, v, cu_q, cu_k, max(lq), max(lk), None, causal, window, cap, deterministic=DET
         )
         dout = torch.randn_like(out)
         grads = torch.autograd.grad(out, (q, k, v), dout)

@@ -60,6 +60,7 @@ struct FlashBwdParams {
     float softmax_scale;
     float softcap;
     int window_left, window_right;  // normalised: -1 = unbounded
+    int kv_block0;  // flash_bwd_sm90.cu's deterministic walk: this launch's first kv block
 #if FS_VARLEN
     const int* cu_seqlens_q;  // (batch + 1) int32
     const int* cu_seqlens_k;

@@ -57,7 +57,8 @@ pub struct FlashBwdParams {
     pub softcap: f32,
     pub window_left: i32,
     pub window_right: i32,
-    pub pad_: i32,
+    /// The wgmma backward's deterministic walk: this launch's first kv block (`launch`).
+    pub kv_block0: i32,
     /// Varlen builds only (`FS_VARLEN`): the dense kernels' struct ends before these (344
     /// bytes), and the driver copies only the kernel's own parameter size.
     pub cu_seqlens_q: u64,
@@ -303,6 +304,9 @@ pub struct Plan {
     pub n_kv_blocks: i64,
     /// fp32 accumulator slices: 1, or the deterministic split count.
     pub nsplit: i64,
+    /// Launches of the main kernel: 1, or the wgmma backward's deterministic walk,
+    /// ceil(n_kv_blocks / nsplit) launches of `grid_main` (`walk_split`).
+    pub launches: i64,
     pub grid_main: (u32, u32, u32),
     /// Scratch: dq_accum at 0, dpsum at `dpsum_off`, lse_log2 at `lse_off`; `scratch_bytes` in all.
     pub dpsum_off: i64,
@@ -322,24 +326,30 @@ pub fn plan(
     deterministic: bool,
 ) -> Result<Plan> {
     let tile = flash_bwd_tile(head_dim_tile(p.head_dim) as u32, dtype_code, arch);
-    plan_for_tile(p, tile, sm_count, deterministic)
+    plan_for_tile(p, tile, sm_count, deterministic, false)
 }
 
-/// `plan` for a given main-kernel tile (the sm_90a wgmma kernel's, `SM90_TILE_*`, or
-/// `flash_bwd_tile`'s): the padded query length follows its `block_m`.
+/// `plan` for a given main-kernel tile (the sm_90a wgmma kernel's, `SM90_TILE_*`, with `wgmma`,
+/// or `flash_bwd_tile`'s): the padded query length follows its `block_m`.
 pub fn plan_for_tile(
     p: &Problem,
     tile: BwdTile,
     sm_count: i64,
     deterministic: bool,
+    wgmma: bool,
 ) -> Result<Plan> {
     let hdt = head_dim_tile(p.head_dim);
     let bm = tile.block_m as i64;
     let seqlen_q_pad = cdiv(p.seqlen_q, bm) * bm;
     let n_kv_blocks = cdiv(p.seqlen_k, tile.block_n as i64);
     let ctas_per_split = p.batch * p.nheads_k * tile.dsplit as i64;
-    let nsplit = if deterministic {
-        cdiv(sm_count.max(1), ctas_per_split.max(1)).clamp(1, n_kv_blocks.max(1))
+    let nsplit = match (deterministic, wgmma) {
+        (false, _) => 1,
+        (true, false) => cdiv(sm_count.max(1), ctas_per_split.max(1)).clamp(1, n_kv_blocks.max(1)),
+        (true, true) => walk_split(n_kv_blocks, ctas_per_split, sm_count),
+    };
+    let launches = if deterministic && wgmma {
+        cdiv(n_kv_blocks.max(1), nsplit)
     } else {
         1
     };
@@ -363,11 +373,24 @@ pub fn plan_for_tile(
         seqlen_q_pad,
         n_kv_blocks,
         nsplit,
+        launches,
         grid_main,
         dpsum_off,
         lse_off,
         scratch_bytes: lse_off + round256(rows * 4),
     })
+}
+
+/// Slices of the wgmma backward's deterministic walk (cuda/flash_bwd_sm90.cu, "Deterministic
+/// mode"): ceil(n_kv / nsplit) launches in stream order, each of nsplit CTAs per (batch, kv head)
+/// at one CTA an SM, as long as its slowest wave. The count in 1 ..= ceil(sm_count /
+/// ctas_per_split) (the scratch the mma.sync kernel's walk takes) with the fewest launches x
+/// waves; the fewest slices among equals.
+fn walk_split(n_kv: i64, ctas_per_split: i64, sm_count: i64) -> i64 {
+    let (n_kv, cps, sms) = (n_kv.max(1), ctas_per_split.max(1), sm_count.max(1));
+    let cap = cdiv(sms, cps).min(n_kv);
+    let cost = |ns: i64| cdiv(n_kv, ns) * cdiv(ns * cps, sms);
+    (1..=cap).fold(1, |best, ns| if cost(ns) < cost(best) { ns } else { best })
 }
 
 /// The main kernel's variant, its tile and dynamic shared memory (`varlen`: the
@@ -477,7 +500,7 @@ fn sm90_smem_bytes(tile: BwdTile, head_dim: u32) -> u32 {
 }
 
 /// The wgmma backward's variant, tile and dynamic shared memory when it covers the problem
-/// (`sm90_bwd_dtype_code`; dense or varlen, non-deterministic); None for everything else.
+/// (`sm90_bwd_dtype_code`; dense or varlen, deterministic or not); None for everything else.
 pub fn sm90_main_spec(
     head_dim: i64,
     dtype: DType,
@@ -487,9 +510,6 @@ pub fn sm90_main_spec(
     varlen: bool,
     deterministic: bool,
 ) -> Option<(KernelSpec, BwdTile, u32)> {
-    if deterministic {
-        return None;
-    }
     let code = sm90_bwd_dtype_code(head_dim, dtype, arch_num)?;
     let tile = sm90_tile(head_dim);
     let smem = sm90_smem_bytes(tile, head_dim as u32);
@@ -508,6 +528,10 @@ pub fn sm90_main_spec(
     }
     if varlen {
         defines.push(("FS_VARLEN", 1));
+    }
+    if deterministic {
+        // a launch of the walk (`launch`): block kv_block0 + x into accumulator slice x
+        defines.push(("FS_DETERMINISTIC", 1));
     }
     Some((
         KernelSpec {
@@ -633,20 +657,22 @@ pub fn main_choice(
 /// The head dims the wgmma backward builds (others pad to the mma.sync kernel's tiles).
 const SM90_HEAD_DIMS: [i64; 3] = [64, 128, 256];
 
-/// Every variant of the wgmma backward for one arch (none but sm_90): dense and varlen, each in
-/// the TMA and the cp.async build.
+/// Every variant of the wgmma backward for one arch (none but sm_90): dense and varlen,
+/// deterministic or not, each in the TMA and the cp.async build.
 pub fn sm90_specs(arch_num: i64) -> Vec<KernelSpec> {
     let mut out = Vec::new();
-    for varlen in [false, true] {
-        for hd in SM90_HEAD_DIMS {
-            for dtype in [DType::F16, DType::BF16] {
-                for mask in [false, true] {
-                    for softcap in [false, true] {
-                        if let Some((s, _, _)) =
-                            sm90_main_spec(hd, dtype, mask, softcap, arch_num, varlen, false)
-                        {
-                            out.push(without_tma(s.clone()));
-                            out.push(s);
+    for det in [false, true] {
+        for varlen in [false, true] {
+            for hd in SM90_HEAD_DIMS {
+                for dtype in [DType::F16, DType::BF16] {
+                    for mask in [false, true] {
+                        for softcap in [false, true] {
+                            if let Some((s, _, _)) =
+                                sm90_main_spec(hd, dtype, mask, softcap, arch_num, varlen, det)
+                            {
+                                out.push(without_tma(s.clone()));
+                                out.push(s);
+                            }
                         }
                     }
                 }
@@ -868,7 +894,8 @@ pub(crate) fn launch(
         run.deterministic,
     )?;
     // the scratch's padded query length follows the chosen kernel's block_m
-    let pl = plan_for_tile(p, tile, dev.props.sm_count as i64, run.deterministic)?;
+    let wgmma = mspec.family == FAMILY_SM90;
+    let pl = plan_for_tile(p, tile, dev.props.sm_count as i64, run.deterministic, wgmma)?;
     let pre_k = dev.kernel(&aux_spec(
         p.head_dim, run.dtype, arch_num, ENTRY_PRE, run.varlen,
     )?)?;
@@ -929,12 +956,16 @@ pub(crate) fn launch(
         }
         // With seqlen_q == 0 the main kernel only writes dK = dV = 0.
         let block = (tile.warps * 32, 1, 1);
-        match tma.as_mut() {
-            Some(tp) => {
-                tp.base = params; // the scratch pointers were filled in after the maps
-                dev.launch(&main_k, pl.grid_main, block, smem, s, tp)?
+        // (the deterministic walk: launch i takes kv blocks i nsplit ..; the stream orders them)
+        for i in 0..pl.launches {
+            params.kv_block0 = (i * pl.nsplit) as i32;
+            match tma.as_mut() {
+                Some(tp) => {
+                    tp.base = params; // the scratch pointers were filled in after the maps
+                    dev.launch(&main_k, pl.grid_main, block, smem, s, tp)?
+                }
+                None => dev.launch(&main_k, pl.grid_main, block, smem, s, &params)?,
             }
-            None => dev.launch(&main_k, pl.grid_main, block, smem, s, &params)?,
         }
         if p.seqlen_q > 0 {
             dev.launch(&conv_k, conv_grid, (AUX_THREADS, 1, 1), 0, s, &params)?;
@@ -1170,7 +1201,15 @@ mod tests {
         }
         assert_eq!(fam(false, 128, DType::BF16, false, 90, true, false), FAMILY);
         assert_eq!(fam(true, 96, DType::BF16, false, 90, true, false), FAMILY);
-        assert_eq!(fam(true, 128, DType::BF16, false, 90, false, true), FAMILY); // deterministic
+        // deterministic: the wgmma kernel's walk build, dense and varlen
+        for varlen in [false, true] {
+            let (s, _, _) = main_choice(true, 128, DType::BF16, true, false, 90, varlen, true)
+                .expect("covered");
+            assert_eq!(s.family, FAMILY_SM90);
+            assert!(s.defines.contains(&("FS_DETERMINISTIC", 1)));
+        }
+        assert_eq!(fam(false, 128, DType::BF16, false, 90, false, true), FAMILY);
+        assert_eq!(fam(true, 128, DType::BF16, false, 80, false, true), FAMILY);
         assert_eq!(fam(true, 128, DType::BF16, false, 80, false, false), FAMILY);
         assert_eq!(
             fam(true, 128, DType::BF16, false, 100, false, false),
@@ -1199,18 +1238,40 @@ mod tests {
     }
 
     #[test]
+    fn sm90_deterministic_walk_takes_the_fewest_launch_waves() {
+        // 132 SMs. b4 x 16 kv heads, 32 kv blocks: 2 slices (16 launches of one wave) beat 3
+        // (11 launches of two waves) and 1 (32 launches)
+        assert_eq!(walk_split(32, 64, 132), 2);
+        // b1 x 16, 128 blocks: 8 slices (128 CTAs), not 9 (144: two waves)
+        assert_eq!(walk_split(128, 16, 132), 8);
+        // b8 x 16, 16 blocks: 1 slice and 2 cost the same 16 waves: the smaller scratch
+        assert_eq!(walk_split(16, 128, 132), 1);
+        // more CTAs than SMs, or a single block: one slice
+        assert_eq!(walk_split(8, 256, 132), 1);
+        assert_eq!(walk_split(1, 4, 132), 1);
+        // the plan: nsplit CTAs a (batch, kv head), ceil(n_kv / nsplit) launches, nsplit slices
+        let v = views(4096, 4096, 16, 16, 128);
+        let p = check(&args(&v, -1, -1, true)).expect("valid");
+        let pl = plan_for_tile(&p, SM90_TILE_HD128, 132, true, true).expect("plan");
+        assert_eq!((pl.nsplit, pl.launches, pl.grid_main), (4, 8, (4, 16, 2)));
+        assert_eq!(pl.dpsum_off, 4 * 2 * 16 * 4096 * 128 * 4);
+        let pl = plan_for_tile(&p, SM90_TILE_HD128, 132, false, true).expect("plan");
+        assert_eq!((pl.nsplit, pl.launches, pl.grid_main), (1, 1, (32, 16, 2)));
+    }
+
+    #[test]
     fn sm90_plan_pads_queries_to_its_block() {
         // hd64 on the wgmma kernel steps 128 queries: the scratch pads seqlen_q to 128, not the
         // mma.sync tile's 32
         let v = views(1000, 1000, 8, 2, 64);
         let p = check(&args(&v, -1, 0, false)).expect("valid");
-        let pl = plan_for_tile(&p, SM90_TILE_HD64, 132, false).expect("plan");
+        let pl = plan_for_tile(&p, SM90_TILE_HD64, 132, false, true).expect("plan");
         assert_eq!(pl.seqlen_q_pad, 1024);
         assert_eq!(pl.grid_main, (8, 2, 2));
         let v = views(1025, 1000, 8, 2, 64);
         let p = check(&args(&v, -1, 0, false)).expect("valid");
         assert_eq!(
-            plan_for_tile(&p, SM90_TILE_HD64, 132, false)
+            plan_for_tile(&p, SM90_TILE_HD64, 132, false, true)
                 .expect("plan")
                 .seqlen_q_pad,
             1024 + 128
@@ -1224,15 +1285,18 @@ mod tests {
     #[test]
     fn sm90_specs_are_listed_for_sm90_only() {
         let specs = sm90_specs(90);
-        // hd 64 / 128 / 256 x fp16 / bf16 x mask x softcap x dense / varlen x TMA / cp.async
-        assert_eq!(specs.len(), 96);
+        // hd 64 / 128 / 256 x fp16 / bf16 x mask x softcap x dense / varlen x deterministic or
+        // not x TMA / cp.async
+        assert_eq!(specs.len(), 192);
         let count = |d: (&str, i64)| specs.iter().filter(|s| s.defines.contains(&d)).count();
-        assert_eq!(count(("FS_HAS_SOFTCAP", 1)), 48);
+        assert_eq!(count(("FS_HAS_SOFTCAP", 1)), 96);
         assert_eq!(count(("FS_HAS_SOFTCAP", 0)), 0);
-        assert_eq!(count(("FS_VARLEN", 1)), 48);
+        assert_eq!(count(("FS_VARLEN", 1)), 96);
         assert_eq!(count(("FS_VARLEN", 0)), 0);
-        assert_eq!(count(("FS_BWD_TMA", 1)), 48);
-        assert_eq!(count(("FS_BWD_TMA", 0)), 48);
+        assert_eq!(count(("FS_DETERMINISTIC", 1)), 96);
+        assert_eq!(count(("FS_DETERMINISTIC", 0)), 0);
+        assert_eq!(count(("FS_BWD_TMA", 1)), 96);
+        assert_eq!(count(("FS_BWD_TMA", 0)), 96);
         assert!(specs.iter().all(|s| s.family == FAMILY_SM90));
         assert!(sm90_specs(80).is_empty());
         assert!(sm90_specs(100).is_empty());
@@ -1307,9 +1371,15 @@ mod tests {
                     "hd {hd}: dQ blocks of block_m rows"
                 );
                 assert!(sm90_aux_specs(90).contains(&conv), "precompiled");
-                // the mma.sync kernel (deterministic here) keeps the row-major convert
+                // the deterministic walk reads the same order (its convert sums the slices)
                 let (main, _, _) =
                     main_choice(true, hd, dtype, false, false, 90, false, true).expect("main");
+                assert_eq!(main.family, FAMILY_SM90);
+                let det = convert_choice(&main, hd, dtype, 90, false).expect("convert");
+                assert_eq!(det, conv);
+                // the mma.sync kernel keeps the row-major convert
+                let (main, _, _) =
+                    main_choice(false, hd, dtype, false, false, 90, false, true).expect("main");
                 assert_eq!(main.family, FAMILY);
                 let conv = convert_choice(&main, hd, dtype, 90, false).expect("convert");
                 assert_eq!(frag(&conv), None);
