@@ -94,7 +94,21 @@
 // tiles none of its rows sees (at 192 rows the diagonal tile for the upper warpgroups): +13% /
 // +11% / +5% at hd64 causal s512 / 1024 / 2048.
 //
-// The prelude defines FS_HEAD_DIM (64, 128 or 256), FS_DTYPE (0 fp16, 1 bf16), FS_HAS_MASK, FS_ARCH
+// FP8 (FS_DTYPE=3: e4m3 Q, K and V, bf16 O; flash-attn 3's q_descale / k_descale / v_descale): the
+// 128 tile (FS_HEAD_DIM 128; head dims 16 .. 128 padded to it by the maps), 128 query rows,
+// ping-pong, no softcap, dense. Both operands of an 8-bit wgmma must be K-major, so V arrives
+// transposed: the host's pre-pass (cuda/flash_fp8_vt.cu) writes Vt (batch, heads_k, head_dim,
+// seqlen_k padded to 128) and the V map is Vt's (box 128 keys x 128 head-dim rows: the K tile's
+// layout, one 128-byte column block). S = Q K^T is m64n128k32 (4 k-steps of 32 bytes, the same
+// byte offsets as the 16-bit k16 steps); P is rounded to e4m3 in registers and O += P Vt runs
+// m64n128k32 with P as the register A. P's accumulator registers hold keys {2t, 2t+1, 8+2t, 9+2t}
+// of each 16 where the 8-bit A fragment wants columns {4t .. 4t+3}: instead of shuffling bytes,
+// the pre-pass stores each 32-key block of Vt in that permuted order (column 4t+e of a 16 holds key
+// 2t + (e & 1) + 8 (e >> 1)), so P's registers pack in place. Descales: the tile's (batch, kv
+// head) q x k descale multiplies the score scale, v's the output; O is staged in a buffer of its own
+// (the 16 KB Q tile cannot hold 32 KB of bf16 output).
+//
+// The prelude defines FS_HEAD_DIM (64, 128 or 256), FS_DTYPE (0 fp16, 1 bf16, 3 e4m3), FS_HAS_MASK, FS_ARCH
 // (90), FS_KV_STAGES (2 to 5), optionally FS_SM90_PIPE, FS_SM90_PINGPONG, FS_SM90_PERSIST (0, 1 or
 // 2), FS_BLOCK_M (default 128), FS_BLOCK_N (default 128; 64 at head dim 256) and FS_HAS_SOFTCAP.
 
@@ -146,6 +160,22 @@
 #if FS_SM90_PINGPONG && !FS_SM90_PIPE
 #error "FS_SM90_PINGPONG builds on the FS_SM90_PIPE schedule"
 #endif
+#define FS_FP8 (FS_DTYPE == 3)  // e4m3 Q / K / V (V transposed by the host), bf16 O
+#if FS_FP8 && (FS_VARLEN || FS_HAS_SOFTCAP || FS_HEAD_DIM != 128)
+#error "FP8: the dense 128 tile without softcap"
+#endif
+
+#if FS_FP8
+// One descale tensor (flash-attn 3: float32, (batch, nheads_k)); ptr null: 1. Strides in elements
+// (0 broadcasts).
+struct Fp8Descale {
+    const float* ptr;
+    long long batch_stride, head_stride;
+};
+struct Fp8Scales {
+    Fp8Descale q, k, v;
+};
+#endif
 
 
 // The kernel's one parameter (host mirror: FlashFwdTmaParams in src/ops/attention_tma.rs):
@@ -157,6 +187,12 @@ struct FlashFwdTmaParams {
     int section_heads;  // FS_SM90_PERSIST=2: (batch, head) pairs a section of the tile order
     int pad_;
     FlashFwdParams p;
+#if FS_FP8
+    // the host mirror's FlashFwdParams carries the varlen tail (24 bytes) and the struct is 64-byte
+    // aligned: the descales sit at byte 640 (FlashFwdFp8Params in src/ops/attention_fp8.rs)
+    unsigned char host_tail_[640 - 400 - sizeof(FlashFwdParams)];
+    Fp8Scales f8;
+#endif
 };
 
 namespace f90t {
@@ -169,14 +205,24 @@ static constexpr int kBlockN = FS_BLOCK_N;             // keys per KV tile
 static constexpr int kNC = kBlockM / 64;               // consumer warpgroups, 64 query rows each
 static constexpr int kStages = FS_KV_STAGES;           // K/V ring depth
 static constexpr int kThreads = 128 * (1 + kNC);       // producer + consumer warpgroups
-static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // one swizzled kBlockN-row K or V tile
-static constexpr int kColBlockBytes = kBlockN * 128;   // one 64-column block of a K / V tile
-static constexpr int kQBytes = kBlockM * kHeadDim * 2; // the Q tile
+static constexpr int kElem = FS_FP8 ? 1 : 2;           // bytes of a Q / K / V element
+static constexpr int kOutDtype = FS_FP8 ? 1 : FS_DTYPE; // O's dtype code (FP8: bf16)
+static constexpr int kBoxCols = 128 / kElem;           // elements of a 128-byte box row
+static constexpr int kTileBytes = kBlockN * kHeadDim * kElem;  // one swizzled K or V (FP8: Vt) tile
+static constexpr int kColBlockBytes = kBlockN * 128;   // one 128-byte column block of a K / V tile
+static constexpr int kQBytes = kBlockM * kHeadDim * kElem; // the Q tile
 static constexpr int kQColBlock = kBlockM * 128;       // one 64-column block of the Q tile
 // How far (log2 units) a row's scores may rise above its exponent base before the base moves.
 static constexpr float kRescaleLog2 = 8.0f;
+// The pipelined schedules' conditional rescale (mask_softmax) for 16-bit P; FP8 rescales every
+// tile, so that the largest P of a row is exactly 1 as e4m3 (with the conditional rescale P ran
+// up to 2^8 and its largest, most weighted value carried e4m3's 3% rounding: outputs measured
+// 2-3.5x the error of an FP8 kernel with exact maxima, H200 2026-12-03)
+static constexpr bool kCondRescale = !FS_FP8;
 static constexpr int kQBoxRows = kBlockM == 128 ? 128 : 64;  // rows of a Q TMA box (host: the Q map)
-static constexpr int kColBlocks = kHeadDim / 64;       // TMA boxes per tile
+static constexpr int kColBlocks = kHeadDim * kElem / 128;  // TMA boxes per tile
+static constexpr int kKSteps = kHeadDim * kElem / 32;  // 32-byte k-steps of S = Q K^T
+static constexpr int kPSteps = kBlockN * kElem / 32;   // 32-byte k-steps of O += P V (P's registers)
 static constexpr int kChunksPerRow = kHeadDim / 8;     // 16-byte chunks per row
 static constexpr int kSRegs = kBlockN / 2;             // S accumulator floats per thread
 static constexpr int kORegs = kHeadDim / 2;            // O accumulator floats per thread
@@ -194,10 +240,13 @@ static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim ti
 // Q (64 KB) + two stages of K and V (32 KB each) the 227 KB of shared memory
 static_assert(kBlockN == (kHeadDim == 256 ? 64 : 128), "128-key K / V tiles, 64 at head dim 256");
 static_assert(kBlockM == 128 || (kBlockM == 192 && kHeadDim == 64), "FS_BLOCK_M 128, or 192 at head dim 64");
-static_assert(FS_DTYPE == 0 || FS_DTYPE == 1, "16-bit inputs only");
+static_assert(FS_DTYPE == 0 || FS_DTYPE == 1 || FS_DTYPE == 3, "16-bit or e4m3 inputs");
+static_assert(!FS_FP8 || kBlockM == 128, "FP8: 128 query rows (two consumers)");
 static_assert(FS_ARCH == 90, "wgmma, TMA and setmaxnreg need sm_90a");
 static_assert(kStages >= 2 && kStages <= 5, "2 to 5 ring stages (the smem assert below bounds them too)");
-static constexpr int kOBytes = FS_SM90_PERSIST ? kQBytes : 0;  // the O staging buffer (persistent)
+// the O staging buffer (persistent, or FP8: a bf16 O tile is larger than the e4m3 Q tile)
+static constexpr bool kOwnO = FS_SM90_PERSIST || FS_FP8;
+static constexpr int kOBytes = kOwnO ? kBlockM * kHeadDim * 2 : 0;
 static constexpr bool kQueue = FS_SM90_PERSIST == 2;            // tiles from a global counter
 // barriers: bar_q, 4 per stage, q_empty; the queue's 2 tile_full + 2 tile_free, and its 2 slots
 static constexpr int kBarBytes = 8 * (2 + 4 * kStages) + (kQueue ? 8 * 4 + 8 : 0);
@@ -212,7 +261,7 @@ struct Smem {
     __device__ u32 v(int s) const { return base + kQBytes + kTileBytes * (1 + 2 * s); }
     // the epilogue's O staging: its own buffer when persistent (the next tile's Q may be landing),
     // else the Q tile
-    __device__ u32 o() const { return FS_SM90_PERSIST ? base + kQBytes + kTileBytes * (2 * kStages) : base; }
+    __device__ u32 o() const { return kOwnO ? base + kQBytes + kTileBytes * (2 * kStages) : base; }
     __device__ u32 bar(int i) const { return base + kQBytes + kTileBytes * (2 * kStages) + kOBytes + 8 * i; }
     __device__ u32 bar_q() const { return bar(0); }
     __device__ u32 full_k(int s) const { return bar(1 + s); }
@@ -350,8 +399,23 @@ __device__ __forceinline__ void store_empty_tile(const FlashFwdParams& p, const 
 __device__ __forceinline__ void tma_tile(u32 dst, const TensorMap* map, int row0, int head, int batch, u32 bar) {
     mbar_arrive_expect_tx(bar, kTileBytes);
 #pragma unroll
-    for (int cb = 0; cb < kColBlocks; ++cb) tma_load_4d(dst + cb * kColBlockBytes, map, cb * 64, row0, head, batch, bar);
+    for (int cb = 0; cb < kColBlocks; ++cb)
+        tma_load_4d(dst + cb * kColBlockBytes, map, cb * kBoxCols, row0, head, batch, bar);
 }
+
+#if FS_FP8
+// The Vt tile of keys key0 .. key0 + kBlockN - 1 (all kHeadDim rows; past head_dim TMA's zeros) of
+// (head, batch): one box, completing on bar.
+__device__ __forceinline__ void tma_vt(u32 dst, const TensorMap* map, int key0, int head, int batch, u32 bar) {
+    mbar_arrive_expect_tx(bar, kTileBytes);
+    tma_load_4d(dst, map, key0, 0, head, batch, bar);
+}
+
+// The tile's descale from one (batch, kv head) descale tensor (none: 1).
+__device__ __forceinline__ float fp8_descale(const Fp8Descale& d, int batch, int head_k) {
+    return d.ptr ? d.ptr[batch * d.batch_stride + head_k * d.head_stride] : 1.0f;
+}
+#endif
 
 // The Q tile (rows row0.. of (head, batch)): kQBoxRows-row boxes, completing on bar.
 __device__ __forceinline__ void tma_q(u32 dst, const TensorMap* map, int row0, int head, int batch, u32 bar) {
@@ -360,7 +424,7 @@ __device__ __forceinline__ void tma_q(u32 dst, const TensorMap* map, int row0, i
     for (int cb = 0; cb < kColBlocks; ++cb)
 #pragma unroll
         for (int r = 0; r < kBlockM / kQBoxRows; ++r)
-            tma_load_4d(dst + cb * kQColBlock + r * kQBoxRows * 128, map, cb * 64, row0 + r * kQBoxRows, head, batch,
+            tma_load_4d(dst + cb * kQColBlock + r * kQBoxRows * 128, map, cb * kBoxCols, row0 + r * kQBoxRows, head, batch,
                         bar);
 }
 
@@ -372,10 +436,14 @@ __device__ __forceinline__ void issue_qk(float (&acc_s)[kSRegs], u64 dQ_wg, u32 
     const u64 dk = wgmma_desc(sK, 16, 1024);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    for (int kk = 0; kk < kKSteps; ++kk) {
         const u32 koff = (kk >> 2) * kColBlockBytes + (kk & 3) * 32;
         const u32 qoff = (kk >> 2) * kQColBlock + (kk & 3) * 32;
+#if FS_FP8
+        wgmma_ss_e4m3<kBlockN>(acc_s, desc_at(dQ_wg, qoff), desc_at(dk, koff), kk > 0 ? 1 : 0);
+#else
         wgmma_ss<kBlockN, FS_DTYPE, 0>(acc_s, desc_at(dQ_wg, qoff), desc_at(dk, koff), kk > 0 ? 1 : 0);
+#endif
     }
     wgmma_commit();
 }
@@ -383,7 +451,15 @@ __device__ __forceinline__ void issue_qk(float (&acc_s)[kSRegs], u64 dQ_wg, u32 
 // O += P V (issued, committed, not waited for): 16 keys = 16 rows of 128 bytes per k-step; LBO
 // steps to the next 64-column block of head_dim. At head dim 256 each k-step is two kPvN-column
 // wgmmas, the second on O's upper half and V's column blocks 2 and 3.
-__device__ __forceinline__ void issue_pv(float (&acc_o)[kORegs], const u32 (&pa)[kBlockN / 16][4], u32 sV) {
+__device__ __forceinline__ void issue_pv(float (&acc_o)[kORegs], const u32 (&pa)[kPSteps][4], u32 sV) {
+#if FS_FP8
+    // Vt: kHeadDim rows (N) of kBlockN key bytes (K), K-major like K's tile; 32 keys a k-step
+    const u64 dvt = wgmma_desc(sV, 16, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kPSteps; ++kk) wgmma_rs_e4m3<kHeadDim>(acc_o, pa[kk], desc_at(dvt, kk * 32), 1);
+    wgmma_commit();
+#else
     const u64 dv = wgmma_desc(sV, kColBlockBytes, 1024);
     wgmma_fence();
 #pragma unroll
@@ -393,6 +469,7 @@ __device__ __forceinline__ void issue_pv(float (&acc_o)[kORegs], const u32 (&pa)
             wgmma_rs<kPvN, FS_DTYPE, 1>(reinterpret_cast<float(&)[kPvN / 2]>(acc_o[nb * (kPvN / 2)]), pa[kk],
                                         desc_at(dv, kk * 16 * 128 + nb * (kPvN / 64) * kColBlockBytes), 1);
     wgmma_commit();
+#endif
 }
 
 __device__ __forceinline__ void rescale_o(float (&acc_o)[kORegs], const float (&alpha)[2]) {
@@ -544,11 +621,24 @@ __device__ __forceinline__ bool mask_softmax(float (&acc_s)[kSRegs], float (&row
 }
 
 // P (rounded to the input type) as the register A operand of O += P V.
-__device__ __forceinline__ void pack_p(u32 (&pa)[kBlockN / 16][4], const float (&acc_s)[kSRegs]) {
+__device__ __forceinline__ void pack_p(u32 (&pa)[kPSteps][4], const float (&acc_s)[kSRegs]) {
+#if FS_FP8
+    // k-step kk: S's n8 slabs 4 kk .. 4 kk + 3 (keys 32 kk ..), rows g (a[0], a[2]) and g + 8 (a[1],
+    // a[3]); each register the four keys {2t, 2t+1, 8+2t, 9+2t} of a 16 (Vt stores them permuted)
+#pragma unroll
+    for (int kk = 0; kk < kPSteps; ++kk) {
+        const float* s = acc_s + 16 * kk;
+        pa[kk][0] = pack_e4m3x4(s[0], s[1], s[4], s[5]);
+        pa[kk][1] = pack_e4m3x4(s[2], s[3], s[6], s[7]);
+        pa[kk][2] = pack_e4m3x4(s[8], s[9], s[12], s[13]);
+        pa[kk][3] = pack_e4m3x4(s[10], s[11], s[14], s[15]);
+    }
+#else
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
 #pragma unroll
         for (int e = 0; e < 4; ++e) pa[kk][e] = pack2<FS_DTYPE>(acc_s[8 * kk + 2 * e], acc_s[8 * kk + 2 * e + 1]);
+#endif
 }
 
 }  // namespace f90t
@@ -650,7 +740,11 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
                     mbar_wait(sm.empty_k(s), phase ^ 1);
                     tma_tile(sm.k(s), &P.tm_k, F90T_KV_ROW(n), w.head_k, F90T_MAP_B, sm.full_k(s));
                     mbar_wait(sm.empty_v(s), phase ^ 1);
+#if FS_FP8
+                    tma_vt(sm.v(s), &P.tm_v, n * kBlockN, w.head_k, w.batch, sm.full_v(s));
+#else
                     tma_tile(sm.v(s), &P.tm_v, F90T_KV_ROW(n), w.head_k, F90T_MAP_B, sm.full_v(s));
+#endif
                     if (++s == kStages) {
                         s = 0;
                         phase ^= 1;
@@ -681,7 +775,6 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
         const u32 sQ_wg = sm.q() + cw * 64 * 128;  // this warpgroup's 64 rows inside each column block
         const u64 q_desc = wgmma_desc(sQ_wg, 16, 1024);  // its k-steps: desc_at
         const ScoreScale sc = score_scale<FS_HAS_SOFTCAP>(p.softmax_scale, p.softcap);
-        const float scale_log2 = sc.log2;
         unsigned char* const s_o = smem + (sm.o() - s_base);
 
 #if FS_SM90_PINGPONG
@@ -736,6 +829,15 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
 #endif
             char* const o_ptr = w.o_ptr;
             float* const lse_ptr = w.lse_ptr;
+#if FS_FP8
+            // the tile's descales: q x k into the score scale, v into the output's normaliser
+            ScoreScale sc_t = sc;
+            sc_t.log2 *= fp8_descale(P.f8.q, w.batch, w.head_k) * fp8_descale(P.f8.k, w.batch, w.head_k);
+            const float ds_v = fp8_descale(P.f8.v, w.batch, w.head_k);
+#define F90T_SC sc_t
+#else
+#define F90T_SC sc
+#endif
 
             float acc_o[kORegs];
 #pragma unroll
@@ -746,7 +848,7 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
 #if FS_SM90_PIPE
             bool resc = true;  // O's rescale for the previous tile's alpha, applied a step later
 #endif
-            u32 pa[kBlockN / 16][4];
+            u32 pa[kPSteps][4];
 #if FS_SM90_PINGPONG
             if (cw == kNC - 1) named_bar_arrive(kTurnBar, 256);
 #endif
@@ -766,8 +868,8 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
                 wgmma_wait<0>();
                 reg_fence(acc_s);
                 if (lane == 0) mbar_arrive(sm.empty_k(s));
-                resc = mask_softmax<true>(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, F90T_TILE_DIAG,
-                                         row_in_tile, t, sc, F90T_TILE_SK);
+                resc = mask_softmax<kCondRescale>(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, F90T_TILE_DIAG,
+                                         row_in_tile, t, F90T_SC, F90T_TILE_SK);
                 pack_p(pa, acc_s);
             }
             int s_prev = s;
@@ -789,8 +891,8 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
                 wgmma_wait<1>();  // S(i) done; P(i-1) V(i-1) may still run
                 reg_fence(acc_s);
                 if (lane == 0) mbar_arrive(sm.empty_k(s));
-                resc = mask_softmax<true>(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, F90T_TILE_DIAG,
-                                         row_in_tile, t, sc, F90T_TILE_SK);
+                resc = mask_softmax<kCondRescale>(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, F90T_TILE_DIAG,
+                                         row_in_tile, t, F90T_SC, F90T_TILE_SK);
                 reg_fence(acc_s);
                 // ptxas schedules wgmma_wait<0> near the top of its basic block, i.e. before the
                 // exponentials, which then no longer overlap P V (seen in SASS). A side exit that
@@ -867,7 +969,7 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
                 if (lane == 0) mbar_arrive(sm.empty_k(s));
                 if (FS_SM90_PERSIST && n == n_begin && lane == 0) mbar_arrive(sm.q_empty());  // (the tile's last S)
                 mask_softmax<false>(acc_s, row_max, row_sum, alpha, p, n * kBlockN, m0, F90T_TILE_DIAG,
-                                    row_in_tile, t, sc, F90T_TILE_SK);
+                                    row_in_tile, t, F90T_SC, F90T_TILE_SK);
                 rescale_o(acc_o, alpha);
                 pack_p(pa, acc_s);
                 reg_fence(acc_o);
@@ -891,13 +993,17 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const float sum = quad_sum(row_sum[h]);
+#if FS_FP8
+                const float inv = sum > 0.0f ? rcp(sum) * ds_v : 0.0f;
+#else
                 const float inv = sum > 0.0f ? rcp(sum) : 0.0f;
+#endif
                 const int row = row_in_tile + 8 * h;
                 if (lse_ptr && t == 0 && row < rows_q)
-                    lse_ptr[row] = sum > 0.0f ? (row_max[h] * scale_log2 + lg2(sum)) * kLn2 : neg_inf();
+                    lse_ptr[row] = sum > 0.0f ? (row_max[h] * F90T_SC.log2 + lg2(sum)) * kLn2 : neg_inf();
 #pragma unroll
                 for (int d = 0; d < kHeadDim / 8; ++d) {
-                    const u32 v = pack2<FS_DTYPE>(acc_o[4 * d + 2 * h] * inv, acc_o[4 * d + 2 * h + 1] * inv);
+                    const u32 v = pack2<kOutDtype>(acc_o[4 * d + 2 * h] * inv, acc_o[4 * d + 2 * h + 1] * inv);
                     *reinterpret_cast<u32*>(s_o + swz_offset(kBlockM, row, d * 8 + 2 * t)) = v;
                 }
             }
@@ -913,5 +1019,6 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
         }
 #undef F90T_TILE_DIAG
 #undef F90T_TILE_SK
+#undef F90T_SC
     }
 }

@@ -70,6 +70,8 @@ pub const DL_CUDA: i32 = 2;
 const DL_INT: u8 = 0;
 const DL_FLOAT: u8 = 2;
 const DL_BFLOAT: u8 = 4;
+/// DLPack 1.1's kDLFloat8_e4m3fn (torch.float8_e4m3fn).
+const DL_FLOAT8_E4M3FN: u8 = 10;
 const FLAG_READ_ONLY: u64 = 1;
 const FLAG_IS_COPIED: u64 = 2;
 
@@ -91,6 +93,7 @@ pub(crate) fn dtype_of(dt: DLDataType, arg: &str) -> Result<DType> {
         (DL_FLOAT, 64, 1) => Ok(DType::F64),
         (DL_BFLOAT, 16, 1) => Ok(DType::BF16),
         (DL_INT, 32, 1) => Ok(DType::I32),
+        (DL_FLOAT8_E4M3FN, 8, 1) => Ok(DType::F8E4M3),
         (code, bits, lanes) => Err(type_err(format!(
             "{arg} has an unsupported DLPack dtype (code {code}, {bits} bits, {lanes} lanes); \
              allowed: float16, bfloat16, float32 (int32 for index tensors)"
@@ -239,6 +242,7 @@ fn dtype_of_name(obj: &Bound<'_, PyAny>) -> Option<DType> {
         (intern!(py, "float32"), DType::F32),
         (intern!(py, "float64"), DType::F64),
         (intern!(py, "int32"), DType::I32),
+        (intern!(py, "float8_e4m3fn"), DType::F8E4M3),
     ] {
         if obj.is(name) {
             return Some(dt);
@@ -450,6 +454,11 @@ pub fn export_capsule(
                 DType::I32 => DLDataType {
                     code: DL_INT,
                     bits: 32,
+                    lanes: 1,
+                },
+                DType::F8E4M3 => DLDataType {
+                    code: DL_FLOAT8_E4M3FN,
+                    bits: 8,
                     lanes: 1,
                 },
                 other => DLDataType {

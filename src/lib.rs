@@ -283,6 +283,51 @@ fn flash_attn_fwd(
 
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (q, k, v, out, lse, q_descale, k_descale, v_descale, softmax_scale, window_left, window_right, stream))]
+fn flash_attn_fwd_fp8(
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    v: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    lse: Option<&Bound<'_, PyAny>>,
+    q_descale: Option<&Bound<'_, PyAny>>,
+    k_descale: Option<&Bound<'_, PyAny>>,
+    v_descale: Option<&Bound<'_, PyAny>>,
+    softmax_scale: f32,
+    window_left: i64,
+    window_right: i64,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let choice = stream_choice(stream);
+    let q = import(q, "q", choice)?;
+    let k = import(k, "k", choice)?;
+    let v = import(v, "v", choice)?;
+    let out = import(out, "out", choice)?;
+    let lse = import_opt(lse, "lse", choice)?;
+    let qd = import_opt(q_descale, "q_descale", choice)?;
+    let kd = import_opt(k_descale, "k_descale", choice)?;
+    let vd = import_opt(v_descale, "v_descale", choice)?;
+    let args = ops::attention_fp8::FlashFwdFp8Args {
+        base: ops::attention::FlashFwdArgs {
+            q: &q.view,
+            k: &k.view,
+            v: &v.view,
+            out: &out.view,
+            lse: view_of(&lse),
+            softmax_scale,
+            window_left,
+            window_right,
+            softcap: 0.0,
+        },
+        q_descale: view_of(&qd),
+        k_descale: view_of(&kd),
+        v_descale: view_of(&vd),
+    };
+    Ok(ops::attention_fp8::forward(&args, choice)?)
+}
+
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
 #[pyo3(signature = (k_new, v_new, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos, rotary_sin, rotary_interleaved, q, q_rot, stream))]
 fn kvcache_append(
     k_new: Option<&Bound<'_, PyAny>>,
@@ -1086,6 +1131,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(describe, m)?)?;
     m.add_function(wrap_pyfunction!(empty, m)?)?;
     m.add_function(wrap_pyfunction!(flash_attn_fwd, m)?)?;
+    m.add_function(wrap_pyfunction!(flash_attn_fwd_fp8, m)?)?;
     m.add_function(wrap_pyfunction!(kvcache_append, m)?)?;
     m.add_function(wrap_pyfunction!(flash_attn_kvcache, m)?)?;
     m.add_function(wrap_pyfunction!(selective_scan_fwd, m)?)?;

@@ -12,6 +12,8 @@ pub enum DType {
     F64,
     /// Index tensors only (cache_seqlens, block_table, ...): never a kernel's data dtype.
     I32,
+    /// float8 e4m3 (torch.float8_e4m3fn): the FP8 attention forward's q / k / v only.
+    F8E4M3,
 }
 
 impl DType {
@@ -22,6 +24,7 @@ impl DType {
             DType::F32 => "float32",
             DType::F64 => "float64",
             DType::I32 => "int32",
+            DType::F8E4M3 => "float8_e4m3fn",
         }
     }
 
@@ -32,6 +35,7 @@ impl DType {
             "float32" | "float" => Some(DType::F32),
             "float64" | "double" => Some(DType::F64),
             "int32" => Some(DType::I32),
+            "float8_e4m3fn" => Some(DType::F8E4M3),
             _ => None,
         }
     }
@@ -41,6 +45,7 @@ impl DType {
             DType::F16 | DType::BF16 => 2,
             DType::F32 | DType::I32 => 4,
             DType::F64 => 8,
+            DType::F8E4M3 => 1,
         }
     }
 
@@ -55,6 +60,10 @@ impl DType {
             )),
             DType::I32 => Err(type_err(
                 "int32 tensors are index tensors, not data (use float32, float16 or bfloat16)",
+            )),
+            DType::F8E4M3 => Err(type_err(
+                "float8_e4m3fn tensors are taken by flash_attn_func's FP8 forward only (use \
+                 float32, float16 or bfloat16)",
             )),
         }
     }

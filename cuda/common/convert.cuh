@@ -83,6 +83,19 @@ __device__ __forceinline__ void pack_raw(Raw<N, DT == 2 ? 4 : 2>& r, const float
     }
 }
 
+// Four floats -> four e4m3 bytes (a in the lowest), round to nearest even, saturating at +-448
+// (cvt.rn.satfinite.e4m3x2.f32: its first source goes to the high byte); sm_89 and later.
+__device__ __forceinline__ u32 pack_e4m3x4(float a, float b, float c, float d) {
+    u32 r;
+    asm("{ .reg .b16 lo, hi;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+        "mov.b32 %0, {lo, hi}; }"
+        : "=r"(r)
+        : "f"(a), "f"(b), "f"(c), "f"(d));
+    return r;
+}
+
 // f32 -> tf32 bits, round to nearest (ties away): cvt.rna.tf32.f32, the mma tf32 operand format.
 __device__ __forceinline__ u32 to_tf32(float x) {
     u32 r;

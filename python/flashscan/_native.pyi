@@ -67,6 +67,24 @@ def flash_attn_fwd(
     """q (b, sq, h, d), k/v (b, sk, hk, d), out like q, lse (b, h, sq) float32 or None.
     window_left/right: -1 = unbounded; causal is window_right = 0 (bottom-right aligned)."""
 
+def flash_attn_fwd_fp8(
+    q: TensorArg,
+    k: TensorArg,
+    v: TensorArg,
+    out: TensorArg,
+    lse: TensorArg | None,
+    q_descale: TensorArg | None,
+    k_descale: TensorArg | None,
+    v_descale: TensorArg | None,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    stream: int | None,
+) -> None:
+    """The FP8 forward (sm_90): q (b, sq, h, d), k/v (b, sk, hk, d) float8_e4m3fn with d a
+    multiple of 16 up to 128, out like q in bfloat16, lse (b, h, sq) float32 or None; descales
+    float32 (b, hk) or broadcastable, None = 1."""
+
 def kvcache_append(
     k_new: TensorArg | None,
     v_new: TensorArg | None,

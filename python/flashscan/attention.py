@@ -38,6 +38,7 @@ from ._frameworks import (
     needs_autograd,
     out_and_lse,
 )
+from .attention_fp8 import flash_attn_fp8, is_fp8
 
 __all__ = ["flash_attn_func"]
 
@@ -64,6 +65,9 @@ def flash_attn_func(
     softcap: float = 0.0,
     return_lse: bool = False,
     out: Any = None,
+    q_descale: Any = None,
+    k_descale: Any = None,
+    v_descale: Any = None,
 ) -> Any | tuple[Any, Any]:
     """Scaled dot-product attention forward, flash-attn's `flash_attn_func`.
 
@@ -80,6 +84,11 @@ def flash_attn_func(
     Returns out (like q; written into `out` when given) and, with return_lse=True,
     (out, lse) where lse is (batch, nheads, seqlen_q) float32. Arrays come back in q's
     framework on q's device; CUDA work runs on the caller's current stream.
+
+    FP8 (flash-attn 3's form): torch.float8_e4m3fn q, k, v with optional float32 descales of
+    shape (batch, nheads_k) (`q_descale`, `k_descale`, `v_descale`) give a bfloat16 out; the
+    e4m3 tensor-core kernel on Hopper, else dequantised inputs on the 16-bit path
+    (`flashscan.attention_fp8`).
     """
     global _LAST
     key = attention_key(q, k, v, out)
@@ -93,6 +102,9 @@ def flash_attn_func(
                 _LAST = (key, plan)
         if (
             plan is not None
+            and q_descale is None
+            and k_descale is None
+            and v_descale is None
             and plan[0] in (_backend._usable or _NO_DEVICES)
             and not ((q.requires_grad or k.requires_grad or v.requires_grad) and grad_enabled())
         ):
@@ -144,6 +156,21 @@ def flash_attn_func(
                 stream(dev),
             )
             return (out, lse) if return_lse else out
+    if q_descale is not None or k_descale is not None or v_descale is not None or is_fp8(q):
+        return flash_attn_fp8(
+            q,
+            k,
+            v,
+            softmax_scale,
+            causal,
+            window_size,
+            softcap,
+            return_lse,
+            out,
+            q_descale,
+            k_descale,
+            v_descale,
+        )
     return _flash_attn_any(
         q, k, v, softmax_scale, causal, window_size, softcap, return_lse, out, key
     )

@@ -106,15 +106,28 @@ pub(crate) fn fits_i32(name: &str, v: i64) -> Result<i32> {
 
 /// Every check of the forward; pure (no GPU), so it is unit-tested on the CPU.
 pub fn check(a: &FlashFwdArgs) -> Result<Problem> {
+    check_with(a, &[DType::F16, DType::BF16, DType::F32], None)
+}
+
+/// `check` for q / k / v of the dtypes `inputs` (one for all) and out of dtype `out_dtype`
+/// (None: q's). The FP8 forward (`attention_fp8`) takes e4m3 inputs and a bf16 out.
+pub(crate) fn check_with(
+    a: &FlashFwdArgs,
+    inputs: &[DType],
+    out_dtype: Option<DType>,
+) -> Result<Problem> {
     let qs = a.q.expect_rank("q", "batch, seqlen_q, nheads, headdim")?;
     let ks = a.k.expect_rank("k", "batch, seqlen_k, nheads_k, headdim")?;
     a.v.expect_rank("v", "batch, seqlen_k, nheads_k, headdim")?;
     let (batch, seqlen_q, nheads, head_dim) = (qs[0], qs[1], qs[2], qs[3]);
     let (seqlen_k, nheads_k) = (ks[1], ks[2]);
-    a.q.expect_dtype("q", &[DType::F16, DType::BF16, DType::F32])?;
+    a.q.expect_dtype("q", inputs)?;
     a.k.expect_same_dtype("k", a.q, "q")?;
     a.v.expect_same_dtype("v", a.q, "q")?;
-    a.out.expect_same_dtype("out", a.q, "q")?;
+    match out_dtype {
+        None => a.out.expect_same_dtype("out", a.q, "q")?,
+        Some(dt) => a.out.expect_dtype("out", &[dt])?,
+    }
     if ks[0] != batch || ks[3] != head_dim {
         return Err(value_err(format!(
             "k has shape {:?}, expected (batch={batch}, seqlen_k, nheads_k, headdim={head_dim}) to match q {:?}",

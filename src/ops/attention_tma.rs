@@ -404,7 +404,33 @@ pub fn map_args(
     head_stride: i64,
     batch_stride: i64,
 ) -> Option<MapArgs> {
-    const ES: i64 = 2;
+    map_args_of(
+        2,
+        box_rows,
+        head_dim,
+        rows,
+        heads,
+        batch,
+        row_stride,
+        head_stride,
+        batch_stride,
+    )
+}
+
+/// `map_args` for `es`-byte elements (2, or 1 for the FP8 forward's e4m3 Q and K): the box is
+/// one 128-byte column block (64 or 128 elements) of `box_rows` rows.
+#[allow(clippy::too_many_arguments)] // the element, the box, one (size, stride) pair a dimension
+pub fn map_args_of(
+    es: i64,
+    box_rows: u32,
+    head_dim: i64,
+    rows: i64,
+    heads: i64,
+    batch: i64,
+    row_stride: i64,
+    head_stride: i64,
+    batch_stride: i64,
+) -> Option<MapArgs> {
     let mut strides = [0u64; 3];
     for (i, (n, s)) in [
         (rows, row_stride),
@@ -416,21 +442,21 @@ pub fn map_args(
     {
         strides[i] = if n == 1 {
             // never stepped along: any legal value (a broadcast or odd stride is fine here)
-            (head_dim * ES).max(16) as u64
-        } else if s > 0 && (s * ES) % 16 == 0 && s * ES < (1i64 << 40) {
-            (s * ES) as u64
+            (head_dim * es).max(16) as u64
+        } else if s > 0 && (s * es) % 16 == 0 && s * es < (1i64 << 40) {
+            (s * es) as u64
         } else {
             return None;
         };
     }
     // (a head dim below the tile's: the boxes past it read zeros; rows stay 16-byte multiples)
-    if head_dim % 8 != 0 || head_dim > 256 || rows < 1 || heads < 1 || batch < 1 {
+    if (head_dim * es) % 16 != 0 || head_dim > 256 || rows < 1 || heads < 1 || batch < 1 {
         return None;
     }
     Some(MapArgs {
         dims: [head_dim as u64, rows as u64, heads as u64, batch as u64],
         strides,
-        box_dims: [BOX_COLS, box_rows, 1, 1],
+        box_dims: [BOX_COLS * 2 / es as u32, box_rows, 1, 1],
     })
 }
 

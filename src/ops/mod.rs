@@ -4,6 +4,7 @@
 pub mod attention;
 pub mod attention_bwd;
 pub mod attention_decode;
+pub mod attention_fp8;
 pub mod attention_tma;
 pub mod attention_varlen;
 pub mod conv1d;
@@ -37,6 +38,10 @@ pub fn all_variants(arch_num: i64) -> Vec<(KernelSpec, bool)> {
                 && (v == 64 || v == 128 || (v == 256 && s.family == attention_tma::FAMILY))
         }) && s.defines.iter().any(|&(k, v)| k == "FS_DTYPE" && v != 2);
         out.push((s, main));
+    }
+    // The FP8 forward (sm_90 only) and its Vt pre-pass: main
+    for s in attention_fp8::all_specs(arch_num) {
+        out.push((s, true));
     }
     // Backward kernels: none is "main" (some 16-bit attention variants sit at 255 registers
     // with a few spilled bytes); test_kernels_compile bounds their spills separately.

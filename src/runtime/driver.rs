@@ -417,16 +417,38 @@ pub fn encode_tensor_map_4d(
     strides: [u64; 3],
     box_dims: [u32; 4],
 ) -> Result<[u64; 16]> {
+    let elem = if bf16 { MapElem::BF16 } else { MapElem::F16 };
+    encode_tensor_map_4d_of(ptr, elem, dims, strides, box_dims)
+}
+
+/// The element type of a tensor map (TMA only moves bytes: the type sets the element size
+/// and the out-of-bounds fill).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MapElem {
+    F16,
+    BF16,
+    /// one byte (the FP8 forward's e4m3 operands)
+    U8,
+}
+
+/// `encode_tensor_map_4d` for any `MapElem`.
+pub fn encode_tensor_map_4d_of(
+    ptr: u64,
+    elem: MapElem,
+    dims: [u64; 4],
+    strides: [u64; 3],
+    box_dims: [u32; 4],
+) -> Result<[u64; 16]> {
     use sys::{
         CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
         CUtensorMapL2promotion, CUtensorMapSwizzle,
     };
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
     let elem_strides = [1u32; 4];
-    let dtype = if bf16 {
-        CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-    } else {
-        CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+    let dtype = match elem {
+        MapElem::BF16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        MapElem::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        MapElem::U8 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
     };
     // SAFETY: every array outlives the call and has the rank's length (strides rank - 1); the
     // driver only reads them and writes the map. A missing symbol (a driver older than 12.0)
