@@ -8,7 +8,10 @@ flashscan FP8 (e4m3 q / k / v with per-(batch, kv head) descales: the Vt pre-pas
 e4m3 kernel, the whole call), flashscan bf16, SDPA cuDNN and SDPA FlashAttention-2 (bf16). TFLOP/s
 count 4 b h sq sk d (halved under a causal mask) for every row alike. The FP8 call's kernels are
 split with torch.profiler once a shape (`vt_us`, `fp8_kernel_us`). --stages also times the FP8
-kernel's ring depths 2-5 (FLASHSCAN_SM90_FP8_STAGES, read on every call).
+kernel's ring depths 2-5 (FLASHSCAN_SM90_FP8_STAGES), --schedules its pipelined and plain
+schedules (FLASHSCAN_SM90_FP8_SCHEDULE), --onetile its one-CTA-a-tile form
+(FLASHSCAN_SM90_PERSIST=0), --rescale its exponent-base rules 0 and 2 (FLASHSCAN_SM90_FP8_RESCALE;
+all read on every call); --dims picks the head dims.
 """
 
 from __future__ import annotations
@@ -96,13 +99,15 @@ def bench_shape(d: int, causal: bool, s: int, args: Any) -> dict[str, Any]:
 
         return run
 
-    def staged(st: int) -> Any:
+    def with_env(name: str, value: str) -> Any:
+        """fp8 with one environment variable set for the call (read on every call)."""
+
         def run() -> Any:
-            os.environ["FLASHSCAN_SM90_FP8_STAGES"] = str(st)
+            os.environ[name] = value
             try:
                 return fp8()
             finally:
-                os.environ.pop("FLASHSCAN_SM90_FP8_STAGES", None)
+                os.environ.pop(name, None)
 
         return run
 
@@ -113,7 +118,16 @@ def bench_shape(d: int, causal: bool, s: int, args: Any) -> dict[str, Any]:
         "fa2": sdpa(SDPBackend.FLASH_ATTENTION),
     }
     if args.stages:
-        fns.update({f"fp8_s{st}": staged(st) for st in (2, 3, 5)})
+        for st in (2, 3, 5):
+            fns[f"fp8_s{st}"] = with_env("FLASHSCAN_SM90_FP8_STAGES", str(st))
+    if args.schedules:
+        for sch in ("pipe", "plain"):
+            fns[f"fp8_{sch}"] = with_env("FLASHSCAN_SM90_FP8_SCHEDULE", sch)
+    if args.rescale:
+        for m in ("0", "2"):
+            fns[f"fp8_r{m}"] = with_env("FLASHSCAN_SM90_FP8_RESCALE", m)
+    if args.onetile:
+        fns["fp8_onetile"] = with_env("FLASHSCAN_SM90_PERSIST", "0")
     ms: dict[str, list[float]] = {n: [] for n in fns}
     for _ in range(args.rounds):
         for n, fn in fns.items():
@@ -141,12 +155,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--stages", action="store_true")
+    ap.add_argument("--schedules", action="store_true")
+    ap.add_argument("--onetile", action="store_true")
+    ap.add_argument("--rescale", action="store_true")
+    ap.add_argument("--dims", default="128,64")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     seqlens = [1024, 4096] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
     dev = torch.cuda.get_device_name()
     print(f"# {dev}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
-    for d in (128, 64):
+    for d in (int(x) for x in args.dims.split(",")):
         for causal in (False, True):
             for s in seqlens:
                 row = bench_shape(d, causal, s, args)

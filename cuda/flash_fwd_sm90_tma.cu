@@ -212,13 +212,17 @@ static constexpr int kTileBytes = kBlockN * kHeadDim * kElem;  // one swizzled K
 static constexpr int kColBlockBytes = kBlockN * 128;   // one 128-byte column block of a K / V tile
 static constexpr int kQBytes = kBlockM * kHeadDim * kElem; // the Q tile
 static constexpr int kQColBlock = kBlockM * 128;       // one 64-column block of the Q tile
-// How far (log2 units) a row's scores may rise above its exponent base before the base moves.
-static constexpr float kRescaleLog2 = 8.0f;
-// The pipelined schedules' conditional rescale (mask_softmax) for 16-bit P; FP8 rescales every
-// tile, so that the largest P of a row is exactly 1 as e4m3 (with the conditional rescale P ran
-// up to 2^8 and its largest, most weighted value carried e4m3's 3% rounding: outputs measured
-// 2-3.5x the error of an FP8 kernel with exact maxima, H200 2026-12-03)
-static constexpr bool kCondRescale = !FS_FP8;
+// How far (log2 units) a row's scores may rise above its exponent base before the base moves
+// (the pipelined schedules' conditional rescale, mask_softmax). FP8: 0, so that the largest P of a
+// row is exactly 1 as e4m3 (at 8, P ran up to 2^8 and its largest, most weighted value carried
+// e4m3's 3% rounding: outputs 2-3.5x the error of an FP8 kernel with exact maxima, H200
+// 2026-12-03); the warp still skips O's rescale on tiles where no row's maximum grew.
+// FS_FP8_RESCALE (measurement): 0 rescales every tile, 1 conditionally at 2^0, 2 at 2^8.
+#ifndef FS_FP8_RESCALE
+#define FS_FP8_RESCALE 1
+#endif
+static constexpr float kRescaleLog2 = (FS_FP8 && FS_FP8_RESCALE < 2) ? 0.0f : 8.0f;
+static constexpr bool kCondRescale = !FS_FP8 || FS_FP8_RESCALE > 0;
 static constexpr int kQBoxRows = kBlockM == 128 ? 128 : 64;  // rows of a Q TMA box (host: the Q map)
 static constexpr int kColBlocks = kHeadDim * kElem / 128;  // TMA boxes per tile
 static constexpr int kKSteps = kHeadDim * kElem / 32;  // 32-byte k-steps of S = Q K^T

@@ -46,11 +46,15 @@ def cubins() -> dict[str, bytes]:
 def test_fp8_variants_are_sm90a_ping_pong_on_the_128_tile() -> None:
     listed = _fp8_variants("sm_90a")
     fwd = [v for v in listed if v["family"] == TMA_FAMILY]
-    assert sorted(v["defines"]["FS_HAS_MASK"] for v in fwd) == [0, 1]
+    # one CTA a tile (masked or not), the static stride (unmasked), the tile queue (either)
+    forms = sorted(
+        (v["defines"]["FS_HAS_MASK"], v["defines"].get("FS_SM90_PERSIST", 0)) for v in fwd
+    )
+    assert forms == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 2)]
     for v in fwd:
         d = v["defines"]
         assert d["FS_HEAD_DIM"] == 128 and d["FS_SM90_PIPE"] == 1 and d["FS_SM90_PINGPONG"] == 1
-        assert "FS_SM90_PERSIST" not in d and "FS_VARLEN" not in d and "FS_HAS_SOFTCAP" not in d
+        assert "FS_VARLEN" not in d and "FS_HAS_SOFTCAP" not in d
     assert sum(v["family"] == VT_FAMILY for v in listed) == 1
     assert all(v["main"] for v in listed), "every FP8 variant must stay spill-free"
     for arch in ("sm_80", "sm_89", "sm_100"):
@@ -61,7 +65,7 @@ def test_fp8_variants_compile_without_spills(cubins: dict[str, bytes]) -> None:
     tool = find_cuobjdump()
     if tool is None:
         pytest.skip(CUOBJDUMP_MISSING)
-    assert len(cubins) == 3
+    assert len(cubins) == 6
     for name, cubin in cubins.items():
         assert cubin[:4] == b"\x7fELF", name
         for func, _regs, stack, local, _smem in resource_usage(cubin, tool):
@@ -83,7 +87,11 @@ def sass_of() -> Any:
 def test_fp8_forward_runs_on_e4m3_wgmma_with_tma_loads(
     cubins: dict[str, bytes], sass_of: Any, mask: int
 ) -> None:
-    name = next(n for n in cubins if n.startswith(TMA_FAMILY) and f"FS_HAS_MASK={mask}," in n)
+    name = next(
+        n
+        for n in cubins
+        if n.startswith(TMA_FAMILY) and f"FS_HAS_MASK={mask}," in n and "PERSIST" not in n
+    )
     lines = sass_of(cubins[name]).splitlines()
     qgmma = [ln for ln in lines if "QGMMA.64x128x32.F32.E4M3.E4M3" in ln]
     # S: 4 k-steps of 32 bytes (the first tile peeled out of the loop, so twice); P V likewise
@@ -93,3 +101,18 @@ def test_fp8_forward_runs_on_e4m3_wgmma_with_tma_loads(
     assert sum("UTMALDG.4D" in ln for ln in lines) == 3
     assert any("F2FP.SATFINITE.E4M3.F32" in ln for ln in lines)
     assert any("USETMAXREG.DEALLOC" in ln for ln in lines)
+
+
+def test_fp8_tile_queue_takes_tiles_from_one_global_counter(
+    cubins: dict[str, bytes], sass_of: Any
+) -> None:
+    """The persistent FP8 forms run the one-tile kernel's loads and GEMMs inside a tile loop; the
+    queue's adds its counter's two atomic adds and two exchanges (as the 16-bit queue)."""
+    one = next(n for n in cubins if "FS_HAS_MASK=1," in n and "PERSIST" not in n)
+    queue = one.replace("]", ",FS_SM90_PERSIST=2]")
+    a, b = (sass_of(cubins[n]).splitlines() for n in (one, queue))
+    for op in ("UTMALDG.4D", "QGMMA.64x128x32", "USETMAXREG"):
+        assert sum(op in ln for ln in a) == sum(op in ln for ln in b), op
+    atomics = [ln for ln in b if "ATOMG" in ln]
+    assert sum("ATOMG.E.ADD" in ln for ln in atomics) == 2, atomics
+    assert sum("ATOMG.E.EXCH" in ln for ln in atomics) == 2, atomics

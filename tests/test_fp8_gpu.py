@@ -144,10 +144,22 @@ def flashscan_gpu():
     return flashscan
 
 
-@pytest.mark.parametrize(
-    "case", CASES, ids=lambda c: f"b{c[0]}-q{c[1]}-k{c[2]}-h{c[3]}/{c[4]}-d{c[5]}"
-)
-def test_fp8_forward_matches_float64_within_the_fp8_baseline(flashscan_gpu, case):
+def _case_id(c: tuple) -> str:
+    return f"b{c[0]}-q{c[1]}-k{c[2]}-h{c[3]}/{c[4]}-d{c[5]}-{'causal' if c[6] else 'full'}-{c[9]}"
+
+
+@pytest.mark.parametrize("persist", ["default", "0", "queue"])
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_fp8_forward_matches_float64_within_the_fp8_baseline(
+    flashscan_gpu, case, persist, monkeypatch
+):
+    """Every case on the default forms (unmasked: persistent with a static stride; masked: the
+    tile queue), on one CTA a tile, and on the queue for all (FLASHSCAN_SM90_PERSIST, read on
+    every call)."""
+    if persist != "default":
+        monkeypatch.setenv("FLASHSCAN_SM90_PERSIST", persist)
+    # (head dims 16-64 take the 16-bit path by default: run them on the FP8 kernel here)
+    monkeypatch.setenv("FLASHSCAN_FP8_SMALL_HEAD_DIMS", "1")
     from conftest import check_rule
 
     b, sq, sk, h, hk, d, causal, window, bhsd, form = case
@@ -190,6 +202,23 @@ def test_fp8_runs_the_e4m3_kernel_on_hopper(flashscan_gpu):
     torch.cuda.synchronize()
     assert torch.equal(o1, o2)
     assert not torch.equal(o1, o16)
+
+
+def test_fp8_small_head_dims_take_the_16bit_path_by_default(flashscan_gpu):
+    """Head dim 64 in e4m3: the dequantised bf16 path unless FLASHSCAN_FP8_SMALL_HEAD_DIMS=1 (then
+    the FP8 kernel, whose P rounding makes the results differ)."""
+    case = (2, 300, 300, 4, 2, 64, False, (-1, -1), False, "per-head")
+    q8, k8, v8, qd, kd, vd = make(case, seed=3)
+    kw = {"q_descale": qd, "k_descale": kd, "v_descale": vd}
+    o = flashscan_gpu.flash_attn_func(q8, k8, v8, **kw)
+
+    def deq32(x: Any, s: Any) -> Any:  # (the fallback's own dequantisation, in float32)
+        per = s.repeat_interleave(x.shape[2] // 2, dim=1)[:, None, :, None]
+        return (x.to(torch.float32) * per).to(torch.bfloat16)
+
+    o16 = flashscan_gpu.flash_attn_func(deq32(q8, qd), deq32(k8, kd), deq32(v8, vd))
+    torch.cuda.synchronize()
+    assert torch.equal(o, o16)
 
 
 @pytest.mark.parametrize("d", [256, 72])

@@ -1,11 +1,14 @@
 """FP8 (e4m3) attention forward: `flash_attn_func` with torch.float8_e4m3fn q / k / v and
 flash-attn 3's `q_descale` / `k_descale` / `v_descale`; the output is bfloat16.
 
-On Hopper (sm_90) with a head dim that is a multiple of 16 up to 128 and no softcap, the FP8
-kernel runs (`_native.flash_attn_fwd_fp8`: S = Q K^T and O = P V on e4m3 tensor cores, P rounded
-to e4m3). Everywhere else (other GPUs, other head dims, softcap, CPU tensors) the inputs are
-dequantised (value x descale) and the 16-bit kernels (bfloat16) or the NumPy reference run on
-them, so every call answers, at 16-bit speed.
+On Hopper (sm_90) with a head dim of 80, 96, 112 or 128 (multiples of 16 above 64, on the
+kernel's 128 tile) and no softcap, the FP8 kernel runs (`_native.flash_attn_fwd_fp8`: S = Q K^T
+and O = P V on e4m3 tensor cores, P rounded to e4m3). Everywhere else (other GPUs, other head
+dims, softcap, CPU tensors) the inputs are dequantised (value x descale) and the 16-bit kernels
+(bfloat16) or the NumPy reference run on them, so every call answers, at 16-bit speed. Head dims
+16-64 would run on the 128 tile too, at 0.66-0.94x SDPA cuDNN's bf16 and below flashscan's own
+bf16 kernel (H200, 2026-12-03): they take the 16-bit path unless FLASHSCAN_FP8_SMALL_HEAD_DIMS=1
+(testing; read on every call).
 
 Descales are float32 tensors of shape (batch, nheads_k) (flash-attn 3's), or any shape that
 broadcasts to it; None means 1. The scores are softmax_scale * (q k^T) * q_descale * k_descale
@@ -14,6 +17,7 @@ and the output (P V) * v_descale, per (batch, kv head).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from . import _backend, _checks
@@ -116,6 +120,7 @@ def flash_attn_fp8(
         dev is not None
         and d % 16 == 0
         and d <= 128
+        and (d > 64 or os.environ.get("FLASHSCAN_FP8_SMALL_HEAD_DIMS") == "1")
         and cap == 0.0
         and dev in _backend.usable_devices()
         and torch.cuda.get_device_capability(dev) == (9, 0)

@@ -332,7 +332,7 @@ fn sm90_tma() -> bool {
 /// CTA a tile (the order of before). Read on every call, so that an A/B runs in one process
 /// (on the H200 of 2026-12-02, one configuration measured up to ~10% apart in two processes).
 /// None: one CTA a tile.
-fn sm90_persist(p: &Problem, has_mask: bool) -> Option<attention_tma::TileOrder> {
+pub(crate) fn sm90_persist(p: &Problem, has_mask: bool) -> Option<attention_tma::TileOrder> {
     use attention_tma::TileOrder::{Queue, Stride};
     let v = std::env::var("FLASHSCAN_SM90_PERSIST").ok();
     match (v.as_deref(), has_mask) {
@@ -345,7 +345,7 @@ fn sm90_persist(p: &Problem, has_mask: bool) -> Option<attention_tma::TileOrder>
 
 /// FLASHSCAN_SM90_PERSIST_CTAS=N (testing only): the persistent grid's CTAs instead of one an
 /// SM, so that small test problems walk many tiles a CTA. Read once.
-fn sm90_persist_ctas(sm_count: i64) -> i64 {
+pub(crate) fn sm90_persist_ctas(sm_count: i64) -> i64 {
     static CTAS: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
     let o = *CTAS.get_or_init(|| {
         std::env::var("FLASHSCAN_SM90_PERSIST_CTAS")
@@ -364,6 +364,39 @@ fn sm90_queue_section() -> Option<i32> {
         .ok()
         .and_then(|v| v.parse::<i32>().ok())
         .filter(|n| *n > 0)
+}
+
+/// Fills the tile queue's fields of `tp` for a launch on `s`: its section (`section` pairs, or
+/// FLASHSCAN_SM90_QUEUE_SECTION) and its counters (next tile, CTAs done): the stream's pair, which
+/// every queue launch leaves zeroed; else (under capture, on the per-thread default stream, or
+/// with FLASHSCAN_SM90_QUEUE_SCRATCH=1) 8 bytes of scratch zeroed before the launch, returned to be
+/// freed once the launch is queued.
+pub(crate) fn queue_counters(
+    dev: &crate::runtime::DeviceCtx,
+    s: crate::runtime::driver::Stream,
+    tp: &mut attention_tma::FlashFwdTmaParams,
+    section: i32,
+) -> Result<Option<crate::runtime::scratch::StreamScratch>> {
+    tp.section_heads = sm90_queue_section().unwrap_or(section);
+    let shared = if sm90_queue_scratch() {
+        None
+    } else {
+        dev.stream_counters(s)?
+    };
+    match shared {
+        Some(counters) => {
+            tp.tile_counter = counters;
+            Ok(None)
+        }
+        None => {
+            let mut sc = dev.scratch(s)?;
+            let counters = sc.alloc(8)?;
+            // SAFETY: a live 8-byte scratch allocation ordered on s.
+            unsafe { crate::runtime::driver::zero_async(counters, 8, s)? };
+            tp.tile_counter = counters;
+            Ok(Some(sc))
+        }
+    }
 }
 
 /// FLASHSCAN_SM90_QUEUE_SCRATCH=1 (testing): the queue's counters from zeroed scratch on every
@@ -648,30 +681,12 @@ pub(crate) fn launch(
             } else {
                 grid
             };
-            // the queue's counters (next tile, CTAs done): the stream's pair, which every queue
-            // launch leaves zeroed; else (under capture, on the per-thread default stream, or
-            // with FLASHSCAN_SM90_QUEUE_SCRATCH=1) 8 bytes of scratch zeroed before the launch
-            let mut scratch = None;
-            if order == Some(attention_tma::TileOrder::Queue) {
-                tp.section_heads = sm90_queue_section().unwrap_or_else(|| {
-                    attention_tma::section_heads(p.seqlen_k, hd, p.nheads, p.nheads_k)
-                });
-                let shared = if sm90_queue_scratch() {
-                    None
-                } else {
-                    dev.stream_counters(s)?
-                };
-                tp.tile_counter = match shared {
-                    Some(counters) => counters,
-                    None => {
-                        let sc = scratch.insert(dev.scratch(s)?);
-                        let counters = sc.alloc(8)?;
-                        // SAFETY: a live 8-byte scratch allocation ordered on s.
-                        unsafe { crate::runtime::driver::zero_async(counters, 8, s)? };
-                        counters
-                    }
-                };
-            }
+            let scratch = if order == Some(attention_tma::TileOrder::Queue) {
+                let section = attention_tma::section_heads(p.seqlen_k, hd, p.nheads, p.nheads_k);
+                queue_counters(dev, s, &mut tp, section)?
+            } else {
+                None
+            };
             // SAFETY: tp mirrors the kernel's struct; its maps address exactly the q / k / v
             // tensors checked by the caller, and every pointer in params is on this device; the
             // queue's counters are zero (the stream's pair, or scratch freed after the launch).

@@ -11,7 +11,7 @@
 
 use crate::error::{unsupported, value_err, Error, Result};
 use crate::ops::attention::{self, fits_i32, FlashFwdArgs, FlashFwdParams, Problem};
-use crate::ops::attention_tma::{self, FlashFwdTmaParams};
+use crate::ops::attention_tma::{self, FlashFwdTmaParams, Schedule, TileOrder};
 use crate::runtime::driver::{encode_tensor_map_4d_of, MapElem};
 use crate::runtime::{runtime, KernelSpec, StreamChoice};
 use crate::tensor::{common_cuda_device, DType, TensorView};
@@ -46,20 +46,74 @@ pub fn smem_bytes(stages: i64) -> u32 {
     TILE_BYTES + 2 * s * TILE_BYTES + 2 * TILE_BYTES + 1024 + 8 * (1 + 4 * s)
 }
 
-/// The FP8 forward's variant (one CTA a tile) and its dynamic shared memory; None off sm_90.
+/// The FP8 kernel's consumer schedule: ping-pong by default; FLASHSCAN_SM90_FP8_SCHEDULE=pipe or
+/// plain (read on every FP8 call, for A/B runs; the CPU suite compiles the default only).
+pub fn schedule() -> Schedule {
+    match std::env::var("FLASHSCAN_SM90_FP8_SCHEDULE").as_deref() {
+        Ok("pipe") => Schedule::Pipe,
+        Ok("plain") => Schedule::Plain,
+        _ => Schedule::PingPong,
+    }
+}
+
+/// FLASHSCAN_SM90_FP8_RESCALE (measurement; read on every FP8 call): how the kernel moves a row's
+/// exponent base (`FS_FP8_RESCALE`): 0 every tile, 1 (default) whenever a row's maximum grows (the
+/// warp skips O's rescale on tiles where none did), 2 the 16-bit kernel's 2^8 margin (P up to 256:
+/// its largest value rounded, 2-3.5x the error, see the kernel). None: the default.
+pub fn rescale_mode() -> Option<i64> {
+    std::env::var("FLASHSCAN_SM90_FP8_RESCALE")
+        .ok()
+        .and_then(|v| v.parse::<i64>().ok())
+        .filter(|&m| m == 0 || m == 2)
+}
+
+/// The FP8 forward's variant (ping-pong, one CTA a tile) and its dynamic shared memory; None
+/// off sm_90.
 pub fn spec(has_mask: bool, arch_num: i64, stages: i64) -> Option<(KernelSpec, u32)> {
-    if arch_num != 90 {
+    spec_with(has_mask, arch_num, stages, Schedule::PingPong, None)
+}
+
+/// `spec` with a given consumer schedule, one CTA a tile (`order` None) or persistent as the
+/// 16-bit kernel's (`attention_tma::persistent_spec`: a static stride for unmasked problems, the
+/// tile queue for any), whose O buffer the FP8 build has anyway: + the q_empty barrier, and the
+/// queue's barriers and slots.
+pub fn spec_with(
+    has_mask: bool,
+    arch_num: i64,
+    stages: i64,
+    schedule: Schedule,
+    order: Option<TileOrder>,
+) -> Option<(KernelSpec, u32)> {
+    if arch_num != 90 || (has_mask && order == Some(TileOrder::Stride)) {
         return None;
     }
-    let defines = vec![
+    let mut defines = vec![
         ("FS_HEAD_DIM", TILE_HEAD_DIM),
         ("FS_DTYPE", 3),
         ("FS_HAS_MASK", has_mask as i64),
         ("FS_ARCH", arch_num),
         ("FS_KV_STAGES", stages),
-        ("FS_SM90_PIPE", 1),
-        ("FS_SM90_PINGPONG", 1),
     ];
+    if schedule != Schedule::Plain {
+        defines.push(("FS_SM90_PIPE", 1));
+    }
+    if schedule == Schedule::PingPong {
+        defines.push(("FS_SM90_PINGPONG", 1));
+    }
+    if let Some(m) = rescale_mode() {
+        defines.push(("FS_FP8_RESCALE", m));
+    }
+    let extra = match order {
+        None => 0,
+        Some(TileOrder::Stride) => {
+            defines.push(("FS_SM90_PERSIST", 1));
+            8
+        }
+        Some(TileOrder::Queue) => {
+            defines.push(("FS_SM90_PERSIST", 2));
+            8 + 40
+        }
+    };
     Some((
         KernelSpec {
             family: attention_tma::FAMILY,
@@ -67,7 +121,7 @@ pub fn spec(has_mask: bool, arch_num: i64, stages: i64) -> Option<(KernelSpec, u
             entry: attention_tma::ENTRY,
             defines,
         },
-        smem_bytes(stages),
+        smem_bytes(stages) + extra,
     ))
 }
 
@@ -88,7 +142,10 @@ pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
     }
     let mut out = vec![vt_spec(arch_num)];
     for mask in [false, true] {
-        out.extend(spec(mask, arch_num, kv_stages()).map(|(s, _)| s));
+        for order in [None, Some(TileOrder::Stride), Some(TileOrder::Queue)] {
+            let s = spec_with(mask, arch_num, kv_stages(), Schedule::PingPong, order);
+            out.extend(s.map(|(s, _)| s));
+        }
     }
     out
 }
@@ -257,11 +314,14 @@ pub fn forward(a: &FlashFwdFp8Args, stream: StreamChoice) -> Result<()> {
     let arch_num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
     let has_mask = p.window_left >= 0 || p.window_right >= 0;
     let stages = kv_stages();
-    let (spec, smem) = spec(has_mask, arch_num, stages).ok_or_else(|| {
-        unsupported(format!(
-            "FP8 attention runs on sm_90 (Hopper) only; this device is sm_{arch_num}"
-        ))
-    })?;
+    // persistent where the 16-bit kernel is (FLASHSCAN_SM90_PERSIST alike)
+    let order = attention::sm90_persist(&p, has_mask);
+    let (spec, smem) =
+        spec_with(has_mask, arch_num, stages, schedule(), order).ok_or_else(|| {
+            unsupported(format!(
+                "FP8 attention runs on sm_90 (Hopper) only; this device is sm_{arch_num}"
+            ))
+        })?;
     let params = FlashFwdParams {
         q: b.q.ptr,
         k: b.k.ptr,
@@ -319,7 +379,7 @@ pub fn forward(a: &FlashFwdFp8Args, stream: StreamChoice) -> Result<()> {
     let s = dev.stream(stream)?;
     let mut scratch = dev.scratch(s)?;
     let vt = scratch.alloc(vt_bytes as usize)?;
-    let tp = FlashFwdFp8Params {
+    let mut tp = FlashFwdFp8Params {
         tma: FlashFwdTmaParams {
             tm_q: encode_u8(params.q, q_map)?,
             tm_k: encode_u8(params.k, k_map)?,
@@ -360,6 +420,21 @@ pub fn forward(a: &FlashFwdFp8Args, stream: StreamChoice) -> Result<()> {
         p.nheads as u32,
         p.batch as u32,
     );
+    let grid = if order.is_some() {
+        let tiles = grid.0 as i64 * grid.1 as i64 * grid.2 as i64;
+        let ctas = attention::sm90_persist_ctas(dev.props.sm_count as i64);
+        (attention_tma::persistent_grid(tiles, ctas), 1, 1)
+    } else {
+        grid
+    };
+    // (the queue's sections: its K and Vt are 1-byte, so a head's bytes are half the 16-bit ones)
+    let queue_scratch = if order == Some(TileOrder::Queue) {
+        let section =
+            attention_tma::section_heads(p.seqlen_k, (p.head_dim + 1) / 2, p.nheads, p.nheads_k);
+        attention::queue_counters(dev, s, &mut tp.tma, section)?
+    } else {
+        None
+    };
     // SAFETY: vp mirrors Fp8VtParams; v is the checked e4m3 tensor on this device (rows
     // 16-byte aligned), vt a live scratch buffer of batch x nheads_k x head_dim x sk_pad bytes.
     // Then tp mirrors the FP8 kernel's parameter: its maps address q, k (checked) and vt, every
@@ -379,6 +454,9 @@ pub fn forward(a: &FlashFwdFp8Args, stream: StreamChoice) -> Result<()> {
             })
     };
     scratch.free()?;
+    if let Some(sc) = queue_scratch {
+        sc.free()?;
+    }
     launched?;
     dev.finish(stream)
 }
@@ -519,6 +597,13 @@ mod tests {
         assert!(k.defines.contains(&("FS_DTYPE", 3)) && k.defines.contains(&("FS_HAS_MASK", 1)));
         assert_eq!(smem, 16384 + 8 * 16384 + 32768 + 1024 + 8 * 17);
         assert!(smem_bytes(5) <= 232_448);
-        assert_eq!(all_specs(90).len(), 3);
+        // one CTA a tile, masked or not; persistent: a static stride unmasked, the queue either
+        assert_eq!(all_specs(90).len(), 1 + 2 + 1 + 2);
+        assert!(spec_with(true, 90, 4, Schedule::PingPong, Some(TileOrder::Stride)).is_none());
+        let (q, smem_q) =
+            spec_with(true, 90, 4, Schedule::PingPong, Some(TileOrder::Queue)).expect("queue");
+        assert!(q.defines.contains(&("FS_SM90_PERSIST", 2)));
+        assert_eq!(smem_q, smem_bytes(4) + 48);
+        assert!(smem_bytes(5) + 48 <= 232_448);
     }
 }

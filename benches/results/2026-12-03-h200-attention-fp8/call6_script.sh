@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+START=$(date +%s)
+mkdir -p "$OUT/logs"
+T=${TMPDIR:-/tmp}
+python3 -m pip install -q --no-deps --no-index --target $T/site .dev/wheel/flashscan-*.whl .dev/pydeps/*.whl || exit 1
+export PYTHONPATH=$T/site FLASHSCAN_CACHE_DIR=$T/fscache
+echo "wheel: $(cat .dev/wheel/COMMIT | tr '\n' ' ')"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee $OUT/logs/gpu.txt
+run() { local name=$1 limit=$2; shift 2; local t0=$(date +%s)
+  timeout -s KILL "$limit" "$@" > "$OUT/logs/$name.log" 2>&1; local rc=$?
+  echo "=== $name rc=$rc $(( $(date +%s) - t0 ))s"; tail -n 8 "$OUT/logs/$name.log"; }
+run small 120 python3 tools/fp8_small.py
+run small-onetile 120 env FLASHSCAN_SM90_PERSIST=0 python3 tools/fp8_small.py
+( run tests 240 python3 -m pytest tests/test_fp8_gpu.py tests/test_fp8.py tests/test_sm90_tma_gpu.py -q -p no:cacheprovider -n 4 --maxfail=30 ) &
+( for tool in memcheck racecheck synccheck; do
+    run "san-$tool" 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/fp8_small.py
+  done
+  run san-memcheck-onetile 100 env FLASHSCAN_SM90_PERSIST=0 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/fp8_small.py ) &
+wait
+grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" $OUT/logs/san-*.log
+left=$(( 585 - ($(date +%s) - START) )); echo "bench limit ${left}s"
+run bench $left python3 benches/fp8_attention.py --onetile --rounds 2
+python3 - <<'PY'
+import json, os
+for l in open(os.environ["OUT"] + "/logs/bench.log"):
+    if l.startswith("{"):
+        r = json.loads(l)
+        print(r["d"], r["causal"], r["s"], "fp8", r["fp8_tflops"], "onetile", r["fp8_onetile_tflops"], "bf16", r["bf16_tflops"], "cudnn", r["cudnn_tflops"], "fa2", r["fa2_tflops"], "vt", r.get("vt_us"), "k", r.get("fp8_kernel_us"))
+PY
