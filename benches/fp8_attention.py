@@ -10,8 +10,9 @@ count 4 b h sq sk d (halved under a causal mask) for every row alike. The FP8 ca
 split with torch.profiler once a shape (`vt_us`, `fp8_kernel_us`). --stages also times the FP8
 kernel's ring depths 2-5 (FLASHSCAN_SM90_FP8_STAGES), --schedules its pipelined and plain
 schedules (FLASHSCAN_SM90_FP8_SCHEDULE), --onetile its one-CTA-a-tile form
-(FLASHSCAN_SM90_PERSIST=0), --rescale its exponent-base rules 0 and 2 (FLASHSCAN_SM90_FP8_RESCALE;
-all read on every call); --dims picks the head dims.
+(FLASHSCAN_SM90_PERSIST=0), --rescale its exponent-base rules 0 and 2 (FLASHSCAN_SM90_FP8_RESCALE),
+--exp-poly 2 / 4 of each 16 exponential pairs on the FMA pipe (FLASHSCAN_SM90_EXP_POLY; all read on
+every call); --dims picks the head dims.
 """
 
 from __future__ import annotations
@@ -126,6 +127,9 @@ def bench_shape(d: int, causal: bool, s: int, args: Any) -> dict[str, Any]:
     if args.rescale:
         for m in ("0", "2"):
             fns[f"fp8_r{m}"] = with_env("FLASHSCAN_SM90_FP8_RESCALE", m)
+    if args.exp_poly:
+        for n in ("2", "4"):
+            fns[f"fp8_poly{n}"] = with_env("FLASHSCAN_SM90_EXP_POLY", n)
     if args.onetile:
         fns["fp8_onetile"] = with_env("FLASHSCAN_SM90_PERSIST", "0")
     ms: dict[str, list[float]] = {n: [] for n in fns}
@@ -158,6 +162,7 @@ def main() -> None:
     ap.add_argument("--schedules", action="store_true")
     ap.add_argument("--onetile", action="store_true")
     ap.add_argument("--rescale", action="store_true")
+    ap.add_argument("--exp-poly", action="store_true")
     ap.add_argument("--dims", default="128,64")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()

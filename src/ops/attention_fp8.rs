@@ -103,6 +103,9 @@ pub fn spec_with(
     if let Some(m) = rescale_mode() {
         defines.push(("FS_FP8_RESCALE", m));
     }
+    if let Some(n) = attention_tma::exp_poly() {
+        defines.push(("FS_EXP_POLY", n));
+    }
     let extra = match order {
         None => 0,
         Some(TileOrder::Stride) => {

@@ -233,7 +233,7 @@ pub fn spec(
 /// (the plain schedule is issue-bound, not MUFU-bound) and gains 4.5-7% with softcap 50 (tanh and
 /// exp2 both on MUFU); N = 4 costs more. A tuning switch until a wider measurement picks defaults;
 /// the CPU suite compiles the default (0) only.
-fn exp_poly() -> Option<i64> {
+pub(crate) fn exp_poly() -> Option<i64> {
     std::env::var("FLASHSCAN_SM90_EXP_POLY")
         .ok()
         .and_then(|v| v.parse::<i64>().ok())
