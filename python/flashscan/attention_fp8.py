@@ -59,6 +59,20 @@ def _descale_2d(t: Any, name: str, b: int, hk: int, device: Any) -> Any:
         ) from None
 
 
+# device ordinal -> whether it is sm_90 (the FP8 kernel's arch); filled on first use, replaced
+# whole (thread-safe)
+_SM90: dict[int, bool] = {}
+
+
+def _is_sm90(torch: Any, dev: int) -> bool:
+    global _SM90
+    got = _SM90.get(dev)
+    if got is None:
+        got = torch.cuda.get_device_capability(dev) == (9, 0)
+        _SM90 = {**_SM90, dev: got}
+    return got
+
+
 def _desc(t: Any, dtype: str, dev: int) -> tuple[Any, ...]:
     return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), dtype, CUDA, dev)
 
@@ -123,7 +137,7 @@ def flash_attn_fp8(
         and (d > 64 or os.environ.get("FLASHSCAN_FP8_SMALL_HEAD_DIMS") == "1")
         and cap == 0.0
         and dev in _backend.usable_devices()
-        and torch.cuda.get_device_capability(dev) == (9, 0)
+        and _is_sm90(torch, dev)
         and b * sq * h > 0
         and k.shape[1] > 0
     )
