@@ -170,6 +170,7 @@ def flash_attn_func(
             q_descale,
             k_descale,
             v_descale,
+            flash_attn_func,
         )
     return _flash_attn_any(
         q, k, v, softmax_scale, causal, window_size, softcap, return_lse, out, key

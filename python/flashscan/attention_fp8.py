@@ -18,7 +18,7 @@ and the output (P V) * v_descale, per (batch, kv head).
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 from . import _backend, _checks
 from ._frameworks import CUDA
@@ -90,8 +90,11 @@ def flash_attn_fp8(
     q_descale: Any,
     k_descale: Any,
     v_descale: Any,
+    dense: Callable[..., Any],
 ) -> Any:
-    """`flash_attn_func` on float8_e4m3fn torch tensors (see the module's docstring)."""
+    """`flash_attn_func` on float8_e4m3fn torch tensors (see the module's docstring). `dense` is
+    the 16-bit `flash_attn_func` the dequantised inputs go to (passed in by `attention`, which
+    imports this module: no import cycle)."""
     try:
         import torch
     except ImportError:  # (descales given with another framework's arrays)
@@ -159,8 +162,6 @@ def flash_attn_fp8(
         )
         return (out, lse) if return_lse else out
     # elsewhere: dequantise, then the 16-bit kernels (GPU) or the reference (CPU)
-    from .attention import flash_attn_func
-
     wide = torch.bfloat16 if q.is_cuda else torch.float32
     group = h // hk
 
@@ -171,7 +172,7 @@ def flash_attn_fp8(
             x = x * s[:, None, :, None]
         return x.to(wide)
 
-    res = flash_attn_func(
+    res = dense(
         deq(q, ds[0], True),
         deq(k, ds[1], False),
         deq(v, ds[2], False),
