@@ -345,7 +345,7 @@ pub(crate) fn sm90_persist(p: &Problem, has_mask: bool) -> Option<attention_tma:
 
 /// FLASHSCAN_SM90_PERSIST_CTAS=N (testing only): the persistent grid's CTAs instead of one an
 /// SM, so that small test problems walk many tiles a CTA. Read once.
-pub(crate) fn sm90_persist_ctas(sm_count: i64) -> i64 {
+fn sm90_persist_ctas(sm_count: i64) -> i64 {
     static CTAS: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
     let o = *CTAS.get_or_init(|| {
         std::env::var("FLASHSCAN_SM90_PERSIST_CTAS")
@@ -354,6 +354,24 @@ pub(crate) fn sm90_persist_ctas(sm_count: i64) -> i64 {
             .filter(|n| *n > 0)
     });
     o.unwrap_or(sm_count)
+}
+
+/// The TMA kernel's grid: the one-tile `grid` (query blocks, heads, batch), or for a persistent
+/// `order` one CTA an SM (`sm90_persist_ctas`), no more than there are tiles.
+pub(crate) fn tma_grid(
+    grid: (u32, u32, u32),
+    order: Option<attention_tma::TileOrder>,
+    sm_count: i64,
+) -> (u32, u32, u32) {
+    if order.is_none() {
+        return grid;
+    }
+    let tiles = grid.0 as i64 * grid.1 as i64 * grid.2 as i64;
+    (
+        attention_tma::persistent_grid(tiles, sm90_persist_ctas(sm_count)),
+        1,
+        1,
+    )
 }
 
 /// FLASHSCAN_SM90_QUEUE_SECTION=N (testing and tuning): (batch, head) pairs a section of the
@@ -556,7 +574,22 @@ pub fn forward(a: &FlashFwdArgs, stream: StreamChoice) -> Result<()> {
         ("out", Some(a.out)),
         ("lse", a.lse),
     ])?;
-    let params = FlashFwdParams {
+    launch(
+        &p,
+        dense_params(a),
+        a.q.dtype,
+        a.softmax_scale,
+        a.softcap,
+        false,
+        device,
+        stream,
+    )
+}
+
+/// The pointers and element strides of a dense call's tensors (sizes and options left 0: see
+/// `fill_sizes`).
+pub(crate) fn dense_params(a: &FlashFwdArgs) -> FlashFwdParams {
+    FlashFwdParams {
         q: a.q.ptr,
         k: a.k.ptr,
         v: a.v.ptr,
@@ -575,17 +608,27 @@ pub fn forward(a: &FlashFwdArgs, stream: StreamChoice) -> Result<()> {
         o_row_stride: a.out.strides[1],
         o_head_stride: a.out.strides[2],
         ..Default::default()
-    };
-    launch(
-        &p,
-        params,
-        a.q.dtype,
-        a.softmax_scale,
-        a.softcap,
-        false,
-        device,
-        stream,
-    )
+    }
+}
+
+/// Fills in the sizes and options of a checked problem `p` (each size must fit i32).
+pub(crate) fn fill_sizes(
+    params: &mut FlashFwdParams,
+    p: &Problem,
+    softmax_scale: f32,
+    softcap: f32,
+) -> Result<()> {
+    params.batch = fits_i32("batch", p.batch)?;
+    params.nheads = fits_i32("nheads", p.nheads)?;
+    params.nheads_k = fits_i32("nheads_k", p.nheads_k)?;
+    params.seqlen_q = fits_i32("seqlen_q", p.seqlen_q)?;
+    params.seqlen_k = fits_i32("seqlen_k", p.seqlen_k)?;
+    params.head_dim = fits_i32("headdim", p.head_dim)?;
+    params.softmax_scale = softmax_scale;
+    params.softcap = softcap;
+    params.window_left = p.window_left as i32;
+    params.window_right = p.window_right as i32;
+    Ok(())
 }
 
 /// Picks the variant of a checked, non-empty problem `p` and launches it with `params` (every
@@ -623,16 +666,7 @@ pub(crate) fn launch(
     } else {
         None
     };
-    params.batch = fits_i32("batch", p.batch)?;
-    params.nheads = fits_i32("nheads", p.nheads)?;
-    params.nheads_k = fits_i32("nheads_k", p.nheads_k)?;
-    params.seqlen_q = fits_i32("seqlen_q", p.seqlen_q)?;
-    params.seqlen_k = fits_i32("seqlen_k", p.seqlen_k)?;
-    params.head_dim = fits_i32("headdim", p.head_dim)?;
-    params.softmax_scale = softmax_scale;
-    params.softcap = softcap;
-    params.window_left = p.window_left as i32;
-    params.window_right = p.window_right as i32;
+    fill_sizes(&mut params, p, softmax_scale, softcap)?;
     let grid_of = |block_m: i64| -> Result<(u32, u32, u32)> {
         Ok((
             u32::try_from((p.seqlen_q + block_m - 1) / block_m)
@@ -674,13 +708,7 @@ pub(crate) fn launch(
             let s = dev.stream(stream)?;
             let threads = attention_tma::threads(block_m);
             let grid = grid_of(block_m)?;
-            let grid = if order.is_some() {
-                let tiles = grid.0 as i64 * grid.1 as i64 * grid.2 as i64;
-                let ctas = sm90_persist_ctas(dev.props.sm_count as i64);
-                (attention_tma::persistent_grid(tiles, ctas), 1, 1)
-            } else {
-                grid
-            };
+            let grid = tma_grid(grid, order, dev.props.sm_count as i64);
             let scratch = if order == Some(attention_tma::TileOrder::Queue) {
                 let section = attention_tma::section_heads(p.seqlen_k, hd, p.nheads, p.nheads_k);
                 queue_counters(dev, s, &mut tp, section)?

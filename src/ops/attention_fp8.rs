@@ -10,7 +10,7 @@
 //! head dims above 128 or not multiples of 16, softcap, packed sequences.
 
 use crate::error::{unsupported, value_err, Error, Result};
-use crate::ops::attention::{self, fits_i32, FlashFwdArgs, FlashFwdParams, Problem};
+use crate::ops::attention::{self, fits_i32, FlashFwdArgs, Problem};
 use crate::ops::attention_tma::{self, FlashFwdTmaParams, Schedule, TileOrder};
 use crate::runtime::driver::{encode_tensor_map_4d_of, MapElem};
 use crate::runtime::{runtime, KernelSpec, StreamChoice};
@@ -325,36 +325,8 @@ pub fn forward(a: &FlashFwdFp8Args, stream: StreamChoice) -> Result<()> {
                 "FP8 attention runs on sm_90 (Hopper) only; this device is sm_{arch_num}"
             ))
         })?;
-    let params = FlashFwdParams {
-        q: b.q.ptr,
-        k: b.k.ptr,
-        v: b.v.ptr,
-        o: b.out.ptr,
-        lse: b.lse.map_or(0, |l| l.ptr),
-        q_batch_stride: b.q.strides[0],
-        q_row_stride: b.q.strides[1],
-        q_head_stride: b.q.strides[2],
-        k_batch_stride: b.k.strides[0],
-        k_row_stride: b.k.strides[1],
-        k_head_stride: b.k.strides[2],
-        v_batch_stride: b.v.strides[0],
-        v_row_stride: b.v.strides[1],
-        v_head_stride: b.v.strides[2],
-        o_batch_stride: b.out.strides[0],
-        o_row_stride: b.out.strides[1],
-        o_head_stride: b.out.strides[2],
-        batch: fits_i32("batch", p.batch)?,
-        nheads: fits_i32("nheads", p.nheads)?,
-        nheads_k: fits_i32("nheads_k", p.nheads_k)?,
-        seqlen_q: fits_i32("seqlen_q", p.seqlen_q)?,
-        seqlen_k: fits_i32("seqlen_k", p.seqlen_k)?,
-        head_dim: fits_i32("headdim", p.head_dim)?,
-        softmax_scale: b.softmax_scale,
-        softcap: 0.0,
-        window_left: p.window_left as i32,
-        window_right: p.window_right as i32,
-        ..Default::default()
-    };
+    let mut params = attention::dense_params(b);
+    attention::fill_sizes(&mut params, &p, b.softmax_scale, 0.0)?;
     let sk_pad = seqlen_k_pad(p.seqlen_k);
     let vt_bytes = p.batch * p.nheads_k * p.head_dim * sk_pad;
     let q_map = attention_tma::map_args_of(
@@ -423,13 +395,7 @@ pub fn forward(a: &FlashFwdFp8Args, stream: StreamChoice) -> Result<()> {
         p.nheads as u32,
         p.batch as u32,
     );
-    let grid = if order.is_some() {
-        let tiles = grid.0 as i64 * grid.1 as i64 * grid.2 as i64;
-        let ctas = attention::sm90_persist_ctas(dev.props.sm_count as i64);
-        (attention_tma::persistent_grid(tiles, ctas), 1, 1)
-    } else {
-        grid
-    };
+    let grid = attention::tma_grid(grid, order, dev.props.sm_count as i64);
     // (the queue's sections: its K and Vt are 1-byte, so a head's bytes are half the 16-bit ones)
     let queue_scratch = if order == Some(TileOrder::Queue) {
         let section =
