@@ -7,9 +7,10 @@ head dims 128 and 64, causal and not. Per shape and round, CUDA-event medians (m
 flashscan FP8 (e4m3 q / k / v with per-(batch, kv head) descales: the Vt pre-pass and the
 e4m3 kernel, the whole call), flashscan bf16, SDPA cuDNN and SDPA FlashAttention-2 (bf16). TFLOP/s
 count 4 b h sq sk d (halved under a causal mask) for every row alike. The FP8 call's kernels are
-split with torch.profiler once a shape (`vt_us`, `fp8_kernel_us`). --stages also times the FP8
-kernel's ring depths 2-5 (FLASHSCAN_SM90_FP8_STAGES), --schedules its pipelined and plain
-schedules (FLASHSCAN_SM90_FP8_SCHEDULE), --onetile its one-CTA-a-tile form
+split with torch.profiler once a shape (`vt_us`, `fp8_kernel_us`). Each row's guard: the FP8 output
+against the bf16 kernel on the dequantised inputs within GUARD_REL, else "FAIL" and exit 1.
+--stages also times the FP8 kernel's ring depths 2-5 (FLASHSCAN_SM90_FP8_STAGES), --schedules
+its pipelined and plain schedules (FLASHSCAN_SM90_FP8_SCHEDULE), --onetile its one-CTA-a-tile form
 (FLASHSCAN_SM90_PERSIST=0), --rescale its exponent-base rules 0 and 2 (FLASHSCAN_SM90_FP8_RESCALE),
 --exp-poly 2 / 4 of each 16 exponential pairs on the FMA pipe (FLASHSCAN_SM90_EXP_POLY; all read on
 every call); --dims picks the head dims.
@@ -71,6 +72,11 @@ def kernel_split(fn: Any) -> dict[str, float]:
         elif "flash_fwd_sm90_tma" in e.key:
             out["fp8_kernel_us"] = e.device_time_total / e.count
     return out
+
+
+# the largest relative error of the FP8 output against the bf16 kernel on the dequantised
+# inputs a timed row may show (tests/test_fp8_gpu.py holds the strict rule)
+GUARD_REL = 0.1
 
 
 def bench_shape(d: int, causal: bool, s: int, args: Any) -> dict[str, Any]:
@@ -151,6 +157,17 @@ def bench_shape(d: int, causal: bool, s: int, args: Any) -> dict[str, Any]:
     row["fp8_vs_bf16_rel"] = round(
         float((o8 - o16).abs().max() / o16.abs().max().clamp_min(1e-6)), 4
     )
+    # the guard: against the bf16 kernel on the dequantised inputs (the same values), the FP8
+    # kernel's own error (P in e4m3: a few percent); a layout or scale bug is O(1)
+    # (q, k and v have the same heads here: each descale is (batch, heads))
+    deq = [
+        (x.float() * ds[:, None, :, None]).to(torch.bfloat16)
+        for x, ds in ((q8, qd), (k8, kd), (v8, vd))
+    ]
+    ref = flashscan.flash_attn_func(*deq, causal=causal).float()
+    rel = float((o8 - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
+    row["fp8_vs_dequant_rel"] = round(rel, 4)
+    row["guard"] = "ok" if math.isfinite(rel) and rel <= GUARD_REL else "FAIL"
     row["fp8_over_cudnn"] = round(row["cudnn_ms"] / row["fp8_ms"], 3)
     return row
 
@@ -169,6 +186,7 @@ def main() -> None:
     seqlens = [1024, 4096] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
     dev = torch.cuda.get_device_name()
     print(f"# {dev}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
+    failed = 0
     for d in (int(x) for x in args.dims.split(",")):
         for causal in (False, True):
             for s in seqlens:
@@ -176,6 +194,9 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
                 if not math.isfinite(row["fp8_ms"]):
                     raise SystemExit("the FP8 call failed")
+                failed += row["guard"] != "ok"
+    if failed:
+        raise SystemExit(f"{failed} rows FAIL their guard")
 
 
 if __name__ == "__main__":
