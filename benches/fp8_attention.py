@@ -4,16 +4,19 @@
 
 Shapes: batch x seqlen = 16k tokens, nheads x headdim = 2048 (issue 11's grid), seqlen 512..16k,
 head dims 128 and 64, causal and not. Per shape and round, CUDA-event medians (ms) of:
-flashscan FP8 (e4m3 q / k / v with per-(batch, kv head) descales: the Vt pre-pass and the
-e4m3 kernel, the whole call), flashscan bf16, SDPA cuDNN and SDPA FlashAttention-2 (bf16). TFLOP/s
+flashscan FP8 (e4m3 q / k / v with per-(batch, kv head) descales, the whole call: one kernel
+that transposes V itself), flashscan bf16, SDPA cuDNN and SDPA FlashAttention-2 (bf16). TFLOP/s
 count 4 b h sq sk d (halved under a causal mask) for every row alike. The FP8 call's kernels are
-split with torch.profiler once a shape (`vt_us`, `fp8_kernel_us`). Each row's guard: the FP8 output
+split with torch.profiler once a shape (`fp8_kernel_us`; with --prepass also the pre-pass's
+`vt_us` and kernel, `prepass_kernel_us`). Each row's guard: the FP8 output
 against the bf16 kernel on the dequantised inputs within GUARD_REL, else "FAIL" and exit 1.
 --stages also times the FP8 kernel's ring depths 2-5 (FLASHSCAN_SM90_FP8_STAGES), --schedules
 its pipelined and plain schedules (FLASHSCAN_SM90_FP8_SCHEDULE), --onetile its one-CTA-a-tile form
 (FLASHSCAN_SM90_PERSIST=0), --rescale its exponent-base rules 0 and 2 (FLASHSCAN_SM90_FP8_RESCALE),
---exp-poly 2 / 4 of each 16 exponential pairs on the FMA pipe (FLASHSCAN_SM90_EXP_POLY; all read on
-every call); --dims picks the head dims.
+--exp-poly 2 / 4 of each 16 exponential pairs on the FMA pipe (FLASHSCAN_SM90_EXP_POLY), --prepass
+V transposed by the pre-pass kernel instead (FLASHSCAN_SM90_FP8_VT=prepass), --transpose-warps
+by 1 or 2 producer warps instead of 3 (FLASHSCAN_SM90_FP8_TRANSPOSE_WARPS; all read on every
+call); --dims picks the head dims.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ def quantize(x: torch.Tensor, hk: int) -> tuple[torch.Tensor, torch.Tensor]:
     return (x.float() / per).to(torch.float8_e4m3fn), ds
 
 
-def kernel_split(fn: Any) -> dict[str, float]:
+def kernel_split(fn: Any, prefix: str = "") -> dict[str, float]:
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -70,7 +73,7 @@ def kernel_split(fn: Any) -> dict[str, float]:
         if "flash_fp8_vt" in e.key:
             out["vt_us"] = e.device_time_total / e.count
         elif "flash_fwd_sm90_tma" in e.key:
-            out["fp8_kernel_us"] = e.device_time_total / e.count
+            out[f"{prefix or 'fp8'}_kernel_us"] = e.device_time_total / e.count
     return out
 
 
@@ -138,6 +141,11 @@ def bench_shape(d: int, causal: bool, s: int, args: Any) -> dict[str, Any]:
             fns[f"fp8_poly{n}"] = with_env("FLASHSCAN_SM90_EXP_POLY", n)
     if args.onetile:
         fns["fp8_onetile"] = with_env("FLASHSCAN_SM90_PERSIST", "0")
+    if args.prepass:
+        fns["fp8_prepass"] = with_env("FLASHSCAN_SM90_FP8_VT", "prepass")
+    if args.transpose_warps:
+        for n in ("1", "2"):
+            fns[f"fp8_tw{n}"] = with_env("FLASHSCAN_SM90_FP8_TRANSPOSE_WARPS", n)
     ms: dict[str, list[float]] = {n: [] for n in fns}
     for _ in range(args.rounds):
         for n, fn in fns.items():
@@ -152,6 +160,9 @@ def bench_shape(d: int, causal: bool, s: int, args: Any) -> dict[str, Any]:
         row[f"{n}_ms"] = round(best, 4)
         row[f"{n}_tflops"] = round(flops / best / 1e9, 1) if math.isfinite(best) else None
     row.update({k_: round(v_, 1) for k_, v_ in kernel_split(fp8).items()})
+    if args.prepass:
+        split = kernel_split(fns["fp8_prepass"], "prepass")
+        row.update({k_: round(v_, 1) for k_, v_ in split.items()})
     # the FP8 result against the bf16 inputs' attention (the quantisation's error, for info)
     o8, o16 = fp8().float(), bf16().float()
     row["fp8_vs_bf16_rel"] = round(
@@ -180,6 +191,8 @@ def main() -> None:
     ap.add_argument("--onetile", action="store_true")
     ap.add_argument("--rescale", action="store_true")
     ap.add_argument("--exp-poly", action="store_true")
+    ap.add_argument("--prepass", action="store_true")
+    ap.add_argument("--transpose-warps", action="store_true")
     ap.add_argument("--dims", default="128,64")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()

@@ -96,17 +96,20 @@
 //
 // FP8 (FS_DTYPE=3: e4m3 Q, K and V, bf16 O; flash-attn 3's q_descale / k_descale / v_descale): the
 // 128 tile (FS_HEAD_DIM 128; head dims 16 .. 128 padded to it by the maps), 128 query rows,
-// ping-pong, no softcap, dense. Both operands of an 8-bit wgmma must be K-major, so V arrives
-// transposed: the host's pre-pass (cuda/flash_fp8_vt.cu) writes Vt (batch, heads_k, head_dim,
-// seqlen_k padded to 128) and the V map is Vt's (box 128 keys x 128 head-dim rows: the K tile's
-// layout, one 128-byte column block). S = Q K^T is m64n128k32 (4 k-steps of 32 bytes, the same
-// byte offsets as the 16-bit k16 steps); P is rounded to e4m3 in registers and O += P Vt runs
-// m64n128k32 with P as the register A. P's accumulator registers hold keys {2t, 2t+1, 8+2t, 9+2t}
-// of each 16 where the 8-bit A fragment wants columns {4t .. 4t+3}: instead of shuffling bytes,
-// the pre-pass stores each 32-key block of Vt in that permuted order (column 4t+e of a 16 holds key
-// 2t + (e & 1) + 8 (e >> 1)), so P's registers pack in place. Descales: the tile's (batch, kv
-// head) q x k descale multiplies the score scale, v's the output; O is staged in a buffer of its own
-// (the 16 KB Q tile cannot hold 32 KB of bf16 output).
+// ping-pong, no softcap, dense. Both operands of an 8-bit wgmma must be K-major, so O += P V needs
+// V transposed (Vt: head-dim rows of 128 key bytes, the K tile's layout). V tiles come by TMA as
+// stored (V's map is K's) into two raw tiles after the O buffer, and producer warps 1-3 transpose
+// each into the ring's Vt stage (transpose_v_tiles: ldmatrix .trans + byte permutes, after the
+// consumers freed the stage; full_v then counts their three arrivals), so the call is one launch.
+// (FS_FP8_TRANSPOSE=0, a measurement build: the host's pre-pass cuda/flash_fp8_vt.cu writes Vt
+// (batch, heads_k, head_dim, seqlen_k padded to 128) to scratch and the V map is Vt's.) S = Q K^T
+// is m64n128k32 (4 k-steps of 32 bytes, the same byte offsets as the 16-bit k16 steps); P is
+// rounded to e4m3 in registers and O += P Vt runs m64n128k32 with P as the register A. P's
+// accumulator registers hold keys {2t, 2t+1, 8+2t, 9+2t} of each 16 where the 8-bit A fragment
+// wants columns {4t .. 4t+3}: instead of shuffling bytes, Vt holds each 16 keys in that permuted
+// order (column 4t+e of a 16 holds key 2t + (e & 1) + 8 (e >> 1)), so P's registers pack in place.
+// Descales: the tile's (batch, kv head) q x k descale multiplies the score scale, v's the output; O
+// is staged in a buffer of its own (the 16 KB Q tile cannot hold 32 KB of bf16 output).
 //
 // The prelude defines FS_HEAD_DIM (64, 128 or 256), FS_DTYPE (0 fp16, 1 bf16, 3 e4m3), FS_HAS_MASK, FS_ARCH
 // (90), FS_KV_STAGES (2 to 5), optionally FS_SM90_PIPE, FS_SM90_PINGPONG, FS_SM90_PERSIST (0, 1 or
@@ -160,10 +163,14 @@
 #if FS_SM90_PINGPONG && !FS_SM90_PIPE
 #error "FS_SM90_PINGPONG builds on the FS_SM90_PIPE schedule"
 #endif
-#define FS_FP8 (FS_DTYPE == 3)  // e4m3 Q / K / V (V transposed by the host), bf16 O
+#define FS_FP8 (FS_DTYPE == 3)  // e4m3 Q / K / V, bf16 O
 #if FS_FP8 && (FS_VARLEN || FS_HAS_SOFTCAP || FS_HEAD_DIM != 128)
 #error "FP8: the dense 128 tile without softcap"
 #endif
+#ifndef FS_FP8_TRANSPOSE
+#define FS_FP8_TRANSPOSE 1  // FP8: 1, the producer's warps transpose V in shared memory; 0, the host's pre-pass
+#endif
+#define FS_FP8_VT (FS_FP8 && FS_FP8_TRANSPOSE)  // V by TMA as stored, transposed by producer warps 1-3
 
 #if FS_FP8
 // One descale tensor (flash-attn 3: float32, (batch, nheads_k)); ptr null: 1. Strides in elements
@@ -233,9 +240,11 @@ static constexpr int kORegs = kHeadDim / 2;            // O accumulator floats p
 // N of one O += P V wgmma: the head dim, or two m64n128k16 side by side at 256 (each on its half
 // of O's registers, which hold the columns in the order one m64n256k16 would)
 static constexpr int kPvN = kHeadDim > 128 ? 128 : kHeadDim;
-static constexpr int kProducerRegs = 24;
-// 24 * 128 + 240 * 256 (two consumers) or + 160 * 384 (three) <= 64 K registers
-static constexpr int kConsumerRegs = kNC == 2 ? 240 : 160;
+// (FP8 with the in-kernel transpose: the transposing warps spilled at 24, NVRTC 13.0)
+static constexpr int kProducerRegs = FS_FP8_VT ? 32 : 24;
+// 24 * 128 + 240 * 256 (two consumers; FP8 transpose 32 * 128 + 232 * 256) or + 160 * 384
+// (three) <= 64 K registers
+static constexpr int kConsumerRegs = kNC == 2 ? (FS_FP8_VT ? 232 : 240) : 160;
 static constexpr u32 kEmptyArrivals = 4 * kNC;         // one per consumer warp
 static constexpr u32 kTurnBar = 1 + kNC;               // ping-pong barriers (1..kNC: epilogues)
 
@@ -252,9 +261,19 @@ static_assert(kStages >= 2 && kStages <= 5, "2 to 5 ring stages (the smem assert
 static constexpr bool kOwnO = FS_SM90_PERSIST || FS_FP8;
 static constexpr int kOBytes = kOwnO ? kBlockM * kHeadDim * 2 : 0;
 static constexpr bool kQueue = FS_SM90_PERSIST == 2;            // tiles from a global counter
-// barriers: bar_q, 4 per stage, q_empty; the queue's 2 tile_full + 2 tile_free, and its 2 slots
-static constexpr int kBarBytes = 8 * (2 + 4 * kStages) + (kQueue ? 8 * 4 + 8 : 0);
-static_assert(kQBytes + 2 * kStages * kTileBytes + kOBytes + 1024 + kBarBytes <= 232448, "smem");
+// FP8 with the in-kernel transpose: V tiles as stored (TMA, K's layout) land in kVrStages raw
+// tiles after the O buffer; producer warps 1 .. kTransposeWarps turn each into the ring's Vt stage
+static constexpr int kVrStages = FS_FP8_VT ? 2 : 0;
+#ifndef FS_FP8_TRANSPOSE_WARPS
+#define FS_FP8_TRANSPOSE_WARPS 3  // (measurement: 1 or 2, FLASHSCAN_SM90_FP8_TRANSPOSE_WARPS)
+#endif
+static constexpr int kTransposeWarps = FS_FP8_TRANSPOSE_WARPS;
+static_assert(kTransposeWarps >= 1 && kTransposeWarps <= 3, "producer warps 1 .. 3 transpose");
+static constexpr int kVrBytes = kVrStages * kTileBytes;
+// barriers: bar_q, 4 per stage, q_empty; the queue's 2 tile_full + 2 tile_free, and its 2 slots;
+// (FP8 transpose) 2 full_vr + 2 empty_vr, and the 2 stop flags
+static constexpr int kBarBytes = FS_FP8_VT ? 8 * (12 + 4 * kStages) : 8 * (2 + 4 * kStages) + (kQueue ? 8 * 4 + 8 : 0);
+static_assert(kQBytes + 2 * kStages * kTileBytes + kOBytes + kVrBytes + 1024 + kBarBytes <= 232448, "smem");
 static_assert(!(FS_SM90_PERSIST && kHeadDim == 256), "head dim 256: one CTA a tile (no room for the O buffer)");
 
 // Shared-memory addresses of one CTA's tiles and barriers.
@@ -266,7 +285,9 @@ struct Smem {
     // the epilogue's O staging: its own buffer when persistent (the next tile's Q may be landing),
     // else the Q tile
     __device__ u32 o() const { return kOwnO ? base + kQBytes + kTileBytes * (2 * kStages) : base; }
-    __device__ u32 bar(int i) const { return base + kQBytes + kTileBytes * (2 * kStages) + kOBytes + 8 * i; }
+    // (FP8 transpose) raw V tile i, as TMA writes it
+    __device__ u32 vr(int i) const { return base + kQBytes + kTileBytes * (2 * kStages) + kOBytes + kTileBytes * i; }
+    __device__ u32 bar(int i) const { return base + kQBytes + kTileBytes * (2 * kStages) + kOBytes + kVrBytes + 8 * i; }
     __device__ u32 bar_q() const { return bar(0); }
     __device__ u32 full_k(int s) const { return bar(1 + s); }
     __device__ u32 full_v(int s) const { return bar(1 + kStages + s); }
@@ -279,6 +300,12 @@ struct Smem {
     __device__ u32 tile_full(int i) const { return bar(2 + 4 * kStages + i); }
     __device__ u32 tile_free(int i) const { return bar(4 + 4 * kStages + i); }
     __device__ u32 tile_slot(int i) const { return bar(6 + 4 * kStages) + 4 * i; }
+    // (FP8 transpose) raw V tile i landed (full_vr[i], TMA), transposed and free again (empty_vr[i],
+    // one arrival a transposing warp); stop flag i set: the producer's last arrival on full_vr[i]
+    // carries no tile, the transposing warps return
+    __device__ u32 full_vr(int i) const { return bar(7 + 4 * kStages + i); }
+    __device__ u32 empty_vr(int i) const { return bar(9 + 4 * kStages + i); }
+    __device__ u32 vr_stop(int i) const { return bar(11 + 4 * kStages) + 4 * i; }
 };
 
 // One output tile: query rows m0 .. m0 + rows_q - 1 of (batch, head) (K / V head head_k), its
@@ -418,6 +445,71 @@ __device__ __forceinline__ void tma_vt(u32 dst, const TensorMap* map, int key0, 
 // The tile's descale from one (batch, kv head) descale tensor (none: 1).
 __device__ __forceinline__ float fp8_descale(const Fp8Descale& d, int batch, int head_k) {
     return d.ptr ? d.ptr[batch * d.batch_stride + head_k * d.head_stride] : 1.0f;
+}
+#endif
+
+#if FS_FP8_VT
+__device__ __forceinline__ u32 byte_perm(u32 a, u32 b, u32 sel) {
+    u32 d;
+    asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+// Producer warps 1 .. kTransposeWarps (warp tw = warp - 1): every V tile the producer thread loads
+// (raw ring position j: tile j % 2, in the order of the K / V ring) becomes ring stage s's Vt, in
+// the layout the host's pre-pass wrote (cuda/flash_fp8_vt.cu): row d (head-dim column d) of 128 key
+// bytes, 128-byte swizzle (chunk c of row d at d * 128 + (c ^ d % 8) * 16), column 16 h + 4 t + e
+// of each 16 holding key 16 h + 2 t + (e & 1) + 8 (e >> 1), the order of P's registers (pack_p).
+//
+// The raw tile is K's layout (key row r, chunk c of head-dim bytes 16 c .. at r * 128 + (c ^ r %
+// 8) * 16). A unit is 16 keys (h) x 32 head-dim bytes (chunks 2 cp, 2 cp + 1): one ldmatrix .x4
+// .trans reads it as four 8 x 8 matrices of 16-bit pairs (matrix i: keys 16 h + 8 (i & 1) .., chunk
+// 2 cp + (i >> 1); its eight row addresses in eight distinct chunks: no bank conflict), so lane l
+// = 4 jj + q holds, of head-dim pair d, d + 1 = 16 c + 2 jj, the keys ka = 16 h + 2 q, ka + 1 in
+// m[2x] and ka + 8, ka + 9 in m[2x + 1] (bytes: v[ka][d], v[ka][d+1], v[ka+1][d], v[ka+1][d+1]).
+// Two byte permutes give Vt row d's word at column 16 h + 4 q (keys ka, ka+1, ka+8, ka+9: exactly
+// the permuted order) and row d + 1's, which is stmatrix's layout (lane 4 jj + q: row jj, word q)
+// for four matrices of eight Vt rows each (rows 16 c + 2 r, or + 1, chunk h): one stmatrix .x4 a
+// unit. (Its rows 2 r share four swizzle phases: a 2-way bank conflict; selecting rows d / d + 1 by
+// lane to avoid it cost 4 SEL a unit, and the stores' instructions, not their bank cycles, are
+// what the consumer warps on the same schedulers feel.)
+// tests/test_fp8_transpose_model.py replays these addresses and permutes in NumPy.
+__device__ __forceinline__ void transpose_v_tiles(const Smem& sm, const volatile int* stop, int tw, int lane) {
+    const int mi = lane >> 3, mj = lane & 7;             // ldmatrix / stmatrix: matrix, row
+    const u32 ld_row = (8 * (mi & 1) + mj) * 128;
+    // stmatrix: matrix mi is Vt rows 16 (2 cp + (mi >> 1)) + 2 r + (mi & 1), r = mj
+    const int st_r = 2 * mj + (mi & 1);
+    const u32 st_row = ((mi >> 1) * 16 + st_r) * 128;
+    int s = 0;
+    u32 phase = 0;
+    for (u32 j = 0;; ++j) {
+        const int r = j & 1;
+        mbar_wait(sm.full_vr(r), (j >> 1) & 1);
+        // (lane 0 reads the flag, the lane that arrives on empty_vr below: racecheck cannot see
+        // other lanes' reads ordered before that arrival)
+        if (__shfl_sync(0xffffffffu, lane == 0 ? stop[r] : 0, 0)) return;
+        mbar_wait(sm.empty_v(s), phase ^ 1);  // (a fresh barrier passes parity 1 at once)
+        const u32 src = sm.vr(r), dst = sm.v(s);
+#pragma unroll 1
+        for (int u = tw; u < 32; u += kTransposeWarps) {
+            const int h = u >> 2, cp = u & 3;
+            u32 m[4];
+            ldsm_x4_trans(m, src + h * 2048 + ld_row + (((2 * cp + (mi >> 1)) ^ mj) << 4));
+            stsm_x4(dst + cp * 32 * 128 + st_row + ((h ^ (st_r & 7)) << 4),
+                    byte_perm(m[0], m[1], 0x6420), byte_perm(m[0], m[1], 0x7531),
+                    byte_perm(m[2], m[3], 0x6420), byte_perm(m[2], m[3], 0x7531));
+        }
+        fence_proxy_async();  // the generic stores, before wgmma (the async proxy) reads them
+        __syncwarp();
+        if (lane == 0) {
+            mbar_arrive(sm.empty_vr(r));
+            mbar_arrive(sm.full_v(s));
+        }
+        if (++s == kStages) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
 }
 #endif
 
@@ -681,7 +773,7 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
         mbar_init(sm.bar_q(), 1);
         for (int s = 0; s < kStages; ++s) {
             mbar_init(sm.full_k(s), 1);
-            mbar_init(sm.full_v(s), 1);
+            mbar_init(sm.full_v(s), FS_FP8_VT ? kTransposeWarps : 1);
             mbar_init(sm.empty_k(s), kEmptyArrivals);
             mbar_init(sm.empty_v(s), kEmptyArrivals);
         }
@@ -691,6 +783,13 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
                 mbar_init(sm.tile_full(i), 1);
                 mbar_init(sm.tile_free(i), kEmptyArrivals);
             }
+#if FS_FP8_VT
+        for (int i = 0; i < kVrStages; ++i) {
+            mbar_init(sm.full_vr(i), 1);
+            mbar_init(sm.empty_vr(i), kTransposeWarps);
+            *reinterpret_cast<volatile int*>(smem + (sm.vr_stop(i) - s_base)) = 0;
+        }
+#endif
         mbar_init_fence();
     }
     __syncthreads();
@@ -701,6 +800,9 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
         if (tid == 0) {
             int s = 0;
             u32 phase = 0, it = 0;  // ring position; tiles loaded
+#if FS_FP8_VT
+            u32 jv = 0;  // V tiles loaded (the raw tiles' ring position)
+#endif
 #if FS_SM90_PERSIST == 2
             // Every tile index taken (the last one past the end: the consumers' stop) goes to the
             // consumers through the two slots; the next is taken once this tile's loads are issued,
@@ -743,10 +845,16 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
                     // a fresh empty barrier passes parity 1 at once: the first lap does not wait
                     mbar_wait(sm.empty_k(s), phase ^ 1);
                     tma_tile(sm.k(s), &P.tm_k, F90T_KV_ROW(n), w.head_k, F90T_MAP_B, sm.full_k(s));
+#if FS_FP8_VT
+                    // V as stored into a raw tile; the transposing warps fill stage s's Vt from it
+                    mbar_wait(sm.empty_vr(jv & 1), ((jv >> 1) & 1) ^ 1);
+                    tma_tile(sm.vr(jv & 1), &P.tm_v, F90T_KV_ROW(n), w.head_k, F90T_MAP_B, sm.full_vr(jv & 1));
+                    ++jv;
+#elif FS_FP8
                     mbar_wait(sm.empty_v(s), phase ^ 1);
-#if FS_FP8
                     tma_vt(sm.v(s), &P.tm_v, n * kBlockN, w.head_k, w.batch, sm.full_v(s));
 #else
+                    mbar_wait(sm.empty_v(s), phase ^ 1);
                     tma_tile(sm.v(s), &P.tm_v, F90T_KV_ROW(n), w.head_k, F90T_MAP_B, sm.full_v(s));
 #endif
                     if (++s == kStages) {
@@ -758,6 +866,12 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
 #undef F90T_KV_ROW
 #undef F90T_MAP_B
             }
+#if FS_FP8_VT
+            // no more V tiles: the next raw tile's arrival carries the stop flag instead
+            mbar_wait(sm.empty_vr(jv & 1), ((jv >> 1) & 1) ^ 1);
+            *reinterpret_cast<volatile int*>(smem + (sm.vr_stop(jv & 1) - s_base)) = 1;
+            mbar_arrive(sm.full_vr(jv & 1));  // (release: the flag's store is seen first)
+#endif
 #if FS_SM90_PERSIST == 2
             // Every index is taken (this CTA's last was past the end): the last CTA here zeroes
             // the counters for the next launch on the stream (launches on one stream do not
@@ -768,6 +882,12 @@ extern "C" __global__ void __launch_bounds__(f90t::kThreads, 1)
             }
 #endif
         }
+#if FS_FP8_VT
+        else if (tid >= 32 && tid < 32 * (1 + kTransposeWarps)) {
+            transpose_v_tiles(sm, reinterpret_cast<const volatile int*>(smem + (sm.vr_stop(0) - s_base)),
+                              (tid >> 5) - 1, lane);
+        }
+#endif
     } else {
         // ================= consumers =================
         setmaxnreg_inc<kConsumerRegs>();

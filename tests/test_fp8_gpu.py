@@ -1,6 +1,7 @@
 """GPU tests of the FP8 attention forward (`flash_attn_func` on float8_e4m3fn q / k / v with
-flash-attn 3's descales; cuda/flash_fp8_vt.cu + the FP8 build of cuda/flash_fwd_sm90_tma.cu on
-sm_90, the dequantised 16-bit path elsewhere).
+flash-attn 3's descales; the FP8 build of cuda/flash_fwd_sm90_tma.cu on sm_90, V transposed by
+its producer warps (or, FLASHSCAN_SM90_FP8_VT=prepass, by cuda/flash_fp8_vt.cu), the dequantised
+16-bit path elsewhere).
 
 Correctness rule of DESIGN.md: the reference is float64 attention over the dequantised inputs
 (value x descale, exact); the same-precision baseline is what an FP8 kernel computes at best, in
@@ -148,15 +149,18 @@ def _case_id(c: tuple) -> str:
     return f"b{c[0]}-q{c[1]}-k{c[2]}-h{c[3]}/{c[4]}-d{c[5]}-{'causal' if c[6] else 'full'}-{c[9]}"
 
 
-@pytest.mark.parametrize("persist", ["default", "0", "queue"])
+@pytest.mark.parametrize("persist", ["default", "0", "queue", "prepass"])
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_fp8_forward_matches_float64_within_the_fp8_baseline(
     flashscan_gpu, case, persist, monkeypatch
 ):
     """Every case on the default forms (unmasked: persistent with a static stride; masked: the
     tile queue), on one CTA a tile, and on the queue for all (FLASHSCAN_SM90_PERSIST, read on
-    every call)."""
-    if persist != "default":
+    every call); and on the pre-pass's Vt, one CTA a tile (FLASHSCAN_SM90_FP8_VT=prepass)."""
+    if persist == "prepass":
+        monkeypatch.setenv("FLASHSCAN_SM90_FP8_VT", "prepass")
+        monkeypatch.setenv("FLASHSCAN_SM90_PERSIST", "0")
+    elif persist != "default":
         monkeypatch.setenv("FLASHSCAN_SM90_PERSIST", persist)
     # (head dims 16-64 take the 16-bit path by default: run them on the FP8 kernel here)
     monkeypatch.setenv("FLASHSCAN_FP8_SMALL_HEAD_DIMS", "1")
@@ -202,6 +206,25 @@ def test_fp8_runs_the_e4m3_kernel_on_hopper(flashscan_gpu):
     torch.cuda.synchronize()
     assert torch.equal(o1, o2)
     assert not torch.equal(o1, o16)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_in_kernel_transpose_equals_the_prepass_bit_for_bit(flashscan_gpu, causal, monkeypatch):
+    """The producer warps' V transpose must give the Vt the pre-pass writes: the same kernel
+    arithmetic on the same Vt, so identical outputs (one CTA a tile both; a tail, GQA, a head
+    dim below the tile, a strided V)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the e4m3 kernel is sm_90 only")
+    monkeypatch.setenv("FLASHSCAN_SM90_PERSIST", "0")
+    case = (2, 333, 700, 6, 2, 96, causal, (-1, -1), True, "per-head")
+    q8, k8, v8, qd, kd, vd = make(case, seed=11)
+    kw = {"causal": causal, "q_descale": qd, "k_descale": kd, "v_descale": vd}
+    o1 = flashscan_gpu.flash_attn_func(q8, k8, v8, **kw)
+    monkeypatch.setenv("FLASHSCAN_SM90_FP8_VT", "prepass")
+    o2 = flashscan_gpu.flash_attn_func(q8, k8, v8, **kw)
+    torch.cuda.synchronize()
+    assert torch.isfinite(o1.float()).all()
+    assert torch.equal(o1, o2)
 
 
 def test_fp8_small_head_dims_take_the_16bit_path_by_default(flashscan_gpu):

@@ -25,6 +25,15 @@ __device__ __forceinline__ void ldsm_x4_trans(u32 (&r)[4], u32 addr) {
                  : "r"(addr));
 }
 
+// Four 8x8 16-bit matrices to shared memory (STSM.16.M88.4, sm_90): lane l supplies the row
+// address of row l % 8 of matrix l / 8; register i holds matrix i's row l / 4, columns 2 (l % 4)
+// and 2 (l % 4) + 1 (the inverse of ldsm_x4).
+__device__ __forceinline__ void stsm_x4(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+                 "r"(r2), "r"(r3)
+                 : "memory");
+}
+
 // D += A * B, m16n8k16, fp16 (DT 0) or bf16 (DT 1) inputs, f32 accumulate (HMMA.16816.F32[.BF16]).
 template <int DT>
 __device__ __forceinline__ void mma16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {

@@ -1,8 +1,10 @@
 //! The FP8 (e4m3) attention forward on Hopper: flash-attn 3's `flash_attn_func` with float8 q / k
-//! / v and `q_descale` / `k_descale` / `v_descale`, bf16 out. Two launches on the call's stream:
-//! `cuda/flash_fp8_vt.cu` writes V transposed (and key-permuted inside each 32-key block) into
-//! stream-ordered scratch, then the FP8 build of the TMA forward (`cuda/flash_fwd_sm90_tma.cu`,
-//! `FS_DTYPE=3`) runs on Q, K and that Vt.
+//! / v and `q_descale` / `k_descale` / `v_descale`, bf16 out. One launch on the call's stream: the
+//! FP8 build of the TMA forward (`cuda/flash_fwd_sm90_tma.cu`, `FS_DTYPE=3`), whose producer warps
+//! transpose each V tile in shared memory (an 8-bit wgmma takes V K-major). With
+//! FLASHSCAN_SM90_FP8_VT=prepass (measurement) two launches instead: `cuda/flash_fp8_vt.cu`
+//! writes V transposed (and key-permuted inside each 16-key group) into stream-ordered scratch,
+//! then the `FS_FP8_TRANSPOSE=0` build runs on Q, K and that Vt.
 //!
 //! Covered: sm_90, head dims 16 .. 128 in steps of 16 (the 128 tile; the maps zero-fill the
 //! columns past the head dim), masks and windows, GQA / MQA, seqlen_q != seqlen_k, LSE, out=.
@@ -29,21 +31,43 @@ pub const TILE_HEAD_DIM: i64 = 128;
 const BLOCK_M: i64 = 128;
 const TILE_BYTES: u32 = 128 * 128;
 
-/// K / V ring depth: 4 by default (Q 16 KB + O 32 KB + 4 x 32 KB); FLASHSCAN_SM90_FP8_STAGES
-/// (2-5, read on every FP8 call, for tuning) overrides it.
-pub fn kv_stages() -> i64 {
+/// K / V ring depth: 4 by default (Q 16 KB + O 32 KB + 4 x 32 KB + 2 raw V tiles of 16 KB);
+/// FLASHSCAN_SM90_FP8_STAGES (2-4, 5 with the pre-pass; read on every FP8 call, for tuning)
+/// overrides it.
+pub fn kv_stages(prepass: bool) -> i64 {
+    let max = if prepass { 5 } else { 4 };
     std::env::var("FLASHSCAN_SM90_FP8_STAGES")
         .ok()
         .and_then(|v| v.parse::<i64>().ok())
-        .filter(|n| (2..=5).contains(n))
+        .filter(|n| (2..=max).contains(n))
         .unwrap_or(4)
 }
 
+/// FLASHSCAN_SM90_FP8_VT=prepass (measurement; read on every FP8 call): V transposed by the
+/// pre-pass kernel into scratch, not by the FP8 kernel's producer warps.
+pub fn prepass() -> bool {
+    std::env::var("FLASHSCAN_SM90_FP8_VT").as_deref() == Ok("prepass")
+}
+
+/// FLASHSCAN_SM90_FP8_TRANSPOSE_WARPS=1 or 2 (measurement; read on every FP8 call): how many
+/// producer warps transpose V (default 3). None: the default.
+pub fn transpose_warps() -> Option<i64> {
+    std::env::var("FLASHSCAN_SM90_FP8_TRANSPOSE_WARPS")
+        .ok()
+        .and_then(|v| v.parse::<i64>().ok())
+        .filter(|&n| n == 1 || n == 2)
+}
+
 /// Dynamic shared memory of the FP8 kernel: Q (16 KB), `stages` K / Vt pairs, the bf16 O
-/// staging buffer (32 KB), 1 KB of alignment, the mbarriers.
-pub fn smem_bytes(stages: i64) -> u32 {
+/// staging buffer (32 KB), 1 KB of alignment, the mbarriers; without the pre-pass also the two
+/// raw V tiles, and every barrier slot the persistent forms and the transpose use (+ 2 flags).
+pub fn smem_bytes(stages: i64, prepass: bool) -> u32 {
     let s = stages as u32;
-    TILE_BYTES + 2 * s * TILE_BYTES + 2 * TILE_BYTES + 1024 + 8 * (1 + 4 * s)
+    if prepass {
+        TILE_BYTES + 2 * s * TILE_BYTES + 2 * TILE_BYTES + 1024 + 8 * (1 + 4 * s)
+    } else {
+        TILE_BYTES + 2 * s * TILE_BYTES + 2 * TILE_BYTES + 2 * TILE_BYTES + 1024 + 8 * (12 + 4 * s)
+    }
 }
 
 /// The FP8 kernel's consumer schedule: ping-pong by default; FLASHSCAN_SM90_FP8_SCHEDULE=pipe or
@@ -67,22 +91,24 @@ pub fn rescale_mode() -> Option<i64> {
         .filter(|&m| m == 0 || m == 2)
 }
 
-/// The FP8 forward's variant (ping-pong, one CTA a tile) and its dynamic shared memory; None
-/// off sm_90.
+/// The FP8 forward's variant (ping-pong, one CTA a tile, V transposed in the kernel) and its
+/// dynamic shared memory; None off sm_90.
 pub fn spec(has_mask: bool, arch_num: i64, stages: i64) -> Option<(KernelSpec, u32)> {
-    spec_with(has_mask, arch_num, stages, Schedule::PingPong, None)
+    spec_with(has_mask, arch_num, stages, Schedule::PingPong, None, false)
 }
 
 /// `spec` with a given consumer schedule, one CTA a tile (`order` None) or persistent as the
 /// 16-bit kernel's (`attention_tma::persistent_spec`: a static stride for unmasked problems, the
 /// tile queue for any), whose O buffer the FP8 build has anyway: + the q_empty barrier, and the
-/// queue's barriers and slots.
+/// queue's barriers and slots (without the pre-pass: counted in `smem_bytes`). `prepass`: the
+/// `FS_FP8_TRANSPOSE=0` build, which reads Vt from the pre-pass's scratch.
 pub fn spec_with(
     has_mask: bool,
     arch_num: i64,
     stages: i64,
     schedule: Schedule,
     order: Option<TileOrder>,
+    prepass: bool,
 ) -> Option<(KernelSpec, u32)> {
     if arch_num != 90 || (has_mask && order == Some(TileOrder::Stride)) {
         return None;
@@ -106,6 +132,11 @@ pub fn spec_with(
     if let Some(n) = attention_tma::exp_poly() {
         defines.push(("FS_EXP_POLY", n));
     }
+    if prepass {
+        defines.push(("FS_FP8_TRANSPOSE", 0));
+    } else if let Some(n) = transpose_warps() {
+        defines.push(("FS_FP8_TRANSPOSE_WARPS", n));
+    }
     let extra = match order {
         None => 0,
         Some(TileOrder::Stride) => {
@@ -117,6 +148,7 @@ pub fn spec_with(
             8 + 40
         }
     };
+    let extra = if prepass { extra } else { 0 };
     Some((
         KernelSpec {
             family: attention_tma::FAMILY,
@@ -124,11 +156,11 @@ pub fn spec_with(
             entry: attention_tma::ENTRY,
             defines,
         },
-        smem_bytes(stages) + extra,
+        smem_bytes(stages, prepass) + extra,
     ))
 }
 
-/// The Vt pre-pass's variant (one for every problem).
+/// The Vt pre-pass's variant (one for every problem; FLASHSCAN_SM90_FP8_VT=prepass).
 pub fn vt_spec(arch_num: i64) -> KernelSpec {
     KernelSpec {
         family: VT_FAMILY,
@@ -138,17 +170,30 @@ pub fn vt_spec(arch_num: i64) -> KernelSpec {
     }
 }
 
-/// Every FP8 variant for `arch_num` (none off sm_90), the Vt pre-pass first; all "main".
+/// Every FP8 variant for `arch_num` (none off sm_90): the in-kernel transpose's (the default),
+/// then the Vt pre-pass and its one-tile builds (the measurement switch); all "main".
 pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
     if arch_num != 90 {
         return Vec::new();
     }
-    let mut out = vec![vt_spec(arch_num)];
+    let mut out = Vec::new();
     for mask in [false, true] {
         for order in [None, Some(TileOrder::Stride), Some(TileOrder::Queue)] {
-            let s = spec_with(mask, arch_num, kv_stages(), Schedule::PingPong, order);
+            let s = spec_with(
+                mask,
+                arch_num,
+                kv_stages(false),
+                Schedule::PingPong,
+                order,
+                false,
+            );
             out.extend(s.map(|(s, _)| s));
         }
+    }
+    out.push(vt_spec(arch_num));
+    for mask in [false, true] {
+        let s = spec_with(mask, arch_num, 4, Schedule::PingPong, None, true);
+        out.extend(s.map(|(s, _)| s));
     }
     out
 }
@@ -294,7 +339,8 @@ fn encode_u8(ptr: u64, a: Option<attention_tma::MapArgs>) -> Result<[u64; 16]> {
     encode_tensor_map_4d_of(ptr, MapElem::U8, a.dims, a.strides, a.box_dims)
 }
 
-/// Checks, transposes V, launches the FP8 forward on the call's stream.
+/// Checks and launches the FP8 forward on the call's stream (with the pre-pass: transposes V
+/// into scratch first).
 pub fn forward(a: &FlashFwdFp8Args, stream: StreamChoice) -> Result<()> {
     let (p, descales) = check(a)?;
     if p.batch == 0 || p.seqlen_q == 0 || p.nheads == 0 {
@@ -316,19 +362,18 @@ pub fn forward(a: &FlashFwdFp8Args, stream: StreamChoice) -> Result<()> {
     let _bound = dev.bind()?;
     let arch_num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
     let has_mask = p.window_left >= 0 || p.window_right >= 0;
-    let stages = kv_stages();
+    let prepass = prepass();
+    let stages = kv_stages(prepass);
     // persistent where the 16-bit kernel is (FLASHSCAN_SM90_PERSIST alike)
     let order = attention::sm90_persist(&p, has_mask);
-    let (spec, smem) =
-        spec_with(has_mask, arch_num, stages, schedule(), order).ok_or_else(|| {
+    let (spec, smem) = spec_with(has_mask, arch_num, stages, schedule(), order, prepass)
+        .ok_or_else(|| {
             unsupported(format!(
                 "FP8 attention runs on sm_90 (Hopper) only; this device is sm_{arch_num}"
             ))
         })?;
     let mut params = attention::dense_params(b);
     attention::fill_sizes(&mut params, &p, b.softmax_scale, 0.0)?;
-    let sk_pad = seqlen_k_pad(p.seqlen_k);
-    let vt_bytes = p.batch * p.nheads_k * p.head_dim * sk_pad;
     let q_map = attention_tma::map_args_of(
         1,
         BLOCK_M as u32,
@@ -340,28 +385,50 @@ pub fn forward(a: &FlashFwdFp8Args, stream: StreamChoice) -> Result<()> {
         params.q_head_stride,
         params.q_batch_stride,
     );
-    let k_map = attention_tma::map_args_of(
-        1,
-        VT_KEYS as u32,
-        p.head_dim,
-        p.seqlen_k,
-        p.nheads_k,
-        p.batch,
+    let kv_map = |row, head, batch| {
+        attention_tma::map_args_of(
+            1,
+            VT_KEYS as u32,
+            p.head_dim,
+            p.seqlen_k,
+            p.nheads_k,
+            p.batch,
+            row,
+            head,
+            batch,
+        )
+    };
+    let k_map = kv_map(
         params.k_row_stride,
         params.k_head_stride,
         params.k_batch_stride,
     );
     let s = dev.stream(stream)?;
     let mut scratch = dev.scratch(s)?;
-    let vt = scratch.alloc(vt_bytes as usize)?;
+    // the V map: V as stored (the kernel transposes it), or the pre-pass's Vt
+    let sk_pad = seqlen_k_pad(p.seqlen_k);
+    let (v_ptr, v_map) = if prepass {
+        let vt_bytes = p.batch * p.nheads_k * p.head_dim * sk_pad;
+        let vt = scratch.alloc(vt_bytes as usize)?;
+        (
+            vt,
+            Some(vt_map_args(p.batch, p.nheads_k, p.head_dim, sk_pad)),
+        )
+    } else {
+        (
+            params.v,
+            kv_map(
+                params.v_row_stride,
+                params.v_head_stride,
+                params.v_batch_stride,
+            ),
+        )
+    };
     let mut tp = FlashFwdFp8Params {
         tma: FlashFwdTmaParams {
             tm_q: encode_u8(params.q, q_map)?,
             tm_k: encode_u8(params.k, k_map)?,
-            tm_v: encode_u8(
-                vt,
-                Some(vt_map_args(p.batch, p.nheads_k, p.head_dim, sk_pad)),
-            )?,
+            tm_v: encode_u8(v_ptr, v_map)?,
             tile_counter: 0,
             section_heads: 0,
             pad: 0,
@@ -371,24 +438,7 @@ pub fn forward(a: &FlashFwdFp8Args, stream: StreamChoice) -> Result<()> {
         k_descale: descales[1],
         v_descale: descales[2],
     };
-    let vp = Fp8VtParams {
-        v: b.v.ptr,
-        vt,
-        v_batch_stride: b.v.strides[0],
-        v_row_stride: b.v.strides[1],
-        v_head_stride: b.v.strides[2],
-        seqlen_k: params.seqlen_k,
-        head_dim: params.head_dim,
-        seqlen_k_pad: fits_i32("seqlen_k", sk_pad)?,
-        nheads_k: params.nheads_k,
-    };
-    let vt_kernel = dev.kernel(&vt_spec(arch_num))?;
     let kernel = dev.kernel(&spec)?;
-    let vt_grid = (
-        u32::try_from(sk_pad / VT_KEYS).map_err(|_| unsupported("seqlen_k too large"))?,
-        p.nheads_k as u32,
-        p.batch as u32,
-    );
     let grid = (
         u32::try_from((p.seqlen_q + BLOCK_M - 1) / BLOCK_M)
             .map_err(|_| unsupported("seqlen_q too large"))?,
@@ -396,7 +446,7 @@ pub fn forward(a: &FlashFwdFp8Args, stream: StreamChoice) -> Result<()> {
         p.batch as u32,
     );
     let grid = attention::tma_grid(grid, order, dev.props.sm_count as i64);
-    // (the queue's sections: its K and Vt are 1-byte, so a head's bytes are half the 16-bit ones)
+    // (the queue's sections: its K and V are 1-byte, so a head's bytes are half the 16-bit ones)
     let queue_scratch = if order == Some(TileOrder::Queue) {
         let section =
             attention_tma::section_heads(p.seqlen_k, (p.head_dim + 1) / 2, p.nheads, p.nheads_k);
@@ -404,24 +454,45 @@ pub fn forward(a: &FlashFwdFp8Args, stream: StreamChoice) -> Result<()> {
     } else {
         None
     };
-    // SAFETY: vp mirrors Fp8VtParams; v is the checked e4m3 tensor on this device (rows
-    // 16-byte aligned), vt a live scratch buffer of batch x nheads_k x head_dim x sk_pad bytes.
-    // Then tp mirrors the FP8 kernel's parameter: its maps address q, k (checked) and vt, every
-    // pointer in params and the descales is on this device; the stream orders the two launches
-    // and the scratch's free after them.
-    let launched = unsafe {
-        dev.launch(&vt_kernel, vt_grid, (VT_THREADS, 1, 1), 0, s, &vp)
-            .and_then(|_| {
-                dev.launch(
-                    &kernel,
-                    grid,
-                    (attention_tma::threads(BLOCK_M), 1, 1),
-                    smem,
-                    s,
-                    &tp,
-                )
-            })
-    };
+    let mut launched = Ok(());
+    if prepass {
+        let vp = Fp8VtParams {
+            v: b.v.ptr,
+            vt: v_ptr,
+            v_batch_stride: b.v.strides[0],
+            v_row_stride: b.v.strides[1],
+            v_head_stride: b.v.strides[2],
+            seqlen_k: params.seqlen_k,
+            head_dim: params.head_dim,
+            seqlen_k_pad: fits_i32("seqlen_k", sk_pad)?,
+            nheads_k: params.nheads_k,
+        };
+        let vt_grid = (
+            u32::try_from(sk_pad / VT_KEYS).map_err(|_| unsupported("seqlen_k too large"))?,
+            p.nheads_k as u32,
+            p.batch as u32,
+        );
+        let vt_kernel = dev.kernel(&vt_spec(arch_num))?;
+        // SAFETY: vp mirrors Fp8VtParams; v is the checked e4m3 tensor on this device (rows
+        // 16-byte aligned), vt a live scratch buffer of batch x nheads_k x head_dim x sk_pad
+        // bytes, freed on this stream after the launches.
+        launched = unsafe { dev.launch(&vt_kernel, vt_grid, (VT_THREADS, 1, 1), 0, s, &vp) };
+    }
+    if launched.is_ok() {
+        // SAFETY: tp mirrors the FP8 kernel's parameter: its maps address q, k (checked) and v
+        // (checked) or the live Vt scratch, every pointer in params and the descales is on this
+        // device; the stream orders the launches and the scratch's free after them.
+        launched = unsafe {
+            dev.launch(
+                &kernel,
+                grid,
+                (attention_tma::threads(BLOCK_M), 1, 1),
+                smem,
+                s,
+                &tp,
+            )
+        };
+    }
     scratch.free()?;
     if let Some(sc) = queue_scratch {
         sc.free()?;
@@ -564,15 +635,31 @@ mod tests {
         assert!(spec(false, 80, 4).is_none() && all_specs(80).is_empty());
         let (k, smem) = spec(true, 90, 4).expect("sm_90");
         assert!(k.defines.contains(&("FS_DTYPE", 3)) && k.defines.contains(&("FS_HAS_MASK", 1)));
-        assert_eq!(smem, 16384 + 8 * 16384 + 32768 + 1024 + 8 * 17);
-        assert!(smem_bytes(5) <= 232_448);
-        // one CTA a tile, masked or not; persistent: a static stride unmasked, the queue either
-        assert_eq!(all_specs(90).len(), 1 + 2 + 1 + 2);
-        assert!(spec_with(true, 90, 4, Schedule::PingPong, Some(TileOrder::Stride)).is_none());
-        let (q, smem_q) =
-            spec_with(true, 90, 4, Schedule::PingPong, Some(TileOrder::Queue)).expect("queue");
+        assert!(!k.defines.iter().any(|d| d.0 == "FS_FP8_TRANSPOSE"));
+        // Q, 4 K / Vt stages, O, 2 raw V tiles, alignment, 28 barrier slots
+        assert_eq!(smem, 16384 + 8 * 16384 + 32768 + 32768 + 1024 + 8 * 28);
+        assert!(smem_bytes(4, false) <= 232_448 && smem_bytes(5, false) > 232_448);
+        assert!(smem_bytes(5, true) + 48 <= 232_448);
+        // one CTA a tile, masked or not; persistent: a static stride unmasked, the queue either;
+        // then the pre-pass and its two one-tile builds
+        let all = all_specs(90);
+        assert_eq!(all.len(), 2 + 1 + 2 + 1 + 2);
+        assert_eq!(all[5].family, VT_FAMILY);
+        assert!(all[6].defines.contains(&("FS_FP8_TRANSPOSE", 0)));
+        let none = |o| spec_with(true, 90, 4, Schedule::PingPong, o, false);
+        assert!(none(Some(TileOrder::Stride)).is_none());
+        let (q, smem_q) = none(Some(TileOrder::Queue)).expect("queue");
         assert!(q.defines.contains(&("FS_SM90_PERSIST", 2)));
-        assert_eq!(smem_q, smem_bytes(4) + 48);
-        assert!(smem_bytes(5) + 48 <= 232_448);
+        assert_eq!(smem_q, smem_bytes(4, false));
+        let (_, smem_p) = spec_with(
+            true,
+            90,
+            4,
+            Schedule::PingPong,
+            Some(TileOrder::Queue),
+            true,
+        )
+        .expect("queue, pre-pass");
+        assert_eq!(smem_p, smem_bytes(4, true) + 48);
     }
 }
