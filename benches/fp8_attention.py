@@ -5,18 +5,21 @@
 Shapes: batch x seqlen = 16k tokens, nheads x headdim = 2048 (issue 11's grid), seqlen 512..16k,
 head dims 128 and 64, causal and not. Per shape and round, CUDA-event medians (ms) of:
 flashscan FP8 (e4m3 q / k / v with per-(batch, kv head) descales, the whole call: one kernel
-that transposes V itself), flashscan bf16, SDPA cuDNN and SDPA FlashAttention-2 (bf16). TFLOP/s
-count 4 b h sq sk d (halved under a causal mask) for every row alike. The FP8 call's kernels are
-split with torch.profiler once a shape (`fp8_kernel_us`; with --prepass also the pre-pass's
-`vt_us` and kernel, `prepass_kernel_us`). Each row's guard: the FP8 output
-against the bf16 kernel on the dequantised inputs within GUARD_REL, else "FAIL" and exit 1.
+that transposes V itself, or for long sequences the Vt pre-pass and the kernel), flashscan bf16,
+SDPA cuDNN and SDPA FlashAttention-2 (bf16). TFLOP/s count 4 b h sq sk d (halved under a causal
+mask) for every row alike. The FP8 call's kernels are split with torch.profiler once a shape
+(`fp8_kernel_us`, and `vt_us` where the pre-pass runs; with --prepass also the forced
+pre-pass's kernel, `prepass_kernel_us`). Each row's guard: the FP8 output against the bf16
+kernel on the dequantised inputs within GUARD_REL, else "FAIL" and exit 1.
 --stages also times the FP8 kernel's ring depths 2-5 (FLASHSCAN_SM90_FP8_STAGES), --schedules
 its pipelined and plain schedules (FLASHSCAN_SM90_FP8_SCHEDULE), --onetile its one-CTA-a-tile form
 (FLASHSCAN_SM90_PERSIST=0), --rescale its exponent-base rules 0 and 2 (FLASHSCAN_SM90_FP8_RESCALE),
 --exp-poly 2 / 4 of each 16 exponential pairs on the FMA pipe (FLASHSCAN_SM90_EXP_POLY), --prepass
-V transposed by the pre-pass kernel instead (FLASHSCAN_SM90_FP8_VT=prepass), --transpose-warps
-by 1 or 2 producer warps instead of 3 (FLASHSCAN_SM90_FP8_TRANSPOSE_WARPS; all read on every
-call); --dims picks the head dims.
+V transposed by the pre-pass kernel and by the FP8 kernel at every shape (FLASHSCAN_SM90_FP8_VT=
+prepass, =kernel; the default picks by seqlen_q x group), --transpose-warps
+by 1 or 2 producer warps instead of 3 (FLASHSCAN_SM90_FP8_TRANSPOSE_WARPS), --transpose-sel with
+conflict-free stmatrix rows (FLASHSCAN_SM90_FP8_TRANSPOSE_SEL=1; all read on every call); --dims
+picks the head dims.
 """
 
 from __future__ import annotations
@@ -109,15 +112,21 @@ def bench_shape(d: int, causal: bool, s: int, args: Any) -> dict[str, Any]:
 
         return run
 
-    def with_env(name: str, value: str) -> Any:
-        """fp8 with one environment variable set for the call (read on every call)."""
+    def with_env(name: str, value: str, **more: str) -> Any:
+        """fp8 with environment variables set for the call (read on every call), restored after."""
+        env = {name: value, **more}
 
         def run() -> Any:
-            os.environ[name] = value
+            old = {k_: os.environ.get(k_) for k_ in env}
+            os.environ.update(env)
             try:
                 return fp8()
             finally:
-                os.environ.pop(name, None)
+                for k_, v_ in old.items():
+                    if v_ is None:
+                        os.environ.pop(k_, None)
+                    else:
+                        os.environ[k_] = v_
 
         return run
 
@@ -143,6 +152,11 @@ def bench_shape(d: int, causal: bool, s: int, args: Any) -> dict[str, Any]:
         fns["fp8_onetile"] = with_env("FLASHSCAN_SM90_PERSIST", "0")
     if args.prepass:
         fns["fp8_prepass"] = with_env("FLASHSCAN_SM90_FP8_VT", "prepass")
+        fns["fp8_kernel"] = with_env("FLASHSCAN_SM90_FP8_VT", "kernel")
+    if args.transpose_sel:
+        fns["fp8_sel"] = with_env(
+            "FLASHSCAN_SM90_FP8_TRANSPOSE_SEL", "1", FLASHSCAN_SM90_FP8_VT="kernel"
+        )
     if args.transpose_warps:
         for n in ("1", "2"):
             fns[f"fp8_tw{n}"] = with_env("FLASHSCAN_SM90_FP8_TRANSPOSE_WARPS", n)
@@ -193,6 +207,7 @@ def main() -> None:
     ap.add_argument("--exp-poly", action="store_true")
     ap.add_argument("--prepass", action="store_true")
     ap.add_argument("--transpose-warps", action="store_true")
+    ap.add_argument("--transpose-sel", action="store_true")
     ap.add_argument("--dims", default="128,64")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()

@@ -477,8 +477,14 @@ __device__ __forceinline__ u32 byte_perm(u32 a, u32 b, u32 sel) {
 __device__ __forceinline__ void transpose_v_tiles(const Smem& sm, const volatile int* stop, int tw, int lane) {
     const int mi = lane >> 3, mj = lane & 7;             // ldmatrix / stmatrix: matrix, row
     const u32 ld_row = (8 * (mi & 1) + mj) * 128;
-    // stmatrix: matrix mi is Vt rows 16 (2 cp + (mi >> 1)) + 2 r + (mi & 1), r = mj
-    const int st_r = 2 * mj + (mi & 1);
+    // stmatrix: matrix mi is Vt rows 16 (2 cp + (mi >> 1)) + 2 r + (mi & 1), r = mj (FS_FP8_TRANSPOSE_SEL,
+    // measurement: rows r >= 4 of each matrix pair swapped, 2 r + 1 - (mi & 1), so that each
+    // matrix's rows fall in eight swizzle phases: no bank conflict, for 4 SEL a unit)
+#ifndef FS_FP8_TRANSPOSE_SEL
+#define FS_FP8_TRANSPOSE_SEL 0
+#endif
+    const bool swap_hi = FS_FP8_TRANSPOSE_SEL && (lane >> 4) != 0;  // this lane's registers: rows jj >= 4
+    const int st_r = 2 * mj + (FS_FP8_TRANSPOSE_SEL && mj >= 4 ? 1 - (mi & 1) : (mi & 1));
     const u32 st_row = ((mi >> 1) * 16 + st_r) * 128;
     int s = 0;
     u32 phase = 0;
@@ -495,9 +501,10 @@ __device__ __forceinline__ void transpose_v_tiles(const Smem& sm, const volatile
             const int h = u >> 2, cp = u & 3;
             u32 m[4];
             ldsm_x4_trans(m, src + h * 2048 + ld_row + (((2 * cp + (mi >> 1)) ^ mj) << 4));
-            stsm_x4(dst + cp * 32 * 128 + st_row + ((h ^ (st_r & 7)) << 4),
-                    byte_perm(m[0], m[1], 0x6420), byte_perm(m[0], m[1], 0x7531),
-                    byte_perm(m[2], m[3], 0x6420), byte_perm(m[2], m[3], 0x7531));
+            const u32 a0 = byte_perm(m[0], m[1], 0x6420), a1 = byte_perm(m[0], m[1], 0x7531);
+            const u32 b0 = byte_perm(m[2], m[3], 0x6420), b1 = byte_perm(m[2], m[3], 0x7531);
+            stsm_x4(dst + cp * 32 * 128 + st_row + ((h ^ (st_r & 7)) << 4), swap_hi ? a1 : a0, swap_hi ? a0 : a1,
+                    swap_hi ? b1 : b0, swap_hi ? b0 : b1);
         }
         fence_proxy_async();  // the generic stores, before wgmma (the async proxy) reads them
         __syncwarp();

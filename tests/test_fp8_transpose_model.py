@@ -8,6 +8,7 @@ conflict and the stores at most a 2-way one."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 ROW = 128  # bytes of a raw key row and of a Vt row
 KEYS = 128
@@ -77,7 +78,10 @@ def conflict_ways(addrs: list[int], width: int) -> int:
 
 
 def transpose(
-    raw: np.ndarray, check_banks: bool = True, sels: tuple[int, int] = (0x6420, 0x7531)
+    raw: np.ndarray,
+    check_banks: bool = True,
+    sels: tuple[int, int] = (0x6420, 0x7531),
+    swap: bool = False,
 ) -> tuple[np.ndarray, list[int]]:
     """The kernel's loop over one tile, every transposing warp; returns the Vt stage's bytes and
     how many times each unit was done."""
@@ -92,24 +96,23 @@ def transpose(
                 mi, mj = lane >> 3, lane & 7
                 ld_row = (8 * (mi & 1) + mj) * 128
                 ld.append(h * 2048 + ld_row + (((2 * cp + (mi >> 1)) ^ mj) << 4))
-                st_r = 2 * mj + (mi & 1)
+                # (FS_FP8_TRANSPOSE_SEL: rows r >= 4 of each matrix pair swapped)
+                st_r = 2 * mj + (1 - (mi & 1) if swap and mj >= 4 else mi & 1)
                 st_row = ((mi >> 1) * 16 + st_r) * 128
                 st.append(cp * 32 * 128 + st_row + ((h ^ (st_r & 7)) << 4))
             if check_banks:
                 for phase in range(4):
                     assert conflict_ways(ld[8 * phase : 8 * phase + 8], 16) == 1
-                    # (rows 2 r share four swizzle phases: 2-way, see the kernel's comment)
-                    assert conflict_ways(st[8 * phase : 8 * phase + 8], 16) == 2
+                    # (rows 2 r share four swizzle phases: 2-way, see the kernel's comment;
+                    # the swapped rows fall in eight)
+                    assert conflict_ways(st[8 * phase : 8 * phase + 8], 16) == (1 if swap else 2)
             m = ldsm_x4_trans(raw, ld)
-            regs = [
-                [
-                    prmt(m[lane][0], m[lane][1], sels[0]),
-                    prmt(m[lane][0], m[lane][1], sels[1]),
-                    prmt(m[lane][2], m[lane][3], sels[0]),
-                    prmt(m[lane][2], m[lane][3], sels[1]),
-                ]
-                for lane in range(32)
-            ]
+            regs = []
+            for lane in range(32):
+                a = [prmt(m[lane][2 * x], m[lane][2 * x + 1], sel) for x in (0, 1) for sel in sels]
+                if swap and lane >= 16:
+                    a = [a[1], a[0], a[3], a[2]]
+                regs.append(a)
             stsm_x4(vt, st, regs)
     return vt, done
 
@@ -122,10 +125,13 @@ def want_vt(v: np.ndarray) -> np.ndarray:
     return want
 
 
-def test_the_transpose_writes_the_prepass_layout_once_and_without_bank_conflicts() -> None:
+@pytest.mark.parametrize("swap", [False, True])
+def test_the_transpose_writes_the_prepass_layout_once_and_without_bank_conflicts(
+    swap: bool,
+) -> None:
     rng = np.random.default_rng(0)
     v = rng.integers(0, 256, size=(KEYS, ROW), dtype=np.uint8)
-    vt, done = transpose(raw_tile(v))
+    vt, done = transpose(raw_tile(v), swap=swap)
     assert done == [1] * UNITS
     assert (vt >= 0).all(), "every Vt byte written"
     np.testing.assert_array_equal(vt, want_vt(v))

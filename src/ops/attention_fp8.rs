@@ -1,10 +1,10 @@
 //! The FP8 (e4m3) attention forward on Hopper: flash-attn 3's `flash_attn_func` with float8 q / k
 //! / v and `q_descale` / `k_descale` / `v_descale`, bf16 out. One launch on the call's stream: the
 //! FP8 build of the TMA forward (`cuda/flash_fwd_sm90_tma.cu`, `FS_DTYPE=3`), whose producer warps
-//! transpose each V tile in shared memory (an 8-bit wgmma takes V K-major). With
-//! FLASHSCAN_SM90_FP8_VT=prepass (measurement) two launches instead: `cuda/flash_fp8_vt.cu`
-//! writes V transposed (and key-permuted inside each 16-key group) into stream-ordered scratch,
-//! then the `FS_FP8_TRANSPOSE=0` build runs on Q, K and that Vt.
+//! transpose each V tile in shared memory (an 8-bit wgmma takes V K-major). Where each V row
+//! serves many query rows (`prepass_for`) two launches instead: `cuda/flash_fp8_vt.cu` writes V
+//! transposed (and key-permuted inside each 16-key group) into stream-ordered scratch, then the
+//! `FS_FP8_TRANSPOSE=0` build runs on Q, K and that Vt.
 //!
 //! Covered: sm_90, head dims 16 .. 128 in steps of 16 (the 128 tile; the maps zero-fill the
 //! columns past the head dim), masks and windows, GQA / MQA, seqlen_q != seqlen_k, LSE, out=.
@@ -43,10 +43,27 @@ pub fn kv_stages(prepass: bool) -> i64 {
         .unwrap_or(4)
 }
 
-/// FLASHSCAN_SM90_FP8_VT=prepass (measurement; read on every FP8 call): V transposed by the
-/// pre-pass kernel into scratch, not by the FP8 kernel's producer warps.
-pub fn prepass() -> bool {
-    std::env::var("FLASHSCAN_SM90_FP8_VT").as_deref() == Ok("prepass")
+/// Above this many query rows per K / V row (seqlen_q x nheads / nheads_k) V is transposed by
+/// the pre-pass: the in-kernel transpose redoes each V tile for every (query block, q head) that
+/// reads it, and measured 5-8% slower kernels at 16k query rows, where the pre-pass (~18 us per
+/// 16k keys x 16 kv heads) weighs less than that; at 8192 the two tied, below the kernel's one
+/// launch won (+8-17% at 512-1024), H200 2026-12-03
+/// (benches/results/2026-12-03-h200-attention-fp8-transpose/).
+pub const PREPASS_MIN_REUSE: i64 = 8192;
+
+/// Whether V goes through the pre-pass for this problem: FLASHSCAN_SM90_FP8_VT=prepass or =kernel
+/// (read on every FP8 call) forces either; else the rule of `PREPASS_MIN_REUSE`.
+pub fn prepass_for(p: &Problem) -> bool {
+    match std::env::var("FLASHSCAN_SM90_FP8_VT").as_deref() {
+        Ok("prepass") => true,
+        Ok("kernel") => false,
+        _ => reuse_wants_prepass(p.seqlen_q, p.nheads, p.nheads_k),
+    }
+}
+
+/// The default rule: query rows per K / V row above `PREPASS_MIN_REUSE`.
+pub fn reuse_wants_prepass(seqlen_q: i64, nheads: i64, nheads_k: i64) -> bool {
+    seqlen_q * (nheads / nheads_k.max(1)) > PREPASS_MIN_REUSE
 }
 
 /// FLASHSCAN_SM90_FP8_TRANSPOSE_WARPS=1 or 2 (measurement; read on every FP8 call): how many
@@ -134,8 +151,14 @@ pub fn spec_with(
     }
     if prepass {
         defines.push(("FS_FP8_TRANSPOSE", 0));
-    } else if let Some(n) = transpose_warps() {
-        defines.push(("FS_FP8_TRANSPOSE_WARPS", n));
+    } else {
+        if let Some(n) = transpose_warps() {
+            defines.push(("FS_FP8_TRANSPOSE_WARPS", n));
+        }
+        // (measurement: conflict-free stmatrix rows for 4 SEL a unit)
+        if std::env::var("FLASHSCAN_SM90_FP8_TRANSPOSE_SEL").as_deref() == Ok("1") {
+            defines.push(("FS_FP8_TRANSPOSE_SEL", 1));
+        }
     }
     let extra = match order {
         None => 0,
@@ -160,7 +183,7 @@ pub fn spec_with(
     ))
 }
 
-/// The Vt pre-pass's variant (one for every problem; FLASHSCAN_SM90_FP8_VT=prepass).
+/// The Vt pre-pass's variant (one for every problem; `prepass_for`).
 pub fn vt_spec(arch_num: i64) -> KernelSpec {
     KernelSpec {
         family: VT_FAMILY,
@@ -170,8 +193,8 @@ pub fn vt_spec(arch_num: i64) -> KernelSpec {
     }
 }
 
-/// Every FP8 variant for `arch_num` (none off sm_90): the in-kernel transpose's (the default),
-/// then the Vt pre-pass and its one-tile builds (the measurement switch); all "main".
+/// Every FP8 variant for `arch_num` (none off sm_90): the in-kernel transpose's, then the Vt
+/// pre-pass and the builds that read its Vt (the same forms); all "main".
 pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
     if arch_num != 90 {
         return Vec::new();
@@ -192,8 +215,17 @@ pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
     }
     out.push(vt_spec(arch_num));
     for mask in [false, true] {
-        let s = spec_with(mask, arch_num, 4, Schedule::PingPong, None, true);
-        out.extend(s.map(|(s, _)| s));
+        for order in [None, Some(TileOrder::Stride), Some(TileOrder::Queue)] {
+            let s = spec_with(
+                mask,
+                arch_num,
+                kv_stages(true),
+                Schedule::PingPong,
+                order,
+                true,
+            );
+            out.extend(s.map(|(s, _)| s));
+        }
     }
     out
 }
@@ -362,7 +394,7 @@ pub fn forward(a: &FlashFwdFp8Args, stream: StreamChoice) -> Result<()> {
     let _bound = dev.bind()?;
     let arch_num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
     let has_mask = p.window_left >= 0 || p.window_right >= 0;
-    let prepass = prepass();
+    let prepass = prepass_for(&p);
     let stages = kv_stages(prepass);
     // persistent where the 16-bit kernel is (FLASHSCAN_SM90_PERSIST alike)
     let order = attention::sm90_persist(&p, has_mask);
@@ -631,6 +663,16 @@ mod tests {
     }
 
     #[test]
+    fn v_is_transposed_in_the_kernel_unless_each_v_row_serves_many_query_rows() {
+        assert!(!reuse_wants_prepass(8192, 16, 16));
+        assert!(reuse_wants_prepass(16384, 16, 16));
+        // GQA: each K / V row serves every q head of its group
+        assert!(!reuse_wants_prepass(2048, 32, 8));
+        assert!(reuse_wants_prepass(2048, 64, 8));
+        assert!(!reuse_wants_prepass(1, 8, 1));
+    }
+
+    #[test]
     fn variants_are_sm90_ping_pong_on_the_128_tile() {
         assert!(spec(false, 80, 4).is_none() && all_specs(80).is_empty());
         let (k, smem) = spec(true, 90, 4).expect("sm_90");
@@ -641,11 +683,13 @@ mod tests {
         assert!(smem_bytes(4, false) <= 232_448 && smem_bytes(5, false) > 232_448);
         assert!(smem_bytes(5, true) + 48 <= 232_448);
         // one CTA a tile, masked or not; persistent: a static stride unmasked, the queue either;
-        // then the pre-pass and its two one-tile builds
+        // then the pre-pass and the same five forms on its Vt
         let all = all_specs(90);
-        assert_eq!(all.len(), 2 + 1 + 2 + 1 + 2);
+        assert_eq!(all.len(), 5 + 1 + 5);
         assert_eq!(all[5].family, VT_FAMILY);
-        assert!(all[6].defines.contains(&("FS_FP8_TRANSPOSE", 0)));
+        assert!(all[6..]
+            .iter()
+            .all(|k| k.defines.contains(&("FS_FP8_TRANSPOSE", 0))));
         let none = |o| spec_with(true, 90, 4, Schedule::PingPong, o, false);
         assert!(none(Some(TileOrder::Stride)).is_none());
         let (q, smem_q) = none(Some(TileOrder::Queue)).expect("queue");
