@@ -18,7 +18,8 @@ its pipelined and plain schedules (FLASHSCAN_SM90_FP8_SCHEDULE), --onetile its o
 V transposed by the pre-pass kernel and by the FP8 kernel at every shape (FLASHSCAN_SM90_FP8_VT=
 prepass, =kernel; the default picks by seqlen_q x group), --transpose-warps
 by 1 or 2 producer warps instead of 3 (FLASHSCAN_SM90_FP8_TRANSPOSE_WARPS), --transpose-sel with
-conflict-free stmatrix rows (FLASHSCAN_SM90_FP8_TRANSPOSE_SEL=1; all read on every call); --dims
+conflict-free stmatrix rows (FLASHSCAN_SM90_FP8_TRANSPOSE_SEL=1), --transpose-depth with two
+units' loads in flight (FLASHSCAN_SM90_FP8_TRANSPOSE_DEPTH=2; all read on every call); --dims
 picks the head dims.
 """
 
@@ -157,6 +158,10 @@ def bench_shape(d: int, causal: bool, s: int, args: Any) -> dict[str, Any]:
         fns["fp8_sel"] = with_env(
             "FLASHSCAN_SM90_FP8_TRANSPOSE_SEL", "1", FLASHSCAN_SM90_FP8_VT="kernel"
         )
+    if args.transpose_depth:
+        fns["fp8_d2"] = with_env(
+            "FLASHSCAN_SM90_FP8_TRANSPOSE_DEPTH", "2", FLASHSCAN_SM90_FP8_VT="kernel"
+        )
     if args.transpose_warps:
         for n in ("1", "2"):
             fns[f"fp8_tw{n}"] = with_env("FLASHSCAN_SM90_FP8_TRANSPOSE_WARPS", n)
@@ -208,6 +213,7 @@ def main() -> None:
     ap.add_argument("--prepass", action="store_true")
     ap.add_argument("--transpose-warps", action="store_true")
     ap.add_argument("--transpose-sel", action="store_true")
+    ap.add_argument("--transpose-depth", action="store_true")
     ap.add_argument("--dims", default="128,64")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()

@@ -268,6 +268,11 @@ static constexpr int kVrStages = FS_FP8_VT ? 2 : 0;
 #define FS_FP8_TRANSPOSE_WARPS 3  // (measurement: 1 or 2, FLASHSCAN_SM90_FP8_TRANSPOSE_WARPS)
 #endif
 static constexpr int kTransposeWarps = FS_FP8_TRANSPOSE_WARPS;
+#ifndef FS_FP8_TRANSPOSE_DEPTH
+#define FS_FP8_TRANSPOSE_DEPTH 1  // (measurement: 2 units' loads in flight, FLASHSCAN_SM90_FP8_TRANSPOSE_DEPTH;
+                                  // 4 spilled 24 bytes at 32 registers)
+#endif
+static constexpr int kTransposeDepth = FS_FP8_TRANSPOSE_DEPTH;
 static_assert(kTransposeWarps >= 1 && kTransposeWarps <= 3, "producer warps 1 .. 3 transpose");
 static constexpr int kVrBytes = kVrStages * kTileBytes;
 // barriers: bar_q, 4 per stage, q_empty; the queue's 2 tile_full + 2 tile_free, and its 2 slots;
@@ -496,15 +501,27 @@ __device__ __forceinline__ void transpose_v_tiles(const Smem& sm, const volatile
         if (__shfl_sync(0xffffffffu, lane == 0 ? stop[r] : 0, 0)) return;
         mbar_wait(sm.empty_v(s), phase ^ 1);  // (a fresh barrier passes parity 1 at once)
         const u32 src = sm.vr(r), dst = sm.v(s);
+        // kTransposeDepth units' loads in flight before their stores (FS_FP8_TRANSPOSE_DEPTH,
+        // measurement: a unit's ldmatrix waits on the shared-memory pipe the consumers' wgmmas
+        // stream through)
 #pragma unroll 1
-        for (int u = tw; u < 32; u += kTransposeWarps) {
-            const int h = u >> 2, cp = u & 3;
-            u32 m[4];
-            ldsm_x4_trans(m, src + h * 2048 + ld_row + (((2 * cp + (mi >> 1)) ^ mj) << 4));
-            const u32 a0 = byte_perm(m[0], m[1], 0x6420), a1 = byte_perm(m[0], m[1], 0x7531);
-            const u32 b0 = byte_perm(m[2], m[3], 0x6420), b1 = byte_perm(m[2], m[3], 0x7531);
-            stsm_x4(dst + cp * 32 * 128 + st_row + ((h ^ (st_r & 7)) << 4), swap_hi ? a1 : a0, swap_hi ? a0 : a1,
-                    swap_hi ? b1 : b0, swap_hi ? b0 : b1);
+        for (int u0 = tw; u0 < 32; u0 += kTransposeDepth * kTransposeWarps) {
+            u32 m[kTransposeDepth][4];
+#pragma unroll
+            for (int k = 0; k < kTransposeDepth; ++k) {
+                const int u = u0 + k * kTransposeWarps, h = u >> 2, cp = u & 3;
+                if (u < 32)  // (uniform in the warp)
+                    ldsm_x4_trans(m[k], src + h * 2048 + ld_row + (((2 * cp + (mi >> 1)) ^ mj) << 4));
+            }
+#pragma unroll
+            for (int k = 0; k < kTransposeDepth; ++k) {
+                const int u = u0 + k * kTransposeWarps, h = u >> 2, cp = u & 3;
+                if (u >= 32) break;
+                const u32 a0 = byte_perm(m[k][0], m[k][1], 0x6420), a1 = byte_perm(m[k][0], m[k][1], 0x7531);
+                const u32 b0 = byte_perm(m[k][2], m[k][3], 0x6420), b1 = byte_perm(m[k][2], m[k][3], 0x7531);
+                stsm_x4(dst + cp * 32 * 128 + st_row + ((h ^ (st_r & 7)) << 4), swap_hi ? a1 : a0,
+                        swap_hi ? a0 : a1, swap_hi ? b1 : b0, swap_hi ? b0 : b1);
+            }
         }
         fence_proxy_async();  // the generic stores, before wgmma (the async proxy) reads them
         __syncwarp();

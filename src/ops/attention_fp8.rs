@@ -155,9 +155,12 @@ pub fn spec_with(
         if let Some(n) = transpose_warps() {
             defines.push(("FS_FP8_TRANSPOSE_WARPS", n));
         }
-        // (measurement: conflict-free stmatrix rows for 4 SEL a unit)
+        // (measurement: conflict-free stmatrix rows for 4 SEL a unit; two units' loads in flight)
         if std::env::var("FLASHSCAN_SM90_FP8_TRANSPOSE_SEL").as_deref() == Ok("1") {
             defines.push(("FS_FP8_TRANSPOSE_SEL", 1));
+        }
+        if std::env::var("FLASHSCAN_SM90_FP8_TRANSPOSE_DEPTH").as_deref() == Ok("2") {
+            defines.push(("FS_FP8_TRANSPOSE_DEPTH", 2));
         }
     }
     let extra = match order {
