@@ -157,7 +157,7 @@ def test_fp8_forward_matches_float64_within_the_fp8_baseline(
     """Every case on the default forms (unmasked: persistent with a static stride; masked: the
     tile queue), on one CTA a tile, and on the queue for all (FLASHSCAN_SM90_PERSIST, read on
     every call); and on the pre-pass's Vt (FLASHSCAN_SM90_FP8_VT=prepass: the default where
-    seqlen_q x group > 8192) in the default forms."""
+    each V row serves many query rows, attention_fp8::PREPASS_MIN_REUSE) in the default forms."""
     if persist == "prepass":
         monkeypatch.setenv("FLASHSCAN_SM90_FP8_VT", "prepass")
     elif persist != "default":
@@ -219,6 +219,7 @@ def test_fp8_in_kernel_transpose_equals_the_prepass_bit_for_bit(flashscan_gpu, c
     case = (2, 333, 700, 6, 2, 96, causal, (-1, -1), True, "per-head")
     q8, k8, v8, qd, kd, vd = make(case, seed=11)
     kw = {"causal": causal, "q_descale": qd, "k_descale": kd, "v_descale": vd}
+    monkeypatch.setenv("FLASHSCAN_SM90_FP8_VT", "kernel")
     o1 = flashscan_gpu.flash_attn_func(q8, k8, v8, **kw)
     monkeypatch.setenv("FLASHSCAN_SM90_FP8_VT", "prepass")
     o2 = flashscan_gpu.flash_attn_func(q8, k8, v8, **kw)

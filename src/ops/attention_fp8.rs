@@ -43,13 +43,14 @@ pub fn kv_stages(prepass: bool) -> i64 {
         .unwrap_or(4)
 }
 
-/// Above this many query rows per K / V row (seqlen_q x nheads / nheads_k) V is transposed by
-/// the pre-pass: the in-kernel transpose redoes each V tile for every (query block, q head) that
-/// reads it, and measured 5-8% slower kernels at 16k query rows, where the pre-pass (~18 us per
-/// 16k keys x 16 kv heads) weighs less than that; at 8192 the two tied, below the kernel's one
-/// launch won (+8-17% at 512-1024), H200 2026-12-03
-/// (benches/results/2026-12-03-h200-attention-fp8-transpose/).
-pub const PREPASS_MIN_REUSE: i64 = 8192;
+/// Above this many visible query rows per K / V row (seqlen_q x nheads / nheads_k x the part of
+/// the keys a query sees: a half under a causal mask) V is transposed by the pre-pass: the
+/// in-kernel transpose is redone for every (query block, q head) that reads a tile and made the
+/// kernel 5-10% slower at every length (H200 2026-12-03, torch.profiler kernel times, calls 2-3 of
+/// benches/results/2026-12-03-h200-attention-fp8-transpose/), while the pre-pass costs ~18 us per
+/// 16k keys x 16 kv heads: the in-kernel form ahead by 8% / ~0 at 512 / 1024 unmasked and by 10% /
+/// 3-4% at 1024 / 2048 causal, the pre-pass ahead from 2048 unmasked (3-7%) and 4096 causal.
+pub const PREPASS_MIN_REUSE: i64 = 1024;
 
 /// Whether V goes through the pre-pass for this problem: FLASHSCAN_SM90_FP8_VT=prepass or =kernel
 /// (read on every FP8 call) forces either; else the rule of `PREPASS_MIN_REUSE`.
@@ -57,13 +58,22 @@ pub fn prepass_for(p: &Problem) -> bool {
     match std::env::var("FLASHSCAN_SM90_FP8_VT").as_deref() {
         Ok("prepass") => true,
         Ok("kernel") => false,
-        _ => reuse_wants_prepass(p.seqlen_q, p.nheads, p.nheads_k),
+        _ => reuse_wants_prepass(p),
     }
 }
 
-/// The default rule: query rows per K / V row above `PREPASS_MIN_REUSE`.
-pub fn reuse_wants_prepass(seqlen_q: i64, nheads: i64, nheads_k: i64) -> bool {
-    seqlen_q * (nheads / nheads_k.max(1)) > PREPASS_MIN_REUSE
+/// The default rule: visible query rows per K / V row above `PREPASS_MIN_REUSE`.
+pub fn reuse_wants_prepass(p: &Problem) -> bool {
+    let group = p.nheads / p.nheads_k.max(1);
+    let sk = p.seqlen_k.max(1);
+    // keys a query row sees (windows; -1: unbounded on that side), as a fraction of seqlen_k
+    let reach = |w: i64| if w < 0 { sk } else { w.min(sk) };
+    let visible = if p.window_left < 0 && p.window_right == 0 {
+        sk / 2 // causal: half on average
+    } else {
+        (reach(p.window_left) + reach(p.window_right) + 1).min(sk)
+    };
+    p.seqlen_q * group * visible > PREPASS_MIN_REUSE * sk
 }
 
 /// FLASHSCAN_SM90_FP8_TRANSPOSE_WARPS=1 or 2 (measurement; read on every FP8 call): how many
@@ -667,12 +677,26 @@ mod tests {
 
     #[test]
     fn v_is_transposed_in_the_kernel_unless_each_v_row_serves_many_query_rows() {
-        assert!(!reuse_wants_prepass(8192, 16, 16));
-        assert!(reuse_wants_prepass(16384, 16, 16));
+        let prob = |sq: i64, sk: i64, h: i64, hk: i64, wl: i64, wr: i64| Problem {
+            batch: 1,
+            seqlen_q: sq,
+            seqlen_k: sk,
+            nheads: h,
+            nheads_k: hk,
+            head_dim: 128,
+            window_left: wl,
+            window_right: wr,
+        };
+        assert!(!reuse_wants_prepass(&prob(1024, 1024, 16, 16, -1, -1)));
+        assert!(reuse_wants_prepass(&prob(2048, 2048, 16, 16, -1, -1)));
+        // causal: half the keys a row
+        assert!(!reuse_wants_prepass(&prob(2048, 2048, 16, 16, -1, 0)));
+        assert!(reuse_wants_prepass(&prob(4096, 4096, 16, 16, -1, 0)));
         // GQA: each K / V row serves every q head of its group
-        assert!(!reuse_wants_prepass(2048, 32, 8));
-        assert!(reuse_wants_prepass(2048, 64, 8));
-        assert!(!reuse_wants_prepass(1, 8, 1));
+        assert!(reuse_wants_prepass(&prob(256, 256, 32, 4, -1, -1)));
+        // a short window sees few keys of a long sequence
+        assert!(!reuse_wants_prepass(&prob(8192, 8192, 16, 16, 255, 0)));
+        assert!(!reuse_wants_prepass(&prob(1, 4096, 8, 1, -1, -1)));
     }
 
     #[test]
