@@ -101,8 +101,10 @@
 // stored (V's map is K's) into two raw tiles after the O buffer, and producer warps 1-3 transpose
 // each into the ring's Vt stage (transpose_v_tiles: ldmatrix .trans + byte permutes, after the
 // consumers freed the stage; full_v then counts their three arrivals), so the call is one launch.
-// (FS_FP8_TRANSPOSE=0, a measurement build: the host's pre-pass cuda/flash_fp8_vt.cu writes Vt
-// (batch, heads_k, head_dim, seqlen_k padded to 128) to scratch and the V map is Vt's.) S = Q K^T
+// (FS_FP8_TRANSPOSE=0, where each V row serves many query rows, attention_fp8::prepass_for: the
+// host's pre-pass cuda/flash_fp8_vt.cu writes Vt (batch, heads_k, head_dim, seqlen_k padded to
+// 128) to scratch and the V map is Vt's. The in-kernel transpose made the kernel 5-10% slower,
+// H200 2026-12-03: benches/results/2026-12-03-h200-attention-fp8-transpose/.) S = Q K^T
 // is m64n128k32 (4 k-steps of 32 bytes, the same byte offsets as the 16-bit k16 steps); P is
 // rounded to e4m3 in registers and O += P Vt runs m64n128k32 with P as the register A. P's
 // accumulator registers hold keys {2t, 2t+1, 8+2t, 9+2t} of each 16 where the 8-bit A fragment
