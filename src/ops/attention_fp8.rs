@@ -213,31 +213,16 @@ pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
         return Vec::new();
     }
     let mut out = Vec::new();
-    for mask in [false, true] {
-        for order in [None, Some(TileOrder::Stride), Some(TileOrder::Queue)] {
-            let s = spec_with(
-                mask,
-                arch_num,
-                kv_stages(false),
-                Schedule::PingPong,
-                order,
-                false,
-            );
-            out.extend(s.map(|(s, _)| s));
+    for prepass in [false, true] {
+        if prepass {
+            out.push(vt_spec(arch_num));
         }
-    }
-    out.push(vt_spec(arch_num));
-    for mask in [false, true] {
-        for order in [None, Some(TileOrder::Stride), Some(TileOrder::Queue)] {
-            let s = spec_with(
-                mask,
-                arch_num,
-                kv_stages(true),
-                Schedule::PingPong,
-                order,
-                true,
-            );
-            out.extend(s.map(|(s, _)| s));
+        for mask in [false, true] {
+            for order in [None, Some(TileOrder::Stride), Some(TileOrder::Queue)] {
+                let stages = kv_stages(prepass);
+                let s = spec_with(mask, arch_num, stages, Schedule::PingPong, order, prepass);
+                out.extend(s.map(|(s, _)| s));
+            }
         }
     }
     out
