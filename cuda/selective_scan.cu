@@ -69,6 +69,9 @@
 //                 not emitted): the struct and code are those of the plain forward
 //   FS_IDX32      1: 32-bit index arithmetic (every byte offset of the call's tensors < 2^31: the host's
 //                 check); 0 (default, not emitted): 64-bit. The short-sequence plans only
+//   FS_TAIL       how a tile's recurrence stops at the sequence end: 1 (default, not emitted): every tile
+//                 tests for it each 4 steps; 2: full tiles run a copy without the tests (only the last,
+//                 partial tile has them); 0: no test (steps past the end run with dt = 0)
 // Everything else (D, z, delta_bias, softplus, initial/last state, chunking) is a runtime field of
 // ScanParams: a uniform branch costs nothing measurable here.
 // Dynamic shared memory (bytes) = 4 * (nB + nC + nDT + nY), nB = FS_B_VARYING*2*kT*kRow,
@@ -102,12 +105,17 @@
 #ifndef FS_IDX32
 #define FS_IDX32 0
 #endif
+#ifndef FS_TAIL
+#define FS_TAIL 1
+#endif
 
 #include "common/convert.cuh"
 #include "common/copy.cuh"
 #include "common/math.cuh"
 
 using namespace fs;
+
+template <bool B> struct BoolC { static constexpr bool value = B; };
 
 // 32-bit copies of every field the scan's setup reads, beside the setup's pointers at the head of the
 // parameter block: a FS_IDX32 variant reads these (the host fills them for every call; only a call
@@ -455,13 +463,18 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
     const float* sBt = sB + buf * kT * kRow + s * kVG;
     const float* sCt = sC + buf * kT * kRow + s * kVG;
     float* yrow = sY + tid * kCPT * kYRow;
+    // kTail: this copy of the tile's steps may stop early. Steps past the sequence end (dt = 0)
+    // would leave x as it is: a tail copy skips them in groups of 4 (block-uniform; their y
+    // partials are never stored). Each exit test ends a basic block, so ptxas cannot move the next
+    // group's shared-memory loads above it: a full tile takes the copy without exits (FS_TAIL 2).
+    // Exits only where the register budget is >= 128 (FS_MIN_BLOCKS <= 4): at 64 (the small-grid
+    // plans) the exit spilled.
+    auto recurrence = [&](auto tail_tag) {
+    constexpr bool kTail = decltype(tail_tag)::value && FS_MIN_BLOCKS <= 4;
     float yq[kCPT][4];
 #pragma unroll
     for (int t = 0; t < kT; ++t) {
-      // steps past the sequence end (dt = 0) would leave x as it is: the last tile skips them in
-      // groups of 4 (block-uniform; their y partials are never stored). Only where the register
-      // budget is >= 128 (FS_MIN_BLOCKS <= 4): at 64 (the small-grid plans) the exit spilled.
-      if (FS_MIN_BLOCKS <= 4 && t % 4 == 0 && t >= valid) break;
+      if (kTail && t % 4 == 0 && t >= valid) break;
       float2 dd[kCPT];                  // (dt*log2(e), dt*u) per channel; same address for the slot's lanes
       if constexpr (kCPT == 1) {
         dd[0] = dtrow[t];
@@ -535,6 +548,13 @@ __device__ __forceinline__ void fs_scan(const ScanParams& p, float* smem) {
         }
       }
     }
+    };
+#if FS_TAIL == 2
+    if (valid == kT) recurrence(BoolC<false>{});
+    else recurrence(BoolC<true>{});
+#else
+    recurrence(BoolC<FS_TAIL == 1>{});
+#endif
 
     if constexpr (!kStateOnly) {
       // -- 5. y of this lane's slice = sum of the slot's kSplit partials; + D*u, * silu(z); store

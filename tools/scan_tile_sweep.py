@@ -16,6 +16,10 @@ line: plan, us, graph us, the max |out - default| over max |default| (--bwd: the
 ratio over du, ddelta, dA, dB, dC; a plan whose difference exceeds 1e-2 of the scale, or whose
 result is not finite, is marked "FAIL"). A plan that does not fit the dstate (the scan raises
 ValueError) prints "unfit".
+
+A plan may carry environment settings after an `@` (`;` between them), for the kernel's other
+measurement switches: `4,16,128,4@FLASHSCAN_SCAN_TAIL=2`, or `@FLASHSCAN_SCAN_TAIL=2` for the
+default tiles with the switch; it is checked against the plain default plan like any other.
 """
 
 from __future__ import annotations
@@ -134,8 +138,12 @@ def main() -> int:
                 var = "FLASHSCAN_SCAN_BWD_TILES" if a.bwd else "FLASHSCAN_SCAN_TILES"
                 env = dict(os.environ)
                 env.pop(var, None)
-                if cfg != "default":
-                    env[var] = cfg
+                tiles, _, sets = cfg.partition("@")
+                if cfg != "default" and tiles:
+                    env[var] = tiles
+                for kv in filter(None, sets.split(";")):
+                    k, _, v = kv.partition("=")
+                    env[k] = v
                 cmd = [
                     sys.executable,
                     __file__,

@@ -546,6 +546,26 @@ fn pack_bc_override() -> Option<i64> {
     })
 }
 
+/// `FLASHSCAN_SCAN_TAIL=0|1|2` and `FLASHSCAN_SCAN_POLY=0..8`: measurement overrides of how the
+/// forward's recurrence stops at the sequence end (`FS_TAIL`) and of how many of every 8 exps run on
+/// the FMA pipe (`FS_POLY_NUM`) in cuda/selective_scan.cu (unset: the kernel's defaults).
+fn small_override(var: &'static str, max: i64) -> Option<i64> {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse::<i64>().ok())
+        .filter(|v| (0..=max).contains(v))
+}
+
+fn tail_override() -> Option<i64> {
+    static O: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    *O.get_or_init(|| small_override("FLASHSCAN_SCAN_TAIL", 2))
+}
+
+fn poly_override() -> Option<i64> {
+    static O: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    *O.get_or_init(|| small_override("FLASHSCAN_SCAN_POLY", 8))
+}
+
 /// `FLASHSCAN_SCAN_TILES`: the forward's override.
 fn tiles_override() -> &'static TileOverride {
     static O: std::sync::OnceLock<TileOverride> = std::sync::OnceLock::new();
@@ -707,9 +727,12 @@ pub fn spec(
         ("FS_CPT", t.cpt),
         ("FS_B_VARYING", bv as i64),
         ("FS_C_VARYING", cv as i64),
-        ("FS_POLY_NUM", 0),
+        ("FS_POLY_NUM", poly_override().unwrap_or(0)),
         ("FS_ARCH", arch),
     ];
+    if let Some(v) = tail_override() {
+        defines.push(("FS_TAIL", v));
+    }
     if t.idx32 {
         defines.push(("FS_IDX32", 1));
     }
