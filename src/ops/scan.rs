@@ -432,8 +432,8 @@ pub struct Tiles {
     pub threads: i64,
     pub min_blocks: i64,
     pub tile: i64,
-    /// 32-bit index arithmetic in the kernel (`FS_IDX32`): the short-sequence plans, taken only
-    /// where `Problem::idx32` holds.
+    /// 32-bit index arithmetic in the kernel (`FS_IDX32`): the short-sequence plans and (since
+    /// 2026-12-03) every dstate-16 plan, taken only where `Problem::idx32` holds.
     pub idx32: bool,
     /// Channels a lane group owns (`FS_CPT`: 1, 2 or 4): one B / C read serves them all.
     pub cpt: i64,
@@ -546,24 +546,32 @@ fn pack_bc_override() -> Option<i64> {
     })
 }
 
-/// `FLASHSCAN_SCAN_TAIL=0|1|2` and `FLASHSCAN_SCAN_POLY=0..8`: measurement overrides of how the
-/// forward's recurrence stops at the sequence end (`FS_TAIL`) and of how many of every 8 exps run on
-/// the FMA pipe (`FS_POLY_NUM`) in cuda/selective_scan.cu (unset: the kernel's defaults).
-fn small_override(var: &'static str, max: i64) -> Option<i64> {
-    std::env::var(var)
-        .ok()
-        .and_then(|v| v.parse::<i64>().ok())
-        .filter(|v| (0..=max).contains(v))
-}
-
-fn tail_override() -> Option<i64> {
-    static O: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
-    *O.get_or_init(|| small_override("FLASHSCAN_SCAN_TAIL", 2))
-}
-
+/// `FLASHSCAN_SCAN_POLY=0..8`: a measurement override of how many of every 8 exps of the forward's
+/// recurrence run on the FMA pipe (`FS_POLY_NUM` in cuda/selective_scan.cu; unset: 0).
 fn poly_override() -> Option<i64> {
     static O: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
-    *O.get_or_init(|| small_override("FLASHSCAN_SCAN_POLY", 8))
+    *O.get_or_init(|| {
+        std::env::var("FLASHSCAN_SCAN_POLY")
+            .ok()
+            .and_then(|v| v.parse::<i64>().ok())
+            .filter(|v| (0..=8).contains(v))
+    })
+}
+
+/// `FLASHSCAN_SCAN_IDX32=0`: a measurement override keeping the long dstate-16 plans on 64-bit
+/// index arithmetic (the short-sequence plans are built 32-bit only).
+fn idx32_long_off() -> bool {
+    static O: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *O.get_or_init(|| std::env::var("FLASHSCAN_SCAN_IDX32").as_deref() == Ok("0"))
+}
+
+/// Whether a dstate-16 plan indexes in 32 bits: wherever the call's byte offsets fit. Measured
+/// on the H200 (2026-12-03, `tools/scan_tile_sweep.py`, kernel us, same wheel, two rounds): b8
+/// d2048 L2048 271.1 / 271.5 -> 263.7 / 264.1, L8192 1067 -> 1041, b2 d5120 L16384 (chunked)
+/// 1681 -> 1643; 4% fewer instructions (ncu), outputs bit-identical. Other dstates keep 64-bit
+/// (not measured; their variants would double the compile matrix).
+fn idx32_applies(p: &Problem, dpad: i64) -> bool {
+    dpad == 16 && p.idx32 && !idx32_long_off()
 }
 
 /// `FLASHSCAN_SCAN_TILES`: the forward's override.
@@ -619,6 +627,10 @@ fn default_tiles(p: &Problem, sm_count: i64) -> Tiles {
     if short_seq_applies(p, t.dpad) {
         return short_seq_tiles(t, p.batch * p.dim, sm_count);
     }
+    let t = Tiles {
+        idx32: idx32_applies(p, t.dpad),
+        ..t
+    };
     if t.dpad == 16
         && p.seqlen < 2 * CHUNK_MIN_LEN
         && p.batch * cdiv(p.dim, t.threads / t.nsplit) < sm_count
@@ -639,8 +651,8 @@ fn forward_tiles(p: &Problem, sm_count: i64) -> Result<Tiles> {
 }
 
 /// An override's tiles for a problem: its four numbers over `tiles(dstate)`, with the 32-bit
-/// index arithmetic where the short-sequence plans would take it (so a sweep compares plans on
-/// the same indexing); an error where it does not fit the dstate.
+/// index arithmetic where the default plans would take it (so a sweep compares plans on the
+/// same indexing); an error where it does not fit the dstate.
 fn override_tiles(o: &[i64; 5], p: &Problem) -> Result<Tiles> {
     let t = tiles(p.dstate);
     if !override_fits(o, t.dpad) {
@@ -654,7 +666,7 @@ fn override_tiles(o: &[i64; 5], p: &Problem) -> Result<Tiles> {
         tile: o[1],
         threads: o[2],
         min_blocks: o[3],
-        idx32: short_seq_applies(p, t.dpad),
+        idx32: short_seq_applies(p, t.dpad) || idx32_applies(p, t.dpad),
         cpt: o[4],
         ..t
     })
@@ -730,9 +742,7 @@ pub fn spec(
         ("FS_POLY_NUM", poly_override().unwrap_or(0)),
         ("FS_ARCH", arch),
     ];
-    if let Some(v) = tail_override() {
-        defines.push(("FS_TAIL", v));
-    }
+
     if t.idx32 {
         defines.push(("FS_IDX32", 1));
     }
@@ -760,6 +770,10 @@ pub fn all_specs(arch: i64) -> Vec<KernelSpec> {
         .map(|&d| tiles(d))
         .collect();
     all_tiles.push(small_grid_tiles(tiles(16)));
+    // the dstate-16 long plans' 32-bit forms (`idx32_applies`)
+    for t in [tiles(16), small_grid_tiles(tiles(16))] {
+        all_tiles.push(Tiles { idx32: true, ..t });
+    }
     // the short-sequence tiles (16 / 8 / 4 lanes a channel): <= 64 steps never save states
     let short: Vec<Tiles> = [1, 8192, 1 << 20]
         .iter()
@@ -1248,11 +1262,16 @@ mod tests {
         assert!(!override_fits(&[4, 12, 128, 4, 1], 16)); // tile not a multiple of 8
         assert!(!override_fits(&[4, 64, 96, 4, 1], 16)); // threads not a multiple of the tile
         assert!(!override_fits(&[3, 24, 96, 4, 1], 48));
-        // an override indexes in 32 bits where the short-sequence plans would
+        // an override indexes in 32 bits where the default plans would: dstate 16, offsets fit
         let t = override_tiles(&[4, 32, 128, 4, 1], &problem(32, 512, 60, 16)).unwrap();
         assert!(t.idx32 && (t.nsplit, t.tile) == (4, 32));
         assert!(
-            !override_tiles(&[4, 32, 128, 4, 1], &problem(32, 512, 65, 16))
+            override_tiles(&[4, 32, 128, 4, 1], &problem(32, 512, 65, 16))
+                .unwrap()
+                .idx32
+        );
+        assert!(
+            !override_tiles(&[4, 32, 128, 4, 1], &problem(32, 512, 65, 32))
                 .unwrap()
                 .idx32
         );
@@ -1279,6 +1298,17 @@ mod tests {
             ..problem(32, 512, 60, 16)
         };
         assert_eq!(plan(&big, 132).tiles, tiles(16));
+        // long sequences at dstate 16: the default tiles in their 32-bit form where offsets fit,
+        // other dstates 64-bit
+        let pl = plan(&problem(8, 2048, 2048, 16), 132);
+        assert_eq!(
+            pl.tiles,
+            Tiles {
+                idx32: true,
+                ..tiles(16)
+            }
+        );
+        assert!(!plan(&problem(8, 2048, 2048, 64), 132).tiles.idx32);
         // the same at batch 1 / 8: 16 lanes a channel, one tile of 64; 8 lanes, tile 32
         let pl = plan(&problem(1, 512, 60, 16), 132);
         assert_eq!(
