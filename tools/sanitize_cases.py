@@ -50,8 +50,9 @@ def scan_cases() -> int:
         [torch.float32, torch.bfloat16],
         [1, 16, 64],
         [False, True],
-        # L <= 64 at dstate 16 takes the short-sequence tiles: 16 / 8 / 4 lanes a channel
-        [(2, 24, 67), (2, 24, 33), (1, 4100, 60), (2, 8200, 17)],
+        # L <= 64 at dstate 16 takes the short-sequence tiles: 16 / 8 / 4 lanes a channel;
+        # (2, 24, 67) the small-grid tiles, (8, 1024, 130) the default ones (both 32-bit at 16)
+        [(2, 24, 67), (2, 24, 33), (1, 4100, 60), (2, 8200, 17), (8, 1024, 130)],
     ):
         u = torch.randn(b, d, L, device="cuda", dtype=dtype)
         delta = torch.rand(b, d, L, device="cuda", dtype=dtype)
