@@ -558,9 +558,9 @@ fn poly_override() -> Option<i64> {
     })
 }
 
-/// `FLASHSCAN_SCAN_IDX32=0`: a measurement override keeping the long dstate-16 plans on 64-bit
-/// index arithmetic (the short-sequence plans are built 32-bit only).
-fn idx32_long_off() -> bool {
+/// `FLASHSCAN_SCAN_IDX32=0`: a measurement override keeping the long dstate-16 plans (forward and
+/// backward) on 64-bit index arithmetic (the short-sequence plans are built 32-bit only).
+pub(crate) fn idx32_long_off() -> bool {
     static O: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *O.get_or_init(|| std::env::var("FLASHSCAN_SCAN_IDX32").as_deref() == Ok("0"))
 }

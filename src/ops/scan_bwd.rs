@@ -7,7 +7,9 @@ use crate::error::{unsupported, value_err, Error, Result};
 use crate::ops::next_pow2;
 use crate::ops::scan::{self, Problem, ScanArgs, SAVE_CHUNK};
 use crate::runtime::{runtime, DeviceCtx, KernelSpec, LoadedKernel, StreamChoice};
-use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
+use crate::tensor::{
+    byte_offsets_fit_i32, common_cuda_device, expect_no_overlap, DType, TensorView,
+};
 use std::sync::Arc;
 
 pub const SOURCE: &str = include_str!("../../cuda/selective_scan_bwd.cu");
@@ -311,6 +313,14 @@ pub fn check(a: &ScanBwdArgs) -> Result<(Problem, scan::BcForm, scan::BcForm)> {
         }
     }
     expect_no_overlap(&a.outputs(), &a.inputs())?;
+    // The forward's test covered the inputs (dout, dlast_state and saved_states among them); a
+    // 32-bit backward also needs the gradients' offsets to fit (the f32 scratch of a 16-bit dB /
+    // dC is indexed in elements, which fit where dB's bytes do).
+    let outs: Vec<Option<&TensorView>> = a.outputs().iter().map(|&(_, t)| t).collect();
+    let p = Problem {
+        idx32: p.idx32 && byte_offsets_fit_i32(&outs),
+        ..p
+    };
     Ok((p, dbf, dcf))
 }
 
@@ -326,6 +336,10 @@ pub struct BwdTiles {
     pub tile: i64,
     pub threads: i64,
     pub min_blocks: i64,
+    /// 32-bit index arithmetic in the kernel (`FS_IDX32`): `DSTATE16_TILES` only, taken where
+    /// every byte offset of the call's tensors, gradients included, fits (`Problem::idx32` as
+    /// `check` leaves it).
+    pub idx32: bool,
 }
 
 impl BwdTiles {
@@ -350,6 +364,7 @@ pub const DSTATE16_TILES: BwdTiles = BwdTiles {
     tile: 8,
     threads: 128,
     min_blocks: 4,
+    idx32: false,
 };
 
 /// Two states a lane up to dstate 64 (32 lanes a channel), more above; the register history of a
@@ -380,6 +395,7 @@ pub fn tiles(dstate: i64) -> BwdTiles {
         } else {
             BWD_MIN_BLOCKS
         },
+        idx32: false,
     }
 }
 
@@ -444,7 +460,11 @@ fn default_tiles(p: &Problem, in_dt: DType, sm_count: i64) -> BwdTiles {
     let t = small_grid_tiles(p, sm_count);
     let measured = p.b.varying && p.c.varying && in_dt != DType::F32;
     if t == tiles(16) && measured {
-        DSTATE16_TILES
+        // 32-bit indices where they fit. H200 (2026-12-03): see the kernel's FS_IDX32 note.
+        BwdTiles {
+            idx32: p.idx32 && !scan::idx32_long_off(),
+            ..DSTATE16_TILES
+        }
     } else {
         t
     }
@@ -522,7 +542,7 @@ pub fn spec(
     arch: i64,
     entry: &'static str,
 ) -> Result<KernelSpec> {
-    let defines = vec![
+    let mut defines = vec![
         ("FS_IN_DTYPE", in_dtype.kernel_code()?),
         ("FS_BC_DTYPE", bc_dtype.kernel_code()?),
         ("FS_DSTATE", t.dpad),
@@ -535,6 +555,9 @@ pub fn spec(
         ("FS_CHUNK", SAVE_CHUNK),
         ("FS_ARCH", arch),
     ];
+    if t.idx32 {
+        defines.push(("FS_IDX32", 1));
+    }
     Ok(KernelSpec {
         family: FAMILY,
         source: SOURCE,
@@ -552,11 +575,17 @@ pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
         .collect();
     // small_grid_tiles' choice
     all.push(wide_tiles(tiles(16)));
-    // default_tiles' DSTATE16_TILES: 16-bit u / delta, B and C varying
-    for in_dt in [DType::F16, DType::BF16] {
-        for bc in [in_dt, DType::F32] {
-            if let Ok(s) = spec(&DSTATE16_TILES, in_dt, bc, true, true, arch_num, ENTRY_BWD) {
-                out.push(s);
+    // default_tiles' DSTATE16_TILES: 16-bit u / delta, B and C varying; 64- and 32-bit indices
+    for idx32 in [false, true] {
+        let t = BwdTiles {
+            idx32,
+            ..DSTATE16_TILES
+        };
+        for in_dt in [DType::F16, DType::BF16] {
+            for bc in [in_dt, DType::F32] {
+                if let Ok(s) = spec(&t, in_dt, bc, true, true, arch_num, ENTRY_BWD) {
+                    out.push(s);
+                }
             }
         }
     }
@@ -1101,9 +1130,20 @@ mod tests {
         let s = set(8, 2048, 2048, 16);
         let (p, _, _) = check(&args(&s)).unwrap();
         // 16-bit, B and C varying: the measured dstate-16 plan
+        // (in 32-bit indices: every byte offset, the gradients' included, fits)
         let pl = plan(&p, DType::BF16, 132);
-        assert_eq!(pl.tiles, DSTATE16_TILES);
+        assert!(p.idx32);
+        assert_eq!(
+            pl.tiles,
+            BwdTiles {
+                idx32: true,
+                ..DSTATE16_TILES
+            }
+        );
         assert_eq!((pl.tiles.nsplit, pl.tiles.tile), (4, 8));
+        // offsets past 2^31 bytes: the 64-bit build of the same tiles
+        let big = Problem { idx32: false, ..p };
+        assert_eq!(plan(&big, DType::BF16, 132).tiles, DSTATE16_TILES);
         assert_eq!((pl.tiles.threads, pl.tiles.min_blocks), (128, 4));
         assert_eq!(pl.chans_per_block, 32);
         assert_eq!(pl.nitems, 8 * 64);
@@ -1155,8 +1195,12 @@ mod tests {
         };
         assert_eq!(plan(&p(1, 60, 16), DType::BF16, 132).tiles.nsplit, 16);
         assert_eq!(plan(&p(4, 60, 16), DType::BF16, 132).tiles.nsplit, 16); // 128 blocks
-        assert_eq!(plan(&p(8, 60, 16), DType::BF16, 132).tiles, DSTATE16_TILES);
-        assert_eq!(plan(&p(1, 65, 16), DType::BF16, 132).tiles, DSTATE16_TILES);
+        let d16 = BwdTiles {
+            idx32: true,
+            ..DSTATE16_TILES
+        };
+        assert_eq!(plan(&p(8, 60, 16), DType::BF16, 132).tiles, d16);
+        assert_eq!(plan(&p(1, 65, 16), DType::BF16, 132).tiles, d16);
         let wide = plan(&p(1, 60, 16), DType::BF16, 132).tiles;
         assert_eq!((wide.tile, wide.threads, wide.min_blocks), (16, 256, 2));
         assert_eq!(plan(&p(1, 60, 64), DType::BF16, 132).tiles, tiles(64));
