@@ -742,7 +742,6 @@ pub fn spec(
         ("FS_POLY_NUM", poly_override().unwrap_or(0)),
         ("FS_ARCH", arch),
     ];
-
     if t.idx32 {
         defines.push(("FS_IDX32", 1));
     }
