@@ -3,6 +3,7 @@ exits 0 instead of crashing (the harness itself runs on the GPU machine)."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -62,3 +63,25 @@ def test_sanitize_case_groups_return_their_failure_counts() -> None:
         if isinstance(fn, ast.FunctionDef) and fn.name.endswith("_cases"):
             last = fn.body[-1]
             assert isinstance(last, ast.Return) and last.value is not None, fn.name
+
+
+def test_scan_sweep_plans_carry_their_environment() -> None:
+    """tools/scan_tile_sweep.py: a plan's tiles go in the override variable, its `@VAR=value`
+    settings beside them, and the caller's own override never leaks into the default plan."""
+    path = Path(__file__).resolve().parents[1] / "tools" / "scan_tile_sweep.py"
+    if not path.is_file():
+        pytest.skip("tools/scan_tile_sweep.py not available")
+    spec = importlib.util.spec_from_file_location("scan_tile_sweep", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    var = "FLASHSCAN_SCAN_TILES"
+    base = {var: "8,16,128,4", "KEEP": "1"}
+    assert mod.plan_env("default", var, base) == {"KEEP": "1"}
+    assert mod.plan_env("4,32,256,2", var, base) == {"KEEP": "1", var: "4,32,256,2"}
+    got = mod.plan_env("@FLASHSCAN_SCAN_IDX32=0;FLASHSCAN_SCAN_POLY=1", var, base)
+    assert got == {"KEEP": "1", "FLASHSCAN_SCAN_IDX32": "0", "FLASHSCAN_SCAN_POLY": "1"}
+    got = mod.plan_env("4,16,128,4@FLASHSCAN_SCAN_IDX32=1", var, base)
+    assert got == {"KEEP": "1", var: "4,16,128,4", "FLASHSCAN_SCAN_IDX32": "1"}
+    with pytest.raises(ValueError):
+        mod.plan_env("@FLASHSCAN_SCAN_IDX32", var, base)

@@ -30,6 +30,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 
 SHAPES = {
     # batch, dim, seqlen (dstate 16): issue 13's real-time and large shapes
@@ -114,6 +115,22 @@ def child(shape: str, ref: str, save: bool, reps: int, bwd: bool) -> None:
     print(json.dumps(row))
 
 
+def plan_env(cfg: str, var: str, base: Mapping[str, str]) -> dict[str, str]:
+    """The child's environment for a plan: `base` without `var`, then the plan's tiles in `var`
+    (none for "default" or a plan that starts with `@`) and its `@VAR=value;...` settings."""
+    env = dict(base)
+    env.pop(var, None)
+    tiles, _, sets = cfg.partition("@")
+    if cfg != "default" and tiles:
+        env[var] = tiles
+    for kv in filter(None, sets.split(";")):
+        k, sep, v = kv.partition("=")
+        if not k or not sep:
+            raise ValueError(f"plan {cfg!r}: want VAR=value after '@', got {kv!r}")
+        env[k] = v
+    return env
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="rt32,rt1")
@@ -136,14 +153,7 @@ def main() -> int:
             ref = os.path.join(tmp, f"{shape}.npz")
             for cfg in ["default", *a.configs]:
                 var = "FLASHSCAN_SCAN_BWD_TILES" if a.bwd else "FLASHSCAN_SCAN_TILES"
-                env = dict(os.environ)
-                env.pop(var, None)
-                tiles, _, sets = cfg.partition("@")
-                if cfg != "default" and tiles:
-                    env[var] = tiles
-                for kv in filter(None, sets.split(";")):
-                    k, _, v = kv.partition("=")
-                    env[k] = v
+                env = plan_env(cfg, var, os.environ)
                 cmd = [
                     sys.executable,
                     __file__,
