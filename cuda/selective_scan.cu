@@ -69,8 +69,9 @@
 //                 not emitted): the struct and code are those of the plain forward
 //   FS_IDX32      1: 32-bit index arithmetic (every byte offset of the call's tensors < 2^31: the host's
 //                 check); 0 (default, not emitted): 64-bit. The short-sequence plans and, since
-//                 2026-12-03, every dstate-16 plan (H200, b8 d2048 L2048 271 -> 264 us, L8192 1067 ->
-//                 1041, b2 d5120 L16384 1681 -> 1643: 4% fewer instructions, the tile loop's offsets)
+//                 2026-12-03, the long dstate-16 plans with B and C varying (H200, b8 d2048 L2048 271 ->
+//                 264 us, L8192 1067 -> 1041, b2 d5120 L16384 1681 -> 1643: 4% fewer instructions, the
+//                 tile loop's offsets)
 // Everything else (D, z, delta_bias, softplus, initial/last state, chunking) is a runtime field of
 // ScanParams: a uniform branch costs nothing measurable here.
 // Dynamic shared memory (bytes) = 4 * (nB + nC + nDT + nY), nB = FS_B_VARYING*2*kT*kRow,
@@ -208,7 +209,7 @@ static_assert(kThreads % 32 == 0 && kThreads % kT == 0, "FS_THREADS: whole warps
 static_assert(kCPT == 1 || kCPT == 2 || kCPT == 4, "FS_CPT: 1, 2 or 4");
 
 // Index arithmetic: 32-bit where the host saw every byte offset of the call's tensors below 2^31
-// (FS_IDX32, emitted for the dstate-16 plans, `scan.rs` `idx32_applies`), else 64-bit. At
+// (FS_IDX32, emitted for the short and the B / C-varying dstate-16 plans, `scan.rs`), else 64-bit. At
 // b32 d512 L60 the per-warp setup (block -> (b, d0), the row pointers) was 445 instructions of a
 // warp's ~3500, most of them 64-bit IMADs (ncu, H200, 2026-11-29).
 #if FS_IDX32

@@ -433,7 +433,8 @@ pub struct Tiles {
     pub min_blocks: i64,
     pub tile: i64,
     /// 32-bit index arithmetic in the kernel (`FS_IDX32`): the short-sequence plans and (since
-    /// 2026-12-03) every dstate-16 plan, taken only where `Problem::idx32` holds.
+    /// 2026-12-03) the long dstate-16 plans with B and C varying, taken only where
+    /// `Problem::idx32` holds.
     pub idx32: bool,
     /// Channels a lane group owns (`FS_CPT`: 1, 2 or 4): one B / C read serves them all.
     pub cpt: i64,
@@ -565,13 +566,14 @@ pub(crate) fn idx32_long_off() -> bool {
     *O.get_or_init(|| std::env::var("FLASHSCAN_SCAN_IDX32").as_deref() == Ok("0"))
 }
 
-/// Whether a dstate-16 plan indexes in 32 bits: wherever the call's byte offsets fit. Measured
-/// on the H200 (2026-12-03, `tools/scan_tile_sweep.py`, kernel us, same wheel, two rounds): b8
-/// d2048 L2048 271.1 / 271.5 -> 263.7 / 264.1, L8192 1067 -> 1041, b2 d5120 L16384 (chunked)
-/// 1681 -> 1643; 4% fewer instructions (ncu), outputs bit-identical. Other dstates keep 64-bit
-/// (not measured; their variants would double the compile matrix).
+/// Whether a long dstate-16 plan indexes in 32 bits: B and C both varying (the Mamba-1 layout)
+/// and the call's byte offsets fit. Measured on the H200 (2026-12-03, `tools/scan_tile_sweep.py`,
+/// kernel us, same wheel, two rounds): b8 d2048 L2048 271.1 / 271.5 -> 263.7 / 264.1, L8192 1067
+/// -> 1041, b2 d5120 L16384 (chunked) 1681 -> 1643; 4% fewer instructions (ncu), outputs
+/// bit-identical. The fixed-B / fixed-C forms keep 64-bit (fp32 with a fixed B spilled 8 B under
+/// CI's NVRTC; not measured either), as do other dstates (not measured).
 fn idx32_applies(p: &Problem, dpad: i64) -> bool {
-    dpad == 16 && p.idx32 && !idx32_long_off()
+    dpad == 16 && p.b.varying && p.c.varying && p.idx32 && !idx32_long_off()
 }
 
 /// `FLASHSCAN_SCAN_TILES`: the forward's override.
@@ -769,10 +771,6 @@ pub fn all_specs(arch: i64) -> Vec<KernelSpec> {
         .map(|&d| tiles(d))
         .collect();
     all_tiles.push(small_grid_tiles(tiles(16)));
-    // the dstate-16 long plans' 32-bit forms (`idx32_applies`)
-    for t in [tiles(16), small_grid_tiles(tiles(16))] {
-        all_tiles.push(Tiles { idx32: true, ..t });
-    }
     // the short-sequence tiles (16 / 8 / 4 lanes a channel): <= 64 steps never save states
     let short: Vec<Tiles> = [1, 8192, 1 << 20]
         .iter()
@@ -797,6 +795,23 @@ pub fn all_specs(arch: i64) -> Vec<KernelSpec> {
                             out.push(s);
                         }
                     }
+                }
+            }
+        }
+    }
+    // the long dstate-16 plans' 32-bit forms (`idx32_applies`: B and C varying)
+    for t in [tiles(16), small_grid_tiles(tiles(16))] {
+        let t = Tiles { idx32: true, ..t };
+        for (in_dt, bc) in [
+            (DType::F16, DType::F16),
+            (DType::F16, DType::F32),
+            (DType::BF16, DType::BF16),
+            (DType::BF16, DType::F32),
+            (DType::F32, DType::F32),
+        ] {
+            for save in [false, true] {
+                if let Ok(s) = spec(&t, in_dt, bc, true, true, save, arch, ENTRY_FWD) {
+                    out.push(s);
                 }
             }
         }
@@ -1308,6 +1323,15 @@ mod tests {
             }
         );
         assert!(!plan(&problem(8, 2048, 2048, 64), 132).tiles.idx32);
+        let long = problem(8, 2048, 2048, 16);
+        let fixed_b = Problem {
+            b: BcForm {
+                varying: false,
+                ..long.b
+            },
+            ..long
+        };
+        assert!(!plan(&fixed_b, 132).tiles.idx32);
         // the same at batch 1 / 8: 16 lanes a channel, one tile of 64; 8 lanes, tile 32
         let pl = plan(&problem(1, 512, 60, 16), 132);
         assert_eq!(
