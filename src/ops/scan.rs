@@ -535,28 +535,27 @@ pub(crate) fn tiles_from_env(var: &str) -> TileOverride {
     Some(parse_tiles(&v))
 }
 
+/// An integer measurement override from environment variable `var`, None when unset, not a
+/// number or outside `range` (each caller reads it once, into a `OnceLock`).
+fn env_int_in(var: &str, range: std::ops::RangeInclusive<i64>) -> Option<i64> {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse::<i64>().ok())
+        .filter(|v| range.contains(v))
+}
+
 /// `FLASHSCAN_SCAN_PACK_BC=0|1`: a measurement override of the packed 16-bit B / C staging
 /// (`FS_PACK_BC` in cuda/selective_scan.cu; unset: the kernel's default).
 fn pack_bc_override() -> Option<i64> {
     static O: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
-    *O.get_or_init(|| {
-        std::env::var("FLASHSCAN_SCAN_PACK_BC")
-            .ok()
-            .and_then(|v| v.parse::<i64>().ok())
-            .filter(|v| *v == 0 || *v == 1)
-    })
+    *O.get_or_init(|| env_int_in("FLASHSCAN_SCAN_PACK_BC", 0..=1))
 }
 
 /// `FLASHSCAN_SCAN_POLY=0..8`: a measurement override of how many of every 8 exps of the forward's
 /// recurrence run on the FMA pipe (`FS_POLY_NUM` in cuda/selective_scan.cu; unset: 0).
 fn poly_override() -> Option<i64> {
     static O: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
-    *O.get_or_init(|| {
-        std::env::var("FLASHSCAN_SCAN_POLY")
-            .ok()
-            .and_then(|v| v.parse::<i64>().ok())
-            .filter(|v| (0..=8).contains(v))
-    })
+    *O.get_or_init(|| env_int_in("FLASHSCAN_SCAN_POLY", 0..=8))
 }
 
 /// `FLASHSCAN_SCAN_IDX32=0`: a measurement override keeping the long dstate-16 plans (forward and
@@ -763,6 +762,16 @@ pub fn spec(
     })
 }
 
+/// The (u / delta, B / C) dtype pairs the scan kernels are built for, in variant-list order: a
+/// 16-bit input with its own dtype or fp32 B / C, fp32 with fp32.
+pub(crate) const IN_BC_DTYPES: [(DType, DType); 5] = [
+    (DType::F16, DType::F16),
+    (DType::F16, DType::F32),
+    (DType::BF16, DType::BF16),
+    (DType::BF16, DType::F32),
+    (DType::F32, DType::F32),
+];
+
 /// Every variant (one per translation unit; both entries live in it).
 pub fn all_specs(arch: i64) -> Vec<KernelSpec> {
     let mut out = Vec::new();
@@ -779,21 +788,14 @@ pub fn all_specs(arch: i64) -> Vec<KernelSpec> {
     let n_long = all_tiles.len();
     all_tiles.extend(short);
     for (i, t) in all_tiles.into_iter().enumerate() {
-        for in_dt in [DType::F16, DType::BF16, DType::F32] {
-            let bcs: &[DType] = if in_dt == DType::F32 {
-                &[DType::F32]
-            } else {
-                &[in_dt, DType::F32]
-            };
-            for &bc in bcs {
-                for (bv, cv) in [(false, false), (false, true), (true, false), (true, true)] {
-                    for save in [false, true] {
-                        if save && i >= n_long {
-                            continue;
-                        }
-                        if let Ok(s) = spec(&t, in_dt, bc, bv, cv, save, arch, ENTRY_FWD) {
-                            out.push(s);
-                        }
+        for (in_dt, bc) in IN_BC_DTYPES {
+            for (bv, cv) in [(false, false), (false, true), (true, false), (true, true)] {
+                for save in [false, true] {
+                    if save && i >= n_long {
+                        continue;
+                    }
+                    if let Ok(s) = spec(&t, in_dt, bc, bv, cv, save, arch, ENTRY_FWD) {
+                        out.push(s);
                     }
                 }
             }
@@ -802,13 +804,7 @@ pub fn all_specs(arch: i64) -> Vec<KernelSpec> {
     // the long dstate-16 plans' 32-bit forms (`idx32_applies`: B and C varying)
     for t in [tiles(16), small_grid_tiles(tiles(16))] {
         let t = Tiles { idx32: true, ..t };
-        for (in_dt, bc) in [
-            (DType::F16, DType::F16),
-            (DType::F16, DType::F32),
-            (DType::BF16, DType::BF16),
-            (DType::BF16, DType::F32),
-            (DType::F32, DType::F32),
-        ] {
+        for (in_dt, bc) in IN_BC_DTYPES {
             for save in [false, true] {
                 if let Ok(s) = spec(&t, in_dt, bc, true, true, save, arch, ENTRY_FWD) {
                     out.push(s);

@@ -316,9 +316,8 @@ pub fn check(a: &ScanBwdArgs) -> Result<(Problem, scan::BcForm, scan::BcForm)> {
     // The forward's test covered the inputs (dout, dlast_state and saved_states among them); a
     // 32-bit backward also needs the gradients' offsets to fit (the f32 scratch of a 16-bit dB /
     // dC is indexed in elements, which fit where dB's bytes do).
-    let outs: Vec<Option<&TensorView>> = a.outputs().iter().map(|&(_, t)| t).collect();
     let p = Problem {
-        idx32: p.idx32 && byte_offsets_fit_i32(&outs),
+        idx32: p.idx32 && byte_offsets_fit_i32(&a.outputs().map(|(_, t)| t)),
         ..p
     };
     Ok((p, dbf, dcf))
@@ -590,17 +589,10 @@ pub fn all_specs(arch_num: i64) -> Vec<KernelSpec> {
         }
     }
     for t in all {
-        for in_dt in [DType::F16, DType::BF16, DType::F32] {
-            let bcs: &[DType] = if in_dt == DType::F32 {
-                &[DType::F32]
-            } else {
-                &[in_dt, DType::F32]
-            };
-            for &bc in bcs {
-                for (bv, cv) in [(false, false), (false, true), (true, false), (true, true)] {
-                    if let Ok(s) = spec(&t, in_dt, bc, bv, cv, arch_num, ENTRY_BWD) {
-                        out.push(s);
-                    }
+        for (in_dt, bc) in scan::IN_BC_DTYPES {
+            for (bv, cv) in [(false, false), (false, true), (true, false), (true, true)] {
+                if let Ok(s) = spec(&t, in_dt, bc, bv, cv, arch_num, ENTRY_BWD) {
+                    out.push(s);
                 }
             }
         }
