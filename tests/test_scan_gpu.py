@@ -369,12 +369,15 @@ def test_scan_short_plans_strided_bc(case: tuple, rule: Any, poison: Any) -> Non
 # channel, 32-step tiles, one pass): dims leave the last block partly idle and lengths end in a
 # partial 32-step tile. The float64 reference runs on the last WIDE_CHECKED channels (the partial
 # block and the full ones before it; all in the last B/C group), which keeps it inside the file's
-# memory budget.
+# memory budget. On a 132-SM GPU (H100 / H200) the second and fourth take the 256-thread plan
+# (`scan::wide_tiles_pay`: one wave of 64-channel blocks, the fourth's last block partly idle),
+# the others the 128-thread one.
 # (batch, dim, seqlen, dtype, B/C form, groups)
 WIDE_CASES = [
     (2, 4300, 1100, "bfloat16", "varying", 1),
     (2, 4224, 1040, "float16", "grouped", 2),
     (1, 8460, 1025, "float32", "fixed", 1),
+    (4, 3300, 1030, "bfloat16", "varying", 1),
 ]
 WIDE_CHECKED = 76
 

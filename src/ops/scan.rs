@@ -618,11 +618,8 @@ fn short_seq_applies(p: &Problem, dpad: i64) -> bool {
 
 /// The forward's tiles without an override: `short_seq_tiles` for <= 64 steps at dstate 16
 /// (where 32-bit offsets fit),
-/// `small_grid_tiles` for other small grids there, else `tiles`. Tried and not taken (H100,
-/// 2026-11-27, `tools/scan_tile_sweep.py`, kernel us): 256-thread blocks x 2 at dstate 16 gain
-/// where their grid fills one wave (b8 d2048 L2048 275.8 vs 285.9, L8192 1085 vs 1123: 256 blocks
-/// on 264 slots) and lose where it does not (b2 d5120 L16384 2148-2170 vs 1801: 160 blocks), so
-/// a block size chosen by wave fill is the lead, not measured beyond those shapes.
+/// `small_grid_tiles` for other small grids there, `wide_tiles` where `wide_tiles_pay`, else
+/// `tiles`.
 fn default_tiles(p: &Problem, sm_count: i64) -> Tiles {
     let t = tiles(p.dstate);
     if short_seq_applies(p, t.dpad) {
@@ -638,7 +635,47 @@ fn default_tiles(p: &Problem, sm_count: i64) -> Tiles {
     {
         return small_grid_tiles(t);
     }
+    if wide_tiles_pay(p, t, sm_count) {
+        return wide_tiles(t);
+    }
     t
+}
+
+/// 256-thread blocks, 2 an SM (same registers a thread as 128 x 4): one staged B / C tile
+/// serves 64 channels instead of 32.
+pub fn wide_tiles(t: Tiles) -> Tiles {
+    Tiles {
+        threads: 2 * SCAN_THREADS,
+        min_blocks: 2,
+        ..t
+    }
+}
+
+/// Whether a dstate-16 forward with B and C varying takes `wide_tiles`: where its blocks fit one
+/// wave (<= 2 an SM, unchunked) and leave no SM more channels than the 128-thread plan does (the
+/// busiest SM sets the time of a one-wave grid), sequences of 1024 steps or more. Measured on the H200 (2026-12-04,
+/// `tools/scan_tile_sweep.py`, kernel us, bf16): b8 d2048 L2048 264.2 -> 259.4 / 259.1 (256 blocks,
+/// 128 channels on the busiest SM either way), L8192 1043.0 -> 1024.4 / 1022.1; b2 d5120 L16384
+/// 1644.8 -> 2046.7 (160 blocks: 128 channels on 28 SMs against 96 with 320 blocks of 32: not
+/// taken). The H100 had the same split (2026-11-27: 275.8 vs 285.9, 1085 vs 1123; 2148 vs 1801).
+fn wide_tiles_pay(p: &Problem, t: Tiles, sm_count: i64) -> bool {
+    // (sequences shorter than 1024 steps: not measured)
+    if t.dpad != 16
+        || !p.b.varying
+        || !p.c.varying
+        || t.threads != SCAN_THREADS
+        || p.seqlen < 2 * CHUNK_MIN_LEN
+    {
+        return false;
+    }
+    let sm = sm_count.max(1);
+    let (narrow, wide) = (plan_with(p, t, sm), plan_with(p, wide_tiles(t), sm));
+    let blocks = |pl: &Plan| pl.blocks_per_row * p.batch * pl.nchunks;
+    let busiest = |pl: &Plan| cdiv(blocks(pl), sm) * pl.chans_per_block;
+    narrow.nchunks == 1
+        && wide.nchunks == 1
+        && blocks(&wide) <= wide.tiles.min_blocks * sm
+        && busiest(&wide) <= busiest(&narrow)
 }
 
 /// The forward's tiles: the override when set (an error if it does not fit this dstate), else
@@ -801,9 +838,24 @@ pub fn all_specs(arch: i64) -> Vec<KernelSpec> {
             }
         }
     }
-    // the long dstate-16 plans' 32-bit forms (`idx32_applies`: B and C varying)
-    for t in [tiles(16), small_grid_tiles(tiles(16))] {
-        let t = Tiles { idx32: true, ..t };
+    // the long dstate-16 plans' 32-bit forms (`idx32_applies`: B and C varying) and the wide
+    // blocks (`wide_tiles_pay`: B and C varying), 64- and 32-bit
+    let wide = wide_tiles(tiles(16));
+    for t in [
+        Tiles {
+            idx32: true,
+            ..tiles(16)
+        },
+        Tiles {
+            idx32: true,
+            ..small_grid_tiles(tiles(16))
+        },
+        wide,
+        Tiles {
+            idx32: true,
+            ..wide
+        },
+    ] {
         for (in_dt, bc) in IN_BC_DTYPES {
             for save in [false, true] {
                 if let Ok(s) = spec(&t, in_dt, bc, true, true, save, arch, ENTRY_FWD) {
@@ -1308,14 +1360,14 @@ mod tests {
             ..problem(32, 512, 60, 16)
         };
         assert_eq!(plan(&big, 132).tiles, tiles(16));
-        // long sequences at dstate 16: the default tiles in their 32-bit form where offsets fit,
-        // other dstates 64-bit
+        // long sequences at dstate 16: the default tiles (here their wide form) in 32 bits where
+        // offsets fit, other dstates 64-bit
         let pl = plan(&problem(8, 2048, 2048, 16), 132);
         assert_eq!(
             pl.tiles,
             Tiles {
                 idx32: true,
-                ..tiles(16)
+                ..wide_tiles(tiles(16))
             }
         );
         assert!(!plan(&problem(8, 2048, 2048, 64), 132).tiles.idx32);
@@ -1345,6 +1397,63 @@ mod tests {
         let pl = plan(&problem(1, 1024, 65536, 16), 132);
         assert!(pl.nchunks > 1 && pl.chunk_len % pl.tiles.tile == 0);
         assert!(pl.nchunks * pl.chunk_len >= 65536 && (pl.nchunks - 1) * pl.chunk_len < 65536);
+    }
+
+    #[test]
+    fn wide_blocks_where_one_wave_leaves_no_sm_busier() {
+        let wide = |p: &Problem| plan(p, 132).tiles.threads == 2 * SCAN_THREADS;
+        // 256 blocks of 64 channels on 132 SMs x 2: 128 channels on the busiest SM, as with 512
+        // blocks of 32 at 4 an SM
+        assert!(wide(&problem(8, 2048, 2048, 16)));
+        assert!(wide(&problem(8, 2048, 8192, 16)));
+        let pl = plan(&problem(8, 2048, 2048, 16), 132);
+        assert_eq!(
+            (pl.chans_per_block, pl.blocks_per_row, pl.nchunks),
+            (64, 32, 1)
+        );
+        // 160 blocks of 64: 128 channels on 28 SMs, against 96 with 320 blocks of 32
+        assert!(!wide(&problem(2, 5120, 16384, 16)));
+        // more than one wave of wide blocks (b16: 512 blocks), chunked sequences, other dstates
+        assert!(!wide(&problem(16, 2048, 2048, 16)));
+        assert!(!wide(&problem(1, 1024, 65536, 16)));
+        assert!(!wide(&problem(8, 2048, 2048, 64)));
+        assert!(!wide(&problem(8, 2048, 1000, 16)));
+        // a fixed B or C: no shared B / C tile to gain from
+        let long = problem(8, 2048, 2048, 16);
+        for (bv, cv) in [(false, true), (true, false)] {
+            let p = Problem {
+                b: BcForm {
+                    varying: bv,
+                    ..long.b
+                },
+                c: BcForm {
+                    varying: cv,
+                    ..long.c
+                },
+                ..long
+            };
+            assert!(!wide(&p));
+        }
+        // the wide plan's variants are in the compiled list, 64- and 32-bit
+        let specs = all_specs(90);
+        for idx32 in [false, true] {
+            let t = Tiles {
+                idx32,
+                ..wide_tiles(tiles(16))
+            };
+            let s = spec(
+                &t,
+                DType::BF16,
+                DType::BF16,
+                true,
+                true,
+                false,
+                90,
+                ENTRY_FWD,
+            )
+            .unwrap();
+            assert!(specs.contains(&s), "idx32 {idx32}");
+        }
     }
 
     #[test]
