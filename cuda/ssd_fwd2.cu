@@ -1046,3 +1046,259 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan_one(co
     accumulate_wx(acc, cbv, 0, l_of, cl2, seg_l, len, s_dt, s_seg, smem_u32(s_x) + lane_bt(lane, kLd64) * 2);
     store_y(q, acc, s_x, s_z, s_d, b, h, 0, len, p0, hd, r0, t2);
 }
+
+// ---- 3''. chunk outputs, warp-specialised (sm_90a, chunk 256, no seq_idx, no z) -------------------
+// The same products as ssd2_chunk_scan (C.H^T on wgmma from two swizzled 64 x 64 tiles a 64-state
+// step, then W x, W = CB f below the diagonal with the decay factored at the tile's first row, the
+// masked W on it), but no consumer thread issues a load: two producer warps stream every operand
+// through shared-memory rings with mbarriers, one ring per consumer warpgroup, so the products of a
+// block run while the next blocks (and the next unit's) are in flight. Why: ssd2_chunk_scan's CTAs
+// wait on their own cp.async loads at every step (ncu 2026-11-29: issue 49%, 0.86 eligible warps
+// a scheduler; the waits for the loop top's CB / x block, the prologue's and the exit's drain held
+// ~35% of the stall samples) and spend a fifth of their instructions forming load addresses.
+//
+// Work: a unit is (batch, chunk, head, 64-channel tile); the grid (one CTA an SM) walks the units
+// in that order, consecutive CTAs on the same (batch, chunk), whose C B^T and C stay in L2. In a
+// unit, consumer warpgroup 0 takes the 64-row tiles 3 and 0 of the chunk, warpgroup 1 tiles 2 and
+// 1: 5 source blocks and 2 C.H^T tiles each. Threads: warpgroup 0 = warps 0-3, warpgroup 1 = warps
+// 4-7 (each owns its 64 x 64 accumulator as ssd2_chunk_scan's four warps do), warp 8 the producer
+// of warpgroup 0's ring, warp 9 of warpgroup 1's.
+// Loads: x, C and H by TMA (SWIZZLE_128B boxes of 64 x 64, the layout of load_tile_sw: zero fill
+// past the tensors' ends stands for the row / column checks), each 64 x 64 fp32 block of C B^T as
+// 64 bulk copies of its 256-byte rows into rows of kLdCb floats (the producer warp's lanes two rows
+// each), the unit's prep record (lw, cum: no seq_idx, so no seg) as one bulk copy.
+// Ring stage (26 KB, 1024-aligned): [0, 8 KB) the x tile, or C.H^T's C tile; [8 KB, 26 KB) the CB
+// block (64 rows of kLdCb floats), or C.H^T's H tile in its first 8 KB. Every stage is released
+// by all 128 threads of its warpgroup (an empty barrier of 128 arrivals) after their last read: the
+// diagonal block's after the epilogue, which reads its x tile for D x.
+#if FS_SSD_STATE_WGMMA && FS_CHUNK == 256
+#include "common/tma.cuh"
+
+constexpr int kWsStages = 3;
+constexpr int kWsStageBytes = kRows * 64 * 2 + kRows * kLdCb * 4;  // 8192 + 18432
+constexpr int kWsPrepBytes = 2 * kQ * 4;                           // lw, cum
+constexpr int kWsConsumers = 2 * kThreads;
+constexpr int kWsThreads = kWsConsumers + 64;
+static_assert(kWsStageBytes % 1024 == 0, "ring stages must keep the 1024-byte swizzle alignment");
+static_assert(kNb == 4, "the warpgroups' row tiles {3, 0} and {2, 1} are chunk 256's");
+
+// Dynamic shared memory of ssd2_chunk_scan_ws (host: ssd::WS_SMEM_BYTES): the two rings, then per
+// warpgroup two prep buffers, s_f (kQ floats) and s_d (64 floats), a zero seg row (kQ ints), the
+// mbarriers; plus 1024 bytes to align the rings.
+constexpr int kWsRingBytes = kWsStages * kWsStageBytes;
+constexpr int kWsPrepOff = 2 * kWsRingBytes;
+constexpr int kWsFOff = kWsPrepOff + 2 * 2 * kWsPrepBytes;
+constexpr int kWsDOff = kWsFOff + 2 * kQ * 4;
+constexpr int kWsSegOff = kWsDOff + 2 * 64 * 4;
+constexpr int kWsBarOff = kWsSegOff + kQ * 4;
+constexpr int kWsBars = 2 * (2 * kWsStages + 4);  // per warpgroup: full, empty, prep full, prep empty
+constexpr int kWsSmemBytes = 1024 + kWsBarOff + 8 * kWsBars;
+
+// The kernel's one parameter (host mirror: Ssd2WsParams in src/ops/ssd.rs): tensor maps first.
+struct Ssd2WsParams {
+    fs::TensorMap tm_x;  // x (headdim, nheads, seqlen, batch), box 64 x 1 x 64 x 1
+    fs::TensorMap tm_c;  // C (dstate, ngroups, seqlen, batch), box 64 x 1 x 64 x 1
+    fs::TensorMap tm_h;  // the 16-bit H_c (dstate, headdim, nheads, batch * nchunks), box 64 x 64 x 1 x 1
+    Ssd2Params q;
+    int nunits;  // batch * nchunks * nheads * ceil(headdim / 64)
+};
+
+extern "C" __global__ void __launch_bounds__(kWsThreads, 1) ssd2_chunk_scan_ws(const __grid_constant__ Ssd2WsParams P) {
+    const Ssd2Params& q = P.q;
+    const SsdParams& p = q.p;
+    extern __shared__ __align__(16) unsigned char ws_raw[];
+    unsigned char* const sm = align_smem_1024(ws_raw);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const bool producer = warp >= 8;
+    const int wg = producer ? warp - 8 : warp >> 2;
+    unsigned char* const ring = sm + wg * kWsRingBytes;
+    auto stage = [&](int s) { return smem_u32(ring + s * kWsStageBytes); };
+    const u32 bars = smem_u32(sm + kWsBarOff) + wg * (2 * kWsStages + 4) * 8;
+    auto full = [&](int s) { return bars + 8 * s; };
+    auto empty = [&](int s) { return bars + 8 * (kWsStages + s); };
+    auto pfull = [&](int k) { return bars + 8 * (2 * kWsStages + k); };
+    auto pempty = [&](int k) { return bars + 8 * (2 * kWsStages + 2 + k); };
+    float* const prep_buf = (float*)(sm + kWsPrepOff + wg * 2 * kWsPrepBytes);  // two records of 2 kQ
+    float* const s_f = (float*)(sm + kWsFOff) + wg * kQ;
+    float* const s_d = (float*)(sm + kWsDOff) + wg * 64;
+    int* const s_seg = (int*)(sm + kWsSegOff);
+
+    if (threadIdx.x == 0) {
+        u32 dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (dyn < (u32)kWsSmemBytes) __trap();  // the host's ssd::ssd_scan_ws::SMEM_BYTES is off
+        for (int w = 0; w < 2; ++w) {
+            const u32 bw = smem_u32(sm + kWsBarOff) + w * (2 * kWsStages + 4) * 8;
+            for (int s = 0; s < kWsStages; ++s) {
+                mbar_init(bw + 8 * s, 1);                         // full: the producer's expect_tx
+                mbar_init(bw + 8 * (kWsStages + s), kThreads);    // empty: the warpgroup's threads
+            }
+            for (int k = 0; k < 2; ++k) {
+                mbar_init(bw + 8 * (2 * kWsStages + k), 1);
+                mbar_init(bw + 8 * (2 * kWsStages + 2 + k), kThreads);
+            }
+        }
+        mbar_init_fence();
+    }
+    for (int i = threadIdx.x; i < kQ; i += kWsThreads) s_seg[i] = 0;  // no seq_idx: every seg 0
+    __syncthreads();
+
+    const int npt = (int)((p.headdim + 63) / 64), nh = (int)p.nheads, nc = (int)p.nchunks;
+    const int heads_per_group = nh / (int)p.ngroups;
+    const int ds = (int)p.dstate, nsteps = (ds + 63) / 64;
+    // this warpgroup's row tiles of a unit, the longer first: {3, 0} or {2, 1} (a function, not
+    // an array: a run-time index into one put it on the stack)
+    auto row_tile = [&](int ti) { return ti == 0 ? 3 - wg : wg; };
+    struct Unit {
+        int b, c, h, g, p0, len;
+        bool has_h;
+    };
+    auto unit = [&](int u) {
+        Unit t;
+        t.p0 = (u % npt) * 64;
+        u /= npt;
+        t.h = u % nh;
+        u /= nh;
+        t.c = u % nc;
+        t.b = u / nc;
+        t.g = t.h / heads_per_group;
+        t.len = (int)min((i64)kQ, p.seqlen - (i64)t.c * kQ);
+        t.has_h = t.c > 0 || p.has_init;
+        return t;
+    };
+
+    if (producer) {
+        if (lane == 0) {
+            tma_prefetch_map(&P.tm_x);
+            tma_prefetch_map(&P.tm_c);
+            tma_prefetch_map(&P.tm_h);
+        }
+        int s = 0;
+        u32 ph = 0;
+        int k = 0;
+        for (int u = blockIdx.x; u < P.nunits; u += gridDim.x, ++k) {
+            const Unit t = unit(u);
+            const int c0 = t.c * kQ, pb = k & 1;
+            const i64 bh = (i64)t.b * nh + t.h;
+            if (lane == 0) {
+                mbar_wait(pempty(pb), ((k >> 1) & 1) ^ 1);
+                mbar_arrive_expect_tx(pfull(pb), kWsPrepBytes);
+                bulk_load(smem_u32(prep_buf + pb * 2 * kQ), q.prep + (bh * nc + t.c) * 3 * kQ, kWsPrepBytes, pfull(pb));
+            }
+            for (int ti = 0; ti < 2; ++ti) {
+                const int i = row_tile(ti), m0 = i * kRows;
+                if (m0 >= t.len) continue;  // (the consumers skip the same tiles)
+                if (t.has_h) {
+                    for (int kk = 0; kk < nsteps; ++kk) {
+                        if (lane == 0) {
+                            mbar_wait(empty(s), ph ^ 1);
+                            mbar_arrive_expect_tx(full(s), 2 * kRows * 64 * 2);
+                            tma_load_4d(stage(s), &P.tm_c, 64 * kk, t.g, c0 + m0, t.b, full(s));
+                            tma_load_4d(stage(s) + kRows * 64 * 2, &P.tm_h, 64 * kk, t.p0, t.h, t.b * nc + t.c, full(s));
+                        }
+                        if (++s == kWsStages) s = 0, ph ^= 1;
+                    }
+                }
+                const float* cbg = q.cb + ((((i64)t.b * nc + t.c) * p.ngroups + t.g) * kQ + m0) * kQ;
+                for (int j = 0; j <= i; ++j) {
+                    if (lane == 0) {
+                        mbar_wait(empty(s), ph ^ 1);
+                        mbar_arrive_expect_tx(full(s), kRows * 64 * 2 + kRows * 64 * 4);  // x, 64 CB rows of 64 floats
+                    }
+                    __syncwarp();
+                    const u32 dst = stage(s) + kRows * 64 * 2;
+#pragma unroll
+                    for (int r = lane; r < kRows; r += 32) bulk_load(dst + r * kLdCb * 4, cbg + r * kQ + j * kRows, 64 * 4, full(s));
+                    if (lane == 0) tma_load_4d(stage(s), &P.tm_x, t.p0, t.h, c0 + j * kRows, t.b, full(s));
+                    if (++s == kWsStages) s = 0, ph ^= 1;
+                }
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup wg, its thread tid owns rows r0, r0 + 8 of the tile (warp cw's 16)
+    const int tid = threadIdx.x & (kThreads - 1), cw = tid >> 5, t2 = 2 * (lane & 3);
+    const int r0 = 16 * cw + (lane >> 2);
+    const u32 bar_id = 1 + wg;  // the warpgroup's named barrier (0 is __syncthreads)
+    int s = 0;
+    u32 ph = 0;
+    int k = 0;
+    for (int u = blockIdx.x; u < P.nunits; u += gridDim.x, ++k) {
+        const Unit t = unit(u);
+        const int c0 = t.c * kQ, pb = k & 1, hd = (int)p.headdim - t.p0;
+        named_bar_sync(bar_id, kThreads);  // the last unit's readers of s_d and s_f are done
+        if (tid < 64) s_d[tid] = channel_d(p, t.h, t.p0 + tid, tid < hd);
+        mbar_wait(pfull(pb), (k >> 1) & 1);
+        const float* s_lw = prep_buf + pb * 2 * kQ;
+        const float* s_cum = s_lw + kQ;
+        for (int ti = 0; ti < 2; ++ti) {
+            const int i = row_tile(ti), m0 = i * kRows;
+            if (m0 >= t.len) continue;
+            // f_s = 2^(cl2_m0 - lw_s) for s < m0 (accumulate_cbf_x's factor), published with s_d
+            const float cl2_m0 = s_cum[m0] * kLog2e;
+            if (ti > 0) named_bar_sync(bar_id, kThreads);  // the first tile's readers of s_f are done
+            for (int s2 = tid; s2 < m0; s2 += kThreads) s_f[s2] = ex2(cl2_m0 - s_lw[s2]);
+            named_bar_sync(bar_id, kThreads);
+            float acc[8][4];
+            clear(acc);
+            float(&d)[32] = *reinterpret_cast<float(*)[32]>(&acc[0][0]);
+            if (t.has_h) {  // y_l += exp(cum_m0) C_l . H_c, g_l = exp(cum_l - cum_m0) before the diagonal
+                for (int kk = 0; kk < nsteps; ++kk) {
+                    mbar_wait(full(s), ph);
+                    const u64 dc = wgmma_desc(stage(s), 16, 1024);
+                    const u64 dh = wgmma_desc(stage(s) + kRows * 64 * 2, 16, 1024);
+                    wgmma_fence();
+#pragma unroll
+                    for (int k4 = 0; k4 < 4; ++k4) wgmma_ss<64, DT, 0>(d, desc_at(dc, k4 * 32), desc_at(dh, k4 * 32), 1);
+                    wgmma_commit();
+                    wgmma_wait<0>();
+                    reg_fence(d);
+                    mbar_arrive(empty(s));
+                    if (++s == kWsStages) s = 0, ph ^= 1;
+                }
+                const float e = ex(s_cum[m0]);
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) scale_row(acc, hh, e);
+            }
+            float cl2[2];
+            int seg_l[2], l_of[2];
+            row_terms(m0 + r0, t.len, s_cum, s_seg, l_of, cl2, seg_l);
+            int sd = 0;
+            for (int j = 0; j <= i; ++j) {
+                mbar_wait(full(s), ph);
+                const float* s_cb = (const float*)(ring + s * kWsStageBytes + kRows * 64 * 2);
+                float cbv[8][4];
+#pragma unroll
+                for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const float2 v = *(const float2*)(s_cb + (r0 + 8 * hh) * kLdCb + 8 * jn + t2);
+                        cbv[jn][2 * hh] = v.x;
+                        cbv[jn][2 * hh + 1] = v.y;
+                    }
+                u32 a[4][4];
+                if (j < i) {
+#pragma unroll
+                    for (int k4 = 0; k4 < 4; ++k4) w_frag_cbf(a[k4], cbv, k4, j * kRows, s_f);
+                } else {
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) scale_row(acc, hh, ex2(cl2[hh] - cl2_m0));
+#pragma unroll
+                    for (int k4 = 0; k4 < 4; ++k4)
+                        w_frag_masked(a[k4], cbv, k4, j * kRows, l_of, cl2, seg_l, t.len, s_lw, s_seg);
+                }
+                wx_wgmma(acc, a, stage(s));
+                if (j < i) mbar_arrive(empty(s));
+                else sd = s;
+                if (++s == kWsStages) s = 0, ph ^= 1;
+            }
+            // epilogue: D x from the diagonal block's x tile (its stage released after), store
+            store_y<true>(q, acc, (const u16*)(ring + sd * kWsStageBytes), nullptr, s_d, t.b, t.h, c0 + m0, t.len - m0,
+                          t.p0, hd, r0, t2);
+            mbar_arrive(empty(sd));
+        }
+        mbar_arrive(pempty(pb));  // this unit's record is read
+    }
+}
+#endif

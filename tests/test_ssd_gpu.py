@@ -284,6 +284,54 @@ def test_forward_one_block_fused_cb(
         rule.check(fin, torch.from_numpy(ref_h), base_h, atol=1e-5, name="final_states")
 
 
+# The sm_90a warp-specialised chunk outputs (`ssd2_chunk_scan_ws`: chunk 256, no z, no seq_idx,
+# 16-byte aligned rows): units in the first chunk with and without initial states and past it,
+# headdim / dstate tails that the TMA boxes zero-fill (40, 136 channels; 72 states), two p tiles,
+# several groups, x / B / C as views of one wider projection (the Mamba-2 layer's split), and a
+# split whose rows are not 16-byte multiples, which falls back to `ssd2_chunk_scan`.
+# (dtype, ngroups, nheads, dstate, headdim, seqlen, initial states, split: None | pad columns)
+WS_CASES = [
+    ("bfloat16", 1, 5, 128, 64, 1000, False, None),
+    ("float16", 2, 4, 72, 40, 600, True, None),
+    ("bfloat16", 1, 3, 64, 136, 513, False, 0),
+    ("bfloat16", 2, 2, 64, 64, 300, True, 4),
+]
+
+
+def split_views(a: dict[str, Any], pad: int) -> None:
+    """x, B and C replaced by views of one (batch, seqlen, h p + 2 g n + pad) tensor holding the
+    same values, as the Mamba-2 layer's split of its projection gives them."""
+    x, B, C = a["x"], a["B"], a["C"]
+    b, L, h, p = x.shape
+    g, n = B.shape[2], B.shape[3]
+    wide = torch.zeros(b, L, h * p + 2 * g * n + pad, device="cuda", dtype=x.dtype)
+    wide[..., : h * p] = x.reshape(b, L, h * p)
+    wide[..., h * p : h * p + g * n] = B.reshape(b, L, g * n)
+    wide[..., h * p + g * n : h * p + 2 * g * n] = C.reshape(b, L, g * n)
+    a["x"] = wide[..., : h * p].unflatten(-1, (h, p))
+    a["B"] = wide[..., h * p : h * p + g * n].unflatten(-1, (g, n))
+    a["C"] = wide[..., h * p + g * n : h * p + 2 * g * n].unflatten(-1, (g, n))
+
+
+@pytest.mark.parametrize("case", WS_CASES, ids=lambda c: "-".join(str(v) for v in c))
+def test_forward_warp_specialised(case: tuple, rule: Any, poison: Any) -> None:
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("ssd2_chunk_scan_ws is sm_90a's")
+    dt_name, g, h, n, p, L, init, split = case
+    dtype = DTYPES[dt_name]
+    a = ssd_inputs(2, L, h, p, g, n, dtype, D2=True, init=init)
+    a["z"] = None
+    if split is not None:
+        split_views(a, split)
+    kw: dict[str, Any] = dict(chunk_size=256, dt_softplus=True, return_final_states=True)
+    poison(2 * L * h * p * a["x"].element_size(), 2 * h * p * n * 4)
+    (out, final), names = warm_forward_kernels(a, kw)
+    ws = split in (None, 0)  # rows of 16-byte multiples; pad 4 leaves them 8-byte aligned
+    assert ("ssd2_chunk_scan_ws" in names) == ws, sorted(names)
+    assert ("ssd2_chunk_scan" in names) == (not ws), sorted(names)
+    check_case(rule, out, final, a, 256, True)
+
+
 @pytest.mark.parametrize("seq", [False, True])
 @pytest.mark.parametrize("L", [100, 300])
 def test_forward_chunked_reads_prep_records(

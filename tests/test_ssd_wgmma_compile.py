@@ -133,3 +133,21 @@ def test_other_archs_keep_mma_sync(functions_of, arch: str) -> None:  # noqa: AN
         fns = functions_of(_variant("ssd_bwd.ssd_bwd_chunk_out", 1, 256, arch), arch)
         mix, hmma, _ = _mix(fns["ssd_bwd_chunk_dstate16"])
         assert not mix and hmma > 0, f"L_c on {arch}: {dict(mix)}, {hmma} HMMA"
+
+
+@pytest.mark.parametrize("dtype", [0, 1])
+def test_warp_specialised_scan_loads_by_tma_and_multiplies_on_hgmma(
+    functions_of, dtype: int
+) -> None:  # noqa: ANN001
+    """`ssd2_chunk_scan_ws` (sm_90a, chunk 256): its consumers run the scan's two products on HGMMA
+    (C.H^T shared-memory x shared-memory, W x from registers), each committed group waited once;
+    its producers load x / C / H by TMA (UTMALDG.4D) and the C B^T rows and prep records by bulk
+    copies (UBLKCP); no consumer issues a cp.async (LDGSTS) and nothing runs on mma.sync."""
+    fns = functions_of(_variant("ssd_fwd2.ssd2_chunk_scan_ws", dtype, 256, "sm_90a"), "sm_90a")
+    lines = fns["ssd2_chunk_scan_ws"]
+    mix, hmma, depbar = _mix(lines)
+    assert dict(mix) == SCAN and hmma == 0 and depbar == 2, (dict(mix), hmma, depbar)
+    text = "\n".join(lines)
+    assert len(re.findall(r"\bUTMALDG\.4D\b", text)) >= 3, "x, C and H by TMA"
+    assert "UBLKCP" in text, "C B^T rows and records by bulk copies"
+    assert "LDGSTS" not in text, "a cp.async in the warp-specialised kernel"

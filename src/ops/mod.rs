@@ -14,6 +14,7 @@ pub mod scan;
 pub mod scan_bwd;
 pub mod ssd;
 pub mod ssd_bwd;
+pub mod ssd_scan_ws;
 pub mod state_update;
 
 use crate::runtime::KernelSpec;

@@ -3,6 +3,7 @@
 //! The caller provides the fp32 workspaces (chunk states, chunk decays) so that a call
 //! allocates nothing here and stays graph-capturable.
 
+use super::ssd_scan_ws;
 use crate::error::{type_err, unsupported, value_err, Error, Result};
 use crate::runtime::{runtime, DeviceCtx, KernelSpec, Stream, StreamChoice};
 use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
@@ -512,6 +513,9 @@ pub fn all_specs2(arch: i64) -> Vec<KernelSpec> {
             ] {
                 out.push(spec2(entry, dtype, chunk, arch));
             }
+            if arch == 90 && chunk == ssd_scan_ws::CHUNK {
+                out.push(spec2(ssd_scan_ws::ENTRY, dtype, chunk, arch));
+            }
         }
     }
     out
@@ -973,6 +977,15 @@ impl<'a> Launch2<'a> {
     /// # Safety
     /// As `one`'s.
     unsafe fn scan(&self, q: &Ssd2Params, p: &Problem, fused: bool) -> Result<()> {
+        // sm_90a, chunk 256, the layer's call (no z, no seq_idx): the warp-specialised kernel
+        // SAFETY: as the caller's
+        if !fused
+            && unsafe {
+                ssd_scan_ws::launch(self.dev, q, p, self.dtype, self.chunk, self.arch, self.st)?
+            }
+        {
+            return Ok(());
+        }
         let (entry, row_blocks) = if fused {
             (ENTRY2_SCAN_ONE, 1)
         } else {
@@ -998,7 +1011,9 @@ mod tests {
         assert_eq!(s.len(), 1 + 2 * 3 * CHUNKS.len());
         assert!(s.iter().any(|k| k.entry == ENTRY_PASS));
         let s2 = all_specs2(90);
-        assert_eq!(s2.len(), 7 * 2 * CHUNKS.len());
+        // (+ the warp-specialised chunk outputs at chunk 256, sm_90a only)
+        assert_eq!(s2.len(), 7 * 2 * CHUNKS.len() + 2);
+        assert_eq!(all_specs2(80).len(), 7 * 2 * CHUNKS.len());
         assert!(s2.iter().all(|k| k.family == FAMILY2));
         assert!(s2.iter().any(|k| k.entry == ENTRY2_PREP));
         assert!(s2.iter().any(|k| k.entry == ENTRY2_VARLEN));

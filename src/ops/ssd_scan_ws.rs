@@ -1,0 +1,187 @@
+//! The SSD forward's chunk outputs on sm_90a, warp-specialised (`ssd2_chunk_scan_ws` in
+//! cuda/ssd_fwd2.cu): producer warps stream x, C and H_c by TMA and the C B^T blocks and prep
+//! records by bulk copies into one shared-memory ring per consumer warpgroup, one persistent CTA
+//! an SM. This module holds its applicability rule, its tensor maps and parameter block, and its
+//! launch; `ssd::Launch2::scan` falls back to `ssd2_chunk_scan` wherever `launch` declines.
+
+use super::ssd::{spec2, Problem, Ssd2Params};
+use crate::error::Result;
+use crate::runtime::driver::encode_tensor_map_4d;
+use crate::runtime::{DeviceCtx, Stream};
+
+pub const ENTRY: &str = "ssd2_chunk_scan_ws";
+/// The chunk size the kernel is built for (its warpgroups take the row tiles {3, 0} and {2, 1}).
+pub const CHUNK: i64 = 256;
+const THREADS: u32 = 2 * 128 + 64;
+/// Ring stages a warpgroup and their bytes: the x (or C) tile, then a CB block of 64 rows of 72
+/// floats (or the H tile); mirrors kWsStages / kWsStageBytes.
+const STAGES: usize = 3;
+const STAGE_BYTES: usize = 64 * 64 * 2 + 64 * 72 * 4;
+/// Dynamic shared memory (cuda/ssd_fwd2.cu kWsSmemBytes): 1024 bytes of alignment slack, the two
+/// rings, two prep records (lw, cum) a warpgroup, s_f (chunk floats) and s_d (64 floats) a
+/// warpgroup, a zero seg row (chunk ints), 2 x (2 stages + 4) mbarriers.
+pub const SMEM_BYTES: u32 = (1024
+    + 2 * STAGES * STAGE_BYTES
+    + 2 * 2 * (2 * CHUNK as usize * 4)
+    + 2 * CHUNK as usize * 4
+    + 2 * 64 * 4
+    + CHUNK as usize * 4
+    + 8 * 2 * (2 * STAGES + 4)) as u32;
+
+/// Mirrors `struct Ssd2WsParams` in cuda/ssd_fwd2.cu: three tensor maps (64-byte aligned), the
+/// second path's parameter block, the unit count.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug)]
+pub struct Ssd2WsParams {
+    pub tm_x: [u64; 16],
+    pub tm_c: [u64; 16],
+    pub tm_h: [u64; 16],
+    pub q: Ssd2Params,
+    pub nunits: i32,
+}
+
+const _: () = assert!(std::mem::offset_of!(Ssd2WsParams, q) == 384);
+const _: () = assert!(std::mem::size_of::<Ssd2WsParams>() == 1024);
+
+/// `FLASHSCAN_SSD_SCAN_WS=0`: keep `ssd2_chunk_scan` everywhere (A/B runs).
+fn ws_off() -> bool {
+    static O: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *O.get_or_init(|| std::env::var("FLASHSCAN_SSD_SCAN_WS").as_deref() == Ok("0"))
+}
+
+/// Whether a call's chunk outputs can take the kernel: sm_90a, chunk 256, no z and no seq_idx
+/// (the Mamba-2 layer's call), 16-byte aligned rows of x, C and the states (what TMA and the bulk
+/// copies need), and the workspaces 16-byte aligned.
+pub fn applies(q: &Ssd2Params, p: &Problem, chunk: i64, arch: i64) -> bool {
+    arch == 90
+        && chunk == CHUNK
+        && q.p.has_z == 0
+        && q.p.has_seq == 0
+        && q.vec_x == 1
+        && q.vec_bc == 1
+        && q.vec_states == 1
+        && p.dstate % 8 == 0
+        && q.cb % 16 == 0
+        && q.prep % 16 == 0
+        && units(p).is_some()
+        && !ws_off()
+}
+
+/// The kernel's units: (batch, chunk, head, 64-channel tile), when their count fits an int.
+fn units(p: &Problem) -> Option<i32> {
+    let n = p.batch * p.nchunks * p.nheads * ((p.headdim + 63) / 64);
+    i32::try_from(n).ok()
+}
+
+/// A byte stride for a tensor map: a size-1 dimension is never stepped over, so any multiple of
+/// 16 will do there (the layer's views can carry odd strides on such dimensions).
+fn map_stride(size: i64, stride_elems: i64, elem_bytes: i64, inner_bytes: u64) -> u64 {
+    if size == 1 {
+        inner_bytes.max(16)
+    } else {
+        (stride_elems * elem_bytes) as u64
+    }
+}
+
+/// The three tensor maps: x (headdim, nheads, seqlen, batch), C (dstate, ngroups, seqlen, batch),
+/// and the 16-bit H_c (dstate, headdim, nheads, batch * nchunks): the kept compact tensor
+/// (`h16`), or packed in place over each fp32 slot of the states workspace (rows of dstate 16-bit
+/// values, slots headdim x dstate floats apart).
+fn maps(q: &Ssd2Params, p: &Problem, bf16: bool) -> Result<[[u64; 16]; 3]> {
+    let s = &q.p;
+    let (hd, nh, l, b) = (p.headdim, p.nheads, p.seqlen, p.batch);
+    let (ds, ng) = (p.dstate, p.ngroups);
+    let sx1 = map_stride(nh, s.x_s[2], 2, (hd * 2) as u64);
+    let sx2 = map_stride(l, s.x_s[1], 2, sx1 * nh as u64);
+    let sx3 = map_stride(b, s.x_s[0], 2, sx2 * l as u64);
+    let tm_x = encode_tensor_map_4d(
+        s.x,
+        bf16,
+        [hd as u64, nh as u64, l as u64, b as u64],
+        [sx1, sx2, sx3],
+        [64, 1, 64, 1],
+    )?;
+    let sc1 = map_stride(ng, s.c_s[2], 2, (ds * 2) as u64);
+    let sc2 = map_stride(l, s.c_s[1], 2, sc1 * ng as u64);
+    let sc3 = map_stride(b, s.c_s[0], 2, sc2 * l as u64);
+    let tm_c = encode_tensor_map_4d(
+        s.c,
+        bf16,
+        [ds as u64, ng as u64, l as u64, b as u64],
+        [sc1, sc2, sc3],
+        [64, 1, 64, 1],
+    )?;
+    // a slot's 16-bit values: compact (h16) or in place over fp32 slots twice their size
+    let (h_ptr, slot) = if q.h16 != 0 {
+        (q.h16, (hd * ds * 2) as u64)
+    } else {
+        (s.states, (hd * ds * 4) as u64)
+    };
+    let tm_h = encode_tensor_map_4d(
+        h_ptr,
+        bf16,
+        [ds as u64, hd as u64, nh as u64, (b * p.nchunks) as u64],
+        [(ds * 2) as u64, slot, slot * nh as u64],
+        [64, 64, 1, 1],
+    )?;
+    Ok([tm_x, tm_c, tm_h])
+}
+
+/// Launches the chunk outputs on `ssd2_chunk_scan_ws` where `applies` holds and its tensor maps
+/// encode; Ok(false) (nothing launched) otherwise, for the caller's fallback.
+///
+/// # Safety
+/// `q` must describe checked tensors and workspaces of the sizes `p` gives, on `dev`, with the
+/// prep records and H_c written earlier on `st`.
+pub unsafe fn launch(
+    dev: &DeviceCtx,
+    q: &Ssd2Params,
+    p: &Problem,
+    dtype: i64,
+    chunk: i64,
+    arch: i64,
+    st: Stream,
+) -> Result<bool> {
+    if !applies(q, p, chunk, arch) {
+        return Ok(false);
+    }
+    let Some(nunits) = units(p) else {
+        return Ok(false);
+    };
+    // the driver refuses a map whose strides or base are off: the plain kernel covers those
+    let Ok([tm_x, tm_c, tm_h]) = maps(q, p, dtype == 1) else {
+        return Ok(false);
+    };
+    let params = Ssd2WsParams {
+        tm_x,
+        tm_c,
+        tm_h,
+        q: *q,
+        nunits,
+    };
+    let k = dev.kernel(&spec2(ENTRY, dtype, chunk, arch))?;
+    let grid = (nunits.min(dev.props.sm_count.max(1)) as u32, 1, 1);
+    // SAFETY: as the caller's; the kernel reads the maps' tensors, the CB workspace and the
+    // records inside the sizes `p` gives and writes `out` rows of the units it walks.
+    unsafe { dev.launch(&k, grid, (THREADS, 1, 1), SMEM_BYTES, st, &params)? };
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smem_bytes_fit_one_cta_an_sm() {
+        // the kernel's kWsSmemBytes for chunk 256: 1024 + 171520 + 160
+        assert_eq!(SMEM_BYTES, 172_704);
+        const { assert!(SMEM_BYTES <= 227 * 1024) };
+    }
+
+    #[test]
+    fn size_one_dims_get_a_valid_stride() {
+        assert_eq!(map_stride(1, 3, 2, 128), 128);
+        assert_eq!(map_stride(4, 5376, 2, 128), 10752);
+        assert_eq!(map_stride(1, 0, 2, 0), 16);
+    }
+}
