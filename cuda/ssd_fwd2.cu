@@ -1063,19 +1063,22 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan_one(co
 // 1: 5 source blocks and 2 C.H^T tiles each. Threads: warpgroup 0 = warps 0-3, warpgroup 1 = warps
 // 4-7 (each owns its 64 x 64 accumulator as ssd2_chunk_scan's four warps do), warp 8 the producer
 // of warpgroup 0's ring, warp 9 of warpgroup 1's.
-// Loads: x, C and H by TMA (SWIZZLE_128B boxes of 64 x 64, the layout of load_tile_sw: zero fill
-// past the tensors' ends stands for the row / column checks), each 64 x 64 fp32 block of C B^T as
-// 64 bulk copies of its 256-byte rows into rows of kLdCb floats (the producer warp's lanes two rows
-// each), the unit's prep record (lw, cum: no seq_idx, so no seg) as one bulk copy.
-// Ring stage (26 KB, 1024-aligned): [0, 8 KB) the x tile, or C.H^T's C tile; [8 KB, 26 KB) the CB
-// block (64 rows of kLdCb floats), or C.H^T's H tile in its first 8 KB. Every stage is released
+// Loads, all issued by lane 0 of the producer warp: x, C and H by TMA (SWIZZLE_128B boxes of
+// 64 x 64, the layout of load_tile_sw: zero fill past the tensors' ends stands for the row /
+// column checks), each 64 x 64 fp32 block of C B^T as two TMA boxes of 64 rows x 32 floats (128
+// bytes, the swizzle's span: a quad's float2 reads of 8 rows hit every bank twice, two wavefronts),
+// the unit's prep record (lw, cum: no seq_idx, so no seg) as one bulk copy. (First form: the CB
+// block as 64 bulk copies of its 256-byte rows, the warp's lanes two each: 585 us at b8 L2048
+// against ssd2_chunk_scan's 320, the TMA unit's request rate the limit.)
+// Ring stage (24 KB, 1024-aligned): [0, 8 KB) the x tile, or C.H^T's C tile; [8 KB, 24 KB) the CB
+// block's two boxes (columns 0-31, 32-63), or C.H^T's H tile in its first 8 KB. Every stage is released
 // by all 128 threads of its warpgroup (an empty barrier of 128 arrivals) after their last read: the
 // diagonal block's after the epilogue, which reads its x tile for D x.
 #if FS_SSD_STATE_WGMMA && FS_CHUNK == 256
 #include "common/tma.cuh"
 
-constexpr int kWsStages = 3;
-constexpr int kWsStageBytes = kRows * 64 * 2 + kRows * kLdCb * 4;  // 8192 + 18432
+constexpr int kWsStages = 4;
+constexpr int kWsStageBytes = kRows * 64 * 2 + kRows * 64 * 4;  // 8192 + 16384
 constexpr int kWsPrepBytes = 2 * kQ * 4;                           // lw, cum
 constexpr int kWsConsumers = 2 * kThreads;
 constexpr int kWsThreads = kWsConsumers + 64;
@@ -1094,11 +1097,12 @@ constexpr int kWsBarOff = kWsSegOff + kQ * 4;
 constexpr int kWsBars = 2 * (2 * kWsStages + 4);  // per warpgroup: full, empty, prep full, prep empty
 constexpr int kWsSmemBytes = 1024 + kWsBarOff + 8 * kWsBars;
 
-// The kernel's one parameter (host mirror: Ssd2WsParams in src/ops/ssd.rs): tensor maps first.
+// The kernel's one parameter (host mirror: Ssd2WsParams in src/ops/ssd_scan_ws.rs): maps first.
 struct Ssd2WsParams {
-    fs::TensorMap tm_x;  // x (headdim, nheads, seqlen, batch), box 64 x 1 x 64 x 1
-    fs::TensorMap tm_c;  // C (dstate, ngroups, seqlen, batch), box 64 x 1 x 64 x 1
-    fs::TensorMap tm_h;  // the 16-bit H_c (dstate, headdim, nheads, batch * nchunks), box 64 x 64 x 1 x 1
+    fs::TensorMap tm_x;   // x (headdim, nheads, seqlen, batch), box 64 x 1 x 64 x 1
+    fs::TensorMap tm_c;   // C (dstate, ngroups, seqlen, batch), box 64 x 1 x 64 x 1
+    fs::TensorMap tm_h;   // the 16-bit H_c (dstate, headdim, nheads, batch * nchunks), box 64 x 64 x 1 x 1
+    fs::TensorMap tm_cb;  // C B^T fp32 (kQ, batch * nchunks * ngroups * kQ rows), box 32 x 64
     Ssd2Params q;
     int nunits;  // batch * nchunks * nheads * ceil(headdim / 64)
 };
@@ -1172,6 +1176,7 @@ extern "C" __global__ void __launch_bounds__(kWsThreads, 1) ssd2_chunk_scan_ws(c
             tma_prefetch_map(&P.tm_x);
             tma_prefetch_map(&P.tm_c);
             tma_prefetch_map(&P.tm_h);
+            tma_prefetch_map(&P.tm_cb);
         }
         int s = 0;
         u32 ph = 0;
@@ -1199,17 +1204,16 @@ extern "C" __global__ void __launch_bounds__(kWsThreads, 1) ssd2_chunk_scan_ws(c
                         if (++s == kWsStages) s = 0, ph ^= 1;
                     }
                 }
-                const float* cbg = q.cb + ((((i64)t.b * nc + t.c) * p.ngroups + t.g) * kQ + m0) * kQ;
+                const int cb_row = ((t.b * nc + t.c) * (int)p.ngroups + t.g) * kQ + m0;
                 for (int j = 0; j <= i; ++j) {
                     if (lane == 0) {
                         mbar_wait(empty(s), ph ^ 1);
-                        mbar_arrive_expect_tx(full(s), kRows * 64 * 2 + kRows * 64 * 4);  // x, 64 CB rows of 64 floats
+                        mbar_arrive_expect_tx(full(s), kWsStageBytes);  // x, then the CB block's two boxes
+                        tma_load_4d(stage(s), &P.tm_x, t.p0, t.h, c0 + j * kRows, t.b, full(s));
+                        tma_load_4d(stage(s) + kRows * 64 * 2, &P.tm_cb, j * kRows, cb_row, 0, 0, full(s));
+                        tma_load_4d(stage(s) + kRows * 64 * 2 + kRows * 128, &P.tm_cb, j * kRows + 32, cb_row, 0, 0,
+                                    full(s));
                     }
-                    __syncwarp();
-                    const u32 dst = stage(s) + kRows * 64 * 2;
-#pragma unroll
-                    for (int r = lane; r < kRows; r += 32) bulk_load(dst + r * kLdCb * 4, cbg + r * kQ + j * kRows, 64 * 4, full(s));
-                    if (lane == 0) tma_load_4d(stage(s), &P.tm_x, t.p0, t.h, c0 + j * kRows, t.b, full(s));
                     if (++s == kWsStages) s = 0, ph ^= 1;
                 }
             }
@@ -1267,13 +1271,18 @@ extern "C" __global__ void __launch_bounds__(kWsThreads, 1) ssd2_chunk_scan_ws(c
             int sd = 0;
             for (int j = 0; j <= i; ++j) {
                 mbar_wait(full(s), ph);
-                const float* s_cb = (const float*)(ring + s * kWsStageBytes + kRows * 64 * 2);
+                // CB (rows r0, r0 + 8; columns 8 jn + t2, + 1) from the two swizzled boxes: column
+                // col of row r in box col / 32 at r * 128 + ((chunk ^ (r % 8)) << 4) + 4 (col % 4),
+                // chunk = (col % 32) / 4
+                const unsigned char* s_cb = ring + s * kWsStageBytes + kRows * 64 * 2;
                 float cbv[8][4];
 #pragma unroll
                 for (int jn = 0; jn < 8; ++jn)
 #pragma unroll
                     for (int hh = 0; hh < 2; ++hh) {
-                        const float2 v = *(const float2*)(s_cb + (r0 + 8 * hh) * kLdCb + 8 * jn + t2);
+                        const int r = r0 + 8 * hh, cc = 8 * (jn & 3) + t2;
+                        const float2 v = *(const float2*)(s_cb + (jn >> 2) * kRows * 128 + r * 128 +
+                                                          ((((cc >> 2) ^ (r & 7))) << 4) + (cc & 3) * 4);
                         cbv[jn][2 * hh] = v.x;
                         cbv[jn][2 * hh + 1] = v.y;
                     }

@@ -1,22 +1,22 @@
 //! The SSD forward's chunk outputs on sm_90a, warp-specialised (`ssd2_chunk_scan_ws` in
-//! cuda/ssd_fwd2.cu): producer warps stream x, C and H_c by TMA and the C B^T blocks and prep
+//! cuda/ssd_fwd2.cu): producer warps stream x, C, H_c and the C B^T blocks by TMA and the prep
 //! records by bulk copies into one shared-memory ring per consumer warpgroup, one persistent CTA
 //! an SM. This module holds its applicability rule, its tensor maps and parameter block, and its
 //! launch; `ssd::Launch2::scan` falls back to `ssd2_chunk_scan` wherever `launch` declines.
 
 use super::ssd::{spec2, Problem, Ssd2Params};
 use crate::error::Result;
-use crate::runtime::driver::encode_tensor_map_4d;
+use crate::runtime::driver::{encode_tensor_map_4d, encode_tensor_map_4d_of, MapElem};
 use crate::runtime::{DeviceCtx, Stream};
 
 pub const ENTRY: &str = "ssd2_chunk_scan_ws";
 /// The chunk size the kernel is built for (its warpgroups take the row tiles {3, 0} and {2, 1}).
 pub const CHUNK: i64 = 256;
 const THREADS: u32 = 2 * 128 + 64;
-/// Ring stages a warpgroup and their bytes: the x (or C) tile, then a CB block of 64 rows of 72
-/// floats (or the H tile); mirrors kWsStages / kWsStageBytes.
-const STAGES: usize = 3;
-const STAGE_BYTES: usize = 64 * 64 * 2 + 64 * 72 * 4;
+/// Ring stages a warpgroup and their bytes: the x (or C) tile, then a CB block as two swizzled
+/// 64 x 32 fp32 boxes (or the H tile); mirrors kWsStages / kWsStageBytes.
+const STAGES: usize = 4;
+const STAGE_BYTES: usize = 64 * 64 * 2 + 64 * 64 * 4;
 /// Dynamic shared memory (cuda/ssd_fwd2.cu kWsSmemBytes): 1024 bytes of alignment slack, the two
 /// rings, two prep records (lw, cum) a warpgroup, s_f (chunk floats) and s_d (64 floats) a
 /// warpgroup, a zero seg row (chunk ints), 2 x (2 stages + 4) mbarriers.
@@ -28,7 +28,7 @@ pub const SMEM_BYTES: u32 = (1024
     + CHUNK as usize * 4
     + 8 * 2 * (2 * STAGES + 4)) as u32;
 
-/// Mirrors `struct Ssd2WsParams` in cuda/ssd_fwd2.cu: three tensor maps (64-byte aligned), the
+/// Mirrors `struct Ssd2WsParams` in cuda/ssd_fwd2.cu: four tensor maps (64-byte aligned), the
 /// second path's parameter block, the unit count.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug)]
@@ -36,12 +36,13 @@ pub struct Ssd2WsParams {
     pub tm_x: [u64; 16],
     pub tm_c: [u64; 16],
     pub tm_h: [u64; 16],
+    pub tm_cb: [u64; 16],
     pub q: Ssd2Params,
     pub nunits: i32,
 }
 
-const _: () = assert!(std::mem::offset_of!(Ssd2WsParams, q) == 384);
-const _: () = assert!(std::mem::size_of::<Ssd2WsParams>() == 1024);
+const _: () = assert!(std::mem::offset_of!(Ssd2WsParams, q) == 512);
+const _: () = assert!(std::mem::size_of::<Ssd2WsParams>() == 1152);
 
 /// `FLASHSCAN_SSD_SCAN_WS=0`: keep `ssd2_chunk_scan` everywhere (A/B runs).
 fn ws_off() -> bool {
@@ -83,11 +84,13 @@ fn map_stride(size: i64, stride_elems: i64, elem_bytes: i64, inner_bytes: u64) -
     }
 }
 
-/// The three tensor maps: x (headdim, nheads, seqlen, batch), C (dstate, ngroups, seqlen, batch),
-/// and the 16-bit H_c (dstate, headdim, nheads, batch * nchunks): the kept compact tensor
-/// (`h16`), or packed in place over each fp32 slot of the states workspace (rows of dstate 16-bit
-/// values, slots headdim x dstate floats apart).
-fn maps(q: &Ssd2Params, p: &Problem, bf16: bool) -> Result<[[u64; 16]; 3]> {
+/// The four tensor maps: x (headdim, nheads, seqlen, batch), C (dstate, ngroups, seqlen, batch),
+/// the 16-bit H_c (dstate, headdim, nheads, batch * nchunks): the kept compact tensor (`h16`), or
+/// packed in place over each fp32 slot of the states workspace (rows of dstate 16-bit values,
+/// slots headdim x dstate floats apart), and the fp32 C B^T workspace as rows of CHUNK floats
+/// (batch * nchunks * ngroups * CHUNK of them), boxes of 64 rows x 32 columns (128 bytes: the
+/// swizzle's span; two a 64 x 64 block).
+fn maps(q: &Ssd2Params, p: &Problem, bf16: bool) -> Result<[[u64; 16]; 4]> {
     let s = &q.p;
     let (hd, nh, l, b) = (p.headdim, p.nheads, p.seqlen, p.batch);
     let (ds, ng) = (p.dstate, p.ngroups);
@@ -124,7 +127,16 @@ fn maps(q: &Ssd2Params, p: &Problem, bf16: bool) -> Result<[[u64; 16]; 3]> {
         [(ds * 2) as u64, slot, slot * nh as u64],
         [64, 64, 1, 1],
     )?;
-    Ok([tm_x, tm_c, tm_h])
+    let rows = (b * p.nchunks * ng * CHUNK) as u64;
+    let row = (CHUNK * 4) as u64;
+    let tm_cb = encode_tensor_map_4d_of(
+        q.cb,
+        MapElem::F32,
+        [CHUNK as u64, rows, 1, 1],
+        [row, row * rows, row * rows],
+        [32, 64, 1, 1],
+    )?;
+    Ok([tm_x, tm_c, tm_h, tm_cb])
 }
 
 /// Launches the chunk outputs on `ssd2_chunk_scan_ws` where `applies` holds and its tensor maps
@@ -149,13 +161,14 @@ pub unsafe fn launch(
         return Ok(false);
     };
     // the driver refuses a map whose strides or base are off: the plain kernel covers those
-    let Ok([tm_x, tm_c, tm_h]) = maps(q, p, dtype == 1) else {
+    let Ok([tm_x, tm_c, tm_h, tm_cb]) = maps(q, p, dtype == 1) else {
         return Ok(false);
     };
     let params = Ssd2WsParams {
         tm_x,
         tm_c,
         tm_h,
+        tm_cb,
         q: *q,
         nunits,
     };
@@ -173,8 +186,8 @@ mod tests {
 
     #[test]
     fn smem_bytes_fit_one_cta_an_sm() {
-        // the kernel's kWsSmemBytes for chunk 256: 1024 + 171520 + 160
-        assert_eq!(SMEM_BYTES, 172_704);
+        // the kernel's kWsSmemBytes for chunk 256: 1024 + 208384 + 192
+        assert_eq!(SMEM_BYTES, 209_600);
         const { assert!(SMEM_BYTES <= 227 * 1024) };
     }
 

@@ -429,6 +429,8 @@ pub enum MapElem {
     BF16,
     /// one byte (the FP8 forward's e4m3 operands)
     U8,
+    /// four bytes (the SSD chunk outputs' fp32 C B^T blocks)
+    F32,
 }
 
 /// `encode_tensor_map_4d` for any `MapElem`.
@@ -449,6 +451,7 @@ pub fn encode_tensor_map_4d_of(
         MapElem::BF16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
         MapElem::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         MapElem::U8 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        MapElem::F32 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
     };
     // SAFETY: every array outlives the call and has the rank's length (strides rank - 1); the
     // driver only reads them and writes the map. A missing symbol (a driver older than 12.0)
