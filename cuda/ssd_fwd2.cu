@@ -1077,6 +1077,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan_one(co
 #if FS_SSD_STATE_WGMMA && FS_CHUNK == 256
 #include "common/tma.cuh"
 
+// A compile-time int for a generic lambda's argument (the W x loop's A buffer).
+template <int N>
+struct Int {
+    static constexpr int value = N;
+};
+
 constexpr int kWsStages = 4;
 constexpr int kWsStageBytes = kRows * 64 * 2 + kRows * 64 * 4;  // 8192 + 16384
 constexpr int kWsPrepBytes = 2 * kQ * 4;                           // lw, cum
@@ -1268,8 +1274,18 @@ extern "C" __global__ void __launch_bounds__(kWsThreads, 1) ssd2_chunk_scan_ws(c
             float cl2[2];
             int seg_l[2], l_of[2];
             row_terms(m0 + r0, t.len, s_cum, s_seg, l_of, cl2, seg_l);
-            int sd = 0;
-            for (int j = 0; j <= i; ++j) {
+            // W x, software-pipelined: block j's four wgmma run while block j + 1's W is built in
+            // the other A buffer; the wait for block j - 1's group (which frees its buffer and its
+            // stage) follows block j's issue. The diagonal block's row factor g_l touches acc, so
+            // every group before it is waited for first. The blocks are unrolled for each row tile
+            // (j, its A buffer j % 2 and whether it is the diagonal compile-time): where ptxas
+            // cannot prove a group finished before acc or an A buffer is written (a run-time
+            // buffer index, a wait under a run-time condition), it waits after every HGMMA of the
+            // kernel.
+            u32 ab[2][4][4];
+            int sd = 0, prev = 0;
+            auto block = [&](auto jc, auto ic) {
+                constexpr int kJ = decltype(jc)::value, kI = decltype(ic)::value, kBuf = kJ & 1;
                 mbar_wait(full(s), ph);
                 // CB (rows r0, r0 + 8; columns 8 jn + t2, + 1) from the two swizzled boxes: column
                 // col of row r in box col / 32 at r * 128 + ((chunk ^ (r % 8)) << 4) + 4 (col % 4),
@@ -1286,21 +1302,47 @@ extern "C" __global__ void __launch_bounds__(kWsThreads, 1) ssd2_chunk_scan_ws(c
                         cbv[jn][2 * hh] = v.x;
                         cbv[jn][2 * hh + 1] = v.y;
                     }
-                u32 a[4][4];
-                if (j < i) {
+                if constexpr (kJ < kI) {
 #pragma unroll
-                    for (int k4 = 0; k4 < 4; ++k4) w_frag_cbf(a[k4], cbv, k4, j * kRows, s_f);
+                    for (int k4 = 0; k4 < 4; ++k4) w_frag_cbf(ab[kBuf][k4], cbv, k4, kJ * kRows, s_f);
                 } else {
+                    wgmma_wait<0>();
+                    reg_fence(d);
+                    if constexpr (kJ > 0) mbar_arrive(empty(prev));
 #pragma unroll
                     for (int hh = 0; hh < 2; ++hh) scale_row(acc, hh, ex2(cl2[hh] - cl2_m0));
 #pragma unroll
                     for (int k4 = 0; k4 < 4; ++k4)
-                        w_frag_masked(a[k4], cbv, k4, j * kRows, l_of, cl2, seg_l, t.len, s_lw, s_seg);
+                        w_frag_masked(ab[kBuf][k4], cbv, k4, kJ * kRows, l_of, cl2, seg_l, t.len, s_lw, s_seg);
                 }
-                wx_wgmma(acc, a, stage(s));
-                if (j < i) mbar_arrive(empty(s));
-                else sd = s;
+                const u64 dx = wgmma_desc(stage(s), 64 * 128, 1024);
+                wgmma_fence();
+#pragma unroll
+                for (int k4 = 0; k4 < 4; ++k4) wgmma_rs<64, DT, 1>(d, ab[kBuf][k4], desc_at(dx, k4 * 16 * 128), 1);
+                wgmma_commit();
+                if constexpr (kJ < kI) {
+                    wgmma_wait<1>();  // block j - 1's group: its A buffer and stage are free
+                    if constexpr (kJ > 0) mbar_arrive(empty(prev));
+                    prev = s;
+                } else {
+                    sd = s;  // (the diagonal block's stage stays for the epilogue)
+                }
                 if (++s == kWsStages) s = 0, ph ^= 1;
+            };
+            auto blocks = [&](auto ic) {
+                constexpr int kI = decltype(ic)::value;
+                block(Int<0>{}, ic);
+                if constexpr (kI >= 1) block(Int<1>{}, ic);
+                if constexpr (kI >= 2) block(Int<2>{}, ic);
+                if constexpr (kI >= 3) block(Int<3>{}, ic);
+                wgmma_wait<0>();
+                reg_fence(d);
+            };
+            switch (i) {
+                case 0: blocks(Int<0>{}); break;
+                case 1: blocks(Int<1>{}); break;
+                case 2: blocks(Int<2>{}); break;
+                default: blocks(Int<3>{}); break;
             }
             // epilogue: D x from the diagonal block's x tile (its stage released after), store
             store_y<true>(q, acc, (const u16*)(ring + sd * kWsStageBytes), nullptr, s_d, t.b, t.h, c0 + m0, t.len - m0,
