@@ -1071,7 +1071,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan_one(co
 // block as 64 bulk copies of its 256-byte rows, the warp's lanes two each: 585 us at b8 L2048
 // against ssd2_chunk_scan's 320, the TMA unit's request rate the limit.)
 // Ring stage (24 KB, 1024-aligned): [0, 8 KB) the x tile, or C.H^T's C tile; [8 KB, 24 KB) the CB
-// block's two boxes (columns 0-31, 32-63), or C.H^T's H tile in its first 8 KB. Every stage is released
+// block's two boxes (columns 0-31, 32-63), or C.H^T's H tile in its first 8 KB.
+// MEASURED 2026-12-04 (H200, same lease, tools/ssd_profile.py, b8 L2048 80 x 64, state 128, bf16,
+// no z; benches/results/2026-12-04-h200-ssd-scan-ws/): the CB rows by bulk copies 585 us; the CB
+// boxes by TMA 333 us; W x pipelined (below) 319.8 / 321.5 against ssd2_chunk_scan's 320.5 /
+// 320.3 (L8192: 1271.5): level, with 35% fewer instructions (99.9 M against 152.9 M, ncu) at 2.5
+// warps a scheduler (3.9 for ssd2_chunk_scan's four CTAs an SM), stalled on the long scoreboard
+// (1.97 cycles an instruction: the ring's mbarrier waits) and the short one (1.33). So it is an
+// opt-in (FLASHSCAN_SSD_SCAN_WS=1, src/ops/ssd_scan_ws.rs) until more warpgroups an SM (three
+// consumers under setmaxnreg, or two CTAs with smaller rings) or fewer bytes a unit (C B^T and C
+// shared by the heads of a group, TMA multicast in a cluster) move it ahead. Every stage is released
 // by all 128 threads of its warpgroup (an empty barrier of 128 arrivals) after their last read: the
 // diagonal block's after the epilogue, which reads its x tile for D x.
 #if FS_SSD_STATE_WGMMA && FS_CHUNK == 256

@@ -473,7 +473,8 @@ def ssd_fwd2_cases() -> int:
     (headdim 40, dstate 24) and on its element path (headdim 33, dstate 20: rows not 16-byte
     aligned), and headdim 64 / dstate 200 (four C.H^T steps through both stages). With and without
     seq_idx: blocks below the diagonal of a call without it skip the mask; chunk 256 without seq_idx
-    also without z (sm_90a: the warp-specialised chunk outputs, ssd2_chunk_scan_ws)."""
+    also without z, on sm_90a through the warp-specialised chunk outputs (ssd2_chunk_scan_ws,
+    FLASHSCAN_SSD_SCAN_WS=1)."""
     bad = 0
     os.environ["FLASHSCAN_SSD_FWD"] = "2"
     try:
@@ -491,7 +492,10 @@ def ssd_fwd2_cases() -> int:
             C = (torch.randn(b, L, g, n, device="cuda") * 0.5).to(dtype)
             D = torch.randn(h, p, device="cuda")
             # chunk 256 without seq_idx and z: on sm_90a the warp-specialised chunk outputs
-            z = None if chunk == 256 and not cut else torch.randn_like(x)
+            # (FLASHSCAN_SSD_SCAN_WS=1, read on every call)
+            ws = chunk == 256 and not cut
+            z = None if ws else torch.randn_like(x)
+            os.environ["FLASHSCAN_SSD_SCAN_WS"] = "1" if ws else "0"
             init = torch.randn(b, h, p, n, device="cuda")
             seq_idx = (torch.arange(L, device="cuda") >= chunk + 5).to(torch.int32)[None]
             seq_idx = seq_idx.repeat(b, 1)
@@ -518,6 +522,7 @@ def ssd_fwd2_cases() -> int:
                     bad += 1
     finally:
         os.environ.pop("FLASHSCAN_SSD_FWD", None)
+        os.environ.pop("FLASHSCAN_SSD_SCAN_WS", None)
     return bad
 
 

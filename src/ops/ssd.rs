@@ -977,7 +977,8 @@ impl<'a> Launch2<'a> {
     /// # Safety
     /// As `one`'s.
     unsafe fn scan(&self, q: &Ssd2Params, p: &Problem, fused: bool) -> Result<()> {
-        // sm_90a, chunk 256, the layer's call (no z, no seq_idx): the warp-specialised kernel
+        // FLASHSCAN_SSD_SCAN_WS=1 on sm_90a, chunk 256, the layer's call (no z, no seq_idx): the
+        // warp-specialised kernel (`ssd_scan_ws`; level with ssd2_chunk_scan, so opt-in)
         // SAFETY: as the caller's
         if !fused
             && unsafe {

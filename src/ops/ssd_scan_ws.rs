@@ -44,10 +44,12 @@ pub struct Ssd2WsParams {
 const _: () = assert!(std::mem::offset_of!(Ssd2WsParams, q) == 512);
 const _: () = assert!(std::mem::size_of::<Ssd2WsParams>() == 1152);
 
-/// `FLASHSCAN_SSD_SCAN_WS=0`: keep `ssd2_chunk_scan` everywhere (A/B runs).
-fn ws_off() -> bool {
-    static O: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *O.get_or_init(|| std::env::var("FLASHSCAN_SSD_SCAN_WS").as_deref() == Ok("0"))
+/// `FLASHSCAN_SSD_SCAN_WS=1` opts in (off by default: measured level with `ssd2_chunk_scan` on
+/// the H200, 2026-12-04, b8 L2048 80 x 64, state 128: 319.8 / 321.5 us against 320.5 / 320.3,
+/// L8192 1271.5). Read on every call, not once, so that one process (the GPU tests, the
+/// sanitizer cases) can run both kernels.
+fn ws_on() -> bool {
+    std::env::var("FLASHSCAN_SSD_SCAN_WS").as_deref() == Ok("1")
 }
 
 /// Whether a call's chunk outputs can take the kernel: sm_90a, chunk 256, no z and no seq_idx
@@ -65,7 +67,6 @@ pub fn applies(q: &Ssd2Params, p: &Problem, chunk: i64, arch: i64) -> bool {
         && q.cb % 16 == 0
         && q.prep % 16 == 0
         && units(p).is_some()
-        && !ws_off()
 }
 
 /// The kernel's units: (batch, chunk, head, 64-channel tile), when their count fits an int.
@@ -154,7 +155,7 @@ pub unsafe fn launch(
     arch: i64,
     st: Stream,
 ) -> Result<bool> {
-    if !applies(q, p, chunk, arch) {
+    if !ws_on() || !applies(q, p, chunk, arch) {
         return Ok(false);
     }
     let Some(nunits) = units(p) else {
@@ -189,6 +190,34 @@ mod tests {
         // the kernel's kWsSmemBytes for chunk 256: 1024 + 208384 + 192
         assert_eq!(SMEM_BYTES, 209_600);
         const { assert!(SMEM_BYTES <= 227 * 1024) };
+    }
+
+    #[test]
+    fn applies_to_the_layer_call_on_sm90_at_chunk_256_only() {
+        let p = super::super::ssd::LAYER_2K;
+        let q = Ssd2Params {
+            vec_x: 1,
+            vec_bc: 1,
+            vec_states: 1,
+            cb: 0x1000,
+            prep: 0x2000,
+            ..Default::default()
+        };
+        assert!(applies(&q, &p, 256, 90));
+        assert!(!applies(&q, &p, 128, 90));
+        assert!(!applies(&q, &p, 256, 80));
+        let mut z = q;
+        z.p.has_z = 1;
+        assert!(!applies(&z, &p, 256, 90));
+        let mut seq = q;
+        seq.p.has_seq = 1;
+        assert!(!applies(&seq, &p, 256, 90));
+        let mut odd = q;
+        odd.vec_x = 0; // rows not 16-byte multiples: no tensor map
+        assert!(!applies(&odd, &p, 256, 90));
+        let mut prep = q;
+        prep.prep = 0x2008;
+        assert!(!applies(&prep, &p, 256, 90));
     }
 
     #[test]
