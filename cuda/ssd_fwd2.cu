@@ -193,7 +193,10 @@ struct Ssd2Params {
     const int* cu_seqlens;
     float* varlen;
     i64 varlen_s[4];
-    int nseq, pad_;
+    int nseq;
+    // 1: ssd2_chunk_cb writes C B^T in x's dtype (rows of kQ 16-bit values) for
+    // ssd2_chunk_scan_ws; 0: fp32 (every other reader)
+    int cb16;
 };
 static_assert(sizeof(Ssd2Params) == 592, "Ssd2Params layout changed: update the host mirror");
 
@@ -308,7 +311,19 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd2_chunk_cb(const Ssd2P
         }
         __syncthreads();
     }
-    float* out = q.cb + (((b * p.nchunks + c) * p.ngroups + g) * kQ + i * kRows) * kQ + j * kRows;
+    const i64 o = (((b * p.nchunks + c) * p.ngroups + g) * kQ + i * kRows) * kQ + j * kRows;
+    if (q.cb16) {  // (ssd2_chunk_scan_ws: W is rounded to x's dtype from these, as the baseline's)
+        u16* out = (u16*)q.cb + o;
+#pragma unroll
+        for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = acc_row(2 * h), col = acc_col(jn, 0);
+                *(u32*)(out + r * kQ + col) = pack2<DT>(acc[jn][2 * h], acc[jn][2 * h + 1]);
+            }
+        return;
+    }
+    float* out = q.cb + o;
 #pragma unroll
     for (int jn = 0; jn < 8; ++jn)
 #pragma unroll
@@ -1050,74 +1065,80 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan_one(co
 // ---- 3''. chunk outputs, warp-specialised (sm_90a, chunk 256, no seq_idx, no z) -------------------
 // The same products as ssd2_chunk_scan (C.H^T on wgmma from two swizzled 64 x 64 tiles a 64-state
 // step, then W x, W = CB f below the diagonal with the decay factored at the tile's first row, the
-// masked W on it), but no consumer thread issues a load: two producer warps stream every operand
+// masked W on it), but no consumer thread issues a load: producer warps stream every operand
 // through shared-memory rings with mbarriers, one ring per consumer warpgroup, so the products of a
 // block run while the next blocks (and the next unit's) are in flight. Why: ssd2_chunk_scan's CTAs
 // wait on their own cp.async loads at every step (ncu 2026-11-29: issue 49%, 0.86 eligible warps
 // a scheduler; the waits for the loop top's CB / x block, the prologue's and the exit's drain held
-// ~35% of the stall samples) and spend a fifth of their instructions forming load addresses.
+// ~35% of the stall samples) and spend a third of their instructions on loads and their addresses.
 //
-// Work: a unit is (batch, chunk, head, 64-channel tile); the grid (one CTA an SM) walks the units
-// in that order, consecutive CTAs on the same (batch, chunk), whose C B^T and C stay in L2. In a
-// unit, consumer warpgroup 0 takes the 64-row tiles 3 and 0 of the chunk, warpgroup 1 tiles 2 and
-// 1: 5 source blocks and 2 C.H^T tiles each. Threads: warpgroup 0 = warps 0-3, warpgroup 1 = warps
-// 4-7 (each owns its 64 x 64 accumulator as ssd2_chunk_scan's four warps do), warp 8 the producer
-// of warpgroup 0's ring, warp 9 of warpgroup 1's.
-// Loads, all issued by lane 0 of the producer warp: x, C and H by TMA (SWIZZLE_128B boxes of
-// 64 x 64, the layout of load_tile_sw: zero fill past the tensors' ends stands for the row /
-// column checks), each 64 x 64 fp32 block of C B^T as two TMA boxes of 64 rows x 32 floats (128
-// bytes, the swizzle's span: a quad's float2 reads of 8 rows hit every bank twice, two wavefronts),
-// the unit's prep record (lw, cum: no seq_idx, so no seg) as one bulk copy. (First form: the CB
-// block as 64 bulk copies of its 256-byte rows, the warp's lanes two each: 585 us at b8 L2048
-// against ssd2_chunk_scan's 320, the TMA unit's request rate the limit.)
-// Ring stage (24 KB, 1024-aligned): [0, 8 KB) the x tile, or C.H^T's C tile; [8 KB, 24 KB) the CB
-// block's two boxes (columns 0-31, 32-63), or C.H^T's H tile in its first 8 KB.
+// Work: a unit is (batch, chunk, head, 64-channel tile): its four 64-row tiles, the longest (3)
+// first, each C.H^T and then its 1..4 source blocks. One CTA an SM; consumer warpgroup ci (1..3 =
+// warps 4-15, each owning its 64 x 64 accumulator as ssd2_chunk_scan's four warps do) walks units
+// ci' + 3 blockIdx.x, + 3 gridDim.x, ... (ci' = ci - 1), in (batch, chunk, head, channel tile)
+// order, so the SMs at work share a (batch, chunk) and its C B^T and C stay in L2. Warpgroup 0
+// produces: after setmaxnreg (24 registers there, 160 for the consumers) lane 0 of its warp w
+// issues every load of consumer w's ring; warp 3 leaves.
+// Loads: x, C, H and the C B^T block by TMA (SWIZZLE_128B boxes of 64 x 64 16-bit values, the
+// layout of load_tile_sw: zero fill past the tensors' ends stands for the row / column checks),
+// the unit's prep record (lw, cum: no seq_idx, so no seg) as one bulk copy. C B^T comes in x's
+// dtype (ssd2_chunk_cb's `cb16` form: bf16 only, set by the host): W is rounded to x's dtype from
+// it, as the tests' same-precision baseline forms it, and a stage is 16 KB, so three consumers'
+// rings of four fit.
+// Ring stage (16 KB, 1024-aligned): [0, 8 KB) the x tile, or C.H^T's C tile; [8 KB, 16 KB) the
+// C B^T block, or C.H^T's H tile. Every stage is released by all 128 threads of its warpgroup (an
+// empty barrier of 128 arrivals) after their last read: the diagonal block's after the epilogue,
+// which reads its x tile for D x.
 // MEASURED 2026-12-04 (H200, same lease, tools/ssd_profile.py, b8 L2048 80 x 64, state 128, bf16,
-// no z; benches/results/2026-12-04-h200-ssd-scan-ws/): the CB rows by bulk copies 585 us; the CB
-// boxes by TMA 333 us; W x pipelined (below) 319.8 / 321.5 against ssd2_chunk_scan's 320.5 /
-// 320.3 (L8192: 1271.5): level, with 35% fewer instructions (99.9 M against 152.9 M, ncu) at 2.5
+// no z; benches/results/2026-12-04-h200-scan-wide-ssd-ws/), with two consumer warpgroups and fp32
+// C B^T: its rows by bulk copies 585 us (the TMA unit's request rate the limit); as two swizzled
+// 64 x 32 fp32 boxes 333 us; W x pipelined (below) 319.8 / 321.5 against ssd2_chunk_scan's 320.5
+// / 320.3 (L8192: 1271.5): level, with 35% fewer instructions (99.9 M against 152.9 M, ncu) at 2.5
 // warps a scheduler (3.9 for ssd2_chunk_scan's four CTAs an SM), stalled on the long scoreboard
-// (1.97 cycles an instruction: the ring's mbarrier waits) and the short one (1.33). So it is an
-// opt-in (FLASHSCAN_SSD_SCAN_WS=1, src/ops/ssd_scan_ws.rs) until more warpgroups an SM (three
-// consumers under setmaxnreg, or two CTAs with smaller rings) or fewer bytes a unit (C B^T and C
-// shared by the heads of a group, TMA multicast in a cluster) move it ahead. Every stage is released
-// by all 128 threads of its warpgroup (an empty barrier of 128 arrivals) after their last read: the
-// diagonal block's after the epilogue, which reads its x tile for D x.
+// (1.97 cycles an instruction: the ring's mbarrier waits) and the short one (1.33): hence the
+// third consumer. An opt-in (FLASHSCAN_SSD_SCAN_WS=1, src/ops/ssd_scan_ws.rs) while not ahead.
 #if FS_SSD_STATE_WGMMA && FS_CHUNK == 256
 #include "common/tma.cuh"
 
-// A compile-time int for a generic lambda's argument (the W x loop's A buffer).
+// A compile-time int for a generic lambda's argument (the W x loop's block and A buffer).
 template <int N>
 struct Int {
     static constexpr int value = N;
 };
 
+constexpr int kWsConsumers = 3;                       // consumer warpgroups (1, 2, 3; 0 produces)
+constexpr int kWsThreads = (kWsConsumers + 1) * kThreads;
+constexpr int kWsProducerRegs = 24, kWsConsumerRegs = 160;  // setmaxnreg: 128 x 24 + 384 x 160
+// W x software-pipelined (two A buffers, block j's group in flight while block j + 1's W is
+// built): ptxas allocates the whole kernel within __launch_bounds__'s 128 registers whatever
+// setmaxnreg grants at run time, and the second buffer spilled there (48 bytes of stack), so with
+// three consumers each block is waited for at once.
+constexpr bool kWsPipe = false;
 constexpr int kWsStages = 4;
-constexpr int kWsStageBytes = kRows * 64 * 2 + kRows * 64 * 4;  // 8192 + 16384
-constexpr int kWsPrepBytes = 2 * kQ * 4;                           // lw, cum
-constexpr int kWsConsumers = 2 * kThreads;
-constexpr int kWsThreads = kWsConsumers + 64;
+constexpr int kWsTile = kRows * 64 * 2;               // one 64 x 64 16-bit tile, swizzled
+constexpr int kWsStageBytes = 2 * kWsTile;            // x + the C B^T block, or C + H
+constexpr int kWsPrepBytes = 2 * kQ * 4;              // lw, cum
 static_assert(kWsStageBytes % 1024 == 0, "ring stages must keep the 1024-byte swizzle alignment");
-static_assert(kNb == 4, "the warpgroups' row tiles {3, 0} and {2, 1} are chunk 256's");
+static_assert(kNb == 4, "the row tiles' unrolled W x loops are chunk 256's");
 
-// Dynamic shared memory of ssd2_chunk_scan_ws (host: ssd::WS_SMEM_BYTES): the two rings, then per
-// warpgroup two prep buffers, s_f (kQ floats) and s_d (64 floats), a zero seg row (kQ ints), the
+// Dynamic shared memory of ssd2_chunk_scan_ws (host: ssd_scan_ws::SMEM_BYTES): the rings, then per
+// consumer two prep buffers, s_f (kQ floats) and s_d (64 floats), a zero seg row (kQ ints), the
 // mbarriers; plus 1024 bytes to align the rings.
 constexpr int kWsRingBytes = kWsStages * kWsStageBytes;
-constexpr int kWsPrepOff = 2 * kWsRingBytes;
-constexpr int kWsFOff = kWsPrepOff + 2 * 2 * kWsPrepBytes;
-constexpr int kWsDOff = kWsFOff + 2 * kQ * 4;
-constexpr int kWsSegOff = kWsDOff + 2 * 64 * 4;
+constexpr int kWsPrepOff = kWsConsumers * kWsRingBytes;
+constexpr int kWsFOff = kWsPrepOff + kWsConsumers * 2 * kWsPrepBytes;
+constexpr int kWsDOff = kWsFOff + kWsConsumers * kQ * 4;
+constexpr int kWsSegOff = kWsDOff + kWsConsumers * 64 * 4;
 constexpr int kWsBarOff = kWsSegOff + kQ * 4;
-constexpr int kWsBars = 2 * (2 * kWsStages + 4);  // per warpgroup: full, empty, prep full, prep empty
-constexpr int kWsSmemBytes = 1024 + kWsBarOff + 8 * kWsBars;
+constexpr int kWsBarsPer = 2 * kWsStages + 4;  // full, empty, prep full, prep empty
+constexpr int kWsSmemBytes = 1024 + kWsBarOff + 8 * kWsConsumers * kWsBarsPer;
 
 // The kernel's one parameter (host mirror: Ssd2WsParams in src/ops/ssd_scan_ws.rs): maps first.
 struct Ssd2WsParams {
     fs::TensorMap tm_x;   // x (headdim, nheads, seqlen, batch), box 64 x 1 x 64 x 1
     fs::TensorMap tm_c;   // C (dstate, ngroups, seqlen, batch), box 64 x 1 x 64 x 1
     fs::TensorMap tm_h;   // the 16-bit H_c (dstate, headdim, nheads, batch * nchunks), box 64 x 64 x 1 x 1
-    fs::TensorMap tm_cb;  // C B^T fp32 (kQ, batch * nchunks * ngroups * kQ rows), box 32 x 64
+    fs::TensorMap tm_cb;  // C B^T in x's dtype (kQ, batch * nchunks * ngroups * kQ rows), box 64 x 64
     Ssd2Params q;
     int nunits;  // batch * nchunks * nheads * ceil(headdim / 64)
 };
@@ -1128,29 +1149,31 @@ extern "C" __global__ void __launch_bounds__(kWsThreads, 1) ssd2_chunk_scan_ws(c
     extern __shared__ __align__(16) unsigned char ws_raw[];
     unsigned char* const sm = align_smem_1024(ws_raw);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const bool producer = warp >= 8;
-    const int wg = producer ? warp - 8 : warp >> 2;
-    unsigned char* const ring = sm + wg * kWsRingBytes;
+    const int wgi = warp >> 2;  // warpgroup: 0 produces, 1.. consume
+    const bool producer = wgi == 0;
+    // the ring this thread serves: producer warp w < kWsConsumers serves consumer w's
+    const int ci = producer ? warp : wgi - 1;
+    unsigned char* const ring = sm + min(ci, kWsConsumers - 1) * kWsRingBytes;
     auto stage = [&](int s) { return smem_u32(ring + s * kWsStageBytes); };
-    const u32 bars = smem_u32(sm + kWsBarOff) + wg * (2 * kWsStages + 4) * 8;
+    const u32 bars = smem_u32(sm + kWsBarOff) + min(ci, kWsConsumers - 1) * kWsBarsPer * 8;
     auto full = [&](int s) { return bars + 8 * s; };
     auto empty = [&](int s) { return bars + 8 * (kWsStages + s); };
     auto pfull = [&](int k) { return bars + 8 * (2 * kWsStages + k); };
     auto pempty = [&](int k) { return bars + 8 * (2 * kWsStages + 2 + k); };
-    float* const prep_buf = (float*)(sm + kWsPrepOff + wg * 2 * kWsPrepBytes);  // two records of 2 kQ
-    float* const s_f = (float*)(sm + kWsFOff) + wg * kQ;
-    float* const s_d = (float*)(sm + kWsDOff) + wg * 64;
+    float* const prep_buf = (float*)(sm + kWsPrepOff) + min(ci, kWsConsumers - 1) * 2 * 2 * kQ;
+    float* const s_f = (float*)(sm + kWsFOff) + min(ci, kWsConsumers - 1) * kQ;
+    float* const s_d = (float*)(sm + kWsDOff) + min(ci, kWsConsumers - 1) * 64;
     int* const s_seg = (int*)(sm + kWsSegOff);
 
     if (threadIdx.x == 0) {
         u32 dyn;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-        if (dyn < (u32)kWsSmemBytes) __trap();  // the host's ssd::ssd_scan_ws::SMEM_BYTES is off
-        for (int w = 0; w < 2; ++w) {
-            const u32 bw = smem_u32(sm + kWsBarOff) + w * (2 * kWsStages + 4) * 8;
+        if (dyn < (u32)kWsSmemBytes) __trap();  // the host's ssd_scan_ws::SMEM_BYTES is off
+        for (int w = 0; w < kWsConsumers; ++w) {
+            const u32 bw = smem_u32(sm + kWsBarOff) + w * kWsBarsPer * 8;
             for (int s = 0; s < kWsStages; ++s) {
-                mbar_init(bw + 8 * s, 1);                         // full: the producer's expect_tx
-                mbar_init(bw + 8 * (kWsStages + s), kThreads);    // empty: the warpgroup's threads
+                mbar_init(bw + 8 * s, 1);                       // full: the producer's expect_tx
+                mbar_init(bw + 8 * (kWsStages + s), kThreads);  // empty: the consumer's threads
             }
             for (int k = 0; k < 2; ++k) {
                 mbar_init(bw + 8 * (2 * kWsStages + k), 1);
@@ -1165,9 +1188,6 @@ extern "C" __global__ void __launch_bounds__(kWsThreads, 1) ssd2_chunk_scan_ws(c
     const int npt = (int)((p.headdim + 63) / 64), nh = (int)p.nheads, nc = (int)p.nchunks;
     const int heads_per_group = nh / (int)p.ngroups;
     const int ds = (int)p.dstate, nsteps = (ds + 63) / 64;
-    // this warpgroup's row tiles of a unit, the longer first: {3, 0} or {2, 1} (a function, not
-    // an array: a run-time index into one put it on the stack)
-    auto row_tile = [&](int ti) { return ti == 0 ? 3 - wg : wg; };
     struct Unit {
         int b, c, h, g, p0, len;
         bool has_h;
@@ -1185,65 +1205,60 @@ extern "C" __global__ void __launch_bounds__(kWsThreads, 1) ssd2_chunk_scan_ws(c
         t.has_h = t.c > 0 || p.has_init;
         return t;
     };
+    // consumer ci's units: ci + kWsConsumers * blockIdx.x, then every kWsConsumers * gridDim.x on
+    const int u0 = blockIdx.x * kWsConsumers + ci, ustep = gridDim.x * kWsConsumers;
 
     if (producer) {
-        if (lane == 0) {
-            tma_prefetch_map(&P.tm_x);
-            tma_prefetch_map(&P.tm_c);
-            tma_prefetch_map(&P.tm_h);
-            tma_prefetch_map(&P.tm_cb);
-        }
+        setmaxnreg_dec<kWsProducerRegs>();
+        if (warp >= kWsConsumers || lane != 0) return;  // one thread issues a ring's every load
+        tma_prefetch_map(&P.tm_x);
+        tma_prefetch_map(&P.tm_c);
+        tma_prefetch_map(&P.tm_h);
+        tma_prefetch_map(&P.tm_cb);
         int s = 0;
         u32 ph = 0;
         int k = 0;
-        for (int u = blockIdx.x; u < P.nunits; u += gridDim.x, ++k) {
+        for (int u = u0; u < P.nunits; u += ustep, ++k) {
             const Unit t = unit(u);
             const int c0 = t.c * kQ, pb = k & 1;
             const i64 bh = (i64)t.b * nh + t.h;
-            if (lane == 0) {
-                mbar_wait(pempty(pb), ((k >> 1) & 1) ^ 1);
-                mbar_arrive_expect_tx(pfull(pb), kWsPrepBytes);
-                bulk_load(smem_u32(prep_buf + pb * 2 * kQ), q.prep + (bh * nc + t.c) * 3 * kQ, kWsPrepBytes, pfull(pb));
-            }
-            for (int ti = 0; ti < 2; ++ti) {
-                const int i = row_tile(ti), m0 = i * kRows;
-                if (m0 >= t.len) continue;  // (the consumers skip the same tiles)
+            mbar_wait(pempty(pb), ((k >> 1) & 1) ^ 1);
+            mbar_arrive_expect_tx(pfull(pb), kWsPrepBytes);
+            bulk_load(smem_u32(prep_buf + pb * 2 * kQ), q.prep + (bh * nc + t.c) * 3 * kQ, kWsPrepBytes, pfull(pb));
+            for (int i = kNb - 1; i >= 0; --i) {
+                const int m0 = i * kRows;
+                if (m0 >= t.len) continue;  // (the consumer skips the same tiles)
                 if (t.has_h) {
                     for (int kk = 0; kk < nsteps; ++kk) {
-                        if (lane == 0) {
-                            mbar_wait(empty(s), ph ^ 1);
-                            mbar_arrive_expect_tx(full(s), 2 * kRows * 64 * 2);
-                            tma_load_4d(stage(s), &P.tm_c, 64 * kk, t.g, c0 + m0, t.b, full(s));
-                            tma_load_4d(stage(s) + kRows * 64 * 2, &P.tm_h, 64 * kk, t.p0, t.h, t.b * nc + t.c, full(s));
-                        }
+                        mbar_wait(empty(s), ph ^ 1);
+                        mbar_arrive_expect_tx(full(s), kWsStageBytes);
+                        tma_load_4d(stage(s), &P.tm_c, 64 * kk, t.g, c0 + m0, t.b, full(s));
+                        tma_load_4d(stage(s) + kWsTile, &P.tm_h, 64 * kk, t.p0, t.h, t.b * nc + t.c, full(s));
                         if (++s == kWsStages) s = 0, ph ^= 1;
                     }
                 }
                 const int cb_row = ((t.b * nc + t.c) * (int)p.ngroups + t.g) * kQ + m0;
                 for (int j = 0; j <= i; ++j) {
-                    if (lane == 0) {
-                        mbar_wait(empty(s), ph ^ 1);
-                        mbar_arrive_expect_tx(full(s), kWsStageBytes);  // x, then the CB block's two boxes
-                        tma_load_4d(stage(s), &P.tm_x, t.p0, t.h, c0 + j * kRows, t.b, full(s));
-                        tma_load_4d(stage(s) + kRows * 64 * 2, &P.tm_cb, j * kRows, cb_row, 0, 0, full(s));
-                        tma_load_4d(stage(s) + kRows * 64 * 2 + kRows * 128, &P.tm_cb, j * kRows + 32, cb_row, 0, 0,
-                                    full(s));
-                    }
+                    mbar_wait(empty(s), ph ^ 1);
+                    mbar_arrive_expect_tx(full(s), kWsStageBytes);  // x, then the C B^T block
+                    tma_load_4d(stage(s), &P.tm_x, t.p0, t.h, c0 + j * kRows, t.b, full(s));
+                    tma_load_4d(stage(s) + kWsTile, &P.tm_cb, j * kRows, cb_row, 0, 0, full(s));
                     if (++s == kWsStages) s = 0, ph ^= 1;
                 }
             }
         }
         return;
     }
+    setmaxnreg_inc<kWsConsumerRegs>();
 
-    // ---- consumers: warpgroup wg, its thread tid owns rows r0, r0 + 8 of the tile (warp cw's 16)
+    // ---- consumer ci: its thread tid owns rows r0, r0 + 8 of the tile (warp cw's 16)
     const int tid = threadIdx.x & (kThreads - 1), cw = tid >> 5, t2 = 2 * (lane & 3);
     const int r0 = 16 * cw + (lane >> 2);
-    const u32 bar_id = 1 + wg;  // the warpgroup's named barrier (0 is __syncthreads)
+    const u32 bar_id = 1 + ci;  // the warpgroup's named barrier (0 is __syncthreads)
     int s = 0;
     u32 ph = 0;
     int k = 0;
-    for (int u = blockIdx.x; u < P.nunits; u += gridDim.x, ++k) {
+    for (int u = u0; u < P.nunits; u += ustep, ++k) {
         const Unit t = unit(u);
         const int c0 = t.c * kQ, pb = k & 1, hd = (int)p.headdim - t.p0;
         named_bar_sync(bar_id, kThreads);  // the last unit's readers of s_d and s_f are done
@@ -1251,12 +1266,14 @@ extern "C" __global__ void __launch_bounds__(kWsThreads, 1) ssd2_chunk_scan_ws(c
         mbar_wait(pfull(pb), (k >> 1) & 1);
         const float* s_lw = prep_buf + pb * 2 * kQ;
         const float* s_cum = s_lw + kQ;
-        for (int ti = 0; ti < 2; ++ti) {
-            const int i = row_tile(ti), m0 = i * kRows;
-            if (m0 >= t.len) continue;
+        // a row tile: C.H^T, then W x over its blocks (unrolled: kI compile-time), the epilogue
+        auto tile = [&](auto ic) {
+            constexpr int kI = decltype(ic)::value;
+            const int m0 = kI * kRows;
+            if (m0 >= t.len) return;
             // f_s = 2^(cl2_m0 - lw_s) for s < m0 (accumulate_cbf_x's factor), published with s_d
             const float cl2_m0 = s_cum[m0] * kLog2e;
-            if (ti > 0) named_bar_sync(bar_id, kThreads);  // the first tile's readers of s_f are done
+            if constexpr (kI < kNb - 1) named_bar_sync(bar_id, kThreads);  // the last tile's s_f readers
             for (int s2 = tid; s2 < m0; s2 += kThreads) s_f[s2] = ex2(cl2_m0 - s_lw[s2]);
             named_bar_sync(bar_id, kThreads);
             float acc[8][4];
@@ -1266,7 +1283,7 @@ extern "C" __global__ void __launch_bounds__(kWsThreads, 1) ssd2_chunk_scan_ws(c
                 for (int kk = 0; kk < nsteps; ++kk) {
                     mbar_wait(full(s), ph);
                     const u64 dc = wgmma_desc(stage(s), 16, 1024);
-                    const u64 dh = wgmma_desc(stage(s) + kRows * 64 * 2, 16, 1024);
+                    const u64 dh = wgmma_desc(stage(s) + kWsTile, 16, 1024);
                     wgmma_fence();
 #pragma unroll
                     for (int k4 = 0; k4 < 4; ++k4) wgmma_ss<64, DT, 0>(d, desc_at(dc, k4 * 32), desc_at(dh, k4 * 32), 1);
@@ -1284,30 +1301,25 @@ extern "C" __global__ void __launch_bounds__(kWsThreads, 1) ssd2_chunk_scan_ws(c
             int seg_l[2], l_of[2];
             row_terms(m0 + r0, t.len, s_cum, s_seg, l_of, cl2, seg_l);
             // W x, software-pipelined: block j's four wgmma run while block j + 1's W is built in
-            // the other A buffer; the wait for block j - 1's group (which frees its buffer and its
-            // stage) follows block j's issue. The diagonal block's row factor g_l touches acc, so
-            // every group before it is waited for first. The blocks are unrolled for each row tile
-            // (j, its A buffer j % 2 and whether it is the diagonal compile-time): where ptxas
-            // cannot prove a group finished before acc or an A buffer is written (a run-time
-            // buffer index, a wait under a run-time condition), it waits after every HGMMA of the
-            // kernel.
-            u32 ab[2][4][4];
+            // the other A buffer; the wait for block j - 1's group (which frees its buffer and
+            // its stage) follows block j's issue. The diagonal block's row factor g_l touches
+            // acc, so every group before it is waited for first. Unrolled (block, A buffer and
+            // diagonal compile-time): where ptxas cannot prove a group finished before acc or an
+            // A buffer is written (a run-time buffer index, a wait under a run-time condition),
+            // it waits after every HGMMA of the kernel.
+            u32 ab[kWsPipe ? 2 : 1][4][4];
             int sd = 0, prev = 0;
-            auto block = [&](auto jc, auto ic) {
-                constexpr int kJ = decltype(jc)::value, kI = decltype(ic)::value, kBuf = kJ & 1;
+            auto block = [&](auto jc) {
+                constexpr int kJ = decltype(jc)::value, kBuf = kWsPipe ? (kJ & 1) : 0;
                 mbar_wait(full(s), ph);
-                // CB (rows r0, r0 + 8; columns 8 jn + t2, + 1) from the two swizzled boxes: column
-                // col of row r in box col / 32 at r * 128 + ((chunk ^ (r % 8)) << 4) + 4 (col % 4),
-                // chunk = (col % 32) / 4
-                const unsigned char* s_cb = ring + s * kWsStageBytes + kRows * 64 * 2;
+                // C B^T (rows r0, r0 + 8; columns 8 jn + t2, + 1): a swizzled 16-bit tile
+                const unsigned char* s_cb = ring + s * kWsStageBytes + kWsTile;
                 float cbv[8][4];
 #pragma unroll
                 for (int jn = 0; jn < 8; ++jn)
 #pragma unroll
                     for (int hh = 0; hh < 2; ++hh) {
-                        const int r = r0 + 8 * hh, cc = 8 * (jn & 3) + t2;
-                        const float2 v = *(const float2*)(s_cb + (jn >> 2) * kRows * 128 + r * 128 +
-                                                          ((((cc >> 2) ^ (r & 7))) << 4) + (cc & 3) * 4);
+                        const float2 v = unpack2<DT>(*(const u32*)(s_cb + swz_offset(kRows, r0 + 8 * hh, 8 * jn + t2)));
                         cbv[jn][2 * hh] = v.x;
                         cbv[jn][2 * hh + 1] = v.y;
                     }
@@ -1315,9 +1327,11 @@ extern "C" __global__ void __launch_bounds__(kWsThreads, 1) ssd2_chunk_scan_ws(c
 #pragma unroll
                     for (int k4 = 0; k4 < 4; ++k4) w_frag_cbf(ab[kBuf][k4], cbv, k4, kJ * kRows, s_f);
                 } else {
-                    wgmma_wait<0>();
-                    reg_fence(d);
-                    if constexpr (kJ > 0) mbar_arrive(empty(prev));
+                    if constexpr (kWsPipe) {
+                        wgmma_wait<0>();
+                        reg_fence(d);
+                        if constexpr (kJ > 0) mbar_arrive(empty(prev));
+                    }
 #pragma unroll
                     for (int hh = 0; hh < 2; ++hh) scale_row(acc, hh, ex2(cl2[hh] - cl2_m0));
 #pragma unroll
@@ -1329,35 +1343,35 @@ extern "C" __global__ void __launch_bounds__(kWsThreads, 1) ssd2_chunk_scan_ws(c
 #pragma unroll
                 for (int k4 = 0; k4 < 4; ++k4) wgmma_rs<64, DT, 1>(d, ab[kBuf][k4], desc_at(dx, k4 * 16 * 128), 1);
                 wgmma_commit();
-                if constexpr (kJ < kI) {
+                if constexpr (!kWsPipe) {
+                    wgmma_wait<0>();
+                    reg_fence(d);
+                    if constexpr (kJ < kI) mbar_arrive(empty(s));
+                    else sd = s;  // (the diagonal block's stage stays for the epilogue)
+                } else if constexpr (kJ < kI) {
                     wgmma_wait<1>();  // block j - 1's group: its A buffer and stage are free
                     if constexpr (kJ > 0) mbar_arrive(empty(prev));
                     prev = s;
                 } else {
-                    sd = s;  // (the diagonal block's stage stays for the epilogue)
+                    sd = s;
                 }
                 if (++s == kWsStages) s = 0, ph ^= 1;
             };
-            auto blocks = [&](auto ic) {
-                constexpr int kI = decltype(ic)::value;
-                block(Int<0>{}, ic);
-                if constexpr (kI >= 1) block(Int<1>{}, ic);
-                if constexpr (kI >= 2) block(Int<2>{}, ic);
-                if constexpr (kI >= 3) block(Int<3>{}, ic);
-                wgmma_wait<0>();
-                reg_fence(d);
-            };
-            switch (i) {
-                case 0: blocks(Int<0>{}); break;
-                case 1: blocks(Int<1>{}); break;
-                case 2: blocks(Int<2>{}); break;
-                default: blocks(Int<3>{}); break;
-            }
+            block(Int<0>{});
+            if constexpr (kI >= 1) block(Int<1>{});
+            if constexpr (kI >= 2) block(Int<2>{});
+            if constexpr (kI >= 3) block(Int<3>{});
+            wgmma_wait<0>();
+            reg_fence(d);
             // epilogue: D x from the diagonal block's x tile (its stage released after), store
             store_y<true>(q, acc, (const u16*)(ring + sd * kWsStageBytes), nullptr, s_d, t.b, t.h, c0 + m0, t.len - m0,
                           t.p0, hd, r0, t2);
             mbar_arrive(empty(sd));
-        }
+        };
+        tile(Int<3>{});
+        tile(Int<2>{});
+        tile(Int<1>{});
+        tile(Int<0>{});
         mbar_arrive(pempty(pb));  // this unit's record is read
     }
 }

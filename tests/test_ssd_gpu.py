@@ -289,7 +289,7 @@ def test_forward_one_block_fused_cb(
 # states and past it, headdim / dstate tails that the TMA boxes zero-fill (40, 136 channels; 72
 # states), two p tiles, several groups, x / B / C as views of one wider projection (the Mamba-2
 # layer's split), and a split whose rows are not 16-byte multiples, which falls back to
-# `ssd2_chunk_scan`.
+# `ssd2_chunk_scan`, as fp16 does (bf16 only: its C B^T comes in x's dtype).
 # (dtype, ngroups, nheads, dstate, headdim, seqlen, initial states, split: None | pad columns)
 WS_CASES = [
     ("bfloat16", 1, 5, 128, 64, 1000, False, None),
@@ -330,7 +330,9 @@ def test_forward_warp_specialised(
     kw: dict[str, Any] = dict(chunk_size=256, dt_softplus=True, return_final_states=True)
     poison(2 * L * h * p * a["x"].element_size(), 2 * h * p * n * 4)
     (out, final), names = warm_forward_kernels(a, kw)
-    ws = split in (None, 0)  # rows of 16-byte multiples; pad 4 leaves them 8-byte aligned
+    # bf16 only (its C B^T comes in x's dtype); rows of 16-byte multiples (pad 4 leaves them
+    # 8-byte aligned)
+    ws = dt_name == "bfloat16" and split in (None, 0)
     assert ("ssd2_chunk_scan_ws" in names) == ws, sorted(names)
     assert ("ssd2_chunk_scan" in names) == (not ws), sorted(names)
     check_case(rule, out, final, a, 256, True)

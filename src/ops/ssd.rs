@@ -137,7 +137,8 @@ pub struct Ssd2Params {
     pub varlen: u64,
     pub varlen_s: [i64; 4],
     pub nseq: i32,
-    pub pad_: i32,
+    /// 1: ssd2_chunk_cb writes C B^T in x's dtype for ssd2_chunk_scan_ws (`ssd_scan_ws::plan`)
+    pub cb16: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<Ssd2Params>() == 592);
@@ -688,7 +689,7 @@ pub fn forward(a: &SsdArgs, stream: StreamChoice) -> Result<()> {
             varlen_s: a.varlen.map_or([0; 4], |v| s4(v.1)),
             // (checked: nseq fits in i32)
             nseq: a.varlen.map_or(0, |v| (v.0.shape[0] - 1) as i32),
-            pad_: 0,
+            cb16: 0,
         };
         // SAFETY: as below; cb was checked (shape, fp32, contiguous, no overlap).
         unsafe { launch2(dev, &q, &p, dtype, inp.chunk_size, arch, st)? };
@@ -774,7 +775,7 @@ pub(crate) unsafe fn launch_states2(
         varlen: 0,
         varlen_s: [0; 4],
         nseq: 0,
-        pad_: 0,
+        cb16: 0,
     };
     let launch = Launch2::new(dev, dtype, chunk, arch, st, p)?;
     if !with_states {
@@ -850,6 +851,13 @@ unsafe fn launch2(
     }
     // SAFETY: as the caller's; ssd2_chunk_prep writes the records before the state and scan
     // kernels read them (one stream), and they are freed after those launches.
+    // FLASHSCAN_SSD_SCAN_WS=1: the warp-specialised chunk outputs, which read C B^T in x's dtype
+    let ws = if fused {
+        None
+    } else {
+        ssd_scan_ws::plan(&q, p, dtype, chunk, arch)
+    };
+    q.cb16 = ws.is_some() as i32;
     let launched = (|| unsafe {
         launch.prep(&q, p)?;
         if !fused {
@@ -860,6 +868,9 @@ unsafe fn launch2(
         }
         if varlen {
             launch.varlen(&q, p)?;
+        }
+        if let Some(maps) = ws {
+            return ssd_scan_ws::launch(dev, &q, p, &maps, dtype, chunk, arch, st);
         }
         launch.scan(&q, p, fused)
     })();
@@ -977,16 +988,6 @@ impl<'a> Launch2<'a> {
     /// # Safety
     /// As `one`'s.
     unsafe fn scan(&self, q: &Ssd2Params, p: &Problem, fused: bool) -> Result<()> {
-        // FLASHSCAN_SSD_SCAN_WS=1 on sm_90a, chunk 256, the layer's call (no z, no seq_idx): the
-        // warp-specialised kernel (`ssd_scan_ws`; level with ssd2_chunk_scan, so opt-in)
-        // SAFETY: as the caller's
-        if !fused
-            && unsafe {
-                ssd_scan_ws::launch(self.dev, q, p, self.dtype, self.chunk, self.arch, self.st)?
-            }
-        {
-            return Ok(());
-        }
         let (entry, row_blocks) = if fused {
             (ENTRY2_SCAN_ONE, 1)
         } else {

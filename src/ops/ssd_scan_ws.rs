@@ -5,28 +5,30 @@
 //! launch; `ssd::Launch2::scan` falls back to `ssd2_chunk_scan` wherever `launch` declines.
 
 use super::ssd::{spec2, Problem, Ssd2Params};
-use crate::error::Result;
-use crate::runtime::driver::{encode_tensor_map_4d, encode_tensor_map_4d_of, MapElem};
+use crate::error::{value_err, Result};
+use crate::runtime::driver::encode_tensor_map_4d;
 use crate::runtime::{DeviceCtx, Stream};
 
 pub const ENTRY: &str = "ssd2_chunk_scan_ws";
 /// The chunk size the kernel is built for (its warpgroups take the row tiles {3, 0} and {2, 1}).
 pub const CHUNK: i64 = 256;
-const THREADS: u32 = 2 * 128 + 64;
-/// Ring stages a warpgroup and their bytes: the x (or C) tile, then a CB block as two swizzled
-/// 64 x 32 fp32 boxes (or the H tile); mirrors kWsStages / kWsStageBytes.
+/// Consumer warpgroups (and one producer warpgroup); mirrors kWsConsumers.
+const CONSUMERS: usize = 3;
+const THREADS: u32 = (CONSUMERS as u32 + 1) * 128;
+/// Ring stages a consumer and their bytes: the x (or C) tile, then the C B^T block (or the H
+/// tile), 64 x 64 16-bit each; mirrors kWsStages / kWsStageBytes.
 const STAGES: usize = 4;
-const STAGE_BYTES: usize = 64 * 64 * 2 + 64 * 64 * 4;
-/// Dynamic shared memory (cuda/ssd_fwd2.cu kWsSmemBytes): 1024 bytes of alignment slack, the two
-/// rings, two prep records (lw, cum) a warpgroup, s_f (chunk floats) and s_d (64 floats) a
-/// warpgroup, a zero seg row (chunk ints), 2 x (2 stages + 4) mbarriers.
+const STAGE_BYTES: usize = 2 * 64 * 64 * 2;
+/// Dynamic shared memory (cuda/ssd_fwd2.cu kWsSmemBytes): 1024 bytes of alignment slack, the
+/// rings, two prep records (lw, cum) a consumer, s_f (chunk floats) and s_d (64 floats) a
+/// consumer, a zero seg row (chunk ints), (2 stages + 4) mbarriers a consumer.
 pub const SMEM_BYTES: u32 = (1024
-    + 2 * STAGES * STAGE_BYTES
-    + 2 * 2 * (2 * CHUNK as usize * 4)
-    + 2 * CHUNK as usize * 4
-    + 2 * 64 * 4
+    + CONSUMERS * STAGES * STAGE_BYTES
+    + CONSUMERS * 2 * (2 * CHUNK as usize * 4)
+    + CONSUMERS * CHUNK as usize * 4
+    + CONSUMERS * 64 * 4
     + CHUNK as usize * 4
-    + 8 * 2 * (2 * STAGES + 4)) as u32;
+    + 8 * CONSUMERS * (2 * STAGES + 4)) as u32;
 
 /// Mirrors `struct Ssd2WsParams` in cuda/ssd_fwd2.cu: four tensor maps (64-byte aligned), the
 /// second path's parameter block, the unit count.
@@ -88,16 +90,17 @@ fn map_stride(size: i64, stride_elems: i64, elem_bytes: i64, inner_bytes: u64) -
 /// The four tensor maps: x (headdim, nheads, seqlen, batch), C (dstate, ngroups, seqlen, batch),
 /// the 16-bit H_c (dstate, headdim, nheads, batch * nchunks): the kept compact tensor (`h16`), or
 /// packed in place over each fp32 slot of the states workspace (rows of dstate 16-bit values,
-/// slots headdim x dstate floats apart), and the fp32 C B^T workspace as rows of CHUNK floats
-/// (batch * nchunks * ngroups * CHUNK of them), boxes of 64 rows x 32 columns (128 bytes: the
-/// swizzle's span; two a 64 x 64 block).
-fn maps(q: &Ssd2Params, p: &Problem, bf16: bool) -> Result<[[u64; 16]; 4]> {
+/// slots headdim x dstate floats apart), and C B^T in x's dtype (`cb16`) over the workspace's
+/// first half as rows of CHUNK values (batch * nchunks * ngroups * CHUNK of them), all in boxes
+/// of 64 x 64.
+fn maps(q: &Ssd2Params, p: &Problem) -> Result<[[u64; 16]; 4]> {
     let s = &q.p;
     let (hd, nh, l, b) = (p.headdim, p.nheads, p.seqlen, p.batch);
     let (ds, ng) = (p.dstate, p.ngroups);
     let sx1 = map_stride(nh, s.x_s[2], 2, (hd * 2) as u64);
     let sx2 = map_stride(l, s.x_s[1], 2, sx1 * nh as u64);
     let sx3 = map_stride(b, s.x_s[0], 2, sx2 * l as u64);
+    let bf16 = true; // (bf16 only: `plan`)
     let tm_x = encode_tensor_map_4d(
         s.x,
         bf16,
@@ -129,42 +132,53 @@ fn maps(q: &Ssd2Params, p: &Problem, bf16: bool) -> Result<[[u64; 16]; 4]> {
         [64, 64, 1, 1],
     )?;
     let rows = (b * p.nchunks * ng * CHUNK) as u64;
-    let row = (CHUNK * 4) as u64;
-    let tm_cb = encode_tensor_map_4d_of(
+    let row = (CHUNK * 2) as u64;
+    let tm_cb = encode_tensor_map_4d(
         q.cb,
-        MapElem::F32,
+        true,
         [CHUNK as u64, rows, 1, 1],
         [row, row * rows, row * rows],
-        [32, 64, 1, 1],
+        [64, 64, 1, 1],
     )?;
     Ok([tm_x, tm_c, tm_h, tm_cb])
 }
 
-/// Launches the chunk outputs on `ssd2_chunk_scan_ws` where `applies` holds and its tensor maps
-/// encode; Ok(false) (nothing launched) otherwise, for the caller's fallback.
-///
-/// # Safety
-/// `q` must describe checked tensors and workspaces of the sizes `p` gives, on `dev`, with the
-/// prep records and H_c written earlier on `st`.
-pub unsafe fn launch(
-    dev: &DeviceCtx,
+/// The kernel's tensor maps where the call takes it (`FLASHSCAN_SSD_SCAN_WS=1`, `applies`, bf16:
+/// C B^T then comes in x's dtype, which fp16 could overflow where fp32 does not) and they encode;
+/// None otherwise. Decided before ssd2_chunk_cb runs, which writes C B^T in 16 bits for it
+/// (`Ssd2Params::cb16`).
+pub fn plan(
     q: &Ssd2Params,
     p: &Problem,
     dtype: i64,
     chunk: i64,
     arch: i64,
-    st: Stream,
-) -> Result<bool> {
-    if !ws_on() || !applies(q, p, chunk, arch) {
-        return Ok(false);
+) -> Option<[[u64; 16]; 4]> {
+    if !ws_on() || dtype != 1 || !applies(q, p, chunk, arch) {
+        return None;
     }
-    let Some(nunits) = units(p) else {
-        return Ok(false);
-    };
     // the driver refuses a map whose strides or base are off: the plain kernel covers those
-    let Ok([tm_x, tm_c, tm_h, tm_cb]) = maps(q, p, dtype == 1) else {
-        return Ok(false);
-    };
+    maps(q, p).ok()
+}
+
+/// Launches the chunk outputs on `ssd2_chunk_scan_ws` with `plan`'s maps.
+///
+/// # Safety
+/// `q` must describe checked tensors and workspaces of the sizes `p` gives, on `dev`, with the
+/// prep records, H_c and the 16-bit C B^T (`q.cb16`) written earlier on `st`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn launch(
+    dev: &DeviceCtx,
+    q: &Ssd2Params,
+    p: &Problem,
+    maps: &[[u64; 16]; 4],
+    dtype: i64,
+    chunk: i64,
+    arch: i64,
+    st: Stream,
+) -> Result<()> {
+    let nunits = units(p).ok_or_else(|| value_err("ssd2_chunk_scan_ws: too many units"))?;
+    let [tm_x, tm_c, tm_h, tm_cb] = *maps;
     let params = Ssd2WsParams {
         tm_x,
         tm_c,
@@ -175,10 +189,9 @@ pub unsafe fn launch(
     };
     let k = dev.kernel(&spec2(ENTRY, dtype, chunk, arch))?;
     let grid = (nunits.min(dev.props.sm_count.max(1)) as u32, 1, 1);
-    // SAFETY: as the caller's; the kernel reads the maps' tensors, the CB workspace and the
+    // SAFETY: as the caller's; the kernel reads the maps' tensors, the C B^T workspace and the
     // records inside the sizes `p` gives and writes `out` rows of the units it walks.
-    unsafe { dev.launch(&k, grid, (THREADS, 1, 1), SMEM_BYTES, st, &params)? };
-    Ok(true)
+    unsafe { dev.launch(&k, grid, (THREADS, 1, 1), SMEM_BYTES, st, &params) }
 }
 
 #[cfg(test)]
@@ -187,8 +200,8 @@ mod tests {
 
     #[test]
     fn smem_bytes_fit_one_cta_an_sm() {
-        // the kernel's kWsSmemBytes for chunk 256: 1024 + 208384 + 192
-        assert_eq!(SMEM_BYTES, 209_600);
+        // the kernel's kWsSmemBytes for chunk 256: 1024 + 213760 + 288
+        assert_eq!(SMEM_BYTES, 215_072);
         const { assert!(SMEM_BYTES <= 227 * 1024) };
     }
 
