@@ -1096,7 +1096,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan_one(co
 // / 320.3 (L8192: 1271.5): level, with 35% fewer instructions (99.9 M against 152.9 M, ncu) at 2.5
 // warps a scheduler (3.9 for ssd2_chunk_scan's four CTAs an SM), stalled on the long scoreboard
 // (1.97 cycles an instruction: the ring's mbarrier waits) and the short one (1.33): hence the
-// third consumer. An opt-in (FLASHSCAN_SSD_SCAN_WS=1, src/ops/ssd_scan_ws.rs) while not ahead.
+// third consumer. With three and 16-bit C B^T (this form; W x waited block by block, the
+// 128-register budget having no room for a second A buffer; the consumers' ring index and phase
+// in a 48-64 byte stack frame): 252.9 / 252.8 us against ssd2_chunk_scan's 320.1 / 320.6 in the
+// same lease, the forward 452 against 518 us of kernels, L8192 951.8 (ssd2_chunk_cb 9.7 -> 11.5:
+// its 16-bit stores). The default where it applies (src/ops/ssd_scan_ws.rs; FLASHSCAN_SSD_SCAN_WS=0
+// keeps ssd2_chunk_scan).
 #if FS_SSD_STATE_WGMMA && FS_CHUNK == 256
 #include "common/tma.cuh"
 

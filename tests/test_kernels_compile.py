@@ -73,9 +73,16 @@ def test_main_variants_do_not_spill(compiled: tuple[str, dict[str, bytes]]) -> N
     assert not bad, "spills or too many registers:\n" + "\n".join(bad)
 
 
+# ssd2_chunk_scan_ws (sm_90a): 512 threads hold the whole kernel to 128 registers (setmaxnreg's
+# 160 for the consumers is granted at run time only), and its consumers' ring index and phase
+# live in a stack frame: 48 B under NVRTC 13.5, 64 under 13.0, measured with them (2026-12-04,
+# 253 us against ssd2_chunk_scan's 320 at b8 L2048). Bounded, not zero.
+SSD_FWD2_STACK_BOUND = {"ssd2_chunk_scan_ws": 64}
+
+
 def test_ssd_fwd2_variants_do_not_spill(compiled: tuple[str, dict[str, bytes]]) -> None:
     """The second SSD forward (cuda/ssd_fwd2.cu, the 16-bit default): held to the main
-    variants' rule, no spilled bytes."""
+    variants' rule, no spilled bytes (the warp-specialised chunk outputs: a bounded frame)."""
     tool = find_cuobjdump()
     if tool is None:
         pytest.skip(CUOBJDUMP_MISSING)
@@ -84,7 +91,8 @@ def test_ssd_fwd2_variants_do_not_spill(compiled: tuple[str, dict[str, bytes]]) 
     assert names, "no ssd_fwd2 variants listed"
     for name in names:
         for func, regs, stack, local, _smem in resource_usage(cubins[name], tool):
-            assert stack == 0 and local == 0, (
+            bound = SSD_FWD2_STACK_BOUND.get(func, 0)
+            assert stack <= bound and local <= bound, (
                 f"{name} ({arch}) {func}: stack frame {stack} B, local {local} B (spills)"
             )
             assert regs <= 255, f"{name} ({arch}) {func}: {regs} registers"

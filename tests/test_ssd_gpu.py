@@ -284,12 +284,13 @@ def test_forward_one_block_fused_cb(
         rule.check(fin, torch.from_numpy(ref_h), base_h, atol=1e-5, name="final_states")
 
 
-# The sm_90a warp-specialised chunk outputs (`ssd2_chunk_scan_ws`, FLASHSCAN_SSD_SCAN_WS=1: chunk
-# 256, no z, no seq_idx, 16-byte aligned rows): units in the first chunk with and without initial
-# states and past it, headdim / dstate tails that the TMA boxes zero-fill (40, 136 channels; 72
-# states), two p tiles, several groups, x / B / C as views of one wider projection (the Mamba-2
-# layer's split), and a split whose rows are not 16-byte multiples, which falls back to
-# `ssd2_chunk_scan`, as fp16 does (bf16 only: its C B^T comes in x's dtype).
+# The sm_90a warp-specialised chunk outputs (`ssd2_chunk_scan_ws`, the default for bf16 at chunk
+# 256 without z or seq_idx, 16-byte aligned rows; FLASHSCAN_SSD_SCAN_WS=0 keeps ssd2_chunk_scan):
+# units in the first chunk with and without initial states and past it, headdim / dstate tails
+# that the TMA boxes zero-fill (40, 136 channels; 72 states), two p tiles, several groups, x / B /
+# C as views of one wider projection (the Mamba-2 layer's split), and a split whose rows are not
+# 16-byte multiples, which falls back to `ssd2_chunk_scan`, as fp16 does (its C B^T would come in
+# x's dtype).
 # (dtype, ngroups, nheads, dstate, headdim, seqlen, initial states, split: None | pad columns)
 WS_CASES = [
     ("bfloat16", 1, 5, 128, 64, 1000, False, None),
@@ -320,7 +321,7 @@ def test_forward_warp_specialised(
 ) -> None:
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("ssd2_chunk_scan_ws is sm_90a's")
-    monkeypatch.setenv("FLASHSCAN_SSD_SCAN_WS", "1")  # (opt-in: level with ssd2_chunk_scan)
+    monkeypatch.delenv("FLASHSCAN_SSD_SCAN_WS", raising=False)  # (the default: on)
     dt_name, g, h, n, p, L, init, split = case
     dtype = DTYPES[dt_name]
     a = ssd_inputs(2, L, h, p, g, n, dtype, D2=True, init=init)

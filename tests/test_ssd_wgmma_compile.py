@@ -140,17 +140,17 @@ def test_warp_specialised_scan_loads_by_tma_and_multiplies_on_hgmma(
     functions_of, dtype: int
 ) -> None:  # noqa: ANN001
     """`ssd2_chunk_scan_ws` (sm_90a, chunk 256): its consumers run the scan's two products on HGMMA
-    (C.H^T shared-memory x shared-memory, W x from registers; the W x blocks unrolled per row
-    tile, 1 + 2 + 3 + 4 of them), with 15 waits for 44 HGMMA: one after C.H^T, and per row tile
-    I one per block below the diagonal (the pipelined wait for the block before), one before the
-    diagonal block and one after it. ptxas serialising them would put a wait after every HGMMA.
-    Its producers load x / C / H / C B^T by TMA (UTMALDG.4D) and the prep records by a bulk copy
-    (UBLKCP); no consumer issues a cp.async (LDGSTS) and nothing runs on mma.sync."""
+    (C.H^T shared-memory x shared-memory, W x from registers; each row tile's code unrolled, 4
+    C.H^T steps' worth for each of the four and 1 + 2 + 3 + 4 W x blocks), with 18 waits for 56
+    HGMMA: per row tile I one after C.H^T, one after each of its I + 1 blocks, one closing it.
+    ptxas serialising them would put a wait after every HGMMA. Its producers load x / C / H /
+    C B^T by TMA (UTMALDG.4D) and the prep records by a bulk copy (UBLKCP); no consumer issues a
+    cp.async (LDGSTS) and nothing runs on mma.sync."""
     fns = functions_of(_variant("ssd_fwd2.ssd2_chunk_scan_ws", dtype, 256, "sm_90a"), "sm_90a")
     lines = fns["ssd2_chunk_scan_ws"]
     mix, hmma, depbar = _mix(lines)
-    want = {("64x64x16", "ss", ""): 4, ("64x64x16", "rs", ".tnspB"): 4 * (1 + 2 + 3 + 4)}
-    assert dict(mix) == want and hmma == 0 and depbar == 1 + (2 + 3 + 4 + 5), (
+    want = {("64x64x16", "ss", ""): 4 * 4, ("64x64x16", "rs", ".tnspB"): 4 * (1 + 2 + 3 + 4)}
+    assert dict(mix) == want and hmma == 0 and depbar == (3 + 4 + 5 + 6), (
         dict(mix),
         hmma,
         depbar,

@@ -473,8 +473,8 @@ def ssd_fwd2_cases() -> int:
     (headdim 40, dstate 24) and on its element path (headdim 33, dstate 20: rows not 16-byte
     aligned), and headdim 64 / dstate 200 (four C.H^T steps through both stages). With and without
     seq_idx: blocks below the diagonal of a call without it skip the mask; chunk 256 without seq_idx
-    also without z, on sm_90a through the warp-specialised chunk outputs (ssd2_chunk_scan_ws,
-    FLASHSCAN_SSD_SCAN_WS=1)."""
+    also without z, on sm_90a (bf16) through the warp-specialised chunk outputs
+    (ssd2_chunk_scan_ws)."""
     bad = 0
     os.environ["FLASHSCAN_SSD_FWD"] = "2"
     try:
@@ -491,8 +491,8 @@ def ssd_fwd2_cases() -> int:
             B = (torch.randn(b, L, g, n, device="cuda") * 0.5).to(dtype)
             C = (torch.randn(b, L, g, n, device="cuda") * 0.5).to(dtype)
             D = torch.randn(h, p, device="cuda")
-            # chunk 256 without seq_idx and z: on sm_90a the warp-specialised chunk outputs
-            # (FLASHSCAN_SSD_SCAN_WS=1, read on every call)
+            # chunk 256 without seq_idx and z: on sm_90a (bf16) the warp-specialised chunk
+            # outputs (the default; FLASHSCAN_SSD_SCAN_WS=0 elsewhere, read on every call)
             ws = chunk == 256 and not cut
             z = None if ws else torch.randn_like(x)
             os.environ["FLASHSCAN_SSD_SCAN_WS"] = "1" if ws else "0"

@@ -851,7 +851,8 @@ unsafe fn launch2(
     }
     // SAFETY: as the caller's; ssd2_chunk_prep writes the records before the state and scan
     // kernels read them (one stream), and they are freed after those launches.
-    // FLASHSCAN_SSD_SCAN_WS=1: the warp-specialised chunk outputs, which read C B^T in x's dtype
+    // the warp-specialised chunk outputs where they apply (sm_90a, bf16, chunk 256, no z or
+    // seq_idx; FLASHSCAN_SSD_SCAN_WS=0 keeps ssd2_chunk_scan): they read C B^T in x's dtype
     let ws = if fused {
         None
     } else {

@@ -1,7 +1,7 @@
 //! The SSD forward's chunk outputs on sm_90a, warp-specialised (`ssd2_chunk_scan_ws` in
-//! cuda/ssd_fwd2.cu): producer warps stream x, C, H_c and the C B^T blocks by TMA and the prep
-//! records by bulk copies into one shared-memory ring per consumer warpgroup, one persistent CTA
-//! an SM. This module holds its applicability rule, its tensor maps and parameter block, and its
+//! cuda/ssd_fwd2.cu): producer warps stream x, C, H_c and the 16-bit C B^T blocks by TMA and the
+//! prep records by bulk copies into one shared-memory ring per consumer warpgroup (three), one
+//! persistent CTA an SM. This module holds its applicability rule, its tensor maps and parameter block, and its
 //! launch; `ssd::Launch2::scan` falls back to `ssd2_chunk_scan` wherever `launch` declines.
 
 use super::ssd::{spec2, Problem, Ssd2Params};
@@ -46,12 +46,13 @@ pub struct Ssd2WsParams {
 const _: () = assert!(std::mem::offset_of!(Ssd2WsParams, q) == 512);
 const _: () = assert!(std::mem::size_of::<Ssd2WsParams>() == 1152);
 
-/// `FLASHSCAN_SSD_SCAN_WS=1` opts in (off by default: measured level with `ssd2_chunk_scan` on
-/// the H200, 2026-12-04, b8 L2048 80 x 64, state 128: 319.8 / 321.5 us against 320.5 / 320.3,
-/// L8192 1271.5). Read on every call, not once, so that one process (the GPU tests, the
-/// sanitizer cases) can run both kernels.
+/// `FLASHSCAN_SSD_SCAN_WS=0` keeps `ssd2_chunk_scan` everywhere (A/B runs); the kernel is the
+/// default where `plan` takes it: on the H200 (2026-12-04, b8 L2048 80 x 64, state 128, bf16, no
+/// z) the chunk outputs 252.9 / 252.8 us against 320.1 / 320.6, the forward 452 against 518;
+/// L8192 951.8 (ssd2_chunk_scan ~1271). Read on every call, not once, so that one process (the
+/// GPU tests, the sanitizer cases) can run both kernels.
 fn ws_on() -> bool {
-    std::env::var("FLASHSCAN_SSD_SCAN_WS").as_deref() == Ok("1")
+    std::env::var("FLASHSCAN_SSD_SCAN_WS").as_deref() != Ok("0")
 }
 
 /// Whether a call's chunk outputs can take the kernel: sm_90a, chunk 256, no z and no seq_idx
@@ -143,7 +144,7 @@ fn maps(q: &Ssd2Params, p: &Problem) -> Result<[[u64; 16]; 4]> {
     Ok([tm_x, tm_c, tm_h, tm_cb])
 }
 
-/// The kernel's tensor maps where the call takes it (`FLASHSCAN_SSD_SCAN_WS=1`, `applies`, bf16:
+/// The kernel's tensor maps where the call takes it (`ws_on`, `applies`, bf16:
 /// C B^T then comes in x's dtype, which fp16 could overflow where fp32 does not) and they encode;
 /// None otherwise. Decided before ssd2_chunk_cb runs, which writes C B^T in 16 bits for it
 /// (`Ssd2Params::cb16`).
