@@ -849,8 +849,6 @@ unsafe fn launch2(
             q.vec_states &= (q.h16 % 16 == 0) as i32;
         }
     }
-    // SAFETY: as the caller's; ssd2_chunk_prep writes the records before the state and scan
-    // kernels read them (one stream), and they are freed after those launches.
     // the warp-specialised chunk outputs where they apply (sm_90a, bf16, chunk 256, no z or
     // seq_idx; FLASHSCAN_SSD_SCAN_WS=0 keeps ssd2_chunk_scan): they read C B^T in x's dtype
     let ws = if fused {
@@ -859,6 +857,8 @@ unsafe fn launch2(
         ssd_scan_ws::plan(&q, p, dtype, chunk, arch)
     };
     q.cb16 = ws.is_some() as i32;
+    // SAFETY: as the caller's; ssd2_chunk_prep writes the records before the state and scan
+    // kernels read them (one stream), and they are freed after those launches.
     let launched = (|| unsafe {
         launch.prep(&q, p)?;
         if !fused {
