@@ -58,7 +58,7 @@ fn ws_on() -> bool {
 /// Whether a call's chunk outputs can take the kernel: sm_90a, chunk 256, no z and no seq_idx
 /// (the Mamba-2 layer's call), 16-byte aligned rows of x, C and the states (what TMA and the bulk
 /// copies need), and the workspaces 16-byte aligned.
-pub fn applies(q: &Ssd2Params, p: &Problem, chunk: i64, arch: i64) -> bool {
+fn applies(q: &Ssd2Params, p: &Problem, chunk: i64, arch: i64) -> bool {
     arch == 90
         && chunk == CHUNK
         && q.p.has_z == 0
@@ -76,6 +76,13 @@ pub fn applies(q: &Ssd2Params, p: &Problem, chunk: i64, arch: i64) -> bool {
 fn units(p: &Problem) -> Option<i32> {
     let n = p.batch * p.nchunks * p.nheads * ((p.headdim + 63) / 64);
     i32::try_from(n).ok()
+}
+
+/// CTAs to launch: one an SM at most, and no more than the units' CONSUMERS-wide rows need (a
+/// CTA's consumers take units CONSUMERS apart; a grid past that would only start idle CTAs).
+fn grid_ctas(nunits: i32, sm_count: i32) -> u32 {
+    let rows = (nunits.max(1) as u32).div_ceil(CONSUMERS as u32);
+    rows.min(sm_count.max(1) as u32)
 }
 
 /// A byte stride for a tensor map: a size-1 dimension is never stepped over, so any multiple of
@@ -189,7 +196,7 @@ pub unsafe fn launch(
         nunits,
     };
     let k = dev.kernel(&spec2(ENTRY, dtype, chunk, arch))?;
-    let grid = (nunits.min(dev.props.sm_count.max(1)) as u32, 1, 1);
+    let grid = (grid_ctas(nunits, dev.props.sm_count), 1, 1);
     // SAFETY: as the caller's; the kernel reads the maps' tensors, the C B^T workspace and the
     // records inside the sizes `p` gives and writes `out` rows of the units it walks.
     unsafe { dev.launch(&k, grid, (THREADS, 1, 1), SMEM_BYTES, st, &params) }
@@ -232,6 +239,15 @@ mod tests {
         let mut prep = q;
         prep.prep = 0x2008;
         assert!(!applies(&prep, &p, 256, 90));
+    }
+
+    #[test]
+    fn the_grid_starts_no_idle_ctas() {
+        assert_eq!(grid_ctas(5120, 132), 132); // b8 L2048 80 heads: one CTA an SM
+        assert_eq!(grid_ctas(8, 132), 3); // 8 units: 3 CTAs of three consumers
+        assert_eq!(grid_ctas(396, 132), 132);
+        assert_eq!(grid_ctas(397, 132), 132);
+        assert_eq!(grid_ctas(1, 132), 1);
     }
 
     #[test]
