@@ -1114,11 +1114,10 @@ struct Int {
 constexpr int kWsConsumers = 3;                       // consumer warpgroups (1, 2, 3; 0 produces)
 constexpr int kWsThreads = (kWsConsumers + 1) * kThreads;
 constexpr int kWsProducerRegs = 24, kWsConsumerRegs = 160;  // setmaxnreg: 128 x 24 + 384 x 160
-// W x software-pipelined (two A buffers, block j's group in flight while block j + 1's W is
-// built): ptxas allocates the whole kernel within __launch_bounds__'s 128 registers whatever
-// setmaxnreg grants at run time, and the second buffer spilled there (48 bytes of stack), so with
-// three consumers each block is waited for at once.
-constexpr bool kWsPipe = false;
+// W x is waited for block by block: the software-pipelined form (two A buffers, block j's group in
+// flight while block j + 1's W is built; commit 6472b88, level with ssd2_chunk_scan at two
+// consumers) spilled its second buffer under the 128 registers ptxas allocates a 512-thread kernel
+// (__launch_bounds__'s budget, whatever setmaxnreg grants at run time).
 constexpr int kWsStages = 4;
 constexpr int kWsTile = kRows * 64 * 2;               // one 64 x 64 16-bit tile, swizzled
 constexpr int kWsStageBytes = 2 * kWsTile;            // x + the C B^T block, or C + H
@@ -1305,17 +1304,13 @@ extern "C" __global__ void __launch_bounds__(kWsThreads, 1) ssd2_chunk_scan_ws(c
             float cl2[2];
             int seg_l[2], l_of[2];
             row_terms(m0 + r0, t.len, s_cum, s_seg, l_of, cl2, seg_l);
-            // W x, software-pipelined: block j's four wgmma run while block j + 1's W is built in
-            // the other A buffer; the wait for block j - 1's group (which frees its buffer and
-            // its stage) follows block j's issue. The diagonal block's row factor g_l touches
-            // acc, so every group before it is waited for first. Unrolled (block, A buffer and
+            // W x, one block at a time (wx_wgmma waits for its group). Unrolled (block and
             // diagonal compile-time): where ptxas cannot prove a group finished before acc or an
-            // A buffer is written (a run-time buffer index, a wait under a run-time condition),
-            // it waits after every HGMMA of the kernel.
-            u32 ab[kWsPipe ? 2 : 1][4][4];
-            int sd = 0, prev = 0;
+            // A fragment is written (a run-time condition around a wait), it waits after every
+            // HGMMA of the kernel.
+            int sd = 0;
             auto block = [&](auto jc) {
-                constexpr int kJ = decltype(jc)::value, kBuf = kWsPipe ? (kJ & 1) : 0;
+                constexpr int kJ = decltype(jc)::value;
                 mbar_wait(full(s), ph);
                 // C B^T (rows r0, r0 + 8; columns 8 jn + t2, + 1): a swizzled 16-bit tile
                 const unsigned char* s_cb = ring + s * kWsStageBytes + kWsTile;
@@ -1328,38 +1323,20 @@ extern "C" __global__ void __launch_bounds__(kWsThreads, 1) ssd2_chunk_scan_ws(c
                         cbv[jn][2 * hh] = v.x;
                         cbv[jn][2 * hh + 1] = v.y;
                     }
+                u32 a[4][4];
                 if constexpr (kJ < kI) {
 #pragma unroll
-                    for (int k4 = 0; k4 < 4; ++k4) w_frag_cbf(ab[kBuf][k4], cbv, k4, kJ * kRows, s_f);
+                    for (int k4 = 0; k4 < 4; ++k4) w_frag_cbf(a[k4], cbv, k4, kJ * kRows, s_f);
                 } else {
-                    if constexpr (kWsPipe) {
-                        wgmma_wait<0>();
-                        reg_fence(d);
-                        if constexpr (kJ > 0) mbar_arrive(empty(prev));
-                    }
 #pragma unroll
                     for (int hh = 0; hh < 2; ++hh) scale_row(acc, hh, ex2(cl2[hh] - cl2_m0));
 #pragma unroll
                     for (int k4 = 0; k4 < 4; ++k4)
-                        w_frag_masked(ab[kBuf][k4], cbv, k4, kJ * kRows, l_of, cl2, seg_l, t.len, s_lw, s_seg);
+                        w_frag_masked(a[k4], cbv, k4, kJ * kRows, l_of, cl2, seg_l, t.len, s_lw, s_seg);
                 }
-                const u64 dx = wgmma_desc(stage(s), 64 * 128, 1024);
-                wgmma_fence();
-#pragma unroll
-                for (int k4 = 0; k4 < 4; ++k4) wgmma_rs<64, DT, 1>(d, ab[kBuf][k4], desc_at(dx, k4 * 16 * 128), 1);
-                wgmma_commit();
-                if constexpr (!kWsPipe) {
-                    wgmma_wait<0>();
-                    reg_fence(d);
-                    if constexpr (kJ < kI) mbar_arrive(empty(s));
-                    else sd = s;  // (the diagonal block's stage stays for the epilogue)
-                } else if constexpr (kJ < kI) {
-                    wgmma_wait<1>();  // block j - 1's group: its A buffer and stage are free
-                    if constexpr (kJ > 0) mbar_arrive(empty(prev));
-                    prev = s;
-                } else {
-                    sd = s;
-                }
+                wx_wgmma(acc, a, stage(s));
+                if constexpr (kJ < kI) mbar_arrive(empty(s));
+                else sd = s;  // (the diagonal block's stage stays for the epilogue)
                 if (++s == kWsStages) s = 0, ph ^= 1;
             };
             block(Int<0>{});
