@@ -464,6 +464,145 @@ extern "C" __global__ void FS_STATE_BOUNDS ssd2_varlen_states(const Ssd2Params q
         }
 }
 
+#if FS_SSD_STATE_WGMMA
+// ---- 1+2. chunk states and the state passing in one kernel (sm_90a) --------------------------------
+// Why: ssd2_chunk_state writes every S_c in fp32 (168 MB at b8 L2048 80 heads x 64 x 128) and
+// ssd2_state_passing reads them back to write the 16-bit H_c: 115 + 65 us on the H200 (2026-12-04),
+// ~500 MB of DRAM traffic for 84 MB of H_c. Here one CTA walks its head's chunks in order with H in
+// the wgmma accumulator: at chunk c's first step it stores H_c (16-bit, h16_slot's layout, read by
+// the scan and kept for the backward), scales acc by f_c = exp(cum_end) and then accumulates S_c onto
+// it (wgmma's D = A B + D), so S_c never leaves the SM: x in, H_c out, B re-read from L2.
+// Grid (batch * nheads, ceil(headdim / 64) * ceil(dstate / 128)), 128 threads (warp w rows p 16w ..
+// 16w + 15 of the 64 x 128 tile, acc[16][4] as ssd2_chunk_state's). Steps of kWgPos positions run flat
+// over the chunks (t = c kSpc + k), two cp.async stages: step t + 1's loads in flight during step
+// t's product, across chunk boundaries; chunk c's prep record (lw, cum) rides in its first step's
+// group, by chunk parity. Without seq_idx (a reset would need seg): the host's rule.
+// MEASURED 2026-12-04 (H200, same lease, b8 80 heads x 64, state 128, bf16; predicted ~80-100 us
+// from the bytes): 154-155 us against 114-115 + 65-66 for the pair at L2048 (forward 452 -> 419-422
+// us of kernels), 532.5 against 448.6 + 263.7 at L8192. At 64 positions in two stages (128
+// registers, 57 KB, four CTAs an SM: 640 CTAs 1.2 waves) it took 163-165. What holds it: ~0.5 MB a
+// CTA of B re-read from L2 by every head (with x, ~500 MB through L2 at b8 L2048, ~3.2 TB/s).
+template <bool kWhole>
+__device__ __forceinline__ void store_h16_tile(u16* out, const float (&acc)[16][4], int p0, int hd, int n0, int ds,
+                                               i64 dstate) {
+    const bool pair = (dstate & 1) == 0;
+    if (kWhole && pair && hd >= 64 && ds >= 128) {  // uniform
+        u16* const o0 = out + (i64)(p0 + acc_row(0)) * dstate + n0 + acc_col(0, 0);
+        u16* const o1 = o0 + 8 * dstate;
+#pragma unroll
+        for (int jn = 0; jn < 16; ++jn) {
+            *(u32*)(o0 + 8 * jn) = pack2<DT>(acc[jn][0], acc[jn][1]);
+            *(u32*)(o1 + 8 * jn) = pack2<DT>(acc[jn][2], acc[jn][3]);
+        }
+        return;
+    }
+#pragma unroll
+    for (int jn = 0; jn < 16; ++jn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int pp = acc_row(e), nn = acc_col(jn, e);
+            if (pp < hd && nn < ds) out[(i64)(p0 + pp) * dstate + n0 + nn] = f32_to_half<DT>(acc[jn][e]);
+        }
+}
+
+// Steps of 32 positions in three stages (two steps' loads in flight): 44 KB of shared memory, so that
+// with 96 registers (kSpCtas) five CTAs fit an SM (64 positions in two stages took 57 KB, 4 an SM).
+constexpr int kSpPos = 32, kSpStages = 3;
+constexpr int kSpCtas = 5;  // CTAs an SM: 640 of b8 80 heads in one wave on 132 SMs
+extern "C" __global__ void __launch_bounds__(kThreads, kSpCtas) ssd2_chunk_state_pass(const Ssd2Params q) {
+    const SsdParams& p = q.p;
+    constexpr int kSpc = kQ / kSpPos;  // steps a chunk
+    static_assert(kSpc >= kSpStages - 1, "a record buffer is reloaded only after its chunk's last step");
+    // chunk c's record (lw, cum) at s_rec[c & 1], its lw turned into the weights w_s in place
+    __shared__ __align__(16) float s_rec[2][2 * kQ];
+    __shared__ __align__(16) u16 s_x[kSpStages][kSpPos * kLd64];  // positions s x channels p
+    __shared__ __align__(128) unsigned char s_bz[kSpStages * kSpPos * 256 + 1024];  // positions x states, swizzled
+    u16* const s_b = (u16*)align_smem_1024(s_bz);
+    constexpr int kBStage = kSpPos * 128;  // u16 elements of one B stage
+
+    const i64 bh = blockIdx.x, b = bh / p.nheads, h = bh % p.nheads;
+    const i64 g = h / (p.nheads / p.ngroups);
+    const int ntn = (int)((p.dstate + 127) / 128);
+    const int p0 = (blockIdx.y / ntn) * 64, n0 = (blockIdx.y % ntn) * 128;
+    const int hd = (int)p.headdim - p0, ds = (int)p.dstate - n0;  // valid columns of the tiles
+    const u16* gx = (const u16*)p.x + b * p.x_s[0] + h * p.x_s[2] + p0;
+    const u16* gb = (const u16*)p.B + b * p.B_s[0] + g * p.B_s[2] + n0;
+    const float* rec = q.prep + bh * p.nchunks * 3 * kQ;
+    const int nc = (int)p.nchunks;
+    const int last_len = (int)(p.seqlen - (i64)(nc - 1) * kQ);
+    const int nsteps = (nc - 1) * kSpc + (last_len + kSpPos - 1) / kSpPos;
+    auto load = [&](int t) {  // step t into stage t % kSpStages, committed (an empty group past the end)
+        if (t < nsteps) {
+            const int c = t / kSpc, k = t - c * kSpc, st = t % kSpStages;
+            if (k == 0) {  // the record's first 2 kQ words: lw, cum
+                for (int i = threadIdx.x; i < kQ / 2; i += kThreads)
+                    cp_async16(smem_u32(s_rec[c & 1] + 4 * i), rec + (i64)c * 3 * kQ + 4 * i, true);
+            }
+            const i64 s0 = (i64)c * kQ + k * kSpPos;
+            const int valid = (int)min((i64)kSpPos, p.seqlen - s0);
+            load_tile<kSpPos, 64, kLd64>(s_x[st], gx + s0 * p.x_s[1], p.x_s[1], valid, hd, q.vec_x);
+            load_tile_sw<kSpPos, 128>(s_b + st * kBStage, gb + s0 * p.B_s[1], p.B_s[1], valid, ds, q.vec_bc);
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int t = 0; t < kSpStages - 1; ++t) load(t);
+
+    float acc[16][4];  // H: the initial state, then H_{c+1} = f_c H_c + S_c
+#pragma unroll
+    for (int jn = 0; jn < 16; ++jn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int pp = acc_row(e), nn = acc_col(jn, e);
+            acc[jn][e] = p.has_init && pp < hd && nn < ds
+                             ? ld_any(p.init, b * p.init_s[0] + h * p.init_s[1] + (p0 + pp) * p.init_s[2] +
+                                                  (n0 + nn) * p.init_s[3],
+                                      p.init_dtype)
+                             : 0.f;
+        }
+    float(&d)[64] = *reinterpret_cast<float(*)[64]>(&acc[0][0]);
+    for (int t = 0; t < nsteps; ++t) {
+        cp_async_wait<kSpStages - 2>();
+        fence_proxy_async();
+        __syncthreads();  // step t's stages (and, at a chunk's first step, its record) for every warp
+        load(t + kSpStages - 1);  // into the stages step t - 1 read
+        const int c = t / kSpc, k = t - c * kSpc;
+        if (k == 0) {
+            float* const r = s_rec[c & 1];
+            const int len = (int)min((i64)kQ, p.seqlen - (i64)c * kQ);
+            const float cum_end = r[kQ + len - 1], cl2_end = cum_end * kLog2e;
+            // lw -> w in place, each thread its own positions (chunk c + 2's record reuses the buffer
+            // only after chunk c's last step: its load is issued past a later barrier)
+            for (int s = threadIdx.x; s < kQ; s += kThreads) r[s] = s < len ? ex2(cl2_end - r[s]) : 0.f;
+            const float f = ex(cum_end);
+            // H_c, the state entering chunk c: fp32 over slot c (states_f32: the backward's recompute,
+            // return_varlen_states) and / or 16-bit (h16_slot: the scan's, the kept one), as
+            // ssd2_state_passing leaves them
+            if (q.states_f32)
+                store_state_tile(p.states + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate, acc, p0, hd,
+                                 n0, ds, p.dstate);
+            if (!q.states_f32 || q.h16) store_h16_tile<true>(h16_slot(q, b, c, h), acc, p0, hd, n0, ds, p.dstate);
+#pragma unroll
+            for (int i = 0; i < 64; ++i) d[i] *= f;
+            if (blockIdx.y == 0 && threadIdx.x == 0) p.decay[bh * p.nchunks + c] = f;
+            __syncthreads();  // the weights
+        }
+        const int st = t % kSpStages;
+        weighted_state_step_wg<kSpPos>(d, s_x[st], s_b + st * kBStage, s_rec[c & 1] + kSpPos * k);
+    }
+    if (p.has_final)
+#pragma unroll
+        for (int jn = 0; jn < 16; ++jn)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int pp = acc_row(e), nn = acc_col(jn, e);
+                if (pp < hd && nn < ds)
+                    p.final_states[b * p.final_s[0] + h * p.final_s[1] + (p0 + pp) * p.final_s[2] +
+                                   (n0 + nn) * p.final_s[3]] = acc[jn][e];
+            }
+}
+#endif
+
 // ---- 2. state passing ---------------------------------------------------------------------------------
 // One CTA per (batch, head) walks the head's states in blocks of kPassBlock elements (4 per thread),
 // each block through every chunk: S_c read (fp32), the fp32 recurrence H_{c+1} = f_c H_c + S_c carried

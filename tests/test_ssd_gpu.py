@@ -237,6 +237,17 @@ def kernels_of(call: Any) -> set[str]:
     return {e.name for e in prof.events()}
 
 
+def state_kernels(seq_idx: bool = False) -> tuple[str, ...]:
+    """The second path's chunk-state launches of a call: ssd2_chunk_state_pass on sm_90a without
+    seq_idx (unless FLASHSCAN_SSD_STATE_PASS=0), else ssd2_chunk_state + ssd2_state_passing."""
+    fused = (
+        torch.cuda.get_device_capability() == (9, 0)
+        and not seq_idx
+        and os.environ.get("FLASHSCAN_SSD_STATE_PASS") != "0"
+    )
+    return ("ssd2_chunk_state_pass",) if fused else ("ssd2_chunk_state", "ssd2_state_passing")
+
+
 def warm_forward_kernels(a: dict[str, Any], kw: dict[str, Any]) -> tuple[Any, set[str]]:
     """One forward to compile and warm up, then one more under the profiler: (its result, the
     kernel names it launched)."""
@@ -339,6 +350,59 @@ def test_forward_warp_specialised(
     check_case(rule, out, final, a, 256, True)
 
 
+# The sm_90a chunk states with the state passing in one kernel (`ssd2_chunk_state_pass`, the
+# default for 16-bit calls without seq_idx; FLASHSCAN_SSD_STATE_PASS=0 keeps ssd2_chunk_state +
+# ssd2_state_passing): H carried through every chunk in one CTA's accumulator. Every chunk size,
+# both dtypes, seqlen not a multiple of the chunk (a short last chunk, one shorter than a 64-pos.
+# step), headdim / dstate tails and two tiles each way (40, 136 channels; 72, 200 states), several
+# groups, with and without initial / final states; the result against the rule, and the kernels
+# launched against the switch.
+# (dtype, ngroups, nheads, dstate, headdim, seqlen, chunk, initial states, final states)
+STATE_PASS_CASES = [
+    ("bfloat16", 1, 3, 128, 64, 1000, 256, False, True),
+    ("float16", 2, 4, 72, 40, 600, 128, True, True),
+    ("bfloat16", 1, 2, 200, 136, 513, 64, True, False),
+    ("bfloat16", 2, 2, 64, 64, 290, 256, False, False),
+    ("float16", 1, 3, 16, 32, 4100, 256, True, True),
+]
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "pair"])
+@pytest.mark.parametrize("case", STATE_PASS_CASES, ids=lambda c: "-".join(str(v) for v in c))
+def test_forward_fused_state_passing(
+    case: tuple, fused: bool, rule: Any, poison: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("ssd2_chunk_state_pass is sm_90a's")
+    if fused:
+        monkeypatch.delenv("FLASHSCAN_SSD_STATE_PASS", raising=False)  # (the default: on)
+    else:
+        monkeypatch.setenv("FLASHSCAN_SSD_STATE_PASS", "0")
+    dt_name, g, h, n, p, L, chunk, init, final = case
+    dtype = DTYPES[dt_name]
+    a = ssd_inputs(2, L, h, p, g, n, dtype, D2=True, init=init)
+    kw: dict[str, Any] = dict(chunk_size=chunk, dt_softplus=True, return_final_states=final)
+    nchunks = -(-L // chunk)
+    # outputs, final states and the states workspace (whose H_c slots the scan reads) NaN
+    poison(2 * L * h * p * a["x"].element_size(), 2 * h * p * n * 4, 2 * nchunks * h * p * n * 4)
+    res, names = warm_forward_kernels(a, kw)
+    assert ("ssd2_chunk_state_pass" in names) == fused, sorted(names)
+    assert ("ssd2_state_passing" in names) == (not fused), sorted(names)
+    if final:
+        out, fin = res
+        check_case(rule, out, fin, a, chunk, True)
+    else:
+        check_y(rule, res, a, chunk)
+
+
+def check_y(rule: Any, got: Any, a: dict, chunk: int) -> None:
+    """check_case's output half (a call without final states)."""
+    ref_y, _ = ref64(a, chunk, dt_softplus=True)
+    ref_y_t = torch.from_numpy(ref_y)
+    base_y, _ = baseline_lowp(a, chunk, True)
+    rule.check(got, ref_y_t, base_y, atol=1e-5 * max(float(ref_y_t.abs().max()), 1.0))
+
+
 @pytest.mark.parametrize("seq", [False, True])
 @pytest.mark.parametrize("L", [100, 300])
 def test_forward_chunked_reads_prep_records(
@@ -361,7 +425,7 @@ def test_forward_chunked_reads_prep_records(
     if fwd_path == "2":
         want = {"ssd2_chunk_prep", "ssd2_chunk_cb", "ssd2_chunk_scan"}
         if L > 128:
-            want |= {"ssd2_chunk_state", "ssd2_state_passing"}
+            want |= set(state_kernels(seq))
         assert want <= names and "ssd2_chunk_scan_one" not in names, sorted(names)
     ref_kw = {"seq_idx": kw["seq_idx"].cpu().numpy()} if seq else {}
     ref_y, _ = ref64(a, 128, dt_softplus=True, **ref_kw)
@@ -1095,7 +1159,7 @@ def test_backward_16bit_without_carried_state(
     got = grads_of(ours(a, chunk), a, dout, None)
     check_grads(rule, got, ref, base, torch.bfloat16)
 
-    carried = {"ssd2_chunk_state", "ssd2_state_passing", "ssd_bwd_chunk_dstate16"}
+    carried = {*state_kernels(), "ssd_bwd_chunk_dstate16"}
     carried.add("ssd_bwd_state_passing")
 
     def names(t: dict[str, Any]) -> set[str]:
@@ -1233,7 +1297,7 @@ def test_backward_takes_the_forward_states(
     case: tuple, rule: Any, poison: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A 16-bit forward without z keeps its 16-bit H_c and chunk decays for the backward, which
-    then recomputes neither (one ssd2_chunk_state / ssd2_state_passing launch per forward +
+    then recomputes neither (one launch of each state kernel, `state_kernels`, per forward +
     backward, two under FLASHSCAN_SSD_KEEP_STATES=0). The gradients that do not pass through the
     df sums (dx, dB, dC, dD, dinitial_states) are bitwise the recompute's (the kept H_c are the
     values the backward rounded itself); ddt, dA, ddt_bias (whose df sums now read the 16-bit
@@ -1258,7 +1322,7 @@ def test_backward_takes_the_forward_states(
         base = grads_of(lambda lv: baseline_lowp(lv, chunk, True), a, dout, dfinal)
     else:
         base = grads_of(lambda lv: baseline_packed(lv, chunk, kw["seq_idx"]), a, dout, dfinal)
-    step = ("ssd2_chunk_state", "ssd2_state_passing")
+    step = state_kernels(cuts is not None)
     got = {}
     for keep in ("1", "0"):
         monkeypatch.setenv("FLASHSCAN_SSD_KEEP_STATES", keep)
@@ -1365,8 +1429,8 @@ def test_kept_states_survive_a_second_backward(monkeypatch: pytest.MonkeyPatch) 
 
 def test_compiled_training_takes_the_forward_states(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch.compile(fullgraph) of a 16-bit SSD block without z: the forward op keeps its 16-bit
-    H_c and decays and the backward op reads them (one ssd2_chunk_state / ssd2_state_passing
-    launch per step, as in eager), with the eager step's gradients bitwise."""
+    H_c and decays and the backward op reads them (one launch of each state kernel a step, as
+    in eager), with the eager step's gradients bitwise."""
     import flashscan.torch as fst
 
     monkeypatch.delenv("FLASHSCAN_SSD_KEEP_STATES", raising=False)
@@ -1387,6 +1451,6 @@ def test_compiled_training_takes_the_forward_states(monkeypatch: pytest.MonkeyPa
     got = torch.autograd.grad(compiled(*lv), lv)
     for k, g, w in zip(names, got, want):
         assert torch.equal(g, w), k
-    step = ("ssd2_chunk_state", "ssd2_state_passing")
+    step = state_kernels()
     runs = _launches(lambda: torch.autograd.grad(compiled(*lv), lv), step)
     assert runs == dict.fromkeys(step, 1), runs

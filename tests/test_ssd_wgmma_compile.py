@@ -87,6 +87,7 @@ def functions_of():  # noqa: ANN201
 
 
 STATE = {("64x128x16", "rs", ".tnspB"): 4}  # x^T w (registers) x B / C (MN-major), 64 positions
+STATE_PASS = {("64x128x16", "rs", ".tnspB"): 2}  # the same, 32 positions a step (five CTAs an SM)
 SCAN = {
     ("64x64x16", "ss", ""): 4,  # C.H^T: C and H K-major, 64 states a step
     ("64x64x16", "rs", ".tnspB"): 4,  # W x: W from registers, x MN-major, a 64-position block
@@ -99,6 +100,7 @@ def test_forward_products_run_on_hgmma_unserialised(functions_of, dtype: int, ch
     for func, want, groups in (
         ("ssd2_chunk_state", STATE, 1),
         ("ssd2_varlen_states", STATE, 1),
+        ("ssd2_chunk_state_pass", STATE_PASS, 1),
         ("ssd2_chunk_scan", SCAN, 2),
     ):
         mix, hmma, depbar = _mix(fns[func])

@@ -313,6 +313,30 @@ __device__ __forceinline__ void load_tile_bz(u16* s, const u16* g, i64 stride, i
     load_tile_sw<kWgPos, 128>(s, g, stride, valid_rows, valid_cols, vec);
 }
 
+// One kPos-position step of the wgmma state product: d (acc[16][4]'s registers) += (x^T w) B, A from
+// the padded stage s_a (x^T by ldmatrix .trans, scaled by the step's weights w[0 .. kPos) and
+// rounded to 16 bits once), B from the swizzled stage s_bz (load_tile_sw<kPos, 128>: two 64-column
+// blocks of kPos rows x 128 bytes); kPos / 16 m64n128k16 committed and
+// waited for (the caller's next barrier may then hand both stages to the next loads).
+template <int kPos = kWgPos>
+__device__ __forceinline__ void weighted_state_step_wg(float (&d)[64], const u16* s_a, const u16* s_bz,
+                                                       const float* w) {
+    const int lane = threadIdx.x & 31, w16 = 16 * (threadIdx.x >> 5), t2 = 2 * (lane & 3);
+    const u32 a_base = smem_u32(s_a + w16 + lane_at(lane, kLd64));
+    const u32 b_base = smem_u32(s_bz);
+    constexpr int kK16 = kPos / 16;
+    u32 a[kK16][4];
+#pragma unroll
+    for (int kk = 0; kk < kK16; ++kk) weighted_a(a[kk], a_base + kk * 16 * kLd64 * 2, w + 16 * kk + t2);
+    const u64 db = wgmma_desc(b_base, kPos * 128, 1024);  // (the stage's two 64-column blocks)
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kK16; ++kk) wgmma_rs<128, DT, 1>(d, a[kk], desc_at(db, kk * 16 * 128), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(d);
+}
+
 // weighted_state_product (kHiLo false) with B from swizzled stages (s_bz + stage * kBzStage) and the
 // product on wgmma. Steps 0 .. kStages - 2 issued by the caller (first_stages_n). One barrier a step:
 // step k's group waited for (kStages - 2 younger in flight), made visible to the async proxy, the
@@ -324,7 +348,6 @@ __device__ __forceinline__ void weighted_state_product_wg(float (&acc)[16][4], u
                                                           const float* s_w, int nsteps, Load load) {
     static_assert(kStages >= 2, "stages");
     float(&d)[64] = *reinterpret_cast<float(*)[64]>(&acc[0][0]);
-    const int lane = threadIdx.x & 31, w16 = 16 * (threadIdx.x >> 5), t2 = 2 * (lane & 3);
     for (int k = 0; k < nsteps; ++k) {
         cp_async_wait<kStages - 2>();
         fence_proxy_async();
@@ -332,20 +355,7 @@ __device__ __forceinline__ void weighted_state_product_wg(float (&acc)[16][4], u
         const int kn = k + kStages - 1;
         if (kn < nsteps) load(kn, kn % kStages);
         else cp_async_commit();  // (an empty group keeps the count of groups in flight uniform)
-        const u32 a_base = smem_u32(s_a[k % kStages] + w16 + lane_at(lane, kLd64));
-        const u32 b_base = smem_u32(s_bz + (k % kStages) * kBzStage);
-        constexpr int kK16 = kWgPos / 16;
-        u32 a[kK16][4];
-#pragma unroll
-        for (int kk = 0; kk < kK16; ++kk)
-            weighted_a(a[kk], a_base + kk * 16 * kLd64 * 2, s_w + kWgPos * k + 16 * kk + t2);
-        const u64 db = wgmma_desc(b_base, kBzBlock, 1024);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kK16; ++kk) wgmma_rs<128, DT, 1>(d, a[kk], desc_at(db, kk * 16 * 128), 1);
-        wgmma_commit();
-        wgmma_wait<0>();
-        reg_fence(d);
+        weighted_state_step_wg(d, s_a[k % kStages], s_bz + (k % kStages) * kBzStage, s_w + kWgPos * k);
     }
 }
 #endif

@@ -27,6 +27,9 @@ pub const ENTRY2_PREP: &str = "ssd2_chunk_prep";
 pub const ENTRY2_SCAN_ONE: &str = "ssd2_chunk_scan_one";
 /// The states after each packed sequence (return_varlen_states): one CTA per (sequence, tile, head).
 pub const ENTRY2_VARLEN: &str = "ssd2_varlen_states";
+/// ssd2_chunk_state and ssd2_state_passing in one kernel on sm_90a (`state_pass_applies`): one
+/// CTA per (batch, head, tile) carries H through the chunks in its accumulator.
+pub const ENTRY2_STATE_PASS: &str = "ssd2_chunk_state_pass";
 /// ssd2_chunk_state's tile of states per CTA (channels x states: 64 x 128).
 const STATE2_TILE_N: i64 = 128;
 pub const ENTRY_STATE: &str = "ssd_chunk_state";
@@ -514,6 +517,9 @@ pub fn all_specs2(arch: i64) -> Vec<KernelSpec> {
             ] {
                 out.push(spec2(entry, dtype, chunk, arch));
             }
+            if arch == 90 {
+                out.push(spec2(ENTRY2_STATE_PASS, dtype, chunk, arch));
+            }
             if arch == 90 && chunk == ssd_scan_ws::CHUNK {
                 out.push(spec2(ssd_scan_ws::ENTRY, dtype, chunk, arch));
             }
@@ -729,6 +735,20 @@ pub(crate) fn rows16(t: &TensorView, last: i64) -> i32 {
     (t.ptr % 16 == 0 && last % 8 == 0 && strides_ok) as i32
 }
 
+/// `FLASHSCAN_SSD_STATE_PASS=0` keeps ssd2_chunk_state + ssd2_state_passing everywhere (A/B
+/// runs). Read on every call, so one process can run both forms.
+fn state_pass_on() -> bool {
+    std::env::var("FLASHSCAN_SSD_STATE_PASS").as_deref() != Ok("0")
+}
+
+/// Whether a call's chunk states and state passing can run as ssd2_chunk_state_pass: sm_90a (its
+/// product is the wgmma one) and no seq_idx (no resets). It leaves H_c as the pair does (fp32 under
+/// `states_f32`, 16-bit in place or in `h16`), so the backward's recompute takes it too and its
+/// H_c round to the forward's kept ones bit for bit.
+fn state_pass_applies(q: &Ssd2Params, arch: i64) -> bool {
+    arch == 90 && q.p.has_seq == 0 && state_pass_on()
+}
+
 /// Whether the second path's chunk states and state passing must run: more than one chunk, or
 /// initial states to carry in, or final states to write out.
 pub(crate) fn needs_carried_states(nchunks: i64, has_init: i32, has_final: i32) -> bool {
@@ -935,17 +955,20 @@ impl<'a> Launch2<'a> {
     }
 
     /// ssd2_chunk_state (64 x 128 tiles), then ssd2_state_passing, one CTA per (batch, head): it
-    /// overwrites each chunk's slot with H (16-bit, or fp32 under `states_f32`) in place.
+    /// overwrites each chunk's slot with H (16-bit, or fp32 under `states_f32`) in place. Where
+    /// `state_pass_applies`, ssd2_chunk_state_pass instead, one CTA per (batch, head, tile): the
+    /// same 16-bit H_c, decays and final states, no fp32 S_c.
     ///
     /// # Safety
     /// As `one`'s; the prep records are written.
     unsafe fn states(&self, q: &Ssd2Params, p: &Problem) -> Result<()> {
         let n_tiles = (p.dstate + STATE2_TILE_N - 1) / STATE2_TILE_N;
-        let grid = (
-            self.nchunks,
-            grid_u32(tiles(p.headdim) * n_tiles, "headdim * dstate")?,
-            self.bh,
-        );
+        let tiles = grid_u32(tiles(p.headdim) * n_tiles, "headdim * dstate")?;
+        if state_pass_applies(q, self.arch) {
+            // SAFETY: as the caller's
+            return unsafe { self.one(ENTRY2_STATE_PASS, (self.bh, tiles, 1), THREADS, q) };
+        }
+        let grid = (self.nchunks, tiles, self.bh);
         // SAFETY: as the caller's
         unsafe {
             self.one(ENTRY2_STATE, grid, THREADS, q)?;
@@ -1014,8 +1037,9 @@ mod tests {
         assert_eq!(s.len(), 1 + 2 * 3 * CHUNKS.len());
         assert!(s.iter().any(|k| k.entry == ENTRY_PASS));
         let s2 = all_specs2(90);
-        // (+ the warp-specialised chunk outputs at chunk 256, sm_90a only)
-        assert_eq!(s2.len(), 7 * 2 * CHUNKS.len() + 2);
+        // (+ the warp-specialised chunk outputs at chunk 256 and the fused states at every
+        // chunk, sm_90a only)
+        assert_eq!(s2.len(), 8 * 2 * CHUNKS.len() + 2);
         assert_eq!(all_specs2(80).len(), 7 * 2 * CHUNKS.len());
         assert!(s2.iter().all(|k| k.family == FAMILY2));
         assert!(s2.iter().any(|k| k.entry == ENTRY2_PREP));
