@@ -12,6 +12,9 @@
 //                        dstate <= 128) = sum_s x_s^T (w_s B_s), w_s = [seg_s == seg_end]
 //                        exp(cum_end - cum_s) dt'_s computed once per chunk into shared memory and
 //                        applied to the A fragments of x^T (8 multiplies per k16 step per thread).
+//   1+2. ssd2_chunk_state_pass (sm_90a, no seq_idx, x / B rows TMA can address: the default there)
+//                        1 and 2 in one kernel, one CTA per (batch, head, tile) carrying H through
+//                        the chunks in its wgmma accumulator (its own comment below)
 //   2. ssd2_state_passing cuda/ssd.cu's recurrence (fp32 in registers), one CTA per (batch, head), 4
 //                        consecutive elements per thread, the next three S in flight (a cp.async
 //                        ring in shared memory, kPassDepth); H_c written in x's
@@ -167,6 +170,9 @@
 
 #include "common/ssd.cuh"
 #include "common/ssd_tiles.cuh"
+#if FS_SSD_STATE_WGMMA
+#include "common/tma.cuh"
+#endif
 
 static_assert(DT != 2, "ssd_fwd2 covers fp16 / bf16; fp32 data uses cuda/ssd.cu");
 
@@ -478,10 +484,16 @@ extern "C" __global__ void FS_STATE_BOUNDS ssd2_varlen_states(const Ssd2Params q
 // t's product, across chunk boundaries; chunk c's prep record (lw, cum) rides in its first step's
 // group, by chunk parity. Without seq_idx (a reset would need seg): the host's rule.
 // MEASURED 2026-12-04 (H200, same lease, b8 80 heads x 64, state 128, bf16; predicted ~80-100 us
-// from the bytes): 154-155 us against 114-115 + 65-66 for the pair at L2048 (forward 452 -> 419-422
-// us of kernels), 532.5 against 448.6 + 263.7 at L8192. At 64 positions in two stages (128
-// registers, 57 KB, four CTAs an SM: 640 CTAs 1.2 waves) it took 163-165. What holds it: ~0.5 MB a
-// CTA of B re-read from L2 by every head (with x, ~500 MB through L2 at b8 L2048, ~3.2 TB/s).
+// from the bytes): 122.9-125.1 us against 114.5-114.8 + 65.8 for the pair at L2048 (forward
+// 449-453 -> 389-393 us of kernels; mamba_ssm's Triton 695.6 in the same process, its chunk state
+// and state passing 144.7 + 68.1), 467.7 against 448.1 + 264.9 at L8192 (forward 1723 -> 1489).
+// Its forms (same stop): 64 positions in two cp.async stages, 128 registers, four CTAs an SM (640
+// CTAs 1.2 waves) 163-165 us; 32 positions in three cp.async stages at 96 registers, five an SM,
+// 120 B of spills in the step 154-155 (ncu: 0.42 instructions issued a cycle per scheduler,
+// long-scoreboard waits on the spills); one thread issuing TMA (this form) 123-125, ncu: L2 at
+// 73%, DRAM 39%, 0.33 issued a cycle. What holds it now: B re-read from L2 by every head (~0.5 MB
+// a CTA, ~335 of the ~590 MB through L2 at b8 L2048); the next lever is B shared by a group's
+// heads (several heads a CTA, or TMA multicast over a cluster).
 template <bool kWhole>
 __device__ __forceinline__ void store_h16_tile(u16* out, const float (&acc)[16][4], int p0, int hd, int n0, int ds,
                                                i64 dstate) {
@@ -505,48 +517,69 @@ __device__ __forceinline__ void store_h16_tile(u16* out, const float (&acc)[16][
         }
 }
 
-// Steps of 32 positions in three stages (two steps' loads in flight): 44 KB of shared memory, so that
-// with 96 registers (kSpCtas) five CTAs fit an SM (64 positions in two stages took 57 KB, 4 an SM).
+// Steps of 32 positions in three stages (two steps' loads in flight, 12 KB a stage): with 96
+// registers (kSpCtas) five CTAs fit an SM, so the 640 (batch, head) CTAs of b8 80 heads are one
+// wave on 132 SMs. Thread 0 issues each step by TMA (x one 64-channel box, B two 64-state boxes, all
+// kSpPos rows in the 128-byte swizzle, zero-filled past the tensor's ends) and, at a chunk's first
+// step, the chunk's record (lw, cum) by a bulk copy, all on the stage's one mbarrier; every thread
+// waits on it. The barrier at each step's top frees the stage step t - 1 read for step t + 2.
 constexpr int kSpPos = 32, kSpStages = 3;
-constexpr int kSpCtas = 5;  // CTAs an SM: 640 of b8 80 heads in one wave on 132 SMs
-extern "C" __global__ void __launch_bounds__(kThreads, kSpCtas) ssd2_chunk_state_pass(const Ssd2Params q) {
+constexpr int kSpCtas = 5;
+constexpr int kSpBox = kSpPos * 128;       // bytes of one kSpPos x 64 16-bit box
+constexpr int kSpStageBytes = 3 * kSpBox;  // x, then B's two 64-state blocks
+constexpr int kSpRecBytes = 2 * kQ * 4;    // a record's lw and cum
+
+// The kernel's one parameter (host mirror: Ssd2SpParams in src/ops/ssd_state_pass.rs): maps first.
+struct Ssd2SpParams {
+    fs::TensorMap tm_x;  // x (headdim, nheads, seqlen, batch), box 64 x 1 x kSpPos x 1
+    fs::TensorMap tm_b;  // B (dstate, ngroups, seqlen, batch), box 64 x 1 x kSpPos x 1
+    Ssd2Params q;
+};
+
+extern "C" __global__ void __launch_bounds__(kThreads, kSpCtas)
+    ssd2_chunk_state_pass(const __grid_constant__ Ssd2SpParams P) {
+    const Ssd2Params& q = P.q;
     const SsdParams& p = q.p;
     constexpr int kSpc = kQ / kSpPos;  // steps a chunk
     static_assert(kSpc >= kSpStages - 1, "a record buffer is reloaded only after its chunk's last step");
     // chunk c's record (lw, cum) at s_rec[c & 1], its lw turned into the weights w_s in place
     __shared__ __align__(16) float s_rec[2][2 * kQ];
-    __shared__ __align__(16) u16 s_x[kSpStages][kSpPos * kLd64];  // positions s x channels p
-    __shared__ __align__(128) unsigned char s_bz[kSpStages * kSpPos * 256 + 1024];  // positions x states, swizzled
-    u16* const s_b = (u16*)align_smem_1024(s_bz);
-    constexpr int kBStage = kSpPos * 128;  // u16 elements of one B stage
+    __shared__ __align__(128) unsigned char s_raw[kSpStages * kSpStageBytes + 1024];
+    __shared__ __align__(8) unsigned long long s_full[kSpStages];
+    unsigned char* const s_st = align_smem_1024(s_raw);
+    const u32 full0 = smem_u32(&s_full[0]);
 
     const i64 bh = blockIdx.x, b = bh / p.nheads, h = bh % p.nheads;
     const i64 g = h / (p.nheads / p.ngroups);
     const int ntn = (int)((p.dstate + 127) / 128);
     const int p0 = (blockIdx.y / ntn) * 64, n0 = (blockIdx.y % ntn) * 128;
-    const int hd = (int)p.headdim - p0, ds = (int)p.dstate - n0;  // valid columns of the tiles
-    const u16* gx = (const u16*)p.x + b * p.x_s[0] + h * p.x_s[2] + p0;
-    const u16* gb = (const u16*)p.B + b * p.B_s[0] + g * p.B_s[2] + n0;
+    const int hd = (int)p.headdim - p0, ds = (int)p.dstate - n0;  // valid columns of the tile
     const float* rec = q.prep + bh * p.nchunks * 3 * kQ;
     const int nc = (int)p.nchunks;
     const int last_len = (int)(p.seqlen - (i64)(nc - 1) * kQ);
     const int nsteps = (nc - 1) * kSpc + (last_len + kSpPos - 1) / kSpPos;
-    auto load = [&](int t) {  // step t into stage t % kSpStages, committed (an empty group past the end)
-        if (t < nsteps) {
-            const int c = t / kSpc, k = t - c * kSpc, st = t % kSpStages;
-            if (k == 0) {  // the record's first 2 kQ words: lw, cum
-                for (int i = threadIdx.x; i < kQ / 2; i += kThreads)
-                    cp_async16(smem_u32(s_rec[c & 1] + 4 * i), rec + (i64)c * 3 * kQ + 4 * i, true);
-            }
-            const i64 s0 = (i64)c * kQ + k * kSpPos;
-            const int valid = (int)min((i64)kSpPos, p.seqlen - s0);
-            load_tile<kSpPos, 64, kLd64>(s_x[st], gx + s0 * p.x_s[1], p.x_s[1], valid, hd, q.vec_x);
-            load_tile_sw<kSpPos, 128>(s_b + st * kBStage, gb + s0 * p.B_s[1], p.B_s[1], valid, ds, q.vec_bc);
-        }
-        cp_async_commit();
+    auto issue = [&](int t) {  // thread 0: step t into stage t % kSpStages
+        if (t >= nsteps) return;
+        const int c = t / kSpc, k = t - c * kSpc, st = t % kSpStages;
+        const u32 bar = full0 + 8 * st, dst = smem_u32(s_st + st * kSpStageBytes);
+        const int s0 = c * kQ + k * kSpPos;
+        // (a tile of <= 64 states skips B's second block: its columns are never stored)
+        const bool b2 = ds > 64;
+        mbar_arrive_expect_tx(bar, (b2 ? 3 : 2) * kSpBox + (k == 0 ? kSpRecBytes : 0));
+        if (k == 0) bulk_load(smem_u32(s_rec[c & 1]), rec + (i64)c * 3 * kQ, kSpRecBytes, bar);
+        tma_load_4d(dst, &P.tm_x, p0, (int)h, s0, (int)b, bar);
+        tma_load_4d(dst + kSpBox, &P.tm_b, n0, (int)g, s0, (int)b, bar);
+        if (b2) tma_load_4d(dst + 2 * kSpBox, &P.tm_b, n0 + 64, (int)g, s0, (int)b, bar);
     };
+    if (threadIdx.x == 0) {
 #pragma unroll
-    for (int t = 0; t < kSpStages - 1; ++t) load(t);
+        for (int st = 0; st < kSpStages; ++st) mbar_init(full0 + 8 * st, 1);
+        mbar_init_fence();
+        tma_prefetch_map(&P.tm_x);
+        tma_prefetch_map(&P.tm_b);
+#pragma unroll
+        for (int t = 0; t < kSpStages - 1; ++t) issue(t);
+    }
 
     float acc[16][4];  // H: the initial state, then H_{c+1} = f_c H_c + S_c
 #pragma unroll
@@ -562,11 +595,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, kSpCtas) ssd2_chunk_state
         }
     float(&d)[64] = *reinterpret_cast<float(*)[64]>(&acc[0][0]);
     for (int t = 0; t < nsteps; ++t) {
-        cp_async_wait<kSpStages - 2>();
-        fence_proxy_async();
-        __syncthreads();  // step t's stages (and, at a chunk's first step, its record) for every warp
-        load(t + kSpStages - 1);  // into the stages step t - 1 read
-        const int c = t / kSpc, k = t - c * kSpc;
+        // every thread is done with step t - 1's stage (and, past the first step, the barriers'
+        // initialisation is visible)
+        __syncthreads();
+        if (threadIdx.x == 0) issue(t + kSpStages - 1);  // into the stage step t - 1 read
+        const int c = t / kSpc, k = t - c * kSpc, st = t % kSpStages;
+        mbar_wait(full0 + 8 * st, (t / kSpStages) & 1);  // step t's boxes (and chunk c's record)
         if (k == 0) {
             float* const r = s_rec[c & 1];
             const int len = (int)min((i64)kQ, p.seqlen - (i64)c * kQ);
@@ -574,6 +608,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kSpCtas) ssd2_chunk_state
             // lw -> w in place, each thread its own positions (chunk c + 2's record reuses the buffer
             // only after chunk c's last step: its load is issued past a later barrier)
             for (int s = threadIdx.x; s < kQ; s += kThreads) r[s] = s < len ? ex2(cl2_end - r[s]) : 0.f;
+            fence_proxy_async();  // (the bulk copy of chunk c + 2's record writes over these)
             const float f = ex(cum_end);
             // H_c, the state entering chunk c: fp32 over slot c (states_f32: the backward's recompute,
             // return_varlen_states) and / or 16-bit (h16_slot: the scan's, the kept one), as
@@ -587,8 +622,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, kSpCtas) ssd2_chunk_state
             if (blockIdx.y == 0 && threadIdx.x == 0) p.decay[bh * p.nchunks + c] = f;
             __syncthreads();  // the weights
         }
-        const int st = t % kSpStages;
-        weighted_state_step_wg<kSpPos>(d, s_x[st], s_b + st * kBStage, s_rec[c & 1] + kSpPos * k);
+        const unsigned char* stage = s_st + st * kSpStageBytes;
+        weighted_state_step_wg<kSpPos, true>(d, (const u16*)stage, (const u16*)(stage + kSpBox),
+                                             s_rec[c & 1] + kSpPos * k);
     }
     if (p.has_final)
 #pragma unroll
@@ -1242,7 +1278,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan_one(co
 // its 16-bit stores). The default where it applies (src/ops/ssd_scan_ws.rs; FLASHSCAN_SSD_SCAN_WS=0
 // keeps ssd2_chunk_scan).
 #if FS_SSD_STATE_WGMMA && FS_CHUNK == 256
-#include "common/tma.cuh"
 
 // A compile-time int for a generic lambda's argument (the W x loop's block and A buffer).
 template <int N>

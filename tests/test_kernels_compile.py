@@ -78,10 +78,9 @@ def test_main_variants_do_not_spill(compiled: tuple[str, dict[str, bytes]]) -> N
 # live in a stack frame: 48 B under NVRTC 13.5, 64 under 13.0, measured with them (2026-12-04,
 # 253 us against ssd2_chunk_scan's 320 at b8 L2048). Bounded, not zero.
 # ssd2_chunk_state_pass (sm_90a): __launch_bounds__(128, 5) holds it to 96 registers so that 640
-# (batch, head) CTAs of b8 80 heads are one wave on 132 SMs; 120 B of stack under NVRTC 13.0 and
-# 13.5 (a step's A fragments saved around its HGMMA, the chunk boundary's live values), measured
-# with them (2026-12-04, H200: 154-155 us against 164-165 at 128 registers and four CTAs an SM).
-SSD_FWD2_STACK_BOUND = {"ssd2_chunk_scan_ws": 64, "ssd2_chunk_state_pass": 120}
+# (batch, head) CTAs of b8 80 heads are one wave on 132 SMs; 16 B of stack (a step's second A
+# fragment parked while the first's HGMMA runs).
+SSD_FWD2_STACK_BOUND = {"ssd2_chunk_scan_ws": 64, "ssd2_chunk_state_pass": 16}
 
 
 def test_ssd_fwd2_variants_do_not_spill(compiled: tuple[str, dict[str, bytes]]) -> None:

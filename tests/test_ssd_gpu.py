@@ -237,12 +237,14 @@ def kernels_of(call: Any) -> set[str]:
     return {e.name for e in prof.events()}
 
 
-def state_kernels(seq_idx: bool = False) -> tuple[str, ...]:
+def state_kernels(seq_idx: bool = False, rows16: bool = True) -> tuple[str, ...]:
     """The second path's chunk-state launches of a call: ssd2_chunk_state_pass on sm_90a without
-    seq_idx (unless FLASHSCAN_SSD_STATE_PASS=0), else ssd2_chunk_state + ssd2_state_passing."""
+    seq_idx where x and B come in rows of 16-byte multiples (`rows16`: TMA; unless
+    FLASHSCAN_SSD_STATE_PASS=0), else ssd2_chunk_state + ssd2_state_passing."""
     fused = (
         torch.cuda.get_device_capability() == (9, 0)
         and not seq_idx
+        and rows16
         and os.environ.get("FLASHSCAN_SSD_STATE_PASS") != "0"
     )
     return ("ssd2_chunk_state_pass",) if fused else ("ssd2_chunk_state", "ssd2_state_passing")
@@ -355,15 +357,17 @@ def test_forward_warp_specialised(
 # ssd2_state_passing): H carried through every chunk in one CTA's accumulator. Every chunk size,
 # both dtypes, seqlen not a multiple of the chunk (a short last chunk, one shorter than a 64-pos.
 # step), headdim / dstate tails and two tiles each way (40, 136 channels; 72, 200 states), several
-# groups, with and without initial / final states; the result against the rule, and the kernels
-# launched against the switch.
-# (dtype, ngroups, nheads, dstate, headdim, seqlen, chunk, initial states, final states)
+# groups, with and without initial / final states, x / B as views of one projection (the
+# Mamba-2 split; rows 8-byte aligned only: no tensor map, the pair runs); the result against the
+# rule, and the kernels launched against the switch.
+# (dtype, ngroups, nheads, dstate, headdim, seqlen, chunk, initial, final, split: None | pad)
 STATE_PASS_CASES = [
-    ("bfloat16", 1, 3, 128, 64, 1000, 256, False, True),
-    ("float16", 2, 4, 72, 40, 600, 128, True, True),
-    ("bfloat16", 1, 2, 200, 136, 513, 64, True, False),
-    ("bfloat16", 2, 2, 64, 64, 290, 256, False, False),
-    ("float16", 1, 3, 16, 32, 4100, 256, True, True),
+    ("bfloat16", 1, 3, 128, 64, 1000, 256, False, True, None),
+    ("float16", 2, 4, 72, 40, 600, 128, True, True, None),
+    ("bfloat16", 1, 2, 200, 136, 513, 64, True, False, None),
+    ("bfloat16", 2, 2, 64, 64, 290, 256, False, False, 0),
+    ("float16", 1, 3, 16, 32, 4100, 256, True, True, None),
+    ("bfloat16", 1, 4, 64, 64, 700, 128, True, True, 4),
 ]
 
 
@@ -378,14 +382,17 @@ def test_forward_fused_state_passing(
         monkeypatch.delenv("FLASHSCAN_SSD_STATE_PASS", raising=False)  # (the default: on)
     else:
         monkeypatch.setenv("FLASHSCAN_SSD_STATE_PASS", "0")
-    dt_name, g, h, n, p, L, chunk, init, final = case
+    dt_name, g, h, n, p, L, chunk, init, final, split = case
     dtype = DTYPES[dt_name]
     a = ssd_inputs(2, L, h, p, g, n, dtype, D2=True, init=init)
+    if split is not None:
+        split_views(a, split)
     kw: dict[str, Any] = dict(chunk_size=chunk, dt_softplus=True, return_final_states=final)
     nchunks = -(-L // chunk)
     # outputs, final states and the states workspace (whose H_c slots the scan reads) NaN
     poison(2 * L * h * p * a["x"].element_size(), 2 * h * p * n * 4, 2 * nchunks * h * p * n * 4)
     res, names = warm_forward_kernels(a, kw)
+    fused = fused and split != 4  # (x and B by TMA: rows of 16-byte multiples)
     assert ("ssd2_chunk_state_pass" in names) == fused, sorted(names)
     assert ("ssd2_state_passing" in names) == (not fused), sorted(names)
     if final:
@@ -1322,7 +1329,7 @@ def test_backward_takes_the_forward_states(
         base = grads_of(lambda lv: baseline_lowp(lv, chunk, True), a, dout, dfinal)
     else:
         base = grads_of(lambda lv: baseline_packed(lv, chunk, kw["seq_idx"]), a, dout, dfinal)
-    step = state_kernels(cuts is not None)
+    step = state_kernels(cuts is not None, rows16=p % 8 == 0 and n % 8 == 0)
     got = {}
     for keep in ("1", "0"):
         monkeypatch.setenv("FLASHSCAN_SSD_KEEP_STATES", keep)

@@ -100,7 +100,8 @@ def test_forward_products_run_on_hgmma_unserialised(functions_of, dtype: int, ch
     for func, want, groups in (
         ("ssd2_chunk_state", STATE, 1),
         ("ssd2_varlen_states", STATE, 1),
-        ("ssd2_chunk_state_pass", STATE_PASS, 1),
+        # (96 registers for five CTAs an SM leave one A quad: ptxas waits after each HGMMA)
+        ("ssd2_chunk_state_pass", STATE_PASS, 2),
         ("ssd2_chunk_scan", SCAN, 2),
     ):
         mix, hmma, depbar = _mix(fns[func])
@@ -109,6 +110,18 @@ def test_forward_products_run_on_hgmma_unserialised(functions_of, dtype: int, ch
         assert depbar == groups, (
             f"{func}: {depbar} WARPGROUP.DEPBAR for {groups} groups (serialised?)"
         )
+
+
+@pytest.mark.parametrize(("dtype", "chunk"), SAMPLES)
+def test_fused_state_passing_loads_by_tma(functions_of, dtype: int, chunk: int) -> None:  # noqa: ANN001
+    """ssd2_chunk_state_pass: x and B by TMA (three boxes a step, issued twice: the prologue and
+    the loop), the chunk records by bulk copies, no per-thread cp.async."""
+    lines = functions_of(_variant("ssd_fwd2.ssd2_chunk_scan", dtype, chunk, "sm_90a"), "sm_90a")[
+        "ssd2_chunk_state_pass"
+    ]
+    text = "\n".join(lines)
+    assert text.count("UTMALDG") >= 3 and "UBLKCP" in text, "no TMA / bulk loads"
+    assert "LDGSTS" not in text, "per-thread cp.async beside the TMA loads"
 
 
 @pytest.mark.parametrize(("dtype", "chunk"), SAMPLES)

@@ -474,7 +474,9 @@ def ssd_fwd2_cases() -> int:
     aligned), and headdim 64 / dstate 200 (four C.H^T steps through both stages). With and without
     seq_idx: blocks below the diagonal of a call without it skip the mask; chunk 256 without seq_idx
     also without z, on sm_90a (bf16) through the warp-specialised chunk outputs
-    (ssd2_chunk_scan_ws)."""
+    (ssd2_chunk_scan_ws); without seq_idx on sm_90a, rows TMA can address (headdim 40 / 64), the
+    chunk states through ssd2_chunk_state_pass (TMA boxes past the tile's ends, dstate 24's
+    one-block B)."""
     bad = 0
     os.environ["FLASHSCAN_SSD_FWD"] = "2"
     try:

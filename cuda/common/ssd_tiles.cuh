@@ -318,16 +318,24 @@ __device__ __forceinline__ void load_tile_bz(u16* s, const u16* g, i64 stride, i
 // rounded to 16 bits once), B from the swizzled stage s_bz (load_tile_sw<kPos, 128>: two 64-column
 // blocks of kPos rows x 128 bytes); kPos / 16 m64n128k16 committed and
 // waited for (the caller's next barrier may then hand both stages to the next loads).
-template <int kPos = kWgPos>
+// kASwz: s_a is a kPos x 64 tile in the 128-byte swizzle (a TMA box) instead of padded rows.
+template <int kPos = kWgPos, bool kASwz = false>
 __device__ __forceinline__ void weighted_state_step_wg(float (&d)[64], const u16* s_a, const u16* s_bz,
                                                        const float* w) {
     const int lane = threadIdx.x & 31, w16 = 16 * (threadIdx.x >> 5), t2 = 2 * (lane & 3);
-    const u32 a_base = smem_u32(s_a + w16 + lane_at(lane, kLd64));
+    constexpr int kRowBytes = kASwz ? 128 : kLd64 * 2;
+    u32 a_base;
+    if constexpr (kASwz) {  // lane_at's row and 8-channel chunk, the chunk XOR-ed with row % 8
+        const int row = (lane & 7) + ((lane >> 4) << 3), chunk = (w16 >> 3) + ((lane >> 3) & 1);
+        a_base = smem_u32(s_a) + row * 128 + ((chunk ^ (lane & 7)) << 4);
+    } else {
+        a_base = smem_u32(s_a + w16 + lane_at(lane, kLd64));
+    }
     const u32 b_base = smem_u32(s_bz);
     constexpr int kK16 = kPos / 16;
     u32 a[kK16][4];
 #pragma unroll
-    for (int kk = 0; kk < kK16; ++kk) weighted_a(a[kk], a_base + kk * 16 * kLd64 * 2, w + 16 * kk + t2);
+    for (int kk = 0; kk < kK16; ++kk) weighted_a(a[kk], a_base + kk * 16 * kRowBytes, w + 16 * kk + t2);
     const u64 db = wgmma_desc(b_base, kPos * 128, 1024);  // (the stage's two 64-column blocks)
     wgmma_fence();
 #pragma unroll

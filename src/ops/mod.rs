@@ -15,6 +15,7 @@ pub mod scan_bwd;
 pub mod ssd;
 pub mod ssd_bwd;
 pub mod ssd_scan_ws;
+pub mod ssd_state_pass;
 pub mod state_update;
 
 use crate::runtime::KernelSpec;

@@ -3,7 +3,7 @@
 //! The caller provides the fp32 workspaces (chunk states, chunk decays) so that a call
 //! allocates nothing here and stays graph-capturable.
 
-use super::ssd_scan_ws;
+use super::{ssd_scan_ws, ssd_state_pass};
 use crate::error::{type_err, unsupported, value_err, Error, Result};
 use crate::runtime::{runtime, DeviceCtx, KernelSpec, Stream, StreamChoice};
 use crate::tensor::{common_cuda_device, expect_no_overlap, DType, TensorView};
@@ -27,8 +27,8 @@ pub const ENTRY2_PREP: &str = "ssd2_chunk_prep";
 pub const ENTRY2_SCAN_ONE: &str = "ssd2_chunk_scan_one";
 /// The states after each packed sequence (return_varlen_states): one CTA per (sequence, tile, head).
 pub const ENTRY2_VARLEN: &str = "ssd2_varlen_states";
-/// ssd2_chunk_state and ssd2_state_passing in one kernel on sm_90a (`state_pass_applies`): one
-/// CTA per (batch, head, tile) carries H through the chunks in its accumulator.
+/// ssd2_chunk_state and ssd2_state_passing in one kernel on sm_90a (src/ops/ssd_state_pass.rs):
+/// one CTA per (batch, head, tile) carries H through the chunks in its accumulator.
 pub const ENTRY2_STATE_PASS: &str = "ssd2_chunk_state_pass";
 /// ssd2_chunk_state's tile of states per CTA (channels x states: 64 x 128).
 const STATE2_TILE_N: i64 = 128;
@@ -735,20 +735,6 @@ pub(crate) fn rows16(t: &TensorView, last: i64) -> i32 {
     (t.ptr % 16 == 0 && last % 8 == 0 && strides_ok) as i32
 }
 
-/// `FLASHSCAN_SSD_STATE_PASS=0` keeps ssd2_chunk_state + ssd2_state_passing everywhere (A/B
-/// runs). Read on every call, so one process can run both forms.
-fn state_pass_on() -> bool {
-    std::env::var("FLASHSCAN_SSD_STATE_PASS").as_deref() != Ok("0")
-}
-
-/// Whether a call's chunk states and state passing can run as ssd2_chunk_state_pass: sm_90a (its
-/// product is the wgmma one) and no seq_idx (no resets). It leaves H_c as the pair does (fp32 under
-/// `states_f32`, 16-bit in place or in `h16`), so the backward's recompute takes it too and its
-/// H_c round to the forward's kept ones bit for bit.
-fn state_pass_applies(q: &Ssd2Params, arch: i64) -> bool {
-    arch == 90 && q.p.has_seq == 0 && state_pass_on()
-}
-
 /// Whether the second path's chunk states and state passing must run: more than one chunk, or
 /// initial states to carry in, or final states to write out.
 pub(crate) fn needs_carried_states(nchunks: i64, has_init: i32, has_final: i32) -> bool {
@@ -956,7 +942,7 @@ impl<'a> Launch2<'a> {
 
     /// ssd2_chunk_state (64 x 128 tiles), then ssd2_state_passing, one CTA per (batch, head): it
     /// overwrites each chunk's slot with H (16-bit, or fp32 under `states_f32`) in place. Where
-    /// `state_pass_applies`, ssd2_chunk_state_pass instead, one CTA per (batch, head, tile): the
+    /// `ssd_state_pass::plan` takes the call, ssd2_chunk_state_pass instead, one CTA per (batch, head, tile): the
     /// same 16-bit H_c, decays and final states, no fp32 S_c.
     ///
     /// # Safety
@@ -964,9 +950,13 @@ impl<'a> Launch2<'a> {
     unsafe fn states(&self, q: &Ssd2Params, p: &Problem) -> Result<()> {
         let n_tiles = (p.dstate + STATE2_TILE_N - 1) / STATE2_TILE_N;
         let tiles = grid_u32(tiles(p.headdim) * n_tiles, "headdim * dstate")?;
-        if state_pass_applies(q, self.arch) {
+        if let Some(maps) = ssd_state_pass::plan(q, p, self.dtype, self.arch) {
+            let (dev, st) = (self.dev, self.st);
+            let (dtype, chunk, arch) = (self.dtype, self.chunk, self.arch);
             // SAFETY: as the caller's
-            return unsafe { self.one(ENTRY2_STATE_PASS, (self.bh, tiles, 1), THREADS, q) };
+            return unsafe {
+                ssd_state_pass::launch(dev, q, &maps, (self.bh, tiles), dtype, chunk, arch, st)
+            };
         }
         let grid = (self.nchunks, tiles, self.bh);
         // SAFETY: as the caller's

@@ -87,7 +87,7 @@ fn grid_ctas(nunits: i32, sm_count: i32) -> u32 {
 
 /// A byte stride for a tensor map: a size-1 dimension is never stepped over, so any multiple of
 /// 16 will do there (the layer's views can carry odd strides on such dimensions).
-fn map_stride(size: i64, stride_elems: i64, elem_bytes: i64, inner_bytes: u64) -> u64 {
+pub(crate) fn map_stride(size: i64, stride_elems: i64, elem_bytes: i64, inner_bytes: u64) -> u64 {
     if size == 1 {
         inner_bytes.max(16)
     } else {
