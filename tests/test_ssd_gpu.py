@@ -353,13 +353,14 @@ def test_forward_warp_specialised(
 
 
 # The sm_90a chunk states with the state passing in one kernel (`ssd2_chunk_state_pass`, the
-# default for 16-bit calls without seq_idx; FLASHSCAN_SSD_STATE_PASS=0 keeps ssd2_chunk_state +
-# ssd2_state_passing): H carried through every chunk in one CTA's accumulator. Every chunk size,
-# both dtypes, seqlen not a multiple of the chunk (a short last chunk, one shorter than a 64-pos.
-# step), headdim / dstate tails and two tiles each way (40, 136 channels; 72, 200 states), several
-# groups, with and without initial / final states, x / B as views of one projection (the
-# Mamba-2 split; rows 8-byte aligned only: no tensor map, the pair runs); the result against the
-# rule, and the kernels launched against the switch.
+# default for 16-bit calls without seq_idx whose x and B rows TMA can address;
+# FLASHSCAN_SSD_STATE_PASS=0 keeps ssd2_chunk_state + ssd2_state_passing): H carried through every
+# chunk in one CTA's accumulator. Every chunk size, both dtypes, seqlen not a multiple of the chunk
+# (a short last chunk, one shorter than a 32-position step), headdim / dstate tails and two tiles
+# each way (40, 136 channels; 72, 200 states), one B block (16, 24 states), several groups, with
+# and without initial / final states, x / B as views of one projection (the Mamba-2 split; rows
+# 8-byte aligned only: no tensor map, the pair runs); the result against the rule, and the kernels
+# launched against the switch.
 # (dtype, ngroups, nheads, dstate, headdim, seqlen, chunk, initial, final, split: None | pad)
 STATE_PASS_CASES = [
     ("bfloat16", 1, 3, 128, 64, 1000, 256, False, True, None),
@@ -367,6 +368,7 @@ STATE_PASS_CASES = [
     ("bfloat16", 1, 2, 200, 136, 513, 64, True, False, None),
     ("bfloat16", 2, 2, 64, 64, 290, 256, False, False, 0),
     ("float16", 1, 3, 16, 32, 4100, 256, True, True, None),
+    ("bfloat16", 2, 8, 24, 64, 333, 64, True, True, None),
     ("bfloat16", 1, 4, 64, 64, 700, 128, True, True, 4),
 ]
 
