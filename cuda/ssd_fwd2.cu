@@ -479,10 +479,11 @@ extern "C" __global__ void FS_STATE_BOUNDS ssd2_varlen_states(const Ssd2Params q
 // the scan and kept for the backward), scales acc by f_c = exp(cum_end) and then accumulates S_c onto
 // it (wgmma's D = A B + D), so S_c never leaves the SM: x in, H_c out, B re-read from L2.
 // Grid (batch * nheads, ceil(headdim / 64) * ceil(dstate / 128)), 128 threads (warp w rows p 16w ..
-// 16w + 15 of the 64 x 128 tile, acc[16][4] as ssd2_chunk_state's). Steps of kWgPos positions run flat
-// over the chunks (t = c kSpc + k), two cp.async stages: step t + 1's loads in flight during step
-// t's product, across chunk boundaries; chunk c's prep record (lw, cum) rides in its first step's
-// group, by chunk parity. Without seq_idx (a reset would need seg): the host's rule.
+// 16w + 15 of the 64 x 128 tile, acc[16][4] as ssd2_chunk_state's). Steps of kSpPos positions run
+// flat over the chunks (t = c kSpc + k) through kSpStages TMA stages (below): steps t + 1, t + 2
+// in flight during step t's product, across chunk boundaries; chunk c's prep record (lw, cum)
+// rides on its first step's mbarrier, by chunk parity. Without seq_idx (a reset would need seg),
+// rows TMA can address: the host's rule (src/ops/ssd_state_pass.rs).
 // MEASURED 2026-12-04 (H200, same lease, b8 80 heads x 64, state 128, bf16; predicted ~80-100 us
 // from the bytes): 122.9-125.1 us against 114.5-114.8 + 65.8 for the pair at L2048 (forward
 // 449-453 -> 389-393 us of kernels; mamba_ssm's Triton 695.6 in the same process, its chunk state
@@ -494,11 +495,12 @@ extern "C" __global__ void FS_STATE_BOUNDS ssd2_varlen_states(const Ssd2Params q
 // 73%, DRAM 39%, 0.33 issued a cycle. What holds it now: B re-read from L2 by every head (~0.5 MB
 // a CTA, ~335 of the ~590 MB through L2 at b8 L2048); the next lever is B shared by a group's
 // heads (several heads a CTA, or TMA multicast over a cluster).
-template <bool kWhole>
+// The accumulator's tile rounded to x's dtype into out (rows p0 + r x dstate columns from n0, as
+// store_state_tile's fp32): whole tiles by 4-byte pairs unchecked, others element by element.
 __device__ __forceinline__ void store_h16_tile(u16* out, const float (&acc)[16][4], int p0, int hd, int n0, int ds,
                                                i64 dstate) {
     const bool pair = (dstate & 1) == 0;
-    if (kWhole && pair && hd >= 64 && ds >= 128) {  // uniform
+    if (pair && hd >= 64 && ds >= 128) {  // uniform
         u16* const o0 = out + (i64)(p0 + acc_row(0)) * dstate + n0 + acc_col(0, 0);
         u16* const o1 = o0 + 8 * dstate;
 #pragma unroll
@@ -616,7 +618,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kSpCtas)
             if (q.states_f32)
                 store_state_tile(p.states + ((b * p.nchunks + c) * p.nheads + h) * p.headdim * p.dstate, acc, p0, hd,
                                  n0, ds, p.dstate);
-            if (!q.states_f32 || q.h16) store_h16_tile<true>(h16_slot(q, b, c, h), acc, p0, hd, n0, ds, p.dstate);
+            if (!q.states_f32 || q.h16) store_h16_tile(h16_slot(q, b, c, h), acc, p0, hd, n0, ds, p.dstate);
 #pragma unroll
             for (int i = 0; i < 64; ++i) d[i] *= f;
             if (blockIdx.y == 0 && threadIdx.x == 0) p.decay[bh * p.nchunks + c] = f;

@@ -942,8 +942,8 @@ impl<'a> Launch2<'a> {
 
     /// ssd2_chunk_state (64 x 128 tiles), then ssd2_state_passing, one CTA per (batch, head): it
     /// overwrites each chunk's slot with H (16-bit, or fp32 under `states_f32`) in place. Where
-    /// `ssd_state_pass::plan` takes the call, ssd2_chunk_state_pass instead, one CTA per (batch, head, tile): the
-    /// same 16-bit H_c, decays and final states, no fp32 S_c.
+    /// `ssd_state_pass::plan` takes the call, ssd2_chunk_state_pass instead, one CTA per (batch,
+    /// head, tile): the same H_c, decays and final states, no fp32 S_c.
     ///
     /// # Safety
     /// As `one`'s; the prep records are written.
