@@ -352,3 +352,59 @@ def test_state_passing_replay_fails_on_a_racy_order() -> None:
     """Blocks in descending order write 16-bit H over S not read yet: the replay must say so."""
     with pytest.raises(AssertionError, match="unread S"):
         _replay_state_passing(64 * 128, 3, 4, reverse=True)
+
+
+def _replay_state_pass_ring(seqlen: int, kq: int, pos: int = 32, stages: int = 3) -> int:
+    """ssd2_chunk_state_pass's ring (one CTA): steps t = c kq / pos + k flat over the chunks, the
+    last chunk's steps only up to seqlen; thread 0 issues steps 0 .. stages - 2 before the loop and
+    step t + stages - 1 at step t's top (after the barrier that ends step t - 1) into stage
+    t % stages, and with a chunk's first step that chunk's record into buffer c % 2; step t waits
+    for its stage, and at a chunk's first step turns the record's lw into weights in place, which
+    the chunk's steps read. Asserted: a stage or record buffer is refilled only after every step
+    that reads its previous contents has finished, and every step reads its own data. Returns
+    the step count (the kernel's nsteps)."""
+    spc = kq // pos
+    nc = _ceil(seqlen, kq)
+    nsteps = (nc - 1) * spc + _ceil(seqlen - (nc - 1) * kq, pos)
+    stage: dict[int, int] = {}  # stage -> the step whose data it holds
+    record: dict[int, int] = {}  # buffer -> the chunk whose record (or weights) it holds
+    done = -1  # the last step whose reads have finished
+
+    def issue(u: int) -> None:
+        if u >= nsteps:
+            return
+        s = u % stages
+        if s in stage:
+            assert stage[s] <= done, f"step {u} refills stage {s} while step {stage[s]} reads it"
+        stage[s] = u
+        c, k = divmod(u, spc)
+        if k == 0:
+            last = record.get(c % 2)
+            if last is not None:  # every step of chunk `last` reads its weights
+                busy = last * spc + spc - 1 > done
+                assert not busy, f"chunk {c}'s record over chunk {last}'s weights"
+            record[c % 2] = c
+
+    for u in range(stages - 1):
+        issue(u)
+    for t in range(nsteps):
+        issue(t + stages - 1)  # (past the barrier: step t - 1 is done)
+        c, _ = divmod(t, spc)
+        assert stage.get(t % stages) == t, f"step {t} reads step {stage.get(t % stages)}'s stage"
+        assert record.get(c % 2) == c, f"step {t} reads chunk {record.get(c % 2)}'s weights"
+        done = t
+    return nsteps
+
+
+@pytest.mark.parametrize("kq", [64, 128, 256])
+@pytest.mark.parametrize("seqlen", [1, 31, 33, 64, 65, 300, 513, 2048, 4100])
+def test_fused_state_pass_ring_reuses_nothing_early(kq: int, seqlen: int) -> None:
+    nsteps = _replay_state_pass_ring(seqlen, kq)
+    assert nsteps == _ceil(seqlen, 32)  # (32-position steps cover every position once)
+
+
+def test_fused_state_pass_ring_replay_fails_when_a_chunk_is_shorter_than_the_ring() -> None:
+    """The kernel's static_assert (kSpc >= kSpStages - 1): four stages of 32 positions at chunk
+    64 would issue chunk c + 2's record while chunk c's last step still reads its weights."""
+    with pytest.raises(AssertionError, match="record over"):
+        _replay_state_pass_ring(1000, 64, stages=4)
