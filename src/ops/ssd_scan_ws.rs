@@ -95,6 +95,27 @@ pub(crate) fn map_stride(size: i64, stride_elems: i64, elem_bytes: i64, inner_by
     }
 }
 
+/// The tensor map of a 16-bit (batch, seqlen, heads, inner) tensor at `ptr` with element strides
+/// `s` (batch, seqlen, head): dimensions (inner, heads, seqlen, batch), boxes of 64 x 1 x `rows`
+/// x 1 (x over its heads, B or C over its groups). Shared with `ssd_state_pass`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rows_map(
+    ptr: u64,
+    bf16: bool,
+    s: [i64; 3],
+    inner: i64,
+    heads: i64,
+    seqlen: i64,
+    batch: i64,
+    rows: u32,
+) -> Result<[u64; 16]> {
+    let s1 = map_stride(heads, s[2], 2, (inner * 2) as u64);
+    let s2 = map_stride(seqlen, s[1], 2, s1 * heads as u64);
+    let s3 = map_stride(batch, s[0], 2, s2 * seqlen as u64);
+    let dims = [inner as u64, heads as u64, seqlen as u64, batch as u64];
+    encode_tensor_map_4d(ptr, bf16, dims, [s1, s2, s3], [64, 1, rows, 1])
+}
+
 /// The four tensor maps: x (headdim, nheads, seqlen, batch), C (dstate, ngroups, seqlen, batch),
 /// the 16-bit H_c (dstate, headdim, nheads, batch * nchunks): the kept compact tensor (`h16`), or
 /// packed in place over each fp32 slot of the states workspace (rows of dstate 16-bit values,
@@ -105,27 +126,9 @@ fn maps(q: &Ssd2Params, p: &Problem) -> Result<[[u64; 16]; 4]> {
     let s = &q.p;
     let (hd, nh, l, b) = (p.headdim, p.nheads, p.seqlen, p.batch);
     let (ds, ng) = (p.dstate, p.ngroups);
-    let sx1 = map_stride(nh, s.x_s[2], 2, (hd * 2) as u64);
-    let sx2 = map_stride(l, s.x_s[1], 2, sx1 * nh as u64);
-    let sx3 = map_stride(b, s.x_s[0], 2, sx2 * l as u64);
     let bf16 = true; // (bf16 only: `plan`)
-    let tm_x = encode_tensor_map_4d(
-        s.x,
-        bf16,
-        [hd as u64, nh as u64, l as u64, b as u64],
-        [sx1, sx2, sx3],
-        [64, 1, 64, 1],
-    )?;
-    let sc1 = map_stride(ng, s.c_s[2], 2, (ds * 2) as u64);
-    let sc2 = map_stride(l, s.c_s[1], 2, sc1 * ng as u64);
-    let sc3 = map_stride(b, s.c_s[0], 2, sc2 * l as u64);
-    let tm_c = encode_tensor_map_4d(
-        s.c,
-        bf16,
-        [ds as u64, ng as u64, l as u64, b as u64],
-        [sc1, sc2, sc3],
-        [64, 1, 64, 1],
-    )?;
+    let tm_x = rows_map(s.x, bf16, s.x_s, hd, nh, l, b, 64)?;
+    let tm_c = rows_map(s.c, bf16, s.c_s, ds, ng, l, b, 64)?;
     // a slot's 16-bit values: compact (h16) or in place over fp32 slots twice their size
     let (h_ptr, slot) = if q.h16 != 0 {
         (q.h16, (hd * ds * 2) as u64)

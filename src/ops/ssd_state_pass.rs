@@ -5,9 +5,8 @@
 //! `ssd::Launch2::states` keeps `ssd2_chunk_state` + `ssd2_state_passing` wherever `plan` declines.
 
 use super::ssd::{spec2, Problem, Ssd2Params, ENTRY2_STATE_PASS};
-use super::ssd_scan_ws::map_stride;
+use super::ssd_scan_ws::rows_map;
 use crate::error::Result;
-use crate::runtime::driver::encode_tensor_map_4d;
 use crate::runtime::{DeviceCtx, Stream};
 
 /// Positions a step (the boxes' rows); mirrors kSpPos.
@@ -49,26 +48,8 @@ fn maps(q: &Ssd2Params, p: &Problem, bf16: bool) -> Result<[[u64; 16]; 2]> {
     let s = &q.p;
     let (hd, nh, l, b) = (p.headdim, p.nheads, p.seqlen, p.batch);
     let (ds, ng) = (p.dstate, p.ngroups);
-    let sx1 = map_stride(nh, s.x_s[2], 2, (hd * 2) as u64);
-    let sx2 = map_stride(l, s.x_s[1], 2, sx1 * nh as u64);
-    let sx3 = map_stride(b, s.x_s[0], 2, sx2 * l as u64);
-    let tm_x = encode_tensor_map_4d(
-        s.x,
-        bf16,
-        [hd as u64, nh as u64, l as u64, b as u64],
-        [sx1, sx2, sx3],
-        [64, 1, POS, 1],
-    )?;
-    let sb1 = map_stride(ng, s.b_s[2], 2, (ds * 2) as u64);
-    let sb2 = map_stride(l, s.b_s[1], 2, sb1 * ng as u64);
-    let sb3 = map_stride(b, s.b_s[0], 2, sb2 * l as u64);
-    let tm_b = encode_tensor_map_4d(
-        s.b,
-        bf16,
-        [ds as u64, ng as u64, l as u64, b as u64],
-        [sb1, sb2, sb3],
-        [64, 1, POS, 1],
-    )?;
+    let tm_x = rows_map(s.x, bf16, s.x_s, hd, nh, l, b, POS)?;
+    let tm_b = rows_map(s.b, bf16, s.b_s, ds, ng, l, b, POS)?;
     Ok([tm_x, tm_b])
 }
 
