@@ -47,6 +47,9 @@
 
 #include "common/ssd.cuh"
 #include "common/ssd_tiles.cuh"
+#if FS_SSD_STATE_WGMMA
+#include "common/tma.cuh"
+#endif
 
 // By-value parameter block of the backward kernels (sizeof 912): the forward's, then the
 // gradients and the fp32 scratch (allocated by the host, stream-ordered). Strides in elements.
@@ -2599,3 +2602,190 @@ extern "C" __global__ void FS_STATE_BOUNDS ssd_bwd_chunk_dstate16(const SsdBwdPa
 extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate16_hilo(const SsdBwdParams q) {
     chunk_dstate16<true>(q);
 }
+
+// ---- 8j. L_c and the reverse state passing in one kernel (sm_90a) ----------------------------------
+// Why: ssd_bwd_chunk_dstate16 writes every L_c in fp32 (168 MB at b8 L2048 80 heads x 64, state 128)
+// and ssd_bwd_state_passing reads them back beside the kept 16-bit H_c to write the 16-bit dS_c:
+// 120 + 93 us on the H200 (2026-12-04, benches/results/2026-12-04-h200-ssd-state-pass, call 7).
+// The forward's ssd2_chunk_state_pass (cuda/ssd_fwd2.cu) in reverse: one CTA per (batch, head,
+// 64 x 128 tile) walks the head's chunks from the last to the first with G = dL/dH_{c+1} in the
+// wgmma accumulator (dfinal_states, or zero, to start). At chunk c's first step it stores dS_c = G
+// (16-bit, q.dstates16: what dx16 / dc16 / db16 read), adds each warp's df_c partial <G, H_c> over
+// its 16 rows into dfpart (H_c, the forward's kept 16-bit state, by TMA into s_h), scales G by f_c
+// and then accumulates L_c = sum_l e_l g_l^T C_l onto it (weighted_state_step_wg: a = dout, b = C,
+// w = e, e_l = exp(cum_l) from the prologue's records); after chunk 0, dinitial_states = G. So L_c
+// never leaves the SM and the fp32 dS_c / L_c workspace is not allocated.
+// Grid (batch * nheads, ceil(headdim / 64) * ceil(dstate / 128)), 128 threads (warp w rows p 16w ..
+// 16w + 15 of the tile, acc[16][4] as ssd2_chunk_state_pass's). Steps of kSpPos positions run flat
+// over the chunks in processing order j = nc - 1 - c (the last chunk, maybe short, first: it alone
+// has fewer than kBsSpc steps) through kBsStages TMA stages that thread 0 fills (dout one 64-channel
+// box, C two 64-state boxes, zero fill past the tensors' ends); chunk c's record (cum, kQ floats of
+// q.pcum) rides on its first step's mbarrier into s_rec[j & 1], turned into e in place. H_c comes
+// on its own mbarrier into one 16 KB buffer, issued once every thread has read H_{c+1} (chunk
+// c + 1's first step): in flight during chunk c + 1's steps.
+// Two stages (one step in flight during a step's product), not the forward's three: with s_h the
+// three would take 55 KB, four CTAs an SM (640 CTAs of b8 80 heads 1.2 waves); two take 43 KB and
+// 96 registers, five an SM, one wave.
+// When it runs (src/ops/ssd_bwd_state_pass.rs): 16-bit calls with the forward's kept H_c (kept),
+// a carried state, no seq_idx (e_l and f_c without resets), dout / C / H_c rows TMA can address, the
+// one-rounding L_c (not FLASHSCAN_SSD_DSTATE_HILO), and FLASHSCAN_SSD_BWD_STATE_PASS=1: opt-in until
+// it has run on a GPU (written and checked on the CPU only, 2026-12-04: NVRTC 13.0 / 13.5 builds at
+// 96 registers, its SASS, tests/test_ssd_bwd_pass_model.py's replay of its ring and arithmetic).
+// Predicted: ~120-130 us against the pair's 120 + 93 at b8 L2048 on the H200 (the forward twin's
+// 123-125 against 115 + 66), the fp32 L_c workspace (168 MB there) not allocated.
+#if FS_SSD_STATE_WGMMA && FS_DTYPE != 2
+constexpr int kSpPos = 32, kBsStages = 2, kBsCtas = 5;
+constexpr int kBsSpc = kQ / kSpPos;         // steps of a whole chunk
+constexpr int kSpBox = kSpPos * 128;        // bytes of one kSpPos x 64 16-bit box
+constexpr int kBsStageBytes = 3 * kSpBox;   // dout, then C's two 64-state blocks
+constexpr int kBsHBytes = 2 * kRows * 128;  // H_c: two 64 x 64 16-bit boxes, swizzled
+constexpr int kBsRecBytes = kQ * 4;         // a record: cum
+static_assert(kBsStageBytes % 1024 == 0 && kBsHBytes % 1024 == 0, "swizzled boxes start 1024-aligned");
+
+// The kernel's one parameter (host mirror: SsdBwdSpParams in src/ops/ssd_bwd_state_pass.rs).
+struct SsdBwdSpParams {
+    fs::TensorMap tm_g;  // dout (headdim, nheads, seqlen, batch), box 64 x 1 x kSpPos x 1
+    fs::TensorMap tm_c;  // C (dstate, ngroups, seqlen, batch), box 64 x 1 x kSpPos x 1
+    fs::TensorMap tm_h;  // the kept 16-bit H_c (dstate, headdim, nheads, batch * nchunks), box 64 x 64
+    SsdBwdParams q;
+};
+
+extern "C" __global__ void __launch_bounds__(kThreads, kBsCtas)
+    ssd_bwd_dstate_pass(const __grid_constant__ SsdBwdSpParams P) {
+    const SsdBwdParams& q = P.q;
+    const SsdParams& p = q.f;
+    static_assert(kBsSpc >= kBsStages, "a record buffer is reloaded only after its chunk's last step");
+    __shared__ __align__(16) float s_rec[2][kQ];  // chunk j's record at s_rec[j & 1]: cum, then e
+    __shared__ __align__(128) unsigned char s_raw[kBsStages * kBsStageBytes + kBsHBytes + 1024];
+    __shared__ __align__(8) unsigned long long s_full[kBsStages];
+    __shared__ __align__(8) unsigned long long s_hbar;
+    unsigned char* const s_st = align_smem_1024(s_raw);
+    unsigned char* const s_h = s_st + kBsStages * kBsStageBytes;
+    const u32 full0 = smem_u32(&s_full[0]), hbar = smem_u32(&s_hbar);
+
+    const i64 bh = blockIdx.x, b = bh / p.nheads, h = bh % p.nheads;
+    const i64 g = h / (p.nheads / p.ngroups);
+    const int ntn = (int)((p.dstate + 127) / 128);
+    const int p0 = (blockIdx.y / ntn) * 64, n0 = (blockIdx.y % ntn) * 128;
+    const int hd = (int)p.headdim - p0, ds = (int)p.dstate - n0;  // valid columns of the tile
+    const int nc = (int)p.nchunks;
+    const int last_len = (int)(p.seqlen - (i64)(nc - 1) * kQ);
+    const int first_steps = (last_len + kSpPos - 1) / kSpPos;  // the last chunk's, visited first
+    const int nsteps = first_steps + (nc - 1) * kBsSpc;
+    // (a tile of <= 64 states reads neither C's nor H's second block: those columns are never used)
+    const bool two = ds > 64;
+    // step t -> processing index j (chunk nc - 1 - j) and step k of that chunk
+    auto step_of = [&](int t, int& j, int& k) {
+        if (t < first_steps) {
+            j = 0, k = t;
+        } else {
+            const int u = t - first_steps;
+            j = 1 + u / kBsSpc, k = u - (j - 1) * kBsSpc;
+        }
+    };
+    auto issue = [&](int t) {  // thread 0: step t into stage t % kBsStages
+        if (t >= nsteps) return;
+        int j, k;
+        step_of(t, j, k);
+        const int c = nc - 1 - j, st = t % kBsStages;
+        const u32 bar = full0 + 8 * st, dst = smem_u32(s_st + st * kBsStageBytes);
+        const int s0 = c * kQ + k * kSpPos;
+        mbar_arrive_expect_tx(bar, (two ? 3 : 2) * kSpBox + (k == 0 ? kBsRecBytes : 0));
+        if (k == 0) bulk_load(smem_u32(s_rec[j & 1]), q.pcum + (bh * nc + c) * kQ, kBsRecBytes, bar);
+        tma_load_4d(dst, &P.tm_g, p0, (int)h, s0, (int)b, bar);
+        tma_load_4d(dst + kSpBox, &P.tm_c, n0, (int)g, s0, (int)b, bar);
+        if (two) tma_load_4d(dst + 2 * kSpBox, &P.tm_c, n0 + 64, (int)g, s0, (int)b, bar);
+    };
+    auto issue_h = [&](int c) {  // thread 0: H_c's tile into s_h
+        mbar_arrive_expect_tx(hbar, (two ? 2 : 1) * kRows * 128);
+        tma_load_4d(smem_u32(s_h), &P.tm_h, n0, p0, (int)h, (int)(b * nc + c), hbar);
+        if (two) tma_load_4d(smem_u32(s_h) + kRows * 128, &P.tm_h, n0 + 64, p0, (int)h, (int)(b * nc + c), hbar);
+    };
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int st = 0; st < kBsStages; ++st) mbar_init(full0 + 8 * st, 1);
+        mbar_init(hbar, 1);
+        mbar_init_fence();
+        tma_prefetch_map(&P.tm_g);
+        tma_prefetch_map(&P.tm_c);
+        tma_prefetch_map(&P.tm_h);
+        issue_h(nc - 1);
+#pragma unroll
+        for (int t = 0; t < kBsStages - 1; ++t) issue(t);
+    }
+
+    float acc[16][4];  // G: dfinal_states (or zero), then G <- f_c G + L_c chunk by chunk
+#pragma unroll
+    for (int jn = 0; jn < 16; ++jn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int pp = acc_row(e), nn = acc_col(jn, e);
+            acc[jn][e] = q.has_dfinal && pp < hd && nn < ds
+                             ? ld_any(q.dfinal, b * q.dfinal_s[0] + h * q.dfinal_s[1] + (p0 + pp) * q.dfinal_s[2] +
+                                                    (n0 + nn) * q.dfinal_s[3],
+                                      q.dfinal_dtype)
+                             : 0.f;
+        }
+    float(&d)[64] = *reinterpret_cast<float(*)[64]>(&acc[0][0]);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    // this warp's df partials: dfpart[(bh, 4 tile + warp, c)] (q.npass_tiles = tiles * 4 of them)
+    float* const dfpart = q.dfpart + (bh * q.npass_tiles + (i64)blockIdx.y * (kThreads / 32) + w) * nc;
+    for (int t = 0; t < nsteps; ++t) {
+        // every thread is done with step t - 1's stage (and the barriers' initialisation is visible)
+        __syncthreads();
+        if (threadIdx.x == 0) issue(t + kBsStages - 1);  // into the stage step t - 1 read
+        int j, k;
+        step_of(t, j, k);
+        const int c = nc - 1 - j, st = t % kBsStages;
+        if (k == 0) {
+            const float f = p.decay[bh * nc + c];  // (issued before the waits)
+            // dS_c = G, as ssd_bwd_state_passing leaves it for dx16 / dc16 / db16
+            store_h16_tile(q.dstates16 + ((b * nc + c) * p.nheads + h) * p.headdim * p.dstate, acc, p0, hd, n0, ds,
+                           p.dstate);
+            // df_c's partial <G, H_c> over this warp's rows (zeros past the tile's valid rows and
+            // columns on both sides: TMA's fill, G's sums of zero-filled operands)
+            mbar_wait(hbar, j & 1);
+            float part = 0.f;
+#pragma unroll
+            for (int jn = 0; jn < 16; ++jn) {
+                if (jn >= 8 && !two) break;  // (uniform; acc's columns 64.. hold no state there)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const float2 hv =
+                        unpack2<DT>(*(const u32*)(s_h + swz_offset(kRows, acc_row(2 * hh), acc_col(jn, 0))));
+                    part += acc[jn][2 * hh] * hv.x + acc[jn][2 * hh + 1] * hv.y;
+                }
+            }
+#pragma unroll
+            for (int off = 16; off > 0; off /= 2) part += __shfl_xor_sync(0xffffffffu, part, off);
+            if (lane == 0) dfpart[c] = part;
+#pragma unroll
+            for (int i = 0; i < 64; ++i) d[i] *= f;
+            mbar_wait(full0 + 8 * st, (t / kBsStages) & 1);  // step t's boxes and chunk c's record
+            float* const r = s_rec[j & 1];
+            const int len = (int)min((i64)kQ, p.seqlen - (i64)c * kQ);
+            // cum -> e in place, each thread its own positions (chunk j + 2's record reuses the
+            // buffer only after chunk j's last step: its load is issued past a later barrier)
+            for (int l = threadIdx.x; l < kQ; l += kThreads) r[l] = l < len ? ex(r[l]) : 0.f;
+            fence_proxy_async();  // (the bulk copy of chunk j + 2's record writes over these)
+            __syncthreads();      // the weights; every thread's reads of s_h
+            if (threadIdx.x == 0 && c > 0) issue_h(c - 1);
+        } else {
+            mbar_wait(full0 + 8 * st, (t / kBsStages) & 1);  // step t's boxes
+        }
+        const unsigned char* stage = s_st + st * kBsStageBytes;
+        weighted_state_step_wg<kSpPos, true>(d, (const u16*)stage, (const u16*)(stage + kSpBox),
+                                             s_rec[j & 1] + kSpPos * k);
+    }
+    if (p.has_init)
+#pragma unroll
+        for (int jn = 0; jn < 16; ++jn)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int pp = acc_row(e), nn = acc_col(jn, e);
+                if (pp < hd && nn < ds)
+                    st_any(q.dinit, b * q.dinit_s[0] + h * q.dinit_s[1] + (p0 + pp) * q.dinit_s[2] + (n0 + nn) * q.dinit_s[3],
+                           p.init_dtype, acc[jn][e]);
+            }
+}
+#endif

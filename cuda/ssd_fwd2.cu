@@ -495,30 +495,6 @@ extern "C" __global__ void FS_STATE_BOUNDS ssd2_varlen_states(const Ssd2Params q
 // 73%, DRAM 39%, 0.33 issued a cycle. What holds it now: B re-read from L2 by every head (~0.5 MB
 // a CTA, ~335 of the ~590 MB through L2 at b8 L2048); the next lever is B shared by a group's
 // heads (several heads a CTA, or TMA multicast over a cluster).
-// The accumulator's tile rounded to x's dtype into out (rows p0 + r x dstate columns from n0, as
-// store_state_tile's fp32): whole tiles by 4-byte pairs unchecked, others element by element.
-__device__ __forceinline__ void store_h16_tile(u16* out, const float (&acc)[16][4], int p0, int hd, int n0, int ds,
-                                               i64 dstate) {
-    const bool pair = (dstate & 1) == 0;
-    if (pair && hd >= 64 && ds >= 128) {  // uniform
-        u16* const o0 = out + (i64)(p0 + acc_row(0)) * dstate + n0 + acc_col(0, 0);
-        u16* const o1 = o0 + 8 * dstate;
-#pragma unroll
-        for (int jn = 0; jn < 16; ++jn) {
-            *(u32*)(o0 + 8 * jn) = pack2<DT>(acc[jn][0], acc[jn][1]);
-            *(u32*)(o1 + 8 * jn) = pack2<DT>(acc[jn][2], acc[jn][3]);
-        }
-        return;
-    }
-#pragma unroll
-    for (int jn = 0; jn < 16; ++jn)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int pp = acc_row(e), nn = acc_col(jn, e);
-            if (pp < hd && nn < ds) out[(i64)(p0 + pp) * dstate + n0 + nn] = f32_to_half<DT>(acc[jn][e]);
-        }
-}
-
 // Steps of 32 positions in three stages (two steps' loads in flight, 12 KB a stage): with 96
 // registers (kSpCtas) five CTAs fit an SM, so the 640 (batch, head) CTAs of b8 80 heads are one
 // wave on 132 SMs. Thread 0 issues each step by TMA (x one 64-channel box, B two 64-state boxes, all

@@ -250,6 +250,24 @@ def state_kernels(seq_idx: bool = False, rows16: bool = True) -> tuple[str, ...]
     return ("ssd2_chunk_state_pass",) if fused else ("ssd2_chunk_state", "ssd2_state_passing")
 
 
+def bwd_state_kernels(kept: bool = True, seq_idx: bool = False) -> tuple[str, ...]:
+    """A 16-bit backward's L_c and reverse state passing: ssd_bwd_dstate_pass on sm_90a for a
+    call with the forward's kept H_c (`kept`: flashscan.torch's 16-bit calls without z), no
+    seq_idx, rows TMA can address (the tests' dense tensors) and the one-rounding L_c (not
+    FLASHSCAN_SSD_DSTATE_HILO=1), where FLASHSCAN_SSD_BWD_STATE_PASS=1 asks for it (opt-in until
+    its first GPU run); else ssd_bwd_chunk_dstate16 + ssd_bwd_state_passing."""
+    fused = (
+        torch.cuda.get_device_capability() == (9, 0)
+        and kept
+        and not seq_idx
+        and os.environ.get("FLASHSCAN_SSD_BWD_STATE_PASS") == "1"
+        and os.environ.get("FLASHSCAN_SSD_DSTATE_HILO") != "1"
+    )
+    return (
+        ("ssd_bwd_dstate_pass",) if fused else ("ssd_bwd_chunk_dstate16", "ssd_bwd_state_passing")
+    )
+
+
 def warm_forward_kernels(a: dict[str, Any], kw: dict[str, Any]) -> tuple[Any, set[str]]:
     """One forward to compile and warm up, then one more under the profiler: (its result, the
     kernel names it launched)."""
@@ -1038,7 +1056,9 @@ def test_backward_16bit_kernels_run_on_16bit_data(
     # first path's only without the 16-bit tensors; L_c and C B^T alike
     assert ("ssd_chunk_state" in names) == (not want16), sorted(n for n in names if "state" in n)
     dstate = sorted(n for n in names if "dstate" in n)
-    assert ("ssd_bwd_chunk_dstate16" in names) == want16, dstate
+    want_l = set(bwd_state_kernels()) if want16 else set()
+    for name in ("ssd_bwd_chunk_dstate16", "ssd_bwd_dstate_pass"):
+        assert (name in names) == (name in want_l), dstate
     assert ("ssd_bwd_chunk_dstate" in names) == (not want16), dstate
     assert "ssd_bwd_chunk_dstate16_hilo" not in names, dstate
     if want16:  # the hi / lo split of L_c's scaled dout only where asked for
@@ -1098,6 +1118,53 @@ def test_backward_16bit_kernels_match_the_rule(
     monkeypatch.setenv("FLASHSCAN_SSD_DX16", "0")
     old = grads_of(ours(a, chunk, **kw), a, dout, dfinal)
     check_grads(rule, old, ref, base, dtype)
+
+
+# (dtype, ngroups, nheads, dstate, headdim, seqlen, chunk, initial states, dfinal_states)
+BWD_STATE_PASS_CASES = [
+    ("bfloat16", 1, 4, 128, 64, 2 * 256 + 37, 256, True, True),  # the layer's tile, a tail
+    ("float16", 2, 4, 64, 64, 1000, 128, False, True),  # two groups, C's first box only
+    ("bfloat16", 1, 2, 200, 136, 333, 64, True, False),  # 3 x 2 tiles, last ones partial
+    ("bfloat16", 1, 3, 48, 40, 300, 128, False, False),  # G from zero, 40 of 64 rows
+    ("float16", 1, 2, 64, 64, 20, 64, True, True),  # one short chunk: one step
+    # the last chunk (visited first) one step long: H_c of the next chunk is issued only once
+    # every thread has read this one's
+    ("bfloat16", 1, 2, 32, 64, 3 * 256 + 5, 256, False, True),
+]
+
+
+@pytest.mark.parametrize("case", BWD_STATE_PASS_CASES, ids=lambda c: "-".join(str(v) for v in c))
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "pair"])
+def test_backward_fused_state_passing(
+    case: tuple, fused: bool, rule: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """L_c and the reverse state passing as one sm_90a kernel (ssd_bwd_dstate_pass: dS_c, the
+    df_c partials behind dA / ddt, dinitial_states) against float64 under the rule, and the
+    pair it replaces (FLASHSCAN_SSD_BWD_STATE_PASS=0) the same way: chunk sizes 64..256, both
+    16-bit dtypes, tails of every tile dimension (headdim 40 / 136, dstate 48 / 200), groups,
+    with and without initial and final states; the kernels launched checked against the
+    switch (FLASHSCAN_SSD_BWD_STATE_PASS=1 / 0)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("ssd_bwd_dstate_pass is sm_90a's")
+    monkeypatch.delenv("FLASHSCAN_SSD_BWD", raising=False)
+    monkeypatch.delenv("FLASHSCAN_SSD_DX16", raising=False)
+    monkeypatch.delenv("FLASHSCAN_SSD_DSTATE_HILO", raising=False)
+    monkeypatch.setenv("FLASHSCAN_SSD_BWD_STATE_PASS", "1" if fused else "0")
+    dt_name, g, h, n, p, L, chunk, init, final = case
+    dtype = DTYPES[dt_name]
+    a = ssd_inputs(2, L, h, p, g, n, dtype, D2=True, init=init)
+    del a["z"]  # (the 16-bit kernels' calls; flashscan.torch keeps H_c for them)
+    names = _bwd_kernel_names(a, chunk)
+    want = set(bwd_state_kernels())
+    assert ("ssd_bwd_dstate_pass" in want) == fused
+    assert want <= names, sorted(n for n in names if "state" in n)
+    other = {"ssd_bwd_dstate_pass", "ssd_bwd_chunk_dstate16", "ssd_bwd_state_passing"} - want
+    assert not (other & names), sorted(other & names)
+    dout, dfinal = upstream(a, final=final)
+    ref = ref_grads(a, chunk, dout, dfinal)
+    base = grads_of(lambda lv: baseline_lowp(lv, chunk, True), a, dout, dfinal)
+    got = grads_of(ours(a, chunk), a, dout, dfinal)
+    check_grads(rule, got, ref, base, dtype)
 
 
 @pytest.mark.parametrize(
@@ -1168,8 +1235,7 @@ def test_backward_16bit_without_carried_state(
     got = grads_of(ours(a, chunk), a, dout, None)
     check_grads(rule, got, ref, base, torch.bfloat16)
 
-    carried = {*state_kernels(), "ssd_bwd_chunk_dstate16"}
-    carried.add("ssd_bwd_state_passing")
+    carried = {*state_kernels(), *bwd_state_kernels()}
 
     def names(t: dict[str, Any]) -> set[str]:
         lv = leaves(t)

@@ -135,6 +135,23 @@ def test_backward_lc_runs_on_hgmma_and_its_hilo_form_on_mma_sync(
     assert not mix and hmma > 0, "the hi / lo L_c stays on mma.sync"
 
 
+@pytest.mark.parametrize(("dtype", "chunk"), SAMPLES)
+def test_backward_fused_state_passing_loads_by_tma_and_runs_on_hgmma(
+    functions_of, dtype: int, chunk: int
+) -> None:  # noqa: ANN001
+    """ssd_bwd_dstate_pass: L_c's product on HGMMA as ssd2_chunk_state_pass's (two m64n128k16 a
+    32-position step, A = the scaled dout from registers), no mma.sync; dout and C by TMA
+    (three boxes a step, issued twice: the prologue and the loop) and H_c (two boxes, issued
+    twice), the chunk records by bulk copies, no per-thread cp.async."""
+    fns = functions_of(_variant("ssd_bwd.ssd_bwd_chunk_out", dtype, chunk, "sm_90a"), "sm_90a")
+    lines = fns["ssd_bwd_dstate_pass"]
+    mix, hmma, depbar = _mix(lines)
+    assert dict(mix) == STATE_PASS and hmma == 0 and depbar == 2, (dict(mix), hmma, depbar)
+    text = "\n".join(lines)
+    assert text.count("UTMALDG") >= 3 + 2 and "UBLKCP" in text, "no TMA / bulk loads"
+    assert "LDGSTS" not in text, "per-thread cp.async beside the TMA loads"
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_100", "sm_120"])
 def test_other_archs_keep_mma_sync(functions_of, arch: str) -> None:  # noqa: ANN001
     """wgmma is sm_90a's alone: every other arch builds the mma.sync forms. (Until 2026-11-29 the

@@ -528,6 +528,62 @@ def ssd_fwd2_cases() -> int:
     return bad
 
 
+def ssd_bwd_pass_cases() -> int:
+    """The 16-bit backward's L_c and reverse state passing in one kernel (ssd_bwd_dstate_pass,
+    sm_90a: flashscan's 16-bit calls without z or seq_idx, the forward's H_c kept): every chunk
+    size, both dtypes, initial and final states, TMA boxes past the tile's ends (headdim 40 /
+    136, dstate 24's one-box C and H_c, 200's two state tiles) and a last chunk of one step
+    (visited first). Every gradient against float64. (Opt-in until its first GPU run: set here;
+    elsewhere the pair runs the same cases.)"""
+    bad = 0
+    os.environ["FLASHSCAN_SSD_BWD_STATE_PASS"] = "1"
+    try:
+        bad += _ssd_bwd_pass_cases()
+    finally:
+        os.environ.pop("FLASHSCAN_SSD_BWD_STATE_PASS", None)
+    return bad
+
+
+def _ssd_bwd_pass_cases() -> int:
+    bad = 0
+    for dtype, chunk, (p, n), tail in itertools.product(
+        [torch.bfloat16, torch.float16], [64, 128, 256], [(40, 24), (136, 200)], [37, 5]
+    ):
+        b, L, h, g = 2, 2 * chunk + tail, 4, 2
+        given = {
+            "x": torch.randn(b, L, h, p, device="cuda", dtype=dtype),
+            "dt": torch.rand(b, L, h, device="cuda") - 1.5,
+            "A": -torch.rand(h, device="cuda") - 0.2,
+            "B": (torch.randn(b, L, g, n, device="cuda") * 0.5).to(dtype),
+            "C": (torch.randn(b, L, g, n, device="cuda") * 0.5).to(dtype),
+            "D": torch.randn(h, p, device="cuda"),
+            "initial_states": torch.randn(b, h, p, n, device="cuda"),
+        }
+        names = tuple(given)
+        leaves = [v.detach().clone().requires_grad_(True) for v in given.values()]
+        lv = dict(zip(names, leaves))
+        o, f = flashscan.mamba_chunk_scan_combined(
+            lv["x"], lv["dt"], lv["A"], lv["B"], lv["C"], chunk, D=lv["D"],
+            initial_states=lv["initial_states"], dt_softplus=True, return_final_states=True,
+        )  # fmt: skip
+        dout, dfin = torch.randn_like(o), torch.randn_like(f)
+        grads = torch.autograd.grad((o, f), leaves, (dout, dfin))
+        host = {k: v.float().cpu().numpy() for k, v in given.items()}
+        want_g = flashscan.reference_ssd.mamba_chunk_scan_combined_bwd(
+            dout.float().cpu().numpy(), host["x"], host["dt"], host["A"], host["B"], host["C"],
+            chunk, D=host["D"], initial_states=host["initial_states"], dt_softplus=True,
+            dfinal_states=dfin.cpu().numpy(),
+        )  # fmt: skip
+        want_g = [w for w in want_g if w is not None]  # no z, no dt_bias given
+        for name, got, want in zip(names, grads, want_g):
+            err = (got.float().cpu() - torch.from_numpy(want).float()).abs().max().item()
+            if not err / max(1.0, float(abs(want).max())) < 0.05:
+                where = f"{dtype} chunk={chunk} p={p} n={n} L={L}"
+                print(f"ssd bwd pass {where} d{name}: err {err}")
+                bad += 1
+    return bad
+
+
 GROUPS = {
     "attention": attention_cases,
     "scan": scan_cases,
@@ -537,6 +593,7 @@ GROUPS = {
     "conv": conv_cases,
     "ssd": ssd_cases,
     "ssd_fwd2": ssd_fwd2_cases,
+    "ssd_bwd_pass": ssd_bwd_pass_cases,
 }
 
 if __name__ == "__main__":

@@ -472,3 +472,28 @@ __device__ __forceinline__ void store_state_tile(float* out, const float (&acc)[
             }
         }
 }
+
+// The accumulator's tile rounded to the build's 16-bit dtype into out (rows p0 + r x dstate columns
+// from n0, as store_state_tile's fp32: ssd2_chunk_state_pass's H_c, ssd_bwd_dstate_pass's dS_c):
+// whole tiles by 4-byte pairs unchecked, others element by element.
+__device__ __forceinline__ void store_h16_tile(u16* out, const float (&acc)[16][4], int p0, int hd, int n0, int ds,
+                                               i64 dstate) {
+    const bool pair = (dstate & 1) == 0;
+    if (pair && hd >= 64 && ds >= 128) {  // uniform
+        u16* const o0 = out + (i64)(p0 + acc_row(0)) * dstate + n0 + acc_col(0, 0);
+        u16* const o1 = o0 + 8 * dstate;
+#pragma unroll
+        for (int jn = 0; jn < 16; ++jn) {
+            *(u32*)(o0 + 8 * jn) = pack2<DT>(acc[jn][0], acc[jn][1]);
+            *(u32*)(o1 + 8 * jn) = pack2<DT>(acc[jn][2], acc[jn][3]);
+        }
+        return;
+    }
+#pragma unroll
+    for (int jn = 0; jn < 16; ++jn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int pp = acc_row(e), nn = acc_col(jn, e);
+            if (pp < hd && nn < ds) out[(i64)(p0 + pp) * dstate + n0 + nn] = f32_to_half<DT>(acc[jn][e]);
+        }
+}

@@ -14,6 +14,7 @@ pub mod scan;
 pub mod scan_bwd;
 pub mod ssd;
 pub mod ssd_bwd;
+pub mod ssd_bwd_state_pass;
 pub mod ssd_scan_ws;
 pub mod ssd_state_pass;
 pub mod state_update;

@@ -12,6 +12,7 @@ use crate::error::{unsupported, value_err, Error, Result};
 use crate::ops::ssd::{
     self, check_inputs, dtype_code, grid_u32, s3, s4, tiles, Problem, SsdInputs, SsdParams,
 };
+use crate::ops::ssd_bwd_state_pass;
 use crate::runtime::{runtime, KernelSpec, LoadedKernel, StreamChoice};
 use crate::tensor::{common_cuda_device, expect_no_overlap, TensorView};
 use std::sync::Arc;
@@ -472,6 +473,7 @@ fn pairs(chunk: i64) -> i64 {
     nb * (nb + 1) / 2
 }
 
+#[allow(clippy::too_many_arguments)]
 fn layout(
     p: &Problem,
     chunk: i64,
@@ -480,6 +482,7 @@ fn layout(
     second: bool,
     shares: i64,
     kept: bool,
+    fused_pass: bool,
 ) -> Layout {
     let bh = p.batch * p.nheads;
     let mut at = 0i64;
@@ -494,7 +497,8 @@ fn layout(
     let fresh = !kept as i64;
     let states = take(fresh * st);
     let decay = take(fresh * bh * p.nchunks);
-    let dstates = take(st);
+    // (the fused L_c + reverse state passing keeps L_c in its accumulator: no fp32 workspace)
+    let dstates = take(if fused_pass { 0 } else { st });
     let rowdot = take(rows);
     let x1 = take(rows);
     let x2 = take(rows);
@@ -619,7 +623,39 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
     // the forward's H_c and f_c, where a 16-bit call with a state term can use them
     let kept_by_fwd = a.kept.filter(|_| sixteen && terms);
     let kept = kept_by_fwd.is_some();
-    let lay = layout(&p, chunk, i.d.is_some(), npass_parts, second, shares, kept);
+    // L_c and the reverse state passing in one sm_90a kernel where the call takes it (the
+    // forward's kept H_c, TMA-addressable rows: ssd_bwd_state_pass::plan), else the pair
+    let fused_pass = match kept_by_fwd {
+        Some((h16, _)) if second => ssd_bwd_state_pass::plan(
+            &ssd_bwd_state_pass::Call {
+                arch,
+                bf16: dtype == 1,
+                has_seq: i.seq_idx.is_some(),
+                hilo: dstate_hilo(),
+                dout: a.dout,
+                c: i.c,
+                kept: h16,
+            },
+            &p,
+        ),
+        _ => None,
+    };
+    // its df partials: one per warp of each (batch, head, tile) CTA
+    let npass_parts = if fused_pass.is_some() {
+        ssd_bwd_state_pass::tiles(&p) * ssd_bwd_state_pass::WARPS
+    } else {
+        npass_parts
+    };
+    let lay = layout(
+        &p,
+        chunk,
+        i.d.is_some(),
+        npass_parts,
+        second,
+        shares,
+        kept,
+        fused_pass.is_some(),
+    );
     let mut scratch = dev.scratch(st)?;
     let base = scratch.alloc(4 * lay.total.max(1) as usize)?;
     let at = |off: i64| base + 4 * off as u64;
@@ -646,7 +682,11 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         dz: opt(a.dz),
         dbias: opt(a.ddt_bias),
         dinit: opt(a.dinitial_states),
-        dstates: at(lay.dstates),
+        dstates: if fused_pass.is_some() {
+            0
+        } else {
+            at(lay.dstates)
+        },
         rowdot: at(lay.rowdot),
         x1: at(lay.x1),
         x2: at(lay.x2),
@@ -781,7 +821,12 @@ pub fn backward(a: &SsdBwdArgs, stream: StreamChoice) -> Result<()> {
         if !second || i.z.is_some() {
             dev.launch(k_o, (rows, pt, bh), block, 0, st, &q)?;
         }
-        if carried {
+        if let Some(maps) = &fused_pass {
+            // (fused_pass implies 16-bit, kept and a state term: carried)
+            let grid = (bh, grid_u32(ssd_bwd_state_pass::tiles(&p), "headdim")?);
+            let spec = spec(ssd_bwd_state_pass::ENTRY, dtype, chunk, arch);
+            ssd_bwd_state_pass::launch(dev, &spec, &q, maps, grid, st)?;
+        } else if carried {
             match &k16 {
                 // 64 x 128 tiles (ssd2_chunk_state's)
                 Some(k) => {
@@ -909,7 +954,7 @@ mod tests {
             dstate: 16,
             nchunks: 2,
         };
-        let l = layout(&p, 64, true, 3, true, 2, false);
+        let l = layout(&p, 64, true, 3, true, 2, false, false);
         let offs = [
             l.states,
             l.decay,
@@ -938,21 +983,28 @@ mod tests {
         let st = 2 * 2 * 3 * 48 * 16;
         assert_eq!(l.dstates16 - l.states16, st / 2);
         assert_eq!(l.total - l.dstates16, st / 2);
-        assert_eq!(layout(&p, 64, true, 3, true, 0, false).total, l.share_part);
+        assert_eq!(
+            layout(&p, 64, true, 3, true, 0, false, false).total,
+            l.share_part
+        );
         // one share stores dC / dB itself: no partials
-        let one = layout(&p, 64, true, 3, true, 1, false);
+        let one = layout(&p, 64, true, 3, true, 1, false, false);
         assert_eq!(one.states16, one.share_part);
         assert!(offs.windows(2).all(|w| w[0] < w[1]));
         assert!(offs.iter().all(|o| o % 4 == 0));
         // the second path's arrays take no room on the first
-        let first = layout(&p, 64, true, 3, false, 0, false);
+        let first = layout(&p, 64, true, 3, false, 0, false, false);
         assert_eq!(first.total, first.cb);
         assert_eq!(l.dcb - l.cb, 2 * 2 * 64 * 64);
         assert_eq!(l.pdt - l.dcb, 2 * 2 * 64 * 64 * dcb_splits(&p, 64));
         // the forward's kept H_c / f_c: no fp32 H_c, f_c or 16-bit H_c of the backward's own
-        let k = layout(&p, 64, true, 3, true, 2, true);
+        let k = layout(&p, 64, true, 3, true, 2, true, false);
         assert_eq!((k.states, k.decay, k.dstates), (0, 0, 0));
         assert_eq!(k.dstates16, k.states16);
         assert_eq!(l.total - k.total, l.dstates - l.states + st / 2);
+        // the fused L_c + reverse state passing (kept H_c): no fp32 L_c / dS_c either
+        let f = layout(&p, 64, true, 3, true, 2, true, true);
+        assert_eq!(f.rowdot, f.dstates);
+        assert_eq!(k.total - f.total, st);
     }
 }
