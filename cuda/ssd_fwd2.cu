@@ -514,8 +514,16 @@ struct Ssd2SpParams {
     Ssd2Params q;
 };
 
-extern "C" __global__ void __launch_bounds__(kThreads, kSpCtas)
-    ssd2_chunk_state_pass(const __grid_constant__ Ssd2SpParams P) {
+// kCl > 1: a cluster of kCl CTAs on consecutive heads of one group (same batch and tile) shares
+// each B box: the box's issuer (rank (j + 2 t) % kCl for block j of step t) multicasts it into
+// every CTA's stage, each CTA expecting the whole stage's bytes on its own mbarrier. A stage is
+// refilled only once every CTA of the cluster has read it: each CTA's thread 0, past the step's
+// barrier, arrives on every CTA's "empty" mbarrier of the stage step t - 1 read (kCl arrivals
+// complete it) and waits on its own before issuing step t + 2 there, so the CTAs drift up to the
+// ring's depth apart instead of stepping together (a cluster barrier a step measured 167.5-169.9
+// us against the single CTAs' 123-125, 2026-12-04).
+template <int kCl>
+__device__ __forceinline__ void state_pass(const Ssd2SpParams& P) {
     const Ssd2Params& q = P.q;
     const SsdParams& p = q.p;
     constexpr int kSpc = kQ / kSpPos;  // steps a chunk
@@ -524,8 +532,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, kSpCtas)
     __shared__ __align__(16) float s_rec[2][2 * kQ];
     __shared__ __align__(128) unsigned char s_raw[kSpStages * kSpStageBytes + 1024];
     __shared__ __align__(8) unsigned long long s_full[kSpStages];
+    __shared__ __align__(8) unsigned long long s_empty[kSpStages];  // (kCl > 1: kCl arrivals a use)
     unsigned char* const s_st = align_smem_1024(s_raw);
-    const u32 full0 = smem_u32(&s_full[0]);
+    const u32 full0 = smem_u32(&s_full[0]), empty0 = smem_u32(&s_empty[0]);
 
     const i64 bh = blockIdx.x, b = bh / p.nheads, h = bh % p.nheads;
     const i64 g = h / (p.nheads / p.ngroups);
@@ -541,23 +550,40 @@ extern "C" __global__ void __launch_bounds__(kThreads, kSpCtas)
         const int c = t / kSpc, k = t - c * kSpc, st = t % kSpStages;
         const u32 bar = full0 + 8 * st, dst = smem_u32(s_st + st * kSpStageBytes);
         const int s0 = c * kQ + k * kSpPos;
+        // every CTA of the cluster released the stage's previous use, step t - kSpStages
+        if constexpr (kCl > 1)
+            if (t >= kSpStages) mbar_wait(empty0 + 8 * st, (t / kSpStages - 1) & 1);
         // (a tile of <= 64 states skips B's second block: its columns are never stored)
         const bool b2 = ds > 64;
         mbar_arrive_expect_tx(bar, (b2 ? 3 : 2) * kSpBox + (k == 0 ? kSpRecBytes : 0));
         if (k == 0) bulk_load(smem_u32(s_rec[c & 1]), rec + (i64)c * 3 * kQ, kSpRecBytes, bar);
         tma_load_4d(dst, &P.tm_x, p0, (int)h, s0, (int)b, bar);
-        tma_load_4d(dst + kSpBox, &P.tm_b, n0, (int)g, s0, (int)b, bar);
-        if (b2) tma_load_4d(dst + 2 * kSpBox, &P.tm_b, n0 + 64, (int)g, s0, (int)b, bar);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            if (j == 1 && !b2) break;
+            const u32 to = dst + (1 + j) * kSpBox;
+            if constexpr (kCl == 1) {
+                tma_load_4d(to, &P.tm_b, n0 + 64 * j, (int)g, s0, (int)b, bar);
+            } else if ((int)cluster_ctarank() == (j + 2 * t) % kCl) {
+                tma_load_4d_multicast(to, &P.tm_b, n0 + 64 * j, (int)g, s0, (int)b, bar, (1u << kCl) - 1);
+            }
+        }
     };
     if (threadIdx.x == 0) {
 #pragma unroll
-        for (int st = 0; st < kSpStages; ++st) mbar_init(full0 + 8 * st, 1);
+        for (int st = 0; st < kSpStages; ++st) {
+            mbar_init(full0 + 8 * st, 1);
+            if constexpr (kCl > 1) mbar_init(empty0 + 8 * st, kCl);
+        }
         mbar_init_fence();
         tma_prefetch_map(&P.tm_x);
         tma_prefetch_map(&P.tm_b);
+    }
+    // a peer's multicast signals this CTA's barriers: initialised cluster-wide before any issue
+    if constexpr (kCl > 1) cluster_sync();
+    if (threadIdx.x == 0)
 #pragma unroll
         for (int t = 0; t < kSpStages - 1; ++t) issue(t);
-    }
 
     float acc[16][4];  // H: the initial state, then H_{c+1} = f_c H_c + S_c
 #pragma unroll
@@ -573,10 +599,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, kSpCtas)
         }
     float(&d)[64] = *reinterpret_cast<float(*)[64]>(&acc[0][0]);
     for (int t = 0; t < nsteps; ++t) {
-        // every thread is done with step t - 1's stage (and, past the first step, the barriers'
-        // initialisation is visible)
+        // every thread is done with step t - 1's stage (and the barriers' initialisation is visible)
         __syncthreads();
-        if (threadIdx.x == 0) issue(t + kSpStages - 1);  // into the stage step t - 1 read
+        if (threadIdx.x == 0) {
+            // this CTA's release of step t - 1's stage to every issuer, where a later step reuses it
+            if constexpr (kCl > 1)
+                if (t >= 1 && t - 1 + kSpStages < nsteps)
+#pragma unroll
+                    for (int r = 0; r < kCl; ++r) mbar_arrive_cluster(empty0 + 8 * ((t - 1) % kSpStages), r);
+            issue(t + kSpStages - 1);  // into the stage step t - 1 read
+        }
         const int c = t / kSpc, k = t - c * kSpc, st = t % kSpStages;
         mbar_wait(full0 + 8 * st, (t / kSpStages) & 1);  // step t's boxes (and chunk c's record)
         if (k == 0) {
@@ -614,6 +646,17 @@ extern "C" __global__ void __launch_bounds__(kThreads, kSpCtas)
                     p.final_states[b * p.final_s[0] + h * p.final_s[1] + (p0 + pp) * p.final_s[2] +
                                    (n0 + nn) * p.final_s[3]] = acc[jn][e];
             }
+    if constexpr (kCl > 1) cluster_sync();  // (no CTA leaves while a peer's copies may target it)
+}
+
+constexpr int kSpCluster = 4;  // CTAs sharing B in ssd2_chunk_state_pass_mc
+extern "C" __global__ void __launch_bounds__(kThreads, kSpCtas)
+    ssd2_chunk_state_pass(const __grid_constant__ Ssd2SpParams P) {
+    state_pass<1>(P);
+}
+extern "C" __global__ void __cluster_dims__(kSpCluster, 1, 1) __launch_bounds__(kThreads, kSpCtas)
+    ssd2_chunk_state_pass_mc(const __grid_constant__ Ssd2SpParams P) {
+    state_pass<kSpCluster>(P);
 }
 #endif
 

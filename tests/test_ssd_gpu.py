@@ -237,17 +237,21 @@ def kernels_of(call: Any) -> set[str]:
     return {e.name for e in prof.events()}
 
 
-def state_kernels(seq_idx: bool = False, rows16: bool = True) -> tuple[str, ...]:
-    """The second path's chunk-state launches of a call: ssd2_chunk_state_pass on sm_90a without
-    seq_idx where x and B come in rows of 16-byte multiples (`rows16`: TMA; unless
-    FLASHSCAN_SSD_STATE_PASS=0), else ssd2_chunk_state + ssd2_state_passing."""
+def state_kernels(seq_idx: bool, rows16: bool, heads_per_group: int) -> tuple[str, ...]:
+    """The second path's chunk-state launches of a call: on sm_90a without seq_idx where x and B
+    come in rows of 16-byte multiples (`rows16`: TMA; unless FLASHSCAN_SSD_STATE_PASS=0)
+    ssd2_chunk_state_pass, on clusters of four CTAs sharing B (`_mc`) where a group's heads come
+    in fours (unless FLASHSCAN_SSD_STATE_CLUSTER=1); else ssd2_chunk_state + ssd2_state_passing."""
     fused = (
         torch.cuda.get_device_capability() == (9, 0)
         and not seq_idx
         and rows16
         and os.environ.get("FLASHSCAN_SSD_STATE_PASS") != "0"
     )
-    return ("ssd2_chunk_state_pass",) if fused else ("ssd2_chunk_state", "ssd2_state_passing")
+    if not fused:
+        return ("ssd2_chunk_state", "ssd2_state_passing")
+    mc = heads_per_group % 4 == 0 and os.environ.get("FLASHSCAN_SSD_STATE_CLUSTER") != "1"
+    return ("ssd2_chunk_state_pass_mc",) if mc else ("ssd2_chunk_state_pass",)
 
 
 def bwd_state_kernels(kept: bool = True, seq_idx: bool = False) -> tuple[str, ...]:
@@ -371,18 +375,20 @@ def test_forward_warp_specialised(
 
 
 # The sm_90a chunk states with the state passing in one kernel (`ssd2_chunk_state_pass`, the
-# default for 16-bit calls without seq_idx whose x and B rows TMA can address;
-# FLASHSCAN_SSD_STATE_PASS=0 keeps ssd2_chunk_state + ssd2_state_passing): H carried through every
-# chunk in one CTA's accumulator. Every chunk size, both dtypes, seqlen not a multiple of the chunk
-# (a short last chunk, one shorter than a 32-position step), headdim / dstate tails and two tiles
-# each way (40, 136 channels; 72, 200 states), one B block (16, 24 states), several groups, with
-# and without initial / final states, x / B as views of one projection (the Mamba-2 split; rows
-# 8-byte aligned only: no tensor map, the pair runs); the result against the rule, and the kernels
-# launched against the switch.
+# default for 16-bit calls without seq_idx whose x and B rows TMA can address; on clusters of four
+# CTAs sharing each B box by multicast, `_mc`, where a group's heads come in fours;
+# FLASHSCAN_SSD_STATE_PASS=0 keeps ssd2_chunk_state + ssd2_state_passing, and
+# FLASHSCAN_SSD_STATE_CLUSTER=1 the one-CTA form): H carried through every chunk in one CTA's
+# accumulator. Every chunk size, both dtypes, seqlen not a multiple of the chunk (a short last
+# chunk, one shorter than a 32-position step), headdim / dstate tails and two tiles each way (40,
+# 136 channels; 72, 200 states), one B block (16, 24 states), several groups (clusters inside
+# each), with and without initial / final states, x / B as views of one projection (the Mamba-2
+# split; rows 8-byte aligned only: no tensor map, the pair runs); the result against the rule, and
+# the kernels launched against the switches.
 # (dtype, ngroups, nheads, dstate, headdim, seqlen, chunk, initial, final, split: None | pad)
 STATE_PASS_CASES = [
-    ("bfloat16", 1, 3, 128, 64, 1000, 256, False, True, None),
-    ("float16", 2, 4, 72, 40, 600, 128, True, True, None),
+    ("bfloat16", 1, 4, 128, 64, 1000, 256, False, True, None),
+    ("float16", 2, 8, 72, 40, 600, 128, True, True, None),
     ("bfloat16", 1, 2, 200, 136, 513, 64, True, False, None),
     ("bfloat16", 2, 2, 64, 64, 290, 256, False, False, 0),
     ("float16", 1, 3, 16, 32, 4100, 256, True, True, None),
@@ -391,17 +397,19 @@ STATE_PASS_CASES = [
 ]
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "pair"])
+@pytest.mark.parametrize("form", ["cluster", "single", "pair"])
 @pytest.mark.parametrize("case", STATE_PASS_CASES, ids=lambda c: "-".join(str(v) for v in c))
 def test_forward_fused_state_passing(
-    case: tuple, fused: bool, rule: Any, poison: Any, monkeypatch: pytest.MonkeyPatch
+    case: tuple, form: str, rule: Any, poison: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("ssd2_chunk_state_pass is sm_90a's")
-    if fused:
-        monkeypatch.delenv("FLASHSCAN_SSD_STATE_PASS", raising=False)  # (the default: on)
-    else:
+    monkeypatch.delenv("FLASHSCAN_SSD_STATE_PASS", raising=False)  # (the default: on)
+    monkeypatch.delenv("FLASHSCAN_SSD_STATE_CLUSTER", raising=False)
+    if form == "pair":
         monkeypatch.setenv("FLASHSCAN_SSD_STATE_PASS", "0")
+    if form == "single":
+        monkeypatch.setenv("FLASHSCAN_SSD_STATE_CLUSTER", "1")
     dt_name, g, h, n, p, L, chunk, init, final, split = case
     dtype = DTYPES[dt_name]
     a = ssd_inputs(2, L, h, p, g, n, dtype, D2=True, init=init)
@@ -412,9 +420,10 @@ def test_forward_fused_state_passing(
     # outputs, final states and the states workspace (whose H_c slots the scan reads) NaN
     poison(2 * L * h * p * a["x"].element_size(), 2 * h * p * n * 4, 2 * nchunks * h * p * n * 4)
     res, names = warm_forward_kernels(a, kw)
-    fused = fused and split != 4  # (x and B by TMA: rows of 16-byte multiples)
-    assert ("ssd2_chunk_state_pass" in names) == fused, sorted(names)
-    assert ("ssd2_state_passing" in names) == (not fused), sorted(names)
+    # (x and B by TMA: rows of 16-byte multiples)
+    every = {"ssd2_chunk_state_pass", "ssd2_chunk_state_pass_mc"}
+    every |= {"ssd2_chunk_state", "ssd2_state_passing"}
+    assert names & every == set(state_kernels(False, split != 4, h // g)), sorted(names)
     if final:
         out, fin = res
         check_case(rule, out, fin, a, chunk, True)
@@ -452,7 +461,7 @@ def test_forward_chunked_reads_prep_records(
     if fwd_path == "2":
         want = {"ssd2_chunk_prep", "ssd2_chunk_cb", "ssd2_chunk_scan"}
         if L > 128:
-            want |= set(state_kernels(seq))
+            want |= set(state_kernels(seq, True, 3))
         assert want <= names and "ssd2_chunk_scan_one" not in names, sorted(names)
     ref_kw = {"seq_idx": kw["seq_idx"].cpu().numpy()} if seq else {}
     ref_y, _ = ref64(a, 128, dt_softplus=True, **ref_kw)
@@ -1235,7 +1244,7 @@ def test_backward_16bit_without_carried_state(
     got = grads_of(ours(a, chunk), a, dout, None)
     check_grads(rule, got, ref, base, torch.bfloat16)
 
-    carried = {*state_kernels(), *bwd_state_kernels()}
+    carried = {*state_kernels(False, True, 4), *bwd_state_kernels()}
 
     def names(t: dict[str, Any]) -> set[str]:
         lv = leaves(t)
@@ -1397,7 +1406,7 @@ def test_backward_takes_the_forward_states(
         base = grads_of(lambda lv: baseline_lowp(lv, chunk, True), a, dout, dfinal)
     else:
         base = grads_of(lambda lv: baseline_packed(lv, chunk, kw["seq_idx"]), a, dout, dfinal)
-    step = state_kernels(cuts is not None, rows16=p % 8 == 0 and n % 8 == 0)
+    step = state_kernels(cuts is not None, p % 8 == 0 and n % 8 == 0, 4 // g)
     got = {}
     for keep in ("1", "0"):
         monkeypatch.setenv("FLASHSCAN_SSD_KEEP_STATES", keep)
@@ -1526,6 +1535,6 @@ def test_compiled_training_takes_the_forward_states(monkeypatch: pytest.MonkeyPa
     got = torch.autograd.grad(compiled(*lv), lv)
     for k, g, w in zip(names, got, want):
         assert torch.equal(g, w), k
-    step = state_kernels()
+    step = state_kernels(False, True, 4)
     runs = _launches(lambda: torch.autograd.grad(compiled(*lv), lv), step)
     assert runs == dict.fromkeys(step, 1), runs

@@ -476,7 +476,7 @@ def ssd_fwd2_cases() -> int:
     also without z, on sm_90a (bf16) through the warp-specialised chunk outputs
     (ssd2_chunk_scan_ws); without seq_idx on sm_90a, rows TMA can address (headdim 40 / 64), the
     chunk states through ssd2_chunk_state_pass (TMA boxes past the tile's ends, dstate 24's
-    one-block B)."""
+    one-block B; bf16 on clusters sharing B, fp16 on single CTAs)."""
     bad = 0
     os.environ["FLASHSCAN_SSD_FWD"] = "2"
     try:
@@ -486,7 +486,8 @@ def ssd_fwd2_cases() -> int:
             [(40, 24), (33, 20), (64, 200)],
             [True, False],
         ):
-            b, L, h, g = 2, 2 * chunk + 37, 4, 2
+            # (bf16 with one group: four heads a group, the fused chunk states' cluster form)
+            b, L, h, g = 2, 2 * chunk + 37, 4, 1 if dtype == torch.bfloat16 else 2
             x = torch.randn(b, L, h, p, device="cuda", dtype=dtype)
             dt = torch.rand(b, L, h, device="cuda") - 1.5
             A = -torch.rand(h, device="cuda") - 0.2

@@ -1,10 +1,11 @@
 //! The SSD forward's chunk states and state passing in one sm_90a kernel
 //! (`ssd2_chunk_state_pass` in cuda/ssd_fwd2.cu): one CTA per (batch, head, 64 x 128 tile) walks
 //! the head's chunks with H in its wgmma accumulator, fed by TMA. This module holds its
-//! applicability rule, its two tensor maps and parameter block, and its launch;
+//! applicability rule, its two tensor maps and parameter block, and its launch (on clusters of
+//! four CTAs sharing B by multicast where a group's heads come in fours);
 //! `ssd::Launch2::states` keeps `ssd2_chunk_state` + `ssd2_state_passing` wherever `plan` declines.
 
-use super::ssd::{spec2, Problem, Ssd2Params, ENTRY2_STATE_PASS};
+use super::ssd::{spec2, Problem, Ssd2Params, ENTRY2_STATE_PASS, ENTRY2_STATE_PASS_MC};
 use super::ssd_scan_ws::rows_map;
 use crate::error::Result;
 use crate::runtime::{DeviceCtx, Stream};
@@ -31,6 +32,18 @@ const _: () = assert!(std::mem::size_of::<Ssd2SpParams>() == 896);
 /// runs). Read on every call, so one process can run both forms.
 fn on() -> bool {
     std::env::var("FLASHSCAN_SSD_STATE_PASS").as_deref() != Ok("0")
+}
+
+/// CTAs of a cluster in ssd2_chunk_state_pass_mc; mirrors kSpCluster.
+pub const CLUSTER: i64 = 4;
+
+/// Whether a call runs on clusters that share B (`ssd2_chunk_state_pass_mc`): a group's heads
+/// come in whole clusters (so a cluster's CTAs read one B), unless
+/// `FLASHSCAN_SSD_STATE_CLUSTER=1` (A/B runs; read on every call).
+fn clustered(p: &Problem) -> bool {
+    let heads_per_group = p.nheads / p.ngroups.max(1);
+    heads_per_group % CLUSTER == 0
+        && std::env::var("FLASHSCAN_SSD_STATE_CLUSTER").as_deref() != Ok("1")
 }
 
 /// Whether a call's chunk states can take the kernel: sm_90a (its product is the wgmma one), no
@@ -72,6 +85,7 @@ pub fn plan(q: &Ssd2Params, p: &Problem, dtype: i64, arch: i64) -> Option<[[u64;
 pub unsafe fn launch(
     dev: &DeviceCtx,
     q: &Ssd2Params,
+    p: &Problem,
     maps: &[[u64; 16]; 2],
     grid: (u32, u32),
     dtype: i64,
@@ -81,7 +95,13 @@ pub unsafe fn launch(
 ) -> Result<()> {
     let [tm_x, tm_b] = *maps;
     let params = Ssd2SpParams { tm_x, tm_b, q: *q };
-    let k = dev.kernel(&spec2(ENTRY2_STATE_PASS, dtype, chunk, arch))?;
+    // (grid.0 = batch * nheads: a multiple of CLUSTER where `clustered`)
+    let entry = if clustered(p) {
+        ENTRY2_STATE_PASS_MC
+    } else {
+        ENTRY2_STATE_PASS
+    };
+    let k = dev.kernel(&spec2(entry, dtype, chunk, arch))?;
     // SAFETY: as the caller's; the kernel reads x, B and the records inside the sizes `p` gives
     // and writes H_c, the decays and the final states of its (batch, head, tile).
     unsafe { dev.launch(&k, (grid.0, grid.1, 1), (THREADS, 1, 1), 0, st, &params) }
@@ -90,6 +110,19 @@ pub unsafe fn launch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clusters_take_whole_groups_of_heads() {
+        let mut p = super::super::ssd::LAYER_2K; // 80 heads, one group
+        assert!(clustered(&p));
+        p.nheads = 6;
+        assert!(!clustered(&p));
+        p.nheads = 8;
+        p.ngroups = 2; // 4 heads a group
+        assert!(clustered(&p));
+        p.ngroups = 4; // 2 heads a group: a cluster would straddle two groups' B
+        assert!(!clustered(&p));
+    }
 
     #[test]
     fn applies_without_seq_idx_to_tma_rows_on_sm90_only() {
