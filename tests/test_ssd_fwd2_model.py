@@ -408,3 +408,83 @@ def test_fused_state_pass_ring_replay_fails_when_a_chunk_is_shorter_than_the_rin
     64 would issue chunk c + 2's record while chunk c's last step still reads its weights."""
     with pytest.raises(AssertionError, match="record over"):
         _replay_state_pass_ring(1000, 64, stages=4)
+
+
+def _replay_cluster_ring(nsteps: int, ncl: int, seed: int, stages: int = 3, early: bool = False):
+    """ssd2_chunk_state_pass_mc's ring across a cluster of `ncl` CTAs, under a random interleaving.
+    CTA i at step t: past its own barrier (step t - 1 read), its thread 0 arrives on every CTA's
+    "empty" barrier of stage (t - 1) % stages where step t + stages - 1 will reuse it; then waits
+    on its own empty barrier's phase for step u = t + stages - 1 (u >= stages) and issues u: its x
+    box into its own stage, and each B box j it is the issuer of, rank (j + 2 u) % ncl, into every
+    CTA's stage (multicast; landed at issue, the worst case for a reader); then it waits until its
+    stage holds all of step t's boxes, reads them, and moves on. An empty barrier counts
+    arrivals, not whose: phase k completes at ncl (k + 1) of them. Asserted: no copy lands over a
+    step a CTA has not read yet, and no interleaving deadlocks. early: thread 0 releases step t's
+    stage before reading it (the barrier's guarantee dropped), which the replay must catch."""
+    rng = np.random.default_rng(seed)
+    empty = np.zeros((ncl, stages), dtype=np.int64)  # arrivals so far
+    held = np.full((ncl, stages, 3), -1, dtype=np.int64)  # the step each box of a stage holds
+    done = np.full(ncl, -1, dtype=np.int64)  # the last step each CTA has read
+    t = np.zeros(ncl, dtype=np.int64)  # the step each CTA's loop is at
+    phase = np.zeros(ncl, dtype=np.int64)  # 0: top, 1: released, issuing, 2: waiting for data
+
+    def land(u: int, dst: int, box: int) -> None:
+        old = held[dst, u % stages, box]
+        assert old < 0 or done[dst] >= old, f"step {u} lands over step {old} of CTA {dst}"
+        held[dst, u % stages, box] = u
+
+    def issue(i: int, u: int) -> bool:
+        """Thread 0 of CTA i issues step u; False while its empty barrier's phase is open."""
+        if u >= nsteps:
+            return True
+        if u >= stages and empty[i, u % stages] < ncl * (u // stages):
+            return False
+        land(u, i, 0)
+        for j in range(2):
+            if (j + 2 * u) % ncl == i:
+                for dst in range(ncl):
+                    land(u, dst, 1 + j)
+        return True
+
+    for i in range(ncl):  # the prologue, past the init's cluster barrier
+        for u in range(stages - 1):
+            assert issue(i, u)
+
+    def step(i: int) -> bool:
+        """CTA i's next move, if it can make one."""
+        if t[i] >= nsteps:
+            return False
+        if phase[i] == 0:
+            r = t[i] if early else t[i] - 1  # the step whose stage is released
+            if r >= 0 and r + stages < nsteps:
+                empty[:, r % stages] += 1
+            phase[i] = 1
+        elif phase[i] == 1:
+            if not issue(i, int(t[i]) + stages - 1):
+                return False
+            phase[i] = 2
+        else:
+            if not (held[i, t[i] % stages] == t[i]).all():
+                return False
+            done[i] = t[i]
+            t[i] += 1
+            phase[i] = 0
+        return True
+
+    # one move at a time by a CTA drawn at random (some run ahead while others stall)
+    while (t < nsteps).any():
+        assert any(step(i) for i in rng.permutation(ncl)), f"deadlock at steps {t.tolist()}"
+
+
+@pytest.mark.parametrize("ncl", [2, 4])
+@pytest.mark.parametrize("nsteps", [1, 2, 3, 4, 7, 64])
+def test_cluster_ring_refills_no_unread_stage(ncl: int, nsteps: int) -> None:
+    for seed in range(40):
+        _replay_cluster_ring(nsteps, ncl, seed)
+
+
+def test_cluster_ring_replay_fails_on_an_early_release() -> None:
+    """A stage released before its step is read: some interleaving lands a copy over it."""
+    with pytest.raises(AssertionError, match="lands over"):
+        for seed in range(200):
+            _replay_cluster_ring(64, 4, seed, early=True)
