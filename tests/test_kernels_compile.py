@@ -80,7 +80,11 @@ def test_main_variants_do_not_spill(compiled: tuple[str, dict[str, bytes]]) -> N
 # ssd2_chunk_state_pass (sm_90a): __launch_bounds__(128, 5) holds it to 96 registers so that 640
 # (batch, head) CTAs of b8 80 heads are one wave on 132 SMs; 16 B of stack (a step's second A
 # fragment parked while the first's HGMMA runs).
-SSD_FWD2_STACK_BOUND = {"ssd2_chunk_scan_ws": 64, "ssd2_chunk_state_pass": 16}
+SSD_FWD2_STACK_BOUND = {
+    "ssd2_chunk_scan_ws": 64,
+    "ssd2_chunk_state_pass": 16,
+    "ssd2_chunk_state_pass_mc": 16,  # (the same step; measured under NVRTC 13.0 and 13.5)
+}
 
 
 def test_ssd_fwd2_variants_do_not_spill(compiled: tuple[str, dict[str, bytes]]) -> None:
