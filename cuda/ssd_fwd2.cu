@@ -649,7 +649,11 @@ __device__ __forceinline__ void state_pass(const Ssd2SpParams& P) {
     if constexpr (kCl > 1) cluster_sync();  // (no CTA leaves while a peer's copies may target it)
 }
 
-constexpr int kSpCluster = 4;  // CTAs sharing B in ssd2_chunk_state_pass_mc
+// CTAs sharing B in ssd2_chunk_state_pass_mc: opt-in (FLASHSCAN_SSD_STATE_CLUSTER=1, where a group's
+// heads come in fours) until it has run on a GPU (checked on the CPU only, 2026-12-04: its SASS, a
+// NumPy replay of the cluster protocol, tests/test_ssd_fwd2_model.py). Predicted: below the single
+// CTAs' 123-125 us at b8 L2048 if B's L2 reads (~335 of ~590 MB) hold them, as ncu says.
+constexpr int kSpCluster = 4;
 extern "C" __global__ void __launch_bounds__(kThreads, kSpCtas)
     ssd2_chunk_state_pass(const __grid_constant__ Ssd2SpParams P) {
     state_pass<1>(P);

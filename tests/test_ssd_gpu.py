@@ -241,7 +241,8 @@ def state_kernels(seq_idx: bool, rows16: bool, heads_per_group: int) -> tuple[st
     """The second path's chunk-state launches of a call: on sm_90a without seq_idx where x and B
     come in rows of 16-byte multiples (`rows16`: TMA; unless FLASHSCAN_SSD_STATE_PASS=0)
     ssd2_chunk_state_pass, on clusters of four CTAs sharing B (`_mc`) where a group's heads come
-    in fours (unless FLASHSCAN_SSD_STATE_CLUSTER=1); else ssd2_chunk_state + ssd2_state_passing."""
+    in fours and FLASHSCAN_SSD_STATE_CLUSTER=1 asks for it (opt-in until its first GPU run); else
+    ssd2_chunk_state + ssd2_state_passing."""
     fused = (
         torch.cuda.get_device_capability() == (9, 0)
         and not seq_idx
@@ -250,7 +251,7 @@ def state_kernels(seq_idx: bool, rows16: bool, heads_per_group: int) -> tuple[st
     )
     if not fused:
         return ("ssd2_chunk_state", "ssd2_state_passing")
-    mc = heads_per_group % 4 == 0 and os.environ.get("FLASHSCAN_SSD_STATE_CLUSTER") != "1"
+    mc = heads_per_group % 4 == 0 and os.environ.get("FLASHSCAN_SSD_STATE_CLUSTER") == "1"
     return ("ssd2_chunk_state_pass_mc",) if mc else ("ssd2_chunk_state_pass",)
 
 
@@ -374,17 +375,17 @@ def test_forward_warp_specialised(
     check_case(rule, out, final, a, 256, True)
 
 
-# The sm_90a chunk states with the state passing in one kernel (`ssd2_chunk_state_pass`, the
-# default for 16-bit calls without seq_idx whose x and B rows TMA can address; on clusters of four
-# CTAs sharing each B box by multicast, `_mc`, where a group's heads come in fours;
-# FLASHSCAN_SSD_STATE_PASS=0 keeps ssd2_chunk_state + ssd2_state_passing, and
-# FLASHSCAN_SSD_STATE_CLUSTER=1 the one-CTA form): H carried through every chunk in one CTA's
-# accumulator. Every chunk size, both dtypes, seqlen not a multiple of the chunk (a short last
-# chunk, one shorter than a 32-position step), headdim / dstate tails and two tiles each way (40,
-# 136 channels; 72, 200 states), one B block (16, 24 states), several groups (clusters inside
-# each), with and without initial / final states, x / B as views of one projection (the Mamba-2
-# split; rows 8-byte aligned only: no tensor map, the pair runs); the result against the rule, and
-# the kernels launched against the switches.
+# The sm_90a chunk states with the state passing in one kernel (`ssd2_chunk_state_pass`, the default
+# for 16-bit calls without seq_idx whose x and B rows TMA can address; FLASHSCAN_SSD_STATE_PASS=0
+# keeps ssd2_chunk_state + ssd2_state_passing, and FLASHSCAN_SSD_STATE_CLUSTER=1 asks for clusters
+# of four CTAs sharing each B box by multicast, `_mc`, where a group's heads come in fours: opt-in
+# until its first GPU run): H carried through every chunk in one CTA's accumulator. Every chunk
+# size, both dtypes, seqlen not a multiple of the chunk (a short last chunk, one shorter than a
+# 32-position step), headdim / dstate tails and two tiles each way (40, 136 channels; 72, 200
+# states), one B block (16, 24 states), several groups (clusters inside each), with and without
+# initial / final states, x / B as views of one projection (the Mamba-2 split; rows 8-byte aligned
+# only: no tensor map, the pair runs); the result against the rule, and the kernels launched against
+# the switches.
 # (dtype, ngroups, nheads, dstate, headdim, seqlen, chunk, initial, final, split: None | pad)
 STATE_PASS_CASES = [
     ("bfloat16", 1, 4, 128, 64, 1000, 256, False, True, None),
@@ -408,7 +409,7 @@ def test_forward_fused_state_passing(
     monkeypatch.delenv("FLASHSCAN_SSD_STATE_CLUSTER", raising=False)
     if form == "pair":
         monkeypatch.setenv("FLASHSCAN_SSD_STATE_PASS", "0")
-    if form == "single":
+    if form == "cluster":
         monkeypatch.setenv("FLASHSCAN_SSD_STATE_CLUSTER", "1")
     dt_name, g, h, n, p, L, chunk, init, final, split = case
     dtype = DTYPES[dt_name]

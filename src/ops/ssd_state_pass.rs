@@ -1,8 +1,8 @@
 //! The SSD forward's chunk states and state passing in one sm_90a kernel
 //! (`ssd2_chunk_state_pass` in cuda/ssd_fwd2.cu): one CTA per (batch, head, 64 x 128 tile) walks
 //! the head's chunks with H in its wgmma accumulator, fed by TMA. This module holds its
-//! applicability rule, its two tensor maps and parameter block, and its launch (on clusters of
-//! four CTAs sharing B by multicast where a group's heads come in fours);
+//! applicability rule, its two tensor maps and parameter block, and its launch (opt-in: on
+//! clusters of four CTAs sharing B by multicast where a group's heads come in fours);
 //! `ssd::Launch2::states` keeps `ssd2_chunk_state` + `ssd2_state_passing` wherever `plan` declines.
 
 use super::ssd::{spec2, Problem, Ssd2Params, ENTRY2_STATE_PASS, ENTRY2_STATE_PASS_MC};
@@ -37,13 +37,19 @@ fn on() -> bool {
 /// CTAs of a cluster in ssd2_chunk_state_pass_mc; mirrors kSpCluster.
 pub const CLUSTER: i64 = 4;
 
-/// Whether a call runs on clusters that share B (`ssd2_chunk_state_pass_mc`): a group's heads
-/// come in whole clusters (so a cluster's CTAs read one B), unless
-/// `FLASHSCAN_SSD_STATE_CLUSTER=1` (A/B runs; read on every call).
-fn clustered(p: &Problem) -> bool {
+/// Whether a group's heads come in whole clusters, so that a cluster's CTAs read one B.
+fn clusters_fit(p: &Problem) -> bool {
     let heads_per_group = p.nheads / p.ngroups.max(1);
     heads_per_group % CLUSTER == 0
-        && std::env::var("FLASHSCAN_SSD_STATE_CLUSTER").as_deref() != Ok("1")
+}
+
+/// Whether a call runs on clusters that share B (`ssd2_chunk_state_pass_mc`): where
+/// `clusters_fit` and `FLASHSCAN_SSD_STATE_CLUSTER=1` asks for it, opt-in until the form has run
+/// on a GPU (written and checked on the CPU only, 2026-12-04: its SASS, a NumPy replay of its
+/// cluster protocol; the earlier form with a cluster barrier a step measured 167.5-169.9 us
+/// against the single CTAs' 123-125). Read on every call.
+fn clustered(p: &Problem) -> bool {
+    clusters_fit(p) && std::env::var("FLASHSCAN_SSD_STATE_CLUSTER").as_deref() == Ok("1")
 }
 
 /// Whether a call's chunk states can take the kernel: sm_90a (its product is the wgmma one), no
@@ -114,14 +120,14 @@ mod tests {
     #[test]
     fn clusters_take_whole_groups_of_heads() {
         let mut p = super::super::ssd::LAYER_2K; // 80 heads, one group
-        assert!(clustered(&p));
+        assert!(clusters_fit(&p));
         p.nheads = 6;
-        assert!(!clustered(&p));
+        assert!(!clusters_fit(&p));
         p.nheads = 8;
         p.ngroups = 2; // 4 heads a group
-        assert!(clustered(&p));
+        assert!(clusters_fit(&p));
         p.ngroups = 4; // 2 heads a group: a cluster would straddle two groups' B
-        assert!(!clustered(&p));
+        assert!(!clusters_fit(&p));
     }
 
     #[test]
