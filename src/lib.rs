@@ -1036,45 +1036,34 @@ fn compile_variant(py: Python<'_>, name: &str, arch: &str) -> PyResult<PyObject>
     Ok(PyBytes::new(py, &cubin).into_any().unbind())
 }
 
-#[pyfunction]
-#[pyo3(signature = (device_id, progress=None, all=false, workers=None))]
-fn precompile(
+/// Runs `build` over `specs` on `workers` threads without the GIL (NVRTC is thread-safe), this
+/// thread reporting progress(done, total, name) with the GIL as results arrive; the count of
+/// variants `build` says it compiled. The first error stops handing out work.
+fn build_variants(
     py: Python<'_>,
-    device_id: i32,
+    specs: &[runtime::KernelSpec],
     progress: Option<&Bound<'_, PyAny>>,
-    all: bool,
     workers: Option<usize>,
+    build: &(dyn Fn(&runtime::KernelSpec) -> error::Result<bool> + Sync),
 ) -> PyResult<usize> {
-    let rt = runtime().map_err(Error::Unavailable)?;
-    let dev = rt.device(device_id)?;
-    let num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
-    // The common variants (the "main" ones) unless every variant is asked for.
-    let specs: Vec<_> = ops::all_variants(num)
-        .into_iter()
-        .filter(|(_, main)| all || *main)
-        .map(|(s, _)| s)
-        .collect();
     let total = specs.len();
     let workers = workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .clamp(1, 64);
-    // NVRTC is thread-safe: compile on `workers` threads without the GIL; this thread reports
-    // progress (with the GIL) as results arrive.
     let progress: Option<Py<PyAny>> = progress.map(|p| p.clone().unbind());
     let next = std::sync::atomic::AtomicUsize::new(0);
     let (tx, rx) = std::sync::mpsc::channel::<(usize, error::Result<bool>)>();
-    let outcome: PyResult<usize> = py.allow_threads(|| {
+    py.allow_threads(|| {
         std::thread::scope(|scope| {
             for _ in 0..workers.min(total.max(1)) {
                 let tx = tx.clone();
-                let (next, specs, dev) = (&next, &specs, dev);
+                let next = &next;
                 scope.spawn(move || loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if i >= specs.len() {
                         break;
                     }
-                    let r = dev.kernel_with_origin(&specs[i]).map(|(_, fresh)| fresh);
-                    if tx.send((i, r)).is_err() {
+                    if tx.send((i, build(&specs[i]))).is_err() {
                         break;
                     }
                 });
@@ -1099,8 +1088,77 @@ fn precompile(
             }
             Ok(compiled)
         })
-    });
-    outcome
+    })
+}
+
+/// The variants `precompile` builds for arch number `num`: the common ("main") ones unless
+/// `all`, only those of `families` when given (an unknown family is an error naming the known),
+/// one per translation unit.
+fn precompile_specs(
+    num: i64,
+    all: bool,
+    families: Option<&[String]>,
+) -> PyResult<Vec<runtime::KernelSpec>> {
+    let variants = ops::all_variants(num);
+    if let Some(fams) = families {
+        let known: std::collections::BTreeSet<&str> =
+            variants.iter().map(|(s, _)| s.family).collect();
+        if let Some(bad) = fams.iter().find(|f| !known.contains(f.as_str())) {
+            let known: Vec<&str> = known.into_iter().collect();
+            return Err(PyValueError::new_err(format!(
+                "family {bad:?}: unknown; the families are {}",
+                known.join(", ")
+            )));
+        }
+    }
+    // one spec per translation unit: a family's entries with the same defines share a CUBIN
+    // (and a cache entry), which two threads would otherwise both compile
+    let mut seen = std::collections::HashSet::new();
+    Ok(variants
+        .into_iter()
+        .filter(|(s, main)| {
+            (all || *main) && families.map_or(true, |f| f.iter().any(|n| n == s.family))
+        })
+        .map(|(s, _)| s)
+        .filter(|s| seen.insert((s.family, s.defines.clone())))
+        .collect())
+}
+
+#[pyfunction]
+#[pyo3(signature = (device_id, progress=None, all=false, workers=None))]
+fn precompile(
+    py: Python<'_>,
+    device_id: i32,
+    progress: Option<&Bound<'_, PyAny>>,
+    all: bool,
+    workers: Option<usize>,
+) -> PyResult<usize> {
+    let rt = runtime().map_err(Error::Unavailable)?;
+    let dev = rt.device(device_id)?;
+    let num = (dev.props.cc.0 * 10 + dev.props.cc.1) as i64;
+    let specs = precompile_specs(num, all, None)?;
+    build_variants(py, &specs, progress, workers, &|s| {
+        dev.kernel_with_origin(s).map(|(_, fresh)| fresh)
+    })
+}
+
+/// `precompile` for an arch named instead of a GPU: NVRTC alone compiles into the disk cache
+/// (`cache_dir()`), skipping intact entries; the count compiled.
+#[pyfunction]
+#[pyo3(signature = (arch, progress=None, all=false, workers=None, families=None))]
+fn precompile_arch(
+    py: Python<'_>,
+    arch: &str,
+    progress: Option<&Bound<'_, PyAny>>,
+    all: bool,
+    workers: Option<usize>,
+    families: Option<Vec<String>>,
+) -> PyResult<usize> {
+    let specs = precompile_specs(arch_num(arch)?, all, families.as_deref())?;
+    let cache = runtime::cache::DiskCache::new(runtime::cache::default_dir());
+    build_variants(py, &specs, progress, workers, &|s| {
+        runtime::precompile_offline(&cache, s, arch)
+    })
 }
 
 #[pymodule]
@@ -1147,6 +1205,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernel_variants, m)?)?;
     m.add_function(wrap_pyfunction!(compile_variant, m)?)?;
     m.add_function(wrap_pyfunction!(precompile, m)?)?;
+    m.add_function(wrap_pyfunction!(precompile_arch, m)?)?;
     conv_bindings::register(m)?;
     replay_bindings::register(m)?;
     serve::register(m)?;

@@ -757,6 +757,53 @@ def test_cli_precompile_without_gpu() -> None:
     assert "no usable CUDA GPU" in r.stderr
 
 
+def _nvrtc_version() -> Any:
+    from flashscan import _backend
+
+    native = _backend.native
+    return None if native is None else native.backend_status()["nvrtc_version"]
+
+
+def test_cli_precompile_arch_fills_the_cache_without_a_gpu(tmp_path: Any) -> None:
+    """precompile --arch: NVRTC alone writes the family's main variants into the disk cache
+    under the names a GPU process of that arch looks up (`<family>-<arch>-<key>.cubin`), and a
+    second run finds them intact and compiles nothing."""
+    if _nvrtc_version() is None:
+        pytest.skip("NVRTC not installed (pip install nvidia-cuda-nvrtc)")
+    from flashscan import _native
+
+    fam = "ssd"  # (four main variants: two entries of two translation units)
+    units = {
+        v["name"].split("[", 1)[1]
+        for v in _native.kernel_variants("sm_90a")
+        if v["main"] and v["family"] == fam
+    }
+    want = len(units)  # (one compile, one cache entry a translation unit)
+    assert want >= 1
+    env = {"FLASHSCAN_CACHE_DIR": str(tmp_path)}
+    r = _cli("precompile", "--arch", "90", "--family", fam, env=env)  # (sm_90 -> sm_90a)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"sm_90a: {want} kernel variant(s) compiled" in r.stdout, r.stdout
+    files = sorted(tmp_path.glob(f"{fam}-sm_90a-*.cubin"))
+    assert len(files) == want, [p.name for p in tmp_path.iterdir()]
+    assert all(p.read_bytes()[:8] == b"FSCUBIN1" for p in files)
+    again = _cli("precompile", "--arch", "sm_90a", "--family", fam, env=env)
+    assert again.returncode == 0 and "sm_90a: 0 kernel variant(s) compiled" in again.stdout
+
+
+def test_cli_precompile_arch_rejects_what_it_cannot_build(tmp_path: Any) -> None:
+    """An unknown family names the known ones; --family without --arch; a malformed arch."""
+    env = {"FLASHSCAN_CACHE_DIR": str(tmp_path)}
+    if _nvrtc_version() is not None:
+        r = _cli("precompile", "--arch", "sm_90a", "--family", "nope", env=env)
+        assert r.returncode == 1 and "the families are" in r.stderr, r.stderr
+    r = _cli("precompile", "--family", "ssd", env=env)
+    assert r.returncode == 2 and "--family goes with --arch" in r.stderr
+    r = _cli("precompile", "--arch", "hopper", env=env)
+    assert r.returncode == 2 and "expected a name like" in r.stderr
+    assert not any(tmp_path.iterdir())
+
+
 def test_cli_no_command() -> None:
     r = _cli()
     assert r.returncode == 2 and "info" in r.stdout

@@ -242,11 +242,12 @@ class _Progress:
     """progress(done, total, name) for _native.precompile: one line rewritten on a terminal,
     one line per variant otherwise."""
 
-    def __init__(self, dev: int, tty: bool) -> None:
+    def __init__(self, dev: int | str, tty: bool) -> None:
         self.dev, self.tty, self.width = dev, tty, 0
 
     def __call__(self, done: int, total: int, name: str) -> None:
-        line = f"cuda:{self.dev} [{done:>{len(str(total))}}/{total}] {name}"
+        where = f"cuda:{self.dev}" if isinstance(self.dev, int) else self.dev
+        line = f"{where} [{done:>{len(str(total))}}/{total}] {name}"
         if self.tty:
             pad = max(0, self.width - len(line))
             self.width = len(line)
@@ -255,12 +256,61 @@ class _Progress:
             print(line, flush=True)
 
 
+def _precompile_arch(args: argparse.Namespace) -> int:
+    """precompile --arch: NVRTC alone, no GPU (e.g. a container image built on a machine without
+    one). The cache entries are found at run time under the same NVRTC major.minor and arch."""
+    native = _backend.native
+    if native is None:
+        reason = flashscan.info()["reason"]
+        print(f"precompile: the native module is unavailable: {reason}", file=sys.stderr)
+        return 1
+    from flashscan import _resources
+
+    try:
+        arch = _resources.normalize_arch(args.arch)
+    except ValueError as exc:
+        print(f"precompile: {exc}", file=sys.stderr)
+        return 2
+    if arch == "sm_90":  # (what a GPU of compute 9.0 looks up: its wgmma / TMA kernels)
+        arch = "sm_90a"
+    tty = sys.stdout.isatty()
+    t0 = time.perf_counter()
+    try:
+        n = int(
+            native.precompile_arch(
+                arch,
+                _Progress(arch, tty),
+                all=args.all,
+                workers=args.workers,
+                families=args.family,
+            )
+        )
+    except (flashscan.FlashscanError, ValueError) as exc:
+        if tty:
+            print()
+        print(f"precompile: {arch}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if tty:
+        print()
+    print(
+        f"{arch}: {n} kernel variant(s) compiled, the rest were cached "
+        f"({time.perf_counter() - t0:.1f} s); cache: {native.cache_dir()}"
+    )
+    return 0
+
+
 def cmd_precompile(args: argparse.Namespace) -> int:
+    if args.arch is not None:
+        return _precompile_arch(args)
+    if args.family:
+        print("precompile: --family goes with --arch", file=sys.stderr)
+        return 2
     if not flashscan.available():
         print(
             "precompile: no usable CUDA GPU here, nothing to compile "
             f"({flashscan.info()['reason']}).\nKernels are compiled for the GPU they run on: "
-            "run this on the machine with the GPU.",
+            "run this on the machine with the GPU, or name its arch with --arch (sm_90a for "
+            "an H100) to compile with NVRTC alone.",
             file=sys.stderr,
         )
         return 1
@@ -385,6 +435,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--workers", type=int, default=None, help="parallel NVRTC compiles (default: CPU count)"
     )
     p_pre.add_argument("--device", type=int, default=None, help="CUDA device (default: all)")
+    p_pre.add_argument(
+        "--arch",
+        default=None,
+        help="compile for this arch with NVRTC alone, no GPU needed (sm_80, sm_86, sm_89, sm_90a, "
+        "sm_100, sm_120): for a container image built on a machine without one; the entries are "
+        "used where the run-time NVRTC has the same major.minor",
+    )
+    p_pre.add_argument(
+        "--family",
+        action="append",
+        default=None,
+        help="with --arch: only this kernel family (repeatable; see `resources`)",
+    )
     p_pre.set_defaults(func=cmd_precompile)
     p_res = sub.add_parser(
         "resources",

@@ -532,6 +532,18 @@ def precompile(
     into the disk cache on `workers` threads (default: CPU count); returns how many were
     compiled (not already cached). progress(done, total, name) is called per variant."""
 
+def precompile_arch(
+    arch: str,
+    progress: Callable[[int, int, str], None] | None = None,
+    all: bool = False,
+    workers: int | None = None,
+    families: list[str] | None = None,
+) -> int:
+    """`precompile` for an arch named instead of a GPU: NVRTC alone compiles the common variants
+    (every one with all=True; only `families` when given) into the disk cache, skipping intact
+    entries; returns how many it compiled. A GPU process finds them under the same NVRTC
+    major.minor. ValueError for an unknown family or arch."""
+
 def cache_dir() -> str: ...
 
 # ---- causal conv1d (src/conv_bindings.rs) ------------------------------------------------------

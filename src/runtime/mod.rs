@@ -94,6 +94,45 @@ pub fn nvrtc_options(arch: &str) -> Vec<String> {
     ]
 }
 
+/// What names a variant's disk-cache entry for `arch` under NVRTC `version`: its translation
+/// unit and options (what NVRTC compiles), the file label and the key. One function for the
+/// runtime's loads (`DeviceCtx::kernel_with_origin`) and for `precompile_offline`, so an entry
+/// written on a machine without a GPU is the one a GPU process looks up.
+pub struct CacheEntry {
+    pub tu: String,
+    pub options: Vec<String>,
+    pub label: String,
+    pub key: String,
+}
+
+pub fn cache_entry(spec: &KernelSpec, arch: &str, version: (i32, i32)) -> Result<CacheEntry> {
+    let tu = spec.translation_unit()?;
+    let options = nvrtc_options(arch);
+    let key = cache::key(&tu, &options, version, arch);
+    let label = format!("{}-{}", spec.family, arch);
+    Ok(CacheEntry {
+        tu,
+        options,
+        label,
+        key,
+    })
+}
+
+/// Compiles `spec` for `arch` with NVRTC alone into `cache`, unless an intact entry is there
+/// already; true when it compiled. No GPU needed: `python -m flashscan precompile --arch`
+/// (a container image built on a machine without one). The entry is found at run time only
+/// under the same NVRTC major.minor (part of the key); otherwise that process compiles again.
+pub fn precompile_offline(cache: &cache::DiskCache, spec: &KernelSpec, arch: &str) -> Result<bool> {
+    let nv = nvrtc().map_err(Error::Unavailable)?;
+    let e = cache_entry(spec, arch, nv.version)?;
+    if cache.load(&e.label, &e.key).is_some() {
+        return Ok(false);
+    }
+    let cubin = nv.compile_cubin(&format!("{}.cu", spec.family), &e.tu, &e.options)?;
+    cache.store(&e.label, &e.key, &cubin);
+    Ok(true)
+}
+
 /// NVRTC on its own (no GPU needed): what `compile_variant` and the CPU tests use.
 pub fn nvrtc() -> std::result::Result<&'static nvrtc::Nvrtc, String> {
     static NVRTC: OnceLock<std::result::Result<nvrtc::Nvrtc, String>> = OnceLock::new();
@@ -319,10 +358,12 @@ impl DeviceCtx {
         }
         let rt = runtime().map_err(Error::Unavailable)?;
         let _bound = self.bind()?;
-        let tu = spec.translation_unit()?;
-        let options = nvrtc_options(&self.arch);
-        let key = cache::key(&tu, &options, rt.nvrtc.version, &self.arch);
-        let label = format!("{}-{}", spec.family, self.arch);
+        let CacheEntry {
+            tu,
+            options,
+            label,
+            key,
+        } = cache_entry(spec, &self.arch, rt.nvrtc.version)?;
         let mut compiled = false;
         let kernel = match rt
             .cache
