@@ -32,6 +32,12 @@ python3 -m pip install -q --no-deps --no-index --target /tmp/site .dev/wheel/fla
   .dev/pydeps/*.whl || exit 1
 repo="$PWD"
 export PYTHONPATH=/tmp/site FLASHSCAN_CACHE_DIR=/tmp/flashscan-cache-ssd
+# kernels compiled ahead on the CPU with the device's NVRTC major.minor (13.0), if carried:
+#   FLASHSCAN_CACHE_DIR=.dev/fscache python -m flashscan precompile --arch sm_90a --all \
+#     --family ssd --family ssd_fwd2 --family ssd_bwd     (with that NVRTC: FLASHSCAN_NVRTC=...)
+if [ -d .dev/fscache ]; then
+  mkdir -p "$FLASHSCAN_CACHE_DIR" && cp -n .dev/fscache/*.cubin "$FLASHSCAN_CACHE_DIR"/ 2>/dev/null
+fi
 cd /tmp || exit 1
 echo "wheel commit: $(cat "$repo/.dev/wheel/COMMIT" 2>/dev/null | tr '\n' ' ')"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
