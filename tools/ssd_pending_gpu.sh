@@ -32,11 +32,14 @@ python3 -m pip install -q --no-deps --no-index --target /tmp/site .dev/wheel/fla
   .dev/pydeps/*.whl || exit 1
 repo="$PWD"
 export PYTHONPATH=/tmp/site FLASHSCAN_CACHE_DIR=/tmp/flashscan-cache-ssd
-# kernels compiled ahead on the CPU with the device's NVRTC major.minor (13.0), if carried:
+# kernels compiled ahead on the CPU with the device's NVRTC major.minor (13.0), if carried
+# (~60 MB of CUBINs, 13 MB packed: the carry limit is 64 MiB):
 #   FLASHSCAN_CACHE_DIR=.dev/fscache python -m flashscan precompile --arch sm_90a --all \
 #     --family ssd --family ssd_fwd2 --family ssd_bwd     (with that NVRTC: FLASHSCAN_NVRTC=...)
-if [ -d .dev/fscache ]; then
-  mkdir -p "$FLASHSCAN_CACHE_DIR" && cp -n .dev/fscache/*.cubin "$FLASHSCAN_CACHE_DIR"/ 2>/dev/null
+#   tar czf .dev/fscache.tgz -C .dev fscache && rm -r .dev/fscache
+if [ -f .dev/fscache.tgz ]; then
+  mkdir -p "$FLASHSCAN_CACHE_DIR" && tar xzf .dev/fscache.tgz -C "$FLASHSCAN_CACHE_DIR" \
+    --strip-components=1 --skip-old-files
 fi
 cd /tmp || exit 1
 echo "wheel commit: $(cat "$repo/.dev/wheel/COMMIT" 2>/dev/null | tr '\n' ' ')"
