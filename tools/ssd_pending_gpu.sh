@@ -7,14 +7,15 @@
 # .dev/peers/mamba. Stages (each Python run killed after its limit, so a hang shows as rc 137;
 # the device tool allows 600 s a command, so split them over calls on one warm machine):
 #   bash tools/ssd_pending_gpu.sh quick check      (< 450 s)
-#   bash tools/ssd_pending_gpu.sh sanitize time    (< 550 s)
+#   bash tools/ssd_pending_gpu.sh time             (< 450 s)
+#   bash tools/ssd_pending_gpu.sh sanitize         (< 550 s; before a default is flipped)
 #   bash tools/ssd_pending_gpu.sh triton           (< 600 s: the Triton backward's autotune)
 #   quick     the two kernels' own tests, each form against float64 under the rule and the
 #             kernels launched against the switches: a wrong index shows in seconds
 #   check     every SSD GPU test with both switches on (the helpers that name the expected
 #             kernels read them), then with both off
-#   sanitize  memcheck / racecheck / synccheck of tools/sanitize_cases.py ssd_fwd2 (bf16 on
-#             clusters) and ssd_bwd_pass (the fused backward kernel)
+#   sanitize  memcheck / racecheck of tools/sanitize_cases.py ssd_fwd2 (bf16 on clusters) and
+#             ssd_bwd_pass (the fused backward kernel), synccheck of the latter
 #   time      tools/ssd_profile.py b8 L2048 80 x 64, state 128: the forward with and without
 #             clusters, the forward + backward with and without the fused backward kernel, two
 #             alternations each; L8192 forward once each way
@@ -71,10 +72,12 @@ for stage in "${stages[@]}"; do
       run check-off 240 "${off[@]}" python3 -m pytest "${tests[@]}" -m gpu -q -p no:cacheprovider -n 8
       ;;
     sanitize)
-      for tool in memcheck racecheck synccheck; do
-        run "san-$tool" 150 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+      for tool in memcheck racecheck; do
+        run "san-$tool" 200 compute-sanitizer --tool "$tool" --error-exitcode 9 \
           python3 "$repo/tools/sanitize_cases.py" ssd_fwd2 ssd_bwd_pass
       done
+      run san-synccheck 120 compute-sanitizer --tool synccheck --error-exitcode 9 \
+        python3 "$repo/tools/sanitize_cases.py" ssd_bwd_pass
       ;;
     time)
       for r in 1 2; do
