@@ -789,6 +789,13 @@ def test_cli_precompile_arch_fills_the_cache_without_a_gpu(tmp_path: Any) -> Non
     assert all(p.read_bytes()[:8] == b"FSCUBIN1" for p in files)
     again = _cli("precompile", "--arch", "sm_90a", "--family", fam, env=env)
     assert again.returncode == 0 and "sm_90a: 0 kernel variant(s) compiled" in again.stdout
+    # a cache that cannot be written is an error here (the job), not silently skipped
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    r = _cli(
+        "precompile", "--arch", "sm_90a", "--family", fam, env={"FLASHSCAN_CACHE_DIR": str(blocker)}
+    )
+    assert r.returncode == 1 and "cannot write the kernel cache" in r.stderr, r.stdout + r.stderr
 
 
 def test_cli_precompile_arch_rejects_what_it_cannot_build(tmp_path: Any) -> None:

@@ -122,6 +122,7 @@ pub fn cache_entry(spec: &KernelSpec, arch: &str, version: (i32, i32)) -> Result
 /// already; true when it compiled. No GPU needed: `python -m flashscan precompile --arch`
 /// (a container image built on a machine without one). The entry is found at run time only
 /// under the same NVRTC major.minor (part of the key); otherwise that process compiles again.
+/// Unlike the runtime's (never fatal), a store that fails here is an error: it is the job.
 pub fn precompile_offline(cache: &cache::DiskCache, spec: &KernelSpec, arch: &str) -> Result<bool> {
     let nv = nvrtc().map_err(Error::Unavailable)?;
     let e = cache_entry(spec, arch, nv.version)?;
@@ -129,7 +130,12 @@ pub fn precompile_offline(cache: &cache::DiskCache, spec: &KernelSpec, arch: &st
         return Ok(false);
     }
     let cubin = nv.compile_cubin(&format!("{}.cu", spec.family), &e.tu, &e.options)?;
-    cache.store(&e.label, &e.key, &cubin);
+    if !cache.store(&e.label, &e.key, &cubin) {
+        return Err(Error::Value(format!(
+            "cannot write the kernel cache in {}: set FLASHSCAN_CACHE_DIR to a writable directory",
+            cache.dir.display()
+        )));
+    }
     Ok(true)
 }
 
