@@ -2715,17 +2715,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kBsCtas)
     }
 
     float acc[16][4];  // G: dfinal_states (or zero), then G <- f_c G + L_c chunk by chunk
-#pragma unroll
-    for (int jn = 0; jn < 16; ++jn)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int pp = acc_row(e), nn = acc_col(jn, e);
-            acc[jn][e] = q.has_dfinal && pp < hd && nn < ds
-                             ? ld_any(q.dfinal, b * q.dfinal_s[0] + h * q.dfinal_s[1] + (p0 + pp) * q.dfinal_s[2] +
-                                                    (n0 + nn) * q.dfinal_s[3],
-                                      q.dfinal_dtype)
-                             : 0.f;
-        }
+    load_state_acc(acc, q.has_dfinal, q.dfinal, q.dfinal_s, q.dfinal_dtype, b, h, p0, hd, n0, ds);
     float(&d)[64] = *reinterpret_cast<float(*)[64]>(&acc[0][0]);
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     // this warp's df partials: dfpart[(bh, 4 tile + warp, c)] (q.npass_tiles = tiles * 4 of them)

@@ -586,17 +586,7 @@ __device__ __forceinline__ void state_pass(const Ssd2SpParams& P) {
         for (int t = 0; t < kSpStages - 1; ++t) issue(t);
 
     float acc[16][4];  // H: the initial state, then H_{c+1} = f_c H_c + S_c
-#pragma unroll
-    for (int jn = 0; jn < 16; ++jn)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int pp = acc_row(e), nn = acc_col(jn, e);
-            acc[jn][e] = p.has_init && pp < hd && nn < ds
-                             ? ld_any(p.init, b * p.init_s[0] + h * p.init_s[1] + (p0 + pp) * p.init_s[2] +
-                                                  (n0 + nn) * p.init_s[3],
-                                      p.init_dtype)
-                             : 0.f;
-        }
+    load_state_acc(acc, p.has_init, p.init, p.init_s, p.init_dtype, b, h, p0, hd, n0, ds);
     float(&d)[64] = *reinterpret_cast<float(*)[64]>(&acc[0][0]);
     for (int t = 0; t < nsteps; ++t) {
         // every thread is done with step t - 1's stage (and the barriers' initialisation is visible)

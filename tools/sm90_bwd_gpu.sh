@@ -35,16 +35,7 @@ echo "wheel commit: $(cat "$repo/.dev/wheel/COMMIT" 2>/dev/null | tr '\n' ' ')"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 
 # run NAME LIMIT_S CMD...: logged to $OUT/NAME.log, tail and rc printed, rc kept in summary.txt
-run() {
-  local name=$1 limit=$2
-  shift 2
-  echo "=== $name"
-  timeout -s KILL "$limit" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  tail -n 30 "$OUT/$name.log"
-  echo "=== $name rc=$rc"
-  echo "$name rc=$rc" >>"$OUT/summary.txt"
-}
+source "$repo/tools/gpu_run.sh"
 
 small="$repo/tools/sm90_bwd_small.py"
 for stage in "${stages[@]}"; do

@@ -46,17 +46,10 @@ cd /tmp || exit 1
 echo "wheel commit: $(cat "$repo/.dev/wheel/COMMIT" 2>/dev/null | tr '\n' ' ')"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 
-# run NAME LIMIT_S CMD...: logged to $L/NAME.log, tail and rc printed, rc kept in summary.txt
-run() {
-  local name=$1 limit=$2
-  shift 2
-  echo "=== $name"
-  timeout -s KILL "$limit" "$@" >"$L/$name.log" 2>&1
-  local rc=$?
-  tail -n 8 "$L/$name.log"
-  echo "=== $name rc=$rc"
-  echo "$name rc=$rc" >>"$OUT/summary.txt"
-}
+# run NAME LIMIT_S CMD...: logged to $L/NAME.log, its last 8 lines and rc printed, rc kept in
+# summary.txt
+RUN_LOGS="$L" RUN_TAIL=8
+source "$repo/tools/gpu_run.sh"
 on=(env FLASHSCAN_SSD_STATE_CLUSTER=1 FLASHSCAN_SSD_BWD_STATE_PASS=1)
 off=(env FLASHSCAN_SSD_STATE_CLUSTER=0 FLASHSCAN_SSD_BWD_STATE_PASS=0)
 tests=("$repo/tests/test_ssd_gpu.py" "$repo/tests/test_ssd.py")

@@ -443,6 +443,23 @@ __device__ __forceinline__ void state_product(float (&acc)[16][4], u16* s_a, u16
 // bounds tests and branches; unchecked, ssd2_chunk_state 116.4-116.5 -> 114.5-115.5 us and
 // ssd_bwd_chunk_dstate16 122.8-123.0 -> 121.1-121.6 (predicted -5..10%: its samples were mostly
 // the stores' own latency). kWhole false: every tile takes the checked stores (fewer registers).
+// acc[16][4] (weighted_state_product's layout) from a (batch, head, headdim, dstate) tensor of any
+// float dtype (ld_any; element strides s): rows p0 + r < p0 + hd, states n0 + n < n0 + ds of
+// (b, h), zero elsewhere and everywhere when !present. ssd2_chunk_state_pass's initial states,
+// ssd_bwd_dstate_pass's dfinal_states.
+__device__ __forceinline__ void load_state_acc(float (&acc)[16][4], bool present, const void* src, const i64 (&s)[4],
+                                               int dtype, i64 b, i64 h, int p0, int hd, int n0, int ds) {
+#pragma unroll
+    for (int jn = 0; jn < 16; ++jn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int pp = acc_row(e), nn = acc_col(jn, e);
+            acc[jn][e] = present && pp < hd && nn < ds
+                             ? ld_any(src, b * s[0] + h * s[1] + (p0 + pp) * s[2] + (n0 + nn) * s[3], dtype)
+                             : 0.f;
+        }
+}
+
 template <bool kWhole = true>
 __device__ __forceinline__ void store_state_tile(float* out, const float (&acc)[16][4], int p0, int hd, int n0, int ds,
                                                  i64 dstate) {

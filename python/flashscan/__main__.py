@@ -242,18 +242,42 @@ class _Progress:
     """progress(done, total, name) for _native.precompile: one line rewritten on a terminal,
     one line per variant otherwise."""
 
-    def __init__(self, dev: int | str, tty: bool) -> None:
-        self.dev, self.tty, self.width = dev, tty, 0
+    def __init__(self, where: str, tty: bool) -> None:
+        self.where, self.tty, self.width = where, tty, 0
 
     def __call__(self, done: int, total: int, name: str) -> None:
-        where = f"cuda:{self.dev}" if isinstance(self.dev, int) else self.dev
-        line = f"{where} [{done:>{len(str(total))}}/{total}] {name}"
+        line = f"{self.where} [{done:>{len(str(total))}}/{total}] {name}"
         if self.tty:
             pad = max(0, self.width - len(line))
             self.width = len(line)
             print("\r" + line + " " * pad, end="", flush=True)
         else:
             print(line, flush=True)
+
+
+def _precompile_into_cache(
+    where: str, build: Callable[[_Progress], int], errors: tuple[type[BaseException], ...]
+) -> bool:
+    """One precompile run (`build(progress)`, a native precompile returning how many variants it
+    compiled) for `where` ("cuda:0", "sm_90a"), timed and reported; False (reported) on `errors`."""
+    native = _backend.native
+    assert native is not None
+    tty = sys.stdout.isatty()
+    t0 = time.perf_counter()
+    try:
+        n = int(build(_Progress(where, tty)))
+    except errors as exc:
+        if tty:
+            print()
+        print(f"precompile: {where}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return False
+    if tty:
+        print()
+    print(
+        f"{where}: {n} kernel variant(s) compiled, the rest were cached "
+        f"({time.perf_counter() - t0:.1f} s); cache: {native.cache_dir()}"
+    )
+    return True
 
 
 def _precompile_arch(args: argparse.Namespace) -> int:
@@ -273,30 +297,13 @@ def _precompile_arch(args: argparse.Namespace) -> int:
         return 2
     if arch == "sm_90":  # (what a GPU of compute 9.0 looks up: its wgmma / TMA kernels)
         arch = "sm_90a"
-    tty = sys.stdout.isatty()
-    t0 = time.perf_counter()
-    try:
-        n = int(
-            native.precompile_arch(
-                arch,
-                _Progress(arch, tty),
-                all=args.all,
-                workers=args.workers,
-                families=args.family,
-            )
+
+    def build(progress: _Progress) -> int:
+        return native.precompile_arch(
+            arch, progress, all=args.all, workers=args.workers, families=args.family
         )
-    except (flashscan.FlashscanError, ValueError) as exc:
-        if tty:
-            print()
-        print(f"precompile: {arch}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    if tty:
-        print()
-    print(
-        f"{arch}: {n} kernel variant(s) compiled, the rest were cached "
-        f"({time.perf_counter() - t0:.1f} s); cache: {native.cache_dir()}"
-    )
-    return 0
+
+    return 0 if _precompile_into_cache(arch, build, (flashscan.FlashscanError, ValueError)) else 1
 
 
 def cmd_precompile(args: argparse.Namespace) -> int:
@@ -317,26 +324,16 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     native = _backend.native
     assert native is not None
     devices = sorted(_backend.usable_devices()) if args.device is None else [args.device]
-    tty = sys.stdout.isatty()
     for dev in devices:
         if dev not in _backend.usable_devices():
             print(f"precompile: {_backend.device_reason(dev)}", file=sys.stderr)
             return 1
-        t0 = time.perf_counter()
-        progress = _Progress(dev, tty)
-        try:
-            n = int(native.precompile(dev, progress, all=args.all, workers=args.workers))
-        except flashscan.FlashscanError as exc:
-            if tty:
-                print()
-            print(f"precompile: cuda:{dev}: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+        def build(progress: _Progress, dev: int = dev) -> int:
+            return native.precompile(dev, progress, all=args.all, workers=args.workers)
+
+        if not _precompile_into_cache(f"cuda:{dev}", build, (flashscan.FlashscanError,)):
             return 1
-        if tty:
-            print()
-        print(
-            f"cuda:{dev}: {n} kernel variant(s) compiled, the rest were cached "
-            f"({time.perf_counter() - t0:.1f} s); cache: {native.cache_dir()}"
-        )
     return 0
 
 
