@@ -494,7 +494,7 @@ extern "C" __global__ void FS_STATE_BOUNDS ssd2_varlen_states(const Ssd2Params q
 // long-scoreboard waits on the spills); one thread issuing TMA (this form) 123-125, ncu: L2 at
 // 73%, DRAM 39%, 0.33 issued a cycle. What holds it now: B re-read from L2 by every head (~0.5 MB
 // a CTA, ~335 of the ~590 MB through L2 at b8 L2048); the next lever is B shared by a group's
-// heads (several heads a CTA, or TMA multicast over a cluster).
+// heads (several heads a CTA, or TMA multicast over a cluster: tried, slower; see the kernel).
 // Steps of 32 positions in three stages (two steps' loads in flight, 12 KB a stage): with 96
 // registers (kSpCtas) five CTAs fit an SM, so the 640 (batch, head) CTAs of b8 80 heads are one
 // wave on 132 SMs. Thread 0 issues each step by TMA (x one 64-channel box, B two 64-state boxes, all
@@ -514,16 +514,14 @@ struct Ssd2SpParams {
     Ssd2Params q;
 };
 
-// kCl > 1: a cluster of kCl CTAs on consecutive heads of one group (same batch and tile) shares
-// each B box: the box's issuer (rank (j + 2 t) % kCl for block j of step t) multicasts it into
-// every CTA's stage, each CTA expecting the whole stage's bytes on its own mbarrier. A stage is
-// refilled only once every CTA of the cluster has read it: each CTA's thread 0, past the step's
-// barrier, arrives on every CTA's "empty" mbarrier of the stage step t - 1 read (kCl arrivals
-// complete it) and waits on its own before issuing step t + 2 there, so the CTAs drift up to the
-// ring's depth apart instead of stepping together (a cluster barrier a step measured 167.5-169.9
-// us against the single CTAs' 123-125, 2026-12-04).
-template <int kCl>
-__device__ __forceinline__ void state_pass(const Ssd2SpParams& P) {
+// Tried and dropped: B shared by four heads of a group on a cluster, each B box multicast by one
+// CTA into the four (2026-12-04, a cluster barrier a step: 167.5-169.9 us against 123-125;
+// 2026-12-05, per-stage "empty" mbarriers arrived on across the cluster, the CTAs drifting up to
+// the ring's depth apart: 200.5-200.7 against 124.8 in one lease, its tests passing;
+// benches/results/2026-12-05-h200-ssd-pending/cluster-relaxed.patch). B's L2 reads are not what
+// holds this kernel.
+extern "C" __global__ void __launch_bounds__(kThreads, kSpCtas)
+    ssd2_chunk_state_pass(const __grid_constant__ Ssd2SpParams P) {
     const Ssd2Params& q = P.q;
     const SsdParams& p = q.p;
     constexpr int kSpc = kQ / kSpPos;  // steps a chunk
@@ -532,9 +530,8 @@ __device__ __forceinline__ void state_pass(const Ssd2SpParams& P) {
     __shared__ __align__(16) float s_rec[2][2 * kQ];
     __shared__ __align__(128) unsigned char s_raw[kSpStages * kSpStageBytes + 1024];
     __shared__ __align__(8) unsigned long long s_full[kSpStages];
-    __shared__ __align__(8) unsigned long long s_empty[kSpStages];  // (kCl > 1: kCl arrivals a use)
     unsigned char* const s_st = align_smem_1024(s_raw);
-    const u32 full0 = smem_u32(&s_full[0]), empty0 = smem_u32(&s_empty[0]);
+    const u32 full0 = smem_u32(&s_full[0]);
 
     const i64 bh = blockIdx.x, b = bh / p.nheads, h = bh % p.nheads;
     const i64 g = h / (p.nheads / p.ngroups);
@@ -550,9 +547,6 @@ __device__ __forceinline__ void state_pass(const Ssd2SpParams& P) {
         const int c = t / kSpc, k = t - c * kSpc, st = t % kSpStages;
         const u32 bar = full0 + 8 * st, dst = smem_u32(s_st + st * kSpStageBytes);
         const int s0 = c * kQ + k * kSpPos;
-        // every CTA of the cluster released the stage's previous use, step t - kSpStages
-        if constexpr (kCl > 1)
-            if (t >= kSpStages) mbar_wait(empty0 + 8 * st, (t / kSpStages - 1) & 1);
         // (a tile of <= 64 states skips B's second block: its columns are never stored)
         const bool b2 = ds > 64;
         mbar_arrive_expect_tx(bar, (b2 ? 3 : 2) * kSpBox + (k == 0 ? kSpRecBytes : 0));
@@ -561,26 +555,16 @@ __device__ __forceinline__ void state_pass(const Ssd2SpParams& P) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             if (j == 1 && !b2) break;
-            const u32 to = dst + (1 + j) * kSpBox;
-            if constexpr (kCl == 1) {
-                tma_load_4d(to, &P.tm_b, n0 + 64 * j, (int)g, s0, (int)b, bar);
-            } else if ((int)cluster_ctarank() == (j + 2 * t) % kCl) {
-                tma_load_4d_multicast(to, &P.tm_b, n0 + 64 * j, (int)g, s0, (int)b, bar, (1u << kCl) - 1);
-            }
+            tma_load_4d(dst + (1 + j) * kSpBox, &P.tm_b, n0 + 64 * j, (int)g, s0, (int)b, bar);
         }
     };
     if (threadIdx.x == 0) {
 #pragma unroll
-        for (int st = 0; st < kSpStages; ++st) {
-            mbar_init(full0 + 8 * st, 1);
-            if constexpr (kCl > 1) mbar_init(empty0 + 8 * st, kCl);
-        }
+        for (int st = 0; st < kSpStages; ++st) mbar_init(full0 + 8 * st, 1);
         mbar_init_fence();
         tma_prefetch_map(&P.tm_x);
         tma_prefetch_map(&P.tm_b);
     }
-    // a peer's multicast signals this CTA's barriers: initialised cluster-wide before any issue
-    if constexpr (kCl > 1) cluster_sync();
     if (threadIdx.x == 0)
 #pragma unroll
         for (int t = 0; t < kSpStages - 1; ++t) issue(t);
@@ -591,14 +575,7 @@ __device__ __forceinline__ void state_pass(const Ssd2SpParams& P) {
     for (int t = 0; t < nsteps; ++t) {
         // every thread is done with step t - 1's stage (and the barriers' initialisation is visible)
         __syncthreads();
-        if (threadIdx.x == 0) {
-            // this CTA's release of step t - 1's stage to every issuer, where a later step reuses it
-            if constexpr (kCl > 1)
-                if (t >= 1 && t - 1 + kSpStages < nsteps)
-#pragma unroll
-                    for (int r = 0; r < kCl; ++r) mbar_arrive_cluster(empty0 + 8 * ((t - 1) % kSpStages), r);
-            issue(t + kSpStages - 1);  // into the stage step t - 1 read
-        }
+        if (threadIdx.x == 0) issue(t + kSpStages - 1);  // into the stage step t - 1 read
         const int c = t / kSpc, k = t - c * kSpc, st = t % kSpStages;
         mbar_wait(full0 + 8 * st, (t / kSpStages) & 1);  // step t's boxes (and chunk c's record)
         if (k == 0) {
@@ -636,21 +613,6 @@ __device__ __forceinline__ void state_pass(const Ssd2SpParams& P) {
                     p.final_states[b * p.final_s[0] + h * p.final_s[1] + (p0 + pp) * p.final_s[2] +
                                    (n0 + nn) * p.final_s[3]] = acc[jn][e];
             }
-    if constexpr (kCl > 1) cluster_sync();  // (no CTA leaves while a peer's copies may target it)
-}
-
-// CTAs sharing B in ssd2_chunk_state_pass_mc: opt-in (FLASHSCAN_SSD_STATE_CLUSTER=1, where a group's
-// heads come in fours) until it has run on a GPU (checked on the CPU only, 2026-12-04: its SASS, a
-// NumPy replay of the cluster protocol, tests/test_ssd_fwd2_model.py). Predicted: below the single
-// CTAs' 123-125 us at b8 L2048 if B's L2 reads (~335 of ~590 MB) hold them, as ncu says.
-constexpr int kSpCluster = 4;
-extern "C" __global__ void __launch_bounds__(kThreads, kSpCtas)
-    ssd2_chunk_state_pass(const __grid_constant__ Ssd2SpParams P) {
-    state_pass<1>(P);
-}
-extern "C" __global__ void __cluster_dims__(kSpCluster, 1, 1) __launch_bounds__(kThreads, kSpCtas)
-    ssd2_chunk_state_pass_mc(const __grid_constant__ Ssd2SpParams P) {
-    state_pass<kSpCluster>(P);
 }
 #endif
 

@@ -83,7 +83,6 @@ def test_main_variants_do_not_spill(compiled: tuple[str, dict[str, bytes]]) -> N
 SSD_FWD2_STACK_BOUND = {
     "ssd2_chunk_scan_ws": 64,
     "ssd2_chunk_state_pass": 16,
-    "ssd2_chunk_state_pass_mc": 16,  # (the same step; measured under NVRTC 13.0 and 13.5)
 }
 
 

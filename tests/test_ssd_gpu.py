@@ -237,12 +237,11 @@ def kernels_of(call: Any) -> set[str]:
     return {e.name for e in prof.events()}
 
 
-def state_kernels(seq_idx: bool, rows16: bool, heads_per_group: int) -> tuple[str, ...]:
+def state_kernels(seq_idx: bool, rows16: bool, heads_per_group: int = 1) -> tuple[str, ...]:
     """The second path's chunk-state launches of a call: on sm_90a without seq_idx where x and B
     come in rows of 16-byte multiples (`rows16`: TMA; unless FLASHSCAN_SSD_STATE_PASS=0)
-    ssd2_chunk_state_pass, on clusters of four CTAs sharing B (`_mc`) where a group's heads come
-    in fours and FLASHSCAN_SSD_STATE_CLUSTER=1 asks for it (opt-in until its first GPU run); else
-    ssd2_chunk_state + ssd2_state_passing."""
+    ssd2_chunk_state_pass, else ssd2_chunk_state + ssd2_state_passing. (heads_per_group: kept for
+    the callers; the cluster form that read it was dropped, 2026-12-05.)"""
     fused = (
         torch.cuda.get_device_capability() == (9, 0)
         and not seq_idx
@@ -251,8 +250,7 @@ def state_kernels(seq_idx: bool, rows16: bool, heads_per_group: int) -> tuple[st
     )
     if not fused:
         return ("ssd2_chunk_state", "ssd2_state_passing")
-    mc = heads_per_group % 4 == 0 and os.environ.get("FLASHSCAN_SSD_STATE_CLUSTER") == "1"
-    return ("ssd2_chunk_state_pass_mc",) if mc else ("ssd2_chunk_state_pass",)
+    return ("ssd2_chunk_state_pass",)
 
 
 def bwd_state_kernels(kept: bool = True, seq_idx: bool = False) -> tuple[str, ...]:
@@ -265,7 +263,7 @@ def bwd_state_kernels(kept: bool = True, seq_idx: bool = False) -> tuple[str, ..
         torch.cuda.get_device_capability() == (9, 0)
         and kept
         and not seq_idx
-        and os.environ.get("FLASHSCAN_SSD_BWD_STATE_PASS") == "1"
+        and os.environ.get("FLASHSCAN_SSD_BWD_STATE_PASS") != "0"
         and os.environ.get("FLASHSCAN_SSD_DSTATE_HILO") != "1"
     )
     return (
@@ -377,12 +375,10 @@ def test_forward_warp_specialised(
 
 # The sm_90a chunk states with the state passing in one kernel (`ssd2_chunk_state_pass`, the default
 # for 16-bit calls without seq_idx whose x and B rows TMA can address; FLASHSCAN_SSD_STATE_PASS=0
-# keeps ssd2_chunk_state + ssd2_state_passing, and FLASHSCAN_SSD_STATE_CLUSTER=1 asks for clusters
-# of four CTAs sharing each B box by multicast, `_mc`, where a group's heads come in fours: opt-in
-# until its first GPU run): H carried through every chunk in one CTA's accumulator. Every chunk
-# size, both dtypes, seqlen not a multiple of the chunk (a short last chunk, one shorter than a
-# 32-position step), headdim / dstate tails and two tiles each way (40, 136 channels; 72, 200
-# states), one B block (16, 24 states), several groups (clusters inside each), with and without
+# keeps ssd2_chunk_state + ssd2_state_passing): H carried through every chunk in one CTA's
+# accumulator. Every chunk size, both dtypes, seqlen not a multiple of the chunk (a short last
+# chunk, one shorter than a 32-position step), headdim / dstate tails and two tiles each way (40,
+# 136 channels; 72, 200 states), one B block (16, 24 states), several groups, with and without
 # initial / final states, x / B as views of one projection (the Mamba-2 split; rows 8-byte aligned
 # only: no tensor map, the pair runs); the result against the rule, and the kernels launched against
 # the switches.
@@ -398,7 +394,7 @@ STATE_PASS_CASES = [
 ]
 
 
-@pytest.mark.parametrize("form", ["cluster", "single", "pair"])
+@pytest.mark.parametrize("form", ["single", "pair"])
 @pytest.mark.parametrize("case", STATE_PASS_CASES, ids=lambda c: "-".join(str(v) for v in c))
 def test_forward_fused_state_passing(
     case: tuple, form: str, rule: Any, poison: Any, monkeypatch: pytest.MonkeyPatch
@@ -406,11 +402,8 @@ def test_forward_fused_state_passing(
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("ssd2_chunk_state_pass is sm_90a's")
     monkeypatch.delenv("FLASHSCAN_SSD_STATE_PASS", raising=False)  # (the default: on)
-    monkeypatch.delenv("FLASHSCAN_SSD_STATE_CLUSTER", raising=False)
     if form == "pair":
         monkeypatch.setenv("FLASHSCAN_SSD_STATE_PASS", "0")
-    if form == "cluster":
-        monkeypatch.setenv("FLASHSCAN_SSD_STATE_CLUSTER", "1")
     dt_name, g, h, n, p, L, chunk, init, final, split = case
     dtype = DTYPES[dt_name]
     a = ssd_inputs(2, L, h, p, g, n, dtype, D2=True, init=init)
@@ -422,8 +415,7 @@ def test_forward_fused_state_passing(
     poison(2 * L * h * p * a["x"].element_size(), 2 * h * p * n * 4, 2 * nchunks * h * p * n * 4)
     res, names = warm_forward_kernels(a, kw)
     # (x and B by TMA: rows of 16-byte multiples)
-    every = {"ssd2_chunk_state_pass", "ssd2_chunk_state_pass_mc"}
-    every |= {"ssd2_chunk_state", "ssd2_state_passing"}
+    every = {"ssd2_chunk_state_pass", "ssd2_chunk_state", "ssd2_state_passing"}
     assert names & every == set(state_kernels(False, split != 4, h // g)), sorted(names)
     if final:
         out, fin = res

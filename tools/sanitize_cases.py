@@ -476,8 +476,7 @@ def ssd_fwd2_cases() -> int:
     also without z, on sm_90a (bf16) through the warp-specialised chunk outputs
     (ssd2_chunk_scan_ws); without seq_idx on sm_90a, rows TMA can address (headdim 40 / 64), the
     chunk states through ssd2_chunk_state_pass (TMA boxes past the tile's ends, dstate 24's
-    one-block B; bf16 on clusters sharing B, FLASHSCAN_SSD_STATE_CLUSTER=1 set here, fp16 on
-    single CTAs)."""
+    one-block B; bf16 with one group of four heads, fp16 with two groups)."""
     bad = 0
     os.environ["FLASHSCAN_SSD_FWD"] = "2"
     try:
@@ -487,9 +486,7 @@ def ssd_fwd2_cases() -> int:
             [(40, 24), (33, 20), (64, 200)],
             [True, False],
         ):
-            # (bf16 with one group: four heads a group, the fused chunk states' cluster form)
             b, L, h, g = 2, 2 * chunk + 37, 4, 1 if dtype == torch.bfloat16 else 2
-            os.environ["FLASHSCAN_SSD_STATE_CLUSTER"] = "1" if dtype == torch.bfloat16 else "0"
             x = torch.randn(b, L, h, p, device="cuda", dtype=dtype)
             dt = torch.rand(b, L, h, device="cuda") - 1.5
             A = -torch.rand(h, device="cuda") - 0.2
@@ -528,7 +525,6 @@ def ssd_fwd2_cases() -> int:
     finally:
         os.environ.pop("FLASHSCAN_SSD_FWD", None)
         os.environ.pop("FLASHSCAN_SSD_SCAN_WS", None)
-        os.environ.pop("FLASHSCAN_SSD_STATE_CLUSTER", None)
     return bad
 
 

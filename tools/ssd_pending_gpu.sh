@@ -1,26 +1,25 @@
 #!/usr/bin/env bash
-# The GPU calls the SSD's opt-in sm_90a kernels wait for (written in a session lent no device,
-# 2026-12-04): the forward's chunk states on clusters sharing B (`ssd2_chunk_state_pass_mc`,
-# FLASHSCAN_SSD_STATE_CLUSTER=1) and the backward's L_c + reverse state passing in one kernel
-# (`ssd_bwd_dstate_pass`, FLASHSCAN_SSD_BWD_STATE_PASS=1). On an H100 / H200 with the wheel built
-# here carried in .dev/wheel (bash tools/build_wheel.sh) and, for `triton`, the mamba snapshot in
-# .dev/peers/mamba. Stages (each Python run killed after its limit, so a hang shows as rc 137;
-# the device tool allows 600 s a command, so split them over calls on one warm machine):
-#   bash tools/ssd_pending_gpu.sh quick check      (< 450 s)
-#   bash tools/ssd_pending_gpu.sh time             (< 450 s)
-#   bash tools/ssd_pending_gpu.sh sanitize         (< 550 s; before a default is flipped)
+# The GPU calls the SSD's sm_90a backward state kernel still waits for: `ssd_bwd_dstate_pass`
+# (L_c + the reverse state passing in one kernel; FLASHSCAN_SSD_BWD_STATE_PASS=0 keeps the pair).
+# First run 2026-12-05 (benches/results/2026-12-05-h200-ssd-pending/): its tests passed, 141.3
+# against 120.8 + 93.4 us; the full suite and the sanitizers have not run on it yet. On an H100 /
+# H200 with the wheel built here carried in .dev/wheel (bash tools/build_wheel.sh) and, for
+# `triton`, the mamba snapshot in .dev/peers/mamba. Stages (each Python run killed after its
+# limit, so a hang shows as rc 137; the device tool allows 600 s a command, so split them over
+# calls on one warm machine):
+#   bash tools/ssd_pending_gpu.sh sanitize check   (< 560 s)
+#   bash tools/ssd_pending_gpu.sh synccheck timebwd checkoff
 #   bash tools/ssd_pending_gpu.sh triton           (< 600 s: the Triton backward's autotune)
-#   quick     the two kernels' own tests, each form against float64 under the rule and the
-#             kernels launched against the switches: a wrong index shows in seconds
-#   check     every SSD GPU test with both switches on (the helpers that name the expected
-#             kernels read them), then with both off
-#   sanitize  memcheck / racecheck of tools/sanitize_cases.py ssd_fwd2 (bf16 on clusters) and
-#             ssd_bwd_pass (the fused backward kernel), synccheck of the latter
-#   time      tools/ssd_profile.py b8 L2048 80 x 64, state 128: the forward with and without
-#             clusters, the forward + backward with and without the fused backward kernel, two
-#             alternations each; L8192 forward once each way
+#   quick     the kernel's own tests, fused and pair, against float64 under the rule and the
+#             kernels launched against the switch: a wrong index shows in seconds
+#   check     every SSD GPU test with the kernel (the default); checkoff: without it
+#   sanitize  memcheck / racecheck of tools/sanitize_cases.py ssd_bwd_pass; synccheck: synccheck
+#   timebwd   tools/ssd_profile.py b8 L2048 80 x 64, state 128: the forward + backward with and
+#             without the kernel, two alternations
+#   ncu       one launch each of the forward's chunk outputs and chunk states and of the
+#             backward's state kernel and dx (SpeedOfLight, scheduler, warp states, memory)
 #   triton    benches/ssd.py beside mamba_ssm's Triton SSD (forward and forward + backward, each
-#             row guarded), both switches on
+#             row guarded)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/flashscan-out}"
@@ -50,41 +49,55 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 # summary.txt
 RUN_LOGS="$L" RUN_TAIL=8
 source "$repo/tools/gpu_run.sh"
-on=(env FLASHSCAN_SSD_STATE_CLUSTER=1 FLASHSCAN_SSD_BWD_STATE_PASS=1)
-off=(env FLASHSCAN_SSD_STATE_CLUSTER=0 FLASHSCAN_SSD_BWD_STATE_PASS=0)
+on=(env FLASHSCAN_SSD_BWD_STATE_PASS=1)
+off=(env FLASHSCAN_SSD_BWD_STATE_PASS=0)
 tests=("$repo/tests/test_ssd_gpu.py" "$repo/tests/test_ssd.py")
 prof="$repo/tools/ssd_profile.py"
 for stage in "${stages[@]}"; do
   case "$stage" in
     quick)
       run quick 200 python3 -m pytest "${tests[0]}" -q -p no:cacheprovider -n 4 \
-        -k "fused_state_passing"
+        -k "backward_fused_state_passing"
       ;;
     check)
-      run check-on 240 "${on[@]}" python3 -m pytest "${tests[@]}" -m gpu -q -p no:cacheprovider -n 8
+      run check 240 python3 -m pytest "${tests[@]}" -m gpu -q -p no:cacheprovider -n 8
+      ;;
+    checkoff)
       run check-off 240 "${off[@]}" python3 -m pytest "${tests[@]}" -m gpu -q -p no:cacheprovider -n 8
       ;;
     sanitize)
       for tool in memcheck racecheck; do
-        run "san-$tool" 200 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-          python3 "$repo/tools/sanitize_cases.py" ssd_fwd2 ssd_bwd_pass
+        run "san-$tool" 150 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+          python3 "$repo/tools/sanitize_cases.py" ssd_bwd_pass
       done
-      run san-synccheck 120 compute-sanitizer --tool synccheck --error-exitcode 9 \
+      ;;
+    synccheck)
+      run san-synccheck 150 compute-sanitizer --tool synccheck --error-exitcode 9 \
         python3 "$repo/tools/sanitize_cases.py" ssd_bwd_pass
       ;;
-    time)
+    timebwd)
       for r in 1 2; do
-        run "fwd-single-$r" 60 "${off[@]}" python3 "$prof" --shape 2k --reps 4 --paths 2 --fwd-only
-        run "fwd-cluster-$r" 60 "${on[@]}" python3 "$prof" --shape 2k --reps 4 --paths 2 --fwd-only
-        run "step-pair-$r" 90 "${off[@]}" python3 "$prof" --shape 2k --reps 3 --paths 2
         run "step-fused-$r" 90 "${on[@]}" python3 "$prof" --shape 2k --reps 3 --paths 2
+        run "step-pair-$r" 90 "${off[@]}" python3 "$prof" --shape 2k --reps 3 --paths 2
       done
-      run fwd-single-8k 60 "${off[@]}" python3 "$prof" --shape 8k --reps 3 --paths 2 --fwd-only
-      run fwd-cluster-8k 60 "${on[@]}" python3 "$prof" --shape 8k --reps 3 --paths 2 --fwd-only
-      grep -HE "^## |state" "$L"/fwd-*.log "$L"/step-*.log >"$OUT/time-summary.txt"
+      grep -HE "^## |state|dstate" "$L"/step-*.log >"$OUT/time-summary.txt"
+      ;;
+    ncu)
+      S=(--section SpeedOfLight --section SchedulerStats --section WarpStateStats
+        --section Occupancy --section MemoryWorkloadAnalysis)
+      for k in ssd2_chunk_scan_ws ssd2_chunk_state_pass; do
+        run "ncu-$k" 150 ncu --profile-from-start off "${S[@]}" -k "regex:^$k\$" -c 1 \
+          python3 "$prof" --shape 2k --paths 2 --ncu-range fwd
+      done
+      for k in ssd_bwd_dstate_pass ssd_bwd_chunk_dx16; do
+        run "ncu-$k" 150 ncu --profile-from-start off "${S[@]}" -k "regex:^$k\$" -c 1 \
+          python3 "$prof" --shape 2k --paths 2 --ncu-range step
+      done
+      grep -HE "Duration|Throughput|Busy|Eligible|Issued Warp|Registers|Achieved Occ|Warp Cycles" \
+        "$L"/ncu-*.log >"$OUT/ncu-summary.txt"
       ;;
     triton)
-      run triton 580 "${on[@]}" python3 "$repo/benches/ssd.py" --mamba-src "$repo/.dev/peers/mamba" \
+      run triton 580 python3 "$repo/benches/ssd.py" --mamba-src "$repo/.dev/peers/mamba" \
         --fwd-paths 2 --bwd-paths 2 --out "$OUT"
       ;;
     *)

@@ -62,39 +62,6 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const TensorMap* map, int c
         : "memory");
 }
 
-// tma_load_4d into the shared memory of every CTA of the cluster in `mask` (bit r: rank r), at the
-// same offset `dst` and completing on each one's mbarrier at offset `bar` (sm_90a).
-__device__ __forceinline__ void tma_load_4d_multicast(u32 dst, const TensorMap* map, int c0, int c1, int c2, int c3,
-                                                      u32 bar, unsigned short mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-        " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
-        "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "h"(mask)
-        : "memory");
-}
-
-// ---- clusters ----
-// One arrival (relaxed: no memory ordering, so no MEMBAR.ALL.GPU before it as the release form
-// has) on the mbarrier at offset `bar` in the shared memory of the cluster's CTA `rank` (this
-// CTA's own included): for "this stage was read" signals whose reads have retired.
-__device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 rank) {
-    asm volatile(
-        "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-        "mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-        "r"(rank)
-        : "memory");
-}
-__device__ __forceinline__ u32 cluster_ctarank() {
-    u32 r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-// Every thread of every CTA of the cluster arrives (release) and waits (acquire): a
-// __syncthreads across the cluster.
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
 // `bytes` contiguous bytes global -> shared memory (no tensor map), counted against `bar`'s
 // transactions; dst, src 16-byte aligned, bytes a multiple of 16.
 __device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {

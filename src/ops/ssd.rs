@@ -30,9 +30,6 @@ pub const ENTRY2_VARLEN: &str = "ssd2_varlen_states";
 /// ssd2_chunk_state and ssd2_state_passing in one kernel on sm_90a (src/ops/ssd_state_pass.rs):
 /// one CTA per (batch, head, tile) carries H through the chunks in its accumulator.
 pub const ENTRY2_STATE_PASS: &str = "ssd2_chunk_state_pass";
-/// The same on clusters of `ssd_state_pass::CLUSTER` CTAs (consecutive heads of a group) that
-/// share each B box by TMA multicast.
-pub const ENTRY2_STATE_PASS_MC: &str = "ssd2_chunk_state_pass_mc";
 /// ssd2_chunk_state's tile of states per CTA (channels x states: 64 x 128).
 const STATE2_TILE_N: i64 = 128;
 pub const ENTRY_STATE: &str = "ssd_chunk_state";
@@ -522,7 +519,6 @@ pub fn all_specs2(arch: i64) -> Vec<KernelSpec> {
             }
             if arch == 90 {
                 out.push(spec2(ENTRY2_STATE_PASS, dtype, chunk, arch));
-                out.push(spec2(ENTRY2_STATE_PASS_MC, dtype, chunk, arch));
             }
             if arch == 90 && chunk == ssd_scan_ws::CHUNK {
                 out.push(spec2(ssd_scan_ws::ENTRY, dtype, chunk, arch));
@@ -959,7 +955,7 @@ impl<'a> Launch2<'a> {
             let (dtype, chunk, arch) = (self.dtype, self.chunk, self.arch);
             // SAFETY: as the caller's
             return unsafe {
-                ssd_state_pass::launch(dev, q, p, &maps, (self.bh, tiles), dtype, chunk, arch, st)
+                ssd_state_pass::launch(dev, q, &maps, (self.bh, tiles), dtype, chunk, arch, st)
             };
         }
         let grid = (self.nchunks, tiles, self.bh);
@@ -1031,9 +1027,9 @@ mod tests {
         assert_eq!(s.len(), 1 + 2 * 3 * CHUNKS.len());
         assert!(s.iter().any(|k| k.entry == ENTRY_PASS));
         let s2 = all_specs2(90);
-        // (+ the warp-specialised chunk outputs at chunk 256 and the fused states' two entries
-        // at every chunk, sm_90a only)
-        assert_eq!(s2.len(), 9 * 2 * CHUNKS.len() + 2);
+        // (+ the warp-specialised chunk outputs at chunk 256 and the fused states at every
+        // chunk, sm_90a only)
+        assert_eq!(s2.len(), 8 * 2 * CHUNKS.len() + 2);
         assert_eq!(all_specs2(80).len(), 7 * 2 * CHUNKS.len());
         assert!(s2.iter().all(|k| k.family == FAMILY2));
         assert!(s2.iter().any(|k| k.entry == ENTRY2_PREP));

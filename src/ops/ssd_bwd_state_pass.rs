@@ -36,13 +36,12 @@ pub struct SsdBwdSpParams {
 const _: () = assert!(std::mem::offset_of!(SsdBwdSpParams, q) == 384);
 const _: () = assert!(std::mem::size_of::<SsdBwdSpParams>() == 1472);
 
-/// Opt-in, `FLASHSCAN_SSD_BWD_STATE_PASS=1`, until the kernel has run on a GPU: it was written
-/// and checked on the CPU only (NVRTC 13.0 / 13.5 builds, its SASS, a NumPy replay of its ring
-/// and arithmetic: tests/test_ssd_bwd_pass_model.py) in a session lent no device (2026-12-04).
-/// Unset, ssd_bwd_chunk_dstate16 + ssd_bwd_state_passing run. Read on every call, so one process
-/// can run both forms.
+/// The default where `applies` holds: on the H200 (2026-12-05, b8 L2048 80 x 64, state 128)
+/// 141.3 us against ssd_bwd_chunk_dstate16 + ssd_bwd_state_passing's 120.8 + 93.4
+/// (benches/results/2026-12-05-h200-ssd-pending/). `FLASHSCAN_SSD_BWD_STATE_PASS=0` keeps the
+/// pair (A/B runs). Read on every call, so one process can run both forms.
 fn on() -> bool {
-    std::env::var("FLASHSCAN_SSD_BWD_STATE_PASS").as_deref() == Ok("1")
+    std::env::var("FLASHSCAN_SSD_BWD_STATE_PASS").as_deref() != Ok("0")
 }
 
 /// What the rule looks at: a 16-bit call's backward with the forward's kept H_c.

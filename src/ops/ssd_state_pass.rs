@@ -1,11 +1,10 @@
 //! The SSD forward's chunk states and state passing in one sm_90a kernel
 //! (`ssd2_chunk_state_pass` in cuda/ssd_fwd2.cu): one CTA per (batch, head, 64 x 128 tile) walks
 //! the head's chunks with H in its wgmma accumulator, fed by TMA. This module holds its
-//! applicability rule, its two tensor maps and parameter block, and its launch (opt-in: on
-//! clusters of four CTAs sharing B by multicast where a group's heads come in fours);
+//! applicability rule, its two tensor maps and parameter block, and its launch;
 //! `ssd::Launch2::states` keeps `ssd2_chunk_state` + `ssd2_state_passing` wherever `plan` declines.
 
-use super::ssd::{spec2, Problem, Ssd2Params, ENTRY2_STATE_PASS, ENTRY2_STATE_PASS_MC};
+use super::ssd::{spec2, Problem, Ssd2Params, ENTRY2_STATE_PASS};
 use super::ssd_scan_ws::rows_map;
 use crate::error::Result;
 use crate::runtime::{DeviceCtx, Stream};
@@ -32,24 +31,6 @@ const _: () = assert!(std::mem::size_of::<Ssd2SpParams>() == 896);
 /// runs). Read on every call, so one process can run both forms.
 fn on() -> bool {
     std::env::var("FLASHSCAN_SSD_STATE_PASS").as_deref() != Ok("0")
-}
-
-/// CTAs of a cluster in ssd2_chunk_state_pass_mc; mirrors kSpCluster.
-pub const CLUSTER: i64 = 4;
-
-/// Whether a group's heads come in whole clusters, so that a cluster's CTAs read one B.
-fn clusters_fit(p: &Problem) -> bool {
-    let heads_per_group = p.nheads / p.ngroups.max(1);
-    heads_per_group % CLUSTER == 0
-}
-
-/// Whether a call runs on clusters that share B (`ssd2_chunk_state_pass_mc`): where
-/// `clusters_fit` and `FLASHSCAN_SSD_STATE_CLUSTER=1` asks for it, opt-in until the form has run
-/// on a GPU (written and checked on the CPU only, 2026-12-04: its SASS, a NumPy replay of its
-/// cluster protocol; the earlier form with a cluster barrier a step measured 167.5-169.9 us
-/// against the single CTAs' 123-125). Read on every call.
-fn clustered(p: &Problem) -> bool {
-    clusters_fit(p) && std::env::var("FLASHSCAN_SSD_STATE_CLUSTER").as_deref() == Ok("1")
 }
 
 /// Whether a call's chunk states can take the kernel: sm_90a (its product is the wgmma one), no
@@ -85,13 +66,12 @@ pub fn plan(q: &Ssd2Params, p: &Problem, dtype: i64, arch: i64) -> Option<[[u64;
 /// Launches ssd2_chunk_state_pass with `plan`'s maps: grid (batch * nheads, tiles).
 ///
 /// # Safety
-/// `q` must describe checked tensors and workspaces of the sizes `p` gives, on `dev`, with the
-/// prep records written earlier on `st`.
+/// `q` must describe checked tensors and workspaces of the sizes its problem gives, on `dev`,
+/// with the prep records written earlier on `st`.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn launch(
     dev: &DeviceCtx,
     q: &Ssd2Params,
-    p: &Problem,
     maps: &[[u64; 16]; 2],
     grid: (u32, u32),
     dtype: i64,
@@ -101,14 +81,8 @@ pub unsafe fn launch(
 ) -> Result<()> {
     let [tm_x, tm_b] = *maps;
     let params = Ssd2SpParams { tm_x, tm_b, q: *q };
-    // (grid.0 = batch * nheads: a multiple of CLUSTER where `clustered`)
-    let entry = if clustered(p) {
-        ENTRY2_STATE_PASS_MC
-    } else {
-        ENTRY2_STATE_PASS
-    };
-    let k = dev.kernel(&spec2(entry, dtype, chunk, arch))?;
-    // SAFETY: as the caller's; the kernel reads x, B and the records inside the sizes `p` gives
+    let k = dev.kernel(&spec2(ENTRY2_STATE_PASS, dtype, chunk, arch))?;
+    // SAFETY: as the caller's; the kernel reads x, B and the records inside the problem's sizes
     // and writes H_c, the decays and the final states of its (batch, head, tile).
     unsafe { dev.launch(&k, (grid.0, grid.1, 1), (THREADS, 1, 1), 0, st, &params) }
 }
@@ -116,19 +90,6 @@ pub unsafe fn launch(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn clusters_take_whole_groups_of_heads() {
-        let mut p = super::super::ssd::LAYER_2K; // 80 heads, one group
-        assert!(clusters_fit(&p));
-        p.nheads = 6;
-        assert!(!clusters_fit(&p));
-        p.nheads = 8;
-        p.ngroups = 2; // 4 heads a group
-        assert!(clusters_fit(&p));
-        p.ngroups = 4; // 2 heads a group: a cluster would straddle two groups' B
-        assert!(!clusters_fit(&p));
-    }
 
     #[test]
     fn applies_without_seq_idx_to_tma_rows_on_sm90_only() {
