@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (The record's copy of tools/ssd_pending_gpu.sh at 2039361, branch wsg: its temporary-directory
+# paths written <tmp> here; the run used /tmp on the device.)
 # The GPU calls the SSD's opt-in sm_90a kernels wait for (written in sessions lent no device,
 # 2026-12-04 / 05): the forward's chunk states on clusters sharing B (`ssd2_chunk_state_pass_mc`,
 # FLASHSCAN_SSD_STATE_CLUSTER=1), the forward's chunk outputs with C and C B^T shared by three
@@ -32,16 +34,16 @@
 #             row guarded), the four switches on
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-OUT="${OUT:-/tmp/flashscan-out}"
+OUT="${OUT:-${TMPDIR:-<tmp>}/flashscan-out}"
 L="$OUT/logs"  # (tarred at the end: the device tool brings back at most 8 files)
 mkdir -p "$L"
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(quick check)
-rm -rf /tmp/site  # (a warm machine keeps the last call's package)
-python3 -m pip install -q --no-deps --no-index --target /tmp/site .dev/wheel/flashscan-*.whl \
+rm -rf ${TMPDIR:-<tmp>}/site  # (a warm machine keeps the last call's package)
+python3 -m pip install -q --no-deps --no-index --target ${TMPDIR:-<tmp>}/site .dev/wheel/flashscan-*.whl \
   .dev/pydeps/*.whl || exit 1
 repo="$PWD"
-export PYTHONPATH=/tmp/site FLASHSCAN_CACHE_DIR=/tmp/flashscan-cache-ssd
+export PYTHONPATH=${TMPDIR:-<tmp>}/site FLASHSCAN_CACHE_DIR=${TMPDIR:-<tmp>}/flashscan-cache-ssd
 # kernels compiled ahead on the CPU with the device's NVRTC major.minor (13.0), if carried
 # (~60 MB of CUBINs, 13 MB packed: the carry limit is 64 MiB):
 #   FLASHSCAN_CACHE_DIR=.dev/fscache python -m flashscan precompile --arch sm_90a --all \
