@@ -263,7 +263,7 @@ def bwd_state_kernels(kept: bool = True, seq_idx: bool = False) -> tuple[str, ..
         torch.cuda.get_device_capability() == (9, 0)
         and kept
         and not seq_idx
-        and os.environ.get("FLASHSCAN_SSD_BWD_STATE_PASS") != "0"
+        and os.environ.get("FLASHSCAN_SSD_BWD_STATE_PASS") == "1"
         and os.environ.get("FLASHSCAN_SSD_DSTATE_HILO") != "1"
     )
     return (

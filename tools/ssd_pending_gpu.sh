@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU calls the SSD's sm_90a backward state kernel still waits for: `ssd_bwd_dstate_pass`
-# (L_c + the reverse state passing in one kernel; FLASHSCAN_SSD_BWD_STATE_PASS=0 keeps the pair).
+# The GPU calls the SSD's sm_90a backward state kernel still waits for before it becomes the
+# default: `ssd_bwd_dstate_pass` (L_c + the reverse state passing in one kernel; opt-in,
+# FLASHSCAN_SSD_BWD_STATE_PASS=1; `check` sets it).
 # First run 2026-12-05 (benches/results/2026-12-05-h200-ssd-pending/): its tests passed, 141.3
 # against 120.8 + 93.4 us; the full suite and the sanitizers have not run on it yet. On an H100 /
 # H200 with the wheel built here carried in .dev/wheel (bash tools/build_wheel.sh) and, for
@@ -12,7 +13,7 @@
 #   bash tools/ssd_pending_gpu.sh triton           (< 600 s: the Triton backward's autotune)
 #   quick     the kernel's own tests, fused and pair, against float64 under the rule and the
 #             kernels launched against the switch: a wrong index shows in seconds
-#   check     every SSD GPU test with the kernel (the default); checkoff: without it
+#   check     every SSD GPU test with the kernel (FLASHSCAN_SSD_BWD_STATE_PASS=1); checkoff: without
 #   sanitize  memcheck / racecheck of tools/sanitize_cases.py ssd_bwd_pass; synccheck: synccheck
 #   timebwd   tools/ssd_profile.py b8 L2048 80 x 64, state 128: the forward + backward with and
 #             without the kernel, two alternations
@@ -60,7 +61,7 @@ for stage in "${stages[@]}"; do
         -k "backward_fused_state_passing"
       ;;
     check)
-      run check 240 python3 -m pytest "${tests[@]}" -m gpu -q -p no:cacheprovider -n 8
+      run check 240 "${on[@]}" python3 -m pytest "${tests[@]}" -m gpu -q -p no:cacheprovider -n 8
       ;;
     checkoff)
       run check-off 240 "${off[@]}" python3 -m pytest "${tests[@]}" -m gpu -q -p no:cacheprovider -n 8

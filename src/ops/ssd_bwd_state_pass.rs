@@ -36,12 +36,13 @@ pub struct SsdBwdSpParams {
 const _: () = assert!(std::mem::offset_of!(SsdBwdSpParams, q) == 384);
 const _: () = assert!(std::mem::size_of::<SsdBwdSpParams>() == 1472);
 
-/// The default where `applies` holds: on the H200 (2026-12-05, b8 L2048 80 x 64, state 128)
-/// 141.3 us against ssd_bwd_chunk_dstate16 + ssd_bwd_state_passing's 120.8 + 93.4
-/// (benches/results/2026-12-05-h200-ssd-pending/). `FLASHSCAN_SSD_BWD_STATE_PASS=0` keeps the
-/// pair (A/B runs). Read on every call, so one process can run both forms.
+/// Opt-in, `FLASHSCAN_SSD_BWD_STATE_PASS=1`: at its first GPU run (H200, 2026-12-05, b8 L2048
+/// 80 x 64, state 128) 141.3 us against ssd_bwd_chunk_dstate16 + ssd_bwd_state_passing's 120.8 +
+/// 93.4 with its own tests passing (benches/results/2026-12-05-h200-ssd-pending/); the default
+/// once the full SSD suite and the sanitizers have run on it (tools/ssd_pending_gpu.sh sanitize
+/// check). Unset, the pair runs. Read on every call, so one process can run both forms.
 fn on() -> bool {
-    std::env::var("FLASHSCAN_SSD_BWD_STATE_PASS").as_deref() != Ok("0")
+    std::env::var("FLASHSCAN_SSD_BWD_STATE_PASS").as_deref() == Ok("1")
 }
 
 /// What the rule looks at: a 16-bit call's backward with the forward's kept H_c.
