@@ -237,11 +237,10 @@ def kernels_of(call: Any) -> set[str]:
     return {e.name for e in prof.events()}
 
 
-def state_kernels(seq_idx: bool, rows16: bool, heads_per_group: int = 1) -> tuple[str, ...]:
+def state_kernels(seq_idx: bool, rows16: bool) -> tuple[str, ...]:
     """The second path's chunk-state launches of a call: on sm_90a without seq_idx where x and B
     come in rows of 16-byte multiples (`rows16`: TMA; unless FLASHSCAN_SSD_STATE_PASS=0)
-    ssd2_chunk_state_pass, else ssd2_chunk_state + ssd2_state_passing. (heads_per_group: kept for
-    the callers; the cluster form that read it was dropped, 2026-12-05.)"""
+    ssd2_chunk_state_pass, else ssd2_chunk_state + ssd2_state_passing."""
     fused = (
         torch.cuda.get_device_capability() == (9, 0)
         and not seq_idx
@@ -416,7 +415,7 @@ def test_forward_fused_state_passing(
     res, names = warm_forward_kernels(a, kw)
     # (x and B by TMA: rows of 16-byte multiples)
     every = {"ssd2_chunk_state_pass", "ssd2_chunk_state", "ssd2_state_passing"}
-    assert names & every == set(state_kernels(False, split != 4, h // g)), sorted(names)
+    assert names & every == set(state_kernels(False, split != 4)), sorted(names)
     if final:
         out, fin = res
         check_case(rule, out, fin, a, chunk, True)
@@ -454,7 +453,7 @@ def test_forward_chunked_reads_prep_records(
     if fwd_path == "2":
         want = {"ssd2_chunk_prep", "ssd2_chunk_cb", "ssd2_chunk_scan"}
         if L > 128:
-            want |= set(state_kernels(seq, True, 3))
+            want |= set(state_kernels(seq, True))
         assert want <= names and "ssd2_chunk_scan_one" not in names, sorted(names)
     ref_kw = {"seq_idx": kw["seq_idx"].cpu().numpy()} if seq else {}
     ref_y, _ = ref64(a, 128, dt_softplus=True, **ref_kw)
@@ -1237,7 +1236,7 @@ def test_backward_16bit_without_carried_state(
     got = grads_of(ours(a, chunk), a, dout, None)
     check_grads(rule, got, ref, base, torch.bfloat16)
 
-    carried = {*state_kernels(False, True, 4), *bwd_state_kernels()}
+    carried = {*state_kernels(False, True), *bwd_state_kernels()}
 
     def names(t: dict[str, Any]) -> set[str]:
         lv = leaves(t)
@@ -1399,7 +1398,7 @@ def test_backward_takes_the_forward_states(
         base = grads_of(lambda lv: baseline_lowp(lv, chunk, True), a, dout, dfinal)
     else:
         base = grads_of(lambda lv: baseline_packed(lv, chunk, kw["seq_idx"]), a, dout, dfinal)
-    step = state_kernels(cuts is not None, p % 8 == 0 and n % 8 == 0, 4 // g)
+    step = state_kernels(cuts is not None, p % 8 == 0 and n % 8 == 0)
     got = {}
     for keep in ("1", "0"):
         monkeypatch.setenv("FLASHSCAN_SSD_KEEP_STATES", keep)
@@ -1528,6 +1527,6 @@ def test_compiled_training_takes_the_forward_states(monkeypatch: pytest.MonkeyPa
     got = torch.autograd.grad(compiled(*lv), lv)
     for k, g, w in zip(names, got, want):
         assert torch.equal(g, w), k
-    step = state_kernels(False, True, 4)
+    step = state_kernels(False, True)
     runs = _launches(lambda: torch.autograd.grad(compiled(*lv), lv), step)
     assert runs == dict.fromkeys(step, 1), runs
