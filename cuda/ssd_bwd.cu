@@ -2628,13 +2628,15 @@ extern "C" __global__ void __launch_bounds__(kThreads) ssd_bwd_chunk_dstate16_hi
 // 96 registers, five an SM, one wave.
 // When it runs (src/ops/ssd_bwd_state_pass.rs): 16-bit calls with the forward's kept H_c (kept),
 // a carried state, no seq_idx (e_l and f_c without resets), dout / C / H_c rows TMA can address, the
-// one-rounding L_c (not FLASHSCAN_SSD_DSTATE_HILO), and FLASHSCAN_SSD_BWD_STATE_PASS=1 (opt-in).
+// one-rounding L_c (not FLASHSCAN_SSD_DSTATE_HILO), unless FLASHSCAN_SSD_BWD_STATE_PASS=0.
 // Written and checked on the CPU (2026-12-04: NVRTC 13.0 / 13.5 builds at 96 registers, its SASS,
 // tests/test_ssd_bwd_pass_model.py's replay of its ring and arithmetic); predicted ~120-130 us
 // against the pair's 120 + 93 at b8 L2048 on the H200 (the forward twin's 123-125 against 115 + 66).
 // MEASURED 2026-12-05 (H200, benches/results/2026-12-05-h200-ssd-pending/): 141.3 us against the
 // pair's 120.8 + 93.4 in one lease, the fp32 L_c workspace (168 MB there) not allocated, its own
-// tests passing; the default once the full SSD suite and the sanitizers have run on it.
+// tests passing. 2026-12-05, second lease (benches/results/2026-12-05-h200-ssd-bwd-state-pass/): the
+// full SSD GPU suite with it and memcheck / racecheck / synccheck clean; 140.5-141.3 us, the SSD
+// step 1829-1835 against the pair's 1907-1915 us: the default since.
 #if FS_SSD_STATE_WGMMA && FS_DTYPE != 2
 constexpr int kSpPos = 32, kBsStages = 2, kBsCtas = 5;
 constexpr int kBsSpc = kQ / kSpPos;         // steps of a whole chunk

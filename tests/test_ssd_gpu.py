@@ -256,13 +256,13 @@ def bwd_state_kernels(kept: bool = True, seq_idx: bool = False) -> tuple[str, ..
     """A 16-bit backward's L_c and reverse state passing: ssd_bwd_dstate_pass on sm_90a for a
     call with the forward's kept H_c (`kept`: flashscan.torch's 16-bit calls without z), no
     seq_idx, rows TMA can address (the tests' dense tensors) and the one-rounding L_c (not
-    FLASHSCAN_SSD_DSTATE_HILO=1), where FLASHSCAN_SSD_BWD_STATE_PASS=1 asks for it (opt-in until
-    its first GPU run); else ssd_bwd_chunk_dstate16 + ssd_bwd_state_passing."""
+    FLASHSCAN_SSD_DSTATE_HILO=1), unless FLASHSCAN_SSD_BWD_STATE_PASS=0; else
+    ssd_bwd_chunk_dstate16 + ssd_bwd_state_passing."""
     fused = (
         torch.cuda.get_device_capability() == (9, 0)
         and kept
         and not seq_idx
-        and os.environ.get("FLASHSCAN_SSD_BWD_STATE_PASS") == "1"
+        and os.environ.get("FLASHSCAN_SSD_BWD_STATE_PASS") != "0"
         and os.environ.get("FLASHSCAN_SSD_DSTATE_HILO") != "1"
     )
     return (
@@ -1407,7 +1407,13 @@ def test_backward_takes_the_forward_states(
         runs = _launches(lambda: grads_of(ours(a, chunk, **kw), a, dout, dfinal), step)
         assert runs == dict.fromkeys(step, 1 if keep == "1" else 2), (keep, runs)
         check_grads(rule, got[keep], ref, base, dtype)
-    for k in ("x", "B", "C", "D", "initial_states"):
+    # ssd_bwd_dstate_pass takes only the kept H_c (the recompute runs the pair): its dS_c is
+    # rounded from another fp32 order, so what flows from dS_c (dx, dB, dinitial_states) may
+    # differ in the last bit from the recompute's (each held the rule above); dC and dD do not
+    # read dS_c
+    fused = bwd_state_kernels(True, cuts is not None) == ("ssd_bwd_dstate_pass",)
+    fused = fused and n % 8 == 0 and p % 8 == 0
+    for k in ("C", "D") if fused else ("x", "B", "C", "D", "initial_states"):
         assert torch.equal(got["1"][k], got["0"][k]), k
 
 

@@ -534,8 +534,8 @@ def ssd_bwd_pass_cases() -> int:
     size (bf16 at 64 and 256, fp16 at 128: twelve backward calls, few enough for the sanitizers'
     slowdown), initial and final states, TMA boxes past the tile's ends (headdim 40 / 136,
     dstate 24's one-box C and H_c, 200's two state tiles) and a last chunk of one step (visited
-    first). Every gradient against float64. (Opt-in until its first GPU run: set here;
-    elsewhere the pair runs the same cases.)"""
+    first). Every gradient against float64. (The default since 2026-12-05; set here so that the
+    group runs it whatever the environment says.)"""
     bad = 0
     os.environ["FLASHSCAN_SSD_BWD_STATE_PASS"] = "1"
     try:

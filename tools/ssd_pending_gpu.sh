@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The GPU calls the SSD's sm_90a backward state kernel still waits for before it becomes the
-# default: `ssd_bwd_dstate_pass` (L_c + the reverse state passing in one kernel; opt-in,
-# FLASHSCAN_SSD_BWD_STATE_PASS=1; `check` sets it).
-# First run 2026-12-05 (benches/results/2026-12-05-h200-ssd-pending/): its tests passed, 141.3
-# against 120.8 + 93.4 us; the full suite and the sanitizers have not run on it yet. On an H100 /
+# The SSD's GPU checks and timings around the sm_90a backward state kernel `ssd_bwd_dstate_pass`
+# (L_c + the reverse state passing in one kernel; the default since 2026-12-05,
+# FLASHSCAN_SSD_BWD_STATE_PASS=0 runs the pair; `check` sets 1, `checkoff` 0).
+# Runs: 2026-12-05 (benches/results/2026-12-05-h200-ssd-pending/: its tests, 141.3 against
+# 120.8 + 93.4 us) and 2026-12-05-h200-ssd-bwd-state-pass/ (sanitize check synccheck checkoff
+# timebwd ncu triton). On an H100 /
 # H200 with the wheel built here carried in .dev/wheel (bash tools/build_wheel.sh) and, for
 # `triton`, the mamba snapshot in .dev/peers/mamba. Stages (each Python run killed after its
 # limit, so a hang shows as rc 137; the device tool allows 600 s a command, so split them over
@@ -91,7 +92,7 @@ for stage in "${stages[@]}"; do
           python3 "$prof" --shape 2k --paths 2 --ncu-range fwd
       done
       for k in ssd_bwd_dstate_pass ssd_bwd_chunk_dx16; do
-        run "ncu-$k" 150 ncu --profile-from-start off "${S[@]}" -k "regex:^$k\$" -c 1 \
+        run "ncu-$k" 150 "${on[@]}" ncu --profile-from-start off "${S[@]}" -k "regex:^$k\$" -c 1 \
           python3 "$prof" --shape 2k --paths 2 --ncu-range step
       done
       grep -HE "Duration|Throughput|Busy|Eligible|Issued Warp|Registers|Achieved Occ|Warp Cycles" \

@@ -36,13 +36,14 @@ pub struct SsdBwdSpParams {
 const _: () = assert!(std::mem::offset_of!(SsdBwdSpParams, q) == 384);
 const _: () = assert!(std::mem::size_of::<SsdBwdSpParams>() == 1472);
 
-/// Opt-in, `FLASHSCAN_SSD_BWD_STATE_PASS=1`: at its first GPU run (H200, 2026-12-05, b8 L2048
-/// 80 x 64, state 128) 141.3 us against ssd_bwd_chunk_dstate16 + ssd_bwd_state_passing's 120.8 +
-/// 93.4 with its own tests passing (benches/results/2026-12-05-h200-ssd-pending/); the default
-/// once the full SSD suite and the sanitizers have run on it (tools/ssd_pending_gpu.sh sanitize
-/// check). Unset, the pair runs. Read on every call, so one process can run both forms.
+/// The default since 2026-12-05 (H200, b8 L2048 80 x 64, state 128): 140.5-141.3 us against
+/// ssd_bwd_chunk_dstate16 + ssd_bwd_state_passing's 120.8-121.4 + 93.4-93.6, the SSD step
+/// 1829-1835 against 1907-1915 us, the full SSD GPU suite and memcheck / racecheck / synccheck
+/// passing (benches/results/2026-12-05-h200-ssd-pending/, 2026-12-05-h200-ssd-bwd-state-pass/).
+/// `FLASHSCAN_SSD_BWD_STATE_PASS=0` runs the pair. Read on every call, so one process can run
+/// both forms.
 fn on() -> bool {
-    std::env::var("FLASHSCAN_SSD_BWD_STATE_PASS").as_deref() == Ok("1")
+    std::env::var("FLASHSCAN_SSD_BWD_STATE_PASS").as_deref() != Ok("0")
 }
 
 /// What the rule looks at: a 16-bit call's backward with the forward's kept H_c.
