@@ -2,7 +2,7 @@
 """Mamba-2 SSD chunked scan forward (issue 14's shapes): flashscan.mamba_chunk_scan_combined
 against mamba_ssm's Triton `mamba_chunk_scan_combined` from a source checkout, in one run.
 
-    python benches/ssd.py --mamba-src DIR [--out DIR] [--fwd-paths 1,2]
+    python benches/ssd.py --mamba-src DIR [--out DIR] [--fwd-paths 1,2] [--shapes 2k,real]
 
 The checkout needs no build (its Triton SSD imports only triton, einops and packaging; its
 `__init__` is bypassed, see flashscan.bench.mamba_src.register_package). Inputs as a Mamba-2
@@ -255,7 +255,18 @@ def main() -> int:
     ap.add_argument(
         "--bwd-paths", default="1,2", help="SSD backward paths to time (FLASHSCAN_SSD_BWD values)"
     )
+    ap.add_argument(
+        "--shapes",
+        default=None,
+        help="comma-separated substrings of the shape names to run (default: all), e.g. 2k,real",
+    )
     args = ap.parse_args()
+    shapes = [
+        s
+        for s in SHAPES
+        if args.shapes is None
+        or any(k.strip() in s[0] for k in args.shapes.split(",") if k.strip())
+    ]
     paths = [v.strip() for v in args.fwd_paths.split(",") if v.strip()]
     bwd_paths = [v.strip() for v in args.bwd_paths.split(",") if v.strip()]
     if not (torch.cuda.is_available() and flashscan.available()):
@@ -263,7 +274,7 @@ def main() -> int:
         return 0
     peer, note = load_peer(args.mamba_src)
     rows = []
-    for shape in SHAPES:
+    for shape in shapes:
         made = [shape_row(shape, peer, path) for path in paths]
         made.extend(train_row(shape, peer, bwd) for bwd in bwd_paths)
         for row in made:
