@@ -1229,7 +1229,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan_one(co
 // warps 4-15, each owning its 64 x 64 accumulator as ssd2_chunk_scan's four warps do) walks units
 // ci' + 3 blockIdx.x, + 3 gridDim.x, ... (ci' = ci - 1), in (batch, chunk, head, channel tile)
 // order, so the SMs at work share a (batch, chunk) and its C B^T and C stay in L2. Warpgroup 0
-// produces: after setmaxnreg (24 registers there, 160 for the consumers) lane 0 of its warp w
+// produces: after setmaxnreg (56 registers there, 152 for the consumers) lane 0 of its warp w
 // issues every load of consumer w's ring; warp 3 leaves.
 // Loads: x, C, H and the C B^T block by TMA (SWIZZLE_128B boxes of 64 x 64 16-bit values, the
 // layout of load_tile_sw: zero fill past the tensors' ends stands for the row / column checks),
@@ -1248,12 +1248,19 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan_one(co
 // / 320.3 (L8192: 1271.5): level, with 35% fewer instructions (99.9 M against 152.9 M, ncu) at 2.5
 // warps a scheduler (3.9 for ssd2_chunk_scan's four CTAs an SM), stalled on the long scoreboard
 // (1.97 cycles an instruction: the ring's mbarrier waits) and the short one (1.33): hence the
-// third consumer. With three and 16-bit C B^T (this form; W x waited block by block, the
-// 128-register budget having no room for a second A buffer; the consumers' ring index and phase
-// in a 48-64 byte stack frame): 252.9 / 252.8 us against ssd2_chunk_scan's 320.1 / 320.6 in the
+// third consumer. With three and 16-bit C B^T (W x waited block by block; a 48-64 byte stack
+// frame, which was the producer's loop state at 24 registers): 252.9 / 252.8 us against ssd2_chunk_scan's 320.1 / 320.6 in the
 // same lease, the forward 452 against 518 us of kernels, L8192 951.8 (ssd2_chunk_cb 9.7 -> 11.5:
 // its 16-bit stores). The default where it applies (src/ops/ssd_scan_ws.rs; FLASHSCAN_SSD_SCAN_WS=0
 // keeps ssd2_chunk_scan).
+// ssd2_chunk_scan_ws_pipe (2026-12-05; opt-in, FLASHSCAN_SSD_SCAN_WS_PIPE=1, until it has run on a
+// GPU: written in a session whose device starts were refused; predicted 200-220 us at b8 L2048
+// against 248, from the ncu read of this stop: 0.45 instructions issued a cycle a scheduler, under
+// one eligible warp, the tensor pipe ~20% busy): nothing waits for a group it does not need. C.H^T's k-steps issue back to back, block 0's W is
+// built while they run, then acc = exp(cum_l) C.H^T (one rescale); below the diagonal W =
+// (C B^T g_l) f_s whole, so the diagonal block needs no rescale of acc either and block j + 1's W
+// is built in the second A buffer while block j's group runs. setmaxnreg 56 / 152: no stack.
+// tests/test_ssd_fwd2_model.py models its factoring against float64.
 #if FS_SSD_STATE_WGMMA && FS_CHUNK == 256
 
 // A compile-time int for a generic lambda's argument (the W x loop's block and A buffer).
@@ -1264,11 +1271,14 @@ struct Int {
 
 constexpr int kWsConsumers = 3;                       // consumer warpgroups (1, 2, 3; 0 produces)
 constexpr int kWsThreads = (kWsConsumers + 1) * kThreads;
-constexpr int kWsProducerRegs = 24, kWsConsumerRegs = 160;  // setmaxnreg: 128 x 24 + 384 x 160
-// W x is waited for block by block: the software-pipelined form (two A buffers, block j's group in
-// flight while block j + 1's W is built; commit 6472b88, level with ssd2_chunk_scan at two
-// consumers) spilled its second buffer under the 128 registers ptxas allocates a 512-thread kernel
-// (__launch_bounds__'s budget, whatever setmaxnreg grants at run time).
+// setmaxnreg: 128 x 24 + 384 x 160 (ssd2_chunk_scan_ws), 128 x 56 + 384 x 152 (the _pipe form): the
+// 65536 registers of the 512-thread launch either way. ptxas compiles each role's code under its
+// own count: at 24 the producer's loop state spills to a 48-64 byte stack frame (the frame
+// test_kernels_compile bounds), at 56 it does not; the pipelined consumers use R0-R147.
+constexpr int kWsProducerRegs = 24, kWsConsumerRegs = 160;
+constexpr int kWsPipeProducerRegs = 56, kWsPipeConsumerRegs = 152;
+// ssd2_chunk_scan_ws_pipe: W x software-pipelined, block j + 1's W built in the second A buffer
+// while block j's group runs (commit 6472b88 had tried it at two consumers with fp32 C B^T: level).
 constexpr int kWsStages = 4;
 constexpr int kWsTile = kRows * 64 * 2;               // one 64 x 64 16-bit tile, swizzled
 constexpr int kWsStageBytes = 2 * kWsTile;            // x + the C B^T block, or C + H
@@ -1298,7 +1308,12 @@ struct Ssd2WsParams {
     int nunits;  // batch * nchunks * nheads * ceil(headdim / 64)
 };
 
-extern "C" __global__ void __launch_bounds__(kWsThreads, 1) ssd2_chunk_scan_ws(const __grid_constant__ Ssd2WsParams P) {
+// The kernel's body: kPipe, W x software-pipelined (ssd2_chunk_scan_ws_pipe), else waited block by
+// block (ssd2_chunk_scan_ws, the default).
+template <bool kPipe>
+__device__ __forceinline__ void chunk_scan_ws(const Ssd2WsParams& P) {
+    constexpr int kProducerRegs = kPipe ? kWsPipeProducerRegs : kWsProducerRegs;
+    constexpr int kConsumerRegs = kPipe ? kWsPipeConsumerRegs : kWsConsumerRegs;
     const Ssd2Params& q = P.q;
     const SsdParams& p = q.p;
     extern __shared__ __align__(16) unsigned char ws_raw[];
@@ -1364,7 +1379,7 @@ extern "C" __global__ void __launch_bounds__(kWsThreads, 1) ssd2_chunk_scan_ws(c
     const int u0 = blockIdx.x * kWsConsumers + ci, ustep = gridDim.x * kWsConsumers;
 
     if (producer) {
-        setmaxnreg_dec<kWsProducerRegs>();
+        setmaxnreg_dec<kProducerRegs>();
         if (warp >= kWsConsumers || lane != 0) return;  // one thread issues a ring's every load
         tma_prefetch_map(&P.tm_x);
         tma_prefetch_map(&P.tm_c);
@@ -1404,7 +1419,7 @@ extern "C" __global__ void __launch_bounds__(kWsThreads, 1) ssd2_chunk_scan_ws(c
         }
         return;
     }
-    setmaxnreg_inc<kWsConsumerRegs>();
+    setmaxnreg_inc<kConsumerRegs>();
 
     // ---- consumer ci: its thread tid owns rows r0, r0 + 8 of the tile (warp cw's 16)
     const int tid = threadIdx.x & (kThreads - 1), cw = tid >> 5, t2 = 2 * (lane & 3);
@@ -1431,75 +1446,173 @@ extern "C" __global__ void __launch_bounds__(kWsThreads, 1) ssd2_chunk_scan_ws(c
             if constexpr (kI < kNb - 1) named_bar_sync(bar_id, kThreads);  // the last tile's s_f readers
             for (int s2 = tid; s2 < m0; s2 += kThreads) s_f[s2] = ex2(cl2_m0 - s_lw[s2]);
             named_bar_sync(bar_id, kThreads);
-            float acc[8][4];
-            clear(acc);
-            float(&d)[32] = *reinterpret_cast<float(*)[32]>(&acc[0][0]);
-            if (t.has_h) {  // y_l += exp(cum_m0) C_l . H_c, g_l = exp(cum_l - cum_m0) before the diagonal
-                for (int kk = 0; kk < nsteps; ++kk) {
-                    mbar_wait(full(s), ph);
-                    const u64 dc = wgmma_desc(stage(s), 16, 1024);
-                    const u64 dh = wgmma_desc(stage(s) + kWsTile, 16, 1024);
-                    wgmma_fence();
-#pragma unroll
-                    for (int k4 = 0; k4 < 4; ++k4) wgmma_ss<64, DT, 0>(d, desc_at(dc, k4 * 32), desc_at(dh, k4 * 32), 1);
-                    wgmma_commit();
-                    wgmma_wait<0>();
-                    reg_fence(d);
-                    mbar_arrive(empty(s));
-                    if (++s == kWsStages) s = 0, ph ^= 1;
-                }
-                const float e = ex(s_cum[m0]);
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) scale_row(acc, hh, e);
-            }
-            float cl2[2];
-            int seg_l[2], l_of[2];
-            row_terms(m0 + r0, t.len, s_cum, s_seg, l_of, cl2, seg_l);
-            // W x, one block at a time (wx_wgmma waits for its group). Unrolled (block and
-            // diagonal compile-time): where ptxas cannot prove a group finished before acc or an
-            // A fragment is written (a run-time condition around a wait), it waits after every
-            // HGMMA of the kernel.
-            int sd = 0;
-            auto block = [&](auto jc) {
-                constexpr int kJ = decltype(jc)::value;
-                mbar_wait(full(s), ph);
-                // C B^T (rows r0, r0 + 8; columns 8 jn + t2, + 1): a swizzled 16-bit tile
-                const unsigned char* s_cb = ring + s * kWsStageBytes + kWsTile;
-                float cbv[8][4];
-#pragma unroll
-                for (int jn = 0; jn < 8; ++jn)
-#pragma unroll
-                    for (int hh = 0; hh < 2; ++hh) {
-                        const float2 v = unpack2<DT>(*(const u32*)(s_cb + swz_offset(kRows, r0 + 8 * hh, 8 * jn + t2)));
-                        cbv[jn][2 * hh] = v.x;
-                        cbv[jn][2 * hh + 1] = v.y;
+            if constexpr (kPipe) {
+                float acc[8][4];
+                clear(acc);
+                float(&d)[32] = *reinterpret_cast<float(*)[32]>(&acc[0][0]);
+                float cl2[2];
+                int seg_l[2], l_of[2];
+                row_terms(m0 + r0, t.len, s_cum, s_seg, l_of, cl2, seg_l);
+                // g_l = exp(cum_l - cum_m0): below the diagonal W = (C B^T f_s) g_l is built whole,
+                // so no group waits for a rescale of acc
+                const float g[2] = {ex2(cl2[0] - cl2_m0), ex2(cl2[1] - cl2_m0)};
+                // Groups in flight: every group owns one stage, released once a later group's
+                // wgmma_wait<1> (or the tile's last wait) shows it finished. C.H^T's k-steps are
+                // issued back to back (at most two of their stages held, so block 0's stage and one
+                // more stay free in the ring of four), block 0's W is built while they run, then
+                // acc = exp(cum_l) C.H^T and the blocks follow, block j + 1's W built while block j's
+                // group runs.
+                int prev = -1;
+                if (t.has_h) {  // y_l += exp(cum_l) C_l . H_c
+                    for (int kk = 0; kk < nsteps; ++kk) {
+                        mbar_wait(full(s), ph);
+                        const u64 dc = wgmma_desc(stage(s), 16, 1024);
+                        const u64 dh = wgmma_desc(stage(s) + kWsTile, 16, 1024);
+                        wgmma_fence();
+    #pragma unroll
+                        for (int k4 = 0; k4 < 4; ++k4) wgmma_ss<64, DT, 0>(d, desc_at(dc, k4 * 32), desc_at(dh, k4 * 32), 1);
+                        wgmma_commit();
+                        wgmma_wait<1>();  // (a no-op at kk == 0: the last tile ended on wgmma_wait<0>)
+                        if (prev >= 0) mbar_arrive(empty(prev));
+                        prev = s;
+                        if (++s == kWsStages) s = 0, ph ^= 1;
                     }
-                u32 a[4][4];
-                if constexpr (kJ < kI) {
-#pragma unroll
-                    for (int k4 = 0; k4 < 4; ++k4) w_frag_cbf(a[k4], cbv, k4, kJ * kRows, s_f);
-                } else {
-#pragma unroll
-                    for (int hh = 0; hh < 2; ++hh) scale_row(acc, hh, ex2(cl2[hh] - cl2_m0));
-#pragma unroll
-                    for (int k4 = 0; k4 < 4; ++k4)
-                        w_frag_masked(a[k4], cbv, k4, kJ * kRows, l_of, cl2, seg_l, t.len, s_lw, s_seg);
                 }
-                wx_wgmma(acc, a, stage(s));
-                if constexpr (kJ < kI) mbar_arrive(empty(s));
-                else sd = s;  // (the diagonal block's stage stays for the epilogue)
-                if (++s == kWsStages) s = 0, ph ^= 1;
-            };
-            block(Int<0>{});
-            if constexpr (kI >= 1) block(Int<1>{});
-            if constexpr (kI >= 2) block(Int<2>{});
-            if constexpr (kI >= 3) block(Int<3>{});
-            wgmma_wait<0>();
-            reg_fence(d);
-            // epilogue: D x from the diagonal block's x tile (its stage released after), store
-            store_y<true>(q, acc, (const u16*)(ring + sd * kWsStageBytes), nullptr, s_d, t.b, t.h, c0 + m0, t.len - m0,
-                          t.p0, hd, r0, t2);
-            mbar_arrive(empty(sd));
+                // W x, software-pipelined over two A buffers (block kJ in ab[kJ & 1]); the blocks and
+                // the diagonal are compile-time, and every wait is unconditional: where ptxas cannot
+                // prove a group finished before acc or an A buffer is written (a run-time condition
+                // around a wait), it waits after every HGMMA of the kernel.
+                u32 ab[2][4][4];
+                int sd = 0;
+                auto block = [&](auto jc) {
+                    constexpr int kJ = decltype(jc)::value, kBuf = kJ & 1;
+                    mbar_wait(full(s), ph);
+                    // C B^T (rows r0, r0 + 8; columns 8 jn + t2, + 1): a swizzled 16-bit tile
+                    const unsigned char* s_cb = ring + s * kWsStageBytes + kWsTile;
+                    float cbv[8][4];
+    #pragma unroll
+                    for (int jn = 0; jn < 8; ++jn)
+    #pragma unroll
+                        for (int hh = 0; hh < 2; ++hh) {
+                            const float2 v = unpack2<DT>(*(const u32*)(s_cb + swz_offset(kRows, r0 + 8 * hh, 8 * jn + t2)));
+                            cbv[jn][2 * hh] = v.x;
+                            cbv[jn][2 * hh + 1] = v.y;
+                        }
+                    if constexpr (kJ < kI) {  // W = (C B^T g_l) f_s
+    #pragma unroll
+                        for (int jn = 0; jn < 8; ++jn)
+    #pragma unroll
+                            for (int e = 0; e < 4; ++e) cbv[jn][e] *= g[e >> 1];
+    #pragma unroll
+                        for (int k4 = 0; k4 < 4; ++k4) w_frag_cbf(ab[kBuf][k4], cbv, k4, kJ * kRows, s_f);
+                    } else {  // the masked W carries its whole decay
+    #pragma unroll
+                        for (int k4 = 0; k4 < 4; ++k4)
+                            w_frag_masked(ab[kBuf][k4], cbv, k4, kJ * kRows, l_of, cl2, seg_l, t.len, s_lw, s_seg);
+                    }
+                    if constexpr (kJ == 0) {  // C.H^T's groups: done, their last stage freed, acc scaled
+                        wgmma_wait<0>();
+                        reg_fence(d);
+                        if (t.has_h) {
+                            mbar_arrive(empty(prev));
+    #pragma unroll
+                            for (int hh = 0; hh < 2; ++hh) scale_row(acc, hh, ex2(cl2[hh]));
+                        }
+                    }
+                    const u64 dx = wgmma_desc(stage(s), 64 * 128, 1024);
+                    wgmma_fence();
+    #pragma unroll
+                    for (int k4 = 0; k4 < 4; ++k4) wgmma_rs<64, DT, 1>(d, ab[kBuf][k4], desc_at(dx, k4 * 16 * 128), 1);
+                    wgmma_commit();
+                    if constexpr (kJ > 0) {
+                        wgmma_wait<1>();  // block kJ - 1's group: its A buffer and stage are free
+                        mbar_arrive(empty(prev));
+                    }
+                    if constexpr (kJ < kI) prev = s;
+                    else sd = s;  // (the diagonal block's stage stays for the epilogue)
+                    if (++s == kWsStages) s = 0, ph ^= 1;
+                };
+                block(Int<0>{});
+                if constexpr (kI >= 1) block(Int<1>{});
+                if constexpr (kI >= 2) block(Int<2>{});
+                if constexpr (kI >= 3) block(Int<3>{});
+                wgmma_wait<0>();
+                reg_fence(d);
+                // epilogue: D x from the diagonal block's x tile (its stage released after), store
+                store_y<true>(q, acc, (const u16*)(ring + sd * kWsStageBytes), nullptr, s_d, t.b, t.h, c0 + m0, t.len - m0,
+                              t.p0, hd, r0, t2);
+                mbar_arrive(empty(sd));
+            } else {  // W x waited block by block (the default)
+                float acc[8][4];
+                clear(acc);
+                float(&d)[32] = *reinterpret_cast<float(*)[32]>(&acc[0][0]);
+                if (t.has_h) {  // y_l += exp(cum_m0) C_l . H_c, g_l = exp(cum_l - cum_m0) before the diagonal
+                    for (int kk = 0; kk < nsteps; ++kk) {
+                        mbar_wait(full(s), ph);
+                        const u64 dc = wgmma_desc(stage(s), 16, 1024);
+                        const u64 dh = wgmma_desc(stage(s) + kWsTile, 16, 1024);
+                        wgmma_fence();
+    #pragma unroll
+                        for (int k4 = 0; k4 < 4; ++k4) wgmma_ss<64, DT, 0>(d, desc_at(dc, k4 * 32), desc_at(dh, k4 * 32), 1);
+                        wgmma_commit();
+                        wgmma_wait<0>();
+                        reg_fence(d);
+                        mbar_arrive(empty(s));
+                        if (++s == kWsStages) s = 0, ph ^= 1;
+                    }
+                    const float e = ex(s_cum[m0]);
+    #pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) scale_row(acc, hh, e);
+                }
+                float cl2[2];
+                int seg_l[2], l_of[2];
+                row_terms(m0 + r0, t.len, s_cum, s_seg, l_of, cl2, seg_l);
+                // W x, one block at a time (wx_wgmma waits for its group). Unrolled (block and
+                // diagonal compile-time): where ptxas cannot prove a group finished before acc or an
+                // A fragment is written (a run-time condition around a wait), it waits after every
+                // HGMMA of the kernel.
+                int sd = 0;
+                auto block = [&](auto jc) {
+                    constexpr int kJ = decltype(jc)::value;
+                    mbar_wait(full(s), ph);
+                    // C B^T (rows r0, r0 + 8; columns 8 jn + t2, + 1): a swizzled 16-bit tile
+                    const unsigned char* s_cb = ring + s * kWsStageBytes + kWsTile;
+                    float cbv[8][4];
+    #pragma unroll
+                    for (int jn = 0; jn < 8; ++jn)
+    #pragma unroll
+                        for (int hh = 0; hh < 2; ++hh) {
+                            const float2 v = unpack2<DT>(*(const u32*)(s_cb + swz_offset(kRows, r0 + 8 * hh, 8 * jn + t2)));
+                            cbv[jn][2 * hh] = v.x;
+                            cbv[jn][2 * hh + 1] = v.y;
+                        }
+                    u32 a[4][4];
+                    if constexpr (kJ < kI) {
+    #pragma unroll
+                        for (int k4 = 0; k4 < 4; ++k4) w_frag_cbf(a[k4], cbv, k4, kJ * kRows, s_f);
+                    } else {
+    #pragma unroll
+                        for (int hh = 0; hh < 2; ++hh) scale_row(acc, hh, ex2(cl2[hh] - cl2_m0));
+    #pragma unroll
+                        for (int k4 = 0; k4 < 4; ++k4)
+                            w_frag_masked(a[k4], cbv, k4, kJ * kRows, l_of, cl2, seg_l, t.len, s_lw, s_seg);
+                    }
+                    wx_wgmma(acc, a, stage(s));
+                    if constexpr (kJ < kI) mbar_arrive(empty(s));
+                    else sd = s;  // (the diagonal block's stage stays for the epilogue)
+                    if (++s == kWsStages) s = 0, ph ^= 1;
+                };
+                block(Int<0>{});
+                if constexpr (kI >= 1) block(Int<1>{});
+                if constexpr (kI >= 2) block(Int<2>{});
+                if constexpr (kI >= 3) block(Int<3>{});
+                wgmma_wait<0>();
+                reg_fence(d);
+                // epilogue: D x from the diagonal block's x tile (its stage released after), store
+                store_y<true>(q, acc, (const u16*)(ring + sd * kWsStageBytes), nullptr, s_d, t.b, t.h, c0 + m0, t.len - m0,
+                              t.p0, hd, r0, t2);
+                mbar_arrive(empty(sd));
+            }
         };
         tile(Int<3>{});
         tile(Int<2>{});
@@ -1507,5 +1620,12 @@ extern "C" __global__ void __launch_bounds__(kWsThreads, 1) ssd2_chunk_scan_ws(c
         tile(Int<0>{});
         mbar_arrive(pempty(pb));  // this unit's record is read
     }
+}
+extern "C" __global__ void __launch_bounds__(kWsThreads, 1) ssd2_chunk_scan_ws(const __grid_constant__ Ssd2WsParams P) {
+    chunk_scan_ws<false>(P);
+}
+extern "C" __global__ void __launch_bounds__(kWsThreads, 1)
+    ssd2_chunk_scan_ws_pipe(const __grid_constant__ Ssd2WsParams P) {
+    chunk_scan_ws<true>(P);
 }
 #endif

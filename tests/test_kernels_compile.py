@@ -73,10 +73,10 @@ def test_main_variants_do_not_spill(compiled: tuple[str, dict[str, bytes]]) -> N
     assert not bad, "spills or too many registers:\n" + "\n".join(bad)
 
 
-# ssd2_chunk_scan_ws (sm_90a): 512 threads hold the whole kernel to 128 registers (setmaxnreg's
-# 160 for the consumers is granted at run time only), and its consumers' ring index and phase
-# live in a stack frame: 48 B under NVRTC 13.5, 64 under 13.0, measured with them (2026-12-04,
-# 253 us against ssd2_chunk_scan's 320 at b8 L2048). Bounded, not zero.
+# ssd2_chunk_scan_ws (sm_90a): ptxas compiles each role's code under its setmaxnreg count; at 24
+# registers its producer's loop state lives in a stack frame (48 B under NVRTC 13.5, 64 under
+# 13.0; measured with it, 2026-12-04: 253 us against ssd2_chunk_scan's 320 at b8 L2048). Bounded,
+# not zero. ssd2_chunk_scan_ws_pipe's producer, at 56, has none (held to 0).
 # ssd2_chunk_state_pass (sm_90a): __launch_bounds__(128, 5) holds it to 96 registers so that 640
 # (batch, head) CTAs of b8 80 heads are one wave on 132 SMs; 16 B of stack (a step's second A
 # fragment parked while the first's HGMMA runs).

@@ -65,8 +65,12 @@ def _log2_weight(d: np.ndarray, cum: np.ndarray) -> np.ndarray:
 
 def model_forward(
     x, dt, A, B, C, Q, D=None, z=None, dt_bias=None, init=None, seq_idx=None,
-    softplus=False, limit=(0.0, math.inf),
+    softplus=False, limit=(0.0, math.inf), ws=False,
 ):  # fmt: skip
+    """ws: the chunk outputs as ssd2_chunk_scan_ws factors them (below the diagonal W = (CB g_l)
+    f_s whole, C.H^T scaled by exp(cum_l) once, no rescale of acc before the diagonal); else as
+    ssd2_chunk_scan (CB f_s, exp(cum_m0) on C.H^T, g_l on acc before the diagonal). Both only
+    without seq_idx."""
     batch, L, nheads, hd_all = x.shape
     ngroups, ds = B.shape[2], B.shape[3]
     nchunks = _ceil(L, Q)
@@ -184,22 +188,28 @@ def model_forward(
                         ls = m0 + np.arange(ROWS)
                         lc = np.minimum(ls, length - 1)
                         f = np.where((ls < length) & (seg[lc] == 0), np.exp(cum[lc]), 0.0)
-                        acc *= math.exp(cum[m0]) if fast else f[:, None]
+                        if fast and ws:
+                            acc *= np.exp(cum[lc])[:, None]
+                        else:
+                            acc *= math.exp(cum[m0]) if fast else f[:, None]
                     ls = m0 + np.arange(ROWS)
                     lc = np.minimum(ls, length - 1)
                     cl2 = cum[lc] * LOG2E
                     cl2_m0 = cum[m0] * LOG2E
+                    g_l = np.exp2(cl2 - cl2_m0)
                     lwf = lw.copy()
                     if fast:
                         lwf[:m0] = np.exp2(cl2_m0 - lw[:m0])
                     for j in range(i + 1):
                         ss = j * ROWS + np.arange(ROWS)
                         cbb = cb[b, c, g, m0 : m0 + ROWS, j * ROWS : (j + 1) * ROWS]
-                        if fast and j < i:  # accumulate_cbf_x: CB f_s
+                        if fast and j < i:  # accumulate_cbf_x: CB f_s; the ws kernel: (CB g_l) f_s
                             W = cbb * lwf[ss][None, :]
+                            if ws:
+                                W = (cbb * g_l[:, None]) * lwf[ss][None, :]
                         else:  # accumulate_wx: the mask
-                            if fast:
-                                acc *= np.exp2(cl2 - cl2_m0)[:, None]
+                            if fast and not ws:
+                                acc *= g_l[:, None]
                             W = cbb * np.exp2(cl2[:, None] - lwf[ss][None, :])
                             keep = (ss[None, :] <= ls[:, None]) & (ls[:, None] < length)
                             keep &= seg[ss][None, :] == seg[lc][:, None]
@@ -250,10 +260,13 @@ CASES = [
 DT_MODES = [(True, (0.01, 2.0)), (False, (0.0, math.inf))]
 
 
+@pytest.mark.parametrize("ws", [False, True], ids=["scan", "scan-ws"])
 @pytest.mark.parametrize("mode", DT_MODES, ids=["softplus", "clamped-at-0"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(str(v) for v in c))
-def test_model_matches_the_reference(case: tuple, mode: tuple) -> None:
+def test_model_matches_the_reference(case: tuple, mode: tuple, ws: bool) -> None:
     Q, L, h, p, g, n, seq, init, D2 = case
+    if ws and seq:
+        pytest.skip("the warp-specialised chunk outputs take calls without seq_idx")
     softplus, limit = mode
     rng = np.random.default_rng(sum(case[:6]))
     x, dt, A, B, C, D, z, bias, h0, seq_idx = _case(
@@ -261,7 +274,7 @@ def test_model_matches_the_reference(case: tuple, mode: tuple) -> None:
     )
     out, final = model_forward(
         x, dt, A, B, C, Q, D=D, z=z, dt_bias=bias, init=h0, seq_idx=seq_idx, softplus=softplus,
-        limit=limit,
+        limit=limit, ws=ws,
     )  # fmt: skip
     want, want_final = ref.mamba_chunk_scan_combined(
         x, dt, A, B, C, Q, D=D, z=z, dt_bias=bias, initial_states=h0, seq_idx=seq_idx,
@@ -272,9 +285,11 @@ def test_model_matches_the_reference(case: tuple, mode: tuple) -> None:
     np.testing.assert_allclose(final, want_final, rtol=1e-9, atol=1e-9)
 
 
-def test_model_matches_the_reference_under_steep_decay() -> None:
+@pytest.mark.parametrize("ws", [False, True], ids=["scan", "scan-ws"])
+def test_model_matches_the_reference_under_steep_decay(ws: bool) -> None:
     """A ~ -40 (the decay underflows within a few positions, in float64 too): the factored decay's
-    f_s and g_l underflow where W does, so no inf * 0 and the sums stay the reference's."""
+    f_s and g_l underflow where W does, so no inf * 0 and the sums stay the reference's (the ws
+    kernel's product (CB g_l) f_s and exp(cum_l) too)."""
     Q, L, h, p, g, n = 256, 530, 2, 33, 2, 24
     rng = np.random.default_rng(7)
     x, dt, A, B, C, D, z, bias, h0, _ = _case(rng, 2, L, h, p, g, n, seq=False, init=True, D2=False)
@@ -282,7 +297,7 @@ def test_model_matches_the_reference_under_steep_decay() -> None:
     kw = dict(D=D, z=z, dt_bias=bias, dt_softplus=True, dt_limit=(0.01, 2.0))
     out, final = model_forward(
         x, dt, A, B, C, Q, D=D, z=z, dt_bias=bias, init=h0, seq_idx=None, softplus=True,
-        limit=(0.01, 2.0),
+        limit=(0.01, 2.0), ws=ws,
     )  # fmt: skip
     want, want_final = ref.mamba_chunk_scan_combined(
         x, dt, A, B, C, Q, initial_states=h0, return_final_states=True, **kw

@@ -323,7 +323,8 @@ def test_forward_one_block_fused_cb(
 # that the TMA boxes zero-fill (40, 136 channels; 72 states), two p tiles, several groups, x / B /
 # C as views of one wider projection (the Mamba-2 layer's split), and a split whose rows are not
 # 16-byte multiples, which falls back to `ssd2_chunk_scan`, as fp16 does (its C B^T would come in
-# x's dtype).
+# x's dtype). Both forms: W x waited block by block (the default) and software-pipelined
+# (`ssd2_chunk_scan_ws_pipe`, FLASHSCAN_SSD_SCAN_WS_PIPE=1, opt-in until its first GPU run).
 # (dtype, ngroups, nheads, dstate, headdim, seqlen, initial states, split: None | pad columns)
 WS_CASES = [
     ("bfloat16", 1, 5, 128, 64, 1000, False, None),
@@ -348,13 +349,18 @@ def split_views(a: dict[str, Any], pad: int) -> None:
     a["C"] = wide[..., h * p + g * n : h * p + 2 * g * n].unflatten(-1, (g, n))
 
 
+@pytest.mark.parametrize("pipe", [False, True], ids=["blockwise", "pipelined"])
 @pytest.mark.parametrize("case", WS_CASES, ids=lambda c: "-".join(str(v) for v in c))
 def test_forward_warp_specialised(
-    case: tuple, rule: Any, poison: Any, monkeypatch: pytest.MonkeyPatch
+    case: tuple, pipe: bool, rule: Any, poison: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("ssd2_chunk_scan_ws is sm_90a's")
     monkeypatch.delenv("FLASHSCAN_SSD_SCAN_WS", raising=False)  # (the default: on)
+    monkeypatch.setenv("FLASHSCAN_SSD_SCAN_WS_PIPE", "1" if pipe else "0")
+    kernel, other = "ssd2_chunk_scan_ws", "ssd2_chunk_scan_ws_pipe"
+    if pipe:
+        kernel, other = other, kernel
     dt_name, g, h, n, p, L, init, split = case
     dtype = DTYPES[dt_name]
     a = ssd_inputs(2, L, h, p, g, n, dtype, D2=True, init=init)
@@ -367,7 +373,7 @@ def test_forward_warp_specialised(
     # bf16 only (its C B^T comes in x's dtype); rows of 16-byte multiples (pad 4 leaves them
     # 8-byte aligned)
     ws = dt_name == "bfloat16" and split in (None, 0)
-    assert ("ssd2_chunk_scan_ws" in names) == ws, sorted(names)
+    assert (kernel in names) == ws and other not in names, sorted(names)
     assert ("ssd2_chunk_scan" in names) == (not ws), sorted(names)
     check_case(rule, out, final, a, 256, True)
 

@@ -166,19 +166,23 @@ def test_other_archs_keep_mma_sync(functions_of, arch: str) -> None:  # noqa: AN
         assert not mix and hmma > 0, f"L_c on {arch}: {dict(mix)}, {hmma} HMMA"
 
 
+@pytest.mark.parametrize("entry", ["ssd2_chunk_scan_ws", "ssd2_chunk_scan_ws_pipe"])
 @pytest.mark.parametrize("dtype", [0, 1])
 def test_warp_specialised_scan_loads_by_tma_and_multiplies_on_hgmma(
-    functions_of, dtype: int
+    functions_of, dtype: int, entry: str
 ) -> None:  # noqa: ANN001
     """`ssd2_chunk_scan_ws` (sm_90a, chunk 256): its consumers run the scan's two products on HGMMA
     (C.H^T shared-memory x shared-memory, W x from registers; each row tile's code unrolled, 4
     C.H^T steps' worth for each of the four and 1 + 2 + 3 + 4 W x blocks), with 18 waits for 56
-    HGMMA: per row tile I one after C.H^T, one after each of its I + 1 blocks, one closing it.
+    HGMMA. The default form: per row tile I one after C.H^T, one after each of its I + 1 blocks,
+    one closing it. The pipelined form (`_pipe`): one in the C.H^T loop (wgmma_wait<1>), one
+    before block 0 (C.H^T done: acc rescaled), one after each of blocks 1..I (the block before
+    it done), one closing it: the same count.
     ptxas serialising them would put a wait after every HGMMA. Its producers load x / C / H /
     C B^T by TMA (UTMALDG.4D) and the prep records by a bulk copy (UBLKCP); no consumer issues a
     cp.async (LDGSTS) and nothing runs on mma.sync."""
-    fns = functions_of(_variant("ssd_fwd2.ssd2_chunk_scan_ws", dtype, 256, "sm_90a"), "sm_90a")
-    lines = fns["ssd2_chunk_scan_ws"]
+    fns = functions_of(_variant(f"ssd_fwd2.{entry}", dtype, 256, "sm_90a"), "sm_90a")
+    lines = fns[entry]
     mix, hmma, depbar = _mix(lines)
     want = {("64x64x16", "ss", ""): 4 * 4, ("64x64x16", "rs", ".tnspB"): 4 * (1 + 2 + 3 + 4)}
     assert dict(mix) == want and hmma == 0 and depbar == (3 + 4 + 5 + 6), (

@@ -474,9 +474,10 @@ def ssd_fwd2_cases() -> int:
     aligned), and headdim 64 / dstate 200 (four C.H^T steps through both stages). With and without
     seq_idx: blocks below the diagonal of a call without it skip the mask; chunk 256 without seq_idx
     also without z, on sm_90a (bf16) through the warp-specialised chunk outputs
-    (ssd2_chunk_scan_ws); without seq_idx on sm_90a, rows TMA can address (headdim 40 / 64), the
-    chunk states through ssd2_chunk_state_pass (TMA boxes past the tile's ends, dstate 24's
-    one-block B; bf16 with one group of four heads, fp16 with two groups)."""
+    (ssd2_chunk_scan_ws, and its pipelined form ssd2_chunk_scan_ws_pipe); without seq_idx on
+    sm_90a, rows TMA can address (headdim 40 / 64), the chunk states through ssd2_chunk_state_pass
+    (TMA boxes past the tile's ends, dstate 24's one-block B; bf16 with one group of four heads,
+    fp16 with two groups)."""
     bad = 0
     os.environ["FLASHSCAN_SSD_FWD"] = "2"
     try:
@@ -504,9 +505,6 @@ def ssd_fwd2_cases() -> int:
             kw = dict(D=D, z=z, initial_states=init, seq_idx=seq_idx, dt_softplus=True)
             if not cut:
                 del kw["seq_idx"]
-            out, fin = flashscan.mamba_chunk_scan_combined(
-                x, dt, A, B, C, chunk, **kw, return_final_states=True
-            )
             host = [t.float().cpu().numpy() for t in (x, dt, A, B, C)]
             hkw = {
                 k: (v.float() if v.is_floating_point() else v).cpu().numpy()
@@ -516,15 +514,22 @@ def ssd_fwd2_cases() -> int:
             ref, ref_fin = flashscan.reference_ssd.mamba_chunk_scan_combined(
                 *host, chunk, **hkw, dt_softplus=True, return_final_states=True
             )
-            for name, got, want in (("out", out, ref), ("final", fin, ref_fin)):
-                err = (got.float().cpu() - torch.from_numpy(want).float()).abs().max().item()
-                if not err / max(1.0, float(abs(want).max())) < 0.05:
-                    where = f"{dtype} chunk={chunk} p={p} n={n} seq_idx={cut}"
-                    print(f"ssd fwd2 {where} {name}: err {err}")
-                    bad += 1
+            # the warp-specialised chunk outputs in both forms (FLASHSCAN_SSD_SCAN_WS_PIPE)
+            for pipe in ("0", "1") if ws else ("0",):
+                os.environ["FLASHSCAN_SSD_SCAN_WS_PIPE"] = pipe
+                out, fin = flashscan.mamba_chunk_scan_combined(
+                    x, dt, A, B, C, chunk, **kw, return_final_states=True
+                )
+                for name, got, want in (("out", out, ref), ("final", fin, ref_fin)):
+                    err = (got.float().cpu() - torch.from_numpy(want).float()).abs().max().item()
+                    if not err / max(1.0, float(abs(want).max())) < 0.05:
+                        where = f"{dtype} chunk={chunk} p={p} n={n} seq_idx={cut} pipe={pipe}"
+                        print(f"ssd fwd2 {where} {name}: err {err}")
+                        bad += 1
     finally:
         os.environ.pop("FLASHSCAN_SSD_FWD", None)
         os.environ.pop("FLASHSCAN_SSD_SCAN_WS", None)
+        os.environ.pop("FLASHSCAN_SSD_SCAN_WS_PIPE", None)
     return bad
 
 

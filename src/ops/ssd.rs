@@ -522,6 +522,7 @@ pub fn all_specs2(arch: i64) -> Vec<KernelSpec> {
             }
             if arch == 90 && chunk == ssd_scan_ws::CHUNK {
                 out.push(spec2(ssd_scan_ws::ENTRY, dtype, chunk, arch));
+                out.push(spec2(ssd_scan_ws::ENTRY_PIPE, dtype, chunk, arch));
             }
         }
     }
@@ -1027,9 +1028,10 @@ mod tests {
         assert_eq!(s.len(), 1 + 2 * 3 * CHUNKS.len());
         assert!(s.iter().any(|k| k.entry == ENTRY_PASS));
         let s2 = all_specs2(90);
-        // (+ the warp-specialised chunk outputs at chunk 256 and the fused states at every
-        // chunk, sm_90a only)
-        assert_eq!(s2.len(), 8 * 2 * CHUNKS.len() + 2);
+        // (+ the warp-specialised chunk outputs, both forms, at chunk 256 and the fused states at
+        // every chunk, sm_90a only)
+        assert_eq!(s2.len(), 8 * 2 * CHUNKS.len() + 2 * 2);
+        assert!(s2.iter().any(|k| k.entry == ssd_scan_ws::ENTRY_PIPE));
         assert_eq!(all_specs2(80).len(), 7 * 2 * CHUNKS.len());
         assert!(s2.iter().all(|k| k.family == FAMILY2));
         assert!(s2.iter().any(|k| k.entry == ENTRY2_PREP));

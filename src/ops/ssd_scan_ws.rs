@@ -10,6 +10,10 @@ use crate::runtime::driver::encode_tensor_map_4d;
 use crate::runtime::{DeviceCtx, Stream};
 
 pub const ENTRY: &str = "ssd2_chunk_scan_ws";
+/// The same kernel with W x software-pipelined (opt-in, `FLASHSCAN_SSD_SCAN_WS_PIPE=1`: written
+/// 2026-12-05 in a session lent no device; predicted 200-220 us against 248 at b8 L2048 on the
+/// H200, not yet run on a GPU).
+pub const ENTRY_PIPE: &str = "ssd2_chunk_scan_ws_pipe";
 /// The chunk size the kernel is built for (its warpgroups take the row tiles {3, 0} and {2, 1}).
 pub const CHUNK: i64 = 256;
 /// Consumer warpgroups (and one producer warpgroup); mirrors kWsConsumers.
@@ -53,6 +57,16 @@ const _: () = assert!(std::mem::size_of::<Ssd2WsParams>() == 1152);
 /// GPU tests, the sanitizer cases) can run both kernels.
 fn ws_on() -> bool {
     std::env::var("FLASHSCAN_SSD_SCAN_WS").as_deref() != Ok("0")
+}
+
+/// The entry a call launches: `ENTRY_PIPE` under `FLASHSCAN_SSD_SCAN_WS_PIPE=1`, else `ENTRY`.
+/// Read on every call, as `ws_on`, so one process can time and test both.
+fn entry() -> &'static str {
+    if std::env::var("FLASHSCAN_SSD_SCAN_WS_PIPE").as_deref() == Ok("1") {
+        ENTRY_PIPE
+    } else {
+        ENTRY
+    }
 }
 
 /// Whether a call's chunk outputs can take the kernel: sm_90a, chunk 256, no z and no seq_idx
@@ -198,7 +212,7 @@ pub unsafe fn launch(
         q: *q,
         nunits,
     };
-    let k = dev.kernel(&spec2(ENTRY, dtype, chunk, arch))?;
+    let k = dev.kernel(&spec2(entry(), dtype, chunk, arch))?;
     let grid = (grid_ctas(nunits, dev.props.sm_count), 1, 1);
     // SAFETY: as the caller's; the kernel reads the maps' tensors, the C B^T workspace and the
     // records inside the sizes `p` gives and writes `out` rows of the units it walks.
