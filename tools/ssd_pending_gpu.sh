@@ -1,34 +1,38 @@
 #!/usr/bin/env bash
-# The SSD's GPU checks and timings around the sm_90a backward state kernel `ssd_bwd_dstate_pass`
-# (L_c + the reverse state passing in one kernel; the default since 2026-12-05,
-# FLASHSCAN_SSD_BWD_STATE_PASS=0 runs the pair; `check` sets 1, `checkoff` 0).
-# Runs: 2026-12-05 (benches/results/2026-12-05-h200-ssd-pending/: its tests, 141.3 against
-# 120.8 + 93.4 us) and 2026-12-05-h200-ssd-bwd-state-pass/ (sanitize check synccheck checkoff
-# timebwd ncu triton). On an H100 /
-# H200 with the wheel built here carried in .dev/wheel (bash tools/build_wheel.sh) and, for
-# `triton`, the mamba snapshot in .dev/peers/mamba. Stages (each Python run killed after its
-# limit, so a hang shows as rc 137; the device tool allows 600 s a command, so split them over
-# calls on one warm machine):
-#   bash tools/ssd_pending_gpu.sh sanitize check   (< 560 s)
-#   bash tools/ssd_pending_gpu.sh synccheck timebwd checkoff
-#   bash tools/ssd_pending_gpu.sh triton           (< 600 s: the Triton backward's autotune)
-#   quick     the kernel's own tests, fused and pair, against float64 under the rule and the
-#             kernels launched against the switch: a wrong index shows in seconds
-#   check     every SSD GPU test with the kernel (FLASHSCAN_SSD_BWD_STATE_PASS=1); checkoff: without
+# The SSD's pending sm_90a GPU work, staged for the device tool (600 s a command: split the
+# stages over calls on one warm machine and issue the next call at once).
+# Pending: `ssd2_chunk_scan_ws_pipe` (the warp-specialised chunk outputs software-pipelined;
+# opt-in, FLASHSCAN_SSD_SCAN_WS_PIPE=1; written 2026-12-05 with no device lent, predicted 200-220
+# against 248 us at b8 L2048): its tests, racecheck / memcheck / synccheck, the A/B, then the
+# default if faster (`entry()` in src/ops/ssd_scan_ws.rs).
+#   bash tools/ssd_pending_gpu.sh pipe timepipe       (< 400 s)
+#   bash tools/ssd_pending_gpu.sh triton              (< 580 s: --shapes 2k,real)
+# Runs: 2026-12-05 (benches/results/2026-12-05-h200-ssd-pending/, -ssd-bwd-state-pass/: the
+# backward's `ssd_bwd_dstate_pass`, the default since; FLASHSCAN_SSD_BWD_STATE_PASS=0 the pair).
+# On an H100 / H200 with the wheel built here carried in .dev/wheel (bash tools/build_wheel.sh),
+# the kernel cache seeded from .dev/fscache.tgz if carried and, for `triton`, the mamba snapshot
+# in .dev/peers/mamba. Each Python run is killed after its limit (a hang shows as rc 137).
+#   pipe      the warp-specialised tests in both forms (test_forward_warp_specialised), every SSD
+#             GPU test with FLASHSCAN_SSD_SCAN_WS_PIPE=1, memcheck / racecheck / synccheck of
+#             tools/sanitize_cases.py ssd_fwd2 (both forms)
+#   timepipe  tools/ssd_profile.py b8 L2048 80 x 64, state 128, forward + step, with and without
+#             the pipelined form, two alternations
+#   quick     ssd_bwd_dstate_pass's own tests, fused and pair
+#   check     every SSD GPU test with FLASHSCAN_SSD_BWD_STATE_PASS=1; checkoff: with =0
 #   sanitize  memcheck / racecheck of tools/sanitize_cases.py ssd_bwd_pass; synccheck: synccheck
-#   timebwd   tools/ssd_profile.py b8 L2048 80 x 64, state 128: the forward + backward with and
-#             without the kernel, two alternations
-#   ncu       one launch each of the forward's chunk outputs and chunk states and of the
-#             backward's state kernel and dx (SpeedOfLight, scheduler, warp states, memory)
-#   triton    benches/ssd.py beside mamba_ssm's Triton SSD (forward and forward + backward, each
-#             row guarded)
+#   timebwd   tools/ssd_profile.py, the forward + backward with and without ssd_bwd_dstate_pass
+#   ncu       one launch each of the forward's chunk outputs (both forms) and chunk states and of
+#             the backward's state kernel and dx (SpeedOfLight, scheduler, warp states, memory,
+#             source counters: the stall reasons by instruction)
+#   triton    benches/ssd.py beside mamba_ssm's Triton SSD at 2k and the real-time shape (forward
+#             and forward + backward, each row guarded; the default forms)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/flashscan-out}"
 L="$OUT/logs"  # (tarred at the end: the device tool brings back at most 8 files)
 mkdir -p "$L"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(quick check)
+[ ${#stages[@]} -eq 0 ] && stages=(pipe timepipe)
 rm -rf /tmp/site  # (a warm machine keeps the last call's package)
 python3 -m pip install -q --no-deps --no-index --target /tmp/site .dev/wheel/flashscan-*.whl \
   .dev/pydeps/*.whl || exit 1
@@ -77,6 +81,23 @@ for stage in "${stages[@]}"; do
       run san-synccheck 150 compute-sanitizer --tool synccheck --error-exitcode 9 \
         python3 "$repo/tools/sanitize_cases.py" ssd_bwd_pass
       ;;
+    pipe)
+      pon=(env FLASHSCAN_SSD_SCAN_WS_PIPE=1)
+      run pipe-ws 120 python3 -m pytest "${tests[0]}" -q -p no:cacheprovider -n 4 \
+        -k "forward_warp_specialised"
+      run pipe-check 200 "${pon[@]}" python3 -m pytest "${tests[@]}" -m gpu -q -p no:cacheprovider -n 8
+      for tool in memcheck racecheck synccheck; do
+        run "san-fwd2-$tool" 120 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+          python3 "$repo/tools/sanitize_cases.py" ssd_fwd2
+      done
+      ;;
+    timepipe)
+      for r in 1 2; do
+        run "pipe-on-$r" 90 env FLASHSCAN_SSD_SCAN_WS_PIPE=1 python3 "$prof" --shape 2k --reps 3 --paths 2
+        run "pipe-off-$r" 90 env FLASHSCAN_SSD_SCAN_WS_PIPE=0 python3 "$prof" --shape 2k --reps 3 --paths 2
+      done
+      grep -HE "^## |chunk_scan" "$L"/pipe-o*.log >"$OUT/pipe-summary.txt"
+      ;;
     timebwd)
       for r in 1 2; do
         run "step-fused-$r" 90 "${on[@]}" python3 "$prof" --shape 2k --reps 3 --paths 2
@@ -86,10 +107,12 @@ for stage in "${stages[@]}"; do
       ;;
     ncu)
       S=(--section SpeedOfLight --section SchedulerStats --section WarpStateStats
-        --section Occupancy --section MemoryWorkloadAnalysis)
-      for k in ssd2_chunk_scan_ws ssd2_chunk_state_pass; do
-        run "ncu-$k" 150 ncu --profile-from-start off "${S[@]}" -k "regex:^$k\$" -c 1 \
-          python3 "$prof" --shape 2k --paths 2 --ncu-range fwd
+        --section Occupancy --section MemoryWorkloadAnalysis --section SourceCounters)
+      for k in ssd2_chunk_scan_ws ssd2_chunk_scan_ws_pipe ssd2_chunk_state_pass; do
+        pipe=0
+        [ "$k" = ssd2_chunk_scan_ws_pipe ] && pipe=1
+        run "ncu-$k" 150 env FLASHSCAN_SSD_SCAN_WS_PIPE=$pipe ncu --profile-from-start off "${S[@]}" \
+          -k "regex:^$k\$" -c 1 python3 "$prof" --shape 2k --paths 2 --ncu-range fwd
       done
       for k in ssd_bwd_dstate_pass ssd_bwd_chunk_dx16; do
         run "ncu-$k" 150 "${on[@]}" ncu --profile-from-start off "${S[@]}" -k "regex:^$k\$" -c 1 \
@@ -99,8 +122,8 @@ for stage in "${stages[@]}"; do
         "$L"/ncu-*.log >"$OUT/ncu-summary.txt"
       ;;
     triton)
-      run triton 580 python3 "$repo/benches/ssd.py" --mamba-src "$repo/.dev/peers/mamba" \
-        --fwd-paths 2 --bwd-paths 2 --out "$OUT"
+      run triton 560 python3 "$repo/benches/ssd.py" --mamba-src "$repo/.dev/peers/mamba" \
+        --fwd-paths 2 --bwd-paths 2 --shapes 2k,real --out "$OUT"
       ;;
     *)
       echo "unknown stage $stage" >&2
