@@ -1229,8 +1229,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan_one(co
 // warps 4-15, each owning its 64 x 64 accumulator as ssd2_chunk_scan's four warps do) walks units
 // ci' + 3 blockIdx.x, + 3 gridDim.x, ... (ci' = ci - 1), in (batch, chunk, head, channel tile)
 // order, so the SMs at work share a (batch, chunk) and its C B^T and C stay in L2. Warpgroup 0
-// produces: after setmaxnreg (56 registers there, 152 for the consumers) lane 0 of its warp w
-// issues every load of consumer w's ring; warp 3 leaves.
+// produces: after setmaxnreg (24 registers there, 160 for the consumers; _pipe: 56 / 152) lane 0
+// of its warp w issues every load of consumer w's ring; warp 3 leaves.
 // Loads: x, C, H and the C B^T block by TMA (SWIZZLE_128B boxes of 64 x 64 16-bit values, the
 // layout of load_tile_sw: zero fill past the tensors' ends stands for the row / column checks),
 // the unit's prep record (lw, cum: no seq_idx, so no seg) as one bulk copy. C B^T comes in x's
@@ -1249,17 +1249,18 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4) ssd2_chunk_scan_one(co
 // warps a scheduler (3.9 for ssd2_chunk_scan's four CTAs an SM), stalled on the long scoreboard
 // (1.97 cycles an instruction: the ring's mbarrier waits) and the short one (1.33): hence the
 // third consumer. With three and 16-bit C B^T (W x waited block by block; a 48-64 byte stack
-// frame, which was the producer's loop state at 24 registers): 252.9 / 252.8 us against ssd2_chunk_scan's 320.1 / 320.6 in the
-// same lease, the forward 452 against 518 us of kernels, L8192 951.8 (ssd2_chunk_cb 9.7 -> 11.5:
+// frame, the producer's loop state at 24 registers): 252.9 / 252.8 us against ssd2_chunk_scan's
+// 320.1 / 320.6 in the same lease, the forward 452 against 518 us of kernels, L8192 951.8 (ssd2_chunk_cb 9.7 -> 11.5:
 // its 16-bit stores). The default where it applies (src/ops/ssd_scan_ws.rs; FLASHSCAN_SSD_SCAN_WS=0
 // keeps ssd2_chunk_scan).
 // ssd2_chunk_scan_ws_pipe (2026-12-05; opt-in, FLASHSCAN_SSD_SCAN_WS_PIPE=1, until it has run on a
 // GPU: written in a session whose device starts were refused; predicted 200-220 us at b8 L2048
 // against 248, from the ncu read of this stop: 0.45 instructions issued a cycle a scheduler, under
-// one eligible warp, the tensor pipe ~20% busy): nothing waits for a group it does not need. C.H^T's k-steps issue back to back, block 0's W is
-// built while they run, then acc = exp(cum_l) C.H^T (one rescale); below the diagonal W =
-// (C B^T g_l) f_s whole, so the diagonal block needs no rescale of acc either and block j + 1's W
-// is built in the second A buffer while block j's group runs. setmaxnreg 56 / 152: no stack.
+// one eligible warp, the tensor pipe ~20% busy): nothing waits for a group it does not need.
+// C.H^T's k-steps issue back to back, block 0's W is built while they run, then acc = exp(cum_l)
+// C.H^T (one rescale); below the diagonal W = (C B^T g_l) f_s whole, so the diagonal block needs
+// no rescale of acc either and block j + 1's W is built in the second A buffer while block j's
+// group runs. setmaxnreg 56 / 152: no stack.
 // tests/test_ssd_fwd2_model.py models its factoring against float64.
 #if FS_SSD_STATE_WGMMA && FS_CHUNK == 256
 
