@@ -1380,10 +1380,11 @@ def test_backward_takes_the_forward_states(
 ) -> None:
     """A 16-bit forward without z keeps its 16-bit H_c and chunk decays for the backward, which
     then recomputes neither (one launch of each state kernel, `state_kernels`, per forward +
-    backward, two under FLASHSCAN_SSD_KEEP_STATES=0). The gradients that do not pass through the
-    df sums (dx, dB, dC, dD, dinitial_states) are bitwise the recompute's (the kept H_c are the
-    values the backward rounded itself); ddt, dA, ddt_bias (whose df sums now read the 16-bit
-    H_c) hold the rule against float64, beside the recompute's."""
+    backward, two under FLASHSCAN_SSD_KEEP_STATES=0). Where the pair (ssd_bwd_chunk_dstate16 +
+    ssd_bwd_state_passing) runs both times, the gradients that do not pass through the df sums
+    (dx, dB, dC, dD, dinitial_states) are bitwise the recompute's (the kept H_c are the values the
+    backward rounded itself); where the kept H_c take ssd_bwd_dstate_pass (sm_90a, the default),
+    dC and dD are. Every gradient holds the rule against float64 both times."""
     dt_name, g, n, p, L, chunk, cuts = case
     dtype = DTYPES[dt_name]
     monkeypatch.delenv("FLASHSCAN_SSD_BWD", raising=False)
