@@ -1447,6 +1447,28 @@ __device__ __forceinline__ void chunk_scan_ws(const Ssd2WsParams& P) {
             if constexpr (kI < kNb - 1) named_bar_sync(bar_id, kThreads);  // the last tile's s_f readers
             for (int s2 = tid; s2 < m0; s2 += kThreads) s_f[s2] = ex2(cl2_m0 - s_lw[s2]);
             named_bar_sync(bar_id, kThreads);
+            // C B^T of stage s (rows r0, r0 + 8; columns 8 jn + t2, + 1): a swizzled 16-bit tile
+            auto read_cb = [&](float(&cbv)[8][4]) {
+                const unsigned char* s_cb = ring + s * kWsStageBytes + kWsTile;
+#pragma unroll
+                for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const float2 v = unpack2<DT>(*(const u32*)(s_cb + swz_offset(kRows, r0 + 8 * hh, 8 * jn + t2)));
+                        cbv[jn][2 * hh] = v.x;
+                        cbv[jn][2 * hh + 1] = v.y;
+                    }
+            };
+            // one C.H^T k-step (C and H tiles of stage s) on d, committed: the caller waits
+            auto ch_step = [&](float(&d)[32]) {
+                mbar_wait(full(s), ph);
+                const u64 dc = wgmma_desc(stage(s), 16, 1024);
+                const u64 dh = wgmma_desc(stage(s) + kWsTile, 16, 1024);
+                wgmma_fence();
+#pragma unroll
+                for (int k4 = 0; k4 < 4; ++k4) wgmma_ss<64, DT, 0>(d, desc_at(dc, k4 * 32), desc_at(dh, k4 * 32), 1);
+                wgmma_commit();
+            };
             if constexpr (kPipe) {
                 float acc[8][4];
                 clear(acc);
@@ -1454,7 +1476,7 @@ __device__ __forceinline__ void chunk_scan_ws(const Ssd2WsParams& P) {
                 float cl2[2];
                 int seg_l[2], l_of[2];
                 row_terms(m0 + r0, t.len, s_cum, s_seg, l_of, cl2, seg_l);
-                // g_l = exp(cum_l - cum_m0): below the diagonal W = (C B^T f_s) g_l is built whole,
+                // g_l = exp(cum_l - cum_m0): below the diagonal W = (C B^T g_l) f_s is built whole,
                 // so no group waits for a rescale of acc
                 const float g[2] = {ex2(cl2[0] - cl2_m0), ex2(cl2[1] - cl2_m0)};
                 // Groups in flight: every group owns one stage, released once a later group's
@@ -1466,13 +1488,7 @@ __device__ __forceinline__ void chunk_scan_ws(const Ssd2WsParams& P) {
                 int prev = -1;
                 if (t.has_h) {  // y_l += exp(cum_l) C_l . H_c
                     for (int kk = 0; kk < nsteps; ++kk) {
-                        mbar_wait(full(s), ph);
-                        const u64 dc = wgmma_desc(stage(s), 16, 1024);
-                        const u64 dh = wgmma_desc(stage(s) + kWsTile, 16, 1024);
-                        wgmma_fence();
-    #pragma unroll
-                        for (int k4 = 0; k4 < 4; ++k4) wgmma_ss<64, DT, 0>(d, desc_at(dc, k4 * 32), desc_at(dh, k4 * 32), 1);
-                        wgmma_commit();
+                        ch_step(d);
                         wgmma_wait<1>();  // (a no-op at kk == 0: the last tile ended on wgmma_wait<0>)
                         if (prev >= 0) mbar_arrive(empty(prev));
                         prev = s;
@@ -1488,26 +1504,17 @@ __device__ __forceinline__ void chunk_scan_ws(const Ssd2WsParams& P) {
                 auto block = [&](auto jc) {
                     constexpr int kJ = decltype(jc)::value, kBuf = kJ & 1;
                     mbar_wait(full(s), ph);
-                    // C B^T (rows r0, r0 + 8; columns 8 jn + t2, + 1): a swizzled 16-bit tile
-                    const unsigned char* s_cb = ring + s * kWsStageBytes + kWsTile;
                     float cbv[8][4];
-    #pragma unroll
-                    for (int jn = 0; jn < 8; ++jn)
-    #pragma unroll
-                        for (int hh = 0; hh < 2; ++hh) {
-                            const float2 v = unpack2<DT>(*(const u32*)(s_cb + swz_offset(kRows, r0 + 8 * hh, 8 * jn + t2)));
-                            cbv[jn][2 * hh] = v.x;
-                            cbv[jn][2 * hh + 1] = v.y;
-                        }
+                    read_cb(cbv);
                     if constexpr (kJ < kI) {  // W = (C B^T g_l) f_s
-    #pragma unroll
+#pragma unroll
                         for (int jn = 0; jn < 8; ++jn)
-    #pragma unroll
+#pragma unroll
                             for (int e = 0; e < 4; ++e) cbv[jn][e] *= g[e >> 1];
-    #pragma unroll
+#pragma unroll
                         for (int k4 = 0; k4 < 4; ++k4) w_frag_cbf(ab[kBuf][k4], cbv, k4, kJ * kRows, s_f);
                     } else {  // the masked W carries its whole decay
-    #pragma unroll
+#pragma unroll
                         for (int k4 = 0; k4 < 4; ++k4)
                             w_frag_masked(ab[kBuf][k4], cbv, k4, kJ * kRows, l_of, cl2, seg_l, t.len, s_lw, s_seg);
                     }
@@ -1516,13 +1523,13 @@ __device__ __forceinline__ void chunk_scan_ws(const Ssd2WsParams& P) {
                         reg_fence(d);
                         if (t.has_h) {
                             mbar_arrive(empty(prev));
-    #pragma unroll
+#pragma unroll
                             for (int hh = 0; hh < 2; ++hh) scale_row(acc, hh, ex2(cl2[hh]));
                         }
                     }
                     const u64 dx = wgmma_desc(stage(s), 64 * 128, 1024);
                     wgmma_fence();
-    #pragma unroll
+#pragma unroll
                     for (int k4 = 0; k4 < 4; ++k4) wgmma_rs<64, DT, 1>(d, ab[kBuf][k4], desc_at(dx, k4 * 16 * 128), 1);
                     wgmma_commit();
                     if constexpr (kJ > 0) {
@@ -1540,8 +1547,8 @@ __device__ __forceinline__ void chunk_scan_ws(const Ssd2WsParams& P) {
                 wgmma_wait<0>();
                 reg_fence(d);
                 // epilogue: D x from the diagonal block's x tile (its stage released after), store
-                store_y<true>(q, acc, (const u16*)(ring + sd * kWsStageBytes), nullptr, s_d, t.b, t.h, c0 + m0, t.len - m0,
-                              t.p0, hd, r0, t2);
+                store_y<true>(q, acc, (const u16*)(ring + sd * kWsStageBytes), nullptr, s_d, t.b, t.h, c0 + m0,
+                              t.len - m0, t.p0, hd, r0, t2);
                 mbar_arrive(empty(sd));
             } else {  // W x waited block by block (the default)
                 float acc[8][4];
@@ -1549,20 +1556,14 @@ __device__ __forceinline__ void chunk_scan_ws(const Ssd2WsParams& P) {
                 float(&d)[32] = *reinterpret_cast<float(*)[32]>(&acc[0][0]);
                 if (t.has_h) {  // y_l += exp(cum_m0) C_l . H_c, g_l = exp(cum_l - cum_m0) before the diagonal
                     for (int kk = 0; kk < nsteps; ++kk) {
-                        mbar_wait(full(s), ph);
-                        const u64 dc = wgmma_desc(stage(s), 16, 1024);
-                        const u64 dh = wgmma_desc(stage(s) + kWsTile, 16, 1024);
-                        wgmma_fence();
-    #pragma unroll
-                        for (int k4 = 0; k4 < 4; ++k4) wgmma_ss<64, DT, 0>(d, desc_at(dc, k4 * 32), desc_at(dh, k4 * 32), 1);
-                        wgmma_commit();
+                        ch_step(d);
                         wgmma_wait<0>();
                         reg_fence(d);
                         mbar_arrive(empty(s));
                         if (++s == kWsStages) s = 0, ph ^= 1;
                     }
                     const float e = ex(s_cum[m0]);
-    #pragma unroll
+#pragma unroll
                     for (int hh = 0; hh < 2; ++hh) scale_row(acc, hh, e);
                 }
                 float cl2[2];
@@ -1576,25 +1577,16 @@ __device__ __forceinline__ void chunk_scan_ws(const Ssd2WsParams& P) {
                 auto block = [&](auto jc) {
                     constexpr int kJ = decltype(jc)::value;
                     mbar_wait(full(s), ph);
-                    // C B^T (rows r0, r0 + 8; columns 8 jn + t2, + 1): a swizzled 16-bit tile
-                    const unsigned char* s_cb = ring + s * kWsStageBytes + kWsTile;
                     float cbv[8][4];
-    #pragma unroll
-                    for (int jn = 0; jn < 8; ++jn)
-    #pragma unroll
-                        for (int hh = 0; hh < 2; ++hh) {
-                            const float2 v = unpack2<DT>(*(const u32*)(s_cb + swz_offset(kRows, r0 + 8 * hh, 8 * jn + t2)));
-                            cbv[jn][2 * hh] = v.x;
-                            cbv[jn][2 * hh + 1] = v.y;
-                        }
+                    read_cb(cbv);
                     u32 a[4][4];
                     if constexpr (kJ < kI) {
-    #pragma unroll
+#pragma unroll
                         for (int k4 = 0; k4 < 4; ++k4) w_frag_cbf(a[k4], cbv, k4, kJ * kRows, s_f);
                     } else {
-    #pragma unroll
+#pragma unroll
                         for (int hh = 0; hh < 2; ++hh) scale_row(acc, hh, ex2(cl2[hh] - cl2_m0));
-    #pragma unroll
+#pragma unroll
                         for (int k4 = 0; k4 < 4; ++k4)
                             w_frag_masked(a[k4], cbv, k4, kJ * kRows, l_of, cl2, seg_l, t.len, s_lw, s_seg);
                     }
@@ -1610,8 +1602,8 @@ __device__ __forceinline__ void chunk_scan_ws(const Ssd2WsParams& P) {
                 wgmma_wait<0>();
                 reg_fence(d);
                 // epilogue: D x from the diagonal block's x tile (its stage released after), store
-                store_y<true>(q, acc, (const u16*)(ring + sd * kWsStageBytes), nullptr, s_d, t.b, t.h, c0 + m0, t.len - m0,
-                              t.p0, hd, r0, t2);
+                store_y<true>(q, acc, (const u16*)(ring + sd * kWsStageBytes), nullptr, s_d, t.b, t.h, c0 + m0,
+                              t.len - m0, t.p0, hd, r0, t2);
                 mbar_arrive(empty(sd));
             }
         };
