@@ -59,6 +59,14 @@ on=(env FLASHSCAN_SSD_BWD_STATE_PASS=1)
 off=(env FLASHSCAN_SSD_BWD_STATE_PASS=0)
 tests=("$repo/tests/test_ssd_gpu.py" "$repo/tests/test_ssd.py")
 prof="$repo/tools/ssd_profile.py"
+# ab ON OFF VAR: tools/ssd_profile.py (2k: the forward and the step) with VAR=1 (logs ON-1, ON-2)
+# and VAR=0 (OFF-1, OFF-2), alternated twice
+ab() {
+  for r in 1 2; do
+    run "$1-$r" 90 env "$3=1" python3 "$prof" --shape 2k --reps 3 --paths 2
+    run "$2-$r" 90 env "$3=0" python3 "$prof" --shape 2k --reps 3 --paths 2
+  done
+}
 for stage in "${stages[@]}"; do
   case "$stage" in
     quick)
@@ -92,17 +100,11 @@ for stage in "${stages[@]}"; do
       done
       ;;
     timepipe)
-      for r in 1 2; do
-        run "pipe-on-$r" 90 env FLASHSCAN_SSD_SCAN_WS_PIPE=1 python3 "$prof" --shape 2k --reps 3 --paths 2
-        run "pipe-off-$r" 90 env FLASHSCAN_SSD_SCAN_WS_PIPE=0 python3 "$prof" --shape 2k --reps 3 --paths 2
-      done
+      ab pipe-on pipe-off FLASHSCAN_SSD_SCAN_WS_PIPE
       grep -HE "^## |chunk_scan" "$L"/pipe-o*.log >"$OUT/pipe-summary.txt"
       ;;
     timebwd)
-      for r in 1 2; do
-        run "step-fused-$r" 90 "${on[@]}" python3 "$prof" --shape 2k --reps 3 --paths 2
-        run "step-pair-$r" 90 "${off[@]}" python3 "$prof" --shape 2k --reps 3 --paths 2
-      done
+      ab step-fused step-pair FLASHSCAN_SSD_BWD_STATE_PASS
       grep -HE "^## |state|dstate" "$L"/step-*.log >"$OUT/time-summary.txt"
       ;;
     ncu)
